@@ -1,0 +1,9 @@
+//! The rollout engine: batched autoregressive generation with KV caches and continuous
+//! batching, behavior log-probs and policy versions per token, and token budgets that pause a
+//! request so it can be resumed from its tokens later.
+
+pub mod engine;
+pub mod sampling;
+
+pub use engine::{Engine, EngineStats, Finish, GenOutput, GenRequest};
+pub use sampling::SamplingParams;

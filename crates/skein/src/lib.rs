@@ -1,0 +1,4 @@
+//! skein: reinforcement-learning post-training of LLM agents.
+
+pub mod engine;
+pub mod model;

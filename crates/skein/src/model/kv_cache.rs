@@ -1,0 +1,84 @@
+//! A slot-based key/value cache for continuous batching: each running sequence owns one slot
+//! (a row of every layer's cache), so sequences join and leave the batch independently.
+
+use tch::{Device, Kind, Tensor};
+
+pub struct KvCache {
+    /// Per layer, [slots, capacity, kv_heads, head_dim].
+    keys: Vec<Tensor>,
+    values: Vec<Tensor>,
+    capacity: i64,
+}
+
+impl KvCache {
+    pub fn new(
+        layers: usize,
+        slots: i64,
+        capacity: i64,
+        kv_heads: i64,
+        head_dim: i64,
+        kind: Kind,
+        device: Device,
+    ) -> Self {
+        let make = || Tensor::zeros([slots, capacity, kv_heads, head_dim], (kind, device));
+        KvCache {
+            keys: (0..layers).map(|_| make()).collect(),
+            values: (0..layers).map(|_| make()).collect(),
+            capacity,
+        }
+    }
+
+    /// Tokens one slot can hold (prompt plus generated).
+    pub fn capacity(&self) -> i64 {
+        self.capacity
+    }
+
+    /// Stores the first `lens[b]` positions of a prefilled batch ([B, kv_heads, T, head_dim])
+    /// into `slots[b]`.
+    pub fn store_prefix(
+        &mut self,
+        layer: usize,
+        k: &Tensor,
+        v: &Tensor,
+        slots: &[i64],
+        lens: &[i64],
+    ) {
+        for (b, (&slot, &len)) in slots.iter().zip(lens).enumerate() {
+            let b = b as i64;
+            for (cache, new) in [(&self.keys[layer], k), (&self.values[layer], v)] {
+                cache
+                    .get(slot)
+                    .narrow(0, 0, len)
+                    .copy_(&new.get(b).narrow(1, 0, len).transpose(0, 1));
+            }
+        }
+    }
+
+    /// Writes one new key/value per sequence ([A, kv_heads, 1, head_dim]) at `positions` of
+    /// `slots`, and returns the first `span` cached positions of those slots as
+    /// [A, kv_heads, span, head_dim] with the mask of positions each sequence may attend to.
+    pub fn append_and_read(
+        &mut self,
+        layer: usize,
+        k: &Tensor,
+        v: &Tensor,
+        slots: &Tensor,
+        positions: &Tensor,
+        span: i64,
+    ) -> (Tensor, Tensor, Tensor) {
+        let index = [Some(slots.shallow_clone()), Some(positions.shallow_clone())];
+        let _ = self.keys[layer].index_put_(&index, &k.squeeze_dim(2), false);
+        let _ = self.values[layer].index_put_(&index, &v.squeeze_dim(2), false);
+        let read = |cache: &Tensor| {
+            cache
+                .index_select(0, slots)
+                .narrow(1, 0, span)
+                .transpose(1, 2)
+        };
+        let mask = Tensor::arange(span, (Kind::Int64, positions.device()))
+            .unsqueeze(0)
+            .le_tensor(&positions.unsqueeze(1))
+            .view([-1, 1, 1, span]);
+        (read(&self.keys[layer]), read(&self.values[layer]), mask)
+    }
+}

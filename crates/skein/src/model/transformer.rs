@@ -1,0 +1,314 @@
+//! The decoder: embeddings, N blocks of (RMSNorm → GQA attention with RoPE → RMSNorm → SwiGLU),
+//! a final norm and the LM head. Parameter names follow the Hugging Face layout exactly
+//! (`model.layers.0.self_attn.q_proj.weight`, …) so checkpoints load and save without renaming.
+
+use super::config::ModelConfig;
+use super::kv_cache::KvCache;
+use super::rope::{self, Rope};
+use anyhow::Result;
+use tch::nn::{self, Module};
+use tch::{Kind, Tensor};
+
+struct RmsNorm {
+    weight: Tensor,
+    eps: f64,
+}
+
+impl RmsNorm {
+    fn new(p: nn::Path, dim: usize, eps: f64) -> Self {
+        RmsNorm {
+            weight: p.ones("weight", &[dim as i64]),
+            eps,
+        }
+    }
+
+    fn forward(&self, x: &Tensor) -> Tensor {
+        let kind = x.kind();
+        let xf = x.to_kind(Kind::Float);
+        let var = xf.pow_tensor_scalar(2).mean_dim(-1, true, Kind::Float);
+        (xf * (var + self.eps).rsqrt()).to_kind(kind) * &self.weight
+    }
+}
+
+/// Where attention reads its keys and values from.
+pub enum AttnMode<'a> {
+    /// A right-padded batch seen whole (training, log-prob recomputation): causal attention
+    /// alone keeps every real token away from the padding that follows it.
+    Causal,
+    /// Prefill into a KV cache: like `Causal`, and the new keys/values are stored for `slots`.
+    Prefill {
+        cache: &'a mut KvCache,
+        slots: &'a [i64],
+        lens: &'a [i64],
+    },
+    /// One new token per sequence: appended at `positions` of `slots`, attending to the cache.
+    Decode {
+        cache: &'a mut KvCache,
+        slots: &'a Tensor,
+        positions: &'a Tensor,
+        span: i64,
+    },
+}
+
+struct Attention {
+    q: nn::Linear,
+    k: nn::Linear,
+    v: nn::Linear,
+    o: nn::Linear,
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
+    heads: i64,
+    kv_heads: i64,
+    head_dim: i64,
+}
+
+impl Attention {
+    fn new(p: nn::Path, cfg: &ModelConfig) -> Self {
+        let (h, hd) = (cfg.hidden_size as i64, cfg.head_dim() as i64);
+        let (heads, kv_heads) = (cfg.num_attention_heads as i64, cfg.kv_heads() as i64);
+        let with_bias = nn::LinearConfig {
+            bias: cfg.qkv_bias(),
+            ..Default::default()
+        };
+        let no_bias = nn::LinearConfig {
+            bias: false,
+            ..Default::default()
+        };
+        let norm = |name: &str| {
+            cfg.qk_norm()
+                .then(|| RmsNorm::new(&p / name, hd as usize, cfg.rms_norm_eps))
+        };
+        Attention {
+            q: nn::linear(&p / "q_proj", h, heads * hd, with_bias),
+            k: nn::linear(&p / "k_proj", h, kv_heads * hd, with_bias),
+            v: nn::linear(&p / "v_proj", h, kv_heads * hd, with_bias),
+            o: nn::linear(&p / "o_proj", heads * hd, h, no_bias),
+            q_norm: norm("q_norm"),
+            k_norm: norm("k_norm"),
+            heads,
+            kv_heads,
+            head_dim: hd,
+        }
+    }
+
+    fn project(&self, lin: &nn::Linear, norm: &Option<RmsNorm>, x: &Tensor, heads: i64) -> Tensor {
+        let (b, t, _) = x.size3().expect("hidden states are [batch, time, hidden]");
+        let y = lin.forward(x).view([b, t, heads, self.head_dim]);
+        let y = match norm {
+            Some(n) => n.forward(&y),
+            None => y,
+        };
+        y.transpose(1, 2)
+    }
+
+    fn forward(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        layer: usize,
+        mode: &mut AttnMode,
+    ) -> Tensor {
+        let (b, t, _) = x.size3().expect("hidden states are [batch, time, hidden]");
+        let q = rope::apply(
+            &self.project(&self.q, &self.q_norm, x, self.heads),
+            cos,
+            sin,
+        );
+        let k = rope::apply(
+            &self.project(&self.k, &self.k_norm, x, self.kv_heads),
+            cos,
+            sin,
+        );
+        let v = self.project(&self.v, &None, x, self.kv_heads);
+        let gqa = self.heads != self.kv_heads;
+        let out = match mode {
+            AttnMode::Causal => Tensor::scaled_dot_product_attention(
+                &q,
+                &k,
+                &v,
+                None::<Tensor>,
+                0.0,
+                true,
+                None,
+                gqa,
+            ),
+            AttnMode::Prefill { cache, slots, lens } => {
+                cache.store_prefix(layer, &k, &v, slots, lens);
+                Tensor::scaled_dot_product_attention(
+                    &q,
+                    &k,
+                    &v,
+                    None::<Tensor>,
+                    0.0,
+                    true,
+                    None,
+                    gqa,
+                )
+            }
+            AttnMode::Decode {
+                cache,
+                slots,
+                positions,
+                span,
+            } => {
+                let (keys, values, mask) =
+                    cache.append_and_read(layer, &k, &v, slots, positions, *span);
+                Tensor::scaled_dot_product_attention(
+                    &q,
+                    &keys,
+                    &values,
+                    Some(mask),
+                    0.0,
+                    false,
+                    None,
+                    gqa,
+                )
+            }
+        };
+        self.o.forward(
+            &out.transpose(1, 2)
+                .reshape([b, t, self.heads * self.head_dim]),
+        )
+    }
+}
+
+struct Mlp {
+    gate: nn::Linear,
+    up: nn::Linear,
+    down: nn::Linear,
+}
+
+impl Mlp {
+    fn new(p: nn::Path, cfg: &ModelConfig) -> Self {
+        let (h, i) = (cfg.hidden_size as i64, cfg.intermediate_size as i64);
+        let c = nn::LinearConfig {
+            bias: false,
+            ..Default::default()
+        };
+        Mlp {
+            gate: nn::linear(&p / "gate_proj", h, i, c),
+            up: nn::linear(&p / "up_proj", h, i, c),
+            down: nn::linear(&p / "down_proj", i, h, c),
+        }
+    }
+
+    fn forward(&self, x: &Tensor) -> Tensor {
+        self.down
+            .forward(&(self.gate.forward(x).silu() * self.up.forward(x)))
+    }
+}
+
+struct Block {
+    input_norm: RmsNorm,
+    attn: Attention,
+    post_norm: RmsNorm,
+    mlp: Mlp,
+}
+
+/// A decoder-only transformer (Qwen2 / Qwen3 / Llama) with its LM head.
+pub struct Transformer {
+    pub config: ModelConfig,
+    embed: Tensor,
+    blocks: Vec<Block>,
+    norm: RmsNorm,
+    lm_head: Option<nn::Linear>,
+    rope: Rope,
+}
+
+impl Transformer {
+    /// Creates the parameters under `root` (randomly initialised; load weights afterwards).
+    pub fn new(root: &nn::Path, cfg: &ModelConfig) -> Result<Self> {
+        cfg.validate()?;
+        let p = root / "model";
+        let h = cfg.hidden_size;
+        let embed = (&p / "embed_tokens").var(
+            "weight",
+            &[cfg.vocab_size as i64, h as i64],
+            nn::Init::Randn {
+                mean: 0.0,
+                stdev: 0.02,
+            },
+        );
+        let blocks = (0..cfg.num_hidden_layers)
+            .map(|i| {
+                let l = &p / "layers" / i;
+                Block {
+                    input_norm: RmsNorm::new(&l / "input_layernorm", h, cfg.rms_norm_eps),
+                    attn: Attention::new(&l / "self_attn", cfg),
+                    post_norm: RmsNorm::new(&l / "post_attention_layernorm", h, cfg.rms_norm_eps),
+                    mlp: Mlp::new(&l / "mlp", cfg),
+                }
+            })
+            .collect();
+        let lm_head = (!cfg.tie_word_embeddings).then(|| {
+            nn::linear(
+                root / "lm_head",
+                h as i64,
+                cfg.vocab_size as i64,
+                nn::LinearConfig {
+                    bias: false,
+                    ..Default::default()
+                },
+            )
+        });
+        Ok(Transformer {
+            config: cfg.clone(),
+            embed,
+            blocks,
+            norm: RmsNorm::new(&p / "norm", h, cfg.rms_norm_eps),
+            lm_head,
+            rope: Rope::new(cfg, &cfg.rope()?, root.device()),
+        })
+    }
+
+    pub fn max_positions(&self) -> i64 {
+        self.rope.max_positions()
+    }
+
+    /// Final hidden states [B, T, hidden] for `input_ids` [B, T] at `positions` [B, T].
+    pub fn hidden(&self, input_ids: &Tensor, positions: &Tensor, mut mode: AttnMode) -> Tensor {
+        let mut x = self.embed.embedding_lookup(input_ids);
+        let (cos, sin) = self.rope.tables(positions, x.kind());
+        for (i, block) in self.blocks.iter().enumerate() {
+            let a = block
+                .attn
+                .forward(&block.input_norm.forward(&x), &cos, &sin, i, &mut mode);
+            x = x + a;
+            x = &x + block.mlp.forward(&block.post_norm.forward(&x));
+        }
+        self.norm.forward(&x)
+    }
+
+    /// Vocabulary logits for hidden states.
+    pub fn logits(&self, hidden: &Tensor) -> Tensor {
+        match &self.lm_head {
+            Some(head) => head.forward(hidden),
+            None => hidden.matmul(&self.embed.tr()),
+        }
+    }
+
+    /// Logits [B, T, vocab] of a right-padded batch, positions 0..T.
+    pub fn forward(&self, input_ids: &Tensor) -> Tensor {
+        let positions = positions_like(input_ids);
+        self.logits(&self.hidden(input_ids, &positions, AttnMode::Causal))
+    }
+}
+
+trait EmbeddingLookup {
+    fn embedding_lookup(&self, ids: &Tensor) -> Tensor;
+}
+
+impl EmbeddingLookup for Tensor {
+    fn embedding_lookup(&self, ids: &Tensor) -> Tensor {
+        Tensor::embedding(self, ids, -1, false, false)
+    }
+}
+
+/// Positions 0..T for every row of a [B, T] batch.
+pub fn positions_like(input_ids: &Tensor) -> Tensor {
+    let (b, t) = input_ids.size2().expect("input ids are [batch, time]");
+    Tensor::arange(t, (Kind::Int64, input_ids.device()))
+        .unsqueeze(0)
+        .expand([b, t], false)
+}
