@@ -1,0 +1,221 @@
+//! Every key of a training run, with its default. `skein train --print-config` prints them.
+
+use super::loss::KlEstimator;
+use super::optim::OptimConfig;
+use crate::engine::SamplingParams;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainConfig {
+    pub run: RunConfig,
+    pub model: ModelSection,
+    pub task: TaskConfig,
+    pub sft: SftConfig,
+    pub rollout: RolloutConfig,
+    pub algorithm: AlgorithmConfig,
+    pub trainer: TrainerConfig,
+    pub optim: OptimConfig,
+    pub eval: EvalConfig,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RunConfig {
+    /// Run directory: resolved config, metrics.jsonl, plot.png, checkpoints.
+    pub dir: String,
+    pub seed: u64,
+    /// `cpu`, `cuda` or `cuda:N`.
+    pub device: String,
+    /// Threads libtorch may use (0 = its default).
+    pub threads: usize,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        RunConfig {
+            dir: "runs/default".into(),
+            seed: 0,
+            device: "cpu".into(),
+            threads: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelSection {
+    /// A Hugging Face model directory; empty builds a tiny character-level model from scratch.
+    pub path: String,
+    pub hidden_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub intermediate_size: usize,
+    pub max_positions: usize,
+}
+
+impl Default for ModelSection {
+    fn default() -> Self {
+        ModelSection {
+            path: String::new(),
+            hidden_size: 128,
+            num_layers: 4,
+            num_heads: 4,
+            num_kv_heads: 2,
+            intermediate_size: 384,
+            max_positions: 64,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TaskConfig {
+    /// A built-in task: `arithmetic` or `countdown`.
+    pub name: String,
+    pub difficulty: u32,
+}
+
+impl Default for TaskConfig {
+    fn default() -> Self {
+        TaskConfig {
+            name: "arithmetic".into(),
+            difficulty: 1,
+        }
+    }
+}
+
+/// Supervised warm-up on generated solutions, so RL starts from a policy that sometimes succeeds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SftConfig {
+    pub steps: usize,
+    pub batch_size: usize,
+    pub lr: f64,
+}
+
+impl Default for SftConfig {
+    fn default() -> Self {
+        SftConfig {
+            steps: 150,
+            batch_size: 64,
+            lr: 2e-3,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RolloutConfig {
+    /// Prompts (groups) per training step.
+    pub prompts_per_step: usize,
+    /// Samples per prompt (the group size of GRPO/RLOO).
+    pub samples_per_prompt: usize,
+    /// KV-cache slots of the engine: sequences generated concurrently.
+    pub max_slots: usize,
+    pub sampling: SamplingParams,
+}
+
+impl Default for RolloutConfig {
+    fn default() -> Self {
+        RolloutConfig {
+            prompts_per_step: 32,
+            samples_per_prompt: 8,
+            max_slots: 256,
+            sampling: SamplingParams {
+                max_new_tokens: 8,
+                ..Default::default()
+            },
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AlgorithmConfig {
+    /// `grpo`, `dr-grpo`, `rloo`, `reinforce++` or `reinforce++-baseline`.
+    pub estimator: String,
+    /// GRPO only: divide group-centred rewards by the group's standard deviation.
+    pub normalize_std: bool,
+    /// DAPO dynamic sampling: drop groups whose rewards are all equal (counted).
+    pub drop_equal_reward_groups: bool,
+    pub clip_low: f64,
+    pub clip_high: f64,
+    /// Dual-clip constant (> 1); 0 disables.
+    pub dual_clip: f64,
+    /// KL-to-reference coefficient in the loss; 0 disables the reference model.
+    pub kl_coef: f64,
+    pub kl_estimator: KlEstimator,
+    pub entropy_coef: f64,
+    /// `token-mean`, `seq-mean-token-sum`, `seq-mean-token-mean`, `seq-mean-token-sum-norm`
+    /// or `trajectory-mean`.
+    pub loss_agg_mode: String,
+}
+
+impl Default for AlgorithmConfig {
+    fn default() -> Self {
+        AlgorithmConfig {
+            estimator: "grpo".into(),
+            normalize_std: true,
+            drop_equal_reward_groups: false,
+            clip_low: 0.2,
+            clip_high: 0.28,
+            dual_clip: 3.0,
+            kl_coef: 0.0,
+            kl_estimator: KlEstimator::K3,
+            entropy_coef: 0.0,
+            loss_agg_mode: "token-mean".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainerConfig {
+    /// RL steps (each: rollout, advantages, plan, PPO epochs).
+    pub steps: usize,
+    pub ppo_epochs: usize,
+    /// PPO mini-batches per step: one optimizer step each.
+    pub num_mini_batches: usize,
+    /// Data-parallel ranks a mini-batch is balanced over (run one after the other in-process).
+    pub dp_size: usize,
+    /// Most padded tokens per micro-batch (gradient accumulation beyond that).
+    pub micro_batch_tokens: usize,
+    /// What must stay in one mini-batch: `trajectory` or `group`.
+    pub unit: String,
+    /// Save a checkpoint every N steps (0: only at the end).
+    pub checkpoint_every: usize,
+}
+
+impl Default for TrainerConfig {
+    fn default() -> Self {
+        TrainerConfig {
+            steps: 40,
+            ppo_epochs: 1,
+            num_mini_batches: 2,
+            dp_size: 1,
+            micro_batch_tokens: 8192,
+            unit: "trajectory".into(),
+            checkpoint_every: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EvalConfig {
+    /// Held-out problems (from a seed of their own) evaluated greedily.
+    pub problems: usize,
+    /// Evaluate every N RL steps (0: only before and after training).
+    pub every: usize,
+}
+
+impl Default for EvalConfig {
+    fn default() -> Self {
+        EvalConfig {
+            problems: 256,
+            every: 10,
+        }
+    }
+}
