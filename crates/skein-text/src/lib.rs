@@ -1,1 +1,15 @@
-//! (being written)
+//! The text side of a Hugging Face model directory: tokenizer, chat template and generation
+//! config.
+//!
+//! Text becomes token ids once, when a prompt is built; ids become text only for reward programs
+//! and display. Nothing here is on the path from sampled ids to the gradient, so nothing is ever
+//! detokenized and retokenized (design promise 1).
+
+mod chat_template;
+mod generation_config;
+mod json_file;
+mod tokenizer;
+
+pub use chat_template::{ChatTemplate, FunctionCall, Message, ToolCall};
+pub use generation_config::{GenerationConfig, TokenIds};
+pub use tokenizer::Tokenizer;

@@ -1,0 +1,445 @@
+//! The tokenizer of a Hugging Face model directory (tokenizer.json + tokenizer_config.json +
+//! generation_config.json), and a character-level one for tiny models trained from scratch.
+
+use crate::chat_template::ChatTemplate;
+use crate::generation_config::GenerationConfig;
+use crate::json_file;
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::{json, Map, Value};
+use std::path::Path;
+use tokenizers::decoders::fuse::Fuse;
+use tokenizers::models::wordlevel::WordLevel;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::{AddedToken, SplitDelimiterBehavior};
+
+const TOKENIZER_FILE: &str = "tokenizer.json";
+const CONFIG_FILE: &str = "tokenizer_config.json";
+/// Newer transformers versions save the chat template beside tokenizer_config.json.
+const TEMPLATE_FILE: &str = "chat_template.jinja";
+
+/// Special tokens of [`Tokenizer::char_level`], in id order (ids 0..=4).
+pub const CHAR_PAD: &str = "<|pad|>";
+pub const CHAR_UNK: &str = "<|unk|>";
+pub const CHAR_ENDOFTEXT: &str = "<|endoftext|>";
+pub const CHAR_IM_START: &str = "<|im_start|>";
+pub const CHAR_IM_END: &str = "<|im_end|>";
+
+/// ChatML without a default system prompt; every character it writes itself is in the
+/// char-level vocabulary (see [`TEMPLATE_CHARS`]).
+const CHAR_CHAT_TEMPLATE: &str = "{% for message in messages %}\
+{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}\
+{% endfor %}\
+{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+/// Characters the char-level chat template emits (role names, newline), added to every
+/// char-level vocabulary so a rendered prompt never contains `<|unk|>` outside message text.
+const TEMPLATE_CHARS: &str = "\nsystemuserassistanttool";
+
+/// A tokenizer plus the special-token facts skein needs (stop ids, padding) and the chat
+/// template, loaded once from a model directory.
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    /// tokenizer_config.json as read (or built), written back unchanged by `save_dir`.
+    config: Map<String, Value>,
+    /// chat_template.jinja, when the directory keeps the template there.
+    template_file: Option<String>,
+    eos_ids: Vec<u32>,
+    pad_id: Option<u32>,
+    bos_id: Option<u32>,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("vocab_size", &self.vocab_size())
+            .field("eos_ids", &self.eos_ids)
+            .field("pad_id", &self.pad_id)
+            .field("bos_id", &self.bos_id)
+            .finish()
+    }
+}
+
+fn tk_err(e: tokenizers::Error) -> anyhow::Error {
+    anyhow!("{e}")
+}
+
+impl Tokenizer {
+    /// Loads a tokenizer.json alone: no special-token config, so no eos/pad/bos ids.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let inner = tokenizers::Tokenizer::from_file(path)
+            .map_err(tk_err)
+            .with_context(|| format!("loading {}", path.display()))?;
+        Ok(Self {
+            inner,
+            config: Map::new(),
+            template_file: None,
+            eos_ids: Vec::new(),
+            pad_id: None,
+            bos_id: None,
+        })
+    }
+
+    /// Loads `tokenizer.json`, and `tokenizer_config.json`, `generation_config.json` and
+    /// `chat_template.jinja` when present. Stop ids are the union of the config's `eos_token`
+    /// and generation_config's `eos_token_id` (int or list), config first.
+    pub fn from_dir(dir: impl AsRef<Path>) -> Result<Self> {
+        let dir = dir.as_ref();
+        let mut tok = Self::from_file(dir.join(TOKENIZER_FILE))?;
+        let config_path = dir.join(CONFIG_FILE);
+        tok.config = json_file::read_optional(&config_path)?.unwrap_or_default();
+        let template_path = dir.join(TEMPLATE_FILE);
+        if template_path.exists() {
+            tok.template_file = Some(
+                std::fs::read_to_string(&template_path)
+                    .with_context(|| format!("reading {}", template_path.display()))?,
+            );
+        }
+        let generation = GenerationConfig::from_dir(dir)?.unwrap_or_default();
+        let named = |key: &str| -> Result<Option<u32>> {
+            tok.special_from_config(key)
+                .with_context(|| format!("{}: key `{key}`", config_path.display()))
+        };
+        let mut eos_ids: Vec<u32> = named("eos_token")?.into_iter().collect();
+        for id in generation.eos_token_ids() {
+            if !eos_ids.contains(&id) {
+                eos_ids.push(id);
+            }
+        }
+        let pad_id = named("pad_token")?.or(generation.pad_token_id);
+        let bos_id = named("bos_token")?.or(generation.bos_token_id);
+        tok.eos_ids = eos_ids;
+        tok.pad_id = pad_id;
+        tok.bos_id = bos_id;
+        Ok(tok)
+    }
+
+    /// The token a config key names, as a string or as an AddedToken object
+    /// (`{"content": ...}`); `None` when absent or null.
+    fn special_from_config(&self, key: &str) -> Result<Option<u32>> {
+        let Some(content) = self.config_token(key)? else {
+            return Ok(None);
+        };
+        self.token_to_id(&content)
+            .map(Some)
+            .with_context(|| format!("token {content:?} is not in the vocabulary"))
+    }
+
+    fn config_token(&self, key: &str) -> Result<Option<String>> {
+        match self.config.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(Value::Object(o)) => match o.get("content") {
+                Some(Value::String(s)) => Ok(Some(s.clone())),
+                _ => bail!("expected a string or an object with a string `content`"),
+            },
+            Some(other) => bail!("expected a token string, found {other}"),
+        }
+    }
+
+    /// Builds a character-level tokenizer: one token per character of `alphabet` (duplicates
+    /// ignored), plus the characters its chat template writes, after the special tokens
+    /// `<|pad|>`=0, `<|unk|>`=1, `<|endoftext|>`=2, `<|im_start|>`=3, `<|im_end|>`=4.
+    /// Characters outside the vocabulary encode to `<|unk|>`. The chat template is ChatML and
+    /// the eos token `<|im_end|>` (end of an assistant turn). The saved directory loads in
+    /// transformers with `AutoTokenizer.from_pretrained` and gives the same ids.
+    pub fn char_level(alphabet: &str) -> Result<Self> {
+        let specials = [
+            CHAR_PAD,
+            CHAR_UNK,
+            CHAR_ENDOFTEXT,
+            CHAR_IM_START,
+            CHAR_IM_END,
+        ];
+        let mut vocab = Map::new();
+        let pieces = specials.iter().map(|s| s.to_string());
+        for piece in pieces.chain(
+            alphabet
+                .chars()
+                .chain(TEMPLATE_CHARS.chars())
+                .map(String::from),
+        ) {
+            let next = vocab.len();
+            vocab.entry(piece).or_insert(json!(next));
+        }
+        // Through serde: the builder wants the crate's private hash map type.
+        let spec = json!({"type": "WordLevel", "vocab": vocab, "unk_token": CHAR_UNK});
+        let model: WordLevel = serde_json::from_str(&spec.to_string())
+            .context("building the char-level vocabulary")?;
+        let mut inner = tokenizers::Tokenizer::new(model);
+        // One piece per character. `[\s\S]` rather than `.`: it also matches newlines, and reads
+        // the same in fancy-regex (here) and Oniguruma (the Python tokenizers build).
+        let split = Split::new(
+            SplitPattern::Regex(r"[\s\S]".into()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .map_err(tk_err)?;
+        inner.with_pre_tokenizer(Some(split));
+        // Concatenate on decode (the default joins tokens with spaces).
+        inner.with_decoder(Some(Fuse::new()));
+        let added: Vec<AddedToken> = specials
+            .iter()
+            .map(|s| AddedToken::from(*s, true))
+            .collect();
+        inner.add_special_tokens(&added);
+
+        let config = json!({
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": null,
+            "eos_token": CHAR_IM_END,
+            "pad_token": CHAR_PAD,
+            "unk_token": CHAR_UNK,
+            "additional_special_tokens": [CHAR_ENDOFTEXT, CHAR_IM_START],
+            "clean_up_tokenization_spaces": false,
+            "model_max_length": 1_000_000,
+            "chat_template": CHAR_CHAT_TEMPLATE,
+        });
+        let Value::Object(config) = config else {
+            unreachable!("a json object literal")
+        };
+        let mut tok = Self {
+            inner,
+            config,
+            template_file: None,
+            eos_ids: Vec::new(),
+            pad_id: None,
+            bos_id: None,
+        };
+        tok.eos_ids = tok.special_from_config("eos_token")?.into_iter().collect();
+        tok.pad_id = tok.special_from_config("pad_token")?;
+        Ok(tok)
+    }
+
+    /// Writes `tokenizer.json` and `tokenizer_config.json` (and `chat_template.jinja` if the
+    /// template was loaded from one) into `dir`, creating it.
+    pub fn save_dir(&self, dir: impl AsRef<Path>) -> Result<()> {
+        let dir = dir.as_ref();
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let path = dir.join(TOKENIZER_FILE);
+        let mut text = self.inner.to_string(true).map_err(tk_err)?;
+        text.push('\n');
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        json_file::write(&dir.join(CONFIG_FILE), &self.config)?;
+        if let Some(template) = &self.template_file {
+            let path = dir.join(TEMPLATE_FILE);
+            std::fs::write(&path, template)
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        Ok(())
+    }
+
+    /// Text to ids. `add_special_tokens` applies the tokenizer's post-processor (e.g. a BOS);
+    /// special-token strings in `text` (`<|im_start|>`) always map to their ids.
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        let encoding = self
+            .inner
+            .encode(text, add_special_tokens)
+            .map_err(tk_err)?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Ids to text, for reward programs and display only.
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
+        self.inner.decode(ids, skip_special_tokens).map_err(tk_err)
+    }
+
+    /// Number of ids, added tokens included. (A model's embedding table may be larger.)
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// Ids that end generation; empty when the directory names none.
+    pub fn eos_token_ids(&self) -> &[u32] {
+        &self.eos_ids
+    }
+
+    pub fn pad_token_id(&self) -> Option<u32> {
+        self.pad_id
+    }
+
+    pub fn bos_token_id(&self) -> Option<u32> {
+        self.bos_id
+    }
+
+    /// The chat template (chat_template.jinja over tokenizer_config.json's `chat_template`),
+    /// with this tokenizer's bos/eos strings; `None` when there is none.
+    pub fn chat_template(&self) -> Result<Option<ChatTemplate>> {
+        let bos = self
+            .config_token("bos_token")
+            .context("tokenizer_config.json: key `bos_token`")?;
+        let eos = self
+            .config_token("eos_token")
+            .context("tokenizer_config.json: key `eos_token`")?;
+        if let Some(source) = &self.template_file {
+            return ChatTemplate::new(source, bos.as_deref(), eos.as_deref())
+                .map(Some)
+                .context(TEMPLATE_FILE);
+        }
+        match self.config.get("chat_template") {
+            None => Ok(None),
+            Some(value) => ChatTemplate::from_config_value(value, bos.as_deref(), eos.as_deref())
+                .context("tokenizer_config.json: key `chat_template`"),
+        }
+    }
+
+    /// The underlying `tokenizers` tokenizer, for what this type does not wrap.
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chat_template::Message;
+
+    #[test]
+    fn char_level_encodes_one_id_per_char_and_round_trips() {
+        let tok = Tokenizer::char_level("0123456789+-= ").unwrap();
+        let ids = tok.encode("12+3 = 15", false).unwrap();
+        assert_eq!(ids.len(), 9);
+        assert_eq!(ids[0], 5 + 1, "first alphabet char follows the 5 specials");
+        assert_eq!(tok.decode(&ids, false).unwrap(), "12+3 = 15");
+        assert_eq!(tok.id_to_token(ids[2]).as_deref(), Some("+"));
+        assert_eq!(tok.token_to_id("<|im_end|>"), Some(4));
+        assert_eq!(tok.eos_token_ids(), &[4]);
+        assert_eq!(tok.pad_token_id(), Some(0));
+        assert_eq!(tok.bos_token_id(), None);
+    }
+
+    #[test]
+    fn char_level_maps_unknown_chars_to_unk() {
+        let tok = Tokenizer::char_level("ab").unwrap();
+        assert_eq!(tok.encode("aZb€", false).unwrap(), {
+            let a = tok.token_to_id("a").unwrap();
+            let b = tok.token_to_id("b").unwrap();
+            vec![a, 1, b, 1]
+        });
+    }
+
+    #[test]
+    fn char_level_keeps_special_tokens_and_newlines() {
+        let tok = Tokenizer::char_level("xy").unwrap();
+        let ids = tok
+            .encode("<|im_start|>user\nxy<|im_end|>\n", false)
+            .unwrap();
+        assert_eq!(ids[0], 3);
+        assert_eq!(ids.len(), 1 + 4 + 1 + 2 + 1 + 1);
+        assert!(
+            !ids.contains(&1),
+            "template characters are in the vocabulary: {ids:?}"
+        );
+        assert_eq!(tok.decode(&ids, true).unwrap(), "user\nxy\n");
+    }
+
+    #[test]
+    fn char_level_vocab_has_no_duplicates() {
+        let tok = Tokenizer::char_level("aab\n").unwrap();
+        let unique: std::collections::HashSet<char> =
+            "ab".chars().chain(TEMPLATE_CHARS.chars()).collect();
+        assert_eq!(tok.vocab_size(), 5 + unique.len());
+    }
+
+    #[test]
+    fn char_level_chat_template_renders_chatml() {
+        let tok = Tokenizer::char_level("0123456789").unwrap();
+        let text = tok
+            .chat_template()
+            .unwrap()
+            .unwrap()
+            .render(&[Message::user("12")], None, true)
+            .unwrap();
+        assert_eq!(
+            text,
+            "<|im_start|>user\n12<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    #[test]
+    fn save_and_load_dir_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let tok = Tokenizer::char_level("abc ").unwrap();
+        tok.save_dir(dir.path()).unwrap();
+        let back = Tokenizer::from_dir(dir.path()).unwrap();
+        assert_eq!(back.vocab_size(), tok.vocab_size());
+        assert_eq!(
+            back.encode("ab c", false).unwrap(),
+            tok.encode("ab c", false).unwrap()
+        );
+        assert_eq!(back.eos_token_ids(), &[4]);
+        assert_eq!(back.pad_token_id(), Some(0));
+        assert!(back.chat_template().unwrap().is_some());
+        let file_only = Tokenizer::from_file(dir.path().join(TOKENIZER_FILE)).unwrap();
+        assert_eq!(
+            file_only.encode("cab", false).unwrap(),
+            tok.encode("cab", false).unwrap()
+        );
+        assert!(file_only.eos_token_ids().is_empty());
+    }
+
+    #[test]
+    fn eos_ids_merge_config_and_generation_config() {
+        let dir = tempfile::tempdir().unwrap();
+        Tokenizer::char_level("a")
+            .unwrap()
+            .save_dir(dir.path())
+            .unwrap();
+        std::fs::write(
+            dir.path().join("generation_config.json"),
+            r#"{"eos_token_id": [2, 4], "bos_token_id": 3}"#,
+        )
+        .unwrap();
+        let tok = Tokenizer::from_dir(dir.path()).unwrap();
+        assert_eq!(tok.eos_token_ids(), &[4, 2]);
+        assert_eq!(tok.bos_token_id(), Some(3));
+    }
+
+    #[test]
+    fn added_token_objects_and_template_file_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        Tokenizer::char_level("a")
+            .unwrap()
+            .save_dir(dir.path())
+            .unwrap();
+        let config = json!({"eos_token": {"content": "<|endoftext|>", "special": true}});
+        json_file::write(&dir.path().join(CONFIG_FILE), &config).unwrap();
+        std::fs::write(dir.path().join(TEMPLATE_FILE), "[{{ eos_token }}]").unwrap();
+        let tok = Tokenizer::from_dir(dir.path()).unwrap();
+        assert_eq!(tok.eos_token_ids(), &[2]);
+        let t = tok.chat_template().unwrap().unwrap();
+        assert_eq!(t.render(&[], None, false).unwrap(), "[<|endoftext|>]");
+    }
+
+    #[test]
+    fn bad_user_files_name_the_file_and_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = format!("{:#}", Tokenizer::from_dir(dir.path()).unwrap_err());
+        assert!(err.contains(TOKENIZER_FILE), "{err}");
+
+        Tokenizer::char_level("a")
+            .unwrap()
+            .save_dir(dir.path())
+            .unwrap();
+        let config = json!({"pad_token": "<missing>"});
+        json_file::write(&dir.path().join(CONFIG_FILE), &config).unwrap();
+        let err = format!("{:#}", Tokenizer::from_dir(dir.path()).unwrap_err());
+        assert!(
+            err.contains(CONFIG_FILE) && err.contains("pad_token"),
+            "{err}"
+        );
+        assert!(err.contains("<missing>"), "{err}");
+
+        std::fs::write(dir.path().join(TOKENIZER_FILE), "{not json").unwrap();
+        let err = format!("{:#}", Tokenizer::from_dir(dir.path()).unwrap_err());
+        assert!(err.contains(TOKENIZER_FILE), "{err}");
+    }
+}
