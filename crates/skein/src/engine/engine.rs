@@ -261,6 +261,8 @@ impl Engine {
         let positions = Tensor::from_slice(&pos).to_device(device);
         let slots = Tensor::from_slice(&active.iter().map(|&s| s as i64).collect::<Vec<_>>())
             .to_device(device);
+        let dense = active.iter().enumerate().all(|(i, &s)| i == s);
+        let mask = crate::model::kv_cache::decode_mask(&positions, span);
         let hidden = model.net.hidden(
             &input,
             &positions.view([-1, 1]),
@@ -268,7 +270,9 @@ impl Engine {
                 cache,
                 slots: &slots,
                 positions: &positions,
+                mask: &mask,
                 span,
+                dense,
             },
         );
         let logits = model.net.logits(&hidden.squeeze_dim(1));

@@ -56,7 +56,9 @@ impl KvCache {
 
     /// Writes one new key/value per sequence ([A, kv_heads, 1, head_dim]) at `positions` of
     /// `slots`, and returns the first `span` cached positions of those slots as
-    /// [A, kv_heads, span, head_dim] with the mask of positions each sequence may attend to.
+    /// [A, kv_heads, span, head_dim]. When `dense` (the slots are exactly 0..A), the cache is
+    /// read as a view instead of gathered, which saves a copy per layer and step.
+    #[allow(clippy::too_many_arguments)]
     pub fn append_and_read(
         &mut self,
         layer: usize,
@@ -65,20 +67,29 @@ impl KvCache {
         slots: &Tensor,
         positions: &Tensor,
         span: i64,
-    ) -> (Tensor, Tensor, Tensor) {
+        dense: bool,
+    ) -> (Tensor, Tensor) {
         let index = [Some(slots.shallow_clone()), Some(positions.shallow_clone())];
         let _ = self.keys[layer].index_put_(&index, &k.squeeze_dim(2), false);
         let _ = self.values[layer].index_put_(&index, &v.squeeze_dim(2), false);
+        let active = slots.size()[0];
         let read = |cache: &Tensor| {
-            cache
-                .index_select(0, slots)
-                .narrow(1, 0, span)
-                .transpose(1, 2)
+            let head = cache.narrow(1, 0, span);
+            let rows = if dense {
+                head.narrow(0, 0, active)
+            } else {
+                head.index_select(0, slots)
+            };
+            rows.transpose(1, 2)
         };
-        let mask = Tensor::arange(span, (Kind::Int64, positions.device()))
-            .unsqueeze(0)
-            .le_tensor(&positions.unsqueeze(1))
-            .view([-1, 1, 1, span]);
-        (read(&self.keys[layer]), read(&self.values[layer]), mask)
+        (read(&self.keys[layer]), read(&self.values[layer]))
     }
+}
+
+/// Which of the first `span` cached positions each sequence may attend to: [A, 1, 1, span].
+pub fn decode_mask(positions: &Tensor, span: i64) -> Tensor {
+    Tensor::arange(span, (Kind::Int64, positions.device()))
+        .unsqueeze(0)
+        .le_tensor(&positions.unsqueeze(1))
+        .view([-1, 1, 1, span])
 }

@@ -42,11 +42,14 @@ pub enum AttnMode<'a> {
         lens: &'a [i64],
     },
     /// One new token per sequence: appended at `positions` of `slots`, attending to the cache.
+    /// `mask` comes from `kv_cache::decode_mask`; `dense` says the slots are exactly 0..A.
     Decode {
         cache: &'a mut KvCache,
         slots: &'a Tensor,
         positions: &'a Tensor,
+        mask: &'a Tensor,
         span: i64,
+        dense: bool,
     },
 }
 
@@ -150,15 +153,17 @@ impl Attention {
                 cache,
                 slots,
                 positions,
+                mask,
                 span,
+                dense,
             } => {
-                let (keys, values, mask) =
-                    cache.append_and_read(layer, &k, &v, slots, positions, *span);
+                let (keys, values) =
+                    cache.append_and_read(layer, &k, &v, slots, positions, *span, *dense);
                 Tensor::scaled_dot_product_attention(
                     &q,
                     &keys,
                     &values,
-                    Some(mask),
+                    Some(*mask),
                     0.0,
                     false,
                     None,
