@@ -1,0 +1,269 @@
+//! The mini-batch planner: whole units (trajectories or groups) are dealt into PPO
+//! mini-batches; inside each mini-batch, rows are balanced over the data-parallel ranks by
+//! Karmarkar–Karp, with padding rows so every rank has the same number of rows. Each
+//! mini-batch carries the global counts every rank needs to scale its loss.
+
+use crate::balance::equal_size_partitions;
+use crate::error::{err, PlanError};
+use crate::padding::{PaddingId, PaddingIds, PADDING_ROW_TOKENS};
+use crate::rng::SplitMix64;
+use crate::rows::RowShape;
+use std::collections::{HashMap, HashSet};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    Trajectory,
+    Group,
+}
+
+/// Cost of a row for rank balancing: `linear * tokens + quadratic * tokens²` (attention).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CostModel {
+    pub linear: f64,
+    pub quadratic: f64,
+}
+
+impl Default for CostModel {
+    fn default() -> Self {
+        CostModel {
+            linear: 1.0,
+            quadratic: 1.0 / 2048.0,
+        }
+    }
+}
+
+impl CostModel {
+    /// Integer cost (sixteenths) of a row of `tokens` tokens.
+    pub fn cost(&self, tokens: usize) -> u64 {
+        let t = tokens as f64;
+        ((self.linear * t + self.quadratic * t * t) * 16.0)
+            .round()
+            .max(0.0) as u64
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanConfig {
+    pub dp_size: usize,
+    pub num_mini_batches: usize,
+    pub unit: Unit,
+    /// Every mini-batch gets the same row count (verl's fixed-size mode).
+    pub equal_minibatch_rows: bool,
+    /// Deal units by cost (longest first to the lightest mini-batch) instead of by count.
+    pub token_balanced: bool,
+    pub cost: CostModel,
+    pub seed: u64,
+    /// The total row count is padded to a multiple of this (e.g. `padding_multiple(...)`).
+    pub pad_multiple: Option<usize>,
+}
+
+impl Default for PlanConfig {
+    fn default() -> Self {
+        PlanConfig {
+            dp_size: 1,
+            num_mini_batches: 1,
+            unit: Unit::Trajectory,
+            equal_minibatch_rows: false,
+            token_balanced: false,
+            cost: CostModel::default(),
+            seed: 0,
+            pad_multiple: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Slot {
+    /// Index into the planned rows.
+    Real(usize),
+    Padding(PaddingId),
+}
+
+/// Counts over the REAL rows of one mini-batch: the denominators of the loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GlobalCounts {
+    pub rows: usize,
+    /// Distinct trajectories.
+    pub sequences: usize,
+    pub loss_tokens: usize,
+    pub tokens: usize,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct MiniBatch {
+    pub ranks: Vec<Vec<Slot>>,
+    pub counts: GlobalCounts,
+    pub padding_rows: usize,
+    /// Tokens per rank, padding included (throughput and balance only).
+    pub rank_tokens: Vec<usize>,
+}
+
+impl MiniBatch {
+    /// Loss tokens of each trajectory within this mini-batch (for `trajectory-mean`).
+    pub fn trajectory_loss_tokens(&self, rows: &[RowShape]) -> HashMap<usize, usize> {
+        let mut m = HashMap::new();
+        for slot in self.ranks.iter().flatten() {
+            if let Slot::Real(i) = slot {
+                *m.entry(rows[*i].trajectory).or_insert(0) += rows[*i].loss_tokens;
+            }
+        }
+        m
+    }
+
+    /// max/mean of the rank costs: 1.0 is perfect balance.
+    pub fn imbalance(&self) -> f64 {
+        let max = self.rank_tokens.iter().copied().max().unwrap_or(0) as f64;
+        let mean =
+            self.rank_tokens.iter().sum::<usize>() as f64 / self.rank_tokens.len().max(1) as f64;
+        if mean > 0.0 {
+            max / mean
+        } else {
+            1.0
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub mini_batches: Vec<MiniBatch>,
+}
+
+pub fn plan(rows: &[RowShape], cfg: &PlanConfig) -> Result<Plan, PlanError> {
+    if cfg.dp_size == 0 {
+        return err("dp_size must be at least 1");
+    }
+    if cfg.num_mini_batches == 0 {
+        return err("num_mini_batches must be at least 1");
+    }
+    if matches!(cfg.pad_multiple, Some(0)) {
+        return err("pad_multiple must be at least 1");
+    }
+    if rows.is_empty() {
+        // An all-invalid batch is an upstream problem: fail fast rather than fabricate one.
+        return err(
+            "the batch has no real row to train on (every trajectory failed or was dropped)",
+        );
+    }
+    let units = units(rows, cfg.unit);
+    let mut order: Vec<usize> = (0..units.len()).collect();
+    SplitMix64::new(cfg.seed).shuffle(&mut order);
+    let m = cfg.num_mini_batches.min(units.len());
+    let unit_cost = |u: usize| {
+        units[u]
+            .iter()
+            .map(|&i| cfg.cost.cost(rows[i].tokens()))
+            .sum::<u64>()
+    };
+    let mut assigned: Vec<Vec<usize>> = vec![Vec::new(); m];
+    if cfg.token_balanced {
+        let mut by_cost = order.clone();
+        by_cost.sort_by_key(|&u| std::cmp::Reverse(unit_cost(u)));
+        let mut load = vec![0u64; m];
+        for u in by_cost {
+            let b = (0..m).min_by_key(|&b| (load[b], b)).unwrap_or(0);
+            load[b] += unit_cost(u);
+            assigned[b].push(u);
+        }
+    } else {
+        let (base, extra) = (order.len() / m, order.len() % m);
+        let mut it = order.into_iter();
+        for (b, a) in assigned.iter_mut().enumerate() {
+            a.extend(it.by_ref().take(base + usize::from(b < extra)));
+        }
+    }
+    let mb_rows: Vec<Vec<usize>> = assigned
+        .iter()
+        .map(|us| us.iter().flat_map(|&u| units[u].iter().copied()).collect())
+        .collect();
+    let sizes = padded_sizes(&mb_rows, cfg);
+    let mut ids = PaddingIds::default();
+    let mini_batches = mb_rows
+        .iter()
+        .zip(sizes)
+        .map(|(real, size)| build_mini_batch(rows, real, size, cfg, &mut ids))
+        .collect();
+    Ok(Plan { mini_batches })
+}
+
+/// Row indices of each unit, in order of first appearance.
+fn units(rows: &[RowShape], unit: Unit) -> Vec<Vec<usize>> {
+    let mut index = HashMap::new();
+    let mut units: Vec<Vec<usize>> = Vec::new();
+    for (i, r) in rows.iter().enumerate() {
+        let key = match unit {
+            Unit::Trajectory => r.trajectory,
+            Unit::Group => r.group,
+        };
+        let u = *index.entry(key).or_insert_with(|| {
+            units.push(Vec::new());
+            units.len() - 1
+        });
+        units[u].push(i);
+    }
+    units
+}
+
+/// Row count of each mini-batch after padding: a multiple of dp; in the fixed-size mode all
+/// equal; and the total a multiple of `pad_multiple`.
+fn padded_sizes(mb_rows: &[Vec<usize>], cfg: &PlanConfig) -> Vec<usize> {
+    let dp = cfg.dp_size;
+    let up = |n: usize, k: usize| n.div_ceil(k) * k;
+    let mut sizes: Vec<usize> = mb_rows.iter().map(|r| up(r.len(), dp)).collect();
+    if cfg.equal_minibatch_rows {
+        let mut size = sizes.iter().copied().max().unwrap_or(dp);
+        if let Some(k) = cfg.pad_multiple {
+            while !(size * sizes.len()).is_multiple_of(k) {
+                size += dp;
+            }
+        }
+        sizes.iter_mut().for_each(|s| *s = size);
+    } else if let Some(k) = cfg.pad_multiple {
+        // Spread the extra rows one rank-row (dp rows) at a time, lightest mini-batch first.
+        let mut b = 0;
+        while !sizes.iter().sum::<usize>().is_multiple_of(k) {
+            let n = sizes.len();
+            sizes[b % n] += dp;
+            b += 1;
+        }
+    }
+    sizes
+}
+
+fn build_mini_batch(
+    rows: &[RowShape],
+    real: &[usize],
+    size: usize,
+    cfg: &PlanConfig,
+    ids: &mut PaddingIds,
+) -> MiniBatch {
+    let padding = size - real.len();
+    let mut slots: Vec<Slot> = real.iter().map(|&i| Slot::Real(i)).collect();
+    slots.extend((0..padding).map(|_| Slot::Padding(ids.next_id())));
+    let tokens = |s: &Slot| match s {
+        Slot::Real(i) => rows[*i].tokens(),
+        Slot::Padding(_) => PADDING_ROW_TOKENS,
+    };
+    let costs: Vec<u64> = slots.iter().map(|s| cfg.cost.cost(tokens(s))).collect();
+    let parts = equal_size_partitions(&costs, cfg.dp_size);
+    let ranks: Vec<Vec<Slot>> = parts
+        .into_iter()
+        .map(|mut p| {
+            p.sort_unstable();
+            p.into_iter().map(|i| slots[i]).collect()
+        })
+        .collect();
+    let rank_tokens = ranks.iter().map(|r| r.iter().map(tokens).sum()).collect();
+    let trajectories: HashSet<usize> = real.iter().map(|&i| rows[i].trajectory).collect();
+    let counts = GlobalCounts {
+        rows: real.len(),
+        sequences: trajectories.len(),
+        loss_tokens: real.iter().map(|&i| rows[i].loss_tokens).sum(),
+        tokens: real.iter().map(|&i| rows[i].tokens()).sum(),
+    };
+    MiniBatch {
+        ranks,
+        counts,
+        padding_rows: padding,
+        rank_tokens,
+    }
+}

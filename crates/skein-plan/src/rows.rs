@@ -1,0 +1,178 @@
+//! Rows: what a rank trains on. One transition each, or a whole trajectory merged into one
+//! sequence when every turn's prompt extends the previous context token for token.
+
+use crate::data::Trajectory;
+use crate::error::{err, PlanError};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowMode {
+    Transition,
+    Trajectory,
+}
+
+/// The shape of a row: all the planner needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowShape {
+    /// Index of the trajectory (the default unit that stays whole).
+    pub trajectory: usize,
+    /// Transition index; None for a merged trajectory row.
+    pub transition: Option<usize>,
+    /// Index of the group (the other unit choice).
+    pub group: usize,
+    pub prompt_len: usize,
+    pub response_len: usize,
+    pub loss_tokens: usize,
+}
+
+impl RowShape {
+    pub fn tokens(&self) -> usize {
+        self.prompt_len + self.response_len
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    pub shape: RowShape,
+    pub prompt: Vec<u32>,
+    pub response: Vec<u32>,
+    pub loss_mask: Vec<u8>,
+    pub logprobs: Vec<f32>,
+    pub versions: Vec<u64>,
+    /// The trajectory's sequence-level advantage, broadcast to its loss tokens.
+    pub advantage: f64,
+}
+
+/// Rows of every trajectory that has an advantage (`advantages[i]` is None for excluded ones).
+/// Group indices follow first appearance of each group id.
+pub fn build_rows(
+    trajs: &[Trajectory],
+    advantages: &[Option<f64>],
+    mode: RowMode,
+) -> Result<Vec<Row>, PlanError> {
+    let mut groups = std::collections::HashMap::new();
+    let mut rows = Vec::new();
+    for (ti, t) in trajs.iter().enumerate() {
+        let next = groups.len();
+        let group = *groups.entry(t.group.as_str()).or_insert(next);
+        let Some(advantage) = advantages.get(ti).copied().flatten() else {
+            continue;
+        };
+        t.validate()?;
+        match mode {
+            RowMode::Transition => {
+                for (k, tr) in t.transitions.iter().enumerate() {
+                    rows.push(Row {
+                        shape: RowShape {
+                            trajectory: ti,
+                            transition: Some(k),
+                            group,
+                            prompt_len: tr.prompt.len(),
+                            response_len: tr.response.len(),
+                            loss_tokens: tr.loss_tokens(),
+                        },
+                        prompt: tr.prompt.clone(),
+                        response: tr.response.clone(),
+                        loss_mask: tr.loss_mask.clone(),
+                        logprobs: tr.logprobs.clone(),
+                        versions: tr.versions.clone(),
+                        advantage,
+                    });
+                }
+            }
+            RowMode::Trajectory => rows.push(merge(t, ti, group, advantage)?),
+        }
+    }
+    Ok(rows)
+}
+
+/// One sequence for a whole trajectory: the first prompt, then each response followed by the
+/// tokens inserted before the next turn (loss mask 0). Fails if a prompt does not extend the
+/// context it follows.
+fn merge(t: &Trajectory, ti: usize, group: usize, advantage: f64) -> Result<Row, PlanError> {
+    let first = &t.transitions[0];
+    let mut context = first.prompt.clone();
+    let (mut response, mut mask, mut logprobs, mut versions) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (k, tr) in t.transitions.iter().enumerate() {
+        if !tr.prompt.starts_with(&context) {
+            return err(format!(
+                "trajectory `{}`, transition {k}: its prompt does not extend the previous context, so it cannot be merged into one row (use row = \"transition\")",
+                t.id
+            ));
+        }
+        let inserted = &tr.prompt[context.len()..];
+        response.extend_from_slice(inserted);
+        mask.extend(std::iter::repeat_n(0u8, inserted.len()));
+        logprobs.extend(std::iter::repeat_n(0f32, inserted.len()));
+        versions.extend(std::iter::repeat_n(0u64, inserted.len()));
+        response.extend_from_slice(&tr.response);
+        mask.extend_from_slice(&tr.loss_mask);
+        logprobs.extend_from_slice(&tr.logprobs);
+        versions.extend_from_slice(&tr.versions);
+        context = tr.prompt.clone();
+        context.extend_from_slice(&tr.response);
+    }
+    let loss_tokens = mask.iter().filter(|&&m| m != 0).count();
+    Ok(Row {
+        shape: RowShape {
+            trajectory: ti,
+            transition: None,
+            group,
+            prompt_len: first.prompt.len(),
+            response_len: response.len(),
+            loss_tokens,
+        },
+        prompt: first.prompt.clone(),
+        response,
+        loss_mask: mask,
+        logprobs,
+        versions,
+        advantage,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::{Status, Transition};
+
+    fn tr(prompt: Vec<u32>, response: Vec<u32>) -> Transition {
+        let n = response.len();
+        Transition {
+            prompt,
+            response,
+            loss_mask: vec![1; n],
+            logprobs: vec![-1.0; n],
+            versions: vec![3; n],
+            reward: None,
+        }
+    }
+
+    #[test]
+    fn merging_masks_inserted_tokens_and_rejects_a_broken_prefix() {
+        let t = Trajectory {
+            id: "t".into(),
+            group: "g".into(),
+            transitions: vec![
+                tr(vec![1, 2], vec![3, 4]),
+                tr(vec![1, 2, 3, 4, 9, 9], vec![5]),
+            ],
+            reward: 1.0,
+            status: Status::Finished,
+        };
+        let rows = build_rows(std::slice::from_ref(&t), &[Some(0.5)], RowMode::Trajectory).unwrap();
+        assert_eq!(rows[0].prompt, vec![1, 2]);
+        assert_eq!(rows[0].response, vec![3, 4, 9, 9, 5]);
+        assert_eq!(rows[0].loss_mask, vec![1, 1, 0, 0, 1]);
+        assert_eq!(rows[0].shape.loss_tokens, 3);
+        let per_turn =
+            build_rows(std::slice::from_ref(&t), &[Some(0.5)], RowMode::Transition).unwrap();
+        assert_eq!(per_turn.len(), 2);
+        let mut bad = t.clone();
+        bad.transitions[1].prompt = vec![1, 7, 3, 4];
+        let e = build_rows(&[bad], &[Some(0.5)], RowMode::Trajectory)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`t`, transition 1"), "{e}");
+    }
+}
