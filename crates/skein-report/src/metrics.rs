@@ -6,8 +6,11 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 
+/// One line of `metrics.jsonl`: metric name (a plain string; `/` groups by convention only) to
+/// value, usually with a `step`.
 pub type Record = Map<String, Value>;
 
+/// Appends records to a `metrics.jsonl`, one JSON object per line.
 pub struct MetricsLog {
     file: File,
     path: PathBuf,
@@ -27,6 +30,7 @@ impl MetricsLog {
         })
     }
 
+    /// Writes `record` as one line and flushes it, so a crash loses at most the step in flight.
     pub fn append(&mut self, record: &Record) -> Result<()> {
         let mut line = serde_json::to_string(record)?;
         line.push('\n');
@@ -34,6 +38,10 @@ impl MetricsLog {
             .write_all(line.as_bytes())
             .and_then(|_| self.file.flush())
             .with_context(|| format!("writing {}", self.path.display()))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 }
 
@@ -62,24 +70,52 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    #[test]
-    fn round_trip_and_bad_lines_name_their_number() {
-        let dir = std::env::temp_dir().join(format!("skein-metrics-{}", std::process::id()));
+    fn tmp_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("skein-metrics-{}-{name}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn appended_records_read_back_in_order_and_survive_reopening() {
+        let dir = tmp_dir("round-trip");
         let path = dir.join("metrics.jsonl");
-        let mut log = MetricsLog::create(&path).unwrap();
-        for step in 0..3 {
-            let Value::Object(m) = json!({"step": step, "reward/mean": step as f64 * 0.5}) else {
-                unreachable!()
-            };
-            log.append(&m).unwrap();
+        for round in 0..2 {
+            // A second log on the same file (a resumed run) appends instead of truncating.
+            let mut log = MetricsLog::create(&path).unwrap();
+            for step in 0..3 {
+                let Value::Object(m) =
+                    json!({"step": round * 3 + step, "reward/mean": step as f64 * 0.5})
+                else {
+                    unreachable!()
+                };
+                log.append(&m).unwrap();
+            }
+            // Flushed per line: readable before the log is dropped.
+            assert_eq!(read_metrics(log.path()).unwrap().len(), 3 * (round + 1));
         }
         let records = read_metrics(&path).unwrap();
-        assert_eq!(records.len(), 3);
+        let steps: Vec<u64> = records
+            .iter()
+            .map(|r| r["step"].as_u64().unwrap())
+            .collect();
+        assert_eq!(steps, [0, 1, 2, 3, 4, 5]);
         assert_eq!(records[2]["reward/mean"], 1.0);
-        std::fs::write(&path, "{\"step\": 1}\nnot json\n").unwrap();
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn bad_lines_are_errors_naming_file_and_line() {
+        let dir = tmp_dir("bad");
+        let path = dir.join("metrics.jsonl");
+        std::fs::write(&path, "{\"step\": 1}\n\nnot json\n").unwrap();
         let err = format!("{:#}", read_metrics(&path).unwrap_err());
-        assert!(err.contains("metrics.jsonl:2"), "{err}");
+        assert!(err.contains("metrics.jsonl:3"), "{err}");
+        std::fs::write(&path, "{\"step\": 1}\n[1, 2]\n").unwrap();
+        let err = format!("{:#}", read_metrics(&path).unwrap_err());
+        assert!(err.contains("metrics.jsonl:2: not a JSON object"), "{err}");
+        let err = format!("{:#}", read_metrics(&dir.join("absent.jsonl")).unwrap_err());
+        assert!(err.contains("absent.jsonl"), "{err}");
         std::fs::remove_dir_all(&dir).ok();
     }
 }

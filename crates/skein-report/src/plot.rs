@@ -1,37 +1,53 @@
-//! A PNG of a run's curves: one titled panel per metric, in a grid, against `step`.
+//! A PNG of a run's curves: one titled panel per metric (or group of metrics), in a grid,
+//! against `step`.
+//!
+//! A panel spec is a metric key, or several joined by `|` to share one panel
+//! (`"reward/mean|eval/accuracy"`). Keys are plain strings: `/` has no meaning.
 
-use crate::canvas::{Canvas, Rgb};
 use crate::metrics::{read_metrics, Record};
-use anyhow::{bail, Result};
+use crate::num;
+use anyhow::{anyhow, bail, Context, Result};
+use plotters::coord::Shift;
+use plotters::prelude::*;
 use std::path::{Path, PathBuf};
 
-const PANEL_W: i64 = 420;
-const PANEL_H: i64 = 260;
-const COLS: i64 = 3;
-const WHITE: Rgb = [255, 255, 255];
-const INK: Rgb = [40, 40, 40];
-const GRID: Rgb = [225, 225, 225];
-const LINE: Rgb = [31, 119, 180];
+const PANEL_W: u32 = 460;
+const PANEL_H: u32 = 300;
+const TITLE_H: u32 = 44;
+const FONT: &str = "sans-serif";
+/// Colour-blind-friendly line colours (the first one for the main series of each panel).
+const COLOURS: [RGBColor; 6] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+];
 
-/// The curves drawn by default, those a run has.
-pub const DEFAULT_KEYS: &[&str] = &[
-    "reward/mean",
-    "eval/accuracy",
-    "reward/accuracy",
+/// The panels drawn by default; each shows those of its metrics a run has.
+pub const DEFAULT_PANELS: &[&str] = &[
+    "reward/mean|reward/accuracy|eval/accuracy",
     "loss/policy",
     "loss/value",
     "sft/loss",
-    "approx_kl",
-    "kl_ref",
+    "kl|approx_kl|kl_ref",
     "entropy",
-    "clip_frac",
     "grad_norm",
+    "clip_frac",
     "response_len/mean",
-    "throughput/generated_tokens_per_s",
+    "throughput/tokens_per_s|throughput/generated_tokens_per_s",
     "time/step_s",
 ];
 
-/// (x, y) points of `key` against `x_key`, skipping records without it and non-finite values.
+/// One curve: a metric's finite values against the x key.
+struct Series {
+    key: String,
+    points: Vec<(f64, f64)>,
+}
+
+/// (x, y) points of `key` against `x_key`, skipping records without either and non-finite
+/// values (a NaN loss must not take the plot down with it).
 fn series(records: &[Record], x_key: &str, key: &str) -> Vec<(f64, f64)> {
     records
         .iter()
@@ -40,6 +56,38 @@ fn series(records: &[Record], x_key: &str, key: &str) -> Vec<(f64, f64)> {
         .collect()
 }
 
+/// The panels that have data: each spec's present series, specs with none dropped.
+fn panels(records: &[Record], specs: &[&str], x_key: &str) -> Vec<Vec<Series>> {
+    specs
+        .iter()
+        .map(|spec| {
+            spec.split('|')
+                .map(str::trim)
+                .filter(|k| !k.is_empty())
+                .map(|k| Series {
+                    key: k.to_string(),
+                    points: series(records, x_key, k),
+                })
+                .filter(|s| !s.points.is_empty())
+                .collect::<Vec<_>>()
+        })
+        .filter(|p| !p.is_empty())
+        .collect()
+}
+
+/// Columns of the panel grid: one row up to three panels, 2×2 for four, then rows of three.
+fn grid(n: usize) -> (usize, usize) {
+    let cols = match n {
+        0..=3 => n.max(1),
+        4 => 2,
+        _ => 3,
+    };
+    (n.div_ceil(cols).max(1), cols)
+}
+
+/// Draws one panel per spec in `keys` (missing metrics skipped, `|` joins several metrics in
+/// one panel) against `x_key`, and writes the PNG to `out_png`. An error if no metric has a
+/// finite value.
 pub fn plot_metrics(
     records: &[Record],
     keys: &[&str],
@@ -47,156 +95,341 @@ pub fn plot_metrics(
     title: &str,
     out_png: &Path,
 ) -> Result<()> {
-    let panels: Vec<(&str, Vec<(f64, f64)>)> = keys
-        .iter()
-        .map(|k| (*k, series(records, x_key, k)))
-        .filter(|(_, s)| !s.is_empty())
-        .collect();
+    let panels = panels(records, keys, x_key);
     if panels.is_empty() {
-        bail!("none of the metrics {keys:?} has a finite value to plot");
+        bail!("none of the metrics {keys:?} has a finite value against `{x_key}` to plot");
     }
-    let rows = (panels.len() as i64 + COLS - 1) / COLS;
-    let cols = COLS.min(panels.len() as i64);
-    let top = 40;
-    let mut c = Canvas::new(
-        (cols * PANEL_W) as usize,
-        (top + rows * PANEL_H) as usize,
-        WHITE,
-    );
-    c.text(12, 12, title, INK, 2);
-    for (i, (key, pts)) in panels.iter().enumerate() {
-        let (px, py) = (
-            (i as i64 % COLS) * PANEL_W,
-            top + (i as i64 / COLS) * PANEL_H,
-        );
-        draw_panel(&mut c, px, py, key, x_key, pts);
-    }
-    c.save_png(out_png)
+    crate::font::register()?;
+    let (rows, cols) = grid(panels.len());
+    let (w, h) = (cols as u32 * PANEL_W, TITLE_H + rows as u32 * PANEL_H);
+    let mut rgb = vec![255u8; (w * h * 3) as usize];
+    draw(&mut rgb, (w, h), &panels, (rows, cols), x_key, title)
+        .map_err(|e| anyhow!("drawing {}: {e}", out_png.display()))?;
+    write_png(out_png, (w, h), &rgb)
 }
 
-fn draw_panel(c: &mut Canvas, px: i64, py: i64, key: &str, x_key: &str, pts: &[(f64, f64)]) {
-    let (l, r, t, b) = (px + 70, px + PANEL_W - 16, py + 28, py + PANEL_H - 36);
-    c.text(
-        px + (PANEL_W - Canvas::text_width(key, 1)) / 2,
-        py + 10,
-        key,
-        INK,
-        1,
-    );
-    let (mut x0, mut x1) = min_max(pts.iter().map(|p| p.0));
-    let (mut y0, mut y1) = min_max(pts.iter().map(|p| p.1));
-    if x1 - x0 < 1e-12 {
-        x0 -= 0.5;
-        x1 += 0.5;
+fn draw(
+    rgb: &mut [u8],
+    size: (u32, u32),
+    panels: &[Vec<Series>],
+    grid: (usize, usize),
+    x_key: &str,
+    title: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let root = BitMapBackend::with_buffer(rgb, size).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (head, body) = root.split_vertically(TITLE_H);
+    head.draw_text(
+        title,
+        &TextStyle::from((FONT, 22).into_font().style(FontStyle::Bold)).color(&BLACK),
+        (14, 12),
+    )?;
+    let cells = body.split_evenly(grid);
+    for (cell, panel) in cells.iter().zip(panels) {
+        draw_panel(cell, panel, x_key)?;
     }
-    let pad = ((y1 - y0) * 0.08).max(y1.abs().max(1e-6) * 0.02);
-    y0 -= pad;
-    y1 += pad;
-    for k in 0..=4 {
-        let y = b - (b - t) * k / 4;
-        for x in l..=r {
-            c.set(x, y, GRID);
-        }
-        let v = y0 + (y1 - y0) * k as f64 / 4.0;
-        let label = fmt_num(v);
-        c.text(l - 6 - Canvas::text_width(&label, 1), y - 4, &label, INK, 1);
-    }
-    c.rect(l, t, r, b, INK);
-    let (xl, xr) = (fmt_num(x0), fmt_num(x1));
-    c.text(l, b + 6, &xl, INK, 1);
-    c.text(r - Canvas::text_width(&xr, 1), b + 6, &xr, INK, 1);
-    c.text(
-        (l + r - Canvas::text_width(x_key, 1)) / 2,
-        b + 20,
-        x_key,
-        INK,
-        1,
-    );
-    let map = |(x, y): (f64, f64)| {
-        (
-            l + ((x - x0) / (x1 - x0) * (r - l) as f64).round() as i64,
-            b - ((y - y0) / (y1 - y0) * (b - t) as f64).round() as i64,
-        )
-    };
-    for w in pts.windows(2) {
-        c.line(map(w[0]), map(w[1]), LINE, 2);
-    }
-    if pts.len() <= 2 {
-        for &p in pts {
-            let (x, y) = map(p);
-            c.line((x - 2, y), (x + 2, y), LINE, 4);
-        }
+    root.present()?;
+    Ok(())
+}
+
+/// A range that always has width: a single point or a flat curve gets a margin around it.
+fn padded(lo: f64, hi: f64, frac: f64) -> (f64, f64) {
+    let span = hi - lo;
+    if span > 0.0 {
+        (lo - span * frac, hi + span * frac)
+    } else {
+        let m = (lo.abs() * 0.1).max(0.5);
+        (lo - m, hi + m)
     }
 }
 
-fn min_max(it: impl Iterator<Item = f64>) -> (f64, f64) {
-    it.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| {
+fn bounds<'a>(pts: impl Iterator<Item = &'a f64>) -> (f64, f64) {
+    pts.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &v| {
         (a.min(v), b.max(v))
     })
 }
 
-fn fmt_num(v: f64) -> String {
-    let a = v.abs();
-    if a != 0.0 && !(1e-3..1e5).contains(&a) {
-        format!("{v:.1e}")
-    } else if a >= 100.0 {
-        format!("{v:.0}")
-    } else {
-        format!("{v:.3}")
-    }
+/// Roughly the spacing plotters gives `n` ticks over `span`, to choose label decimals.
+fn tick_step(span: f64, n: usize) -> f64 {
+    let raw = span / n as f64;
+    let mag = 10f64.powf(raw.log10().floor());
+    [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .map(|m| m * mag)
+        .find(|s| *s >= raw)
+        .unwrap_or(10.0 * mag)
 }
 
-/// Reads `dir/metrics.jsonl` and writes `dir/plot.png` (default keys: those of `DEFAULT_KEYS`
-/// the run has).
+fn draw_panel(
+    area: &DrawingArea<BitMapBackend, Shift>,
+    panel: &[Series],
+    x_key: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let (x0, x1) = bounds(panel.iter().flat_map(|s| s.points.iter().map(|p| &p.0)));
+    let (y0, y1) = bounds(panel.iter().flat_map(|s| s.points.iter().map(|p| &p.1)));
+    // One step on its own gets a whole step either side, so the axis keeps whole-step ticks.
+    let (x0, x1) = if x1 > x0 {
+        (x0, x1)
+    } else {
+        (x0 - 1.0, x1 + 1.0)
+    };
+    let (y0, y1) = padded(y0, y1, 0.06);
+    let (x_step, y_step) = (tick_step(x1 - x0, 6), tick_step(y1 - y0, 6));
+    let caption = match panel {
+        [only] => format!("{}  (last {})", only.key, last(only)),
+        _ => panel
+            .iter()
+            .map(|s| s.key.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+    };
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, (FONT, 16).into_font().color(&BLACK))
+        .margin(10)
+        .margin_right(20)
+        .x_label_area_size(38)
+        .y_label_area_size(56)
+        .build_cartesian_2d(x0..x1, y0..y1)?;
+    chart
+        .configure_mesh()
+        .x_labels(6)
+        .y_labels(6)
+        .x_desc(x_key)
+        .x_label_formatter(&|v| num::tick(*v, x_step))
+        .y_label_formatter(&|v| num::tick(*v, y_step))
+        .label_style((FONT, 12))
+        .axis_desc_style((FONT, 13))
+        .bold_line_style(RGBColor(228, 228, 228))
+        .light_line_style(TRANSPARENT)
+        .axis_style(RGBColor(90, 90, 90))
+        .draw()?;
+    for (i, s) in panel.iter().enumerate() {
+        let colour = COLOURS[i % COLOURS.len()];
+        let line = chart
+            .draw_series(LineSeries::new(
+                s.points.iter().copied(),
+                colour.stroke_width(2),
+            ))?
+            .label(format!("{} ({})", s.key, last(s)));
+        line.legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], colour.stroke_width(2)));
+        // Sparse series (evaluations every N steps, a single point) are unreadable as lines alone.
+        if s.points.len() <= 40 {
+            chart.draw_series(s.points.iter().map(|&p| Circle::new(p, 3, colour.filled())))?;
+        }
+    }
+    if panel.len() > 1 {
+        chart
+            .configure_series_labels()
+            .label_font((FONT, 12))
+            .background_style(WHITE.mix(0.85))
+            .border_style(RGBColor(200, 200, 200))
+            .position(emptiest_corner(panel, (x0, x1), (y0, y1)))
+            .draw()?;
+    }
+    Ok(())
+}
+
+/// The legend goes in the corner with the fewest points under it, so it hides little data.
+fn emptiest_corner(
+    panel: &[Series],
+    (x0, x1): (f64, f64),
+    (y0, y1): (f64, f64),
+) -> SeriesLabelPosition {
+    use SeriesLabelPosition::*;
+    let mut counts = [
+        (0usize, UpperRight),
+        (0, LowerRight),
+        (0, UpperLeft),
+        (0, LowerLeft),
+    ];
+    for &(x, y) in panel.iter().flat_map(|s| &s.points) {
+        let (fx, fy) = ((x - x0) / (x1 - x0), (y - y0) / (y1 - y0));
+        // A legend covers roughly the outer 45% by 35% of a panel.
+        let (right, left, top, bottom) = (fx > 0.55, fx < 0.45, fy > 0.65, fy < 0.35);
+        for (hit, slot) in [
+            (right && top, 0),
+            (right && bottom, 1),
+            (left && top, 2),
+            (left && bottom, 3),
+        ] {
+            counts[slot].0 += hit as usize;
+        }
+    }
+    counts
+        .into_iter()
+        .min_by_key(|(n, _)| *n)
+        .map(|(_, pos)| pos)
+        .unwrap_or(UpperRight)
+}
+
+fn last(s: &Series) -> String {
+    s.points
+        .last()
+        .map(|p| num::compact(p.1))
+        .unwrap_or_default()
+}
+
+fn write_png(path: &Path, (w, h): (u32, u32), rgb: &[u8]) -> Result<()> {
+    let file =
+        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let mut enc = png::Encoder::new(std::io::BufWriter::new(file), w, h);
+    enc.set_color(png::ColorType::Rgb);
+    enc.set_depth(png::BitDepth::Eight);
+    let mut writer = enc
+        .write_header()
+        .with_context(|| format!("writing {}", path.display()))?;
+    writer
+        .write_image_data(rgb)
+        .and_then(|_| writer.finish())
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// Reads `dir/metrics.jsonl` and writes `dir/plot.png` beside it. `keys` are panel specs as for
+/// [`plot_metrics`]; `None` draws those of [`DEFAULT_PANELS`] the run has.
 pub fn plot_run_dir(dir: &Path, keys: Option<&[&str]>) -> Result<PathBuf> {
     let records = read_metrics(&dir.join("metrics.jsonl"))?;
     let out = dir.join("plot.png");
-    let title = format!("skein run: {}", dir.display());
-    plot_metrics(&records, keys.unwrap_or(DEFAULT_KEYS), "step", &title, &out)?;
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| dir.display().to_string());
+    let title = format!("skein run {name}  ({} steps logged)", records.len());
+    plot_metrics(
+        &records,
+        keys.unwrap_or(DEFAULT_PANELS),
+        "step",
+        &title,
+        &out,
+    )?;
     Ok(out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{json, Value};
 
-    #[test]
-    fn writes_a_png_with_one_panel_per_present_metric() {
-        let records: Vec<Record> = (0..20)
-            .map(|s| {
-                let serde_json::Value::Object(m) = json!({"step": s, "reward/mean": (s as f64 / 5.0).sin(), "loss/policy": f64::NAN}) else { unreachable!() };
-                m
-            })
-            .collect();
-        let out = std::env::temp_dir().join(format!("skein-plot-{}.png", std::process::id()));
-        plot_metrics(
-            &records,
-            &["reward/mean", "loss/policy", "missing"],
-            "step",
-            "test",
-            &out,
-        )
-        .unwrap();
-        let decoder =
-            png::Decoder::new(std::io::BufReader::new(std::fs::File::open(&out).unwrap()));
-        let reader = decoder.read_info().unwrap();
-        let info = reader.info();
-        // Only reward/mean has finite values: one panel.
-        assert_eq!(
-            (info.width, info.height),
-            (PANEL_W as u32, 40 + PANEL_H as u32)
-        );
-        std::fs::remove_file(&out).ok();
-        let mut c = Canvas::new(50, 50, WHITE);
-        c.line((0, 0), (49, 49), LINE, 1);
-        assert_eq!(c.pixel(25, 25), LINE);
-        assert_eq!(c.pixel(10, 40), WHITE);
+    fn rec(v: Value) -> Record {
+        match v {
+            Value::Object(m) => m,
+            _ => unreachable!("test records are objects"),
+        }
+    }
+
+    /// Width, height and RGB bytes of a PNG, decoded independently of how it was written.
+    fn decode(path: &Path) -> (u32, u32, Vec<u8>) {
+        let file = std::fs::File::open(path).unwrap();
+        let mut reader = png::Decoder::new(std::io::BufReader::new(file))
+            .read_info()
+            .unwrap();
+        let mut buf = vec![0; reader.output_buffer_size().unwrap()];
+        let info = reader.next_frame(&mut buf).unwrap();
+        buf.truncate(info.buffer_size());
+        (info.width, info.height, buf)
+    }
+
+    fn tmp(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("skein-plot-{}-{name}.png", std::process::id()))
     }
 
     #[test]
-    fn nothing_to_plot_is_an_error() {
-        let out = std::env::temp_dir().join("skein-never.png");
-        assert!(plot_metrics(&[], &["x"], "step", "t", &out).is_err());
+    fn draws_a_grid_of_present_panels_with_ink_in_each() {
+        let records: Vec<Record> = (0..50)
+            .map(|s| {
+                let mut r = json!({
+                    "step": s,
+                    "reward/mean": (s as f64 / 8.0).sin() * 0.4 + 0.5,
+                    "loss/policy": if s == 7 { Value::Null } else { json!(1.0 / (1.0 + s as f64)) },
+                    "kl": s as f64 * 1e-4,
+                    "grad_norm": 3.0,
+                });
+                if s % 10 == 0 {
+                    r["eval/accuracy"] = json!(s as f64 / 60.0);
+                }
+                rec(r)
+            })
+            .collect();
+        let out = tmp("grid");
+        plot_metrics(
+            &records,
+            &[
+                "reward/mean|eval/accuracy",
+                "loss/policy",
+                "missing",
+                "kl",
+                "grad_norm",
+            ],
+            "step",
+            "test run",
+            &out,
+        )
+        .unwrap();
+        let (w, h, rgb) = decode(&out);
+        // Four panels with data: a 2×2 grid.
+        assert_eq!((w, h), (2 * PANEL_W, TITLE_H + 2 * PANEL_H));
+        // Every panel has its line colour somewhere inside it.
+        let blue = [31u8, 119, 180];
+        for (r, c) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+            let found = (0..PANEL_H).any(|y| {
+                (0..PANEL_W).any(|x| {
+                    let (px, py) = (c * PANEL_W + x, TITLE_H + r * PANEL_H + y);
+                    let i = ((py * w + px) * 3) as usize;
+                    rgb[i..i + 3] == blue
+                })
+            });
+            assert!(found, "panel ({r}, {c}) has no curve");
+        }
+        // The second series of the shared panel is drawn too.
+        let orange = [255u8, 127, 14];
+        assert!(rgb.chunks(3).any(|p| p == orange));
+        // The title is text in the header band: dark pixels there.
+        let header = &rgb[..(TITLE_H * w * 3) as usize];
+        assert!(header.chunks(3).any(|p| p.iter().all(|&c| c < 80)));
+        std::fs::remove_file(&out).ok();
+    }
+
+    #[test]
+    fn a_single_point_and_flat_curves_still_plot() {
+        let records = vec![rec(json!({"step": 3, "reward/mean": 0.25}))];
+        let out = tmp("single");
+        plot_metrics(&records, &["reward/mean"], "step", "one", &out).unwrap();
+        let (w, h, rgb) = decode(&out);
+        assert_eq!((w, h), (PANEL_W, TITLE_H + PANEL_H));
+        assert!(rgb.chunks(3).any(|p| p == [31, 119, 180]));
+        std::fs::remove_file(&out).ok();
+    }
+
+    #[test]
+    fn nothing_finite_to_plot_is_an_error_naming_the_keys() {
+        let records = vec![rec(json!({"step": 1, "loss/policy": null}))];
+        let out = tmp("never");
+        let err = plot_metrics(&records, &["loss/policy"], "step", "t", &out)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("loss/policy"), "{err}");
+        assert!(!out.exists());
+    }
+
+    #[test]
+    fn run_dir_plot_uses_the_default_panels_it_has() {
+        let dir = std::env::temp_dir().join(format!("skein-plot-run-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let lines: Vec<String> = (0..5)
+            .map(|s| json!({"step": s, "reward/mean": s as f64, "entropy": 1.0}).to_string())
+            .collect();
+        std::fs::write(dir.join("metrics.jsonl"), lines.join("\n")).unwrap();
+        let out = plot_run_dir(&dir, None).unwrap();
+        assert_eq!(out, dir.join("plot.png"));
+        let (w, h, _) = decode(&out);
+        assert_eq!((w, h), (2 * PANEL_W, TITLE_H + PANEL_H));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn grid_shapes() {
+        assert_eq!(grid(1), (1, 1));
+        assert_eq!(grid(3), (1, 3));
+        assert_eq!(grid(4), (2, 2));
+        assert_eq!(grid(7), (3, 3));
     }
 }

@@ -1,62 +1,157 @@
-//! Progress of long work: a live bar on a terminal, periodic plain lines otherwise (CI logs).
+//! Progress of long work: a live bar when stderr is a terminal; otherwise (CI, `2> log`) plain
+//! periodic lines, since a redrawn bar turns a log file into noise.
 
+use crate::num::compact;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// Plain-line mode writes at most about this often, besides every tenth of the run and its end.
+const LINE_EVERY: Duration = Duration::from_secs(30);
 
 pub struct StepProgress {
     bar: Option<ProgressBar>,
     total: u64,
     start: Instant,
-    every: u64,
+    /// Plain-line mode: the tenth of the run last reported, and when.
+    last_decile: u64,
+    last_line: Instant,
 }
 
 impl StepProgress {
+    /// A bar over `total` steps on a terminal, periodic lines on stderr otherwise.
     pub fn new(total: u64) -> Self {
-        let bar = std::io::stderr().is_terminal().then(|| {
+        Self::with_bar(total, std::io::stderr().is_terminal())
+    }
+
+    fn with_bar(total: u64, bar: bool) -> Self {
+        let bar = bar.then(|| {
             let b = ProgressBar::new(total);
-            b.set_style(
-                ProgressStyle::with_template(
-                    "{bar:30} {pos}/{len} [{elapsed_precise} < {eta_precise}] {msg}",
-                )
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-            );
+            let style = ProgressStyle::with_template(
+                "step {pos}/{len} {bar:30.cyan/blue} {elapsed} elapsed, eta {eta}  {msg}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("█▉▊▋▌▍▎▏ ");
+            b.set_style(style);
             b
         });
+        let now = Instant::now();
         StepProgress {
             bar,
             total,
-            start: Instant::now(),
-            every: (total / 10).max(1),
+            start: now,
+            last_decile: 0,
+            last_line: now,
         }
     }
 
+    /// Step `step` (of `total`) is done; `values` are shown beside it, e.g.
+    /// `&[("reward", 0.53), ("tok/s", 812.0)]`.
     pub fn update(&mut self, step: u64, values: &[(&str, f64)]) {
-        let msg = values
-            .iter()
-            .map(|(k, v)| format!("{k} {v:.3}"))
-            .collect::<Vec<_>>()
-            .join("  ");
-        match &self.bar {
-            Some(b) => {
-                b.set_position(step);
-                b.set_message(msg);
-            }
-            None if step.is_multiple_of(self.every) || step == self.total => {
-                let elapsed = self.start.elapsed().as_secs_f64();
-                let eta = elapsed / step.max(1) as f64 * self.total.saturating_sub(step) as f64;
-                eprintln!(
-                    "step {step}/{} [{elapsed:.0}s, eta {eta:.0}s] {msg}",
-                    self.total
-                );
-            }
-            None => {}
+        let msg = format_values(values);
+        if let Some(b) = &self.bar {
+            b.set_position(step);
+            b.set_message(msg);
+            return;
+        }
+        if self.line_due(step) {
+            eprintln!("{}", log_line(step, self.total, self.start.elapsed(), &msg));
         }
     }
 
+    /// Plain-line mode: the first step, each new tenth of the run, the last step, and at least
+    /// every `LINE_EVERY` between, so a slow run still shows it is alive.
+    fn line_due(&mut self, step: u64) -> bool {
+        let decile = step.saturating_mul(10) / self.total.max(1);
+        let due = step == 1
+            || step >= self.total
+            || decile > self.last_decile
+            || self.last_line.elapsed() >= LINE_EVERY;
+        if due {
+            self.last_decile = decile;
+            self.last_line = Instant::now();
+        }
+        due
+    }
+
+    /// Leaves the finished bar on screen (plain-line mode has already written the last step).
     pub fn finish(&self) {
         if let Some(b) = &self.bar {
             b.finish();
         }
+    }
+}
+
+fn format_values(values: &[(&str, f64)]) -> String {
+    values
+        .iter()
+        .map(|(k, v)| format!("{k} {}", compact(*v)))
+        .collect::<Vec<_>>()
+        .join("  ")
+}
+
+/// `step 40/200 (20%) 1m05s elapsed, eta 4m20s  reward 0.53  tok/s 812`.
+fn log_line(step: u64, total: u64, elapsed: Duration, msg: &str) -> String {
+    let pct = (step.min(total) * 100).checked_div(total).unwrap_or(100);
+    let eta = if step == 0 {
+        "?".to_string()
+    } else {
+        let per_step = elapsed.as_secs_f64() / step as f64;
+        duration(per_step * total.saturating_sub(step) as f64)
+    };
+    let line = format!(
+        "step {step}/{total} ({pct}%) {} elapsed, eta {eta}",
+        duration(elapsed.as_secs_f64())
+    );
+    if msg.is_empty() {
+        line
+    } else {
+        format!("{line}  {msg}")
+    }
+}
+
+fn duration(secs: f64) -> String {
+    let s = secs.round() as u64;
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_lines_show_step_eta_and_values() {
+        let line = log_line(
+            40,
+            200,
+            Duration::from_secs(65),
+            &format_values(&[("reward", 0.53), ("tok/s", 812.0)]),
+        );
+        // 65 s for 40 steps: 1.625 s a step, 160 steps to go.
+        assert_eq!(
+            line,
+            "step 40/200 (20%) 1m05s elapsed, eta 4m20s  reward 0.53  tok/s 812"
+        );
+        assert_eq!(
+            log_line(0, 0, Duration::ZERO, ""),
+            "step 0/0 (100%) 0s elapsed, eta ?"
+        );
+        assert_eq!(duration(7322.0), "2h02m");
+    }
+
+    #[test]
+    fn plain_mode_reports_each_tenth_once() {
+        let mut p = StepProgress::with_bar(100, false);
+        let reported: Vec<u64> = (1..=100).filter(|&s| p.line_due(s)).collect();
+        assert_eq!(reported, vec![1, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100]);
+        // A long quiet stretch is reported even within a tenth.
+        p.last_line = Instant::now() - LINE_EVERY;
+        assert!(p.line_due(95));
+        p.update(100, &[("x", 1.0)]);
+        p.finish();
     }
 }
