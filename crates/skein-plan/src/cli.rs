@@ -126,15 +126,16 @@ pub fn plan_json(input: &str) -> Result<String, PlanError> {
                 "`{at}`: ids starting with `pad-` are reserved for padding rows"
             )));
         }
-        let status =
-            match t.status.as_str() {
-                "finished" => Status::Finished,
-                "truncated" => Status::Truncated,
-                "failed" => Status::Failed("reported failed".into()),
-                other => return Err(bad(format!(
+        let status = match t.status.as_str() {
+            "finished" => Status::Finished,
+            "truncated" => Status::Truncated,
+            "failed" => Status::Failed("reported failed".into()),
+            other => {
+                return Err(bad(format!(
                     "`{at}.status`: unknown value `{other}` (allowed: finished, truncated, failed)"
-                ))),
-            };
+                )))
+            }
+        };
         if !t.reward.is_finite() {
             return Err(bad(format!("`{at}.reward` must be a finite number")));
         }

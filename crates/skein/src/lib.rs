@@ -1,5 +1,6 @@
 //! skein: reinforcement-learning post-training of LLM agents.
 
+pub mod cli;
 pub mod engine;
 pub mod model;
 pub mod trainer;

@@ -2,8 +2,8 @@
 //! batching, behavior log-probs and policy versions per token, and token budgets that pause a
 //! request so it can be resumed from its tokens later.
 
-pub mod engine;
+pub mod continuous;
 pub mod sampling;
 
-pub use engine::{Engine, EngineStats, Finish, GenOutput, GenRequest};
+pub use continuous::{Engine, EngineStats, Finish, GenOutput, GenRequest};
 pub use sampling::SamplingParams;

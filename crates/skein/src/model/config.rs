@@ -77,21 +77,21 @@ impl ModelConfig {
         if self.hidden_size == 0 || self.num_attention_heads == 0 || self.num_hidden_layers == 0 {
             bail!("hidden_size, num_attention_heads and num_hidden_layers must be positive");
         }
-        if self.head_dim.is_none() && self.hidden_size % self.num_attention_heads != 0 {
+        if self.head_dim.is_none() && !self.hidden_size.is_multiple_of(self.num_attention_heads) {
             bail!(
                 "hidden_size {} is not divisible by num_attention_heads {}",
                 self.hidden_size,
                 self.num_attention_heads
             );
         }
-        if self.num_attention_heads % self.kv_heads() != 0 {
+        if !self.num_attention_heads.is_multiple_of(self.kv_heads()) {
             bail!(
                 "num_attention_heads {} is not a multiple of num_key_value_heads {}",
                 self.num_attention_heads,
                 self.kv_heads()
             );
         }
-        if self.head_dim() % 2 != 0 {
+        if !self.head_dim().is_multiple_of(2) {
             bail!(
                 "head_dim {} must be even for rotary embeddings",
                 self.head_dim()

@@ -6,8 +6,10 @@ pub mod io;
 pub mod kv_cache;
 pub mod rope;
 pub mod transformer;
+pub mod value;
 
 pub use config::ModelConfig;
 pub use io::Model;
 pub use kv_cache::KvCache;
 pub use transformer::{AttnMode, Transformer};
+pub use value::ValueModel;

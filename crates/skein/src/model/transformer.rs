@@ -279,7 +279,7 @@ impl Transformer {
             let a = block
                 .attn
                 .forward(&block.input_norm.forward(&x), &cos, &sin, i, &mut mode);
-            x = x + a;
+            x += a;
             x = &x + block.mlp.forward(&block.post_norm.forward(&x));
         }
         self.norm.forward(&x)

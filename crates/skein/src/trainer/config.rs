@@ -59,11 +59,11 @@ impl Default for ModelSection {
     fn default() -> Self {
         ModelSection {
             path: String::new(),
-            hidden_size: 128,
+            hidden_size: 192,
             num_layers: 4,
             num_heads: 4,
             num_kv_heads: 2,
-            intermediate_size: 384,
+            intermediate_size: 512,
             max_positions: 64,
         }
     }
@@ -98,7 +98,7 @@ pub struct SftConfig {
 impl Default for SftConfig {
     fn default() -> Self {
         SftConfig {
-            steps: 150,
+            steps: 25,
             batch_size: 64,
             lr: 2e-3,
         }
@@ -134,7 +134,8 @@ impl Default for RolloutConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AlgorithmConfig {
-    /// `grpo`, `dr-grpo`, `rloo`, `reinforce++` or `reinforce++-baseline`.
+    /// `grpo`, `dr-grpo`, `rloo`, `reinforce++`, `reinforce++-baseline`, or `gae` (PPO with a
+    /// critic: a value head on the same architecture, initialised from the policy).
     pub estimator: String,
     /// GRPO only: divide group-centred rewards by the group's standard deviation.
     pub normalize_std: bool,
@@ -151,6 +152,13 @@ pub struct AlgorithmConfig {
     /// `token-mean`, `seq-mean-token-sum`, `seq-mean-token-mean`, `seq-mean-token-sum-norm`
     /// or `trajectory-mean`.
     pub loss_agg_mode: String,
+    /// GAE discount and λ (critic path).
+    pub gamma: f64,
+    pub lambda: f64,
+    /// Clip range of the value loss around the old values (critic path).
+    pub value_clip: f64,
+    /// Critic learning rate (critic path; the other optimizer settings are shared).
+    pub critic_lr: f64,
 }
 
 impl Default for AlgorithmConfig {
@@ -166,6 +174,10 @@ impl Default for AlgorithmConfig {
             kl_estimator: KlEstimator::K3,
             entropy_coef: 0.0,
             loss_agg_mode: "token-mean".into(),
+            gamma: 1.0,
+            lambda: 1.0,
+            value_clip: 0.5,
+            critic_lr: 1e-3,
         }
     }
 }
@@ -191,7 +203,7 @@ pub struct TrainerConfig {
 impl Default for TrainerConfig {
     fn default() -> Self {
         TrainerConfig {
-            steps: 40,
+            steps: 60,
             ppo_epochs: 1,
             num_mini_batches: 2,
             dp_size: 1,

@@ -20,6 +20,9 @@ pub struct TrainRow {
     pub old_logp: Vec<f32>,
     /// Per response token under the frozen reference model, when a KL term is on.
     pub ref_logp: Vec<f32>,
+    /// Critic path: values at the step's start, and GAE returns, per response token.
+    pub old_values: Vec<f32>,
+    pub returns: Vec<f32>,
     /// Aggregation weight of each loss token (global counts included; 0 for padding rows).
     pub weight: f64,
 }
@@ -33,6 +36,8 @@ pub struct MicroBatch {
     pub behavior_logp: Tensor,
     pub old_logp: Tensor,
     pub ref_logp: Tensor,
+    pub old_values: Tensor,
+    pub returns: Tensor,
 }
 
 impl MicroBatch {
@@ -49,6 +54,7 @@ impl MicroBatch {
         let (mut mask, mut weights, mut adv, mut blp) =
             (vec![0f32; n], vec![0f32; n], vec![0f32; n], vec![0f32; n]);
         let (mut old, mut reference) = (vec![0f32; n], vec![0f32; n]);
+        let (mut values, mut returns) = (vec![0f32; n], vec![0f32; n]);
         for (i, r) in rows.iter().enumerate() {
             for (j, &tok) in r.tokens.iter().enumerate() {
                 input[i * t + j] = tok as i64;
@@ -63,6 +69,8 @@ impl MicroBatch {
                 blp[at] = r.behavior_logp[k];
                 old[at] = r.old_logp.get(k).copied().unwrap_or(0.0);
                 reference[at] = r.ref_logp.get(k).copied().unwrap_or(0.0);
+                values[at] = r.old_values.get(k).copied().unwrap_or(0.0);
+                returns[at] = r.returns.get(k).copied().unwrap_or(0.0);
             }
         }
         let shape = [b as i64, t as i64 - 1];
@@ -79,6 +87,8 @@ impl MicroBatch {
             behavior_logp: tensor(&blp),
             old_logp: tensor(&old),
             ref_logp: tensor(&reference),
+            old_values: tensor(&values),
+            returns: tensor(&returns),
         }
     }
 }
@@ -160,7 +170,7 @@ mod tests {
     fn split_respects_the_padded_token_budget() {
         let parts = split_by_tokens(&[4, 4, 4, 10, 1, 1], 12);
         assert_eq!(parts, vec![0..3, 3..4, 4..6]);
-        assert_eq!(split_by_tokens(&[], 8), vec![]);
+        assert!(split_by_tokens(&[], 8).is_empty());
     }
 
     #[test]
@@ -173,6 +183,8 @@ mod tests {
             advantages: vec![2.0, 2.0],
             old_logp: vec![],
             ref_logp: vec![],
+            old_values: vec![],
+            returns: vec![],
             weight: 0.25,
         };
         let mb = MicroBatch::new(&[&row], Device::Cpu);

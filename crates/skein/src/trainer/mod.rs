@@ -1,10 +1,16 @@
 //! The trainer: losses, optimizer, the PPO update over planned mini-batches, and the step loop.
 
 pub mod config;
+pub mod critic;
+pub mod eval;
 pub mod loss;
 pub mod microbatch;
 pub mod optim;
+pub mod rollout;
+pub mod run;
 pub mod sft;
+pub mod step_batch;
 pub mod update;
+pub mod validate;
 
 pub use config::TrainConfig;

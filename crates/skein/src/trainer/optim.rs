@@ -32,7 +32,7 @@ pub struct OptimConfig {
 impl Default for OptimConfig {
     fn default() -> Self {
         OptimConfig {
-            lr: 1e-3,
+            lr: 5e-4,
             weight_decay: 0.0,
             beta1: 0.9,
             beta2: 0.99,

@@ -18,6 +18,8 @@ pub fn sft_row(prompt: &[u32], response: &[u32]) -> TrainRow {
         advantages: vec![0.0; response.len()],
         old_logp: Vec::new(),
         ref_logp: Vec::new(),
+        old_values: Vec::new(),
+        returns: Vec::new(),
         weight: 1.0,
     }
 }

@@ -1,0 +1,165 @@
+//! `skein bench`: training-step time (forward log-probs, clipped loss, backward, AdamW) and
+//! KV-cached decode throughput for one model size. `scripts/bench_pytorch_eager.py` measures
+//! the same two numbers with PyTorch eager from Python, for a ratio taken on one machine.
+
+use crate::engine::{Engine, GenRequest, SamplingParams};
+use crate::model::{Model, ModelConfig};
+use crate::trainer::loss::{policy_loss, KlEstimator, LossConfig, TokenBatch};
+use crate::trainer::microbatch::{token_logprobs, MicroBatch, TrainRow};
+use crate::trainer::optim::{OptimConfig, Optimizer};
+use anyhow::Result;
+use std::time::Instant;
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    #[arg(long, default_value_t = 512)]
+    vocab: usize,
+    #[arg(long, default_value_t = 256)]
+    hidden: usize,
+    #[arg(long, default_value_t = 4)]
+    layers: usize,
+    #[arg(long, default_value_t = 4)]
+    heads: usize,
+    #[arg(long, default_value_t = 688)]
+    intermediate: usize,
+    #[arg(long, default_value_t = 8)]
+    batch: usize,
+    #[arg(long, default_value_t = 256)]
+    seq: usize,
+    /// Timed repetitions (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    iters: usize,
+    /// Prompt tokens per sequence in the decode benchmark; it generates up to `seq`.
+    #[arg(long, default_value_t = 16)]
+    decode_prompt: usize,
+}
+
+pub fn run(a: &BenchArgs) -> Result<()> {
+    let cfg = ModelConfig::tiny_qwen2(
+        a.vocab,
+        a.hidden,
+        a.layers,
+        a.heads,
+        a.heads,
+        a.intermediate,
+        a.seq.max(a.decode_prompt + 1),
+    );
+    let model = Model::random(&cfg, tch::Device::Cpu, 0)?;
+    println!(
+        "model: {:.2}M parameters (vocab {}, hidden {}, {} layers, {} heads, intermediate {}), {} threads",
+        cfg.num_parameters() as f64 / 1e6,
+        a.vocab,
+        a.hidden,
+        a.layers,
+        a.heads,
+        a.intermediate,
+        tch::get_num_threads()
+    );
+    let train = median(time_train_steps(&model, a)?);
+    println!(
+        "train step (batch {} x {} tokens): {:.1} ms",
+        a.batch,
+        a.seq,
+        train * 1e3
+    );
+    let (secs, tokens) = time_decode(&model, a);
+    println!(
+        "decode (batch {}, KV cache): {:.0} tokens/s ({} tokens in {:.2} s)",
+        a.batch,
+        tokens as f64 / secs,
+        tokens,
+        secs
+    );
+    Ok(())
+}
+
+fn time_train_steps(model: &Model, a: &BenchArgs) -> Result<Vec<f64>> {
+    let mut opt = Optimizer::new(&model.vs, &OptimConfig::default(), a.iters + 1)?;
+    let prompt = a.seq / 4;
+    let rows: Vec<TrainRow> = (0..a.batch)
+        .map(|b| {
+            let tokens: Vec<u32> = (0..a.seq)
+                .map(|i| ((i * 31 + b * 17) % a.vocab) as u32)
+                .collect();
+            let n = a.seq - prompt;
+            TrainRow {
+                tokens,
+                prompt_len: prompt,
+                loss_mask: vec![1; n],
+                behavior_logp: vec![-5.0; n],
+                advantages: (0..n)
+                    .map(|i| if (i + b) % 2 == 0 { 1.0 } else { -1.0 })
+                    .collect(),
+                old_logp: vec![-6.0; n],
+                ref_logp: Vec::new(),
+                old_values: Vec::new(),
+                returns: Vec::new(),
+                weight: 1.0 / (a.batch * n) as f64,
+            }
+        })
+        .collect();
+    let refs: Vec<&TrainRow> = rows.iter().collect();
+    let loss_cfg = LossConfig {
+        clip_low: 0.2,
+        clip_high: 0.28,
+        dual_clip: 3.0,
+        kl_coef: 0.0,
+        kl_estimator: KlEstimator::K3,
+        entropy_coef: 0.0,
+    };
+    let mut times = Vec::new();
+    for i in 0..=a.iters {
+        let t = Instant::now();
+        let mb = MicroBatch::new(&refs, model.vs.device());
+        opt.zero_grad();
+        let (logp, _) = token_logprobs(&model.net, &mb, 1.0, false);
+        let out = policy_loss(
+            &TokenBatch {
+                logp: &logp,
+                old_logp: &mb.old_logp,
+                ref_logp: None,
+                entropy: None,
+                advantages: &mb.advantages,
+                weights: &mb.weights,
+                mask: &mb.mask,
+            },
+            &loss_cfg,
+        );
+        out.loss.backward();
+        opt.step();
+        if i > 0 {
+            times.push(t.elapsed().as_secs_f64());
+        }
+    }
+    Ok(times)
+}
+
+fn time_decode(model: &Model, a: &BenchArgs) -> (f64, usize) {
+    let engine = Engine::new(a.batch);
+    let max_new = a.seq - a.decode_prompt;
+    let requests = |seed: usize| -> Vec<GenRequest> {
+        (0..a.batch)
+            .map(|b| GenRequest {
+                id: b as u64,
+                prompt: (0..a.decode_prompt)
+                    .map(|i| ((i * 7 + b * 13 + seed) % a.vocab) as u32)
+                    .collect(),
+                resumed: Vec::new(),
+                params: SamplingParams {
+                    max_new_tokens: max_new,
+                    ..Default::default()
+                },
+                budget: None,
+            })
+            .collect()
+    };
+    engine.generate(model, 0, requests(1), |_| {});
+    let t = Instant::now();
+    let stats = engine.generate(model, 0, requests(2), |_| {});
+    (t.elapsed().as_secs_f64(), stats.generated_tokens)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}

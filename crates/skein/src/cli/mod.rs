@@ -1,0 +1,127 @@
+//! The `skein` command line: `train`, `plan`, `bench`, `plot`.
+
+mod bench;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "skein",
+    version,
+    about = "Reinforcement-learning post-training of LLM agents"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Train a policy. With no arguments: the built-in default job (a tiny model learning
+    /// arithmetic from scratch: SFT warm-up, then GRPO), end to end.
+    Train {
+        /// A TOML config; keys not given keep their defaults (see --print-config).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Override one key, e.g. --set trainer.steps=10 --set algorithm.estimator=rloo
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        overrides: Vec<String>,
+        /// Print the resolved config as TOML and exit.
+        #[arg(long)]
+        print_config: bool,
+    },
+    /// Plan PPO mini-batches for a JSON batch (file or stdin) and print the plan as JSON.
+    Plan {
+        /// Input file; `-` or nothing reads stdin.
+        input: Option<PathBuf>,
+    },
+    /// Measure training-step time and decode throughput of a model size.
+    Bench(bench::BenchArgs),
+    /// Draw RUN_DIR/plot.png from RUN_DIR/metrics.jsonl.
+    Plot { run_dir: PathBuf },
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Train {
+            config,
+            overrides,
+            print_config,
+        } => train(config, overrides, print_config),
+        Command::Plan { input } => return plan(input),
+        Command::Bench(args) => bench::run(&args),
+        Command::Plot { run_dir } => {
+            skein_report::plot_run_dir(&run_dir, None).map(|p| println!("{}", p.display()))
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn train(config: Option<PathBuf>, overrides: Vec<String>, print_config: bool) -> Result<()> {
+    let text = match &config {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("reading config {}", path.display()))?,
+        ),
+        None => None,
+    };
+    let source = config
+        .as_ref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| "defaults".into());
+    let cfg: crate::trainer::TrainConfig =
+        skein_config::load(text.as_deref(), &source, &overrides)?;
+    if print_config {
+        print!("{}", skein_config::to_toml_string(&cfg));
+        return Ok(());
+    }
+    let summary = crate::trainer::run::train(&cfg)?;
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let k = summary.rewards.len().min(5);
+    println!(
+        "training reward {:.3} → {:.3} (mean of the first and last {k} steps); held-out greedy accuracy {:.3} → {:.3}; run directory {}",
+        mean(&summary.rewards[..k]),
+        mean(&summary.rewards[summary.rewards.len() - k..]),
+        summary.eval_before.accuracy,
+        summary.eval_after.accuracy,
+        summary.dir.display()
+    );
+    Ok(())
+}
+
+/// `skein plan`: one-line error and exit status 2 on bad input, never partial output.
+fn plan(input: Option<PathBuf>) -> ExitCode {
+    let text = match input.as_deref().filter(|p| p.as_os_str() != "-") {
+        Some(path) => {
+            std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))
+        }
+        None => {
+            let mut s = String::new();
+            std::io::stdin()
+                .read_to_string(&mut s)
+                .map(|_| s)
+                .map_err(|e| format!("reading stdin: {e}"))
+        }
+    };
+    match text.and_then(|t| skein_plan::cli::plan_json(&t).map_err(|e| e.to_string())) {
+        Ok(json) => {
+            println!("{json}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {}", e.replace('\n', " "));
+            ExitCode::from(2)
+        }
+    }
+}

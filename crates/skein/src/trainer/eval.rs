@@ -1,0 +1,35 @@
+//! Held-out evaluation: greedy answers to problems drawn from a seed training never uses.
+
+use super::rollout::{collect, PromptBatch};
+use crate::engine::{Engine, SamplingParams};
+use crate::model::Model;
+use skein_tasks::Task;
+use skein_text::Tokenizer;
+
+#[derive(Debug, Clone, Copy)]
+pub struct EvalResult {
+    pub accuracy: f64,
+    pub mean_reward: f64,
+}
+
+pub fn evaluate(
+    engine: &Engine,
+    policy: &Model,
+    task: &dyn Task,
+    tokenizer: &Tokenizer,
+    batch: &PromptBatch,
+    params: &SamplingParams,
+) -> EvalResult {
+    let greedy = SamplingParams {
+        temperature: 0.0,
+        ..params.clone()
+    };
+    let r = collect(
+        engine, policy, 0, task, tokenizer, batch, 1, &greedy, "eval",
+    );
+    let n = r.trajectories.len().max(1) as f64;
+    EvalResult {
+        accuracy: r.correct.iter().filter(|&&c| c).count() as f64 / n,
+        mean_reward: r.trajectories.iter().map(|t| t.reward).sum::<f64>() / n,
+    }
+}

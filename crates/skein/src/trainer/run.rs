@@ -1,0 +1,411 @@
+//! A whole training run, readable top to bottom: build or load the policy, warm it up with SFT,
+//! evaluate, then RL steps (rollout → score → advantages → plan → PPO update), evaluate again,
+//! save the checkpoint and plot the curves.
+
+use super::config::TrainConfig;
+use super::critic::{apply_gae, compute_values, critic_update};
+use super::eval::{evaluate, EvalResult};
+use super::loss::LossConfig;
+use super::optim::{OptimConfig, Optimizer};
+use super::rollout::{collect, PromptBatch};
+use super::sft::{sft_row, sft_step};
+use super::step_batch::{build_step_batch, StepBatchConfig};
+use super::update::{ppo_update, recompute_logprobs, UpdateConfig};
+use crate::engine::{Engine, SamplingParams};
+use crate::model::{Model, ModelConfig, ValueModel};
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Map, Value};
+use skein_report::{MetricsLog, StepProgress};
+use skein_tasks::{task_by_name, Task, TaskRng};
+use skein_text::Tokenizer;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+use tch::Device;
+
+/// What a finished run reports (also written to metrics.jsonl and the plot).
+#[derive(Debug, Clone)]
+pub struct RunSummary {
+    pub dir: PathBuf,
+    pub eval_before: EvalResult,
+    pub eval_after: EvalResult,
+    /// Mean training reward of each RL step.
+    pub rewards: Vec<f64>,
+}
+
+pub fn parse_device(s: &str) -> Result<Device> {
+    match s {
+        "cpu" => Ok(Device::Cpu),
+        "cuda" => Ok(Device::cuda_if_available()),
+        other => match other.strip_prefix("cuda:").and_then(|n| n.parse().ok()) {
+            Some(n) => Ok(Device::Cuda(n)),
+            None => bail!("invalid value `{other}` for `run.device` (allowed: cpu, cuda, cuda:N)"),
+        },
+    }
+}
+
+pub fn train(cfg: &TrainConfig) -> Result<RunSummary> {
+    super::validate::validate(cfg)?;
+    let device = parse_device(&cfg.run.device)?;
+    if cfg.run.threads > 0 {
+        tch::set_num_threads(cfg.run.threads as i32);
+    }
+    let dir = PathBuf::from(&cfg.run.dir);
+    std::fs::create_dir_all(&dir)
+        .with_context(|| format!("creating run directory {}", dir.display()))?;
+    std::fs::write(dir.join("config.toml"), skein_config::to_toml_string(cfg))?;
+    let _ = std::fs::remove_file(dir.join("metrics.jsonl"));
+    let mut log = MetricsLog::create(&dir.join("metrics.jsonl"))?;
+
+    let task = task_by_name(&cfg.task.name, cfg.task.difficulty)?;
+    let (tokenizer, policy) = build_policy(cfg, task.as_ref(), device)?;
+    let eos = tokenizer
+        .eos_token_ids()
+        .first()
+        .copied()
+        .context("the tokenizer defines no end-of-sequence token")?;
+    let sampling = SamplingParams {
+        stop_token_ids: vec![eos],
+        ..cfg.rollout.sampling.clone()
+    };
+    let engine = Engine::new(cfg.rollout.max_slots);
+    eprintln!(
+        "skein: {} model, {:.2}M parameters, task `{}` (difficulty {}), run directory {}",
+        policy.net.config.model_type,
+        policy.net.config.num_parameters() as f64 / 1e6,
+        cfg.task.name,
+        cfg.task.difficulty,
+        dir.display()
+    );
+
+    let mut rng = TaskRng::new(cfg.run.seed);
+    let eval_batch = prompt_batch(
+        task.as_ref(),
+        &tokenizer,
+        &mut TaskRng::new(cfg.run.seed ^ 0x5eed_e7a1),
+        cfg.eval.problems,
+    )?;
+
+    if cfg.sft.steps > 0 {
+        warm_up(
+            cfg,
+            &policy,
+            task.as_ref(),
+            &tokenizer,
+            eos,
+            &mut rng,
+            &mut log,
+        )?;
+    }
+    let eval_before = evaluate(
+        &engine,
+        &policy,
+        task.as_ref(),
+        &tokenizer,
+        &eval_batch,
+        &sampling,
+    );
+    log.append(&record(
+        0,
+        [
+            ("eval/accuracy", eval_before.accuracy),
+            ("eval/reward", eval_before.mean_reward),
+        ],
+    ))?;
+    eprintln!(
+        "skein: eval before RL: accuracy {:.3}",
+        eval_before.accuracy
+    );
+
+    let reference = if cfg.algorithm.kl_coef > 0.0 {
+        let mut r = Model::random(&policy.net.config, device, 0)?;
+        r.copy_from(&policy)?;
+        Some(r)
+    } else {
+        None
+    };
+    let steps = cfg.trainer.steps;
+    let total_opt_steps = steps * cfg.trainer.ppo_epochs * cfg.trainer.num_mini_batches;
+    let mut opt = Optimizer::new(&policy.vs, &cfg.optim, total_opt_steps)?;
+    let update_cfg = UpdateConfig {
+        loss: LossConfig {
+            clip_low: cfg.algorithm.clip_low,
+            clip_high: cfg.algorithm.clip_high,
+            dual_clip: cfg.algorithm.dual_clip,
+            kl_coef: cfg.algorithm.kl_coef,
+            kl_estimator: cfg.algorithm.kl_estimator,
+            entropy_coef: cfg.algorithm.entropy_coef,
+        },
+        epochs: cfg.trainer.ppo_epochs,
+        micro_batch_tokens: cfg.trainer.micro_batch_tokens,
+        temperature: sampling.temperature,
+    };
+    let batch_cfg = StepBatchConfig::from_config(cfg, sampling.max_new_tokens)?;
+    let mut critic = if batch_cfg.critic {
+        let model = ValueModel::from_policy(&policy, device)?;
+        let ocfg = OptimConfig {
+            lr: cfg.algorithm.critic_lr,
+            ..cfg.optim.clone()
+        };
+        let opt = Optimizer::new(&model.vs, &ocfg, total_opt_steps)?;
+        Some((model, opt))
+    } else {
+        None
+    };
+    let mut progress = StepProgress::new(steps as u64);
+    let mut rewards = Vec::with_capacity(steps);
+
+    for step in 1..=steps {
+        let t0 = Instant::now();
+        let prompts = prompt_batch(
+            task.as_ref(),
+            &tokenizer,
+            &mut rng,
+            cfg.rollout.prompts_per_step,
+        )?;
+        let version = opt.steps_done as u64;
+        let rollouts = collect(
+            &engine,
+            &policy,
+            version,
+            task.as_ref(),
+            &tokenizer,
+            &prompts,
+            cfg.rollout.samples_per_prompt,
+            &sampling,
+            &format!("s{step}"),
+        );
+        let t_rollout = t0.elapsed().as_secs_f64();
+
+        let t1 = Instant::now();
+        let mut batch = build_step_batch(&rollouts.trajectories, &batch_cfg, step as u64)?;
+        recompute_logprobs(&policy, reference.as_ref(), &mut batch.rows, &update_cfg);
+        if let Some((model, _)) = &critic {
+            compute_values(model, &mut batch.rows, cfg.trainer.micro_batch_tokens);
+            apply_gae(
+                &mut batch.rows,
+                &batch.row_rewards,
+                cfg.algorithm.gamma,
+                cfg.algorithm.lambda,
+            );
+        }
+        let t_prepare = t1.elapsed().as_secs_f64();
+
+        let t2 = Instant::now();
+        let upd = ppo_update(
+            &policy,
+            reference.is_some(),
+            &mut opt,
+            &batch.rows,
+            &batch.plan,
+            &update_cfg,
+        );
+        let value_loss = match &mut critic {
+            Some((model, copt)) => critic_update(
+                model,
+                copt,
+                &batch.rows,
+                &batch.plan,
+                cfg.algorithm.value_clip,
+                cfg.trainer.ppo_epochs,
+                cfg.trainer.micro_batch_tokens,
+            ),
+            None => 0.0,
+        };
+        let t_update = t2.elapsed().as_secs_f64();
+
+        let n = rollouts.trajectories.len().max(1) as f64;
+        let reward_mean = rollouts.trajectories.iter().map(|t| t.reward).sum::<f64>() / n;
+        let accuracy = rollouts.correct.iter().filter(|&&c| c).count() as f64 / n;
+        let response_len = rollouts
+            .trajectories
+            .iter()
+            .map(|t| t.transitions[0].response.len() as f64)
+            .sum::<f64>()
+            / n;
+        let elapsed = t0.elapsed().as_secs_f64();
+        rewards.push(reward_mean);
+        let mut m = record(
+            step,
+            [
+                ("reward/mean", reward_mean),
+                ("reward/accuracy", accuracy),
+                ("response_len/mean", response_len),
+                ("loss/policy", upd.loss),
+                ("loss/value", value_loss),
+                ("loss/value", value_loss),
+                ("clip_frac", upd.clip_frac),
+                ("approx_kl", upd.approx_kl),
+                ("entropy", upd.entropy),
+                ("kl_ref", upd.ref_kl),
+                ("grad_norm", upd.grad_norm),
+                ("lr", upd.lr),
+                ("policy_version", opt.steps_done as f64),
+                ("batch/dropped_groups", batch.dropped_groups as f64),
+                (
+                    "batch/failed_trajectories",
+                    batch.failed_trajectories as f64,
+                ),
+                ("batch/padding_rows", batch.padding_rows as f64),
+                ("batch/rows", batch.real_rows as f64),
+                (
+                    "throughput/generated_tokens_per_s",
+                    rollouts.engine.generated_tokens as f64 / t_rollout.max(1e-9),
+                ),
+                (
+                    "throughput/trained_tokens_per_s_incl_padding",
+                    batch.total_tokens as f64 / t_update.max(1e-9),
+                ),
+                ("time/rollout_s", t_rollout),
+                ("time/prepare_s", t_prepare),
+                ("time/update_s", t_update),
+                ("time/step_s", elapsed),
+            ],
+        );
+        if cfg.eval.every > 0 && step % cfg.eval.every == 0 && step != steps {
+            let e = evaluate(
+                &engine,
+                &policy,
+                task.as_ref(),
+                &tokenizer,
+                &eval_batch,
+                &sampling,
+            );
+            m.insert("eval/accuracy".into(), json!(e.accuracy));
+            m.insert("eval/reward".into(), json!(e.mean_reward));
+        }
+        log.append(&m)?;
+        progress.update(
+            step as u64,
+            &[
+                ("reward", reward_mean),
+                ("acc", accuracy),
+                (
+                    "gen tok/s",
+                    rollouts.engine.generated_tokens as f64 / t_rollout.max(1e-9),
+                ),
+            ],
+        );
+    }
+    progress.finish();
+
+    let eval_after = evaluate(
+        &engine,
+        &policy,
+        task.as_ref(),
+        &tokenizer,
+        &eval_batch,
+        &sampling,
+    );
+    log.append(&record(
+        steps,
+        [
+            ("eval/accuracy", eval_after.accuracy),
+            ("eval/reward", eval_after.mean_reward),
+        ],
+    ))?;
+    eprintln!(
+        "skein: eval after RL: accuracy {:.3} (before: {:.3})",
+        eval_after.accuracy, eval_before.accuracy
+    );
+
+    let ckpt = dir.join("checkpoint");
+    policy.save_dir(&ckpt)?;
+    tokenizer.save_dir(&ckpt)?;
+    let plot = skein_report::plot_run_dir(&dir, None)?;
+    eprintln!(
+        "skein: checkpoint {} (HF layout), curves {}",
+        ckpt.display(),
+        plot.display()
+    );
+    Ok(RunSummary {
+        dir,
+        eval_before,
+        eval_after,
+        rewards,
+    })
+}
+
+fn build_policy(cfg: &TrainConfig, task: &dyn Task, device: Device) -> Result<(Tokenizer, Model)> {
+    if cfg.model.path.is_empty() {
+        let tokenizer = Tokenizer::char_level(task.alphabet())?;
+        let m = &cfg.model;
+        let mc = ModelConfig::tiny_qwen2(
+            tokenizer.vocab_size(),
+            m.hidden_size,
+            m.num_layers,
+            m.num_heads,
+            m.num_kv_heads,
+            m.intermediate_size,
+            m.max_positions,
+        );
+        let model = Model::random(&mc, device, cfg.run.seed as i64)?;
+        Ok((tokenizer, model))
+    } else {
+        let path = Path::new(&cfg.model.path);
+        let tokenizer = Tokenizer::from_dir(path)?;
+        Ok((tokenizer, Model::load_dir(path, device)?))
+    }
+}
+
+fn prompt_batch(
+    task: &dyn Task,
+    tokenizer: &Tokenizer,
+    rng: &mut TaskRng,
+    n: usize,
+) -> Result<PromptBatch> {
+    let problems: Vec<_> = (0..n).map(|_| task.sample(rng)).collect();
+    let prompt_ids = problems
+        .iter()
+        .map(|p| tokenizer.encode(&p.prompt, false))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(PromptBatch {
+        problems,
+        prompt_ids,
+    })
+}
+
+fn warm_up(
+    cfg: &TrainConfig,
+    policy: &Model,
+    task: &dyn Task,
+    tokenizer: &Tokenizer,
+    eos: u32,
+    rng: &mut TaskRng,
+    log: &mut MetricsLog,
+) -> Result<()> {
+    let ocfg = OptimConfig {
+        lr: cfg.sft.lr,
+        warmup_steps: cfg.sft.steps / 10,
+        schedule: super::optim::Schedule::Cosine,
+        ..OptimConfig::default()
+    };
+    let mut opt = Optimizer::new(&policy.vs, &ocfg, cfg.sft.steps)?;
+    let mut progress = StepProgress::new(cfg.sft.steps as u64);
+    for step in 1..=cfg.sft.steps {
+        let mut rows = Vec::with_capacity(cfg.sft.batch_size);
+        for _ in 0..cfg.sft.batch_size {
+            let problem = task.sample(rng);
+            let demo = task.demonstration(&problem, rng);
+            let mut response = tokenizer.encode(&demo, false)?;
+            response.push(eos);
+            rows.push(sft_row(
+                &tokenizer.encode(&problem.prompt, false)?,
+                &response,
+            ));
+        }
+        let loss = sft_step(policy, &mut opt, &rows);
+        log.append(&record(step, [("sft/loss", loss)]))?;
+        progress.update(step as u64, &[("sft loss", loss)]);
+    }
+    progress.finish();
+    Ok(())
+}
+
+fn record<const N: usize>(step: usize, values: [(&str, f64); N]) -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("step".into(), json!(step));
+    for (k, v) in values {
+        m.insert(k.into(), json!(v));
+    }
+    m
+}

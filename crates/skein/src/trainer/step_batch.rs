@@ -1,0 +1,184 @@
+//! From scored trajectories to what the update consumes: advantages on whole groups (before
+//! anything is reordered or padded), rows, the mini-batch plan, and each row's loss weight
+//! from its mini-batch's global counts. The arithmetic is the planning core's; this module
+//! only moves token ids into `TrainRow`s.
+
+use super::config::TrainConfig;
+use super::microbatch::TrainRow;
+use super::update::Plan;
+use anyhow::{anyhow, Result};
+use skein_plan as plan;
+
+pub struct StepBatchConfig {
+    pub advantage: plan::AdvantageConfig,
+    pub dp_size: usize,
+    pub num_mini_batches: usize,
+    pub unit: plan::Unit,
+    pub loss_agg: plan::LossAggMode,
+    /// The constant of `seq-mean-token-sum-norm` (the response-length budget).
+    pub horizon: usize,
+    /// PPO with a critic: sequence advantages are replaced by GAE later.
+    pub critic: bool,
+}
+
+impl StepBatchConfig {
+    pub fn from_config(cfg: &TrainConfig, max_new_tokens: usize) -> Result<Self> {
+        let a = &cfg.algorithm;
+        let estimator = match a.estimator.as_str() {
+            "grpo" => plan::Estimator::Grpo {
+                normalize_std: a.normalize_std,
+            },
+            "dr-grpo" => plan::Estimator::DrGrpo,
+            "rloo" => plan::Estimator::Rloo,
+            "reinforce++" => plan::Estimator::ReinforcePP {
+                group_baseline: false,
+            },
+            "reinforce++-baseline" => plan::Estimator::ReinforcePP {
+                group_baseline: true,
+            },
+            // Groups still matter for failure accounting; the values come from GAE.
+            "gae" => plan::Estimator::DrGrpo,
+            other => return Err(anyhow!("invalid value `{other}` for `algorithm.estimator`")),
+        };
+        let unit = match cfg.trainer.unit.as_str() {
+            "group" => plan::Unit::Group,
+            _ => plan::Unit::Trajectory,
+        };
+        Ok(StepBatchConfig {
+            advantage: plan::AdvantageConfig {
+                estimator,
+                drop_equal_reward_groups: a.drop_equal_reward_groups,
+                ..Default::default()
+            },
+            dp_size: cfg.trainer.dp_size,
+            num_mini_batches: cfg.trainer.num_mini_batches,
+            unit,
+            loss_agg: a
+                .loss_agg_mode
+                .parse()
+                .map_err(|e| anyhow!("`algorithm.loss_agg_mode`: {e}"))?,
+            horizon: max_new_tokens,
+            critic: a.estimator == "gae",
+        })
+    }
+}
+
+pub struct StepBatch {
+    pub rows: Vec<TrainRow>,
+    /// Reward of each row's trajectory on its last transition, 0 elsewhere (GAE input).
+    pub row_rewards: Vec<f64>,
+    pub plan: Plan,
+    pub dropped_groups: usize,
+    pub failed_trajectories: usize,
+    pub padding_rows: usize,
+    pub real_rows: usize,
+    /// Tokens of all rows, padding included (throughput only).
+    pub total_tokens: usize,
+}
+
+pub fn build_step_batch(
+    trajectories: &[plan::Trajectory],
+    cfg: &StepBatchConfig,
+    seed: u64,
+) -> Result<StepBatch> {
+    let adv = plan::compute_advantages(trajectories, &cfg.advantage);
+    let rows = plan::build_rows(trajectories, &adv.per_trajectory, plan::RowMode::Transition)?;
+    let mut batch = StepBatch {
+        rows: Vec::new(),
+        row_rewards: Vec::new(),
+        plan: Vec::new(),
+        dropped_groups: adv.dropped_groups,
+        failed_trajectories: adv.failed_trajectories,
+        padding_rows: 0,
+        real_rows: rows.len(),
+        total_tokens: 0,
+    };
+    if rows.is_empty() {
+        // Nothing to learn from this step (every group dropped or failed): no update, counted.
+        return Ok(batch);
+    }
+    let shapes: Vec<plan::RowShape> = rows.iter().map(|r| r.shape).collect();
+    let plan_cfg = plan::PlanConfig {
+        dp_size: cfg.dp_size,
+        num_mini_batches: cfg.num_mini_batches,
+        unit: cfg.unit,
+        seed,
+        ..Default::default()
+    };
+    let planned = plan::plan(&shapes, &plan_cfg)?;
+    for r in &rows {
+        let t = &trajectories[r.shape.trajectory];
+        let last = r
+            .shape
+            .transition
+            .is_none_or(|k| k + 1 == t.transitions.len());
+        let own = r
+            .shape
+            .transition
+            .and_then(|k| t.transitions[k].reward)
+            .unwrap_or(0.0);
+        batch
+            .row_rewards
+            .push(if last { t.reward + own } else { own });
+        batch.rows.push(TrainRow {
+            tokens: r.prompt.iter().chain(&r.response).copied().collect(),
+            prompt_len: r.prompt.len(),
+            loss_mask: r.loss_mask.clone(),
+            behavior_logp: r.logprobs.clone(),
+            advantages: vec![r.advantage as f32; r.response.len()],
+            old_logp: Vec::new(),
+            ref_logp: Vec::new(),
+            old_values: Vec::new(),
+            returns: Vec::new(),
+            weight: 0.0,
+        });
+    }
+    for mb in &planned.mini_batches {
+        let trajectory_tokens = mb.trajectory_loss_tokens(&shapes);
+        let mut ranks = Vec::with_capacity(mb.ranks.len());
+        for rank in &mb.ranks {
+            let mut idx = Vec::with_capacity(rank.len());
+            for slot in rank {
+                match slot {
+                    plan::Slot::Real(i) => {
+                        let s = &shapes[*i];
+                        batch.rows[*i].weight = plan::row_token_weight(
+                            cfg.loss_agg,
+                            s.loss_tokens,
+                            trajectory_tokens[&s.trajectory],
+                            &mb.counts,
+                            cfg.horizon,
+                        );
+                        idx.push(*i);
+                    }
+                    plan::Slot::Padding(_) => {
+                        batch.rows.push(padding_row());
+                        batch.row_rewards.push(0.0);
+                        idx.push(batch.rows.len() - 1);
+                    }
+                }
+            }
+            ranks.push(idx);
+        }
+        batch.padding_rows += mb.padding_rows;
+        batch.plan.push(ranks);
+    }
+    batch.total_tokens = batch.rows.iter().map(|r| r.tokens.len()).sum();
+    Ok(batch)
+}
+
+/// 1 prompt + 1 response token, loss mask 0, weight 0: shapes only, never a gradient.
+fn padding_row() -> TrainRow {
+    TrainRow {
+        tokens: vec![0, 0],
+        prompt_len: 1,
+        loss_mask: vec![0],
+        behavior_logp: vec![0.0],
+        advantages: vec![0.0],
+        old_logp: Vec::new(),
+        ref_logp: Vec::new(),
+        old_values: Vec::new(),
+        returns: Vec::new(),
+        weight: 0.0,
+    }
+}

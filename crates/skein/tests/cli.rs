@@ -1,0 +1,94 @@
+//! The `skein` binary, run for real as a subprocess.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+fn skein(args: &[&str], stdin: &str) -> (i32, String, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_skein"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("skein runs");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+const BATCH: &str = r#"{"dp_size": 4, "num_mini_batches": 2, "unit": "trajectory", "equal_minibatch_rows": false, "loss_agg_mode": "token-mean", "seed": 0,
+  "trajectories": [
+    {"id": "t0", "group": "g0", "reward": 1.0, "status": "finished", "transitions": [{"prompt_len": 120, "response_len": 40, "loss_tokens": 40}]},
+    {"id": "t1", "group": "g0", "reward": 0.0, "status": "finished", "transitions": [{"prompt_len": 120, "response_len": 10, "loss_tokens": 10}, {"prompt_len": 200, "response_len": 30, "loss_tokens": 20}]},
+    {"id": "t2", "group": "g1", "reward": 0.5, "status": "truncated", "transitions": [{"prompt_len": 80, "response_len": 64, "loss_tokens": 64}]}]}"#;
+
+#[test]
+fn plan_prints_a_plan_with_padding_and_global_counts() {
+    let (code, out, err) = skein(&["plan"], BATCH);
+    assert_eq!(code, 0, "{err}");
+    let plan: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let mbs = plan["mini_batches"].as_array().unwrap();
+    assert_eq!(mbs.len(), 2);
+    let loss_tokens: u64 = mbs
+        .iter()
+        .map(|m| m["global_loss_tokens"].as_u64().unwrap())
+        .sum();
+    assert_eq!(loss_tokens, 40 + 10 + 20 + 64);
+    for m in mbs {
+        let ranks = m["ranks"].as_array().unwrap();
+        assert_eq!(ranks.len(), 4);
+        let n = ranks[0].as_array().unwrap().len();
+        assert!(ranks.iter().all(|r| r.as_array().unwrap().len() == n));
+    }
+    // t1's two transitions sit in one mini-batch.
+    let holder: Vec<usize> = mbs
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.to_string().contains("\"t1\""))
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(holder.len(), 1);
+}
+
+#[test]
+fn plan_rejects_bad_input_with_one_line_and_status_2() {
+    let (code, out, err) = skein(
+        &["plan"],
+        &BATCH.replace("\"dp_size\": 4", "\"dp_size\": 0"),
+    );
+    assert_eq!(code, 2);
+    assert!(out.is_empty(), "no partial output");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("dp_size"), "{err}");
+}
+
+#[test]
+fn train_config_errors_name_the_key_and_print_config_shows_defaults() {
+    let (code, _, err) = skein(&["train", "--set", "trainer.stpes=3"], "");
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("`trainer.stpes`") && err.contains("steps"),
+        "{err}"
+    );
+    let (code, _, err) = skein(&["train", "--set", "algorithm.estimator=ppo2"], "");
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("`algorithm.estimator`") && err.contains("rloo"),
+        "{err}"
+    );
+    let (code, out, _) = skein(&["train", "--print-config"], "");
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("[algorithm]") && out.contains("estimator = \"grpo\""),
+        "{out}"
+    );
+}
