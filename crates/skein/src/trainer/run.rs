@@ -231,12 +231,9 @@ pub fn train(cfg: &TrainConfig) -> Result<RunSummary> {
                 ("reward/accuracy", accuracy),
                 ("response_len/mean", response_len),
                 ("loss/policy", upd.loss),
-                ("loss/value", value_loss),
-                ("loss/value", value_loss),
                 ("clip_frac", upd.clip_frac),
                 ("approx_kl", upd.approx_kl),
                 ("entropy", upd.entropy),
-                ("kl_ref", upd.ref_kl),
                 ("grad_norm", upd.grad_norm),
                 ("lr", upd.lr),
                 ("policy_version", opt.steps_done as f64),
@@ -261,6 +258,13 @@ pub fn train(cfg: &TrainConfig) -> Result<RunSummary> {
                 ("time/step_s", elapsed),
             ],
         );
+        // Terms of parts that are switched off are not logged, so no flat zero curves appear.
+        if critic.is_some() {
+            m.insert("loss/value".into(), json!(value_loss));
+        }
+        if reference.is_some() {
+            m.insert("kl_ref".into(), json!(upd.ref_kl));
+        }
         if cfg.eval.every > 0 && step % cfg.eval.every == 0 && step != steps {
             let e = evaluate(
                 &engine,
