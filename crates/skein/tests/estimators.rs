@@ -82,17 +82,17 @@ fn every_estimator_and_aggregation_mode_trains() {
             .collect();
         assert_eq!(steps.len(), 2, "{name}");
         for r in steps {
-            for key in [
-                "loss/policy",
-                "grad_norm",
-                "entropy",
-                "kl_ref",
-                "loss/value",
-            ] {
-                let v = r[key].as_f64().unwrap();
+            let mut keys = vec!["loss/policy", "grad_norm", "entropy"];
+            if name == "gae" {
+                keys.push("loss/value");
+            }
+            if name == "grpo-kl" {
+                keys.push("kl_ref");
+            }
+            for key in keys {
+                let v = r.get(key).and_then(|v| v.as_f64()).unwrap_or(f64::NAN);
                 assert!(v.is_finite(), "{name}: {key} = {v}");
             }
-            assert!(r["loss/value"].as_f64().unwrap() >= 0.0, "{name}");
             if name == "grpo-kl" {
                 assert!(r["policy_version"].as_f64().unwrap() >= 2.0);
             }

@@ -279,7 +279,8 @@ impl Transformer {
             let a = block
                 .attn
                 .forward(&block.input_norm.forward(&x), &cos, &sin, i, &mut mode);
-            x += a;
+            // Out of place on purpose: `+=` on a tensor autograd has saved breaks backward.
+            x = a + &x;
             x = &x + block.mlp.forward(&block.post_norm.forward(&x));
         }
         self.norm.forward(&x)

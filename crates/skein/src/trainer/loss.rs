@@ -66,13 +66,14 @@ pub fn policy_loss(b: &TokenBatch, cfg: &LossConfig) -> LossOut {
     if let Some(ref_logp) = b.ref_logp {
         let kl = kl_penalty(b.logp, ref_logp, cfg.kl_estimator);
         ref_kl_sum = tch::no_grad(|| (&kl * b.mask).sum(Kind::Double).double_value(&[]));
-        per_token += kl * cfg.kl_coef;
+        // Out of place: in-place ops on tensors autograd saved break backward.
+        per_token = kl * cfg.kl_coef + &per_token;
     }
     let mut entropy_sum = 0.0;
     if let Some(entropy) = b.entropy {
         entropy_sum = tch::no_grad(|| (entropy * b.mask).sum(Kind::Double).double_value(&[]));
         if cfg.entropy_coef != 0.0 {
-            per_token -= entropy * cfg.entropy_coef;
+            per_token = entropy * (-cfg.entropy_coef) + &per_token;
         }
     }
     let loss = (per_token * b.weights).sum(Kind::Float);
