@@ -10,7 +10,8 @@ pub enum Estimator {
     Grpo { normalize_std: bool },
     /// Dr. GRPO: group-mean-centred, never divided by the standard deviation.
     DrGrpo,
-    /// Leave-one-out baseline: the mean of the other members of the group (0 for a group of 1).
+    /// Leave-one-out baseline: the mean of the other members of the group. A group of one has
+    /// no other member to form a baseline from, so its advantage is 0.
     Rloo,
     /// REINFORCE++: rewards (minus the group mean with `group_baseline`) whitened over the batch.
     ReinforcePP { group_baseline: bool },
@@ -19,7 +20,9 @@ pub enum Estimator {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdvantageConfig {
     pub estimator: Estimator,
-    /// DAPO dynamic sampling: drop groups whose rewards are all equal.
+    /// DAPO dynamic sampling: drop groups whose rewards are all equal (they carry no learning
+    /// signal under a group baseline). A group of one (e.g. its siblings failed) is all-equal
+    /// too, and is dropped.
     pub drop_equal_reward_groups: bool,
     pub eps: f64,
 }
@@ -45,7 +48,9 @@ pub struct AdvantageResult {
     pub failed_trajectories: usize,
 }
 
-/// Sequence-level advantages of `trajs` (any order; groups are formed by group id).
+/// Sequence-level advantages of `trajs` (any order; groups are formed by group id among the
+/// trajectories that did not fail). Call it on whole groups, before any reordering, dropping
+/// or padding: padding rows are made later and can never join a group.
 pub fn compute_advantages(trajs: &[Trajectory], cfg: &AdvantageConfig) -> AdvantageResult {
     let mut out = AdvantageResult {
         per_trajectory: vec![None; trajs.len()],
@@ -68,7 +73,7 @@ pub fn compute_advantages(trajs: &[Trajectory], cfg: &AdvantageConfig) -> Advant
     for members in groups {
         let rewards: Vec<f64> = members.iter().map(|&i| trajs[i].reward).collect();
         let all_equal = rewards.iter().all(|&r| r == rewards[0]);
-        if cfg.drop_equal_reward_groups && all_equal && members.len() > 1 {
+        if cfg.drop_equal_reward_groups && all_equal {
             out.dropped_groups += 1;
             out.dropped_trajectories += members.len();
             continue;
@@ -214,6 +219,74 @@ mod tests {
         );
         assert_eq!((dapo.dropped_groups, dapo.dropped_trajectories), (1, 2));
         assert_eq!(dapo.per_trajectory[3], None);
+        assert!(dapo.per_trajectory[0].is_some());
+        let kept = compute_advantages(&ts, &AdvantageConfig::default());
+        assert_eq!(kept.dropped_groups, 0, "dropping is opt-in");
+    }
+
+    #[test]
+    fn rloo_uses_the_others_mean_and_gives_a_lone_member_zero() {
+        let ts = vec![
+            traj("a", "g", 3.0, Status::Finished),
+            traj("b", "g", 1.0, Status::Finished),
+            traj("c", "g", 2.0, Status::Finished),
+            traj("d", "solo", 5.0, Status::Finished),
+            traj(
+                "e",
+                "solo",
+                0.0,
+                Status::Failed("reward service down".into()),
+            ),
+        ];
+        let cfg = AdvantageConfig {
+            estimator: Estimator::Rloo,
+            ..Default::default()
+        };
+        let r = compute_advantages(&ts, &cfg);
+        // a: 3 - mean(1, 2) = 1.5
+        assert!((r.per_trajectory[0].unwrap() - 1.5).abs() < 1e-12);
+        assert!((r.per_trajectory[1].unwrap() + 1.5).abs() < 1e-12);
+        assert_eq!(r.per_trajectory[3], Some(0.0));
+        assert_eq!(r.per_trajectory[4], None);
+        let dapo = compute_advantages(
+            &ts,
+            &AdvantageConfig {
+                drop_equal_reward_groups: true,
+                ..cfg
+            },
+        );
+        assert_eq!(dapo.dropped_groups, 1, "a lone survivor has no spread");
+        assert_eq!(dapo.per_trajectory[3], None);
+    }
+
+    #[test]
+    fn grpo_without_std_is_dr_grpo_and_std_scales() {
+        let ts: Vec<_> = [0.0, 2.0, 4.0]
+            .iter()
+            .enumerate()
+            .map(|(i, &r)| traj(&format!("t{i}"), "g", r, Status::Finished))
+            .collect();
+        let plain = compute_advantages(
+            &ts,
+            &AdvantageConfig {
+                estimator: Estimator::Grpo {
+                    normalize_std: false,
+                },
+                ..Default::default()
+            },
+        );
+        let dr = compute_advantages(
+            &ts,
+            &AdvantageConfig {
+                estimator: Estimator::DrGrpo,
+                ..Default::default()
+            },
+        );
+        assert_eq!(plain, dr);
+        assert_eq!(dr.per_trajectory[0], Some(-2.0));
+        let std = compute_advantages(&ts, &AdvantageConfig::default());
+        // sample std of (0, 2, 4) is 2
+        assert!((std.per_trajectory[0].unwrap() + 1.0).abs() < 1e-6);
     }
 
     #[test]
@@ -240,6 +313,23 @@ mod tests {
         let v: Vec<f64> = r.per_trajectory.iter().map(|a| a.unwrap()).collect();
         assert!(v.iter().sum::<f64>().abs() < 1e-9);
         assert!(v[3] > v[0]);
+        // With the group baseline first, (0, 1) and (2, 3) both centre to (-0.5, 0.5): the
+        // groups' offsets vanish before whitening.
+        let b = compute_advantages(
+            &ts,
+            &AdvantageConfig {
+                estimator: Estimator::ReinforcePP {
+                    group_baseline: true,
+                },
+                ..Default::default()
+            },
+        );
+        let w: Vec<f64> = b.per_trajectory.iter().map(|a| a.unwrap()).collect();
+        assert!((w[0] - w[2]).abs() < 1e-12 && (w[1] - w[3]).abs() < 1e-12);
+        assert!(w[0] < 0.0 && w[1] > 0.0);
+        // unit sample variance after whitening
+        let var = w.iter().map(|x| x * x).sum::<f64>() / 3.0;
+        assert!((var - 1.0).abs() < 1e-4, "{var}");
     }
 
     #[test]
@@ -247,5 +337,19 @@ mod tests {
         let (adv, ret) = gae(&[0.0, 0.0, 1.0], &[0.2, 0.5, 0.7], 1.0, 1.0);
         assert!((adv[0] - 0.8).abs() < 1e-12 && (adv[2] - 0.3).abs() < 1e-12);
         assert!(ret.iter().all(|r| (r - 1.0).abs() < 1e-12));
+    }
+
+    #[test]
+    fn gae_matches_the_discounted_sum_of_td_errors() {
+        let (r, v, g, l) = ([0.5, -1.0, 0.0, 2.0], [0.1, 0.4, -0.3, 0.8], 0.9, 0.95);
+        let (adv, ret) = gae(&r, &v, g, l);
+        let next = |t: usize| if t + 1 < v.len() { v[t + 1] } else { 0.0 };
+        for t in 0..r.len() {
+            let want: f64 = (t..r.len())
+                .map(|u| (g * l).powi((u - t) as i32) * (r[u] + g * next(u) - v[u]))
+                .sum();
+            assert!((adv[t] - want).abs() < 1e-12, "t={t}");
+            assert!((ret[t] - (want + v[t])).abs() < 1e-12);
+        }
     }
 }

@@ -5,19 +5,26 @@ use crate::data::{Status, Trajectory};
 use crate::error::PlanError;
 use crate::loss::LossAggMode;
 use crate::padding::padding_multiple;
-use crate::planner::{plan, PlanConfig, Slot, Unit};
+use crate::planner::{plan, CostModel, PlanConfig, Slot, Unit};
 use crate::rows::RowShape;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Input {
     dp_size: i64,
-    num_mini_batches: i64,
+    #[serde(default)]
+    num_mini_batches: Option<i64>,
+    #[serde(default)]
+    units_per_mini_batch: Option<i64>,
     #[serde(default = "default_unit")]
     unit: String,
+    #[serde(default = "default_row")]
+    row: String,
+    #[serde(default)]
+    cost: Option<CostIn>,
     #[serde(default)]
     equal_minibatch_rows: bool,
     #[serde(default)]
@@ -35,6 +42,13 @@ struct Input {
     #[serde(default)]
     critic_mini_batch_size: Option<i64>,
     trajectories: Vec<TrajectoryIn>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CostIn {
+    linear: f64,
+    quadratic: f64,
 }
 
 #[derive(Deserialize)]
@@ -59,6 +73,9 @@ struct TransitionIn {
 fn default_unit() -> String {
     "trajectory".into()
 }
+fn default_row() -> String {
+    "transition".into()
+}
 fn default_mode() -> String {
     "token-mean".into()
 }
@@ -80,91 +97,70 @@ fn positive(v: i64, field: &str) -> Result<usize, PlanError> {
     Ok(v as usize)
 }
 
-/// Plans the batch in `input` (JSON) and returns the plan as JSON, or one error naming the field.
+fn choice<T: Copy>(field: &str, value: &str, allowed: &[(&str, T)]) -> Result<T, PlanError> {
+    allowed
+        .iter()
+        .find(|(name, _)| *name == value)
+        .map(|&(_, v)| v)
+        .ok_or_else(|| {
+            let names: Vec<&str> = allowed.iter().map(|(n, _)| *n).collect();
+            bad(format!(
+                "`{field}`: unknown value `{value}` (allowed: {})",
+                names.join(", ")
+            ))
+        })
+}
+
+/// Plans the batch in `input` (JSON) and returns the plan as JSON, or one error naming the
+/// field. Nothing is returned on error: no partial plan.
 pub fn plan_json(input: &str) -> Result<String, PlanError> {
     let de = &mut serde_json::Deserializer::from_str(input);
     let inp: Input = serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
         let msg = e.inner().to_string();
-        bad(format!("invalid input at `{path}`: {msg}"))
-    })?;
-    let dp = positive(inp.dp_size, "dp_size")?;
-    let num_mb = positive(inp.num_mini_batches, "num_mini_batches")?;
-    let unit = match inp.unit.as_str() {
-        "trajectory" => Unit::Trajectory,
-        "group" => Unit::Group,
-        other => {
-            return Err(bad(format!(
-                "`unit`: unknown value `{other}` (allowed: trajectory, group)"
-            )))
+        if path == "." {
+            bad(format!("invalid input: {msg}"))
+        } else {
+            bad(format!("invalid input at `{path}`: {msg}"))
         }
-    };
+    })?;
+    let cfg = plan_config(&inp)?;
     let mode: LossAggMode = inp
         .loss_agg_mode
         .parse()
         .map_err(|e| bad(format!("`loss_agg_mode`: {e}")))?;
-    let estimator = match inp.estimator.as_str() {
-        "grpo" => Estimator::Grpo { normalize_std: true },
-        "dr-grpo" => Estimator::DrGrpo,
-        "rloo" => Estimator::Rloo,
-        "reinforce++" => Estimator::ReinforcePP { group_baseline: false },
-        "reinforce++-baseline" => Estimator::ReinforcePP { group_baseline: true },
-        other => return Err(bad(format!("`estimator`: unknown value `{other}` (allowed: grpo, dr-grpo, rloo, reinforce++, reinforce++-baseline)"))),
-    };
-    let mut seen = HashSet::new();
-    let mut trajs = Vec::new();
-    for (i, t) in inp.trajectories.iter().enumerate() {
-        let at = format!("trajectories[{i}]");
-        if !seen.insert(t.id.as_str()) {
-            return Err(bad(format!(
-                "`{at}.id`: duplicate trajectory id `{}`",
-                t.id
-            )));
-        }
-        if t.id.starts_with("pad-") || t.group.starts_with("pad-") {
-            return Err(bad(format!(
-                "`{at}`: ids starting with `pad-` are reserved for padding rows"
-            )));
-        }
-        let status = match t.status.as_str() {
-            "finished" => Status::Finished,
-            "truncated" => Status::Truncated,
-            "failed" => Status::Failed("reported failed".into()),
-            other => {
-                return Err(bad(format!(
-                    "`{at}.status`: unknown value `{other}` (allowed: finished, truncated, failed)"
-                )))
-            }
-        };
-        if !t.reward.is_finite() {
-            return Err(bad(format!("`{at}.reward` must be a finite number")));
-        }
-        for (k, tr) in t.transitions.iter().enumerate() {
-            let tat = format!("{at}.transitions[{k}]");
-            for (name, v) in [
-                ("prompt_len", tr.prompt_len),
-                ("response_len", tr.response_len),
-                ("loss_tokens", tr.loss_tokens),
-            ] {
-                if v < 0 {
-                    return Err(bad(format!("`{tat}.{name}` must be ≥ 0 (got {v})")));
-                }
-            }
-            if tr.loss_tokens > tr.response_len {
-                return Err(bad(format!(
-                    "`{tat}.loss_tokens` ({}) exceeds response_len ({})",
-                    tr.loss_tokens, tr.response_len
-                )));
-            }
-        }
-        trajs.push(Trajectory {
-            id: t.id.clone(),
-            group: t.group.clone(),
-            transitions: Vec::new(),
-            reward: t.reward,
-            status,
-        });
-    }
+    let estimator = choice(
+        "estimator",
+        &inp.estimator,
+        &[
+            (
+                "grpo",
+                Estimator::Grpo {
+                    normalize_std: true,
+                },
+            ),
+            ("dr-grpo", Estimator::DrGrpo),
+            ("rloo", Estimator::Rloo),
+            (
+                "reinforce++",
+                Estimator::ReinforcePP {
+                    group_baseline: false,
+                },
+            ),
+            (
+                "reinforce++-baseline",
+                Estimator::ReinforcePP {
+                    group_baseline: true,
+                },
+            ),
+        ],
+    )?;
+    let merge = choice(
+        "row",
+        &inp.row,
+        &[("transition", false), ("trajectory", true)],
+    )?;
+    let trajs = trajectories(&inp.trajectories)?;
     let adv = compute_advantages(
         &trajs,
         &AdvantageConfig {
@@ -173,63 +169,27 @@ pub fn plan_json(input: &str) -> Result<String, PlanError> {
             eps: 1e-6,
         },
     );
-    let mut groups = std::collections::HashMap::new();
-    let mut rows = Vec::new();
-    for (ti, t) in inp.trajectories.iter().enumerate() {
-        let next = groups.len();
-        let group = *groups.entry(t.group.as_str()).or_insert(next);
-        if adv.per_trajectory[ti].is_none() {
-            continue;
-        }
-        for (k, tr) in t.transitions.iter().enumerate() {
-            rows.push(RowShape {
-                trajectory: ti,
-                transition: Some(k),
-                group,
-                prompt_len: tr.prompt_len as usize,
-                response_len: tr.response_len as usize,
-                loss_tokens: tr.loss_tokens as usize,
-            });
-        }
-    }
-    let pad_multiple = match inp.actor_mini_batch_size {
-        Some(a) => Some(padding_multiple(
-            dp,
-            positive(a, "actor_mini_batch_size")?,
-            inp.critic_mini_batch_size
-                .map(|c| positive(c, "critic_mini_batch_size"))
-                .transpose()?,
-        )),
-        None => None,
-    };
-    let cfg = PlanConfig {
-        dp_size: dp,
-        num_mini_batches: num_mb,
-        unit,
-        equal_minibatch_rows: inp.equal_minibatch_rows,
-        token_balanced: inp.token_balanced,
-        seed: inp.seed,
-        pad_multiple,
-        ..Default::default()
-    };
+    let rows = row_shapes(&inp.trajectories, &adv.per_trajectory, merge)?;
     let p = plan(&rows, &cfg)?;
+    let slot = |s: &Slot| match s {
+        Slot::Real(i) => {
+            let r = &rows[*i];
+            let id = &inp.trajectories[r.trajectory].id;
+            match r.transition {
+                Some(k) => json!({"trajectory": id, "transition": k}),
+                None => json!({"trajectory": id}),
+            }
+        }
+        Slot::Padding(id) => json!({"padding": id.name()}),
+    };
     let mini_batches: Vec<Value> = p
         .mini_batches
         .iter()
         .map(|mb| {
-            let ranks: Vec<Value> = mb
+            let ranks: Vec<Vec<Value>> = mb
                 .ranks
                 .iter()
-                .map(|r| {
-                    Value::Array(
-                        r.iter()
-                            .map(|s| match s {
-                                Slot::Real(i) => json!({"trajectory": inp.trajectories[rows[*i].trajectory].id, "transition": rows[*i].transition}),
-                                Slot::Padding(id) => json!({"padding": id.name()}),
-                            })
-                            .collect(),
-                    )
-                })
+                .map(|r| r.iter().map(slot).collect())
                 .collect();
             json!({
                 "ranks": ranks,
@@ -256,6 +216,180 @@ pub fn plan_json(input: &str) -> Result<String, PlanError> {
         "failed_trajectories": adv.failed_trajectories,
     });
     serde_json::to_string(&out).map_err(|e| bad(format!("serializing the plan: {e}")))
+}
+
+fn plan_config(inp: &Input) -> Result<PlanConfig, PlanError> {
+    let dp = positive(inp.dp_size, "dp_size")?;
+    let (num_mini_batches, units_per_mini_batch) =
+        match (inp.num_mini_batches, inp.units_per_mini_batch) {
+            (Some(n), None) => (positive(n, "num_mini_batches")?, None),
+            (None, Some(u)) => (1, Some(positive(u, "units_per_mini_batch")?)),
+            (None, None) => {
+                return Err(bad(
+                    "missing field `num_mini_batches` (or give `units_per_mini_batch`)".into(),
+                ))
+            }
+            (Some(_), Some(_)) => {
+                return Err(bad(
+                    "`num_mini_batches` and `units_per_mini_batch` exclude each other: give one"
+                        .into(),
+                ))
+            }
+        };
+    let unit = choice(
+        "unit",
+        &inp.unit,
+        &[("trajectory", Unit::Trajectory), ("group", Unit::Group)],
+    )?;
+    let actor = inp
+        .actor_mini_batch_size
+        .map(|a| positive(a, "actor_mini_batch_size"))
+        .transpose()?;
+    let critic = inp
+        .critic_mini_batch_size
+        .map(|c| positive(c, "critic_mini_batch_size"))
+        .transpose()?;
+    let pad_multiple = (actor.is_some() || critic.is_some())
+        .then(|| padding_multiple(dp, actor.unwrap_or(1), critic));
+    let mut cost = CostModel::default();
+    if let Some(c) = &inp.cost {
+        for (name, v) in [("linear", c.linear), ("quadratic", c.quadratic)] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(bad(format!("`cost.{name}` must be a number ≥ 0 (got {v})")));
+            }
+        }
+        cost = CostModel {
+            linear: c.linear,
+            quadratic: c.quadratic,
+        };
+    }
+    Ok(PlanConfig {
+        dp_size: dp,
+        num_mini_batches,
+        units_per_mini_batch,
+        unit,
+        equal_minibatch_rows: inp.equal_minibatch_rows,
+        token_balanced: inp.token_balanced,
+        cost,
+        seed: inp.seed,
+        pad_multiple,
+    })
+}
+
+/// Validates the described trajectories and returns them as token-free trajectories (enough
+/// for advantages, which need only ids, groups, rewards and statuses).
+fn trajectories(input: &[TrajectoryIn]) -> Result<Vec<Trajectory>, PlanError> {
+    let mut seen = HashSet::new();
+    let mut trajs = Vec::with_capacity(input.len());
+    for (i, t) in input.iter().enumerate() {
+        let at = format!("trajectories[{i}]");
+        if !seen.insert(t.id.as_str()) {
+            return Err(bad(format!(
+                "`{at}.id`: duplicate trajectory id `{}`",
+                t.id
+            )));
+        }
+        for (name, v) in [("id", &t.id), ("group", &t.group)] {
+            if v.starts_with("pad-") {
+                return Err(bad(format!(
+                    "`{at}.{name}`: `{v}`: ids starting with `pad-` are reserved for padding rows"
+                )));
+            }
+        }
+        let failed = choice(
+            &format!("{at}.status"),
+            &t.status,
+            &[("finished", false), ("truncated", false), ("failed", true)],
+        )?;
+        let status = match (failed, t.status.as_str()) {
+            (true, _) => Status::Failed("reported failed".into()),
+            (false, "truncated") => Status::Truncated,
+            (false, _) => Status::Finished,
+        };
+        if t.transitions.is_empty() && !failed {
+            return Err(bad(format!(
+                "`{at}.transitions`: a {} trajectory needs at least one transition",
+                t.status
+            )));
+        }
+        for (k, tr) in t.transitions.iter().enumerate() {
+            let tat = format!("{at}.transitions[{k}]");
+            for (name, v, min) in [
+                ("prompt_len", tr.prompt_len, 1),
+                ("response_len", tr.response_len, 0),
+                ("loss_tokens", tr.loss_tokens, 0),
+            ] {
+                if v < min {
+                    return Err(bad(format!("`{tat}.{name}` must be ≥ {min} (got {v})")));
+                }
+            }
+            if tr.loss_tokens > tr.response_len {
+                return Err(bad(format!(
+                    "`{tat}.loss_tokens` ({}) exceeds response_len ({})",
+                    tr.loss_tokens, tr.response_len
+                )));
+            }
+        }
+        trajs.push(Trajectory {
+            id: t.id.clone(),
+            group: t.group.clone(),
+            transitions: Vec::new(),
+            reward: t.reward,
+            status,
+        });
+    }
+    Ok(trajs)
+}
+
+/// Row shapes of the trajectories that have an advantage. Merged rows need each prompt to be
+/// at least as long as the context before it; with lengths only, that is all that can be
+/// checked (`build_rows` checks the tokens themselves).
+fn row_shapes(
+    input: &[TrajectoryIn],
+    advantages: &[Option<f64>],
+    merge: bool,
+) -> Result<Vec<RowShape>, PlanError> {
+    let mut groups = HashMap::new();
+    let mut rows = Vec::new();
+    for (ti, t) in input.iter().enumerate() {
+        let next = groups.len();
+        let group = *groups.entry(t.group.as_str()).or_insert(next);
+        if advantages[ti].is_none() {
+            continue;
+        }
+        let len = |v: i64| v as usize; // validated ≥ 0 in `trajectories`
+        if !merge {
+            rows.extend(t.transitions.iter().enumerate().map(|(k, tr)| RowShape {
+                trajectory: ti,
+                transition: Some(k),
+                group,
+                prompt_len: len(tr.prompt_len),
+                response_len: len(tr.response_len),
+                loss_tokens: len(tr.loss_tokens),
+            }));
+            continue;
+        }
+        let mut context = 0;
+        for (k, tr) in t.transitions.iter().enumerate() {
+            if len(tr.prompt_len) < context {
+                return Err(bad(format!(
+                    "`trajectories[{ti}]`: trajectory `{}`, transition {k}: prompt_len {} is shorter than the context before it ({context}), so it cannot extend it; use \"row\": \"transition\"",
+                    t.id, tr.prompt_len
+                )));
+            }
+            context = len(tr.prompt_len) + len(tr.response_len);
+        }
+        let (first, last) = (&t.transitions[0], &t.transitions[t.transitions.len() - 1]);
+        rows.push(RowShape {
+            trajectory: ti,
+            transition: None,
+            group,
+            prompt_len: len(first.prompt_len),
+            response_len: len(last.prompt_len + last.response_len - first.prompt_len),
+            loss_tokens: t.transitions.iter().map(|tr| len(tr.loss_tokens)).sum(),
+        });
+    }
+    Ok(rows)
 }
 
 #[cfg(test)]
@@ -318,5 +452,150 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("no real row"));
+    }
+
+    #[test]
+    fn more_bad_input_names_the_field_and_lists_allowed_values() {
+        let cases = [
+            (
+                OK.replace("\"seed\": 1,", "\"seed\": 1, \"unit\": \"batch\","),
+                vec!["`unit`", "trajectory, group"],
+            ),
+            (
+                OK.replace("\"seed\": 1,", "\"seed\": 1, \"estimator\": \"ppo\","),
+                vec!["`estimator`", "rloo"],
+            ),
+            (
+                OK.replace("\"status\": \"failed\"", "\"status\": \"crashed\""),
+                vec!["trajectories[2].status", "finished, truncated, failed"],
+            ),
+            (
+                OK.replace("\"seed\": 1,", "\"seed\": 1, \"dp\": 3,"),
+                vec!["unknown field `dp`"],
+            ),
+            (
+                OK.replace("\"group\": \"g1\"", "\"grp\": \"g1\""),
+                vec!["trajectories[2]", "grp"],
+            ),
+            (
+                OK.replace("\"num_mini_batches\": 2, ", ""),
+                vec!["num_mini_batches"],
+            ),
+            (
+                OK.replace(
+                    "\"num_mini_batches\": 2,",
+                    "\"num_mini_batches\": 2, \"units_per_mini_batch\": 1,",
+                ),
+                vec!["exclude each other"],
+            ),
+            (
+                OK.replace("\"status\": \"failed\", ", ""),
+                vec!["trajectories[2].transitions"],
+            ),
+            (
+                OK.replace(
+                    "\"prompt_len\": 10, \"response_len\": 9",
+                    "\"prompt_len\": 0, \"response_len\": 9",
+                ),
+                vec!["trajectories[1].transitions[0].prompt_len"],
+            ),
+            (
+                OK.replace(
+                    "\"dp_size\": 2,",
+                    "\"dp_size\": 2, \"critic_mini_batch_size\": -4,",
+                ),
+                vec!["critic_mini_batch_size"],
+            ),
+            (
+                OK.replace("\"group\": \"g0\"", "\"group\": \"pad-3\""),
+                vec!["trajectories[0].group", "reserved"],
+            ),
+            (
+                OK.replace(
+                    "\"seed\": 1,",
+                    "\"seed\": 1, \"cost\": {\"linear\": -1, \"quadratic\": 0},",
+                ),
+                vec!["cost.linear"],
+            ),
+            (
+                OK.replace("\"dp_size\": 2", "\"dp_size\": \"two\""),
+                vec!["dp_size"],
+            ),
+            ("not json".to_string(), vec!["invalid input"]),
+        ];
+        for (input, needles) in cases {
+            let e = plan_json(&input).unwrap_err().to_string();
+            for needle in needles {
+                assert!(e.contains(needle), "{needle}: {e}");
+            }
+            assert!(!e.contains('\n'), "one line: {e}");
+        }
+    }
+
+    fn padded_total(input: &str) -> u64 {
+        let out: Value = serde_json::from_str(&plan_json(input).unwrap()).unwrap();
+        out["mini_batches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                m["ranks"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|r| r.as_array().unwrap().len() as u64)
+                    .sum::<u64>()
+            })
+            .sum()
+    }
+
+    #[test]
+    fn mini_batch_sizes_pad_to_the_lcm_even_for_the_critic_alone() {
+        let with = |extra: &str| OK.replace("\"seed\": 1,", &format!("\"seed\": 1, {extra}"));
+        assert_eq!(padded_total(&with("\"actor_mini_batch_size\": 3,")), 6);
+        assert_eq!(padded_total(&with("\"critic_mini_batch_size\": 5,")), 10);
+        assert_eq!(
+            padded_total(&with(
+                "\"actor_mini_batch_size\": 3, \"critic_mini_batch_size\": 4,"
+            )),
+            12
+        );
+    }
+
+    #[test]
+    fn merged_rows_are_one_per_trajectory_and_check_the_prefix_by_length() {
+        let merged = OK.replace("\"seed\": 1,", "\"seed\": 1, \"row\": \"trajectory\",");
+        let out: Value = serde_json::from_str(&plan_json(&merged).unwrap()).unwrap();
+        let mbs = out["mini_batches"].as_array().unwrap();
+        let rows: u64 = mbs.iter().map(|m| m["global_rows"].as_u64().unwrap()).sum();
+        let loss: u64 = mbs
+            .iter()
+            .map(|m| m["global_loss_tokens"].as_u64().unwrap())
+            .sum();
+        let tokens: u64 = mbs
+            .iter()
+            .map(|m| m["global_tokens"].as_u64().unwrap())
+            .sum();
+        assert_eq!(rows, 2, "t0's two turns merge into one row");
+        assert_eq!(loss, 4 + 3 + 9);
+        // t0: prompt 10, then everything up to the end of turn 2 (20 + 4); t1: 10 + 9.
+        assert_eq!(tokens, 24 + 19);
+        assert!(!out.to_string().contains("\"transition\""));
+        let broken = merged.replace("\"prompt_len\": 20", "\"prompt_len\": 12");
+        let e = plan_json(&broken).unwrap_err().to_string();
+        assert!(e.contains("`t0`, transition 1"), "{e}");
+    }
+
+    #[test]
+    fn units_per_mini_batch_and_group_units() {
+        let input = OK
+            .replace("\"num_mini_batches\": 2", "\"units_per_mini_batch\": 1")
+            .replace("\"seed\": 1,", "\"seed\": 1, \"unit\": \"group\",");
+        let out: Value = serde_json::from_str(&plan_json(&input).unwrap()).unwrap();
+        // One live group (g1 has only a failed trajectory): one mini-batch with all 3 rows.
+        let mbs = out["mini_batches"].as_array().unwrap();
+        assert_eq!(mbs.len(), 1);
+        assert_eq!(mbs[0]["global_rows"], 3);
+        assert_eq!(mbs[0]["global_sequences"], 2);
     }
 }

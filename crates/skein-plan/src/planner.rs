@@ -8,7 +8,8 @@ use crate::error::{err, PlanError};
 use crate::padding::{PaddingId, PaddingIds, PADDING_ROW_TOKENS};
 use crate::rng::SplitMix64;
 use crate::rows::RowShape;
-use std::collections::{HashMap, HashSet};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unit {
@@ -45,7 +46,11 @@ impl CostModel {
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlanConfig {
     pub dp_size: usize,
+    /// PPO mini-batches per step (fewer when there are fewer units than this).
     pub num_mini_batches: usize,
+    /// Instead of `num_mini_batches`: units per mini-batch; the step then has
+    /// ceil(units / n) mini-batches.
+    pub units_per_mini_batch: Option<usize>,
     pub unit: Unit,
     /// Every mini-batch gets the same row count (verl's fixed-size mode).
     pub equal_minibatch_rows: bool,
@@ -62,6 +67,7 @@ impl Default for PlanConfig {
         PlanConfig {
             dp_size: 1,
             num_mini_batches: 1,
+            units_per_mini_batch: None,
             unit: Unit::Trajectory,
             equal_minibatch_rows: false,
             token_balanced: false,
@@ -96,6 +102,8 @@ pub struct MiniBatch {
     pub padding_rows: usize,
     /// Tokens per rank, padding included (throughput and balance only).
     pub rank_tokens: Vec<usize>,
+    /// Cost-model load per rank, padding included: what Karmarkar–Karp balances.
+    pub rank_costs: Vec<u64>,
 }
 
 impl MiniBatch {
@@ -112,9 +120,8 @@ impl MiniBatch {
 
     /// max/mean of the rank costs: 1.0 is perfect balance.
     pub fn imbalance(&self) -> f64 {
-        let max = self.rank_tokens.iter().copied().max().unwrap_or(0) as f64;
-        let mean =
-            self.rank_tokens.iter().sum::<usize>() as f64 / self.rank_tokens.len().max(1) as f64;
+        let max = self.rank_costs.iter().copied().max().unwrap_or(0) as f64;
+        let mean = self.rank_costs.iter().sum::<u64>() as f64 / self.rank_costs.len().max(1) as f64;
         if mean > 0.0 {
             max / mean
         } else {
@@ -128,12 +135,26 @@ pub struct Plan {
     pub mini_batches: Vec<MiniBatch>,
 }
 
+/// Plans one training step. Padding ids start at 1; use [`plan_with_ids`] to keep them unique
+/// across steps.
 pub fn plan(rows: &[RowShape], cfg: &PlanConfig) -> Result<Plan, PlanError> {
+    plan_with_ids(rows, cfg, &mut PaddingIds::default())
+}
+
+/// [`plan`], drawing padding ids from `ids`.
+pub fn plan_with_ids(
+    rows: &[RowShape],
+    cfg: &PlanConfig,
+    ids: &mut PaddingIds,
+) -> Result<Plan, PlanError> {
     if cfg.dp_size == 0 {
         return err("dp_size must be at least 1");
     }
     if cfg.num_mini_batches == 0 {
         return err("num_mini_batches must be at least 1");
+    }
+    if matches!(cfg.units_per_mini_batch, Some(0)) {
+        return err("units_per_mini_batch must be at least 1");
     }
     if matches!(cfg.pad_multiple, Some(0)) {
         return err("pad_multiple must be at least 1");
@@ -144,27 +165,35 @@ pub fn plan(rows: &[RowShape], cfg: &PlanConfig) -> Result<Plan, PlanError> {
             "the batch has no real row to train on (every trajectory failed or was dropped)",
         );
     }
+    let row_cost: Vec<u64> = rows.iter().map(|r| cfg.cost.cost(r.tokens())).collect();
     let units = units(rows, cfg.unit);
     let mut order: Vec<usize> = (0..units.len()).collect();
     SplitMix64::new(cfg.seed).shuffle(&mut order);
-    let m = cfg.num_mini_batches.min(units.len());
-    let unit_cost = |u: usize| {
-        units[u]
-            .iter()
-            .map(|&i| cfg.cost.cost(rows[i].tokens()))
-            .sum::<u64>()
+    let wanted = match cfg.units_per_mini_batch {
+        Some(n) => units.len().div_ceil(n),
+        None => cfg.num_mini_batches,
     };
+    // Never an empty mini-batch: at most one per unit.
+    let m = wanted.min(units.len());
     let mut assigned: Vec<Vec<usize>> = vec![Vec::new(); m];
     if cfg.token_balanced {
-        let mut by_cost = order.clone();
-        by_cost.sort_by_key(|&u| std::cmp::Reverse(unit_cost(u)));
-        let mut load = vec![0u64; m];
-        for u in by_cost {
-            let b = (0..m).min_by_key(|&b| (load[b], b)).unwrap_or(0);
-            load[b] += unit_cost(u);
+        // Longest-processing-time first: heaviest unit to the lightest mini-batch. The shuffle
+        // above breaks ties between equal costs by seed.
+        let unit_cost: Vec<u64> = units
+            .iter()
+            .map(|u| u.iter().map(|&i| row_cost[i]).sum())
+            .collect();
+        order.sort_by_key(|&u| std::cmp::Reverse(unit_cost[u]));
+        let mut load: BinaryHeap<Reverse<(u64, usize)>> = (0..m).map(|b| Reverse((0, b))).collect();
+        for u in order {
+            let Some(Reverse((l, b))) = load.pop() else {
+                break;
+            };
             assigned[b].push(u);
+            load.push(Reverse((l + unit_cost[u], b)));
         }
     } else {
+        // Deal the shuffled units: mini-batch sizes differ by at most one unit.
         let (base, extra) = (order.len() / m, order.len() % m);
         let mut it = order.into_iter();
         for (b, a) in assigned.iter_mut().enumerate() {
@@ -176,11 +205,10 @@ pub fn plan(rows: &[RowShape], cfg: &PlanConfig) -> Result<Plan, PlanError> {
         .map(|us| us.iter().flat_map(|&u| units[u].iter().copied()).collect())
         .collect();
     let sizes = padded_sizes(&mb_rows, cfg);
-    let mut ids = PaddingIds::default();
     let mini_batches = mb_rows
         .iter()
         .zip(sizes)
-        .map(|(real, size)| build_mini_batch(rows, real, size, cfg, &mut ids))
+        .map(|(real, size)| build_mini_batch(rows, &row_cost, real, size, cfg, ids))
         .collect();
     Ok(Plan { mini_batches })
 }
@@ -218,7 +246,7 @@ fn padded_sizes(mb_rows: &[Vec<usize>], cfg: &PlanConfig) -> Vec<usize> {
         }
         sizes.iter_mut().for_each(|s| *s = size);
     } else if let Some(k) = cfg.pad_multiple {
-        // Spread the extra rows one rank-row (dp rows) at a time, lightest mini-batch first.
+        // Spread the extra rows one rank-row (dp rows) at a time over the mini-batches in turn.
         let mut b = 0;
         while !sizes.iter().sum::<usize>().is_multiple_of(k) {
             let n = sizes.len();
@@ -231,6 +259,7 @@ fn padded_sizes(mb_rows: &[Vec<usize>], cfg: &PlanConfig) -> Vec<usize> {
 
 fn build_mini_batch(
     rows: &[RowShape],
+    row_cost: &[u64],
     real: &[usize],
     size: usize,
     cfg: &PlanConfig,
@@ -243,11 +272,23 @@ fn build_mini_batch(
         Slot::Real(i) => rows[*i].tokens(),
         Slot::Padding(_) => PADDING_ROW_TOKENS,
     };
-    let costs: Vec<u64> = slots.iter().map(|s| cfg.cost.cost(tokens(s))).collect();
+    let pad_cost = cfg.cost.cost(PADDING_ROW_TOKENS);
+    let costs: Vec<u64> = slots
+        .iter()
+        .map(|s| match s {
+            Slot::Real(i) => row_cost[*i],
+            Slot::Padding(_) => pad_cost,
+        })
+        .collect();
     let parts = equal_size_partitions(&costs, cfg.dp_size);
+    let rank_costs = parts
+        .iter()
+        .map(|p| p.iter().map(|&i| costs[i]).sum())
+        .collect();
     let ranks: Vec<Vec<Slot>> = parts
         .into_iter()
         .map(|mut p| {
+            // Real rows in mini-batch order, padding last: a stable layout for readers.
             p.sort_unstable();
             p.into_iter().map(|i| slots[i]).collect()
         })
@@ -265,5 +306,96 @@ fn build_mini_batch(
         counts,
         padding_rows: padding,
         rank_tokens,
+        rank_costs,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows(lens: &[usize]) -> Vec<RowShape> {
+        lens.iter()
+            .enumerate()
+            .map(|(t, &n)| RowShape {
+                trajectory: t,
+                transition: Some(0),
+                group: t / 2,
+                prompt_len: 1,
+                response_len: n,
+                loss_tokens: n,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn units_per_mini_batch_sets_the_mini_batch_count() {
+        let cfg = PlanConfig {
+            units_per_mini_batch: Some(4),
+            num_mini_batches: 99,
+            ..Default::default()
+        };
+        let p = plan(&rows(&[1; 10]), &cfg).unwrap();
+        let sizes: Vec<usize> = p.mini_batches.iter().map(|m| m.counts.rows).collect();
+        assert_eq!(
+            sizes,
+            vec![4, 3, 3],
+            "ceil(10 / 4) = 3 mini-batches, dealt evenly"
+        );
+        let zero = PlanConfig {
+            units_per_mini_batch: Some(0),
+            ..Default::default()
+        };
+        assert!(plan(&rows(&[1]), &zero)
+            .unwrap_err()
+            .to_string()
+            .contains("units_per_mini_batch"));
+    }
+
+    #[test]
+    fn token_balanced_mode_evens_mini_batch_loads() {
+        // One long unit and many short ones: dealing by count would put the long unit with
+        // half of the short ones; dealing by cost gives it a mini-batch of its own.
+        let mut lens = vec![1000];
+        lens.extend([100; 10]);
+        let cfg = PlanConfig {
+            num_mini_batches: 2,
+            token_balanced: true,
+            cost: CostModel {
+                linear: 1.0,
+                quadratic: 0.0,
+            },
+            ..Default::default()
+        };
+        let p = plan(&rows(&lens), &cfg).unwrap();
+        let tokens: Vec<usize> = p.mini_batches.iter().map(|m| m.counts.tokens).collect();
+        assert_eq!(tokens.iter().sum::<usize>(), 1000 + 1000 + 11);
+        assert!(
+            tokens.iter().all(|&t| (1000..=1010).contains(&t)),
+            "{tokens:?}"
+        );
+    }
+
+    #[test]
+    fn padding_ids_continue_across_steps() {
+        let mut ids = PaddingIds::default();
+        let cfg = PlanConfig {
+            dp_size: 4,
+            ..Default::default()
+        };
+        let pads = |p: &Plan| -> Vec<PaddingId> {
+            p.mini_batches
+                .iter()
+                .flat_map(|m| m.ranks.iter().flatten())
+                .filter_map(|s| match s {
+                    Slot::Padding(id) => Some(*id),
+                    Slot::Real(_) => None,
+                })
+                .collect()
+        };
+        let a = pads(&plan_with_ids(&rows(&[5]), &cfg, &mut ids).unwrap());
+        let b = pads(&plan_with_ids(&rows(&[5]), &cfg, &mut ids).unwrap());
+        assert_eq!((a.len(), b.len()), (3, 3));
+        assert!(a.iter().all(|x| !b.contains(x)), "{a:?} {b:?}");
     }
 }

@@ -3,6 +3,7 @@
 
 use crate::data::Trajectory;
 use crate::error::{err, PlanError};
+use crate::padding::PaddingId;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RowMode {
@@ -40,6 +41,49 @@ pub struct Row {
     pub versions: Vec<u64>,
     /// The trajectory's sequence-level advantage, broadcast to its loss tokens.
     pub advantage: f64,
+    /// Some for a synthetic padding row (the `is_padding` flag, with the row's fresh id).
+    pub padding: Option<PaddingId>,
+}
+
+/// Token id of both tokens of a padding row: any valid id works, as nothing attends to it
+/// with a loss.
+pub const PADDING_TOKEN: u32 = 0;
+
+impl Row {
+    /// A padding row: 1 prompt + 1 response token, loss mask 0, advantage 0. Its shape's
+    /// trajectory and group are `usize::MAX`, an index no real row has, so it can never join
+    /// an advantage group or a unit.
+    pub fn padding(id: PaddingId) -> Row {
+        Row {
+            shape: RowShape {
+                trajectory: usize::MAX,
+                transition: None,
+                group: usize::MAX,
+                prompt_len: 1,
+                response_len: 1,
+                loss_tokens: 0,
+            },
+            prompt: vec![PADDING_TOKEN],
+            response: vec![PADDING_TOKEN],
+            loss_mask: vec![0],
+            logprobs: vec![0.0],
+            versions: vec![0],
+            advantage: 0.0,
+            padding: Some(id),
+        }
+    }
+
+    pub fn is_padding(&self) -> bool {
+        self.padding.is_some()
+    }
+
+    /// The sequence advantage on every loss-masked response token, 0 on inserted tokens.
+    pub fn token_advantages(&self) -> Vec<f64> {
+        self.loss_mask
+            .iter()
+            .map(|&m| if m != 0 { self.advantage } else { 0.0 })
+            .collect()
+    }
 }
 
 /// Rows of every trajectory that has an advantage (`advantages[i]` is None for excluded ones).
@@ -76,6 +120,7 @@ pub fn build_rows(
                         logprobs: tr.logprobs.clone(),
                         versions: tr.versions.clone(),
                         advantage,
+                        padding: None,
                     });
                 }
             }
@@ -128,6 +173,7 @@ fn merge(t: &Trajectory, ti: usize, group: usize, advantage: f64) -> Result<Row,
         logprobs,
         versions,
         advantage,
+        padding: None,
     })
 }
 
@@ -174,5 +220,43 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("`t`, transition 1"), "{e}");
+    }
+
+    #[test]
+    fn advantages_reach_loss_tokens_only_and_padding_is_inert() {
+        let t = Trajectory {
+            id: "t".into(),
+            group: "g".into(),
+            transitions: vec![tr(vec![1], vec![2, 3]), tr(vec![1, 2, 3, 7], vec![4])],
+            reward: 1.0,
+            status: Status::Finished,
+        };
+        let merged = build_rows(std::slice::from_ref(&t), &[Some(0.5)], RowMode::Trajectory)
+            .unwrap()
+            .remove(0);
+        assert_eq!(merged.token_advantages(), vec![0.5, 0.5, 0.0, 0.5]);
+        assert!(!merged.is_padding());
+        let mut ids = crate::padding::PaddingIds::default();
+        let (a, b) = (Row::padding(ids.next_id()), Row::padding(ids.next_id()));
+        assert!(a.is_padding() && a.padding != b.padding);
+        assert_eq!(
+            (a.prompt.len(), a.response.len(), a.shape.loss_tokens),
+            (1, 1, 0)
+        );
+        assert_eq!(a.token_advantages(), vec![0.0]);
+    }
+
+    #[test]
+    fn excluded_trajectories_make_no_rows() {
+        let t = Trajectory {
+            id: "t".into(),
+            group: "g".into(),
+            transitions: vec![tr(vec![1], vec![2])],
+            reward: 0.0,
+            status: Status::Finished,
+        };
+        let rows = build_rows(&[t.clone(), t], &[None, Some(1.0)], RowMode::Transition).unwrap();
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].shape.trajectory, 1);
     }
 }

@@ -133,8 +133,8 @@ proptest! {
         let mode = LossAggMode::ALL[mode_i];
         let losses: Vec<Vec<f64>> = rows.iter().enumerate().map(|(i, r)| (0..r.response_len).map(|k| ((i * 31 + k * 7) % 13) as f64 - 6.0).collect()).collect();
         let mask = |r: &RowShape| -> Vec<u8> { (0..r.response_len).map(|k| u8::from(k < r.loss_tokens)).collect() };
-        let total = |dp: usize, pad: Option<usize>| -> Vec<f64> {
-            let cfg = PlanConfig { dp_size: dp, num_mini_batches: 2, seed, pad_multiple: pad, ..Default::default() };
+        let total = |dp: usize, pad: Option<usize>, equal: bool| -> Vec<f64> {
+            let cfg = PlanConfig { dp_size: dp, num_mini_batches: 2, seed, pad_multiple: pad, equal_minibatch_rows: equal, ..Default::default() };
             let p = plan(&rows, &cfg).unwrap();
             p.mini_batches.iter().map(|mb| {
                 let traj_tokens = mb.trajectory_loss_tokens(&rows);
@@ -148,13 +148,13 @@ proptest! {
                 }).sum::<f64>()
             }).collect()
         };
-        let reference = total(1, None);
-        for dp in [2, 3, 4, 8] {
-            for pad in [None, Some(7)] {
-                let t = total(dp, pad);
+        let reference = total(1, None, false);
+        for dp in [1, 2, 3, 4, 8] {
+            for (pad, equal) in [(None, false), (Some(7), false), (None, true), (Some(5), true)] {
+                let t = total(dp, pad, equal);
                 // Units go to the same mini-batches for every dp (same seed), so compare per mini-batch.
                 for (a, b) in reference.iter().zip(&t) {
-                    prop_assert!((a - b).abs() <= 1e-9 * a.abs().max(1.0), "dp {} pad {:?}: {} vs {}", dp, pad, a, b);
+                    prop_assert!((a - b).abs() <= 1e-9 * a.abs().max(1.0), "dp {} pad {:?} equal {}: {} vs {}", dp, pad, equal, a, b);
                 }
             }
         }
@@ -270,6 +270,7 @@ fn karmarkar_karp_balances_long_tail_ranks_within_five_percent() {
         ..Default::default()
     };
     let p = plan(&rows, &cfg).unwrap();
+    assert_eq!(p.mini_batches.len(), 4);
     for mb in &p.mini_batches {
         let loads: Vec<u64> = mb
             .ranks
@@ -283,9 +284,182 @@ fn karmarkar_karp_balances_long_tail_ranks_within_five_percent() {
                     .sum()
             })
             .collect();
+        assert_eq!(loads, mb.rank_costs);
         let max = *loads.iter().max().unwrap() as f64;
         let mean = loads.iter().sum::<u64>() as f64 / loads.len() as f64;
         assert!(max / mean <= 1.05, "max/mean {}", max / mean);
+        assert!((mb.imbalance() - max / mean).abs() < 1e-12);
         assert!(mb.padding_rows < 8);
+    }
+}
+
+/// Trajectories with real token ids whose turns extend each other (so they can be merged).
+fn arb_trajectories() -> impl Strategy<Value = Vec<Trajectory>> {
+    prop::collection::vec(
+        (
+            0usize..4,
+            0u8..3,
+            prop::sample::select(vec![0u8, 0, 0, 1, 2]),
+            prop::collection::vec((0usize..5, 0usize..40, 0usize..6), 1..4),
+        ),
+        1..24,
+    )
+    .prop_map(|ts| {
+        ts.into_iter()
+            .enumerate()
+            .map(|(i, (group, reward, status, turns))| {
+                let mut context: Vec<u32> = vec![1, 2, 3];
+                let mut transitions = Vec::new();
+                for (k, (inserted, response, masked_out)) in turns.into_iter().enumerate() {
+                    context.extend((0..inserted as u32).map(|x| 1000 + x));
+                    let resp: Vec<u32> = (0..response as u32).map(|x| 7 * x + k as u32).collect();
+                    let mask: Vec<u8> = (0..response).map(|j| u8::from(j >= masked_out)).collect();
+                    transitions.push(Transition {
+                        prompt: context.clone(),
+                        response: resp.clone(),
+                        loss_mask: mask,
+                        logprobs: vec![-0.5; response],
+                        versions: vec![k as u64; response],
+                        reward: None,
+                    });
+                    context.extend(resp);
+                }
+                Trajectory {
+                    id: format!("t{i}"),
+                    group: format!("g{group}"),
+                    transitions,
+                    reward: reward as f64,
+                    status: match status {
+                        0 => Status::Finished,
+                        1 => Status::Truncated,
+                        _ => Status::Failed("env error".into()),
+                    },
+                }
+            })
+            .collect()
+    })
+}
+
+fn arb_estimator() -> impl Strategy<Value = Estimator> {
+    prop::sample::select(vec![
+        Estimator::Grpo {
+            normalize_std: true,
+        },
+        Estimator::Grpo {
+            normalize_std: false,
+        },
+        Estimator::DrGrpo,
+        Estimator::Rloo,
+        Estimator::ReinforcePP {
+            group_baseline: false,
+        },
+        Estimator::ReinforcePP {
+            group_baseline: true,
+        },
+    ])
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    /// From trajectories to a plan: failed trajectories are counted and make no row, advantages
+    /// reach the rows unchanged, merged rows keep the stored tokens, and a batch with nothing
+    /// left to train on is an error (invariant 6), including all-failed batches.
+    #[test]
+    fn pipeline_from_trajectories(
+        mut trajs in arb_trajectories(),
+        all_failed in prop::bool::weighted(0.15),
+        estimator in arb_estimator(),
+        drop in any::<bool>(),
+        merge in any::<bool>(),
+        cfg in arb_cfg(),
+    ) {
+        if all_failed {
+            for t in &mut trajs {
+                t.status = Status::Failed("sandbox timeout".into());
+            }
+        }
+        let adv = compute_advantages(&trajs, &AdvantageConfig { estimator, drop_equal_reward_groups: drop, eps: 1e-6 });
+        let failed = trajs.iter().filter(|t| t.is_failed()).count();
+        prop_assert_eq!(adv.failed_trajectories, failed);
+        for (t, a) in trajs.iter().zip(&adv.per_trajectory) {
+            if t.is_failed() {
+                prop_assert!(a.is_none(), "failed trajectories get no advantage");
+            }
+        }
+        if !drop {
+            prop_assert_eq!(adv.dropped_groups, 0);
+            prop_assert!(trajs.iter().zip(&adv.per_trajectory).all(|(t, a)| t.is_failed() || a.is_some()));
+        }
+        let mode = if merge { RowMode::Trajectory } else { RowMode::Transition };
+        let rows = build_rows(&trajs, &adv.per_trajectory, mode).unwrap();
+        let live = adv.per_trajectory.iter().filter(|a| a.is_some()).count();
+        let expected_rows: usize = trajs.iter().zip(&adv.per_trajectory)
+            .filter(|(_, a)| a.is_some())
+            .map(|(t, _)| if merge { 1 } else { t.transitions.len() })
+            .sum();
+        prop_assert_eq!(rows.len(), expected_rows);
+        for r in &rows {
+            let t = &trajs[r.shape.trajectory];
+            prop_assert_eq!(Some(r.advantage), adv.per_trajectory[r.shape.trajectory]);
+            prop_assert!(!r.is_padding());
+            if merge {
+                // Token-exact: the merged row is the last turn's full context.
+                let last = t.transitions.last().unwrap();
+                let seq: Vec<u32> = r.prompt.iter().chain(&r.response).copied().collect();
+                let want: Vec<u32> = last.prompt.iter().chain(&last.response).copied().collect();
+                prop_assert_eq!(seq, want);
+                prop_assert_eq!(r.shape.loss_tokens, t.transitions.iter().map(|x| x.loss_tokens()).sum::<usize>());
+            }
+        }
+        let shapes: Vec<RowShape> = rows.iter().map(|r| r.shape).collect();
+        match plan(&shapes, &cfg) {
+            Err(e) => {
+                prop_assert_eq!(live, 0);
+                prop_assert!(e.to_string().contains("no real row"), "{}", e);
+            }
+            Ok(p) => {
+                prop_assert!(live > 0);
+                let real: usize = p.mini_batches.iter().map(|m| m.counts.rows).sum();
+                prop_assert_eq!(real, rows.len());
+                let seqs: usize = p.mini_batches.iter().map(|m| m.counts.sequences).sum();
+                if cfg.unit == Unit::Trajectory || merge {
+                    prop_assert_eq!(seqs, live, "each live trajectory counted once");
+                }
+                let (metrics, _) = plan_metrics(&p, &shapes);
+                prop_assert_eq!(metrics.real_rows, rows.len());
+                prop_assert_eq!(metrics.loss_tokens, p.mini_batches.iter().map(|m| m.counts.loss_tokens).sum::<usize>());
+            }
+        }
+        if all_failed {
+            prop_assert!(rows.is_empty());
+        }
+    }
+
+    /// Group baselines centre every group; the result does not depend on the batch order.
+    #[test]
+    fn advantages_are_per_group_and_order_free(trajs in arb_trajectories(), estimator in arb_estimator(), seed in any::<u64>()) {
+        let cfg = AdvantageConfig { estimator, ..Default::default() };
+        let adv = compute_advantages(&trajs, &cfg);
+        if matches!(estimator, Estimator::DrGrpo | Estimator::Grpo { .. } | Estimator::Rloo) {
+            let mut sums: HashMap<&str, f64> = HashMap::new();
+            for (t, a) in trajs.iter().zip(&adv.per_trajectory) {
+                if let Some(a) = a {
+                    *sums.entry(t.group.as_str()).or_default() += a;
+                }
+            }
+            prop_assert!(sums.values().all(|s| s.abs() < 1e-9), "{:?}", sums);
+        }
+        // Reverse-and-rotate the batch: each trajectory keeps its advantage.
+        let mut order: Vec<usize> = (0..trajs.len()).rev().collect();
+        order.rotate_left((seed % trajs.len() as u64) as usize);
+        let shuffled: Vec<Trajectory> = order.iter().map(|&i| trajs[i].clone()).collect();
+        let again = compute_advantages(&shuffled, &cfg);
+        for (j, &i) in order.iter().enumerate() {
+            match (adv.per_trajectory[i], again.per_trajectory[j]) {
+                (Some(a), Some(b)) => prop_assert!((a - b).abs() < 1e-9),
+                (a, b) => prop_assert_eq!(a, b),
+            }
+        }
     }
 }
