@@ -15,6 +15,7 @@ fn config(dir: &str, rl_lr: f64) -> TrainConfig {
     cfg.eval.problems = 100;
     cfg.eval.every = 0;
     cfg.optim.lr = rl_lr;
+    cfg.trainer.checkpoint_every = 8;
     cfg
 }
 
@@ -45,6 +46,16 @@ fn grpo_raises_the_reward_and_a_frozen_policy_does_not() {
         learn.eval_after.accuracy >= learn.eval_before.accuracy,
         "held-out accuracy must not fall"
     );
+    // The checkpoints are HF directories this project loads back, tokenizer and eos included.
+    let ckpt = learn.dir.join("checkpoint");
+    let model = skein::model::Model::load_dir(&ckpt, tch::Device::Cpu).expect("checkpoint loads");
+    let tokenizer = skein_text::Tokenizer::from_dir(&ckpt).expect("tokenizer loads");
+    assert_eq!(model.net.config.vocab_size, tokenizer.vocab_size());
+    assert!(!tokenizer.eos_token_ids().is_empty());
+    assert!(
+        learn.dir.join("checkpoint-8/model.safetensors").exists(),
+        "periodic checkpoint"
+    );
     for run in [&learn, &frozen] {
         for f in [
             "metrics.jsonl",
@@ -52,6 +63,7 @@ fn grpo_raises_the_reward_and_a_frozen_policy_does_not() {
             "config.toml",
             "checkpoint/model.safetensors",
             "checkpoint/tokenizer.json",
+            "checkpoint/generation_config.json",
         ] {
             assert!(
                 run.dir.join(f).exists(),

@@ -278,6 +278,15 @@ pub fn train(cfg: &TrainConfig) -> Result<RunSummary> {
             m.insert("eval/reward".into(), json!(e.mean_reward));
         }
         log.append(&m)?;
+        let every = cfg.trainer.checkpoint_every;
+        if every > 0 && step % every == 0 && step != steps {
+            save_checkpoint(
+                &policy,
+                &tokenizer,
+                &sampling,
+                &dir.join(format!("checkpoint-{step}")),
+            )?;
+        }
         progress.update(
             step as u64,
             &[
@@ -313,8 +322,7 @@ pub fn train(cfg: &TrainConfig) -> Result<RunSummary> {
     );
 
     let ckpt = dir.join("checkpoint");
-    policy.save_dir(&ckpt)?;
-    tokenizer.save_dir(&ckpt)?;
+    save_checkpoint(&policy, &tokenizer, &sampling, &ckpt)?;
     let plot = skein_report::plot_run_dir(&dir, None)?;
     eprintln!(
         "skein: checkpoint {} (HF layout), curves {}",
@@ -327,6 +335,29 @@ pub fn train(cfg: &TrainConfig) -> Result<RunSummary> {
         eval_after,
         rewards,
     })
+}
+
+/// An HF model directory: config.json, model.safetensors, the tokenizer files and a
+/// generation_config.json with the sampling settings and end-of-sequence ids of this run.
+fn save_checkpoint(
+    policy: &Model,
+    tokenizer: &Tokenizer,
+    sampling: &SamplingParams,
+    dir: &Path,
+) -> Result<()> {
+    policy.save_dir(dir)?;
+    tokenizer.save_dir(dir)?;
+    let generation = skein_text::GenerationConfig {
+        eos_token_id: Some(skein_text::TokenIds::Many(sampling.stop_token_ids.clone())),
+        pad_token_id: tokenizer.pad_token_id(),
+        temperature: Some(sampling.temperature),
+        top_p: Some(sampling.top_p),
+        max_new_tokens: Some(sampling.max_new_tokens),
+        do_sample: Some(sampling.temperature > 0.0),
+        ..Default::default()
+    };
+    generation.save_dir(dir)?;
+    Ok(())
 }
 
 fn build_policy(cfg: &TrainConfig, task: &dyn Task, device: Device) -> Result<(Tokenizer, Model)> {
