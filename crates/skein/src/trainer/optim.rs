@@ -102,21 +102,21 @@ impl Optimizer {
     /// Clips the accumulated gradients, applies one update, and advances the schedule.
     pub fn step(&mut self) -> StepStats {
         let grad_norm = tch::no_grad(|| {
-            let sq: f64 = self
+            // One device-to-host read for the whole norm, not one per parameter.
+            let squares: Vec<tch::Tensor> = self
                 .vars
                 .iter()
-                .map(|v| {
-                    let g = v.grad();
-                    if g.defined() {
-                        g.to_kind(Kind::Double)
-                            .pow_tensor_scalar(2)
-                            .sum(Kind::Double)
-                            .double_value(&[])
-                    } else {
-                        0.0
-                    }
-                })
-                .sum();
+                .map(|v| v.grad())
+                .filter(|g| g.defined())
+                .map(|g| g.to_kind(Kind::Float).square().sum(Kind::Float))
+                .collect();
+            let sq = if squares.is_empty() {
+                0.0
+            } else {
+                tch::Tensor::stack(&squares, 0)
+                    .sum(Kind::Double)
+                    .double_value(&[])
+            };
             let norm = sq.sqrt();
             if self.cfg.grad_clip > 0.0 && norm > self.cfg.grad_clip {
                 let scale = self.cfg.grad_clip / (norm + 1e-6);
