@@ -1,0 +1,1 @@
+//! Rewards: functions, worker subprocesses, remote services and a dynamic-batching executor.
