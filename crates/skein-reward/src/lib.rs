@@ -1,1 +1,21 @@
 //! Rewards: functions, worker subprocesses, remote services and a dynamic-batching executor.
+//!
+//! Everything scores `RewardRequest`s into `RewardOutput`s. Sources that are slow or batch
+//! well (reward models, workers, services) sit behind an `Executor`, which takes single
+//! requests from many threads and runs them in batches on its own threads, so a trajectory can
+//! be scored the moment it ends without holding up generation. See README.md.
+
+mod error;
+pub mod executor;
+pub mod functions;
+pub mod math;
+mod request;
+mod scorer;
+mod stats;
+
+pub use error::RewardError;
+pub use executor::{Executor, ExecutorConfig, Ticket};
+pub use functions::RewardFn;
+pub use request::{RewardOutput, RewardRequest, WireResponse};
+pub use scorer::BatchScorer;
+pub use stats::ExecutorMetrics;
