@@ -12,6 +12,7 @@ pub mod math;
 mod request;
 mod scorer;
 mod stats;
+pub mod worker;
 
 pub use error::RewardError;
 pub use executor::{Executor, ExecutorConfig, Ticket};
@@ -19,3 +20,4 @@ pub use functions::RewardFn;
 pub use request::{RewardOutput, RewardRequest, WireResponse};
 pub use scorer::BatchScorer;
 pub use stats::ExecutorMetrics;
+pub use worker::{WorkerConfig, WorkerPool};

@@ -1,0 +1,165 @@
+//! Reward workers as real subprocesses: the shipped example, a crash and restart, a timeout,
+//! and a pool of processes working in parallel.
+
+use skein_reward::{
+    BatchScorer, Executor, ExecutorConfig, RewardError, RewardRequest, WorkerConfig, WorkerPool,
+};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Writes a Python worker to a fresh temp dir: it answers reward = len(response), reports its
+/// pid, and exits on `crash`, hangs on `hang`, sleeps on `sleep`.
+fn test_worker(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("skein-reward-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("worker.py");
+    let script = r#"
+import json, os, sys, time
+for line in sys.stdin:
+    req = json.loads(line)
+    r = req["response"]
+    if r == "crash":
+        os._exit(3)
+    if r == "hang":
+        time.sleep(60)
+    if r == "sleep":
+        time.sleep(0.2)
+    print(json.dumps({"id": req["id"], "reward": len(r), "metrics": {"pid": os.getpid()}}), flush=True)
+"#;
+    std::fs::write(&path, script).expect("write worker");
+    path
+}
+
+fn pool(script: &Path, processes: usize, timeout_ms: u64) -> WorkerPool {
+    let cfg = WorkerConfig {
+        command: vec!["python3".into(), script.display().to_string()],
+        processes,
+        timeout_ms,
+        start_timeout_ms: 5_000,
+        batch_size: 8,
+    };
+    WorkerPool::new(&cfg, "reward.sources.test").expect("worker starts")
+}
+
+fn req(id: &str, response: &str) -> RewardRequest {
+    RewardRequest {
+        id: id.into(),
+        response: response.into(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn the_example_worker_scores_math_answers() {
+    let script =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/reward_worker_example.py");
+    let cfg = WorkerConfig {
+        command: vec!["python3".into(), script.display().to_string()],
+        ..Default::default()
+    };
+    let pool = WorkerPool::new(&cfg, "reward.sources.py").expect("example worker starts");
+    let mut right = req("a", r"so the answer is \boxed{1,000}.");
+    right.ground_truth = "200 * 5 = 1000\n#### 1000".into();
+    let mut wrong = req("b", "#### 999");
+    wrong.ground_truth = "1000".into();
+    let none = req("c", "no idea");
+    let out = pool.score_batch(&[right, wrong, none]);
+    let rewards: Vec<f64> = out
+        .iter()
+        .map(|r| r.as_ref().expect("scored").reward)
+        .collect();
+    assert_eq!(rewards, [1.0, 0.0, 0.0]);
+    let found: Vec<f64> = out
+        .iter()
+        .map(|r| r.as_ref().unwrap().metrics["answer_found"])
+        .collect();
+    assert_eq!(found, [1.0, 1.0, 0.0]);
+    assert_eq!(pool.restarts(), 0);
+}
+
+#[test]
+fn a_crashed_worker_fails_its_request_and_is_restarted_for_the_rest() {
+    let pool = pool(&test_worker("crash"), 1, 5_000);
+    let out = pool.score_batch(&[req("1", "ab"), req("2", "crash"), req("3", "abcd")]);
+    assert_eq!(out[0].as_ref().expect("before the crash").reward, 2.0);
+    let e = out[1].as_ref().unwrap_err();
+    assert!(matches!(e, RewardError::WorkerCrashed { .. }), "{e}");
+    assert!(e.to_string().contains("worker.py"), "{e}");
+    assert_eq!(out[2].as_ref().expect("after the restart").reward, 4.0);
+    assert_eq!((pool.restarts(), pool.crashes()), (1, 1));
+    // The replacement stays up for later batches.
+    assert_eq!(
+        pool.score_batch(&[req("4", "x")])[0]
+            .as_ref()
+            .unwrap()
+            .reward,
+        1.0
+    );
+    assert_eq!(pool.restarts(), 1);
+}
+
+#[test]
+fn a_hung_request_times_out_alone_and_never_blocks_past_the_timeout() {
+    let pool = pool(&test_worker("hang"), 1, 300);
+    // The first answer proves the worker is up, so the timeout below is the request's alone.
+    assert_eq!(
+        pool.score_batch(&[req("0", "a")])[0]
+            .as_ref()
+            .unwrap()
+            .reward,
+        1.0
+    );
+    let t0 = Instant::now();
+    let out = pool.score_batch(&[req("1", "hang"), req("2", "abc")]);
+    let took = t0.elapsed();
+    let e = out[0].as_ref().unwrap_err();
+    assert_eq!(e.kind(), "timeout", "{e}");
+    assert!(e.to_string().contains("0.300 s"), "{e}");
+    assert_eq!(
+        out[1]
+            .as_ref()
+            .expect("served by the restarted worker")
+            .reward,
+        3.0
+    );
+    assert!(took >= Duration::from_millis(300), "{took:?}");
+    // 300 ms of timeout, a kill, and a Python start-up; far below the 60 s hang.
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    assert_eq!((pool.timeouts(), pool.restarts()), (1, 1));
+    let counters: Vec<_> = pool.counters();
+    assert!(counters.contains(&("timeouts", 1.0)), "{counters:?}");
+}
+
+#[test]
+fn a_pool_of_processes_scores_in_parallel_behind_the_executor() {
+    let pool = Arc::new(pool(&test_worker("pool"), 2, 5_000));
+    let cfg = ExecutorConfig {
+        threads: 2,
+        max_batch_size: 1,
+        max_wait_ms: 0,
+        ..Default::default()
+    };
+    let exec = Executor::new(pool.clone(), cfg, "reward.executor").expect("valid");
+    // Warm up: both processes finish starting Python before the clock starts.
+    let warm: Vec<_> = (0..2)
+        .map(|i| exec.submit(req(&format!("w{i}"), "sleep")))
+        .collect();
+    for t in warm {
+        t.wait().expect("warm-up scored");
+    }
+    let t0 = Instant::now();
+    let tickets: Vec<_> = (0..4)
+        .map(|i| exec.submit(req(&i.to_string(), "sleep")))
+        .collect();
+    let pids: BTreeSet<u64> = tickets
+        .into_iter()
+        .map(|t| t.wait().expect("scored").metrics["pid"] as u64)
+        .collect();
+    let took = t0.elapsed();
+    assert_eq!(pids.len(), 2, "both processes worked: {pids:?}");
+    // Four 200 ms requests on two processes: about 400 ms, not 800 ms.
+    assert!(took < Duration::from_millis(750), "{took:?}");
+    assert_eq!(exec.metrics().batches, 6);
+}
