@@ -72,16 +72,28 @@ impl ExecutorConfig {
 #[derive(Debug)]
 pub struct Ticket {
     rx: Receiver<Reply>,
+    /// An answer already taken off the channel by `is_ready`.
+    got: Option<Reply>,
 }
 
 impl Ticket {
+    fn new(rx: Receiver<Reply>) -> Ticket {
+        Ticket { rx, got: None }
+    }
+
     /// Blocks until the answer is in.
     pub fn wait(self) -> Reply {
-        self.rx.recv().unwrap_or(Err(RewardError::Shutdown))
+        match self.got {
+            Some(r) => r,
+            None => self.rx.recv().unwrap_or(Err(RewardError::Shutdown)),
+        }
     }
 
     /// The answer, or `Err(self)` if it is not in after `timeout` (wait again later).
     pub fn wait_timeout(self, timeout: Duration) -> Result<Reply, Ticket> {
+        if let Some(r) = self.got {
+            return Ok(r);
+        }
         match self.rx.recv_timeout(timeout) {
             Ok(r) => Ok(r),
             Err(RecvTimeoutError::Timeout) => Err(self),
@@ -89,21 +101,31 @@ impl Ticket {
         }
     }
 
-    /// The answer if it is already in.
-    pub fn try_take(&self) -> Option<Reply> {
-        match self.rx.try_recv() {
-            Ok(r) => Some(r),
-            Err(TryRecvError::Empty) => None,
-            Err(TryRecvError::Disconnected) => Some(Err(RewardError::Shutdown)),
+    /// Whether the answer is in (or can no longer come), so `wait` will not block.
+    pub fn is_ready(&mut self) -> bool {
+        if self.got.is_none() {
+            match self.rx.try_recv() {
+                Ok(r) => self.got = Some(r),
+                Err(TryRecvError::Empty) => {}
+                Err(TryRecvError::Disconnected) => self.got = Some(Err(RewardError::Shutdown)),
+            }
         }
+        self.got.is_some()
+    }
+
+    /// The answer if it is already in.
+    pub fn try_take(&mut self) -> Option<Reply> {
+        self.is_ready();
+        self.got.take()
     }
 
     /// A ticket that is already answered.
     pub fn ready(reply: Reply) -> Ticket {
-        let (tx, rx) = sync_channel(1);
-        // The receiver is alive and the slot empty: this cannot fail.
-        let _ = tx.send(reply);
-        Ticket { rx }
+        let (_, rx) = sync_channel(1);
+        Ticket {
+            rx,
+            got: Some(reply),
+        }
     }
 }
 
@@ -205,7 +227,7 @@ impl Executor {
             s.queue_depth_max = s.queue_depth_max.max(q.len);
         }
         self.shared.wake.notify_one();
-        Ticket { rx }
+        Ticket::new(rx)
     }
 
     /// Submits and waits.
@@ -502,7 +524,8 @@ mod tests {
     fn tickets_can_be_polled_and_waited_with_a_timeout() {
         let rec = recorder(100);
         let exec = Executor::new(rec, cfg(1, 1, 1 << 20, 0), "x").unwrap();
-        let t = exec.submit(req(2));
+        let mut t = exec.submit(req(2));
+        assert!(!t.is_ready());
         assert!(t.try_take().is_none());
         let t = t.wait_timeout(Duration::from_millis(1)).unwrap_err();
         assert_eq!(t.wait().unwrap().reward, 2.0);

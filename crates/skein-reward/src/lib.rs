@@ -5,22 +5,26 @@
 //! requests from many threads and runs them in batches on its own threads, so a trajectory can
 //! be scored the moment it ends without holding up generation. See README.md.
 
+pub mod config;
 mod error;
 pub mod executor;
 pub mod functions;
 pub mod math;
 pub mod remote;
 mod request;
+pub mod rewarder;
 mod scorer;
 pub mod server;
 mod stats;
 pub mod worker;
 
+pub use config::{RewardConfig, RouteConfig, ServiceConfig, SourceConfig};
 pub use error::RewardError;
 pub use executor::{Executor, ExecutorConfig, Ticket};
 pub use functions::RewardFn;
 pub use remote::{RemoteConfig, RemoteScorer};
 pub use request::{RewardOutput, RewardRequest, WireResponse};
+pub use rewarder::{Pending, Rewarder};
 pub use scorer::BatchScorer;
 pub use server::{serve, RewardServer, ServeConfig};
 pub use stats::ExecutorMetrics;

@@ -1,0 +1,267 @@
+//! The `[reward]` configuration: named sources, routes from data source to weighted sources,
+//! and the executor settings, validated with errors that name the key.
+
+use crate::{ExecutorConfig, RemoteConfig, RewardFn, WorkerConfig};
+use serde::{Deserialize, Deserializer, Serialize};
+use skein_config::{ConfigError, Validator};
+use std::collections::BTreeMap;
+
+const FUNCTION_KINDS: [&str; 4] = ["exact_match", "math", "format", "overlong"];
+const SERVICE_KINDS: [&str; 3] = ["worker", "remote", "scorer"];
+
+/// Sources that are not inline functions: they run behind an executor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ServiceConfig {
+    /// A worker command speaking JSON lines (`reward.sources.NAME.command`, …).
+    Worker(WorkerConfig),
+    /// A remote reward service (`reward.sources.NAME.url`, …).
+    Remote(RemoteConfig),
+    /// A `BatchScorer` the program supplies under this source's name (e.g. a reward model),
+    /// run with `reward.executor`.
+    Scorer {},
+}
+
+/// One named reward source: `kind` picks a built-in function or a service.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum SourceConfig {
+    Function(RewardFn),
+    Service(ServiceConfig),
+}
+
+impl<'de> Deserialize<'de> for SourceConfig {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let value = serde_json::Value::deserialize(d)?;
+        let kind = value.get("kind").and_then(|k| k.as_str()).unwrap_or("");
+        let all = || {
+            [&FUNCTION_KINDS[..], &SERVICE_KINDS[..]]
+                .concat()
+                .join(", ")
+        };
+        if FUNCTION_KINDS.contains(&kind) {
+            serde_json::from_value(value)
+                .map(SourceConfig::Function)
+                .map_err(D::Error::custom)
+        } else if SERVICE_KINDS.contains(&kind) {
+            serde_json::from_value(value)
+                .map(SourceConfig::Service)
+                .map_err(D::Error::custom)
+        } else if kind.is_empty() {
+            Err(D::Error::custom(format!(
+                "a reward source needs `kind`, one of: {}",
+                all()
+            )))
+        } else {
+            Err(D::Error::custom(format!(
+                "unknown reward source kind `{kind}` (allowed: {})",
+                all()
+            )))
+        }
+    }
+}
+
+/// Which sources score a data source, and with what weights (empty: all 1).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    pub sources: Vec<String>,
+    #[serde(default)]
+    pub weights: Vec<f64>,
+}
+
+impl RouteConfig {
+    fn validate(&self, key: &str, sources: &BTreeMap<String, SourceConfig>, v: &mut Validator) {
+        for name in &self.sources {
+            if !sources.contains_key(name) {
+                let known: Vec<&str> = sources.keys().map(String::as_str).collect();
+                v.problem(format!(
+                    "invalid value for `{key}.sources`: unknown reward source `{name}` (defined in reward.sources: {})",
+                    if known.is_empty() { "none".to_string() } else { known.join(", ") }
+                ));
+            }
+        }
+        if !self.weights.is_empty() {
+            v.check(
+                self.weights.len() == self.sources.len(),
+                &format!("{key}.weights"),
+                &format!(
+                    "needs one weight per source ({} sources)",
+                    self.sources.len()
+                ),
+                format!("{} weights", self.weights.len()),
+            );
+        }
+        for w in &self.weights {
+            v.check(
+                w.is_finite(),
+                &format!("{key}.weights"),
+                "must be finite numbers",
+                w,
+            );
+        }
+    }
+
+    /// (source, weight) pairs, weights defaulting to 1.
+    pub fn weighted(&self) -> Vec<(String, f64)> {
+        self.sources
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.clone(), self.weights.get(i).copied().unwrap_or(1.0)))
+            .collect()
+    }
+}
+
+/// The whole `[reward]` table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RewardConfig {
+    /// Batching and threads of executors (a `scorer` source uses it as is; workers and remote
+    /// services take their thread count and batch size from their own keys).
+    pub executor: ExecutorConfig,
+    /// Named sources, e.g. `[reward.sources.answer] kind = "math"`.
+    pub sources: BTreeMap<String, SourceConfig>,
+    /// Data source name → weighted sources, e.g. `[reward.routes.gsm8k] sources = ["answer"]`.
+    pub routes: BTreeMap<String, RouteConfig>,
+    /// For data sources without a route; empty `sources`: such requests fail.
+    pub default_route: RouteConfig,
+}
+
+impl Default for RewardConfig {
+    fn default() -> Self {
+        RewardConfig {
+            executor: ExecutorConfig::default(),
+            sources: BTreeMap::from([(
+                "math".to_string(),
+                SourceConfig::Function(RewardFn::Math { flexible: false }),
+            )]),
+            routes: BTreeMap::new(),
+            default_route: RouteConfig {
+                sources: vec!["math".into()],
+                weights: Vec::new(),
+            },
+        }
+    }
+}
+
+impl RewardConfig {
+    /// Every problem at once, keys under `prefix` (normally `reward`).
+    pub fn validate(&self, prefix: &str) -> Result<(), ConfigError> {
+        let mut v = Validator::new();
+        self.executor
+            .validate(&format!("{prefix}.executor"), &mut v);
+        for (name, source) in &self.sources {
+            let key = format!("{prefix}.sources.{name}");
+            match source {
+                SourceConfig::Function(f) => f.validate(&key, &mut v),
+                SourceConfig::Service(ServiceConfig::Worker(w)) => w.validate(&key, &mut v),
+                SourceConfig::Service(ServiceConfig::Remote(r)) => r.validate(&key, &mut v),
+                SourceConfig::Service(ServiceConfig::Scorer {}) => {}
+            }
+        }
+        for (data_source, route) in &self.routes {
+            let key = format!("{prefix}.routes.{data_source}");
+            v.check(
+                !route.sources.is_empty(),
+                &format!("{key}.sources"),
+                "must name at least one source",
+                "[]",
+            );
+            route.validate(&key, &self.sources, &mut v);
+        }
+        self.default_route
+            .validate(&format!("{prefix}.default_route"), &self.sources, &mut v);
+        v.finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: serde_json::Value) -> Result<RewardConfig, serde_json::Error> {
+        serde_json::from_value(json)
+    }
+
+    #[test]
+    fn sources_of_every_kind_parse_and_the_default_is_valid() {
+        let cfg = parse(serde_json::json!({
+            "sources": {
+                "answer": {"kind": "math", "flexible": true},
+                "len": {"kind": "overlong", "max_response_tokens": 100, "overlong_buffer": 20},
+                "py": {"kind": "worker", "command": ["python3", "w.py"], "processes": 2},
+                "far": {"kind": "remote", "url": "http://127.0.0.1:9/score"},
+                "rm": {"kind": "scorer"}
+            },
+            "routes": {"gsm8k": {"sources": ["answer", "len"], "weights": [1.0, 0.5]}},
+            "default_route": {"sources": ["rm"]}
+        }))
+        .unwrap();
+        assert!(
+            cfg.validate("reward").is_ok(),
+            "{:?}",
+            cfg.validate("reward")
+        );
+        assert!(matches!(
+            cfg.sources["py"],
+            SourceConfig::Service(ServiceConfig::Worker(WorkerConfig { processes: 2, .. }))
+        ));
+        assert_eq!(
+            cfg.routes["gsm8k"].weighted(),
+            [("answer".to_string(), 1.0), ("len".to_string(), 0.5)]
+        );
+        assert!(RewardConfig::default().validate("reward").is_ok());
+        // What is written reads back the same.
+        let text = serde_json::to_value(&cfg).unwrap();
+        assert_eq!(parse(text).unwrap(), cfg);
+    }
+
+    #[test]
+    fn unknown_kinds_and_fields_are_rejected_by_name() {
+        let e = parse(serde_json::json!({"sources": {"a": {"kind": "magic"}}})).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("unknown reward source kind `magic` (allowed: exact_match"),
+            "{e}"
+        );
+        let e = parse(serde_json::json!({"sources": {"a": {"kind": "worker", "cmd": ["x"]}}}))
+            .unwrap_err();
+        assert!(e.to_string().contains("cmd"), "{e}");
+        let e = parse(serde_json::json!({"sources": {"a": {}}})).unwrap_err();
+        assert!(e.to_string().contains("needs `kind`"), "{e}");
+        assert!(parse(serde_json::json!({"router": {}})).is_err());
+        let e = parse(serde_json::json!({"sources": {"rm": {"kind": "scorer", "path": "x"}}}))
+            .unwrap_err();
+        assert!(e.to_string().contains("path"), "{e}");
+    }
+
+    #[test]
+    fn validation_names_every_bad_key() {
+        let mut cfg = RewardConfig::default();
+        cfg.executor.threads = 0;
+        cfg.sources.insert(
+            "py".into(),
+            SourceConfig::Service(ServiceConfig::Worker(WorkerConfig::default())),
+        );
+        cfg.routes.insert(
+            "gsm8k".into(),
+            RouteConfig {
+                sources: vec!["math".into(), "nope".into()],
+                weights: vec![1.0, 2.0, f64::INFINITY],
+            },
+        );
+        cfg.routes.insert("empty".into(), RouteConfig::default());
+        let e = cfg.validate("reward").unwrap_err().to_string();
+        for needle in [
+            "`reward.executor.threads`: must be ≥ 1 (got 0)",
+            "`reward.sources.py.command`",
+            "`reward.routes.gsm8k.sources`: unknown reward source `nope` (defined in reward.sources: math, py)",
+            "`reward.routes.gsm8k.weights`: needs one weight per source (2 sources) (got 3 weights)",
+            "`reward.routes.gsm8k.weights`: must be finite numbers (got inf)",
+            "`reward.routes.empty.sources`: must name at least one source",
+        ] {
+            assert!(e.contains(needle), "missing {needle:?} in {e}");
+        }
+    }
+}
