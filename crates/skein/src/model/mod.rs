@@ -1,6 +1,7 @@
 //! The policy model: a Qwen2/Qwen3/Llama-family decoder on libtorch, read from and written to
 //! Hugging Face model directories.
 
+pub mod bert;
 pub mod config;
 pub mod io;
 pub mod kv_cache;
