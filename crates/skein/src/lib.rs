@@ -3,4 +3,5 @@
 pub mod cli;
 pub mod engine;
 pub mod model;
+pub mod reward_model;
 pub mod trainer;

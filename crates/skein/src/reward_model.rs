@@ -1,0 +1,502 @@
+//! Reward models: a transformer read from a Hugging Face directory that turns
+//! (response, reference-or-prompt) pairs into scalar rewards, in batches, without gradients.
+//!
+//! Two kinds, chosen from the directory's `config.json`:
+//! * [`RewardKind::Classifier`]: a `*ForSequenceClassification` checkpoint with one label.
+//!   BERT reads the head on the pooled `[CLS]` token of the pair (prompt, response); Qwen2 /
+//!   Qwen3 / Llama decoders read `score` at the last real token of `prompt + response`.
+//! * [`RewardKind::Similarity`]: a BERT sentence encoder (sentence-transformers layout:
+//!   `modules.json`, `1_Pooling/config.json`); the reward is the cosine similarity of the
+//!   response's and the reference's embeddings.
+//!
+//! Threads: tch tensors are `Send` but not `Sync`, so a `RewardModel` is too. Give each
+//! executor thread its own handle with [`RewardModel::share`], which shares the parameters
+//! (no copy, no reload).
+
+use crate::model::bert::{BertConfig, BertEncoder, Weights};
+use crate::model::transformer::{positions_like, AttnMode, Transformer};
+use crate::model::ModelConfig;
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use tch::{nn, Device, Kind, Tensor};
+use tokenizers::{TruncationDirection, TruncationParams, TruncationStrategy};
+
+/// What a reward model's score means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RewardKind {
+    /// A learned scalar head: higher is better, unbounded.
+    Classifier,
+    /// Cosine similarity of response and reference embeddings, in [-1, 1].
+    Similarity,
+}
+
+enum Pooling {
+    Mean,
+    Cls,
+}
+
+enum Body {
+    Similarity {
+        encoder: BertEncoder,
+        pooling: Pooling,
+    },
+    BertClassifier {
+        encoder: BertEncoder,
+        weight: Tensor,
+        bias: Tensor,
+    },
+    DecoderClassifier(Box<Decoder>),
+}
+
+/// A decoder classifier: the decoder body and the `score` head read at the last real token.
+struct Decoder {
+    config: ModelConfig,
+    vs: nn::VarStore,
+    net: Transformer,
+    score: Tensor,
+}
+
+/// One tokenized input row.
+struct Row {
+    ids: Vec<i64>,
+    types: Vec<i64>,
+}
+
+/// A reward model and its tokenizer. See the module docs for the kinds and for threads.
+pub struct RewardModel {
+    dir: PathBuf,
+    tokenizer: tokenizers::Tokenizer,
+    max_length: usize,
+    body: Body,
+}
+
+impl RewardModel {
+    /// Loads a reward model directory (`config.json`, `tokenizer.json`, safetensors weights)
+    /// onto `device`. Reads every weight: about a second for a small encoder on a CPU.
+    pub fn load(dir: &Path, device: Device) -> Result<Self> {
+        if !dir.join("config.json").is_file() {
+            bail!(
+                "reward model directory {} has no config.json (for the test model, run \
+                 scripts/setup-reward-model.sh)",
+                dir.display()
+            );
+        }
+        let config = read_json(&dir.join("config.json"))?;
+        let model_type = config["model_type"].as_str().unwrap_or("");
+        let arch = config["architectures"][0].as_str().unwrap_or("");
+        let classifier = arch.ends_with("ForSequenceClassification");
+        let body = match (classifier, model_type) {
+            (true, "bert") | (false, "bert") => {
+                let cfg = BertConfig::from_file(&dir.join("config.json"))?;
+                let mut w = Weights::read_dir(dir, device)?;
+                let encoder = BertEncoder::from_weights(&cfg, &mut w)?;
+                if classifier {
+                    bert_classifier(dir, encoder, &mut w)?
+                } else {
+                    Body::Similarity {
+                        encoder,
+                        pooling: pooling(dir)?,
+                    }
+                }
+            }
+            (true, "qwen2" | "qwen3" | "llama") => decoder_classifier(dir, device)?,
+            _ => bail!(
+                "{}: architectures `{arch}`, model_type `{model_type}` is not a supported reward \
+                 model (allowed: a *ForSequenceClassification checkpoint of bert, qwen2, qwen3 or \
+                 llama, or a bert sentence encoder)",
+                dir.display()
+            ),
+        };
+        let positions = match &body {
+            Body::Similarity { encoder, .. } | Body::BertClassifier { encoder, .. } => {
+                encoder.config.max_position_embeddings as usize
+            }
+            Body::DecoderClassifier(d) => d.net.max_positions() as usize,
+        };
+        let max_length = max_length(dir, positions)?;
+        let decoder = matches!(body, Body::DecoderClassifier(_));
+        let tokenizer = load_tokenizer(dir, max_length, decoder)?;
+        Ok(RewardModel {
+            dir: dir.to_path_buf(),
+            tokenizer,
+            max_length,
+            body,
+        })
+    }
+
+    pub fn kind(&self) -> RewardKind {
+        match self.body {
+            Body::Similarity { .. } => RewardKind::Similarity,
+            _ => RewardKind::Classifier,
+        }
+    }
+
+    /// Longest input in tokens, special tokens included; longer inputs are truncated.
+    pub fn max_length(&self) -> usize {
+        self.max_length
+    }
+
+    pub fn device(&self) -> Device {
+        match &self.body {
+            Body::Similarity { encoder, .. } | Body::BertClassifier { encoder, .. } => {
+                encoder.device()
+            }
+            Body::DecoderClassifier(d) => d.vs.device(),
+        }
+    }
+
+    /// Another handle on the same parameters, for another thread: encoders share every tensor;
+    /// a decoder builds its modules again and points them at the same storage.
+    pub fn share(&self) -> Result<Self> {
+        let body = match &self.body {
+            Body::Similarity { encoder, pooling } => Body::Similarity {
+                encoder: encoder.share(),
+                pooling: match pooling {
+                    Pooling::Mean => Pooling::Mean,
+                    Pooling::Cls => Pooling::Cls,
+                },
+            },
+            Body::BertClassifier {
+                encoder,
+                weight,
+                bias,
+            } => Body::BertClassifier {
+                encoder: encoder.share(),
+                weight: weight.shallow_clone(),
+                bias: bias.shallow_clone(),
+            },
+            Body::DecoderClassifier(d) => {
+                let (new_vs, net) = decoder_modules(&d.config, d.vs.device())?;
+                let src = d.vs.variables();
+                tch::no_grad(|| -> Result<()> {
+                    for (name, mut var) in new_vs.variables() {
+                        let t = src
+                            .get(&name)
+                            .ok_or_else(|| anyhow!("decoder variable `{name}` has no source"))?;
+                        var.set_data(t);
+                    }
+                    Ok(())
+                })?;
+                Body::DecoderClassifier(Box::new(Decoder {
+                    config: d.config.clone(),
+                    vs: new_vs,
+                    net,
+                    score: d.score.shallow_clone(),
+                }))
+            }
+        };
+        Ok(RewardModel {
+            dir: self.dir.clone(),
+            tokenizer: self.tokenizer.clone(),
+            max_length: self.max_length,
+            body,
+        })
+    }
+
+    /// One reward per `(response, reference_or_prompt)` item, in order. Similarity models
+    /// compare the two texts; classifiers score the prompt followed by the response. The whole
+    /// call is one padded forward pass (distinct texts once), so a result does not depend on
+    /// the rest of the batch beyond float rounding.
+    pub fn score_batch(&self, items: &[(String, String)]) -> Result<Vec<f64>> {
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        let scores = tch::no_grad(|| match &self.body {
+            Body::Similarity { .. } => self.similarity(items),
+            _ => {
+                let rows = items
+                    .iter()
+                    .map(|(response, prompt)| self.encode_pair(response, prompt))
+                    .collect::<Result<Vec<_>>>()?;
+                self.classify(&rows)
+            }
+        })?;
+        Vec::<f64>::try_from(scores.to_kind(Kind::Double).to_device(Device::Cpu))
+            .context("reading reward scores")
+    }
+
+    /// Sentence embeddings [N, dim] as the model's pooling defines them, L2-normalised
+    /// (Similarity models only).
+    pub fn embed(&self, texts: &[&str]) -> Result<Tensor> {
+        let Body::Similarity { encoder, pooling } = &self.body else {
+            bail!(
+                "{}: embeddings need a sentence-encoder reward model, this one is a classifier",
+                self.dir.display()
+            );
+        };
+        let rows = texts
+            .iter()
+            .map(|t| self.encode(t, None))
+            .collect::<Result<Vec<_>>>()?;
+        tch::no_grad(|| {
+            let (ids, types, mask) = pad(&rows, encoder.device());
+            let hidden = encoder.forward(&ids, &types, &mask);
+            let pooled = match pooling {
+                Pooling::Cls => hidden.select(1, 0),
+                Pooling::Mean => {
+                    let m = mask.to_kind(Kind::Float).unsqueeze(-1);
+                    (hidden * &m).sum_dim_intlist(1, false, Kind::Float)
+                        / m.sum_dim_intlist(1, false, Kind::Float).clamp_min(1e-9)
+                }
+            };
+            Ok(normalize(&pooled))
+        })
+    }
+
+    /// The ids the model sees for one text alone (special tokens added, truncated).
+    pub fn token_ids(&self, text: &str) -> Result<Vec<i64>> {
+        Ok(self.encode(text, None)?.ids)
+    }
+
+    /// Tokens an item costs the model (what a token budget should count): both texts for a
+    /// similarity model, the joined input for a classifier; after truncation.
+    pub fn token_count(&self, response: &str, reference: &str) -> Result<usize> {
+        Ok(match self.body {
+            Body::Similarity { .. } => {
+                self.encode(response, None)?.ids.len() + self.encode(reference, None)?.ids.len()
+            }
+            _ => self.encode_pair(response, reference)?.ids.len(),
+        })
+    }
+
+    fn similarity<'a>(&self, items: &'a [(String, String)]) -> Result<Tensor> {
+        // Distinct texts once: a GRPO group repeats its reference for every sample.
+        let mut index: HashMap<&str, i64> = HashMap::new();
+        let mut texts: Vec<&str> = Vec::new();
+        let mut pairs: Vec<(i64, i64)> = Vec::with_capacity(items.len());
+        for (response, reference) in items {
+            let mut slot = |t: &'a str| {
+                *index.entry(t).or_insert_with(|| {
+                    texts.push(t);
+                    texts.len() as i64 - 1
+                })
+            };
+            pairs.push((slot(response), slot(reference)));
+        }
+        let emb = self.embed(&texts)?;
+        let device = emb.device();
+        let a = Tensor::from_slice(&pairs.iter().map(|p| p.0).collect::<Vec<_>>()).to(device);
+        let b = Tensor::from_slice(&pairs.iter().map(|p| p.1).collect::<Vec<_>>()).to(device);
+        Ok(
+            (emb.index_select(0, &a) * emb.index_select(0, &b)).sum_dim_intlist(
+                -1,
+                false,
+                Kind::Float,
+            ),
+        )
+    }
+
+    fn classify(&self, rows: &[Row]) -> Result<Tensor> {
+        match &self.body {
+            Body::BertClassifier {
+                encoder,
+                weight,
+                bias,
+            } => {
+                let (ids, types, mask) = pad(rows, encoder.device());
+                let hidden = encoder.forward(&ids, &types, &mask);
+                let pooled = encoder
+                    .pool(&hidden)
+                    .ok_or_else(|| anyhow!("{}: no pooler weights", self.dir.display()))?;
+                Ok(pooled.linear(weight, Some(bias)).squeeze_dim(-1))
+            }
+            Body::DecoderClassifier(d) => {
+                let (net, score) = (&d.net, &d.score);
+                let (ids, _, mask) = pad(rows, d.vs.device());
+                // Causal attention keeps real tokens blind to the right padding.
+                let hidden = net.hidden(&ids, &positions_like(&ids), AttnMode::Causal);
+                let last = mask.sum_dim_intlist(1, false, Kind::Int64) - 1;
+                let h = hidden.size()[2];
+                let at = last.view([-1, 1, 1]).expand([-1, 1, h], false);
+                let picked = hidden.gather(1, &at, false).squeeze_dim(1);
+                Ok(picked.linear(score, None::<Tensor>).squeeze_dim(-1))
+            }
+            Body::Similarity { .. } => unreachable!("similarity models do not classify"),
+        }
+    }
+
+    fn encode(&self, text: &str, pair: Option<&str>) -> Result<Row> {
+        let enc = match pair {
+            Some(second) => self.tokenizer.encode((text, second), true),
+            None => self.tokenizer.encode(text, true),
+        }
+        .map_err(|e| anyhow!("{}: tokenizing: {e}", self.dir.display()))?;
+        if enc.get_ids().is_empty() {
+            bail!("an empty input: the tokenizer produced no tokens");
+        }
+        Ok(Row {
+            ids: enc.get_ids().iter().map(|&i| i as i64).collect(),
+            types: enc.get_type_ids().iter().map(|&i| i as i64).collect(),
+        })
+    }
+
+    fn encode_pair(&self, response: &str, prompt: &str) -> Result<Row> {
+        match self.body {
+            // Encoders see (prompt, response) as a sentence pair ([SEP] between, token types).
+            Body::BertClassifier { .. } => self.encode(prompt, Some(response)),
+            // Decoders see one sequence; the caller formats it (e.g. with a chat template).
+            _ => self.encode(&format!("{prompt}{response}"), None),
+        }
+    }
+}
+
+fn bert_classifier(dir: &Path, encoder: BertEncoder, w: &mut Weights) -> Result<Body> {
+    let h = encoder.config.hidden_size;
+    let one_label = || {
+        format!(
+            "{}: a reward model has one output (num_labels = 1) and a pooler",
+            dir.display()
+        )
+    };
+    let weight = w
+        .take("classifier.weight", &[1, h])
+        .with_context(one_label)?;
+    let bias = w.take("classifier.bias", &[1]).with_context(one_label)?;
+    if !encoder.has_pooler() {
+        bail!(one_label());
+    }
+    Ok(Body::BertClassifier {
+        encoder,
+        weight,
+        bias,
+    })
+}
+
+/// Modules of a decoder classifier: the decoder without an LM head (a classifier never
+/// produces vocabulary logits, so none is allocated).
+fn decoder_modules(cfg: &ModelConfig, device: Device) -> Result<(nn::VarStore, Transformer)> {
+    let mut body_cfg = cfg.clone();
+    body_cfg.tie_word_embeddings = true;
+    let vs = nn::VarStore::new(device);
+    let net = Transformer::new(&vs.root(), &body_cfg)?;
+    Ok((vs, net))
+}
+
+fn decoder_classifier(dir: &Path, device: Device) -> Result<Body> {
+    let config = ModelConfig::from_file(&dir.join("config.json"))?;
+    let (vs, net) = decoder_modules(&config, device)?;
+    let mut w = Weights::read_dir(dir, device)?;
+    tch::no_grad(|| -> Result<()> {
+        for (name, mut var) in vs.variables() {
+            let t = w.take(&name, &var.size())?;
+            var.copy_(&t.to_kind(var.kind()));
+        }
+        Ok(())
+    })?;
+    let score = w
+        .take("score.weight", &[1, config.hidden_size as i64])
+        .with_context(|| {
+            format!(
+                "{}: a reward model has one output (num_labels = 1)",
+                dir.display()
+            )
+        })?;
+    Ok(Body::DecoderClassifier(Box::new(Decoder {
+        config,
+        vs,
+        net,
+        score,
+    })))
+}
+
+/// The pooling of a sentence-transformers directory (`modules.json` → the Pooling module's
+/// config); mean pooling when the directory is a bare BertModel.
+fn pooling(dir: &Path) -> Result<Pooling> {
+    let modules_path = dir.join("modules.json");
+    if !modules_path.exists() {
+        return Ok(Pooling::Mean);
+    }
+    let modules = read_json(&modules_path)?;
+    let Some(module) = modules.as_array().and_then(|m| {
+        m.iter()
+            .find(|m| m["type"].as_str().is_some_and(|t| t.ends_with(".Pooling")))
+    }) else {
+        return Ok(Pooling::Mean);
+    };
+    let sub = module["path"].as_str().unwrap_or("1_Pooling");
+    let cfg_path = dir.join(sub).join("config.json");
+    let cfg = read_json(&cfg_path)?;
+    let on = |k: &str| cfg[k].as_bool().unwrap_or(false);
+    match (on("pooling_mode_mean_tokens"), on("pooling_mode_cls_token")) {
+        (true, false) => Ok(Pooling::Mean),
+        (false, true) => Ok(Pooling::Cls),
+        _ => bail!(
+            "{}: only one of pooling_mode_mean_tokens or pooling_mode_cls_token may be set \
+             (other pooling modes are not supported)",
+            cfg_path.display()
+        ),
+    }
+}
+
+/// The longest input: the position table, capped by sentence-transformers' `max_seq_length`
+/// and the tokenizer's `model_max_length` when present.
+fn max_length(dir: &Path, positions: usize) -> Result<usize> {
+    let mut max = positions;
+    for (file, key) in [
+        ("sentence_bert_config.json", "max_seq_length"),
+        ("tokenizer_config.json", "model_max_length"),
+    ] {
+        let path = dir.join(file);
+        if path.exists() {
+            if let Some(v) = read_json(&path)?[key].as_f64() {
+                if v >= 1.0 {
+                    max = max.min(v as usize);
+                }
+            }
+        }
+    }
+    Ok(max)
+}
+
+/// tokenizer.json with this model's truncation and no padding of its own (tokenizer.json files
+/// often carry fixed-length padding; batches are padded here, to their longest row). Decoders
+/// truncate from the left, keeping the end of the response where the score is read.
+fn load_tokenizer(dir: &Path, max_length: usize, decoder: bool) -> Result<tokenizers::Tokenizer> {
+    let mut tok = skein_text::Tokenizer::from_dir(dir)
+        .with_context(|| format!("{}: loading the tokenizer", dir.display()))?
+        .inner()
+        .clone();
+    tok.with_padding(None);
+    tok.with_truncation(Some(TruncationParams {
+        direction: if decoder {
+            TruncationDirection::Left
+        } else {
+            TruncationDirection::Right
+        },
+        max_length,
+        strategy: TruncationStrategy::LongestFirst,
+        stride: 0,
+    }))
+    .map_err(|e| anyhow!("{}: setting truncation: {e}", dir.display()))?;
+    Ok(tok)
+}
+
+/// Right-padded [B, T] ids, token types and attention mask (1 = real).
+fn pad(rows: &[Row], device: Device) -> (Tensor, Tensor, Tensor) {
+    let t = rows.iter().map(|r| r.ids.len()).max().unwrap_or(0);
+    let (mut ids, mut types, mut mask) = (Vec::new(), Vec::new(), Vec::new());
+    for r in rows {
+        let fill = t - r.ids.len();
+        ids.extend(r.ids.iter().copied().chain(std::iter::repeat_n(0, fill)));
+        types.extend(r.types.iter().copied().chain(std::iter::repeat_n(0, fill)));
+        mask.extend(std::iter::repeat_n(1i64, r.ids.len()).chain(std::iter::repeat_n(0, fill)));
+    }
+    let shape = [rows.len() as i64, t as i64];
+    let make = |v: Vec<i64>| Tensor::from_slice(&v).view(shape).to(device);
+    (make(ids), make(types), make(mask))
+}
+
+fn normalize(x: &Tensor) -> Tensor {
+    let norm = x
+        .norm_scalaropt_dim(2, [-1i64].as_slice(), true)
+        .clamp_min(1e-12);
+    x / norm
+}
+
+fn read_json(path: &Path) -> Result<Value> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
