@@ -2,6 +2,7 @@
 //! once and trains on the sampled ids; only the reward program sees the response as text.
 
 pub mod arithmetic;
+pub mod reverse;
 pub mod rng;
 pub mod task;
 
@@ -33,8 +34,17 @@ pub fn task_by_name(name: &str, difficulty: u32) -> Result<Box<dyn Task>, TaskEr
             }
             Ok(Box::new(arithmetic::Arithmetic { difficulty }))
         }
+        "reverse" => {
+            if !(1..=reverse::MAX_DIFFICULTY).contains(&difficulty) {
+                return Err(TaskError(format!(
+                    "invalid value {difficulty} for `task.difficulty` of `reverse` (allowed: 1 to {})",
+                    reverse::MAX_DIFFICULTY
+                )));
+            }
+            Ok(Box::new(reverse::Reverse { difficulty }))
+        }
         other => Err(TaskError(format!(
-            "unknown task `{other}` for `task.name` (allowed: arithmetic)"
+            "unknown task `{other}` for `task.name` (allowed: arithmetic, reverse)"
         ))),
     }
 }
