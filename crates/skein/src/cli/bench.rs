@@ -94,6 +94,8 @@ fn time_train_steps(model: &Model, a: &BenchArgs) -> Result<Vec<f64>> {
                 ref_logp: Vec::new(),
                 old_values: Vec::new(),
                 returns: Vec::new(),
+                versions: Vec::new(),
+                is_weight: Vec::new(),
                 weight: 1.0 / (a.batch * n) as f64,
             }
         })
@@ -120,6 +122,7 @@ fn time_train_steps(model: &Model, a: &BenchArgs) -> Result<Vec<f64>> {
                 ref_logp: None,
                 entropy: None,
                 advantages: &mb.advantages,
+                is_weight: &mb.is_weight,
                 weights: &mb.weights,
                 mask: &mb.mask,
             },

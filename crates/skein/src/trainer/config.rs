@@ -72,7 +72,7 @@ impl Default for ModelSection {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TaskConfig {
-    /// A built-in task: `arithmetic` or `countdown`.
+    /// A built-in task: `arithmetic` or `reverse` (long-tail response lengths).
     pub name: String,
     pub difficulty: u32,
 }
@@ -115,6 +115,39 @@ pub struct RolloutConfig {
     /// KV-cache slots of the engine: sequences generated concurrently.
     pub max_slots: usize,
     pub sampling: SamplingParams,
+    pub partial: PartialConfig,
+}
+
+/// Partial rollout: each iteration caps the tokens a sample may generate; samples that reach
+/// the cap pause and continue (from their token ids) in the next iteration, so a long tail of
+/// responses does not stall the step.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PartialConfig {
+    pub enabled: bool,
+    /// Most new tokens one sample may generate in one iteration before it pauses.
+    pub token_budget: usize,
+    /// Most policy versions between a group's oldest token and the policy that trains on it.
+    /// A step advances the version by `trainer.num_mini_batches × trainer.ppo_epochs`.
+    pub max_staleness: u64,
+    /// What happens to a group that would exceed `max_staleness`: `drop` (discard the whole
+    /// group, counted) or `finish-first` (its paused samples run to the end, without a budget,
+    /// in the last iteration that keeps it within the cap).
+    pub on_stale: String,
+    /// Complete groups a step needs before it trains (0: `rollout.prompts_per_step`).
+    pub min_groups: usize,
+}
+
+impl Default for PartialConfig {
+    fn default() -> Self {
+        PartialConfig {
+            enabled: false,
+            token_budget: 16,
+            max_staleness: 4,
+            on_stale: "finish-first".into(),
+            min_groups: 0,
+        }
+    }
 }
 
 impl Default for RolloutConfig {
@@ -127,6 +160,7 @@ impl Default for RolloutConfig {
                 max_new_tokens: 8,
                 ..Default::default()
             },
+            partial: PartialConfig::default(),
         }
     }
 }
@@ -159,6 +193,12 @@ pub struct AlgorithmConfig {
     pub value_clip: f64,
     /// Critic learning rate (critic path; the other optimizer settings are shared).
     pub critic_lr: f64,
+    /// Correction for tokens sampled by an older policy than the step's (partial rollout):
+    /// `tis` scales their surrogate by min(π_old/π_behavior, `is_cap`); `decoupled` scales it
+    /// by π_old/π_behavior (the proximal policy is π_old) and leaves out tokens whose weight
+    /// exceeds `is_cap`. Tokens of the current version always weigh exactly 1.
+    pub off_policy: String,
+    pub is_cap: f64,
 }
 
 impl Default for AlgorithmConfig {
@@ -178,6 +218,8 @@ impl Default for AlgorithmConfig {
             lambda: 1.0,
             value_clip: 0.5,
             critic_lr: 1e-3,
+            off_policy: "tis".into(),
+            is_cap: 2.0,
         }
     }
 }

@@ -1,7 +1,7 @@
 //! PPO with a critic: values for every response token, GAE advantages and returns, and the
 //! clipped value loss, aggregated with the same global-count weights as the policy loss.
 
-use super::microbatch::{response_values, split_by_tokens, MicroBatch, TrainRow};
+use super::microbatch::{micro_batches, response_values, MicroBatch, TrainRow};
 use super::optim::Optimizer;
 use super::update::Plan;
 use crate::model::ValueModel;
@@ -9,16 +9,16 @@ use tch::Kind;
 
 /// Fills every row's `old_values`: V(s) at the position that predicts each response token.
 pub fn compute_values(critic: &ValueModel, rows: &mut [TrainRow], micro_batch_tokens: usize) {
-    let lens: Vec<usize> = rows.iter().map(|r| r.tokens.len()).collect();
+    let all: Vec<usize> = (0..rows.len()).collect();
     tch::no_grad(|| {
-        for range in split_by_tokens(&lens, micro_batch_tokens) {
-            let batch: Vec<&TrainRow> = rows[range.clone()].iter().collect();
+        for idx in micro_batches(rows, &all, micro_batch_tokens) {
+            let batch: Vec<&TrainRow> = idx.iter().map(|&i| &rows[i]).collect();
             let mb = MicroBatch::new(&batch, critic.vs.device());
             let t = mb.input.size()[1];
             let v = critic.values(&mb.input).narrow(1, 0, t - 1);
             let per_row = response_values(&v, &batch);
-            for (row, v) in rows[range].iter_mut().zip(per_row) {
-                row.old_values = v;
+            for (&i, v) in idx.iter().zip(per_row) {
+                rows[i].old_values = v;
             }
         }
     });
@@ -78,10 +78,8 @@ pub fn critic_update(
         for mini_batch in plan {
             opt.zero_grad();
             for rank_rows in mini_batch {
-                let lens: Vec<usize> = rank_rows.iter().map(|&i| rows[i].tokens.len()).collect();
-                for range in split_by_tokens(&lens, micro_batch_tokens) {
-                    let batch: Vec<&TrainRow> =
-                        rank_rows[range].iter().map(|&i| &rows[i]).collect();
+                for idx in micro_batches(rows, rank_rows, micro_batch_tokens) {
+                    let batch: Vec<&TrainRow> = idx.iter().map(|&i| &rows[i]).collect();
                     let mb = MicroBatch::new(&batch, critic.vs.device());
                     let t = mb.input.size()[1];
                     let v = critic.values(&mb.input).narrow(1, 0, t - 1);
@@ -119,6 +117,8 @@ mod tests {
             ref_logp: Vec::new(),
             old_values: Vec::new(),
             returns: Vec::new(),
+            versions: Vec::new(),
+            is_weight: Vec::new(),
             weight: 1.0 / (2 * n) as f64,
         }
     }

@@ -32,6 +32,8 @@ pub struct TokenBatch<'a> {
     pub ref_logp: Option<&'a Tensor>,
     pub entropy: Option<&'a Tensor>,
     pub advantages: &'a Tensor,
+    /// Importance weight of each token's surrogate against its behavior policy (1 on-policy).
+    pub is_weight: &'a Tensor,
     /// Loss mask times the aggregation weight of the token's row (0 for padding).
     pub weights: &'a Tensor,
     /// Plain 0/1 loss mask, for metrics.
@@ -61,7 +63,7 @@ pub fn policy_loss(b: &TokenBatch, cfg: &LossConfig) -> LossOut {
         let bound = -(adv * cfg.dual_clip);
         pg = pg.minimum(&bound).where_self(&adv.lt(0.0), &pg);
     }
-    let mut per_token = pg;
+    let mut per_token = pg * b.is_weight;
     let mut ref_kl_sum = 0.0;
     if let Some(ref_logp) = b.ref_logp {
         let kl = kl_penalty(b.logp, ref_logp, cfg.kl_estimator);
@@ -146,6 +148,7 @@ mod tests {
                 ref_logp: None,
                 entropy: None,
                 advantages: &adv,
+                is_weight: &ones,
                 weights: &ones,
                 mask: &ones,
             },

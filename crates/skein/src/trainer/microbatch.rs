@@ -23,6 +23,10 @@ pub struct TrainRow {
     /// Critic path: values at the step's start, and GAE returns, per response token.
     pub old_values: Vec<f32>,
     pub returns: Vec<f32>,
+    /// Policy version that sampled each response token.
+    pub versions: Vec<u64>,
+    /// Importance weight of each response token against its behavior policy (1 when empty).
+    pub is_weight: Vec<f32>,
     /// Aggregation weight of each loss token (global counts included; 0 for padding rows).
     pub weight: f64,
 }
@@ -38,6 +42,7 @@ pub struct MicroBatch {
     pub ref_logp: Tensor,
     pub old_values: Tensor,
     pub returns: Tensor,
+    pub is_weight: Tensor,
 }
 
 impl MicroBatch {
@@ -55,6 +60,7 @@ impl MicroBatch {
             (vec![0f32; n], vec![0f32; n], vec![0f32; n], vec![0f32; n]);
         let (mut old, mut reference) = (vec![0f32; n], vec![0f32; n]);
         let (mut values, mut returns) = (vec![0f32; n], vec![0f32; n]);
+        let mut is_weight = vec![1f32; n];
         for (i, r) in rows.iter().enumerate() {
             for (j, &tok) in r.tokens.iter().enumerate() {
                 input[i * t + j] = tok as i64;
@@ -71,6 +77,7 @@ impl MicroBatch {
                 reference[at] = r.ref_logp.get(k).copied().unwrap_or(0.0);
                 values[at] = r.old_values.get(k).copied().unwrap_or(0.0);
                 returns[at] = r.returns.get(k).copied().unwrap_or(0.0);
+                is_weight[at] = r.is_weight.get(k).copied().unwrap_or(1.0);
             }
         }
         let shape = [b as i64, t as i64 - 1];
@@ -89,6 +96,7 @@ impl MicroBatch {
             ref_logp: tensor(&reference),
             old_values: tensor(&values),
             returns: tensor(&returns),
+            is_weight: tensor(&is_weight),
         }
     }
 }
@@ -140,6 +148,20 @@ pub fn response_values(values: &Tensor, rows: &[&TrainRow]) -> Vec<Vec<f32>> {
         .collect()
 }
 
+/// Micro-batches of `indices` into `rows`, shortest rows first, each within `max_tokens`
+/// padded tokens: sorting keeps a long-tail row from padding a batch of short ones. The loss
+/// does not depend on the split (each token's weight holds the global counts), so any order
+/// is sound.
+pub fn micro_batches(rows: &[TrainRow], indices: &[usize], max_tokens: usize) -> Vec<Vec<usize>> {
+    let mut sorted = indices.to_vec();
+    sorted.sort_by_key(|&i| rows[i].tokens.len());
+    let lens: Vec<usize> = sorted.iter().map(|&i| rows[i].tokens.len()).collect();
+    split_by_tokens(&lens, max_tokens)
+        .into_iter()
+        .map(|r| sorted[r].to_vec())
+        .collect()
+}
+
 /// Splits row indices into micro-batches of at most `max_tokens` padded tokens each
 /// (a single longer row still gets a micro-batch of its own).
 pub fn split_by_tokens(lens: &[usize], max_tokens: usize) -> Vec<std::ops::Range<usize>> {
@@ -185,6 +207,8 @@ mod tests {
             ref_logp: vec![],
             old_values: vec![],
             returns: vec![],
+            versions: Vec::new(),
+            is_weight: Vec::new(),
             weight: 0.25,
         };
         let mb = MicroBatch::new(&[&row], Device::Cpu);

@@ -48,45 +48,24 @@ pub fn collect(
     let stats = engine.generate(policy, version, requests, |out| {
         let id = out.id as usize;
         let (p, k) = (id / n, id % n);
-        let problem = &batch.problems[p];
-        // The reward program sees text; the gradient only ever sees the token ids.
-        let answer_ids: Vec<u32> = out
-            .tokens
-            .iter()
-            .copied()
-            .filter(|t| !params.stop_token_ids.contains(t))
-            .collect();
-        let (reward, correct, status) = match tokenizer.decode(&answer_ids, true) {
-            Ok(text) => {
-                let score = task.score(problem, &text);
-                let status = if out.finish == Finish::Stop {
-                    Status::Finished
-                } else {
-                    Status::Truncated
-                };
-                (score.reward, score.correct, status)
-            }
-            Err(e) => (
-                0.0,
-                false,
-                Status::Failed(format!("decoding the response: {e}")),
-            ),
-        };
-        let len = out.tokens.len();
-        let trajectory = Trajectory {
-            id: format!("{tag}-p{p}-s{k}"),
-            group: format!("{tag}-p{p}"),
-            transitions: vec![Transition {
-                prompt: batch.prompt_ids[p].clone(),
-                response: out.tokens,
-                loss_mask: vec![1; len],
-                logprobs: out.logprobs,
-                versions: out.versions,
-                reward: None,
-            }],
+        let (reward, correct, status) = score_response(
+            task,
+            tokenizer,
+            &batch.problems[p],
+            &out.tokens,
+            out.finish,
+            &params.stop_token_ids,
+        );
+        let trajectory = single_turn(
+            format!("{tag}-p{p}-s{k}"),
+            format!("{tag}-p{p}"),
+            batch.prompt_ids[p].clone(),
+            out.tokens,
+            out.logprobs,
+            out.versions,
             reward,
             status,
-        };
+        );
         slots[id] = Some((trajectory, correct));
     });
     let (trajectories, correct) = slots.into_iter().flatten().unzip();
@@ -94,5 +73,67 @@ pub fn collect(
         trajectories,
         correct,
         engine: stats,
+    }
+}
+
+/// Scores one finished response (`tokens`, stop token included). The reward program sees
+/// text; the gradient only ever sees the token ids.
+pub fn score_response(
+    task: &dyn Task,
+    tokenizer: &Tokenizer,
+    problem: &Problem,
+    tokens: &[u32],
+    finish: Finish,
+    stop_token_ids: &[u32],
+) -> (f64, bool, Status) {
+    let answer_ids: Vec<u32> = tokens
+        .iter()
+        .copied()
+        .filter(|t| !stop_token_ids.contains(t))
+        .collect();
+    match tokenizer.decode(&answer_ids, true) {
+        Ok(text) => {
+            let score = task.score(problem, &text);
+            let status = if finish == Finish::Stop {
+                Status::Finished
+            } else {
+                Status::Truncated
+            };
+            (score.reward, score.correct, status)
+        }
+        Err(e) => (
+            0.0,
+            false,
+            Status::Failed(format!("decoding the response: {e}")),
+        ),
+    }
+}
+
+/// A one-call trajectory whose every response token was sampled by the policy.
+#[allow(clippy::too_many_arguments)]
+pub fn single_turn(
+    id: String,
+    group: String,
+    prompt: Vec<u32>,
+    response: Vec<u32>,
+    logprobs: Vec<f32>,
+    versions: Vec<u64>,
+    reward: f64,
+    status: Status,
+) -> Trajectory {
+    let len = response.len();
+    Trajectory {
+        id,
+        group,
+        transitions: vec![Transition {
+            prompt,
+            response,
+            loss_mask: vec![1; len],
+            logprobs,
+            versions,
+            reward: None,
+        }],
+        reward,
+        status,
     }
 }

@@ -6,8 +6,10 @@ use super::config::TrainConfig;
 use super::critic::{apply_gae, compute_values, critic_update};
 use super::eval::{evaluate, EvalResult};
 use super::loss::LossConfig;
+use super::offpolicy::{importance_weights, OffPolicy};
 use super::optim::{OptimConfig, Optimizer};
-use super::rollout::{collect, PromptBatch};
+use super::partial::{IterationConfig, OnStale, RolloutBuffer};
+use super::rollout::PromptBatch;
 use super::sft::{sft_row, sft_step};
 use super::step_batch::{build_step_batch, StepBatchConfig};
 use super::update::{ppo_update, recompute_logprobs, UpdateConfig};
@@ -154,31 +156,36 @@ pub fn train(cfg: &TrainConfig) -> Result<RunSummary> {
     let mut progress = StepProgress::new(steps as u64);
     let mut rewards = Vec::with_capacity(steps);
 
+    let iteration = iteration_config(cfg);
+    let mut buffer = RolloutBuffer::default();
+    let off_policy = OffPolicy::parse(&cfg.algorithm.off_policy)
+        .context("`algorithm.off_policy` was validated")?;
+
     for step in 1..=steps {
         let t0 = Instant::now();
-        let prompts = prompt_batch(
-            task.as_ref(),
-            &tokenizer,
-            &mut rng,
-            cfg.rollout.prompts_per_step,
-        )?;
         let version = opt.steps_done as u64;
-        let rollouts = collect(
+        let mut next_prompt = || -> Result<_> {
+            let problem = task.sample(&mut rng);
+            let ids = tokenizer.encode(&problem.prompt, false)?;
+            Ok((problem, ids))
+        };
+        let rollouts = buffer.collect_step(
             &engine,
             &policy,
             version,
             task.as_ref(),
             &tokenizer,
-            &prompts,
-            cfg.rollout.samples_per_prompt,
             &sampling,
-            &format!("s{step}"),
-        );
+            &iteration,
+            &mut next_prompt,
+        )?;
         let t_rollout = t0.elapsed().as_secs_f64();
 
         let t1 = Instant::now();
         let mut batch = build_step_batch(&rollouts.trajectories, &batch_cfg, step as u64)?;
         recompute_logprobs(&policy, reference.as_ref(), &mut batch.rows, &update_cfg);
+        let is_stats =
+            importance_weights(&mut batch.rows, version, off_policy, cfg.algorithm.is_cap);
         if let Some((model, _)) = &critic {
             compute_values(model, &mut batch.rows, cfg.trainer.micro_batch_tokens);
             apply_gae(
@@ -213,6 +220,7 @@ pub fn train(cfg: &TrainConfig) -> Result<RunSummary> {
         };
         let t_update = t2.elapsed().as_secs_f64();
 
+        let part = &rollouts.stats;
         let n = rollouts.trajectories.len().max(1) as f64;
         let reward_mean = rollouts.trajectories.iter().map(|t| t.reward).sum::<f64>() / n;
         let accuracy = rollouts.correct.iter().filter(|&&c| c).count() as f64 / n;
@@ -244,6 +252,12 @@ pub fn train(cfg: &TrainConfig) -> Result<RunSummary> {
                 ),
                 ("batch/padding_rows", batch.padding_rows as f64),
                 ("batch/rows", batch.real_rows as f64),
+                ("tokens/generated", part.generated_tokens as f64),
+                ("tokens/trained", part.trained_tokens as f64),
+                (
+                    "throughput/trained_tokens_per_s",
+                    part.trained_tokens as f64 / elapsed.max(1e-9),
+                ),
                 (
                     "throughput/generated_tokens_per_s",
                     rollouts.engine.generated_tokens as f64 / t_rollout.max(1e-9),
@@ -259,6 +273,23 @@ pub fn train(cfg: &TrainConfig) -> Result<RunSummary> {
             ],
         );
         // Terms of parts that are switched off are not logged, so no flat zero curves appear.
+        if cfg.rollout.partial.enabled {
+            for (k, v) in [
+                ("partial/paused", part.paused as f64),
+                ("partial/resumed", part.resumed as f64),
+                ("partial/dropped_stale", part.dropped_stale as f64),
+                ("partial/budget_hit_fraction", part.budget_hit_fraction()),
+                ("partial/waiting_groups", part.waiting_groups as f64),
+                ("partial/rounds", part.rounds as f64),
+                ("staleness/mean", part.staleness_mean),
+                ("staleness/max", part.staleness_max as f64),
+                ("is/weight_mean", is_stats.weight_mean),
+                ("is/truncated_fraction", is_stats.truncated_fraction),
+                ("is/off_policy_fraction", is_stats.off_policy_fraction),
+            ] {
+                m.insert(k.into(), json!(v));
+            }
+        }
         if critic.is_some() {
             m.insert("loss/value".into(), json!(value_loss));
         }
@@ -434,6 +465,26 @@ fn warm_up(
     }
     progress.finish();
     Ok(())
+}
+
+/// How each step's rollout runs: synchronous (every sample to its end) unless partial rollout
+/// is on.
+fn iteration_config(cfg: &TrainConfig) -> IterationConfig {
+    let p = &cfg.rollout.partial;
+    let groups = cfg.rollout.prompts_per_step;
+    IterationConfig {
+        samples: cfg.rollout.samples_per_prompt,
+        new_groups: groups,
+        min_groups: if p.enabled && p.min_groups > 0 {
+            p.min_groups
+        } else {
+            groups
+        },
+        token_budget: p.enabled.then_some(p.token_budget),
+        max_staleness: p.max_staleness,
+        on_stale: OnStale::parse(&p.on_stale).unwrap_or(OnStale::FinishFirst),
+        versions_per_step: (cfg.trainer.num_mini_batches * cfg.trainer.ppo_epochs) as u64,
+    }
 }
 
 fn record<const N: usize>(step: usize, values: [(&str, f64); N]) -> Map<String, Value> {

@@ -20,6 +20,8 @@ pub fn sft_row(prompt: &[u32], response: &[u32]) -> TrainRow {
         ref_logp: Vec::new(),
         old_values: Vec::new(),
         returns: Vec::new(),
+        versions: Vec::new(),
+        is_weight: Vec::new(),
         weight: 1.0,
     }
 }

@@ -130,6 +130,8 @@ pub fn build_step_batch(
             ref_logp: Vec::new(),
             old_values: Vec::new(),
             returns: Vec::new(),
+            versions: r.versions.clone(),
+            is_weight: Vec::new(),
             weight: 0.0,
         });
     }
@@ -179,6 +181,8 @@ fn padding_row() -> TrainRow {
         ref_logp: Vec::new(),
         old_values: Vec::new(),
         returns: Vec::new(),
+        versions: Vec::new(),
+        is_weight: Vec::new(),
         weight: 0.0,
     }
 }

@@ -4,7 +4,7 @@
 //! mini-batch's global counts, so the sum does not depend on the rank or micro-batch split.
 
 use super::loss::{policy_loss, LossConfig, TokenBatch};
-use super::microbatch::{response_values, split_by_tokens, token_logprobs, MicroBatch, TrainRow};
+use super::microbatch::{micro_batches, response_values, token_logprobs, MicroBatch, TrainRow};
 use super::optim::Optimizer;
 use crate::model::Model;
 
@@ -39,11 +39,11 @@ pub fn recompute_logprobs(
     rows: &mut [TrainRow],
     cfg: &UpdateConfig,
 ) {
-    let lens: Vec<usize> = rows.iter().map(|r| r.tokens.len()).collect();
+    let all: Vec<usize> = (0..rows.len()).collect();
     let device = policy.vs.device();
     tch::no_grad(|| {
-        for range in split_by_tokens(&lens, cfg.micro_batch_tokens) {
-            let batch: Vec<&TrainRow> = rows[range.clone()].iter().collect();
+        for idx in micro_batches(rows, &all, cfg.micro_batch_tokens) {
+            let batch: Vec<&TrainRow> = idx.iter().map(|&i| &rows[i]).collect();
             let mb = MicroBatch::new(&batch, device);
             let (old, _) = token_logprobs(&policy.net, &mb, cfg.temperature, false);
             let old = response_values(&old, &batch);
@@ -53,10 +53,10 @@ pub fn recompute_logprobs(
                     &batch,
                 )
             });
-            for (k, row) in rows[range].iter_mut().enumerate() {
-                row.old_logp = old[k].clone();
+            for (k, &i) in idx.iter().enumerate() {
+                rows[i].old_logp = old[k].clone();
                 if let Some(r) = &refs {
-                    row.ref_logp = r[k].clone();
+                    rows[i].ref_logp = r[k].clone();
                 }
             }
         }
@@ -81,10 +81,8 @@ pub fn ppo_update(
             opt.zero_grad();
             let mut mb_loss = 0.0;
             for rank_rows in mini_batch {
-                let lens: Vec<usize> = rank_rows.iter().map(|&i| rows[i].tokens.len()).collect();
-                for range in split_by_tokens(&lens, cfg.micro_batch_tokens) {
-                    let batch: Vec<&TrainRow> =
-                        rank_rows[range].iter().map(|&i| &rows[i]).collect();
+                for idx in micro_batches(rows, rank_rows, cfg.micro_batch_tokens) {
+                    let batch: Vec<&TrainRow> = idx.iter().map(|&i| &rows[i]).collect();
                     let mb = MicroBatch::new(&batch, device);
                     let (logp, entropy) = token_logprobs(&policy.net, &mb, cfg.temperature, true);
                     let out = policy_loss(
@@ -94,6 +92,7 @@ pub fn ppo_update(
                             ref_logp: reference_on.then_some(&mb.ref_logp),
                             entropy: entropy.as_ref(),
                             advantages: &mb.advantages,
+                            is_weight: &mb.is_weight,
                             weights: &mb.weights,
                             mask: &mb.mask,
                         },

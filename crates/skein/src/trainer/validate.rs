@@ -21,6 +21,9 @@ pub const LOSS_AGG_MODES: &[&str] = &[
     "trajectory-mean",
 ];
 
+pub const OFF_POLICY: &[&str] = &["tis", "decoupled"];
+pub const ON_STALE: &[&str] = &["drop", "finish-first"];
+
 pub fn validate(cfg: &TrainConfig) -> Result<()> {
     let mut v = Validator::new();
     let (r, s, a, t, o, m) = (
@@ -77,6 +80,13 @@ pub fn validate(cfg: &TrainConfig) -> Result<()> {
             a.critic_lr,
         )
         .at_least("algorithm.kl_coef", a.kl_coef, 0.0)
+        .one_of("algorithm.off_policy", &a.off_policy, OFF_POLICY)
+        .check(
+            a.is_cap > 1.0 && a.is_cap.is_finite(),
+            "algorithm.is_cap",
+            "must be a finite number > 1",
+            a.is_cap,
+        )
         .at_least("trainer.ppo_epochs", t.ppo_epochs, 1)
         .at_least("trainer.num_mini_batches", t.num_mini_batches, 1)
         .at_least("trainer.dp_size", t.dp_size, 1)
@@ -101,6 +111,22 @@ pub fn validate(cfg: &TrainConfig) -> Result<()> {
             "must be in [0, 1)",
             o.beta2,
         );
+    let p = &r.partial;
+    if p.enabled {
+        // A version step of one training step: a sample paused now resumes that much later.
+        let per_step = (t.num_mini_batches * t.ppo_epochs) as u64;
+        v.at_least("rollout.partial.token_budget", p.token_budget, 1)
+            .check(
+                p.max_staleness >= per_step,
+                "rollout.partial.max_staleness",
+                &format!(
+                    "must be at least trainer.num_mini_batches × trainer.ppo_epochs = {per_step} \
+                     (the versions one step advances), or no paused sample could ever resume"
+                ),
+                p.max_staleness,
+            )
+            .one_of("rollout.partial.on_stale", &p.on_stale, ON_STALE);
+    }
     if m.path.is_empty() {
         v.check(
             m.num_heads > 0 && m.hidden_size.is_multiple_of(m.num_heads.max(1)),

@@ -1,0 +1,150 @@
+//! Importance correction for tokens an older policy sampled (partial rollout carries samples
+//! across weight updates). π_old, recomputed at the step's start, is the proximal policy the
+//! PPO ratio is clipped against; each token's surrogate is then weighted by
+//! π_old/π_behavior, the behavior log-prob recorded when the token was sampled.
+//!
+//! Tokens sampled by the step's own version weigh exactly 1: recomputed and recorded
+//! log-probs of the same weights differ only by float round-off, which is no policy change.
+
+use super::microbatch::TrainRow;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OffPolicy {
+    /// Truncated importance sampling: weight min(π_old/π_behavior, cap).
+    Tis,
+    /// Decoupled PPO: weight π_old/π_behavior; tokens above the cap are left out.
+    Decoupled,
+}
+
+impl OffPolicy {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "tis" => Some(OffPolicy::Tis),
+            "decoupled" => Some(OffPolicy::Decoupled),
+            _ => None,
+        }
+    }
+}
+
+/// Over loss tokens of real rows.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ImportanceStats {
+    pub weight_mean: f64,
+    /// Tokens whose raw weight exceeded the cap (truncated, or left out when decoupled).
+    pub truncated_fraction: f64,
+    /// Tokens sampled by an older version than the step's.
+    pub off_policy_fraction: f64,
+}
+
+/// Fills every row's `is_weight` (needs `old_logp`, so call after recomputing it).
+pub fn importance_weights(
+    rows: &mut [TrainRow],
+    version: u64,
+    mode: OffPolicy,
+    cap: f64,
+) -> ImportanceStats {
+    let (mut sum, mut tokens, mut truncated, mut off) = (0.0, 0usize, 0usize, 0usize);
+    for row in rows.iter_mut() {
+        row.is_weight = (0..row.loss_mask.len())
+            .map(|k| {
+                if row.loss_mask[k] == 0 {
+                    return 1.0;
+                }
+                tokens += 1;
+                let w = if row.versions.get(k).is_none_or(|&v| v >= version) {
+                    1.0
+                } else {
+                    off += 1;
+                    let raw = (row.old_logp[k] as f64 - row.behavior_logp[k] as f64).exp();
+                    if raw > cap {
+                        truncated += 1;
+                        match mode {
+                            OffPolicy::Tis => cap,
+                            OffPolicy::Decoupled => 0.0,
+                        }
+                    } else {
+                        raw
+                    }
+                };
+                sum += w;
+                w as f32
+            })
+            .collect();
+    }
+    let n = tokens.max(1) as f64;
+    ImportanceStats {
+        weight_mean: if tokens == 0 { 1.0 } else { sum / n },
+        truncated_fraction: truncated as f64 / n,
+        off_policy_fraction: off as f64 / n,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(versions: Vec<u64>, old: Vec<f32>, behavior: Vec<f32>) -> TrainRow {
+        let n = versions.len();
+        TrainRow {
+            tokens: vec![1; n + 1],
+            prompt_len: 1,
+            loss_mask: vec![1; n],
+            behavior_logp: behavior,
+            advantages: vec![1.0; n],
+            old_logp: old,
+            ref_logp: vec![],
+            old_values: vec![],
+            returns: vec![],
+            versions,
+            is_weight: vec![],
+            weight: 1.0,
+        }
+    }
+
+    #[test]
+    fn on_policy_tokens_weigh_exactly_one_whatever_the_round_off() {
+        for mode in [OffPolicy::Tis, OffPolicy::Decoupled] {
+            let mut rows = vec![row(
+                vec![5, 5, 6],
+                vec![-1.0, -2.0, -0.3],
+                vec![-1.1, -1.5, -3.0],
+            )];
+            let s = importance_weights(&mut rows, 5, mode, 2.0);
+            assert_eq!(rows[0].is_weight, vec![1.0, 1.0, 1.0]);
+            assert_eq!(s.off_policy_fraction, 0.0);
+            assert_eq!(s.weight_mean, 1.0);
+        }
+    }
+
+    #[test]
+    fn older_tokens_are_weighted_and_capped_per_mode() {
+        // Raw weights: e^0.5 ≈ 1.65 (below the cap), e^2 ≈ 7.39 (above), and one on-policy.
+        let make = || {
+            vec![row(
+                vec![3, 3, 7],
+                vec![-1.0, -1.0, -1.0],
+                vec![-1.5, -3.0, -9.0],
+            )]
+        };
+        let mut rows = make();
+        let s = importance_weights(&mut rows, 7, OffPolicy::Tis, 2.0);
+        let w = &rows[0].is_weight;
+        assert!((w[0] - 0.5f32.exp()).abs() < 1e-6 && w[1] == 2.0 && w[2] == 1.0);
+        assert!((s.truncated_fraction - 1.0 / 3.0).abs() < 1e-12);
+        assert!((s.off_policy_fraction - 2.0 / 3.0).abs() < 1e-12);
+
+        let mut rows = make();
+        importance_weights(&mut rows, 7, OffPolicy::Decoupled, 2.0);
+        let w = &rows[0].is_weight;
+        assert!((w[0] - 0.5f32.exp()).abs() < 1e-6 && w[1] == 0.0 && w[2] == 1.0);
+    }
+
+    #[test]
+    fn masked_tokens_are_not_counted() {
+        let mut r = row(vec![0, 0], vec![-1.0, -1.0], vec![-5.0, -5.0]);
+        r.loss_mask = vec![0, 0];
+        let s = importance_weights(&mut [r], 9, OffPolicy::Tis, 2.0);
+        assert_eq!(s.weight_mean, 1.0);
+        assert_eq!(s.truncated_fraction, 0.0);
+    }
+}

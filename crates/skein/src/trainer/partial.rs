@@ -1,0 +1,570 @@
+//! The rollout of one training step, with partial rollout: every sample may generate at most
+//! a token budget per iteration; one that reaches it pauses with its token ids, behavior
+//! log-probs and policy versions, and continues first in the next iteration, from those ids,
+//! under the then-current weights (the engine recomputes its KV cache from the ids). A group
+//! enters training only when all its samples have finished, and a group whose oldest token
+//! would be more than `max_staleness` versions behind the trainer is dropped whole or
+//! finished first. With no budget this is the ordinary synchronous rollout.
+//!
+//! The buffer of groups in flight is plain data (serde), so a checkpoint carries it.
+
+use super::rollout::{score_response, single_turn};
+use crate::engine::{Engine, EngineStats, Finish, GenRequest, SamplingParams};
+use crate::model::Model;
+use anyhow::Result;
+use serde::{Deserialize, Serialize};
+use skein_plan::Trajectory;
+use skein_tasks::{Problem, Task};
+use skein_text::Tokenizer;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnStale {
+    Drop,
+    FinishFirst,
+}
+
+impl OnStale {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "drop" => Some(OnStale::Drop),
+            "finish-first" => Some(OnStale::FinishFirst),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct IterationConfig {
+    /// Samples per group.
+    pub samples: usize,
+    /// New groups started at the beginning of each iteration.
+    pub new_groups: usize,
+    /// Complete groups the step needs; later rounds of the same iteration start more groups
+    /// until it has them (at most `new_groups + min_groups` new groups per iteration).
+    pub min_groups: usize,
+    /// Most new tokens per sample and iteration; None runs every sample to its end.
+    pub token_budget: Option<usize>,
+    pub max_staleness: u64,
+    pub on_stale: OnStale,
+    /// Versions one training step advances (mini-batches × epochs).
+    pub versions_per_step: u64,
+}
+
+/// Tokens a paused sample generated so far, exactly as sampled.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Partial {
+    pub tokens: Vec<u32>,
+    pub logprobs: Vec<f32>,
+    pub versions: Vec<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Sample {
+    /// Submitted to the engine in the current round.
+    Running,
+    Paused(Partial),
+    Done {
+        trajectory: Trajectory,
+        correct: bool,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Group {
+    pub id: String,
+    pub problem: Problem,
+    pub prompt: Vec<u32>,
+    pub samples: Vec<Sample>,
+}
+
+impl Group {
+    fn is_complete(&self) -> bool {
+        self.samples
+            .iter()
+            .all(|s| matches!(s, Sample::Done { .. }))
+    }
+
+    /// The policy version of the group's oldest sampled token, finished samples included
+    /// (they wait for their siblings and age with them).
+    fn oldest_version(&self) -> Option<u64> {
+        self.samples
+            .iter()
+            .flat_map(|s| -> Box<dyn Iterator<Item = u64> + '_> {
+                match s {
+                    Sample::Running => Box::new(std::iter::empty()),
+                    Sample::Paused(p) => Box::new(p.versions.iter().copied()),
+                    Sample::Done { trajectory, .. } => Box::new(
+                        trajectory
+                            .transitions
+                            .iter()
+                            .flat_map(|t| t.versions.iter().copied()),
+                    ),
+                }
+            })
+            .min()
+    }
+
+    fn paused(&self) -> usize {
+        self.samples
+            .iter()
+            .filter(|s| matches!(s, Sample::Paused(_)))
+            .count()
+    }
+}
+
+/// Groups in flight between iterations.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RolloutBuffer {
+    pub groups: Vec<Group>,
+    /// Numbers the groups, so ids stay unique across steps and resumes.
+    pub next_group: u64,
+}
+
+/// What one iteration did, for the step's metrics.
+#[derive(Debug, Clone, Default)]
+pub struct PartialStats {
+    /// Requests the engine ran (new samples and resumed ones).
+    pub requests: usize,
+    /// Samples that reached the budget and were paused.
+    pub paused: usize,
+    /// Paused samples continued in this iteration.
+    pub resumed: usize,
+    /// Samples discarded because their group exceeded the staleness cap.
+    pub dropped_stale: usize,
+    /// Groups still waiting in the buffer after this iteration.
+    pub waiting_groups: usize,
+    /// New tokens sampled in this iteration, and response tokens of the groups it trains on.
+    pub generated_tokens: usize,
+    pub trained_tokens: usize,
+    /// Versions between each trained token and the policy at the step's start.
+    pub staleness_mean: f64,
+    pub staleness_max: u64,
+    pub rounds: usize,
+}
+
+impl PartialStats {
+    pub fn budget_hit_fraction(&self) -> f64 {
+        self.paused as f64 / self.requests.max(1) as f64
+    }
+}
+
+/// The step's complete groups, flattened (groups in order, samples in order).
+pub struct StepRollout {
+    pub trajectories: Vec<Trajectory>,
+    /// Parallel to `trajectories`: whether the task judged the answer correct.
+    pub correct: Vec<bool>,
+    pub engine: EngineStats,
+    pub stats: PartialStats,
+}
+
+/// Where new prompts come from: a problem and its prompt token ids.
+pub type PromptSource<'a> = dyn FnMut() -> Result<(Problem, Vec<u32>)> + 'a;
+
+impl RolloutBuffer {
+    /// Paused samples waiting for the next iteration.
+    pub fn paused_samples(&self) -> usize {
+        self.groups.iter().map(Group::paused).sum()
+    }
+
+    /// Runs one iteration at policy `version`: resumes paused samples first, starts new
+    /// groups, and returns every group that is complete.
+    #[allow(clippy::too_many_arguments)]
+    pub fn collect_step(
+        &mut self,
+        engine: &Engine,
+        policy: &Model,
+        version: u64,
+        task: &dyn Task,
+        tokenizer: &Tokenizer,
+        params: &SamplingParams,
+        cfg: &IterationConfig,
+        next_prompt: &mut PromptSource,
+    ) -> Result<StepRollout> {
+        let mut stats = PartialStats::default();
+        let finish_now = self.enforce_staleness(version, cfg, &mut stats);
+        let mut complete: Vec<Group> = Vec::new();
+        let mut engine_stats = EngineStats::default();
+        let mut started = 0;
+        let limit = cfg.new_groups + cfg.min_groups;
+        loop {
+            let mut requests = Vec::new();
+            if stats.rounds == 0 {
+                requests = self.resume_requests(params, cfg, &finish_now);
+                stats.resumed = requests.len();
+            }
+            let to_start = if stats.rounds == 0 {
+                cfg.new_groups
+            } else {
+                cfg.min_groups
+                    .saturating_sub(complete.len())
+                    .min(limit.saturating_sub(started))
+            };
+            if stats.rounds > 0 && to_start == 0 {
+                break;
+            }
+            for _ in 0..to_start {
+                let (problem, prompt) = next_prompt()?;
+                let gi = self.groups.len();
+                for k in 0..cfg.samples {
+                    requests.push(GenRequest {
+                        id: (gi * cfg.samples + k) as u64,
+                        prompt: prompt.clone(),
+                        resumed: Vec::new(),
+                        params: params.clone(),
+                        budget: cfg.token_budget,
+                    });
+                }
+                self.groups.push(Group {
+                    id: format!("g{}", self.next_group),
+                    problem,
+                    prompt,
+                    samples: vec![Sample::Running; cfg.samples],
+                });
+                self.next_group += 1;
+            }
+            started += to_start;
+            stats.requests += requests.len();
+            let round = self.run_round(
+                engine, policy, version, task, tokenizer, params, cfg, requests,
+            );
+            engine_stats.prefill_tokens += round.prefill_tokens;
+            engine_stats.decode_steps += round.decode_steps;
+            engine_stats.generated_tokens += round.generated_tokens;
+            stats.rounds += 1;
+            let (done, waiting): (Vec<Group>, Vec<Group>) = std::mem::take(&mut self.groups)
+                .into_iter()
+                .partition(Group::is_complete);
+            self.groups = waiting;
+            complete.extend(done);
+            if complete.len() >= cfg.min_groups {
+                break;
+            }
+        }
+        stats.paused = self.paused_samples();
+        stats.waiting_groups = self.groups.len();
+        stats.generated_tokens = engine_stats.generated_tokens;
+        let mut out = StepRollout {
+            trajectories: Vec::new(),
+            correct: Vec::new(),
+            engine: engine_stats,
+            stats,
+        };
+        let (mut stale_sum, mut stale_n) = (0u64, 0usize);
+        for g in complete {
+            for s in g.samples {
+                if let Sample::Done {
+                    trajectory,
+                    correct,
+                } = s
+                {
+                    if !trajectory.is_failed() {
+                        for t in &trajectory.transitions {
+                            out.stats.trained_tokens += t.loss_tokens();
+                            for &v in &t.versions {
+                                let behind = version.saturating_sub(v);
+                                stale_sum += behind;
+                                stale_n += 1;
+                                out.stats.staleness_max = out.stats.staleness_max.max(behind);
+                            }
+                        }
+                    }
+                    out.trajectories.push(trajectory);
+                    out.correct.push(correct);
+                }
+            }
+        }
+        out.stats.staleness_mean = stale_sum as f64 / stale_n.max(1) as f64;
+        Ok(out)
+    }
+
+    /// Drops groups already past the cap; returns, per group, whether its paused samples must
+    /// finish in this iteration (`finish-first`: waiting one more step would pass the cap).
+    fn enforce_staleness(
+        &mut self,
+        version: u64,
+        cfg: &IterationConfig,
+        stats: &mut PartialStats,
+    ) -> Vec<bool> {
+        let mut kept = Vec::with_capacity(self.groups.len());
+        let mut finish_now = Vec::with_capacity(self.groups.len());
+        for g in std::mem::take(&mut self.groups) {
+            let oldest = g.oldest_version().unwrap_or(version);
+            let behind = version.saturating_sub(oldest);
+            let next_behind = behind + cfg.versions_per_step;
+            let drop = match cfg.on_stale {
+                OnStale::Drop => behind > cfg.max_staleness,
+                // Normally unreachable (finished in time), but a resumed run may have a
+                // tighter cap than the one that paused the samples.
+                OnStale::FinishFirst => behind > cfg.max_staleness,
+            };
+            if drop {
+                stats.dropped_stale += g.samples.len();
+                continue;
+            }
+            finish_now
+                .push(cfg.on_stale == OnStale::FinishFirst && next_behind > cfg.max_staleness);
+            kept.push(g);
+        }
+        self.groups = kept;
+        finish_now
+    }
+
+    fn resume_requests(
+        &mut self,
+        params: &SamplingParams,
+        cfg: &IterationConfig,
+        finish_now: &[bool],
+    ) -> Vec<GenRequest> {
+        let mut requests = Vec::new();
+        for (gi, g) in self.groups.iter().enumerate() {
+            for (k, s) in g.samples.iter().enumerate() {
+                if let Sample::Paused(p) = s {
+                    requests.push(GenRequest {
+                        id: (gi * cfg.samples + k) as u64,
+                        prompt: g.prompt.clone(),
+                        resumed: p.tokens.clone(),
+                        params: params.clone(),
+                        budget: if finish_now[gi] {
+                            None
+                        } else {
+                            cfg.token_budget
+                        },
+                    });
+                }
+            }
+        }
+        requests
+    }
+
+    /// Generates `requests`; each output is joined to what its sample had before, then
+    /// paused again or scored the moment it finishes.
+    #[allow(clippy::too_many_arguments)]
+    fn run_round(
+        &mut self,
+        engine: &Engine,
+        policy: &Model,
+        version: u64,
+        task: &dyn Task,
+        tokenizer: &Tokenizer,
+        params: &SamplingParams,
+        cfg: &IterationConfig,
+        requests: Vec<GenRequest>,
+    ) -> EngineStats {
+        let groups = &mut self.groups;
+        engine.generate(policy, version, requests, |out| {
+            let id = out.id as usize;
+            let (gi, k) = (id / cfg.samples, id % cfg.samples);
+            let g = &mut groups[gi];
+            let mut part = match std::mem::replace(&mut g.samples[k], Sample::Running) {
+                Sample::Paused(p) => p,
+                _ => Partial::default(),
+            };
+            part.tokens.extend(out.tokens);
+            part.logprobs.extend(out.logprobs);
+            part.versions.extend(out.versions);
+            g.samples[k] = if out.finish == Finish::Paused {
+                Sample::Paused(part)
+            } else {
+                let (reward, correct, status) = score_response(
+                    task,
+                    tokenizer,
+                    &g.problem,
+                    &part.tokens,
+                    out.finish,
+                    &params.stop_token_ids,
+                );
+                Sample::Done {
+                    trajectory: single_turn(
+                        format!("{}-s{k}", g.id),
+                        g.id.clone(),
+                        g.prompt.clone(),
+                        part.tokens,
+                        part.logprobs,
+                        part.versions,
+                        reward,
+                        status,
+                    ),
+                    correct,
+                }
+            };
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ModelConfig;
+    use skein_tasks::{task_by_name, TaskRng};
+    use std::collections::HashMap;
+    use tch::Device;
+
+    struct Setup {
+        task: Box<dyn Task>,
+        tokenizer: Tokenizer,
+        model: Model,
+        params: SamplingParams,
+        rng: TaskRng,
+    }
+
+    /// An untrained model: its response lengths are geometric, a natural long tail.
+    fn setup() -> Setup {
+        let task = task_by_name("reverse", 1).unwrap();
+        let tokenizer = Tokenizer::char_level(task.alphabet()).unwrap();
+        let cfg = ModelConfig::tiny_qwen2(tokenizer.vocab_size(), 32, 1, 2, 1, 64, 96);
+        let model = Model::random(&cfg, Device::Cpu, 3).unwrap();
+        let params = SamplingParams {
+            max_new_tokens: 24,
+            stop_token_ids: tokenizer.eos_token_ids().to_vec(),
+            ..Default::default()
+        };
+        Setup {
+            task,
+            tokenizer,
+            model,
+            params,
+            rng: TaskRng::new(11),
+        }
+    }
+
+    fn iteration(budget: Option<usize>, on_stale: OnStale) -> IterationConfig {
+        IterationConfig {
+            samples: 4,
+            new_groups: 6,
+            min_groups: 6,
+            token_budget: budget,
+            max_staleness: 4,
+            on_stale,
+            versions_per_step: 2,
+        }
+    }
+
+    fn step(s: &mut Setup, buf: &mut RolloutBuffer, v: u64, cfg: &IterationConfig) -> StepRollout {
+        let (task, tokenizer, rng) = (&s.task, &s.tokenizer, &mut s.rng);
+        let mut next = || -> Result<(Problem, Vec<u32>)> {
+            let p = task.sample(rng);
+            let ids = tokenizer.encode(&p.prompt, false)?;
+            Ok((p, ids))
+        };
+        buf.collect_step(
+            &Engine::new(64),
+            &s.model,
+            v,
+            s.task.as_ref(),
+            &s.tokenizer,
+            &s.params,
+            cfg,
+            &mut next,
+        )
+        .unwrap()
+    }
+
+    fn check_whole_groups(out: &StepRollout, n: usize) {
+        let mut per_group: HashMap<&str, usize> = HashMap::new();
+        for t in &out.trajectories {
+            *per_group.entry(t.group.as_str()).or_default() += 1;
+        }
+        assert!(per_group.values().all(|&c| c == n), "{per_group:?}");
+    }
+
+    #[test]
+    fn without_a_budget_every_group_completes_in_one_round() {
+        let mut s = setup();
+        let mut buf = RolloutBuffer::default();
+        let out = step(&mut s, &mut buf, 0, &iteration(None, OnStale::Drop));
+        assert_eq!(out.trajectories.len(), 24);
+        assert_eq!((out.stats.paused, out.stats.rounds), (0, 1));
+        assert!(buf.groups.is_empty());
+        check_whole_groups(&out, 4);
+    }
+
+    /// Groups leave the buffer only when all their samples have finished, and a paused
+    /// sample resumes with exactly the tokens, log-probs and versions it paused with.
+    #[test]
+    fn only_complete_groups_train_and_paused_samples_resume_exactly() {
+        let mut s = setup();
+        let cfg = iteration(Some(3), OnStale::FinishFirst);
+        let mut buf = RolloutBuffer::default();
+        let mut resumed_checked = 0;
+        for k in 0..4u64 {
+            let before: HashMap<String, Partial> = buf
+                .groups
+                .iter()
+                .flat_map(|g| {
+                    g.samples
+                        .iter()
+                        .enumerate()
+                        .filter_map(move |(i, x)| match x {
+                            Sample::Paused(p) => Some((format!("{}-s{i}", g.id), p.clone())),
+                            _ => None,
+                        })
+                })
+                .collect();
+            let out = step(&mut s, &mut buf, 2 * k, &cfg);
+            check_whole_groups(&out, 4);
+            // Short of min_groups, more rounds start new groups, up to their limit.
+            if out.trajectories.len() < 24 {
+                assert!(out.stats.rounds > 1);
+            }
+            for g in &buf.groups {
+                assert!(!g.is_complete(), "a complete group was left waiting");
+                assert!(g.samples.iter().all(|x| !matches!(x, Sample::Running)));
+            }
+            for t in &out.trajectories {
+                if let Some(p) = before.get(&t.id) {
+                    let tr = &t.transitions[0];
+                    let n = p.tokens.len();
+                    assert!(tr.response.len() > n);
+                    assert_eq!(&tr.response[..n], &p.tokens[..]);
+                    assert_eq!(&tr.logprobs[..n], &p.logprobs[..]);
+                    assert_eq!(&tr.versions[..n], &p.versions[..]);
+                    assert!(tr.versions[n..].iter().all(|&v| v == 2 * k));
+                    resumed_checked += 1;
+                }
+            }
+            if k > 0 {
+                assert!(out.stats.resumed > 0);
+            }
+        }
+        assert!(resumed_checked > 0, "no paused sample finished");
+    }
+
+    #[test]
+    fn staleness_never_exceeds_the_cap_in_either_mode() {
+        for mode in [OnStale::Drop, OnStale::FinishFirst] {
+            let mut s = setup();
+            let cfg = iteration(Some(2), mode);
+            let mut buf = RolloutBuffer::default();
+            let mut dropped = 0;
+            for k in 0..6u64 {
+                let out = step(&mut s, &mut buf, 2 * k, &cfg);
+                assert!(
+                    out.stats.staleness_max <= cfg.max_staleness,
+                    "{mode:?}: {} > {}",
+                    out.stats.staleness_max,
+                    cfg.max_staleness
+                );
+                for t in &out.trajectories {
+                    let oldest = t.transitions[0].versions.iter().min().copied();
+                    assert!(oldest.is_none_or(|o| 2 * k - o <= cfg.max_staleness));
+                }
+                dropped += out.stats.dropped_stale;
+            }
+            match mode {
+                OnStale::Drop => assert!(dropped > 0, "budget 2 of 24 tokens must drop some"),
+                OnStale::FinishFirst => assert_eq!(dropped, 0),
+            }
+        }
+    }
+
+    #[test]
+    fn the_buffer_round_trips_through_json() {
+        let mut s = setup();
+        let mut buf = RolloutBuffer::default();
+        step(&mut s, &mut buf, 0, &iteration(Some(3), OnStale::Drop));
+        assert!(buf.paused_samples() > 0);
+        let text = serde_json::to_string(&buf).unwrap();
+        let back: RolloutBuffer = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, buf);
+    }
+}
