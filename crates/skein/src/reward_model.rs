@@ -196,9 +196,9 @@ impl RewardModel {
     }
 
     /// One reward per `(response, reference_or_prompt)` item, in order. Similarity models
-    /// compare the two texts; classifiers score the prompt followed by the response. The whole
-    /// call is one padded forward pass (distinct texts once), so a result does not depend on
-    /// the rest of the batch beyond float rounding.
+    /// compare the two texts (each distinct text embedded once); classifiers score the prompt
+    /// followed by the response. Inputs run in length buckets, each padded to its longest row
+    /// and masked, so a result does not depend on the rest of the batch beyond float rounding.
     pub fn score_batch(&self, items: &[(String, String)]) -> Result<Vec<f64>> {
         if items.is_empty() {
             return Ok(Vec::new());
@@ -210,7 +210,7 @@ impl RewardModel {
                     .iter()
                     .map(|(response, prompt)| self.encode_pair(response, prompt))
                     .collect::<Result<Vec<_>>>()?;
-                self.classify(&rows)
+                by_length(&rows, |bucket| self.classify(bucket))
             }
         })?;
         Vec::<f64>::try_from(scores.to_kind(Kind::Double).to_device(Device::Cpu))
@@ -231,16 +231,18 @@ impl RewardModel {
             .map(|t| self.encode(t, None))
             .collect::<Result<Vec<_>>>()?;
         tch::no_grad(|| {
-            let (ids, types, mask) = pad(&rows, encoder.device());
-            let hidden = encoder.forward(&ids, &types, &mask);
-            let pooled = match pooling {
-                Pooling::Cls => hidden.select(1, 0),
-                Pooling::Mean => {
-                    let m = mask.to_kind(Kind::Float).unsqueeze(-1);
-                    (hidden * &m).sum_dim_intlist(1, false, Kind::Float)
-                        / m.sum_dim_intlist(1, false, Kind::Float).clamp_min(1e-9)
-                }
-            };
+            let pooled = by_length(&rows, |bucket| {
+                let (ids, types, mask) = pad(bucket, encoder.device());
+                let hidden = encoder.forward(&ids, &types, &mask);
+                Ok(match pooling {
+                    Pooling::Cls => hidden.select(1, 0),
+                    Pooling::Mean => {
+                        let m = mask.to_kind(Kind::Float).unsqueeze(-1);
+                        (hidden * &m).sum_dim_intlist(1, false, Kind::Float)
+                            / m.sum_dim_intlist(1, false, Kind::Float).clamp_min(1e-9)
+                    }
+                })
+            })?;
             Ok(normalize(&pooled))
         })
     }
@@ -288,7 +290,7 @@ impl RewardModel {
         )
     }
 
-    fn classify(&self, rows: &[Row]) -> Result<Tensor> {
+    fn classify(&self, rows: &[&Row]) -> Result<Tensor> {
         match &self.body {
             Body::BertClassifier {
                 encoder,
@@ -473,8 +475,41 @@ fn load_tokenizer(dir: &Path, max_length: usize, decoder: bool) -> Result<tokeni
     Ok(tok)
 }
 
+/// A bucket grows while its rows are at most this much longer than its shortest row…
+const BUCKET_STRETCH: f64 = 1.25;
+/// …or while it has fewer rows than this (a forward pass has a fixed cost too).
+const BUCKET_MIN_ROWS: usize = 4;
+
+/// Runs `forward` ([b, …] out for b rows in) on length buckets of `rows`, so one long row does
+/// not pad every short one, and returns the outputs in the order of `rows`.
+fn by_length(rows: &[Row], mut forward: impl FnMut(&[&Row]) -> Result<Tensor>) -> Result<Tensor> {
+    let mut order: Vec<usize> = (0..rows.len()).collect();
+    order.sort_by_key(|&i| rows[i].ids.len());
+    let mut outputs = Vec::new();
+    let mut start = 0;
+    while start < order.len() {
+        let shortest = rows[order[start]].ids.len() as f64;
+        let mut end = start + 1;
+        while end < order.len()
+            && (end - start < BUCKET_MIN_ROWS
+                || rows[order[end]].ids.len() as f64 <= shortest * BUCKET_STRETCH)
+        {
+            end += 1;
+        }
+        let bucket: Vec<&Row> = order[start..end].iter().map(|&i| &rows[i]).collect();
+        outputs.push(forward(&bucket)?);
+        start = end;
+    }
+    let sorted = Tensor::cat(&outputs, 0);
+    let mut position = vec![0i64; rows.len()];
+    for (k, &i) in order.iter().enumerate() {
+        position[i] = k as i64;
+    }
+    Ok(sorted.index_select(0, &Tensor::from_slice(&position).to(sorted.device())))
+}
+
 /// Right-padded [B, T] ids, token types and attention mask (1 = real).
-fn pad(rows: &[Row], device: Device) -> (Tensor, Tensor, Tensor) {
+fn pad(rows: &[&Row], device: Device) -> (Tensor, Tensor, Tensor) {
     let t = rows.iter().map(|r| r.ids.len()).max().unwrap_or(0);
     let (mut ids, mut types, mut mask) = (Vec::new(), Vec::new(), Vec::new());
     for r in rows {
@@ -499,4 +534,35 @@ fn read_json(path: &Path) -> Result<Value> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(len: usize) -> Row {
+        Row {
+            ids: vec![1; len],
+            types: vec![0; len],
+        }
+    }
+
+    #[test]
+    fn length_buckets_bound_padding_and_keep_the_order() {
+        let lens = [10usize, 2, 30, 3, 2, 40, 11, 2, 2, 12, 31];
+        let rows: Vec<Row> = lens.iter().map(|&l| row(l)).collect();
+        let mut buckets = Vec::new();
+        let out = by_length(&rows, |bucket| {
+            let bl: Vec<usize> = bucket.iter().map(|r| r.ids.len()).collect();
+            buckets.push(bl.clone());
+            Ok(Tensor::from_slice(
+                &bl.iter().map(|&l| l as i64).collect::<Vec<_>>(),
+            ))
+        })
+        .unwrap();
+        assert_eq!(Vec::<i64>::try_from(out).unwrap(), lens.map(|l| l as i64));
+        // Short rows are never padded to the long ones: [2,2,2,2], [3,10,11,12], [30,31,40].
+        assert_eq!(buckets.len(), 3, "{buckets:?}");
+        assert_eq!(buckets[0], vec![2, 2, 2, 2]);
+    }
 }

@@ -308,12 +308,19 @@ fn a_missing_directory_says_how_to_get_the_model() {
     assert!(err.contains("scripts/setup-reward-model.sh"), "{err}");
 }
 
-/// Tokens per second at batch 1 and batch 16 on this machine:
+/// Load time, and tokens per second at batch 1 and batch 16 with 1 and 2 intra-op threads
+/// (set per thread, as an executor thread would):
 /// `cargo test --release -p skein --test reward_model -- --ignored --nocapture`.
 #[test]
 #[ignore]
 fn throughput_batch_1_vs_16() {
+    let start = std::time::Instant::now();
     let model = minilm();
+    println!(
+        "load: {:.3} s; this thread: {} intra-op threads",
+        start.elapsed().as_secs_f64(),
+        tch::get_num_threads()
+    );
     let items: Vec<(String, String)> = (0..64)
         .map(|i| {
             (
@@ -329,17 +336,31 @@ fn throughput_batch_1_vs_16() {
         .iter()
         .map(|(r, p)| model.token_count(r, p).unwrap())
         .sum();
-    model.score_batch(&items[..16]).unwrap(); // warm-up
-    for batch in [1usize, 16] {
-        let start = std::time::Instant::now();
-        for chunk in items.chunks(batch) {
-            model.score_batch(chunk).unwrap();
-        }
-        let secs = start.elapsed().as_secs_f64();
+    for threads in [1, 2] {
+        let handle = model.share().unwrap();
+        let items = items.clone();
+        std::thread::spawn(move || {
+            tch::set_num_threads(threads);
+            handle.score_batch(&items[..16]).unwrap(); // warm-up
+            for batch in [1usize, 16] {
+                let start = std::time::Instant::now();
+                for chunk in items.chunks(batch) {
+                    handle.score_batch(chunk).unwrap();
+                }
+                let secs = start.elapsed().as_secs_f64();
+                println!(
+                    "{threads} intra-op thread(s), batch {batch:>2}: {:.0} tokens/s \
+                     ({} items, {tokens} tokens, {secs:.3} s)",
+                    tokens as f64 / secs,
+                    items.len()
+                );
+            }
+        })
+        .join()
+        .unwrap();
         println!(
-            "batch {batch:>2}: {:.0} tokens/s ({} items, {tokens} tokens, {secs:.3} s)",
-            tokens as f64 / secs,
-            items.len()
+            "  (this thread: {} intra-op threads)",
+            tch::get_num_threads()
         );
     }
 }
