@@ -11,7 +11,7 @@
 //!
 //! Threads: tch tensors are `Send` but not `Sync`, so a `RewardModel` is too. Give each
 //! executor thread its own handle with [`RewardModel::share`], which shares the parameters
-//! (no copy, no reload).
+//! (no copy, no reload), or put the model in a [`RewardModelPool`], which is `Sync`.
 
 use crate::model::bert::{BertConfig, BertEncoder, Weights};
 use crate::model::transformer::{positions_like, AttnMode, Transformer};
@@ -20,6 +20,8 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use tch::{nn, Device, Kind, Tensor};
 use tokenizers::{TruncationDirection, TruncationParams, TruncationStrategy};
 
@@ -341,6 +343,72 @@ impl RewardModel {
             // Decoders see one sequence; the caller formats it (e.g. with a chat template).
             _ => self.encode(&format!("{prompt}{response}"), None),
         }
+    }
+}
+
+/// A `Sync` front on a reward model for several threads (what a `Send + Sync` scorer trait
+/// needs): `handles` handles on the same weights ([`RewardModel::share`]), each behind its own
+/// lock. A call takes a free handle, or waits for one when all are busy, so up to `handles`
+/// batches run at once. Each calling thread's libtorch intra-op threads still apply
+/// (`tch::set_num_threads`, set per thread).
+pub struct RewardModelPool {
+    handles: Vec<Mutex<RewardModel>>,
+    next: AtomicUsize,
+    kind: RewardKind,
+    max_length: usize,
+}
+
+impl RewardModelPool {
+    pub fn new(model: RewardModel, handles: usize) -> Result<Self> {
+        if handles == 0 {
+            bail!("a reward model pool needs at least one handle");
+        }
+        let (kind, max_length) = (model.kind(), model.max_length());
+        let mut all = Vec::with_capacity(handles);
+        for _ in 1..handles {
+            all.push(Mutex::new(model.share()?));
+        }
+        all.push(Mutex::new(model));
+        Ok(RewardModelPool {
+            handles: all,
+            next: AtomicUsize::new(0),
+            kind,
+            max_length,
+        })
+    }
+
+    pub fn kind(&self) -> RewardKind {
+        self.kind
+    }
+
+    pub fn max_length(&self) -> usize {
+        self.max_length
+    }
+
+    /// [`RewardModel::score_batch`] on a free handle.
+    pub fn score_batch(&self, items: &[(String, String)]) -> Result<Vec<f64>> {
+        self.with_handle(|m| m.score_batch(items))
+    }
+
+    /// [`RewardModel::token_count`] on a free handle.
+    pub fn token_count(&self, response: &str, reference: &str) -> Result<usize> {
+        self.with_handle(|m| m.token_count(response, reference))
+    }
+
+    fn with_handle<T>(&self, f: impl FnOnce(&RewardModel) -> T) -> T {
+        let n = self.handles.len();
+        let first = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        for k in 0..n {
+            if let Ok(guard) = self.handles[(first + k) % n].try_lock() {
+                return f(&guard);
+            }
+        }
+        // All busy: wait for this call's own handle. A panic elsewhere leaves the model intact
+        // (scoring mutates nothing), so a poisoned lock is still usable.
+        let guard = self.handles[first]
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        f(&guard)
     }
 }
 

@@ -7,7 +7,7 @@
 use serde_json::Value;
 use skein::model::transformer::{positions_like, AttnMode};
 use skein::model::Model;
-use skein::reward_model::{RewardKind, RewardModel};
+use skein::reward_model::{RewardKind, RewardModel, RewardModelPool};
 use std::path::{Path, PathBuf};
 use tch::{Device, Kind, Tensor};
 
@@ -199,6 +199,32 @@ fn make_classifier(src: &Path, dir: &Path, arch: &str, head: Vec<(&str, Tensor)>
     Tensor::write_safetensors(&head, dir.join("head.safetensors")).unwrap();
     let index = serde_json::json!({ "weight_map": weight_map });
     std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+}
+
+#[test]
+fn a_pool_serves_concurrent_callers() {
+    fn sync<T: Sync>(_: &T) {}
+    let items = vec![
+        (
+            "A dog runs in the park".to_string(),
+            "A puppy plays outside".to_string(),
+        ),
+        ("2 + 2 = 4".to_string(), "four".to_string()),
+    ];
+    let model = minilm();
+    let want = model.score_batch(&items).unwrap();
+    let pool = RewardModelPool::new(model, 2).unwrap();
+    sync(&pool);
+    assert_eq!(pool.kind(), RewardKind::Similarity);
+    std::thread::scope(|s| {
+        let calls: Vec<_> = (0..4)
+            .map(|_| s.spawn(|| pool.score_batch(&items).unwrap()))
+            .collect();
+        for call in calls {
+            assert_eq!(call.join().unwrap(), want);
+        }
+    });
+    assert!(RewardModelPool::new(minilm(), 0).is_err());
 }
 
 /// all-MiniLM-L6-v2's encoder with the seeded one-label head of the reference, as a
