@@ -19,7 +19,10 @@ fn minilm_dir() -> PathBuf {
     if let Ok(dir) = std::env::var(ENV_VAR) {
         return PathBuf::from(dir);
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("crates/skein sits two levels below the workspace root");
     let recorded = root.join(PATH_FILE);
     let text = std::fs::read_to_string(&recorded).unwrap_or_else(|_| {
         panic!(
