@@ -8,6 +8,11 @@ impl TaskRng {
         TaskRng(seed)
     }
 
+    /// The generator's state: `TaskRng::new(state)` continues the same stream (checkpoints).
+    pub fn state(&self) -> u64 {
+        self.0
+    }
+
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
