@@ -1,6 +1,7 @@
 //! The `skein` command line: `train`, `plan`, `bench`, `plot`.
 
 mod bench;
+mod serve_reward;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -43,6 +44,9 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Draw RUN_DIR/plot.png from RUN_DIR/metrics.jsonl.
     Plot { run_dir: PathBuf },
+    /// Serve the sources of a `[reward]` config (e.g. a reward model) over HTTP, for a
+    /// trainer's `kind = "remote"` source.
+    ServeReward(serve_reward::ServeRewardArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -55,6 +59,7 @@ pub fn main() -> ExitCode {
         } => train(config, overrides, print_config),
         Command::Plan { input } => return plan(input),
         Command::Bench(args) => bench::run(&args),
+        Command::ServeReward(args) => serve_reward::run(&args),
         Command::Plot { run_dir } => {
             skein_report::plot_run_dir(&run_dir, None).map(|p| println!("{}", p.display()))
         }

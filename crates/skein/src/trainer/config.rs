@@ -4,6 +4,7 @@ use super::loss::KlEstimator;
 use super::optim::OptimConfig;
 use crate::engine::SamplingParams;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -17,6 +18,14 @@ pub struct TrainConfig {
     pub trainer: TrainerConfig,
     pub optim: OptimConfig,
     pub eval: EvalConfig,
+    /// Reward sources, routes and the reward executor (see crates/skein-reward/README.md).
+    /// Absent: the task's own program scores every response, inline.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reward: Option<skein_reward::RewardConfig>,
+    /// Reward-model directories (Hugging Face layout) by source name: `rm = "path"` supplies
+    /// `[reward.sources.rm] kind = "scorer"`.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub reward_models: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

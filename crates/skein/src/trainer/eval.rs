@@ -3,6 +3,7 @@
 use super::rollout::{collect, PromptBatch};
 use crate::engine::{Engine, SamplingParams};
 use crate::model::Model;
+use skein_reward::Rewarder;
 use skein_tasks::Task;
 use skein_text::Tokenizer;
 
@@ -19,13 +20,14 @@ pub fn evaluate(
     tokenizer: &Tokenizer,
     batch: &PromptBatch,
     params: &SamplingParams,
+    rewarder: Option<&Rewarder>,
 ) -> EvalResult {
     let greedy = SamplingParams {
         temperature: 0.0,
         ..params.clone()
     };
     let r = collect(
-        engine, policy, 0, task, tokenizer, batch, 1, &greedy, "eval",
+        engine, policy, 0, task, tokenizer, batch, 1, &greedy, "eval", rewarder,
     );
     let n = r.trajectories.len().max(1) as f64;
     EvalResult {

@@ -8,6 +8,7 @@ pub mod microbatch;
 pub mod offpolicy;
 pub mod optim;
 pub mod partial;
+pub mod reward;
 pub mod rollout;
 pub mod run;
 pub mod sft;

@@ -8,12 +8,14 @@
 //!
 //! The buffer of groups in flight is plain data (serde), so a checkpoint carries it.
 
-use super::rollout::{score_response, single_turn};
+use super::reward::{request, RewardStats, RoundRewards};
+use super::rollout::{apply_reward, score_response, single_turn};
 use crate::engine::{Engine, EngineStats, Finish, GenRequest, SamplingParams};
 use crate::model::Model;
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use skein_plan::Trajectory;
+use skein_reward::Rewarder;
 use skein_tasks::{Problem, Task};
 use skein_text::Tokenizer;
 
@@ -155,6 +157,8 @@ pub struct StepRollout {
     pub correct: Vec<bool>,
     pub engine: EngineStats,
     pub stats: PartialStats,
+    /// Rewards of every sample that finished in this iteration's rounds.
+    pub rewards: RewardStats,
 }
 
 /// Where new prompts come from: a problem and its prompt token ids.
@@ -179,11 +183,13 @@ impl RolloutBuffer {
         params: &SamplingParams,
         cfg: &IterationConfig,
         next_prompt: &mut PromptSource,
+        rewarder: Option<&Rewarder>,
     ) -> Result<StepRollout> {
         let mut stats = PartialStats::default();
         let finish_now = self.enforce_staleness(version, cfg, &mut stats);
         let mut complete: Vec<Group> = Vec::new();
         let mut engine_stats = EngineStats::default();
+        let mut rewards = RewardStats::default();
         let mut started = 0;
         let limit = cfg.new_groups + cfg.min_groups;
         loop {
@@ -224,9 +230,10 @@ impl RolloutBuffer {
             }
             started += to_start;
             stats.requests += requests.len();
-            let round = self.run_round(
-                engine, policy, version, task, tokenizer, params, cfg, requests,
+            let (round, round_rewards) = self.run_round(
+                engine, policy, version, task, tokenizer, params, cfg, requests, rewarder,
             );
+            rewards.add(&round_rewards);
             engine_stats.prefill_tokens += round.prefill_tokens;
             engine_stats.decode_steps += round.decode_steps;
             engine_stats.generated_tokens += round.generated_tokens;
@@ -248,6 +255,7 @@ impl RolloutBuffer {
             correct: Vec::new(),
             engine: engine_stats,
             stats,
+            rewards,
         };
         let (mut stale_sum, mut stale_n) = (0u64, 0usize);
         for g in complete {
@@ -337,7 +345,8 @@ impl RolloutBuffer {
     }
 
     /// Generates `requests`; each output is joined to what its sample had before, then
-    /// paused again or scored the moment it finishes.
+    /// paused again or scored the moment it finishes: the task's checker inline, configured
+    /// reward sources submitted there and collected once generation is over.
     #[allow(clippy::too_many_arguments)]
     fn run_round(
         &mut self,
@@ -349,9 +358,11 @@ impl RolloutBuffer {
         params: &SamplingParams,
         cfg: &IterationConfig,
         requests: Vec<GenRequest>,
-    ) -> EngineStats {
+        rewarder: Option<&Rewarder>,
+    ) -> (EngineStats, RewardStats) {
         let groups = &mut self.groups;
-        engine.generate(policy, version, requests, |out| {
+        let mut round = RoundRewards::new(rewarder);
+        let stats = engine.generate(policy, version, requests, |out| {
             let id = out.id as usize;
             let (gi, k) = (id / cfg.samples, id % cfg.samples);
             let g = &mut groups[gi];
@@ -365,7 +376,7 @@ impl RolloutBuffer {
             g.samples[k] = if out.finish == Finish::Paused {
                 Sample::Paused(part)
             } else {
-                let (reward, correct, status) = score_response(
+                let judged = score_response(
                     task,
                     tokenizer,
                     &g.problem,
@@ -373,21 +384,32 @@ impl RolloutBuffer {
                     out.finish,
                     &params.stop_token_ids,
                 );
+                let id = format!("{}-s{k}", g.id);
+                if let (true, Some(text)) = (round.active(), judged.text) {
+                    let req = request(id.clone(), &g.problem, &g.prompt, &part.tokens, text);
+                    round.submit((gi, k), req);
+                }
                 Sample::Done {
                     trajectory: single_turn(
-                        format!("{}-s{k}", g.id),
+                        id,
                         g.id.clone(),
                         g.prompt.clone(),
                         part.tokens,
                         part.logprobs,
                         part.versions,
-                        reward,
-                        status,
+                        judged.reward,
+                        judged.status,
                     ),
-                    correct,
+                    correct: judged.correct,
                 }
             };
-        })
+        });
+        let rewards = round.finish(|(gi, k), result| {
+            if let Sample::Done { trajectory, .. } = &mut self.groups[gi].samples[k] {
+                apply_reward(trajectory, result);
+            }
+        });
+        (stats, rewards)
     }
 }
 
@@ -455,6 +477,7 @@ mod tests {
             &s.params,
             cfg,
             &mut next,
+            None,
         )
         .unwrap()
     }

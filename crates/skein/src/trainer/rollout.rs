@@ -1,9 +1,13 @@
 //! One step's rollouts: sample prompts, generate `n` responses each, and score every response
-//! the moment it finishes (inside the engine's callback, while the rest still generate).
+//! the moment it finishes. The task's checker runs inside the engine's callback (it judges
+//! `correct`, and is the reward when no `[reward]` sources are configured); configured sources
+//! only receive the request there and are collected after generation, so scoring overlaps it.
 
+use super::reward::{failed_status, request, RewardStats, RoundRewards};
 use crate::engine::{Engine, EngineStats, Finish, GenRequest, SamplingParams};
 use crate::model::Model;
 use skein_plan::{Status, Trajectory, Transition};
+use skein_reward::Rewarder;
 use skein_tasks::{Problem, Task};
 use skein_text::Tokenizer;
 
@@ -12,6 +16,7 @@ pub struct Rollouts {
     /// Parallel to `trajectories`: whether the task judged the answer correct.
     pub correct: Vec<bool>,
     pub engine: EngineStats,
+    pub rewards: RewardStats,
 }
 
 pub struct PromptBatch {
@@ -31,6 +36,7 @@ pub fn collect(
     n: usize,
     params: &SamplingParams,
     tag: &str,
+    rewarder: Option<&Rewarder>,
 ) -> Rollouts {
     let mut requests = Vec::with_capacity(batch.problems.len() * n);
     for (p, ids) in batch.prompt_ids.iter().enumerate() {
@@ -45,10 +51,11 @@ pub fn collect(
         }
     }
     let mut slots: Vec<Option<(Trajectory, bool)>> = (0..requests.len()).map(|_| None).collect();
+    let mut round = RoundRewards::new(rewarder);
     let stats = engine.generate(policy, version, requests, |out| {
         let id = out.id as usize;
         let (p, k) = (id / n, id % n);
-        let (reward, correct, status) = score_response(
+        let judged = score_response(
             task,
             tokenizer,
             &batch.problems[p],
@@ -56,24 +63,65 @@ pub fn collect(
             out.finish,
             &params.stop_token_ids,
         );
+        let traj_id = format!("{tag}-p{p}-s{k}");
+        if let (true, Some(text)) = (round.active(), judged.text) {
+            let req = request(
+                traj_id.clone(),
+                &batch.problems[p],
+                &batch.prompt_ids[p],
+                &out.tokens,
+                text,
+            );
+            round.submit(id, req);
+        }
         let trajectory = single_turn(
-            format!("{tag}-p{p}-s{k}"),
+            traj_id,
             format!("{tag}-p{p}"),
             batch.prompt_ids[p].clone(),
             out.tokens,
             out.logprobs,
             out.versions,
-            reward,
-            status,
+            judged.reward,
+            judged.status,
         );
-        slots[id] = Some((trajectory, correct));
+        slots[id] = Some((trajectory, judged.correct));
+    });
+    let rewards = round.finish(|id, result| {
+        if let Some((t, _)) = &mut slots[id] {
+            apply_reward(t, result);
+        }
     });
     let (trajectories, correct) = slots.into_iter().flatten().unzip();
     Rollouts {
         trajectories,
         correct,
         engine: stats,
+        rewards,
     }
+}
+
+/// Sets a trajectory's reward from its sources, or fails it when they failed.
+pub fn apply_reward(
+    t: &mut Trajectory,
+    result: Result<skein_reward::RewardOutput, skein_reward::RewardError>,
+) {
+    match result {
+        Ok(out) => t.reward = out.reward,
+        Err(e) => {
+            t.reward = 0.0;
+            t.status = failed_status(&e);
+        }
+    }
+}
+
+/// What the task's checker made of one response.
+pub struct Judged {
+    /// The task's reward (the trajectory's reward unless `[reward]` sources replace it).
+    pub reward: f64,
+    pub correct: bool,
+    pub status: Status,
+    /// The decoded response (None when it does not decode; the trajectory has failed).
+    pub text: Option<String>,
 }
 
 /// Scores one finished response (`tokens`, stop token included). The reward program sees
@@ -85,7 +133,7 @@ pub fn score_response(
     tokens: &[u32],
     finish: Finish,
     stop_token_ids: &[u32],
-) -> (f64, bool, Status) {
+) -> Judged {
     let answer_ids: Vec<u32> = tokens
         .iter()
         .copied()
@@ -99,13 +147,19 @@ pub fn score_response(
             } else {
                 Status::Truncated
             };
-            (score.reward, score.correct, status)
+            Judged {
+                reward: score.reward,
+                correct: score.correct,
+                status,
+                text: Some(text),
+            }
         }
-        Err(e) => (
-            0.0,
-            false,
-            Status::Failed(format!("decoding the response: {e}")),
-        ),
+        Err(e) => Judged {
+            reward: 0.0,
+            correct: false,
+            status: Status::Failed(format!("decoding the response: {e}")),
+            text: None,
+        },
     }
 }
 

@@ -70,6 +70,7 @@ pub fn train(cfg: &TrainConfig) -> Result<RunSummary> {
         ..cfg.rollout.sampling.clone()
     };
     let engine = Engine::new(cfg.rollout.max_slots);
+    let rewarder = super::reward::from_config(cfg, device)?;
     eprintln!(
         "skein: {} model, {:.2}M parameters, task `{}` (difficulty {}), run directory {}",
         policy.net.config.model_type,
@@ -105,6 +106,7 @@ pub fn train(cfg: &TrainConfig) -> Result<RunSummary> {
         &tokenizer,
         &eval_batch,
         &sampling,
+        rewarder.as_ref(),
     );
     log.append(&record(
         0,
@@ -178,6 +180,7 @@ pub fn train(cfg: &TrainConfig) -> Result<RunSummary> {
             &sampling,
             &iteration,
             &mut next_prompt,
+            rewarder.as_ref(),
         )?;
         let t_rollout = t0.elapsed().as_secs_f64();
 
@@ -290,6 +293,9 @@ pub fn train(cfg: &TrainConfig) -> Result<RunSummary> {
                 m.insert(k.into(), json!(v));
             }
         }
+        if let Some(r) = &rewarder {
+            rollouts.rewards.log(r, &mut m);
+        }
         if critic.is_some() {
             m.insert("loss/value".into(), json!(value_loss));
         }
@@ -304,6 +310,7 @@ pub fn train(cfg: &TrainConfig) -> Result<RunSummary> {
                 &tokenizer,
                 &eval_batch,
                 &sampling,
+                rewarder.as_ref(),
             );
             m.insert("eval/accuracy".into(), json!(e.accuracy));
             m.insert("eval/reward".into(), json!(e.mean_reward));
@@ -339,6 +346,7 @@ pub fn train(cfg: &TrainConfig) -> Result<RunSummary> {
         &tokenizer,
         &eval_batch,
         &sampling,
+        rewarder.as_ref(),
     );
     log.append(&record(
         steps,

@@ -147,7 +147,48 @@ pub fn validate(cfg: &TrainConfig) -> Result<()> {
             m.max_positions,
         );
     }
+    validate_reward(cfg, &mut v);
     Ok(v.finish()?)
+}
+
+/// `[reward]` and `[reward_models]`: the reward config's own checks, model directories, and
+/// routes that name data sources the task produces.
+fn validate_reward(cfg: &TrainConfig, v: &mut Validator) {
+    super::reward::check_reward_models(cfg.reward.as_ref(), &cfg.reward_models, v);
+    let Some(reward) = &cfg.reward else {
+        if !cfg.reward_models.is_empty() {
+            v.problem(
+                "`reward_models` needs a `[reward]` section with `kind = \"scorer\"` sources \
+                 that use them",
+            );
+        }
+        return;
+    };
+    if let Err(e) = reward.validate("reward") {
+        for p in e.problems() {
+            v.problem(p.clone());
+        }
+    }
+    // The task's own data source (its problems all share one).
+    let Ok(task) = skein_tasks::task_by_name(&cfg.task.name, cfg.task.difficulty) else {
+        return;
+    };
+    let source = task.sample(&mut skein_tasks::TaskRng::new(0)).data_source;
+    for name in reward.routes.keys() {
+        if *name != source {
+            v.problem(format!(
+                "invalid key `reward.routes.{name}`: unknown data source `{name}` (task `{}` \
+                 produces: {source})",
+                cfg.task.name
+            ));
+        }
+    }
+    if !reward.routes.contains_key(&source) && reward.default_route.sources.is_empty() {
+        v.problem(format!(
+            "`reward.default_route.sources` is empty and there is no `reward.routes.{source}`: \
+             the task's responses would have no reward source"
+        ));
+    }
 }
 
 #[cfg(test)]
@@ -166,5 +207,50 @@ mod tests {
             "{err}"
         );
         assert!(err.contains("`optim.lr`"), "{err}");
+    }
+
+    #[test]
+    fn reward_problems_name_their_keys() {
+        let mut cfg = TrainConfig::default();
+        let mut reward = skein_reward::RewardConfig::default();
+        reward.executor.threads = 0;
+        reward.sources.insert(
+            "rm".into(),
+            skein_reward::SourceConfig::Service(skein_reward::ServiceConfig::Scorer {}),
+        );
+        reward.sources.insert(
+            "judge".into(),
+            skein_reward::SourceConfig::Service(skein_reward::ServiceConfig::Scorer {}),
+        );
+        reward.routes.insert(
+            "gsm8k".into(),
+            skein_reward::RouteConfig {
+                sources: vec!["math".into()],
+                weights: vec![1.0, 2.0],
+            },
+        );
+        cfg.reward = Some(reward);
+        cfg.reward_models
+            .insert("rm".into(), "/nonexistent/model".into());
+        let err = validate(&cfg).unwrap_err().to_string();
+        for needle in [
+            "`reward.executor.threads`: must be ≥ 1 (got 0)",
+            "`reward_models.rm`: the directory `/nonexistent/model` does not exist",
+            "`reward.sources.judge`: kind = \"scorer\" needs `reward_models.judge",
+            "`reward.routes.gsm8k`: unknown data source `gsm8k` (task `arithmetic` produces: arithmetic)",
+            "`reward.routes.gsm8k.weights`: needs one weight per source",
+        ] {
+            assert!(err.contains(needle), "missing {needle:?} in {err}");
+        }
+        // The task's checker is always available as a scorer source.
+        let mut ok = TrainConfig::default();
+        let mut reward = skein_reward::RewardConfig::default();
+        reward.sources.insert(
+            "task".into(),
+            skein_reward::SourceConfig::Service(skein_reward::ServiceConfig::Scorer {}),
+        );
+        reward.default_route.sources = vec!["task".into(), "math".into()];
+        ok.reward = Some(reward);
+        assert!(validate(&ok).is_ok(), "{:?}", validate(&ok));
     }
 }
