@@ -34,6 +34,10 @@ enum Command {
         /// Print the resolved config as TOML and exit.
         #[arg(long)]
         print_config: bool,
+        /// Continue the run in RUN_DIR from its newest checkpoint-N (its config.toml unless
+        /// --config is given; --set still applies, e.g. more trainer.steps).
+        #[arg(long, value_name = "RUN_DIR")]
+        resume: Option<PathBuf>,
     },
     /// Plan PPO mini-batches for a JSON batch (file or stdin) and print the plan as JSON.
     Plan {
@@ -56,7 +60,8 @@ pub fn main() -> ExitCode {
             config,
             overrides,
             print_config,
-        } => train(config, overrides, print_config),
+            resume,
+        } => train(config, overrides, print_config, resume),
         Command::Plan { input } => return plan(input),
         Command::Bench(args) => bench::run(&args),
         Command::ServeReward(args) => serve_reward::run(&args),
@@ -73,7 +78,20 @@ pub fn main() -> ExitCode {
     }
 }
 
-fn train(config: Option<PathBuf>, overrides: Vec<String>, print_config: bool) -> Result<()> {
+fn train(
+    config: Option<PathBuf>,
+    mut overrides: Vec<String>,
+    print_config: bool,
+    resume: Option<PathBuf>,
+) -> Result<()> {
+    let config = config.or_else(|| resume.as_ref().map(|dir| dir.join("config.toml")));
+    if let Some(dir) = &resume {
+        // The resumed run stays in its own directory, whatever the config says.
+        overrides.push(format!(
+            "run.dir={}",
+            toml_string(&dir.display().to_string())
+        ));
+    }
     let text = match &config {
         Some(path) => Some(
             std::fs::read_to_string(path)
@@ -91,7 +109,10 @@ fn train(config: Option<PathBuf>, overrides: Vec<String>, print_config: bool) ->
         print!("{}", skein_config::to_toml_string(&cfg));
         return Ok(());
     }
-    let summary = crate::trainer::run::train(&cfg)?;
+    let summary = match resume {
+        Some(_) => crate::trainer::run::resume(&cfg)?,
+        None => crate::trainer::run::train(&cfg)?,
+    };
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
     let k = summary.rewards.len().min(5);
     println!(
@@ -129,4 +150,9 @@ fn plan(input: Option<PathBuf>) -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// `s` as a TOML string literal, for an override value.
+fn toml_string(s: &str) -> String {
+    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
 }

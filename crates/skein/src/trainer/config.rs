@@ -247,8 +247,11 @@ pub struct TrainerConfig {
     pub micro_batch_tokens: usize,
     /// What must stay in one mini-batch: `trajectory` or `group`.
     pub unit: String,
-    /// Save a checkpoint every N steps (0: only at the end).
+    /// Save a resumable checkpoint (`checkpoint-N`: weights and trainer state) every N steps;
+    /// 0 writes only the final model (`checkpoint/`).
     pub checkpoint_every: usize,
+    /// Numbered checkpoints to keep, newest first (0: all).
+    pub keep_last: usize,
 }
 
 impl Default for TrainerConfig {
@@ -261,6 +264,7 @@ impl Default for TrainerConfig {
             micro_batch_tokens: 8192,
             unit: "trajectory".into(),
             checkpoint_every: 0,
+            keep_last: 0,
         }
     }
 }

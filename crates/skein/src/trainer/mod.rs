@@ -1,5 +1,6 @@
 //! The trainer: losses, optimizer, the PPO update over planned mini-batches, and the step loop.
 
+pub mod checkpoint;
 pub mod config;
 pub mod critic;
 pub mod eval;

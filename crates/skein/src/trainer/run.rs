@@ -2,6 +2,7 @@
 //! evaluate, then RL steps (rollout → score → advantages → plan → PPO update), evaluate again,
 //! save the checkpoint and plot the curves.
 
+use super::checkpoint::{self, Snapshot, TrainerState};
 use super::config::TrainConfig;
 use super::critic::{apply_gae, compute_values, critic_update};
 use super::eval::{evaluate, EvalResult};
@@ -46,6 +47,15 @@ pub fn parse_device(s: &str) -> Result<Device> {
 }
 
 pub fn train(cfg: &TrainConfig) -> Result<RunSummary> {
+    run(cfg, false)
+}
+
+/// Continues the run in `cfg.run.dir` from its newest `checkpoint-N`, exactly where it stopped.
+pub fn resume(cfg: &TrainConfig) -> Result<RunSummary> {
+    run(cfg, true)
+}
+
+fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
     super::validate::validate(cfg)?;
     let device = parse_device(&cfg.run.device)?;
     if cfg.run.threads > 0 {
@@ -55,11 +65,25 @@ pub fn train(cfg: &TrainConfig) -> Result<RunSummary> {
     std::fs::create_dir_all(&dir)
         .with_context(|| format!("creating run directory {}", dir.display()))?;
     std::fs::write(dir.join("config.toml"), skein_config::to_toml_string(cfg))?;
-    let _ = std::fs::remove_file(dir.join("metrics.jsonl"));
-    let mut log = MetricsLog::create(&dir.join("metrics.jsonl"))?;
+    let metrics_path = dir.join("metrics.jsonl");
+    let resumed = if resume {
+        Some(find_checkpoint(&dir)?)
+    } else {
+        None
+    };
+    match &resumed {
+        Some((_, state)) => checkpoint::truncate_lines(&metrics_path, state.metrics_lines)?,
+        None => {
+            let _ = std::fs::remove_file(&metrics_path);
+        }
+    }
+    let mut log = MetricsLog::create(&metrics_path)?;
 
     let task = task_by_name(&cfg.task.name, cfg.task.difficulty)?;
-    let (tokenizer, policy) = build_policy(cfg, task.as_ref(), device)?;
+    let (tokenizer, policy) = match &resumed {
+        Some((ckpt, _)) => (Tokenizer::from_dir(ckpt)?, Model::load_dir(ckpt, device)?),
+        None => build_policy(cfg, task.as_ref(), device)?,
+    };
     let eos = tokenizer
         .eos_token_ids()
         .first()
@@ -80,7 +104,7 @@ pub fn train(cfg: &TrainConfig) -> Result<RunSummary> {
         dir.display()
     );
 
-    let mut rng = TaskRng::new(cfg.run.seed);
+    let mut rng = TaskRng::new(resumed.as_ref().map_or(cfg.run.seed, |(_, s)| s.task_rng));
     let eval_batch = prompt_batch(
         task.as_ref(),
         &tokenizer,
@@ -88,7 +112,7 @@ pub fn train(cfg: &TrainConfig) -> Result<RunSummary> {
         cfg.eval.problems,
     )?;
 
-    if cfg.sft.steps > 0 {
+    if cfg.sft.steps > 0 && resumed.is_none() {
         warm_up(
             cfg,
             &policy,
@@ -99,33 +123,44 @@ pub fn train(cfg: &TrainConfig) -> Result<RunSummary> {
             &mut log,
         )?;
     }
-    let eval_before = evaluate(
-        &engine,
-        &policy,
-        task.as_ref(),
-        &tokenizer,
-        &eval_batch,
-        &sampling,
-        rewarder.as_ref(),
-    );
-    log.append(&record(
-        0,
-        [
-            ("eval/accuracy", eval_before.accuracy),
-            ("eval/reward", eval_before.mean_reward),
-        ],
-    ))?;
-    eprintln!(
-        "skein: eval before RL: accuracy {:.3}",
-        eval_before.accuracy
-    );
+    let eval_before = match &resumed {
+        Some((_, s)) => EvalResult {
+            accuracy: s.eval_before_accuracy,
+            mean_reward: s.eval_before_reward,
+        },
+        None => {
+            let eval_before = evaluate(
+                &engine,
+                &policy,
+                task.as_ref(),
+                &tokenizer,
+                &eval_batch,
+                &sampling,
+                rewarder.as_ref(),
+            );
+            log.append(&record(
+                0,
+                [
+                    ("eval/accuracy", eval_before.accuracy),
+                    ("eval/reward", eval_before.mean_reward),
+                ],
+            ))?;
+            eprintln!(
+                "skein: eval before RL: accuracy {:.3}",
+                eval_before.accuracy
+            );
+            eval_before
+        }
+    };
 
-    let reference = if cfg.algorithm.kl_coef > 0.0 {
-        let mut r = Model::random(&policy.net.config, device, 0)?;
-        r.copy_from(&policy)?;
-        Some(r)
-    } else {
-        None
+    let reference = match (&resumed, cfg.algorithm.kl_coef > 0.0) {
+        (_, false) => None,
+        (Some((ckpt, _)), true) => Some(checkpoint::load_reference(ckpt, device)?),
+        (None, true) => {
+            let mut r = Model::random(&policy.net.config, device, 0)?;
+            r.copy_from(&policy)?;
+            Some(r)
+        }
     };
     let steps = cfg.trainer.steps;
     let total_opt_steps = steps * cfg.trainer.ppo_epochs * cfg.trainer.num_mini_batches;
@@ -155,15 +190,31 @@ pub fn train(cfg: &TrainConfig) -> Result<RunSummary> {
     } else {
         None
     };
+    if let Some((ckpt, s)) = &resumed {
+        checkpoint::load_optimizer(ckpt, &mut opt, s.optimizer_steps, false)?;
+        if let Some((model, copt)) = &mut critic {
+            checkpoint::load_critic(ckpt, model)?;
+            checkpoint::load_optimizer(ckpt, copt, s.critic_optimizer_steps, true)?;
+        }
+    }
+    let first_step = resumed.as_ref().map_or(1, |(_, s)| s.step + 1);
     let mut progress = StepProgress::new(steps as u64);
-    let mut rewards = Vec::with_capacity(steps);
+    let mut rewards = resumed
+        .as_ref()
+        .map_or_else(Vec::new, |(_, s)| s.rewards.clone());
 
     let iteration = iteration_config(cfg);
-    let mut buffer = RolloutBuffer::default();
+    let mut buffer = resumed
+        .as_ref()
+        .map_or_else(RolloutBuffer::default, |(_, s)| s.buffer.clone());
     let off_policy = OffPolicy::parse(&cfg.algorithm.off_policy)
         .context("`algorithm.off_policy` was validated")?;
 
-    for step in 1..=steps {
+    for step in first_step..=steps {
+        // Sampling draws from libtorch's global generator: seeding it per step makes a step's
+        // rollout independent of how the run got there, so a resumed run samples exactly what
+        // the uninterrupted one did.
+        tch::manual_seed(step_seed(cfg.run.seed, step));
         let t0 = Instant::now();
         let version = opt.steps_done as u64;
         let mut next_prompt = || -> Result<_> {
@@ -317,13 +368,29 @@ pub fn train(cfg: &TrainConfig) -> Result<RunSummary> {
         }
         log.append(&m)?;
         let every = cfg.trainer.checkpoint_every;
-        if every > 0 && step % every == 0 && step != steps {
-            save_checkpoint(
-                &policy,
-                &tokenizer,
-                &sampling,
-                &dir.join(format!("checkpoint-{step}")),
-            )?;
+        if every > 0 && step % every == 0 {
+            let state = TrainerState {
+                step,
+                optimizer_steps: opt.steps_done,
+                critic_optimizer_steps: critic.as_ref().map_or(0, |(_, o)| o.steps_done),
+                task_rng: rng.state(),
+                buffer: buffer.clone(),
+                metrics_lines: checkpoint::count_lines(&metrics_path),
+                eval_before_accuracy: eval_before.accuracy,
+                eval_before_reward: eval_before.mean_reward,
+                rewards: rewards.clone(),
+            };
+            let snapshot = Snapshot {
+                policy: &policy,
+                tokenizer: &tokenizer,
+                sampling: &sampling,
+                optimizer: &opt,
+                reference: reference.as_ref(),
+                critic: critic.as_ref().map(|(m, o)| (m, o)),
+                state: &state,
+            };
+            checkpoint::save(&dir.join(format!("checkpoint-{step}")), &snapshot)?;
+            checkpoint::rotate(&dir, cfg.trainer.keep_last)?;
         }
         progress.update(
             step as u64,
@@ -361,7 +428,7 @@ pub fn train(cfg: &TrainConfig) -> Result<RunSummary> {
     );
 
     let ckpt = dir.join("checkpoint");
-    save_checkpoint(&policy, &tokenizer, &sampling, &ckpt)?;
+    checkpoint::save_model_dir(&policy, &tokenizer, &sampling, &ckpt)?;
     let plot = skein_report::plot_run_dir(&dir, None)?;
     eprintln!(
         "skein: checkpoint {} (HF layout), curves {}",
@@ -376,27 +443,29 @@ pub fn train(cfg: &TrainConfig) -> Result<RunSummary> {
     })
 }
 
-/// An HF model directory: config.json, model.safetensors, the tokenizer files and a
-/// generation_config.json with the sampling settings and end-of-sequence ids of this run.
-fn save_checkpoint(
-    policy: &Model,
-    tokenizer: &Tokenizer,
-    sampling: &SamplingParams,
-    dir: &Path,
-) -> Result<()> {
-    policy.save_dir(dir)?;
-    tokenizer.save_dir(dir)?;
-    let generation = skein_text::GenerationConfig {
-        eos_token_id: Some(skein_text::TokenIds::Many(sampling.stop_token_ids.clone())),
-        pad_token_id: tokenizer.pad_token_id(),
-        temperature: Some(sampling.temperature),
-        top_p: Some(sampling.top_p),
-        max_new_tokens: Some(sampling.max_new_tokens),
-        do_sample: Some(sampling.temperature > 0.0),
-        ..Default::default()
+/// The newest resumable checkpoint of a run directory, and its trainer state.
+fn find_checkpoint(dir: &Path) -> Result<(PathBuf, TrainerState)> {
+    let Some((_, ckpt)) = checkpoint::latest(dir)? else {
+        bail!(
+            "nothing to resume in {}: it has no checkpoint-N directory with {} \
+             (runs write them every `trainer.checkpoint_every` steps)",
+            dir.display(),
+            checkpoint::STATE_FILE
+        );
     };
-    generation.save_dir(dir)?;
-    Ok(())
+    let state = checkpoint::load_state(&ckpt)?;
+    eprintln!(
+        "skein: resuming from {} (step {}, {} paused samples in the rollout buffer)",
+        ckpt.display(),
+        state.step,
+        state.buffer.paused_samples()
+    );
+    Ok((ckpt, state))
+}
+
+/// The libtorch seed of one step.
+fn step_seed(seed: u64, step: usize) -> i64 {
+    (seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ step as u64) as i64
 }
 
 fn build_policy(cfg: &TrainConfig, task: &dyn Task, device: Device) -> Result<(Tokenizer, Model)> {

@@ -1,0 +1,238 @@
+//! Checkpoints that a run resumes from exactly: the policy as a Hugging Face directory
+//! (config, safetensors, tokenizer, generation config) plus the trainer's state — optimizer
+//! moments, step and policy version, the task sampler's RNG, the partial-rollout buffer, the
+//! frozen reference and the critic when there are any, and how much of metrics.jsonl the
+//! state accounts for.
+//!
+//! A checkpoint is written into `NAME.tmp`, every file and the directory are fsynced, and only
+//! then renamed over `NAME`: a crash mid-write leaves the previous checkpoint intact.
+
+use super::optim::Optimizer;
+use super::partial::RolloutBuffer;
+use crate::engine::SamplingParams;
+use crate::model::{Model, ValueModel};
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use skein_text::Tokenizer;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use tch::Tensor;
+
+pub const STATE_FILE: &str = "trainer_state.json";
+const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+const REFERENCE_DIR: &str = "reference";
+const CRITIC_FILE: &str = "critic.safetensors";
+const CRITIC_OPTIMIZER_FILE: &str = "critic_optimizer.safetensors";
+
+/// Everything besides tensors that the step loop needs to continue.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TrainerState {
+    /// The last RL step this checkpoint includes.
+    pub step: usize,
+    /// Optimizer steps taken: the policy version.
+    pub optimizer_steps: usize,
+    pub critic_optimizer_steps: usize,
+    /// State of the task's problem sampler.
+    pub task_rng: u64,
+    pub buffer: RolloutBuffer,
+    /// Lines of metrics.jsonl written up to this step; a resumed run drops the rest.
+    pub metrics_lines: usize,
+    pub eval_before_accuracy: f64,
+    pub eval_before_reward: f64,
+    /// Mean training reward of each step so far.
+    pub rewards: Vec<f64>,
+}
+
+/// What a checkpoint holds, borrowed from the running trainer.
+pub struct Snapshot<'a> {
+    pub policy: &'a Model,
+    pub tokenizer: &'a Tokenizer,
+    pub sampling: &'a SamplingParams,
+    pub optimizer: &'a Optimizer,
+    pub reference: Option<&'a Model>,
+    pub critic: Option<(&'a ValueModel, &'a Optimizer)>,
+    pub state: &'a TrainerState,
+}
+
+/// An HF model directory: config.json, model.safetensors, the tokenizer files and a
+/// generation_config.json with the sampling settings and end-of-sequence ids of this run.
+pub fn save_model_dir(
+    policy: &Model,
+    tokenizer: &Tokenizer,
+    sampling: &SamplingParams,
+    dir: &Path,
+) -> Result<()> {
+    policy.save_dir(dir)?;
+    tokenizer.save_dir(dir)?;
+    let generation = skein_text::GenerationConfig {
+        eos_token_id: Some(skein_text::TokenIds::Many(sampling.stop_token_ids.clone())),
+        pad_token_id: tokenizer.pad_token_id(),
+        temperature: Some(sampling.temperature),
+        top_p: Some(sampling.top_p),
+        max_new_tokens: Some(sampling.max_new_tokens),
+        do_sample: Some(sampling.temperature > 0.0),
+        ..Default::default()
+    };
+    generation.save_dir(dir)?;
+    Ok(())
+}
+
+/// Writes a resumable checkpoint at `dir`, atomically.
+pub fn save(dir: &Path, s: &Snapshot) -> Result<()> {
+    let tmp = dir.with_extension("tmp");
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).with_context(|| format!("removing {}", tmp.display()))?;
+    }
+    save_model_dir(s.policy, s.tokenizer, s.sampling, &tmp)?;
+    write_tensors(&s.optimizer.state(), &tmp.join(OPTIMIZER_FILE))?;
+    if let Some(reference) = s.reference {
+        reference.save_dir(&tmp.join(REFERENCE_DIR))?;
+    }
+    if let Some((critic, opt)) = s.critic {
+        let mut named: Vec<(String, Tensor)> = critic.vs.variables().into_iter().collect();
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        write_tensors(&named, &tmp.join(CRITIC_FILE))?;
+        write_tensors(&opt.state(), &tmp.join(CRITIC_OPTIMIZER_FILE))?;
+    }
+    std::fs::write(
+        tmp.join(STATE_FILE),
+        serde_json::to_string(s.state).context("serialising the trainer state")?,
+    )
+    .with_context(|| format!("writing {}", tmp.join(STATE_FILE).display()))?;
+    sync_tree(&tmp)?;
+    let old = dir.with_extension("old");
+    if dir.exists() {
+        std::fs::rename(dir, &old).with_context(|| format!("moving {} aside", dir.display()))?;
+    }
+    std::fs::rename(&tmp, dir).with_context(|| format!("renaming to {}", dir.display()))?;
+    if let Some(parent) = dir.parent() {
+        sync_dir(parent)?;
+    }
+    if old.exists() {
+        std::fs::remove_dir_all(&old).with_context(|| format!("removing {}", old.display()))?;
+    }
+    Ok(())
+}
+
+pub fn load_state(dir: &Path) -> Result<TrainerState> {
+    let path = dir.join(STATE_FILE);
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+/// Restores an optimizer's moments (policy, or the critic's with `critic = true`).
+pub fn load_optimizer(dir: &Path, opt: &mut Optimizer, steps: usize, critic: bool) -> Result<()> {
+    let file = dir.join(if critic {
+        CRITIC_OPTIMIZER_FILE
+    } else {
+        OPTIMIZER_FILE
+    });
+    let state = Tensor::read_safetensors(&file)
+        .with_context(|| format!("reading optimizer state {}", file.display()))?;
+    opt.restore(&state, steps)
+        .with_context(|| format!("restoring {}", file.display()))
+}
+
+pub fn load_reference(dir: &Path, device: tch::Device) -> Result<Model> {
+    Model::load_dir(&dir.join(REFERENCE_DIR), device)
+}
+
+pub fn load_critic(dir: &Path, critic: &ValueModel) -> Result<()> {
+    let file = dir.join(CRITIC_FILE);
+    let saved = Tensor::read_safetensors(&file)
+        .with_context(|| format!("reading critic weights {}", file.display()))?;
+    let saved: std::collections::HashMap<String, Tensor> = saved.into_iter().collect();
+    tch::no_grad(|| {
+        for (name, mut var) in critic.vs.variables() {
+            let Some(t) = saved.get(&name) else {
+                bail!("{}: no tensor `{name}`", file.display());
+            };
+            var.copy_(t);
+        }
+        Ok(())
+    })
+}
+
+/// The newest `checkpoint-N` under `run_dir` that holds a trainer state.
+pub fn latest(run_dir: &Path) -> Result<Option<(usize, PathBuf)>> {
+    Ok(numbered(run_dir)?.into_iter().last())
+}
+
+/// Removes all but the newest `keep_last` numbered checkpoints (0 keeps all).
+pub fn rotate(run_dir: &Path, keep_last: usize) -> Result<()> {
+    if keep_last == 0 {
+        return Ok(());
+    }
+    let all = numbered(run_dir)?;
+    for (_, dir) in all.iter().take(all.len().saturating_sub(keep_last)) {
+        std::fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    Ok(())
+}
+
+/// `checkpoint-N` directories with a trainer state, oldest first.
+fn numbered(run_dir: &Path) -> Result<Vec<(usize, PathBuf)>> {
+    let mut found = Vec::new();
+    let entries = match std::fs::read_dir(run_dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(found),
+        Err(e) => return Err(e).with_context(|| format!("listing {}", run_dir.display())),
+    };
+    for entry in entries {
+        let path = entry?.path();
+        let n = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix("checkpoint-"))
+            .and_then(|n| n.parse::<usize>().ok());
+        if let Some(n) = n {
+            if path.join(STATE_FILE).is_file() {
+                found.push((n, path));
+            }
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+fn write_tensors(named: &[(String, Tensor)], path: &Path) -> Result<()> {
+    let refs: Vec<(&str, &Tensor)> = named.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    Tensor::write_safetensors(&refs, path).with_context(|| format!("writing {}", path.display()))
+}
+
+/// fsyncs every file below `dir`, then the directories themselves.
+fn sync_tree(dir: &Path) -> Result<()> {
+    for entry in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
+        let path = entry?.path();
+        if path.is_dir() {
+            sync_tree(&path)?;
+        } else {
+            File::open(&path)
+                .and_then(|f| f.sync_all())
+                .with_context(|| format!("syncing {}", path.display()))?;
+        }
+    }
+    sync_dir(dir)
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|f| f.sync_all())
+        .with_context(|| format!("syncing {}", dir.display()))
+}
+
+/// Keeps the first `lines` lines of `path` (a resumed run's metrics up to its checkpoint).
+pub fn truncate_lines(path: &Path, lines: usize) -> Result<()> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let kept: String = text.split_inclusive('\n').take(lines).collect();
+    std::fs::write(path, kept).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Lines in `path` (0 when it does not exist yet).
+pub fn count_lines(path: &Path) -> usize {
+    std::fs::read_to_string(path)
+        .map(|t| t.lines().count())
+        .unwrap_or(0)
+}
