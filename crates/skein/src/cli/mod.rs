@@ -1,6 +1,7 @@
 //! The `skein` command line: `train`, `plan`, `bench`, `plot`.
 
 mod bench;
+mod bench_partial;
 mod serve_reward;
 
 use anyhow::{Context, Result};
@@ -46,6 +47,9 @@ enum Command {
     },
     /// Measure training-step time and decode throughput of a model size.
     Bench(bench::BenchArgs),
+    /// Train the long-tail `reverse` task twice, synchronous then with partial rollout, and
+    /// compare trained tokens per second, step-time spread and reward curves (one PNG).
+    BenchPartial(bench_partial::PartialBenchArgs),
     /// Draw RUN_DIR/plot.png from RUN_DIR/metrics.jsonl.
     Plot { run_dir: PathBuf },
     /// Serve the sources of a `[reward]` config (e.g. a reward model) over HTTP, for a
@@ -64,6 +68,7 @@ pub fn main() -> ExitCode {
         } => train(config, overrides, print_config, resume),
         Command::Plan { input } => return plan(input),
         Command::Bench(args) => bench::run(&args),
+        Command::BenchPartial(args) => bench_partial::run(&args),
         Command::ServeReward(args) => serve_reward::run(&args),
         Command::Plot { run_dir } => {
             skein_report::plot_run_dir(&run_dir, None).map(|p| println!("{}", p.display()))
