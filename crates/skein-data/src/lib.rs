@@ -1,0 +1,1 @@
+//! Datasets: JSONL and verl-layout parquet prompt files, read and validated row by row.
