@@ -12,6 +12,9 @@ use std::time::Instant;
 
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
+    /// A benchmark other than the training step and decode (e.g. `rewards`).
+    #[command(subcommand)]
+    what: Option<super::bench_rewards::BenchWhat>,
     #[arg(long, default_value_t = 512)]
     vocab: usize,
     #[arg(long, default_value_t = 256)]
@@ -35,6 +38,9 @@ pub struct BenchArgs {
 }
 
 pub fn run(a: &BenchArgs) -> Result<()> {
+    if let Some(what) = &a.what {
+        return super::bench_rewards::run(what);
+    }
     let cfg = ModelConfig::tiny_qwen2(
         a.vocab,
         a.hidden,

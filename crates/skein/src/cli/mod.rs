@@ -1,6 +1,7 @@
 //! The `skein` command line: `train`, `plan`, `bench`, `plot`.
 
 mod bench;
+mod bench_rewards;
 mod bench_partial;
 mod serve_reward;
 
