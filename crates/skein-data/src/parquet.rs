@@ -1,0 +1,171 @@
+//! verl's parquet layout: columns `prompt` (a list of `{role, content}` structs, or a string),
+//! `data_source`, `reward_model` (a struct with `ground_truth`) and optionally `extra_info`.
+//! Records are read with parquet's row API and converted to JSON, then validated exactly as a
+//! JSONL line is.
+
+use crate::error::DataError;
+use crate::load::{ReadOptions, Rows};
+use crate::row::{from_json, PromptRow};
+use parquet::basic::Compression;
+use parquet::data_type::{ByteArray, ByteArrayType, Int64Type};
+use parquet::file::properties::WriterProperties;
+use parquet::file::reader::{FileReader, SerializedFileReader};
+use parquet::file::writer::SerializedFileWriter;
+use parquet::schema::parser::parse_message_type;
+use std::fs::File;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::Path;
+use std::sync::Arc;
+
+const REQUIRED: [&str; 3] = ["prompt", "data_source", "reward_model"];
+
+/// Reads the prompt rows of a verl-layout parquet file.
+pub fn read(file: &Path, opts: &ReadOptions) -> Result<Rows<PromptRow>, DataError> {
+    let f = File::open(file).map_err(|e| DataError::file(file, format!("cannot open: {e}")))?;
+    // The decoder works on untrusted bytes; should it panic on a corrupt file, that is this
+    // file's error, not the end of the run.
+    catch_unwind(AssertUnwindSafe(|| read_file(f, file, opts))).unwrap_or_else(|_| {
+        Err(DataError::file(
+            file,
+            "the parquet decoder failed on this file (is it corrupt?)",
+        ))
+    })
+}
+
+fn read_file(f: File, file: &Path, opts: &ReadOptions) -> Result<Rows<PromptRow>, DataError> {
+    let reader = SerializedFileReader::new(f)
+        .map_err(|e| DataError::file(file, format!("not a readable parquet file: {e}")))?;
+    let root = reader
+        .metadata()
+        .file_metadata()
+        .schema_descr()
+        .root_schema();
+    let columns: Vec<&str> = root.get_fields().iter().map(|t| t.name()).collect();
+    if let Some(missing) = REQUIRED.iter().find(|c| !columns.contains(c)) {
+        return Err(DataError::file(
+            file,
+            format!(
+                "no column `{missing}` (the file has: {}); a verl-layout file has `prompt`, \
+                 `data_source`, `reward_model` and optionally `extra_info`",
+                columns.join(", ")
+            ),
+        ));
+    }
+    let rows = reader
+        .get_row_iter(None)
+        .map_err(|e| DataError::file(file, format!("cannot read records: {e}")))?;
+    let mut out = Rows::default();
+    for (i, record) in rows.enumerate() {
+        // A record that does not decode leaves the reader in no state to go on: always fatal.
+        let record =
+            record.map_err(|e| DataError::row(file, i + 1, format!("cannot decode: {e}")))?;
+        out.push(from_json(&record.to_json_value()), file, i + 1, opts)?;
+    }
+    Ok(out)
+}
+
+/// Writes rows in verl's layout (snappy-compressed). `extra_info` is stored as JSON text.
+pub fn write(file: &Path, rows: &[PromptRow]) -> Result<(), DataError> {
+    let schema = "message verl {
+        optional group prompt (LIST) {
+            repeated group list {
+                optional group element {
+                    optional binary content (STRING);
+                    optional binary role (STRING);
+                }
+            }
+        }
+        optional binary data_source (STRING);
+        optional group reward_model { optional binary ground_truth (STRING); }
+        optional binary extra_info (STRING);
+    }";
+    let (mut content, mut role) = (Leaf::default(), Leaf::default());
+    let (mut source, mut truth, mut extra) = (Leaf::default(), Leaf::default(), Leaf::default());
+    for row in rows {
+        for (i, m) in row.prompt.iter().enumerate() {
+            let rep = i16::from(i > 0);
+            content.push_bytes(&m.content, 4, rep);
+            role.push_bytes(&m.role, 4, rep);
+        }
+        if row.prompt.is_empty() {
+            content.push_null(1, 0);
+            role.push_null(1, 0);
+        }
+        source.push_bytes(&row.data_source, 1, 0);
+        truth.push_bytes(&row.ground_truth, 2, 0);
+        match &row.extra_info {
+            serde_json::Value::Null => extra.push_null(0, 0),
+            v => extra.push_bytes(&v.to_string(), 1, 0),
+        }
+    }
+    write_columns(file, schema, vec![content, role, source, truth, extra])
+}
+
+/// One leaf column's values with their definition and repetition levels (the Dremel
+/// encoding: a null or empty list has a level and no value).
+#[derive(Debug, Clone, Default)]
+pub struct Leaf {
+    pub bytes: Vec<ByteArray>,
+    pub longs: Vec<i64>,
+    pub def: Vec<i16>,
+    pub rep: Vec<i16>,
+}
+
+impl Leaf {
+    pub fn push_bytes(&mut self, s: &str, def: i16, rep: i16) {
+        self.bytes.push(ByteArray::from(s.as_bytes().to_vec()));
+        self.def.push(def);
+        self.rep.push(rep);
+    }
+
+    pub fn push_long(&mut self, v: i64, def: i16, rep: i16) {
+        self.longs.push(v);
+        self.def.push(def);
+        self.rep.push(rep);
+    }
+
+    pub fn push_null(&mut self, def: i16, rep: i16) {
+        self.def.push(def);
+        self.rep.push(rep);
+    }
+}
+
+/// Writes one row group of raw leaf columns, in schema order, under a schema in parquet's
+/// message syntax (a building block for [`write`] and for test files of any shape). Binary
+/// leaves take `bytes`, INT64 leaves `longs`.
+pub fn write_columns(file: &Path, schema: &str, leaves: Vec<Leaf>) -> Result<(), DataError> {
+    let err = |e: parquet::errors::ParquetError| DataError::file(file, format!("writing: {e}"));
+    let schema = Arc::new(parse_message_type(schema).map_err(err)?);
+    let props = Arc::new(
+        WriterProperties::builder()
+            .set_compression(Compression::SNAPPY)
+            .build(),
+    );
+    let f = File::create(file).map_err(|e| DataError::file(file, format!("cannot create: {e}")))?;
+    let mut writer = SerializedFileWriter::new(f, schema, props).map_err(err)?;
+    let mut group = writer.next_row_group().map_err(err)?;
+    let mut leaves = leaves.into_iter();
+    while let Some(mut col) = group.next_column().map_err(err)? {
+        let leaf = leaves
+            .next()
+            .ok_or_else(|| DataError::file(file, "fewer leaves than the schema has columns"))?;
+        let (def, rep) = (Some(&leaf.def[..]), Some(&leaf.rep[..]));
+        let is_long = matches!(
+            col.untyped(),
+            parquet::column::writer::ColumnWriter::Int64ColumnWriter(_)
+        );
+        if is_long {
+            col.typed::<Int64Type>()
+                .write_batch(&leaf.longs, def, rep)
+                .map_err(err)?;
+        } else {
+            col.typed::<ByteArrayType>()
+                .write_batch(&leaf.bytes, def, rep)
+                .map_err(err)?;
+        }
+        col.close().map_err(err)?;
+    }
+    group.close().map_err(err)?;
+    writer.close().map_err(err)?;
+    Ok(())
+}

@@ -1,0 +1,233 @@
+//! One prompt row, and its validation from a JSON value (JSONL lines and parquet records both
+//! arrive here as JSON, so both formats accept and reject exactly the same rows).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+/// A validated prompt row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptRow {
+    pub prompt: Vec<ChatMessage>,
+    pub data_source: String,
+    pub ground_truth: String,
+    /// Anything the row carries besides; `null` when absent.
+    pub extra_info: Value,
+}
+
+impl PromptRow {
+    /// The row as a JSON object in the verl layout (what `from_json` reads).
+    pub fn to_json(&self) -> Value {
+        serde_json::json!({
+            "prompt": self.prompt,
+            "data_source": self.data_source,
+            "reward_model": {"ground_truth": self.ground_truth},
+            "extra_info": self.extra_info,
+        })
+    }
+}
+
+/// Reads a row; the error says which field is wrong and how (the caller adds file and row).
+pub fn from_json(value: &Value) -> Result<PromptRow, String> {
+    let Value::Object(obj) = value else {
+        return Err(format!(
+            "expected a JSON object with `prompt`, `data_source` and `reward_model`, got {}",
+            kind(value)
+        ));
+    };
+    let prompt = match obj.get("prompt") {
+        None | Some(Value::Null) => return Err("missing `prompt`".into()),
+        Some(Value::String(s)) => vec![ChatMessage {
+            role: "user".into(),
+            content: s.clone(),
+        }],
+        Some(Value::Array(items)) => messages(items, "prompt")?,
+        Some(other) => {
+            return Err(format!(
+                "`prompt` must be a list of chat messages or a string, got {}",
+                kind(other)
+            ))
+        }
+    };
+    let data_source = match obj.get("data_source") {
+        None | Some(Value::Null) => return Err("missing `data_source`".into()),
+        Some(Value::String(s)) if !s.is_empty() => s.clone(),
+        Some(Value::String(_)) => return Err("`data_source` is empty".into()),
+        Some(other) => {
+            return Err(format!(
+                "`data_source` must be a string, got {}",
+                kind(other)
+            ))
+        }
+    };
+    let ground_truth = match obj.get("reward_model") {
+        None | Some(Value::Null) => return Err("missing `reward_model.ground_truth`".into()),
+        Some(Value::Object(rm)) => match rm.get("ground_truth") {
+            None | Some(Value::Null) => return Err("missing `reward_model.ground_truth`".into()),
+            Some(Value::String(s)) => s.clone(),
+            // A number is its decimal text: `42` and `"42"` mean the same answer.
+            Some(Value::Number(n)) => n.to_string(),
+            Some(other) => {
+                return Err(format!(
+                    "`reward_model.ground_truth` must be a string or a number, got {}",
+                    kind(other)
+                ))
+            }
+        },
+        Some(other) => {
+            return Err(format!(
+                "`reward_model` must be an object with `ground_truth`, got {}",
+                kind(other)
+            ))
+        }
+    };
+    Ok(PromptRow {
+        prompt,
+        data_source,
+        ground_truth,
+        extra_info: obj.get("extra_info").cloned().unwrap_or(Value::Null),
+    })
+}
+
+/// A non-empty list of `{role, content}` objects; `field` names it in errors.
+pub fn messages(items: &[Value], field: &str) -> Result<Vec<ChatMessage>, String> {
+    if items.is_empty() {
+        return Err(format!("`{field}` has no messages"));
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let Value::Object(m) = m else {
+                return Err(format!(
+                    "`{field}[{i}]` must be an object with `role` and `content`, got {}",
+                    kind(m)
+                ));
+            };
+            let text = |key: &str| match m.get(key) {
+                Some(Value::String(s)) => Ok(s.clone()),
+                None | Some(Value::Null) => Err(format!("`{field}[{i}]` has no `{key}`")),
+                Some(other) => Err(format!(
+                    "`{field}[{i}].{key}` must be a string, got {}",
+                    kind(other)
+                )),
+            };
+            let role = text("role")?;
+            if role.is_empty() {
+                return Err(format!("`{field}[{i}].role` is empty"));
+            }
+            Ok(ChatMessage {
+                role,
+                content: text("content")?,
+            })
+        })
+        .collect()
+}
+
+/// What a JSON value is, for error messages: its type and, when short, the value itself.
+pub fn kind(v: &Value) -> String {
+    let name = match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    };
+    let text = v.to_string();
+    if text.chars().count() <= 40 && !matches!(v, Value::Null) {
+        format!("{name} ({text})")
+    } else {
+        name.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn every_field_problem_is_named() {
+        let ok = json!({"prompt": [{"role": "user", "content": "1+1="}], "data_source": "a",
+                        "reward_model": {"ground_truth": 2}});
+        let row = from_json(&ok).unwrap();
+        assert_eq!(row.ground_truth, "2");
+        assert_eq!(row.extra_info, Value::Null);
+        let cases = [
+            (json!([1]), "expected a JSON object"),
+            (
+                json!({"data_source": "a", "reward_model": {"ground_truth": "1"}}),
+                "missing `prompt`",
+            ),
+            (
+                json!({"prompt": 3, "data_source": "a", "reward_model": {"ground_truth": "1"}}),
+                "`prompt` must be a list",
+            ),
+            (
+                json!({"prompt": [], "data_source": "a", "reward_model": {"ground_truth": "1"}}),
+                "`prompt` has no messages",
+            ),
+            (
+                json!({"prompt": ["hi"], "data_source": "a", "reward_model": {"ground_truth": "1"}}),
+                "`prompt[0]` must be an object",
+            ),
+            (
+                json!({"prompt": [{"role": "user"}], "data_source": "a", "reward_model": {"ground_truth": "1"}}),
+                "`prompt[0]` has no `content`",
+            ),
+            (
+                json!({"prompt": [{"role": 1, "content": "x"}], "data_source": "a", "reward_model": {"ground_truth": "1"}}),
+                "`prompt[0].role` must be a string",
+            ),
+            (
+                json!({"prompt": "x", "reward_model": {"ground_truth": "1"}}),
+                "missing `data_source`",
+            ),
+            (
+                json!({"prompt": "x", "data_source": 7, "reward_model": {"ground_truth": "1"}}),
+                "`data_source` must be a string",
+            ),
+            (
+                json!({"prompt": "x", "data_source": "a"}),
+                "missing `reward_model.ground_truth`",
+            ),
+            (
+                json!({"prompt": "x", "data_source": "a", "reward_model": "1"}),
+                "`reward_model` must be an object",
+            ),
+            (
+                json!({"prompt": "x", "data_source": "a", "reward_model": {"style": "rule"}}),
+                "missing `reward_model.ground_truth`",
+            ),
+            (
+                json!({"prompt": "x", "data_source": "a", "reward_model": {"ground_truth": [1]}}),
+                "`reward_model.ground_truth` must be a string or a number",
+            ),
+        ];
+        for (value, needle) in cases {
+            let err = from_json(&value).unwrap_err();
+            assert!(err.contains(needle), "{value}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_string_prompt_is_one_user_message_and_rows_round_trip() {
+        let row = from_json(&json!({"prompt": "2+3=", "data_source": "s",
+            "reward_model": {"ground_truth": "5"}, "extra_info": {"index": 4}}))
+        .unwrap();
+        assert_eq!(
+            row.prompt,
+            vec![ChatMessage {
+                role: "user".into(),
+                content: "2+3=".into()
+            }]
+        );
+        assert_eq!(from_json(&row.to_json()).unwrap(), row);
+    }
+}
