@@ -173,3 +173,60 @@ fn a_killed_run_resumes_exactly() {
     let _ = std::fs::remove_dir_all(&whole);
     let _ = std::fs::remove_dir_all(&cut);
 }
+
+/// The first Ctrl-C lets the step finish, writes a resumable checkpoint of it and exits with
+/// success; the run then continues from there.
+#[test]
+fn ctrl_c_checkpoints_the_finished_step_and_exits_cleanly() {
+    let dir = run_dir("interrupt");
+    let cfg = write_config(&dir);
+    let set_dir = format!("run.dir={}", dir.display());
+    let mut child = skein(&[
+        "train",
+        "--config",
+        &cfg,
+        "--set",
+        &set_dir,
+        "--set",
+        "trainer.steps=500",
+        "--set",
+        "trainer.checkpoint_every=0",
+    ])
+    .spawn()
+    .unwrap();
+    let started = Instant::now();
+    while !dir.join("metrics.jsonl").exists() || rl_steps(&dir).len() < 2 {
+        assert!(started.elapsed() < Duration::from_secs(300), "no RL step");
+        assert!(child.try_wait().unwrap().is_none(), "the run ended early");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let sent = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "still running after Ctrl-C"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}");
+    let done = rl_steps(&dir).len();
+    assert!(done >= 2 && done < 500);
+    assert!(dir
+        .join(format!("checkpoint-{done}/trainer_state.json"))
+        .is_file());
+    let dir_str = dir.display().to_string();
+    let more = format!("trainer.steps={}", done + 1);
+    let status = skein(&["train", "--resume", &dir_str, "--set", &more])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert_eq!(rl_steps(&dir).len(), done + 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}

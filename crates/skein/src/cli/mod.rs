@@ -119,6 +119,14 @@ fn train(
         Some(_) => crate::trainer::run::resume(&cfg)?,
         None => crate::trainer::run::train(&cfg)?,
     };
+    if summary.interrupted {
+        println!(
+            "interrupted after step {}: continue with `skein train --resume {}`",
+            summary.rewards.len(),
+            summary.dir.display()
+        );
+        return Ok(());
+    }
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
     let k = summary.rewards.len().min(5);
     println!(

@@ -252,6 +252,9 @@ pub struct TrainerConfig {
     pub checkpoint_every: usize,
     /// Numbered checkpoints to keep, newest first (0: all).
     pub keep_last: usize,
+    /// Updates with a NaN or infinite loss or gradient are skipped and counted; after this
+    /// many in a row the run stops (its last checkpoint intact).
+    pub max_consecutive_skips: usize,
 }
 
 impl Default for TrainerConfig {
@@ -265,6 +268,7 @@ impl Default for TrainerConfig {
             unit: "trajectory".into(),
             checkpoint_every: 0,
             keep_last: 0,
+            max_consecutive_skips: 3,
         }
     }
 }

@@ -4,6 +4,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod critic;
 pub mod eval;
+pub mod interrupt;
 pub mod loss;
 pub mod microbatch;
 pub mod offpolicy;

@@ -79,6 +79,8 @@ pub struct Optimizer {
 pub struct StepStats {
     pub grad_norm: f64,
     pub lr: f64,
+    /// The gradient was not finite: no update was applied and the schedule did not advance.
+    pub skipped: bool,
 }
 
 impl Optimizer {
@@ -109,7 +111,8 @@ impl Optimizer {
         }
     }
 
-    /// Clips the accumulated gradients, applies one update, and advances the schedule.
+    /// Clips the accumulated gradients, applies one update, and advances the schedule; with a
+    /// NaN or infinite gradient it changes nothing and reports the step as skipped.
     pub fn step(&mut self) -> StepStats {
         let grads: Vec<Tensor> = self.params.iter().map(|(_, p)| p.grad()).collect();
         let grad_norm = tch::no_grad(|| {
@@ -128,6 +131,14 @@ impl Optimizer {
             };
             sq.sqrt()
         });
+        if !grad_norm.is_finite() {
+            self.zero_grad();
+            return StepStats {
+                grad_norm,
+                lr: self.cfg.lr_at(self.steps_done, self.total_steps),
+                skipped: true,
+            };
+        }
         let clip = if self.cfg.grad_clip > 0.0 && grad_norm > self.cfg.grad_clip {
             self.cfg.grad_clip / (grad_norm + 1e-6)
         } else {
@@ -154,7 +165,11 @@ impl Optimizer {
             }
         });
         self.steps_done += 1;
-        StepStats { grad_norm, lr }
+        StepStats {
+            grad_norm,
+            lr,
+            skipped: false,
+        }
     }
 
     /// The moments, named `m.<variable>` and `v.<variable>`, for a checkpoint.
@@ -257,6 +272,30 @@ mod tests {
             let d = (t - &b[name]).abs().max().double_value(&[]);
             assert!(d < 1e-6, "{name}: {d}");
         }
+    }
+
+    #[test]
+    fn a_non_finite_gradient_is_skipped_without_touching_anything() {
+        let (vs, lin, x, y) = problem(4);
+        let mut opt = Optimizer::new(&vs, &cfg(), 10).unwrap();
+        let before: Vec<Tensor> = vs.trainable_variables().iter().map(|t| t.copy()).collect();
+        opt.zero_grad();
+        (loss(&lin, &x, &y) * f64::NAN).backward();
+        let s = opt.step();
+        assert!(s.skipped && s.grad_norm.is_nan());
+        assert_eq!(opt.steps_done, 0);
+        for (a, b) in vs.trainable_variables().iter().zip(&before) {
+            assert!(a.equal(b));
+        }
+        assert!(opt
+            .state()
+            .iter()
+            .all(|(_, m)| m.abs().sum(Kind::Float).double_value(&[]) == 0.0));
+        // The next finite step proceeds normally.
+        opt.zero_grad();
+        loss(&lin, &x, &y).backward();
+        assert!(!opt.step().skipped);
+        assert_eq!(opt.steps_done, 1);
     }
 
     #[test]

@@ -6,6 +6,7 @@ use super::checkpoint::{self, Snapshot, TrainerState};
 use super::config::TrainConfig;
 use super::critic::{apply_gae, compute_values, critic_update};
 use super::eval::{evaluate, EvalResult};
+use super::interrupt;
 use super::loss::LossConfig;
 use super::offpolicy::{importance_weights, OffPolicy};
 use super::optim::{OptimConfig, Optimizer};
@@ -33,6 +34,8 @@ pub struct RunSummary {
     pub eval_after: EvalResult,
     /// Mean training reward of each RL step.
     pub rewards: Vec<f64>,
+    /// Stopped by Ctrl-C after a step and its checkpoint: resume to continue.
+    pub interrupted: bool,
 }
 
 pub fn parse_device(s: &str) -> Result<Device> {
@@ -198,6 +201,10 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
         }
     }
     let first_step = resumed.as_ref().map_or(1, |(_, s)| s.step + 1);
+    // Consecutive updates skipped for a non-finite loss or gradient.
+    let mut skip_streak = 0;
+    let mut interrupted = false;
+    interrupt::install();
     let mut progress = StepProgress::new(steps as u64);
     let mut rewards = resumed
         .as_ref()
@@ -273,6 +280,17 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
             None => 0.0,
         };
         let t_update = t2.elapsed().as_secs_f64();
+        skip_streak = if upd.optimizer_steps > 0 {
+            0
+        } else {
+            skip_streak
+        } + upd.skipped_updates;
+        if upd.skipped_updates > 0 {
+            eprintln!(
+                "skein: step {step}: {} update(s) skipped (NaN or infinite loss or gradient)",
+                upd.skipped_updates
+            );
+        }
 
         let part = &rollouts.stats;
         let n = rollouts.trajectories.len().max(1) as f64;
@@ -297,6 +315,7 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
                 ("approx_kl", upd.approx_kl),
                 ("entropy", upd.entropy),
                 ("grad_norm", upd.grad_norm),
+                ("updates/skipped", upd.skipped_updates as f64),
                 ("lr", upd.lr),
                 ("policy_version", opt.steps_done as f64),
                 ("batch/dropped_groups", batch.dropped_groups as f64),
@@ -368,7 +387,8 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
         }
         log.append(&m)?;
         let every = cfg.trainer.checkpoint_every;
-        if every > 0 && step % every == 0 {
+        interrupted = interrupt::requested();
+        if (every > 0 && step % every == 0) || interrupted {
             let state = TrainerState {
                 step,
                 optimizer_steps: opt.steps_done,
@@ -403,8 +423,40 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
                 ),
             ],
         );
+        if skip_streak >= cfg.trainer.max_consecutive_skips {
+            let last_good = checkpoint::latest(&dir)?
+                .map(|(_, p)| p.display().to_string())
+                .unwrap_or_else(|| "none (trainer.checkpoint_every is 0)".into());
+            bail!(
+                "stopping at step {step}: {skip_streak} consecutive updates had a NaN or infinite \
+                 loss or gradient (limit `trainer.max_consecutive_skips`); the last good \
+                 checkpoint is {last_good}. Lower `optim.lr`, keep `optim.grad_clip` > 0, and \
+                 check the rewards for non-finite values before resuming."
+            );
+        }
+        if interrupted {
+            break;
+        }
     }
     progress.finish();
+    if interrupted {
+        let plot = skein_report::plot_run_dir(&dir, None)?;
+        let step = rewards.len();
+        eprintln!(
+            "skein: interrupted after step {step}; checkpoint {} written, curves {}. \
+             Continue with: skein train --resume {}",
+            dir.join(format!("checkpoint-{step}")).display(),
+            plot.display(),
+            dir.display()
+        );
+        return Ok(RunSummary {
+            dir,
+            eval_before,
+            eval_after: eval_before,
+            rewards,
+            interrupted: true,
+        });
+    }
 
     let eval_after = evaluate(
         &engine,
@@ -440,6 +492,7 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
         eval_before,
         eval_after,
         rewards,
+        interrupted: false,
     })
 }
 

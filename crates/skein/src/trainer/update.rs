@@ -22,6 +22,8 @@ pub struct UpdateStats {
     pub lr: f64,
     pub optimizer_steps: usize,
     pub micro_batches: usize,
+    /// Mini-batches whose loss or gradient was NaN or infinite: not applied.
+    pub skipped_updates: usize,
 }
 
 pub struct UpdateConfig {
@@ -108,7 +110,16 @@ pub fn ppo_update(
                     stats.micro_batches += 1;
                 }
             }
+            if !mb_loss.is_finite() {
+                opt.zero_grad();
+                stats.skipped_updates += 1;
+                continue;
+            }
             let step = opt.step();
+            if step.skipped {
+                stats.skipped_updates += 1;
+                continue;
+            }
             grad_norm += step.grad_norm;
             stats.lr = step.lr;
             stats.loss += mb_loss;

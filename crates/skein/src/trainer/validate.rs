@@ -91,6 +91,7 @@ pub fn validate(cfg: &TrainConfig) -> Result<()> {
         .at_least("trainer.num_mini_batches", t.num_mini_batches, 1)
         .at_least("trainer.dp_size", t.dp_size, 1)
         .at_least("trainer.micro_batch_tokens", t.micro_batch_tokens, 1)
+        .at_least("trainer.max_consecutive_skips", t.max_consecutive_skips, 1)
         .one_of("trainer.unit", &t.unit, &["trajectory", "group"])
         .check(
             o.lr > 0.0 && o.lr.is_finite(),
