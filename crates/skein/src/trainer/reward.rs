@@ -340,3 +340,39 @@ impl<'a, K> RoundRewards<'a, K> {
 pub fn failed_status(e: &RewardError) -> Status {
     Status::Failed(format!("reward ({}): {e}", e.kind()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use skein_tasks::{task_by_name, TaskRng};
+
+    #[test]
+    fn the_task_scorer_scores_like_the_task_from_the_request_alone() {
+        let task = task_by_name("arithmetic", 1).unwrap();
+        let problem = task.sample(&mut TaskRng::new(4));
+        let scorer = TaskScorer::new(task_by_name("arithmetic", 1).unwrap());
+        for (text, want) in [(problem.ground_truth.clone(), 1.0), ("x".to_string(), 0.0)] {
+            let req = request("a".into(), &problem, &[1], &[2], text.clone());
+            let out = scorer.score_batch(&[req]).remove(0).unwrap();
+            assert_eq!(out.reward, task.score(&problem, &text).reward);
+            assert_eq!((out.reward, out.metrics["correct"]), (want, want));
+        }
+    }
+
+    #[test]
+    fn hidden_fraction_is_overlap_over_busy_time() {
+        let mut s = RewardStats {
+            overlapped_s: 0.9,
+            busy_s: 1.0,
+            ..Default::default()
+        };
+        assert!((s.hidden_fraction() - 0.9).abs() < 1e-12);
+        s.add(&RewardStats {
+            overlapped_s: 0.1,
+            busy_s: 1.0,
+            ..Default::default()
+        });
+        assert!((s.hidden_fraction() - 0.5).abs() < 1e-12);
+        assert_eq!(RewardStats::default().hidden_fraction(), 1.0);
+    }
+}
