@@ -12,6 +12,9 @@ pub struct TrainConfig {
     pub run: RunConfig,
     pub model: ModelSection,
     pub task: TaskConfig,
+    /// Your own prompts (JSONL or verl-layout parquet): used instead of `task` when
+    /// `data.train_files` is set.
+    pub data: DataConfig,
     pub sft: SftConfig,
     pub rollout: RolloutConfig,
     pub algorithm: AlgorithmConfig,
@@ -91,6 +94,43 @@ impl Default for TaskConfig {
         TaskConfig {
             name: "arithmetic".into(),
             difficulty: 1,
+        }
+    }
+}
+
+/// A prompt dataset: rows `{prompt, data_source, reward_model: {ground_truth}, extra_info}`
+/// (see crates/skein-data).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DataConfig {
+    /// Training files (`.jsonl` or `.parquet`), read in order; empty: the built-in `task`.
+    pub train_files: Vec<String>,
+    /// Validation files, evaluated greedily (the first `eval.problems` rows); empty: held-out
+    /// draws from the training rows.
+    pub val_files: Vec<String>,
+    /// Skip (and count, as `data/skipped_rows`) malformed rows instead of stopping.
+    pub skip_bad_rows: bool,
+    /// Longest prompt in tokens, after the chat template (0: no limit).
+    pub max_prompt_tokens: usize,
+    /// A prompt over the limit: `error`, `filter` (left out, counted as
+    /// `data/filtered_prompts`), `left` or `right` (tokens cut from that side, counted as
+    /// `data/truncated_prompts`).
+    pub truncation: String,
+    /// Visit the rows of each epoch in a seeded random order (else in file order).
+    pub shuffle: bool,
+    pub seed: u64,
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        DataConfig {
+            train_files: Vec::new(),
+            val_files: Vec::new(),
+            skip_bad_rows: false,
+            max_prompt_tokens: 1024,
+            truncation: "filter".into(),
+            shuffle: true,
+            seed: 0,
         }
     }
 }

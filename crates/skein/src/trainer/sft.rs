@@ -10,12 +10,19 @@ use tch::Kind;
 pub fn sft_row(prompt: &[u32], response: &[u32]) -> TrainRow {
     let mut tokens = prompt.to_vec();
     tokens.extend_from_slice(response);
+    sft_row_masked(tokens, prompt.len(), vec![1; response.len()])
+}
+
+/// A supervised example that trains on the tokens after `prompt_len` whose `loss_mask` is 1
+/// (e.g. only the assistant turns of a conversation).
+pub fn sft_row_masked(tokens: Vec<u32>, prompt_len: usize, loss_mask: Vec<u8>) -> TrainRow {
+    let n = loss_mask.len();
     TrainRow {
         tokens,
-        prompt_len: prompt.len(),
-        loss_mask: vec![1; response.len()],
-        behavior_logp: vec![0.0; response.len()],
-        advantages: vec![0.0; response.len()],
+        prompt_len,
+        loss_mask,
+        behavior_logp: vec![0.0; n],
+        advantages: vec![0.0; n],
         old_logp: Vec::new(),
         ref_logp: Vec::new(),
         old_values: Vec::new(),

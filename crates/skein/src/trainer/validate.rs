@@ -149,7 +149,43 @@ pub fn validate(cfg: &TrainConfig) -> Result<()> {
         );
     }
     validate_reward(cfg, &mut v);
+    validate_data(cfg, &mut v);
     Ok(v.finish()?)
+}
+
+/// `[data]`: files that exist with a known extension, and a known truncation.
+fn validate_data(cfg: &TrainConfig, v: &mut Validator) {
+    let d = &cfg.data;
+    v.one_of(
+        "data.truncation",
+        &d.truncation,
+        skein_data::Truncation::NAMES,
+    );
+    v.check(
+        d.val_files.is_empty() || !d.train_files.is_empty(),
+        "data.val_files",
+        "needs `data.train_files` (a validation split of the built-in task does not exist)",
+        format!("{:?}", d.val_files),
+    );
+    for (key, files) in [
+        ("data.train_files", &d.train_files),
+        ("data.val_files", &d.val_files),
+    ] {
+        for (i, f) in files.iter().enumerate() {
+            let path = std::path::Path::new(f);
+            let known = path
+                .extension()
+                .and_then(|e| e.to_str())
+                .is_some_and(|e| matches!(e, "jsonl" | "json" | "parquet"));
+            v.check(
+                known,
+                &format!("{key}[{i}]"),
+                "must end in .jsonl, .json or .parquet",
+                f,
+            );
+            v.check(path.is_file(), &format!("{key}[{i}]"), "no such file", f);
+        }
+    }
 }
 
 /// `[reward]` and `[reward_models]`: the reward config's own checks, model directories, and
@@ -169,6 +205,10 @@ fn validate_reward(cfg: &TrainConfig, v: &mut Validator) {
         for p in e.problems() {
             v.problem(p.clone());
         }
+    }
+    // A dataset names its data sources per row: there is no one source to check routes against.
+    if !cfg.data.train_files.is_empty() {
+        return;
     }
     // The task's own data source (its problems all share one).
     let Ok(task) = skein_tasks::task_by_name(&cfg.task.name, cfg.task.difficulty) else {

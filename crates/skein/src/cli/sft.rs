@@ -1,0 +1,273 @@
+//! `skein sft`: supervised fine-tuning on chat JSONL with assistant-only loss, writing a
+//! Hugging Face model directory that `model.path` can warm-start RL from.
+//!
+//! A conversation is tokenized through the chat template turn by turn: the text up to an
+//! assistant turn (rendered with the generation prompt) has loss mask 0, the turn itself
+//! (its content and end-of-turn tokens) mask 1.
+
+use crate::engine::SamplingParams;
+use crate::model::{Model, ModelConfig};
+use crate::trainer::checkpoint::save_model_dir;
+use crate::trainer::config::ModelSection;
+use crate::trainer::microbatch::TrainRow;
+use crate::trainer::optim::{OptimConfig, Optimizer, Schedule};
+use crate::trainer::run::parse_device;
+use crate::trainer::sft::{sft_row_masked, sft_step};
+use anyhow::{bail, Context, Result};
+use serde_json::json;
+use skein_data::{load_conversations, ChatMessage, Conversation, ReadOptions, Sampler};
+use skein_report::StepProgress;
+use skein_text::{ChatTemplate, Message, Tokenizer};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+#[derive(clap::Args)]
+pub struct SftArgs {
+    /// Chat JSONL files: one {"messages": [{"role": ..., "content": ...}, ...]} per line.
+    #[arg(long = "data", value_name = "FILE", required = true)]
+    pub data: Vec<PathBuf>,
+    /// The model to fine-tune (Hugging Face directory with a chat template). Without it, a
+    /// tiny character-level model is built from scratch (the `[model]` defaults).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Where to write the fine-tuned model.
+    #[arg(long)]
+    pub out: PathBuf,
+    #[arg(long, default_value_t = 100)]
+    pub steps: usize,
+    /// Conversations per optimizer step.
+    #[arg(long, default_value_t = 16)]
+    pub batch_size: usize,
+    #[arg(long, default_value_t = 1e-4)]
+    pub lr: f64,
+    /// Longest conversation in tokens; longer ones are cut at the end (counted).
+    #[arg(long, default_value_t = 2048)]
+    pub max_tokens: usize,
+    /// Skip (and count) malformed lines instead of stopping at the first.
+    #[arg(long)]
+    pub skip_bad_rows: bool,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// `cpu`, `cuda` or `cuda:N`.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Threads libtorch may use (0 = its default).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+}
+
+pub fn run(args: &SftArgs) -> Result<()> {
+    if args.steps == 0 || args.batch_size == 0 || args.max_tokens < 2 {
+        bail!("--steps and --batch-size must be at least 1, --max-tokens at least 2");
+    }
+    let device = parse_device(&args.device)?;
+    if args.threads > 0 {
+        tch::set_num_threads(args.threads as i32);
+    }
+    let opts = ReadOptions {
+        skip_bad_rows: args.skip_bad_rows,
+    };
+    let loaded = load_conversations(&args.data, &opts)?;
+    if let Some(first) = loaded.skipped.first() {
+        eprintln!(
+            "skein: skipped {} bad lines; the first: {first}",
+            loaded.skipped.len()
+        );
+    }
+    let (tokenizer, policy) = match &args.model {
+        Some(dir) => (Tokenizer::from_dir(dir)?, Model::load_dir(dir, device)?),
+        None => from_scratch(&loaded.rows, args, device)?,
+    };
+    let template =
+        tokenizer.chat_template()?.with_context(|| {
+            format!(
+            "{} has no chat template: assistant-only loss needs one to find the assistant turns",
+            args.model.as_deref().unwrap_or(Path::new("the model")).display()
+        )
+        })?;
+    let mut rows = Vec::with_capacity(loaded.rows.len());
+    let mut truncated = 0;
+    for (i, c) in loaded.rows.iter().enumerate() {
+        let (mut tokens, mut mask) = conversation_tokens(&template, &tokenizer, &c.messages)
+            .with_context(|| format!("conversation {}", i + 1))?;
+        if tokens.len() > args.max_tokens {
+            tokens.truncate(args.max_tokens);
+            mask.truncate(args.max_tokens);
+            truncated += 1;
+        }
+        if let Some(row) = masked_row(tokens, mask) {
+            rows.push(row);
+        }
+    }
+    if rows.is_empty() {
+        bail!(
+            "no conversation has an assistant token within --max-tokens {}",
+            args.max_tokens
+        );
+    }
+
+    let ocfg = OptimConfig {
+        lr: args.lr,
+        warmup_steps: args.steps / 10,
+        schedule: Schedule::Cosine,
+        ..OptimConfig::default()
+    };
+    let mut opt = Optimizer::new(&policy.vs, &ocfg, args.steps)?;
+    let mut order = Sampler::new(rows.len(), args.seed, true);
+    let mut progress = StepProgress::new(args.steps as u64);
+    let mut losses = Vec::with_capacity(args.steps);
+    for step in 1..=args.steps {
+        let batch: Vec<TrainRow> = (0..args.batch_size)
+            .map(|_| rows[order.next_index()].clone())
+            .collect();
+        let loss = sft_step(&policy, &mut opt, &batch);
+        if !loss.is_finite() {
+            bail!("step {step}: the loss is {loss}; lower --lr");
+        }
+        losses.push(loss);
+        progress.update(step as u64, &[("loss", loss)]);
+    }
+    progress.finish();
+
+    let eos = tokenizer.eos_token_ids().to_vec();
+    let sampling = SamplingParams {
+        stop_token_ids: eos,
+        ..SamplingParams::default()
+    };
+    save_model_dir(&policy, &tokenizer, &sampling, &args.out)?;
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let k = losses.len().min(5);
+    println!(
+        "{}",
+        json!({
+            "out": args.out.display().to_string(),
+            "conversations": rows.len(),
+            "skipped_rows": loaded.skipped.len(),
+            "truncated": truncated,
+            "steps": args.steps,
+            "sft/loss_first": mean(&losses[..k]),
+            "sft/loss_last": mean(&losses[losses.len() - k..]),
+        })
+    );
+    Ok(())
+}
+
+/// A tiny character-level model over the characters of the conversations.
+fn from_scratch(
+    convs: &[Conversation],
+    args: &SftArgs,
+    device: tch::Device,
+) -> Result<(Tokenizer, Model)> {
+    let chars: BTreeSet<char> = convs
+        .iter()
+        .flat_map(|c| c.messages.iter())
+        .flat_map(|m| m.role.chars().chain(m.content.chars()))
+        .collect();
+    let tokenizer = Tokenizer::char_level(&chars.into_iter().collect::<String>())?;
+    let m = ModelSection::default();
+    let mc = ModelConfig::tiny_qwen2(
+        tokenizer.vocab_size(),
+        m.hidden_size,
+        m.num_layers,
+        m.num_heads,
+        m.num_kv_heads,
+        m.intermediate_size,
+        args.max_tokens,
+    );
+    let model = Model::random(&mc, device, args.seed as i64)?;
+    Ok((tokenizer, model))
+}
+
+/// The tokens of a conversation and their loss mask (1 on assistant turns). Fails when the
+/// template does not render each conversation prefix as a prefix of the next, which
+/// turn-by-turn masking relies on.
+pub fn conversation_tokens(
+    template: &ChatTemplate,
+    tokenizer: &Tokenizer,
+    messages: &[ChatMessage],
+) -> Result<(Vec<u32>, Vec<u8>)> {
+    let msgs: Vec<Message> = messages
+        .iter()
+        .map(|m| Message::new(&m.role, &m.content))
+        .collect();
+    let (mut tokens, mut mask) = (Vec::new(), Vec::new());
+    let mut done = String::new();
+    for (i, m) in messages.iter().enumerate() {
+        if m.role != "assistant" {
+            continue;
+        }
+        let before = template.render(&msgs[..i], None, true)?;
+        let through = template.render(&msgs[..=i], None, false)?;
+        let (Some(context), Some(turn)) = (
+            before.strip_prefix(done.as_str()),
+            through.strip_prefix(before.as_str()),
+        ) else {
+            bail!(
+                "the chat template does not render message {} as a continuation of the ones \
+                 before it, so its assistant tokens cannot be told apart",
+                i + 1
+            );
+        };
+        for (text, m) in [(context, 0u8), (turn, 1u8)] {
+            let ids = tokenizer.encode(text, false)?;
+            mask.extend(std::iter::repeat_n(m, ids.len()));
+            tokens.extend(ids);
+        }
+        done = through;
+    }
+    Ok((tokens, mask))
+}
+
+/// A training row whose prompt is everything before the first trained token; None when no
+/// token is trained (or the very first one would be, which nothing predicts).
+fn masked_row(tokens: Vec<u32>, mask: Vec<u8>) -> Option<TrainRow> {
+    let first = mask.iter().position(|&m| m == 1)?.max(1);
+    let loss_mask = mask[first..].to_vec();
+    loss_mask
+        .contains(&1)
+        .then(|| sft_row_masked(tokens, first, loss_mask))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_assistant_turns_are_trained() {
+        let tok = Tokenizer::char_level("abcdefghijklmnopqrstuvwxyz ").unwrap();
+        let template = tok.chat_template().unwrap().unwrap();
+        let msg = |role: &str, content: &str| ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        };
+        let conv = [
+            msg("system", "be brief"),
+            msg("user", "hi"),
+            msg("assistant", "hey"),
+            msg("user", "bye"),
+            msg("assistant", "ok"),
+        ];
+        let (tokens, mask) = conversation_tokens(&template, &tok, &conv).unwrap();
+        assert_eq!(tokens.len(), mask.len());
+        let trained: Vec<u32> = tokens
+            .iter()
+            .zip(&mask)
+            .filter(|(_, &m)| m == 1)
+            .map(|(&t, _)| t)
+            .collect();
+        let text = tok.decode(&trained, false).unwrap();
+        // Both replies with their end-of-turn marker, and nothing the user or system wrote.
+        assert!(text.starts_with("hey<|im_end|>"), "{text:?}");
+        assert!(text.contains("ok<|im_end|>"), "{text:?}");
+        assert!(!text.contains("hi") && !text.contains("bye") && !text.contains("brief"));
+        // The whole sequence is what the template renders for the conversation.
+        let all: Vec<Message> = conv
+            .iter()
+            .map(|m| Message::new(&m.role, &m.content))
+            .collect();
+        let full = template.render(&all, None, false).unwrap();
+        assert_eq!(tok.decode(&tokens, false).unwrap(), full);
+        let row = masked_row(tokens, mask).unwrap();
+        assert!(row.prompt_len > 0 && row.loss_mask[0] == 1);
+    }
+}

@@ -1,0 +1,457 @@
+//! A task over a prompt dataset (`[data]`): rows from skein-data, rendered into prompt text
+//! with the model's chat template, held to `data.max_prompt_tokens`, and drawn in a seeded
+//! epoch order whose position the trainer checkpoints. Responses are scored by math answer
+//! equivalence against the row's ground truth (`[reward]` routes can replace that).
+
+use super::config::TrainConfig;
+use super::rollout::PromptBatch;
+use anyhow::{bail, Context, Result};
+use skein_data::{fit, Fit, PromptRow, ReadOptions, Sampler, Truncation};
+use skein_reward::math;
+use skein_tasks::{Problem, Score, Task, TaskRng};
+use skein_text::{ChatTemplate, Message, Tokenizer};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// The datasets of a run: the training task, the validation problems and the counters.
+pub struct Data {
+    pub train: DatasetTask,
+    /// The validation split, in file order; empty without `data.val_files`.
+    pub val: Vec<Problem>,
+    pub counts: DataCounts,
+}
+
+/// What loading left out or changed, over both splits (logged in metrics.jsonl).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct DataCounts {
+    pub skipped_rows: usize,
+    pub filtered_prompts: usize,
+    pub truncated_prompts: usize,
+}
+
+impl DataCounts {
+    fn add(&mut self, o: DataCounts) {
+        self.skipped_rows += o.skipped_rows;
+        self.filtered_prompts += o.filtered_prompts;
+        self.truncated_prompts += o.truncated_prompts;
+    }
+
+    pub fn metrics(&self) -> [(&'static str, f64); 3] {
+        [
+            ("data/skipped_rows", self.skipped_rows as f64),
+            ("data/filtered_prompts", self.filtered_prompts as f64),
+            ("data/truncated_prompts", self.truncated_prompts as f64),
+        ]
+    }
+}
+
+/// The task a run trains on: its dataset when `data.train_files` is set, else the built-in
+/// `task.name`.
+pub fn task_from_config(cfg: &TrainConfig) -> Result<(Box<dyn Task>, Option<Data>)> {
+    if cfg.data.train_files.is_empty() {
+        let task = skein_tasks::task_by_name(&cfg.task.name, cfg.task.difficulty)?;
+        return Ok((task, None));
+    }
+    let data = Data::load(cfg)?;
+    Ok((Box::new(data.train.clone()), Some(data)))
+}
+
+/// The run's rewarder (None without `[reward]`); its `task` scorer is the run's task, so a
+/// dataset's rows are checked against their own ground truth.
+pub fn rewarder(
+    cfg: &TrainConfig,
+    data: Option<&Data>,
+    device: tch::Device,
+) -> Result<Option<skein_reward::Rewarder>> {
+    match (data, &cfg.reward) {
+        (Some(d), Some(reward)) => {
+            let task: Box<dyn Task> = Box::new(d.train.clone());
+            super::reward::build_rewarder(reward, &cfg.reward_models, Some(task), device).map(Some)
+        }
+        _ => super::reward::from_config(cfg, device),
+    }
+}
+
+impl Data {
+    pub fn load(cfg: &TrainConfig) -> Result<Data> {
+        let renderer = Renderer::for_config(cfg)?;
+        let (train, mut counts) = read_split(cfg, &cfg.data.train_files, "train", &renderer)?;
+        let (val, val_counts) = if cfg.data.val_files.is_empty() {
+            (Vec::new(), DataCounts::default())
+        } else {
+            read_split(cfg, &cfg.data.val_files, "val", &renderer)?
+        };
+        counts.add(val_counts);
+        let alphabet = alphabet_of(train.iter().chain(&val));
+        let tokenizer = if cfg.model.path.is_empty() {
+            Tokenizer::char_level(&alphabet)?
+        } else {
+            Tokenizer::from_dir(&cfg.model.path)?
+        };
+        let (train, c) = fit_split(train, &tokenizer, cfg, "train")?;
+        counts.add(c);
+        let (val, c) = fit_split(val, &tokenizer, cfg, "val")?;
+        counts.add(c);
+        if train.is_empty() {
+            bail!(
+                "no training prompt is within `data.max_prompt_tokens` = {} ({} filtered): \
+                 raise the limit or set `data.truncation` to `left` or `right`",
+                cfg.data.max_prompt_tokens,
+                counts.filtered_prompts
+            );
+        }
+        eprintln!(
+            "skein: dataset: {} train and {} validation prompts; {} bad rows skipped, {} \
+             prompts over {} tokens filtered, {} truncated",
+            train.len(),
+            val.len(),
+            counts.skipped_rows,
+            counts.filtered_prompts,
+            cfg.data.max_prompt_tokens,
+            counts.truncated_prompts
+        );
+        let name = format!("dataset {}", cfg.data.train_files.join(", "));
+        let train = DatasetTask::new(name, train, &alphabet, &cfg.data);
+        Ok(Data { train, val, counts })
+    }
+
+    /// The held-out problems evaluated during training: the first `n` of the validation split,
+    /// or without one, `n` training rows drawn with a seed of their own.
+    pub fn eval_batch(&self, tokenizer: &Tokenizer, n: usize, seed: u64) -> Result<PromptBatch> {
+        let problems = if self.val.is_empty() {
+            let all = &self.train.inner.problems;
+            let mut order = Sampler::new(all.len(), seed, true);
+            (0..n.min(all.len()))
+                .map(|_| all[order.next_index()].clone())
+                .collect()
+        } else {
+            self.val.iter().take(n).cloned().collect()
+        };
+        prompt_batch(problems, tokenizer)
+    }
+}
+
+/// The seed of held-out problems, one training never draws from.
+pub fn eval_seed(run_seed: u64) -> u64 {
+    run_seed ^ 0x5eed_e7a1
+}
+
+/// Tokenizes problems into a batch for the engine.
+pub fn prompt_batch(problems: Vec<Problem>, tokenizer: &Tokenizer) -> Result<PromptBatch> {
+    let prompt_ids = problems
+        .iter()
+        .map(|p| tokenizer.encode(&p.prompt, false))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(PromptBatch {
+        problems,
+        prompt_ids,
+    })
+}
+
+/// How chat messages become prompt text: the model's chat template (with the assistant turn
+/// opened), or, for a model built from scratch or without a template, the message contents
+/// joined by newlines.
+pub struct Renderer(Option<ChatTemplate>);
+
+impl Renderer {
+    pub fn for_config(cfg: &TrainConfig) -> Result<Renderer> {
+        if cfg.model.path.is_empty() {
+            return Ok(Renderer(None));
+        }
+        Renderer::for_model(Path::new(&cfg.model.path))
+    }
+
+    pub fn for_model(dir: &Path) -> Result<Renderer> {
+        Ok(Renderer(Tokenizer::from_dir(dir)?.chat_template()?))
+    }
+
+    pub fn render(&self, messages: &[skein_data::ChatMessage]) -> Result<String> {
+        match &self.0 {
+            Some(t) => {
+                let msgs: Vec<Message> = messages
+                    .iter()
+                    .map(|m| Message::new(&m.role, &m.content))
+                    .collect();
+                t.render(&msgs, None, true)
+            }
+            None => Ok(messages
+                .iter()
+                .map(|m| m.content.as_str())
+                .collect::<Vec<_>>()
+                .join("\n")),
+        }
+    }
+}
+
+/// Reads one split's files and renders its prompts (no length limit yet).
+pub fn read_split(
+    cfg: &TrainConfig,
+    files: &[String],
+    split: &str,
+    renderer: &Renderer,
+) -> Result<(Vec<Problem>, DataCounts)> {
+    let paths: Vec<PathBuf> = files.iter().map(PathBuf::from).collect();
+    let opts = ReadOptions {
+        skip_bad_rows: cfg.data.skip_bad_rows,
+    };
+    let loaded = skein_data::load(&paths, &opts).with_context(|| {
+        format!(
+            "reading the {split} split (`data.{split}_files`; `data.skip_bad_rows = true` \
+             skips and counts bad rows)"
+        )
+    })?;
+    if let Some(first) = loaded.skipped.first() {
+        eprintln!(
+            "skein: {split} split: skipped {} bad rows; the first: {first}",
+            loaded.skipped.len()
+        );
+    }
+    let problems = loaded
+        .rows
+        .into_iter()
+        .enumerate()
+        .map(|(i, row)| problem(row, renderer).with_context(|| format!("{split} prompt {}", i + 1)))
+        .collect::<Result<Vec<_>>>()?;
+    let counts = DataCounts {
+        skipped_rows: loaded.skipped.len(),
+        ..Default::default()
+    };
+    Ok((problems, counts))
+}
+
+fn problem(row: PromptRow, renderer: &Renderer) -> Result<Problem> {
+    Ok(Problem {
+        prompt: renderer.render(&row.prompt)?,
+        ground_truth: row.ground_truth,
+        data_source: row.data_source,
+        meta: row.extra_info,
+    })
+}
+
+/// Holds a split to `data.max_prompt_tokens` by `data.truncation`, counting what it drops or
+/// cuts.
+pub fn fit_split(
+    problems: Vec<Problem>,
+    tokenizer: &Tokenizer,
+    cfg: &TrainConfig,
+    split: &str,
+) -> Result<(Vec<Problem>, DataCounts)> {
+    let (max, truncation) = (cfg.data.max_prompt_tokens, truncation(cfg)?);
+    let mut counts = DataCounts::default();
+    let mut kept = Vec::with_capacity(problems.len());
+    for (i, mut p) in problems.into_iter().enumerate() {
+        let ids = tokenizer.encode(&p.prompt, false)?;
+        match fit(ids.len(), max, truncation) {
+            Fit::Keep => kept.push(p),
+            Fit::Drop => counts.filtered_prompts += 1,
+            Fit::TooLong => bail!(
+                "{split} prompt {} has {} tokens, over `data.max_prompt_tokens` = {max} \
+                 (set `data.truncation` to `filter`, `left` or `right`, or raise the limit)",
+                i + 1,
+                ids.len()
+            ),
+            Fit::Cut(range) => {
+                p.prompt = cut_to_fit(tokenizer, &ids, range, max)?;
+                counts.truncated_prompts += 1;
+                kept.push(p);
+            }
+        }
+    }
+    Ok((kept, counts))
+}
+
+/// The text of `ids[range]`, shortened further if its re-encoding (which can merge tokens
+/// differently at the new edge) would still be over `max`.
+fn cut_to_fit(
+    tokenizer: &Tokenizer,
+    ids: &[u32],
+    range: std::ops::Range<usize>,
+    max: usize,
+) -> Result<String> {
+    let (mut start, mut end) = (range.start, range.end);
+    let from_left = start > 0;
+    loop {
+        let text = tokenizer.decode(&ids[start..end], false)?;
+        if tokenizer.encode(&text, false)?.len() <= max || start >= end {
+            return Ok(text);
+        }
+        if from_left {
+            start += 1;
+        } else {
+            end -= 1;
+        }
+    }
+}
+
+fn truncation(cfg: &TrainConfig) -> Result<Truncation> {
+    cfg.data
+        .truncation
+        .parse()
+        .map_err(|e: String| anyhow::anyhow!("`data.truncation`: {e}"))
+}
+
+/// Every character of the prompts and answers: the vocabulary of a from-scratch model.
+fn alphabet_of<'a>(problems: impl Iterator<Item = &'a Problem>) -> String {
+    let mut chars = BTreeSet::new();
+    for p in problems {
+        chars.extend(p.prompt.chars());
+        chars.extend(p.ground_truth.chars());
+    }
+    chars.into_iter().collect()
+}
+
+/// The training split as a `Task`. Clones share the rows and the sampler.
+#[derive(Clone)]
+pub struct DatasetTask {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    name: String,
+    problems: Vec<Problem>,
+    sampler: Mutex<Sampler>,
+    /// `Task::alphabet` is `'static`: the one alphabet of a run's dataset is leaked once.
+    alphabet: &'static str,
+    max_response_chars: usize,
+}
+
+impl DatasetTask {
+    pub fn new(
+        name: String,
+        problems: Vec<Problem>,
+        alphabet: &str,
+        cfg: &super::config::DataConfig,
+    ) -> Self {
+        let sampler = Sampler::new(problems.len(), cfg.seed, cfg.shuffle);
+        let max_response_chars = problems
+            .iter()
+            .map(|p| p.ground_truth.chars().count())
+            .max()
+            .unwrap_or(1);
+        DatasetTask {
+            inner: Arc::new(Inner {
+                name,
+                problems,
+                sampler: Mutex::new(sampler),
+                alphabet: Box::leak(alphabet.to_string().into_boxed_str()),
+                max_response_chars,
+            }),
+        }
+    }
+
+    /// Rows drawn so far (the trainer checkpoints it).
+    pub fn position(&self) -> u64 {
+        self.sampler().position()
+    }
+
+    /// Continues from a checkpointed position.
+    pub fn seek(&self, position: u64) {
+        self.sampler().seek(position);
+    }
+
+    /// The epoch of the next row.
+    pub fn epoch(&self) -> u64 {
+        self.sampler().epoch()
+    }
+
+    fn sampler(&self) -> std::sync::MutexGuard<'_, Sampler> {
+        // A panic while holding it cannot leave the sampler half-updated: take it anyway.
+        self.inner
+            .sampler
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Task for DatasetTask {
+    fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The next row of the seeded epoch order. The generator is not used: the sampler's
+    /// position is the state a checkpoint keeps.
+    fn sample(&self, _rng: &mut TaskRng) -> Problem {
+        let i = self.sampler().next_index();
+        self.inner.problems[i].clone()
+    }
+
+    fn score(&self, problem: &Problem, response: &str) -> Score {
+        score_math(&problem.ground_truth, response)
+    }
+
+    /// The ground truth itself: a bare answer or a worked solution ending in one.
+    fn demonstration(&self, problem: &Problem, _rng: &mut TaskRng) -> String {
+        problem.ground_truth.clone()
+    }
+
+    fn alphabet(&self) -> &'static str {
+        self.inner.alphabet
+    }
+
+    fn max_response_chars(&self) -> usize {
+        self.inner.max_response_chars
+    }
+}
+
+/// Math answer equivalence: the response's `\boxed{}` or `####` answer, or the whole response
+/// when it is a bare number, against the ground truth's answer.
+pub fn score_math(ground_truth: &str, response: &str) -> Score {
+    let bare = response.trim();
+    let answer = math::extract_answer(response, false)
+        .or_else(|| math::parse_number(bare).map(|_| bare.to_string()));
+    let reference = math::reference_answer(ground_truth);
+    let correct = answer
+        .as_deref()
+        .is_some_and(|a| math::equivalent(a, &reference));
+    Score {
+        reward: if correct { 1.0 } else { 0.0 },
+        correct,
+        formatted: answer.is_some(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn math_scoring_takes_boxed_hash_and_bare_answers() {
+        assert!(score_math("42", "42").correct);
+        assert!(score_math("42", " 42.0 ").correct);
+        assert!(score_math("Work.\n#### 42", r"so \boxed{42}").correct);
+        assert!(score_math("42", "the answer is 6*7 #### 42").correct);
+        let wrong = score_math("42", "41");
+        assert!(!wrong.correct && wrong.formatted && wrong.reward == 0.0);
+        let unformatted = score_math("42", "about forty-two");
+        assert!(!unformatted.correct && !unformatted.formatted);
+    }
+
+    #[test]
+    fn the_task_draws_epochs_and_resumes_from_a_position() {
+        let problems: Vec<Problem> = (0..5)
+            .map(|i| Problem {
+                prompt: format!("{i}+0="),
+                ground_truth: i.to_string(),
+                data_source: "d".into(),
+                meta: serde_json::Value::Null,
+            })
+            .collect();
+        let cfg = super::super::config::DataConfig::default();
+        let task = DatasetTask::new("d".into(), problems, "0123456789+=", &cfg);
+        let mut rng = TaskRng::new(0);
+        let first: Vec<_> = (0..5).map(|_| task.sample(&mut rng).ground_truth).collect();
+        let mut sorted = first.clone();
+        sorted.sort();
+        assert_eq!(
+            sorted,
+            vec!["0", "1", "2", "3", "4"],
+            "one epoch visits every row once"
+        );
+        assert_eq!(task.epoch(), 1);
+        let more: Vec<_> = (0..3).map(|_| task.sample(&mut rng).ground_truth).collect();
+        task.seek(5);
+        let again: Vec<_> = (0..3).map(|_| task.sample(&mut rng).ground_truth).collect();
+        assert_eq!(more, again);
+    }
+}
