@@ -1,9 +1,11 @@
 //! The `skein` command line: `train`, `plan`, `bench`, `plot`.
 
 mod bench;
-mod bench_rewards;
 mod bench_partial;
+mod bench_rewards;
+mod eval;
 mod serve_reward;
+mod sft;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -51,6 +53,12 @@ enum Command {
     /// Train the long-tail `reverse` task twice, synchronous then with partial rollout, and
     /// compare trained tokens per second, step-time spread and reward curves (one PNG).
     BenchPartial(bench_partial::PartialBenchArgs),
+    /// Accuracy and pass@k of a model (or a run's checkpoint) on prompt files, the run's
+    /// validation split, or the built-in task: greedy, or sampled with --n.
+    Eval(eval::EvalArgs),
+    /// Supervised fine-tuning on chat JSONL with assistant-only loss; writes a model directory
+    /// to warm-start RL from (`model.path`).
+    Sft(sft::SftArgs),
     /// Draw RUN_DIR/plot.png from RUN_DIR/metrics.jsonl.
     Plot { run_dir: PathBuf },
     /// Serve the sources of a `[reward]` config (e.g. a reward model) over HTTP, for a
@@ -71,6 +79,8 @@ pub fn main() -> ExitCode {
         Command::Bench(args) => bench::run(&args),
         Command::BenchPartial(args) => bench_partial::run(&args),
         Command::ServeReward(args) => serve_reward::run(&args),
+        Command::Eval(args) => eval::run(&args),
+        Command::Sft(args) => sft::run(&args),
         Command::Plot { run_dir } => {
             skein_report::plot_run_dir(&run_dir, None).map(|p| println!("{}", p.display()))
         }
@@ -98,19 +108,7 @@ fn train(
             toml_string(&dir.display().to_string())
         ));
     }
-    let text = match &config {
-        Some(path) => Some(
-            std::fs::read_to_string(path)
-                .with_context(|| format!("reading config {}", path.display()))?,
-        ),
-        None => None,
-    };
-    let source = config
-        .as_ref()
-        .map(|p| p.display().to_string())
-        .unwrap_or_else(|| "defaults".into());
-    let cfg: crate::trainer::TrainConfig =
-        skein_config::load(text.as_deref(), &source, &overrides)?;
+    let cfg = load_config(config.as_deref(), &overrides)?;
     if print_config {
         print!("{}", skein_config::to_toml_string(&cfg));
         return Ok(());
@@ -164,6 +162,22 @@ fn plan(input: Option<PathBuf>) -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// A training config: the file at `path` (or the defaults) with `--set` overrides.
+fn load_config(
+    path: Option<&std::path::Path>,
+    overrides: &[String],
+) -> Result<crate::trainer::TrainConfig> {
+    let text = match path {
+        Some(p) => Some(
+            std::fs::read_to_string(p)
+                .with_context(|| format!("reading config {}", p.display()))?,
+        ),
+        None => None,
+    };
+    let source = path.map_or_else(|| "defaults".into(), |p| p.display().to_string());
+    Ok(skein_config::load(text.as_deref(), &source, overrides)?)
 }
 
 /// `s` as a TOML string literal, for an override value.

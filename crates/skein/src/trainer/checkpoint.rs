@@ -34,6 +34,9 @@ pub struct TrainerState {
     pub critic_optimizer_steps: usize,
     /// State of the task's problem sampler.
     pub task_rng: u64,
+    /// Rows drawn from the training dataset (`[data]`), where its sampler continues.
+    #[serde(default)]
+    pub data_position: u64,
     pub buffer: RolloutBuffer,
     /// Lines of metrics.jsonl written up to this step; a resumed run drops the rest.
     pub metrics_lines: usize,

@@ -3,6 +3,7 @@
 pub mod checkpoint;
 pub mod config;
 pub mod critic;
+pub mod dataset_task;
 pub mod eval;
 pub mod interrupt;
 pub mod loss;

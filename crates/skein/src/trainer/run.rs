@@ -20,7 +20,7 @@ use crate::model::{Model, ModelConfig, ValueModel};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Map, Value};
 use skein_report::{MetricsLog, StepProgress};
-use skein_tasks::{task_by_name, Task, TaskRng};
+use skein_tasks::{Task, TaskRng};
 use skein_text::Tokenizer;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -82,7 +82,10 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
     }
     let mut log = MetricsLog::create(&metrics_path)?;
 
-    let task = task_by_name(&cfg.task.name, cfg.task.difficulty)?;
+    let (task, data) = super::dataset_task::task_from_config(cfg)?;
+    if let (Some(d), Some((_, s))) = (&data, &resumed) {
+        d.train.seek(s.data_position);
+    }
     let (tokenizer, policy) = match &resumed {
         Some((ckpt, _)) => (Tokenizer::from_dir(ckpt)?, Model::load_dir(ckpt, device)?),
         None => build_policy(cfg, task.as_ref(), device)?,
@@ -97,23 +100,27 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
         ..cfg.rollout.sampling.clone()
     };
     let engine = Engine::new(cfg.rollout.max_slots);
-    let rewarder = super::reward::from_config(cfg, device)?;
+    let rewarder = super::dataset_task::rewarder(cfg, data.as_ref(), device)?;
     eprintln!(
         "skein: {} model, {:.2}M parameters, task `{}` (difficulty {}), run directory {}",
         policy.net.config.model_type,
         policy.net.config.num_parameters() as f64 / 1e6,
-        cfg.task.name,
+        task.name(),
         cfg.task.difficulty,
         dir.display()
     );
 
     let mut rng = TaskRng::new(resumed.as_ref().map_or(cfg.run.seed, |(_, s)| s.task_rng));
-    let eval_batch = prompt_batch(
-        task.as_ref(),
-        &tokenizer,
-        &mut TaskRng::new(cfg.run.seed ^ 0x5eed_e7a1),
-        cfg.eval.problems,
-    )?;
+    let eval_seed = super::dataset_task::eval_seed(cfg.run.seed);
+    let eval_batch = match &data {
+        Some(d) => d.eval_batch(&tokenizer, cfg.eval.problems, eval_seed)?,
+        None => prompt_batch(
+            task.as_ref(),
+            &tokenizer,
+            &mut TaskRng::new(eval_seed),
+            cfg.eval.problems,
+        )?,
+    };
 
     if cfg.sft.steps > 0 && resumed.is_none() {
         warm_up(
@@ -141,13 +148,17 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
                 &sampling,
                 rewarder.as_ref(),
             );
-            log.append(&record(
+            let mut first = record(
                 0,
                 [
                     ("eval/accuracy", eval_before.accuracy),
                     ("eval/reward", eval_before.mean_reward),
                 ],
-            ))?;
+            );
+            for (k, v) in data.iter().flat_map(|d| d.counts.metrics()) {
+                first.insert(k.into(), json!(v));
+            }
+            log.append(&first)?;
             eprintln!(
                 "skein: eval before RL: accuracy {:.3}",
                 eval_before.accuracy
@@ -372,6 +383,9 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
         if reference.is_some() {
             m.insert("kl_ref".into(), json!(upd.ref_kl));
         }
+        if let Some(d) = &data {
+            m.insert("data/epoch".into(), json!(d.train.epoch()));
+        }
         if cfg.eval.every > 0 && step % cfg.eval.every == 0 && step != steps {
             let e = evaluate(
                 &engine,
@@ -394,6 +408,7 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
                 optimizer_steps: opt.steps_done,
                 critic_optimizer_steps: critic.as_ref().map_or(0, |(_, o)| o.steps_done),
                 task_rng: rng.state(),
+                data_position: data.as_ref().map_or(0, |d| d.train.position()),
                 buffer: buffer.clone(),
                 metrics_lines: checkpoint::count_lines(&metrics_path),
                 eval_before_accuracy: eval_before.accuracy,
@@ -550,14 +565,7 @@ fn prompt_batch(
     n: usize,
 ) -> Result<PromptBatch> {
     let problems: Vec<_> = (0..n).map(|_| task.sample(rng)).collect();
-    let prompt_ids = problems
-        .iter()
-        .map(|p| tokenizer.encode(&p.prompt, false))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(PromptBatch {
-        problems,
-        prompt_ids,
-    })
+    super::dataset_task::prompt_batch(problems, tokenizer)
 }
 
 fn warm_up(
