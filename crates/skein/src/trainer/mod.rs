@@ -11,6 +11,7 @@ pub mod microbatch;
 pub mod offpolicy;
 pub mod optim;
 pub mod partial;
+pub mod preflight;
 pub mod reward;
 pub mod rollout;
 pub mod run;

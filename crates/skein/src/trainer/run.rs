@@ -99,6 +99,14 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
         stop_token_ids: vec![eos],
         ..cfg.rollout.sampling.clone()
     };
+    if device == Device::Cpu {
+        if let Some(available) = super::preflight::available_memory() {
+            super::preflight::check(
+                &super::preflight::estimate(cfg, &policy.net.config),
+                available,
+            )?;
+        }
+    }
     let engine = Engine::new(cfg.rollout.max_slots);
     let rewarder = super::dataset_task::rewarder(cfg, data.as_ref(), device)?;
     eprintln!(

@@ -1,0 +1,145 @@
+//! A memory estimate before the first step: parameters, gradients and AdamW moments (policy,
+//! critic), the frozen reference, the KV cache of the rollout engine, and the activations of
+//! one micro-batch — checked against the memory the machine has free, so a run that cannot
+//! fit stops at once with the setting to lower, not an hour later.
+
+use super::config::TrainConfig;
+use crate::model::ModelConfig;
+use anyhow::{bail, Result};
+
+const F32: f64 = 4.0;
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// One part of the estimate, in bytes, and the settings that size it.
+#[derive(Debug, Clone)]
+pub struct Part {
+    pub what: &'static str,
+    pub bytes: f64,
+    pub lower: &'static str,
+}
+
+pub fn estimate(cfg: &TrainConfig, model: &ModelConfig) -> Vec<Part> {
+    let params = model.num_parameters() as f64 * F32;
+    let mut parts = vec![Part {
+        what: "policy weights, gradients and AdamW moments",
+        bytes: 4.0 * params,
+        lower: "the model size (`model.*`, or a smaller `model.path`)",
+    }];
+    if cfg.algorithm.kl_coef > 0.0 {
+        parts.push(Part {
+            what: "frozen reference model",
+            bytes: params,
+            lower: "`algorithm.kl_coef` (0 needs no reference)",
+        });
+    }
+    if cfg.algorithm.estimator == "gae" {
+        parts.push(Part {
+            what: "critic weights, gradients and moments",
+            bytes: 4.0 * params,
+            lower: "`algorithm.estimator` (a critic-free estimator such as grpo)",
+        });
+    }
+    let r = &cfg.rollout;
+    let slots = r.max_slots.min(r.prompts_per_step * r.samples_per_prompt) as f64;
+    let prompt = if cfg.data.train_files.is_empty() {
+        64
+    } else {
+        cfg.data.max_prompt_tokens
+    };
+    let context = (prompt + r.sampling.max_new_tokens).min(model.max_position_embeddings) as f64;
+    let kv = model.num_hidden_layers as f64
+        * 2.0
+        * slots
+        * context
+        * (model.kv_heads() * model.head_dim()) as f64
+        * F32;
+    parts.push(Part {
+        what: "rollout KV cache",
+        bytes: kv,
+        lower: "`rollout.max_slots` or `rollout.sampling.max_new_tokens`",
+    });
+    // Saved for backward, per token and layer: roughly a dozen hidden-sized tensors and three
+    // intermediate-sized ones; plus logits, their log-softmax and its gradient.
+    let tokens = cfg.trainer.micro_batch_tokens as f64;
+    let per_layer = 12.0 * model.hidden_size as f64 + 3.0 * model.intermediate_size as f64;
+    let activations =
+        tokens * F32 * (per_layer * model.num_hidden_layers as f64 + 3.0 * model.vocab_size as f64);
+    parts.push(Part {
+        what: "activations of one micro-batch",
+        bytes: activations,
+        lower: "`trainer.micro_batch_tokens`",
+    });
+    parts
+}
+
+/// An error naming the largest part's settings when the estimate exceeds `available` bytes.
+pub fn check(parts: &[Part], available: f64) -> Result<()> {
+    let total: f64 = parts.iter().map(|p| p.bytes).sum();
+    if total <= available {
+        return Ok(());
+    }
+    let mut sorted: Vec<&Part> = parts.iter().collect();
+    sorted.sort_by(|a, b| b.bytes.total_cmp(&a.bytes));
+    let lines: Vec<String> = sorted
+        .iter()
+        .map(|p| format!("  {:>9.2} GiB  {}", p.bytes / GIB, p.what))
+        .collect();
+    bail!(
+        "this run needs about {:.2} GiB but {:.2} GiB of memory is available:\n{}\n\
+         lower {} first",
+        total / GIB,
+        available / GIB,
+        lines.join("\n"),
+        sorted[0].lower
+    );
+}
+
+/// Free memory of this machine (MemAvailable), when the system reports it.
+pub fn available_memory() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model() -> ModelConfig {
+        ModelConfig::tiny_qwen2(32, 192, 4, 4, 2, 512, 64)
+    }
+
+    #[test]
+    fn the_default_run_fits_and_a_huge_cache_names_its_settings() {
+        let mut cfg = TrainConfig::default();
+        let parts = estimate(&cfg, &model());
+        let total: f64 = parts.iter().map(|p| p.bytes).sum();
+        assert!(total < 2.0 * GIB, "{total}");
+        assert!(check(&parts, 16.0 * GIB).is_ok());
+
+        cfg.rollout.prompts_per_step = 1 << 14;
+        cfg.rollout.max_slots = 1 << 20;
+        let err = check(&estimate(&cfg, &model()), 16.0 * GIB)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`rollout.max_slots`"), "{err}");
+        assert!(err.contains("rollout KV cache"), "{err}");
+    }
+
+    #[test]
+    fn a_huge_micro_batch_names_its_setting() {
+        let mut cfg = TrainConfig::default();
+        cfg.trainer.micro_batch_tokens = 1 << 26;
+        let err = check(&estimate(&cfg, &model()), 8.0 * GIB)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`trainer.micro_batch_tokens`"), "{err}");
+    }
+
+    #[test]
+    fn this_machine_reports_its_memory() {
+        let m = available_memory().expect("/proc/meminfo");
+        assert!(m > 64.0 * 1024.0 * 1024.0);
+    }
+}
