@@ -123,11 +123,11 @@ impl Engine {
                     None => break,
                 }
             }
-            if !admitted.is_empty() {
+            for bucket in length_buckets(admitted) {
                 stats.prefill_tokens += self.prefill(
                     model,
                     &mut cache,
-                    admitted,
+                    bucket,
                     version,
                     &mut running,
                     &mut on_finish,
@@ -343,6 +343,23 @@ impl Engine {
     }
 }
 
+/// Admitted requests grouped by context length (shortest first; a bucket's longest context
+/// at most twice its shortest), so a prefill pads short prompts only to similar ones — a
+/// resumed partial rollout brings a long context into a batch of fresh short prompts.
+fn length_buckets(mut admitted: Vec<(usize, GenRequest)>) -> Vec<Vec<(usize, GenRequest)>> {
+    let len = |r: &GenRequest| r.prompt.len() + r.resumed.len();
+    admitted.sort_by_key(|(_, r)| len(r));
+    let mut buckets: Vec<Vec<(usize, GenRequest)>> = Vec::new();
+    for item in admitted {
+        let l = len(&item.1);
+        match buckets.last_mut() {
+            Some(b) if l <= 2 * len(&b[0].1).max(1) => b.push(item),
+            _ => buckets.push(vec![item]),
+        }
+    }
+    buckets
+}
+
 fn same_sampling(a: &SamplingParams, b: &SamplingParams) -> bool {
     a.temperature == b.temperature && a.top_p == b.top_p && a.top_k == b.top_k
 }
@@ -463,6 +480,39 @@ mod tests {
         joined.extend(&rest[0].tokens);
         assert_eq!(joined, whole[0].tokens);
         assert_eq!(rest[0].finish, Finish::Length);
+    }
+
+    #[test]
+    fn prefill_buckets_keep_short_and_long_contexts_apart() {
+        let req = |id: u64, n: usize| GenRequest {
+            id,
+            prompt: vec![1; n],
+            resumed: vec![],
+            params: greedy(4),
+            budget: None,
+        };
+        let buckets = length_buckets(vec![
+            (0, req(0, 40)),
+            (1, req(1, 3)),
+            (2, req(2, 5)),
+            (3, req(3, 70)),
+        ]);
+        let ids: Vec<Vec<u64>> = buckets
+            .iter()
+            .map(|b| b.iter().map(|(_, r)| r.id).collect())
+            .collect();
+        assert_eq!(ids, vec![vec![1, 2], vec![0, 3]]);
+        // Outputs do not depend on the bucketing: mixed lengths generate as they do alone.
+        let model = tiny();
+        let mixed = run(
+            &Engine::new(4),
+            &model,
+            vec![req(0, 40), req(1, 3), req(2, 5), req(3, 70)],
+        );
+        for (i, n) in [(0u64, 40usize), (1, 3), (2, 5), (3, 70)] {
+            let alone = run(&Engine::new(1), &model, vec![req(i, n)]);
+            assert_eq!(mixed[i as usize].tokens, alone[0].tokens);
+        }
     }
 
     #[test]
