@@ -161,6 +161,18 @@ pub struct StepRollout {
     pub rewards: RewardStats,
 }
 
+/// What generates and scores one iteration: the engine and the policy at its current version,
+/// the task's checker, the tokenizer, the sampling settings, and any configured reward sources.
+pub struct Rollout<'a> {
+    pub engine: &'a Engine,
+    pub policy: &'a Model,
+    pub version: u64,
+    pub task: &'a dyn Task,
+    pub tokenizer: &'a Tokenizer,
+    pub params: &'a SamplingParams,
+    pub rewarder: Option<&'a Rewarder>,
+}
+
 /// Where new prompts come from: a problem and its prompt token ids.
 pub type PromptSource<'a> = dyn FnMut() -> Result<(Problem, Vec<u32>)> + 'a;
 
@@ -172,19 +184,13 @@ impl RolloutBuffer {
 
     /// Runs one iteration at policy `version`: resumes paused samples first, starts new
     /// groups, and returns every group that is complete.
-    #[allow(clippy::too_many_arguments)]
     pub fn collect_step(
         &mut self,
-        engine: &Engine,
-        policy: &Model,
-        version: u64,
-        task: &dyn Task,
-        tokenizer: &Tokenizer,
-        params: &SamplingParams,
+        r: &Rollout,
         cfg: &IterationConfig,
         next_prompt: &mut PromptSource,
-        rewarder: Option<&Rewarder>,
     ) -> Result<StepRollout> {
+        let (version, params) = (r.version, r.params);
         let mut stats = PartialStats::default();
         let finish_now = self.enforce_staleness(version, cfg, &mut stats);
         let mut complete: Vec<Group> = Vec::new();
@@ -230,9 +236,7 @@ impl RolloutBuffer {
             }
             started += to_start;
             stats.requests += requests.len();
-            let (round, round_rewards) = self.run_round(
-                engine, policy, version, task, tokenizer, params, cfg, requests, rewarder,
-            );
+            let (round, round_rewards) = self.run_round(r, cfg, requests);
             rewards.add(&round_rewards);
             engine_stats.prefill_tokens += round.prefill_tokens;
             engine_stats.decode_steps += round.decode_steps;
@@ -347,22 +351,15 @@ impl RolloutBuffer {
     /// Generates `requests`; each output is joined to what its sample had before, then
     /// paused again or scored the moment it finishes: the task's checker inline, configured
     /// reward sources submitted there and collected once generation is over.
-    #[allow(clippy::too_many_arguments)]
     fn run_round(
         &mut self,
-        engine: &Engine,
-        policy: &Model,
-        version: u64,
-        task: &dyn Task,
-        tokenizer: &Tokenizer,
-        params: &SamplingParams,
+        r: &Rollout,
         cfg: &IterationConfig,
         requests: Vec<GenRequest>,
-        rewarder: Option<&Rewarder>,
     ) -> (EngineStats, RewardStats) {
         let groups = &mut self.groups;
-        let mut round = RoundRewards::new(rewarder);
-        let stats = engine.generate(policy, version, requests, |out| {
+        let mut round = RoundRewards::new(r.rewarder);
+        let stats = r.engine.generate(r.policy, r.version, requests, |out| {
             let id = out.id as usize;
             let (gi, k) = (id / cfg.samples, id % cfg.samples);
             let g = &mut groups[gi];
@@ -377,12 +374,12 @@ impl RolloutBuffer {
                 Sample::Paused(part)
             } else {
                 let judged = score_response(
-                    task,
-                    tokenizer,
+                    r.task,
+                    r.tokenizer,
                     &g.problem,
                     &part.tokens,
                     out.finish,
-                    &params.stop_token_ids,
+                    &r.params.stop_token_ids,
                 );
                 let id = format!("{}-s{k}", g.id);
                 if let (true, Some(text)) = (round.active(), judged.text) {
@@ -468,18 +465,17 @@ mod tests {
             let ids = tokenizer.encode(&p.prompt, false)?;
             Ok((p, ids))
         };
-        buf.collect_step(
-            &Engine::new(64),
-            &s.model,
-            v,
-            s.task.as_ref(),
-            &s.tokenizer,
-            &s.params,
-            cfg,
-            &mut next,
-            None,
-        )
-        .unwrap()
+        let engine = Engine::new(64);
+        let rollout = Rollout {
+            engine: &engine,
+            policy: &s.model,
+            version: v,
+            task: s.task.as_ref(),
+            tokenizer: &s.tokenizer,
+            params: &s.params,
+            rewarder: None,
+        };
+        buf.collect_step(&rollout, cfg, &mut next).unwrap()
     }
 
     fn check_whole_groups(out: &StepRollout, n: usize) {

@@ -10,7 +10,7 @@ use super::interrupt;
 use super::loss::LossConfig;
 use super::offpolicy::{importance_weights, OffPolicy};
 use super::optim::{OptimConfig, Optimizer};
-use super::partial::{IterationConfig, OnStale, RolloutBuffer};
+use super::partial::{IterationConfig, OnStale, Rollout, RolloutBuffer};
 use super::rollout::PromptBatch;
 use super::sft::{sft_row, sft_step};
 use super::step_batch::{build_step_batch, StepBatchConfig};
@@ -141,21 +141,24 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
             &mut log,
         )?;
     }
+    let held_out_eval = || {
+        evaluate(
+            &engine,
+            &policy,
+            task.as_ref(),
+            &tokenizer,
+            &eval_batch,
+            &sampling,
+            rewarder.as_ref(),
+        )
+    };
     let eval_before = match &resumed {
         Some((_, s)) => EvalResult {
             accuracy: s.eval_before_accuracy,
             mean_reward: s.eval_before_reward,
         },
         None => {
-            let eval_before = evaluate(
-                &engine,
-                &policy,
-                task.as_ref(),
-                &tokenizer,
-                &eval_batch,
-                &sampling,
-                rewarder.as_ref(),
-            );
+            let eval_before = held_out_eval();
             let mut first = record(
                 0,
                 [
@@ -248,17 +251,16 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
             let ids = tokenizer.encode(&problem.prompt, false)?;
             Ok((problem, ids))
         };
-        let rollouts = buffer.collect_step(
-            &engine,
-            &policy,
+        let rollout = Rollout {
+            engine: &engine,
+            policy: &policy,
             version,
-            task.as_ref(),
-            &tokenizer,
-            &sampling,
-            &iteration,
-            &mut next_prompt,
-            rewarder.as_ref(),
-        )?;
+            task: task.as_ref(),
+            tokenizer: &tokenizer,
+            params: &sampling,
+            rewarder: rewarder.as_ref(),
+        };
+        let rollouts = buffer.collect_step(&rollout, &iteration, &mut next_prompt)?;
         let t_rollout = t0.elapsed().as_secs_f64();
 
         let t1 = Instant::now();
@@ -395,15 +397,7 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
             m.insert("data/epoch".into(), json!(d.train.epoch()));
         }
         if cfg.eval.every > 0 && step % cfg.eval.every == 0 && step != steps {
-            let e = evaluate(
-                &engine,
-                &policy,
-                task.as_ref(),
-                &tokenizer,
-                &eval_batch,
-                &sampling,
-                rewarder.as_ref(),
-            );
+            let e = held_out_eval();
             m.insert("eval/accuracy".into(), json!(e.accuracy));
             m.insert("eval/reward".into(), json!(e.mean_reward));
         }
@@ -481,15 +475,7 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
         });
     }
 
-    let eval_after = evaluate(
-        &engine,
-        &policy,
-        task.as_ref(),
-        &tokenizer,
-        &eval_batch,
-        &sampling,
-        rewarder.as_ref(),
-    );
+    let eval_after = held_out_eval();
     log.append(&record(
         steps,
         [
