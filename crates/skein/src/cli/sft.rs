@@ -6,7 +6,7 @@
 //! (its content and end-of-turn tokens) mask 1.
 
 use crate::engine::SamplingParams;
-use crate::model::{Model, ModelConfig};
+use crate::model::Model;
 use crate::trainer::checkpoint::save_model_dir;
 use crate::trainer::config::ModelSection;
 use crate::trainer::microbatch::TrainRow;
@@ -164,16 +164,7 @@ fn from_scratch(
         .flat_map(|m| m.role.chars().chain(m.content.chars()))
         .collect();
     let tokenizer = Tokenizer::char_level(&chars.into_iter().collect::<String>())?;
-    let m = ModelSection::default();
-    let mc = ModelConfig::tiny_qwen2(
-        tokenizer.vocab_size(),
-        m.hidden_size,
-        m.num_layers,
-        m.num_heads,
-        m.num_kv_heads,
-        m.intermediate_size,
-        args.max_tokens,
-    );
+    let mc = ModelSection::default().tiny_config(tokenizer.vocab_size(), args.max_tokens);
     let model = Model::random(&mc, device, args.seed as i64)?;
     Ok((tokenizer, model))
 }

@@ -67,6 +67,25 @@ pub struct ModelSection {
     pub max_positions: usize,
 }
 
+impl ModelSection {
+    /// The from-scratch model these keys describe, for a vocabulary and context length.
+    pub fn tiny_config(
+        &self,
+        vocab_size: usize,
+        max_positions: usize,
+    ) -> crate::model::ModelConfig {
+        crate::model::ModelConfig::tiny_qwen2(
+            vocab_size,
+            self.hidden_size,
+            self.num_layers,
+            self.num_heads,
+            self.num_kv_heads,
+            self.intermediate_size,
+            max_positions,
+        )
+    }
+}
+
 impl Default for ModelSection {
     fn default() -> Self {
         ModelSection {

@@ -16,7 +16,7 @@ use super::sft::{sft_row, sft_step};
 use super::step_batch::{build_step_batch, StepBatchConfig};
 use super::update::{ppo_update, recompute_logprobs, UpdateConfig};
 use crate::engine::{Engine, SamplingParams};
-use crate::model::{Model, ModelConfig, ValueModel};
+use crate::model::{Model, ValueModel};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Map, Value};
 use skein_report::{MetricsLog, StepProgress};
@@ -533,16 +533,9 @@ fn step_seed(seed: u64, step: usize) -> i64 {
 fn build_policy(cfg: &TrainConfig, task: &dyn Task, device: Device) -> Result<(Tokenizer, Model)> {
     if cfg.model.path.is_empty() {
         let tokenizer = Tokenizer::char_level(task.alphabet())?;
-        let m = &cfg.model;
-        let mc = ModelConfig::tiny_qwen2(
-            tokenizer.vocab_size(),
-            m.hidden_size,
-            m.num_layers,
-            m.num_heads,
-            m.num_kv_heads,
-            m.intermediate_size,
-            m.max_positions,
-        );
+        let mc = cfg
+            .model
+            .tiny_config(tokenizer.vocab_size(), cfg.model.max_positions);
         let model = Model::random(&mc, device, cfg.run.seed as i64)?;
         Ok((tokenizer, model))
     } else {
