@@ -12,6 +12,7 @@ pub mod offpolicy;
 pub mod optim;
 pub mod partial;
 pub mod preflight;
+pub mod ranks;
 pub mod reward;
 pub mod rollout;
 pub mod run;

@@ -11,6 +11,7 @@ use super::loss::LossConfig;
 use super::offpolicy::{importance_weights, OffPolicy};
 use super::optim::{OptimConfig, Optimizer};
 use super::partial::{IterationConfig, OnStale, Rollout, RolloutBuffer};
+use super::ranks::{self, Replicas};
 use super::rollout::PromptBatch;
 use super::sft::{sft_row, sft_step};
 use super::step_batch::{build_step_batch, StepBatchConfig};
@@ -223,6 +224,9 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
         }
     }
     let first_step = resumed.as_ref().map_or(1, |(_, s)| s.step + 1);
+    // Data-parallel ranks beyond the first (the critic stays on one model). Built after
+    // everything else that draws random numbers; each step reseeds the generator anyway.
+    let mut replicas = Replicas::new(&policy, cfg.trainer.dp_size)?;
     // Consecutive updates skipped for a non-finite loss or gradient.
     let mut skip_streak = 0;
     let mut interrupted = false;
@@ -282,12 +286,13 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
         let t2 = Instant::now();
         let upd = ppo_update(
             &policy,
+            &mut replicas,
             reference.is_some(),
             &mut opt,
             &batch.rows,
             &batch.plan,
             &update_cfg,
-        );
+        )?;
         let value_loss = match &mut critic {
             Some((model, copt)) => critic_update(
                 model,
@@ -389,6 +394,19 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
         }
         if critic.is_some() {
             m.insert("loss/value".into(), json!(value_loss));
+        }
+        if !replicas.is_empty() {
+            let l = ranks::layout(&batch.rows, &batch.plan);
+            for (k, v) in [
+                ("dp/rows_per_rank_max", l.rows_max),
+                ("dp/rows_per_rank_mean", l.rows_mean),
+                ("dp/tokens_per_rank_max", l.tokens_max),
+                ("dp/tokens_per_rank_mean", l.tokens_mean),
+                ("dp/balance", l.balance),
+                ("dp/allreduce_wait_s", upd.rank_wait_s),
+            ] {
+                m.insert(k.into(), json!(v));
+            }
         }
         if reference.is_some() {
             m.insert("kl_ref".into(), json!(upd.ref_kl));

@@ -6,7 +6,9 @@
 use super::loss::{policy_loss, LossConfig, TokenBatch};
 use super::microbatch::{micro_batches, response_values, token_logprobs, MicroBatch, TrainRow};
 use super::optim::Optimizer;
+use super::ranks::Replicas;
 use crate::model::Model;
+use anyhow::Result;
 
 /// Mini-batches → ranks → indices into the step's rows (padding rows included).
 pub type Plan = Vec<Vec<Vec<usize>>>;
@@ -24,6 +26,9 @@ pub struct UpdateStats {
     pub micro_batches: usize,
     /// Mini-batches whose loss or gradient was NaN or infinite: not applied.
     pub skipped_updates: usize,
+    /// Seconds ranks spent waiting for the slowest one at the all-reduce: per mini-batch the
+    /// slowest rank's compute time minus the fastest's (the cost of imbalance), summed.
+    pub rank_wait_s: f64,
 }
 
 pub struct UpdateConfig {
@@ -66,56 +71,52 @@ pub fn recompute_logprobs(
 }
 
 /// PPO epochs over the planned mini-batches; one optimizer step per mini-batch.
+///
+/// With no `replicas`, every rank's rows run one after another on `policy` (the dp 1 path,
+/// and what a plan for more ranks means on one model). With replicas (one per rank beyond
+/// the first), each rank runs on its own thread and replica; see [`super::ranks`].
 pub fn ppo_update(
     policy: &Model,
+    replicas: &mut Replicas,
     reference_on: bool,
     opt: &mut Optimizer,
     rows: &[TrainRow],
     plan: &Plan,
     cfg: &UpdateConfig,
-) -> UpdateStats {
-    let device = policy.vs.device();
+) -> Result<UpdateStats> {
+    replicas.check_plan(plan)?;
+    replicas.broadcast(policy)?;
     let mut stats = UpdateStats::default();
-    let (mut tokens, mut clipped, mut kl, mut ent, mut rkl, mut grad_norm) =
-        (0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
+    let mut sums = PassSums::default();
+    let mut grad_norm = 0.0;
     for _ in 0..cfg.epochs {
         for mini_batch in plan {
             opt.zero_grad();
-            let mut mb_loss = 0.0;
-            for rank_rows in mini_batch {
-                for idx in micro_batches(rows, rank_rows, cfg.micro_batch_tokens) {
-                    let batch: Vec<&TrainRow> = idx.iter().map(|&i| &rows[i]).collect();
-                    let mb = MicroBatch::new(&batch, device);
-                    let (logp, entropy) = token_logprobs(&policy.net, &mb, cfg.temperature, true);
-                    let out = policy_loss(
-                        &TokenBatch {
-                            logp: &logp,
-                            old_logp: &mb.old_logp,
-                            ref_logp: reference_on.then_some(&mb.ref_logp),
-                            entropy: entropy.as_ref(),
-                            advantages: &mb.advantages,
-                            is_weight: &mb.is_weight,
-                            weights: &mb.weights,
-                            mask: &mb.mask,
-                        },
-                        &cfg.loss,
-                    );
-                    out.loss.backward();
-                    mb_loss += out.loss.double_value(&[]);
-                    tokens += out.tokens;
-                    clipped += out.clipped_tokens;
-                    kl += out.approx_kl_sum;
-                    ent += out.entropy_sum;
-                    rkl += out.ref_kl_sum;
-                    stats.micro_batches += 1;
+            let mb_loss = if replicas.is_empty() {
+                let mut loss = 0.0;
+                for rank_rows in mini_batch {
+                    loss += rank_pass(policy, reference_on, rows, rank_rows, cfg, &mut sums);
                 }
-            }
+                loss
+            } else {
+                let out = replicas.run(policy, mini_batch, |model, rank_rows, sums| {
+                    rank_pass(model, reference_on, rows, rank_rows, cfg, sums)
+                });
+                stats.rank_wait_s += out.wait_s;
+                for s in &out.sums {
+                    sums.add(s);
+                }
+                out.loss
+            };
             if !mb_loss.is_finite() {
                 opt.zero_grad();
                 stats.skipped_updates += 1;
                 continue;
             }
             let step = opt.step();
+            // The replicas leave this mini-batch with the weights rank 0 now has (whether or
+            // not the step was applied), so the next one starts from identical parameters.
+            replicas.broadcast(policy)?;
             if step.skipped {
                 stats.skipped_updates += 1;
                 continue;
@@ -127,12 +128,76 @@ pub fn ppo_update(
         }
     }
     let n = stats.optimizer_steps.max(1) as f64;
-    let t = if tokens > 0.0 { tokens } else { 1.0 };
+    let t = if sums.tokens > 0.0 { sums.tokens } else { 1.0 };
+    stats.micro_batches = sums.micro_batches;
     stats.loss /= n;
     stats.grad_norm = grad_norm / n;
-    stats.clip_frac = clipped / t;
-    stats.approx_kl = kl / t;
-    stats.entropy = ent / t;
-    stats.ref_kl = rkl / t;
-    stats
+    stats.clip_frac = sums.clipped / t;
+    stats.approx_kl = sums.kl / t;
+    stats.entropy = sums.entropy / t;
+    stats.ref_kl = sums.ref_kl / t;
+    Ok(stats)
+}
+
+/// Metric sums over masked tokens, accumulated micro-batch by micro-batch.
+#[derive(Debug, Default, Clone)]
+pub struct PassSums {
+    pub tokens: f64,
+    pub clipped: f64,
+    pub kl: f64,
+    pub entropy: f64,
+    pub ref_kl: f64,
+    pub micro_batches: usize,
+}
+
+impl PassSums {
+    pub fn add(&mut self, o: &PassSums) {
+        self.tokens += o.tokens;
+        self.clipped += o.clipped;
+        self.kl += o.kl;
+        self.entropy += o.entropy;
+        self.ref_kl += o.ref_kl;
+        self.micro_batches += o.micro_batches;
+    }
+}
+
+/// One rank's share of a mini-batch: forward and backward of its rows in token-bounded
+/// micro-batches, gradients accumulating on `model`. Returns the rank's loss.
+fn rank_pass(
+    model: &Model,
+    reference_on: bool,
+    rows: &[TrainRow],
+    rank_rows: &[usize],
+    cfg: &UpdateConfig,
+    sums: &mut PassSums,
+) -> f64 {
+    let device = model.vs.device();
+    let mut loss = 0.0;
+    for idx in micro_batches(rows, rank_rows, cfg.micro_batch_tokens) {
+        let batch: Vec<&TrainRow> = idx.iter().map(|&i| &rows[i]).collect();
+        let mb = MicroBatch::new(&batch, device);
+        let (logp, entropy) = token_logprobs(&model.net, &mb, cfg.temperature, true);
+        let out = policy_loss(
+            &TokenBatch {
+                logp: &logp,
+                old_logp: &mb.old_logp,
+                ref_logp: reference_on.then_some(&mb.ref_logp),
+                entropy: entropy.as_ref(),
+                advantages: &mb.advantages,
+                is_weight: &mb.is_weight,
+                weights: &mb.weights,
+                mask: &mb.mask,
+            },
+            &cfg.loss,
+        );
+        out.loss.backward();
+        loss += out.loss.double_value(&[]);
+        sums.tokens += out.tokens;
+        sums.clipped += out.clipped_tokens;
+        sums.kl += out.approx_kl_sum;
+        sums.entropy += out.entropy_sum;
+        sums.ref_kl += out.ref_kl_sum;
+        sums.micro_batches += 1;
+    }
+    loss
 }

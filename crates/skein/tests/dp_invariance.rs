@@ -1,0 +1,341 @@
+//! "The loss does not depend on parallelism", checked on real gradients: one PPO step on a
+//! fixed batch from fixed weights gives the same parameters for dp ∈ {1, 2, 4} (each rank on
+//! its own thread and model replica), for several micro-batch token budgets, with and without
+//! extra padding rows, in every loss-aggregation mode. A companion test shows that
+//! normalising by the rank-local token count (the usual data-parallel mean) fails the same
+//! check.
+//!
+//! Tolerance. The layouts add the same per-token terms in a different order: other rows share
+//! a micro-batch (so matrix products are blocked differently), micro-batch losses are summed
+//! per rank, and the ranks' f32 gradients are summed at the all-reduce. Float addition is not
+//! associative, so the summed gradients differ in their last bits (about 1e-7 relative per
+//! addition). The test's optimizer is AdamW with `lr = eps = 1` and no clipping: its first
+//! step g/(|g| + eps) changes by at most |δg|/eps for a gradient change δg, so a gradient
+//! difference reaches the parameters at no more than its own size. (With the usual tiny eps,
+//! Adam's first step is lr·sign(g), which turns a last-bit difference in a near-zero gradient
+//! into a full step: a property of the optimizer, not of the layout.) Every parameter must
+//! match the dp 1 result within 1e-4 of the largest parameter change: rounding measured here
+//! stays below 1e-5 of it, while the rank-local bug moves parameters by over 1e-1 of it.
+
+use skein::model::{Model, ModelConfig};
+use skein::trainer::loss::{KlEstimator, LossConfig};
+use skein::trainer::microbatch::TrainRow;
+use skein::trainer::optim::{OptimConfig, Optimizer};
+use skein::trainer::ranks::Replicas;
+use skein::trainer::step_batch::{build_step_batch, StepBatch, StepBatchConfig};
+use skein::trainer::update::{ppo_update, recompute_logprobs, UpdateConfig};
+use skein_plan::{AdvantageConfig, LossAggMode, Status, Trajectory, Transition, Unit};
+use std::sync::Mutex;
+use tch::{Device, Kind, Tensor};
+
+/// Largest allowed difference from the dp 1 parameters, relative to the largest change the
+/// step made to any parameter (see the module comment).
+const REL_TOL: f64 = 1e-4;
+const VOCAB: usize = 24;
+const HORIZON: usize = 12;
+const BUDGETS: [usize; 3] = [16, 48, 4096];
+
+/// Models are built under a lock: `Model::random` seeds libtorch's global generator, which the
+/// tests of this file would otherwise race on.
+static BUILD: Mutex<()> = Mutex::new(());
+
+fn model_config() -> ModelConfig {
+    ModelConfig::tiny_qwen2(VOCAB, 32, 2, 2, 1, 64, 64)
+}
+
+fn copy_of(base: &Model) -> Model {
+    let _guard = BUILD.lock().unwrap_or_else(|e| e.into_inner());
+    let mut m = Model::random(&model_config(), Device::Cpu, 0).expect("tiny model");
+    m.copy_from(base).expect("same shapes");
+    m
+}
+
+/// 4 groups of 4 trajectories with real token ids of varied lengths. Every third trajectory
+/// has a second turn whose prompt holds the first turn and some environment text, and some
+/// responses hold inserted tokens (loss mask 0), so row, token and trajectory counts all differ.
+fn trajectories() -> Vec<Trajectory> {
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    let mut draw = move |n: usize| -> usize {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        ((state >> 33) % n as u64) as usize
+    };
+    let mut out = Vec::new();
+    for g in 0..4 {
+        let prompt: Vec<u32> = (0..3 + draw(5))
+            .map(|_| 1 + draw(VOCAB - 1) as u32)
+            .collect();
+        for s in 0..4 {
+            let turns = if (g * 4 + s) % 3 == 0 { 2 } else { 1 };
+            let mut context = prompt.clone();
+            let mut transitions = Vec::new();
+            for _ in 0..turns {
+                let n = 2 + draw(HORIZON - 1);
+                let response: Vec<u32> = (0..n).map(|_| 1 + draw(VOCAB - 1) as u32).collect();
+                let loss_mask: Vec<u8> = (0..n).map(|k| u8::from(k % 5 != 3)).collect();
+                transitions.push(Transition {
+                    prompt: context.clone(),
+                    response: response.clone(),
+                    loss_mask,
+                    logprobs: (0..n).map(|k| -1.0 - 0.1 * k as f32).collect(),
+                    versions: vec![0; n],
+                    reward: None,
+                });
+                context.extend(&response);
+                context.extend([2, 3]);
+            }
+            out.push(Trajectory {
+                id: format!("g{g}s{s}"),
+                group: format!("g{g}"),
+                transitions,
+                reward: draw(3) as f64,
+                status: Status::Finished,
+            });
+        }
+    }
+    out
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    mode: LossAggMode,
+    dp: usize,
+    budget: usize,
+    extra_padding: bool,
+    /// The bug seed 001 fixes: each rank averages over its own loss tokens.
+    rank_local: bool,
+}
+
+fn update_config(budget: usize) -> UpdateConfig {
+    UpdateConfig {
+        loss: LossConfig {
+            clip_low: 0.2,
+            clip_high: 0.28,
+            dual_clip: 3.0,
+            kl_coef: 0.0,
+            kl_estimator: KlEstimator::K3,
+            entropy_coef: 0.01,
+        },
+        epochs: 1,
+        micro_batch_tokens: budget,
+        temperature: 1.0,
+    }
+}
+
+fn optim() -> OptimConfig {
+    OptimConfig {
+        lr: 1.0,
+        eps: 1.0,
+        grad_clip: 0.0,
+        ..OptimConfig::default()
+    }
+}
+
+/// Padding rows of several lengths on every rank (more on later ranks): loss mask 0 and
+/// weight 0, so they must change nothing.
+fn add_padding(batch: &mut StepBatch) {
+    for mb in &mut batch.plan {
+        for (r, rank) in mb.iter_mut().enumerate() {
+            for k in 0..=r {
+                let len = 2 + 3 * k;
+                batch.rows.push(TrainRow {
+                    tokens: vec![5; len],
+                    prompt_len: 1,
+                    loss_mask: vec![0; len - 1],
+                    behavior_logp: vec![0.0; len - 1],
+                    advantages: vec![1.0; len - 1],
+                    old_logp: Vec::new(),
+                    ref_logp: Vec::new(),
+                    old_values: Vec::new(),
+                    returns: Vec::new(),
+                    versions: Vec::new(),
+                    is_weight: Vec::new(),
+                    weight: 0.0,
+                });
+                rank.push(batch.rows.len() - 1);
+            }
+        }
+    }
+}
+
+fn loss_tokens(row: &TrainRow) -> usize {
+    row.loss_mask.iter().map(|&m| m as usize).sum()
+}
+
+/// Token-mean as a rank-local mean: every rank divides by its own loss tokens and the ranks'
+/// gradients are averaged (each weight also divided by dp).
+fn rank_local_weights(batch: &mut StepBatch) {
+    for mb in &batch.plan {
+        let dp = mb.len() as f64;
+        for rank in mb {
+            let local: usize = rank.iter().map(|&i| loss_tokens(&batch.rows[i])).sum();
+            for &i in rank {
+                if local > 0 {
+                    batch.rows[i].weight = 1.0 / (dp * local as f64);
+                }
+            }
+        }
+    }
+}
+
+/// All trainable parameters, flattened in name order.
+fn flat(model: &Model) -> Vec<f32> {
+    let mut vars: Vec<(String, Tensor)> = model.vs.variables().into_iter().collect();
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    let parts: Vec<Tensor> = vars
+        .iter()
+        .map(|(_, t)| t.detach().to_kind(Kind::Float).view([-1]))
+        .collect();
+    Vec::<f32>::try_from(Tensor::cat(&parts, 0)).expect("f32 parameters")
+}
+
+/// One PPO step (two mini-batches) from `base`'s weights; the parameters after it, and the
+/// per-rank loss tokens of the first mini-batch.
+fn step(base: &Model, trajs: &[Trajectory], case: Case) -> (Vec<f32>, Vec<usize>) {
+    let policy = copy_of(base);
+    let batch_cfg = StepBatchConfig {
+        advantage: AdvantageConfig::default(),
+        dp_size: case.dp,
+        num_mini_batches: 2,
+        unit: Unit::Trajectory,
+        loss_agg: case.mode,
+        horizon: HORIZON,
+        critic: false,
+    };
+    let mut batch = build_step_batch(trajs, &batch_cfg, 11).expect("the batch plans");
+    assert_eq!(batch.plan.len(), 2);
+    assert!(batch.plan.iter().all(|mb| mb.len() == case.dp));
+    if case.extra_padding {
+        add_padding(&mut batch);
+    }
+    if case.rank_local {
+        rank_local_weights(&mut batch);
+    }
+    let rank_tokens = batch.plan[0]
+        .iter()
+        .map(|r| r.iter().map(|&i| loss_tokens(&batch.rows[i])).sum())
+        .collect();
+    let cfg = update_config(case.budget);
+    recompute_logprobs(&policy, None, &mut batch.rows, &cfg);
+    let mut replicas = {
+        let _guard = BUILD.lock().unwrap_or_else(|e| e.into_inner());
+        Replicas::new(&policy, case.dp).expect("replicas")
+    };
+    assert_eq!(replicas.ranks(), case.dp);
+    let mut opt = Optimizer::new(&policy.vs, &optim(), 2).expect("optimizer");
+    let stats = ppo_update(
+        &policy,
+        &mut replicas,
+        false,
+        &mut opt,
+        &batch.rows,
+        &batch.plan,
+        &cfg,
+    )
+    .expect("update");
+    assert_eq!(stats.optimizer_steps, 2, "{case:?}: {stats:?}");
+    // Replicas are bit-identical to rank 0 after the step: same checksum, same bits.
+    let params = flat(&policy);
+    for (r, m) in replicas.models().iter().enumerate() {
+        assert_eq!(m.checksum(), policy.checksum(), "{case:?}: rank {}", r + 1);
+        let same = flat(m)
+            .iter()
+            .zip(&params)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "{case:?}: rank {} differs from rank 0", r + 1);
+    }
+    (params, rank_tokens)
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (*x as f64 - *y as f64).abs())
+        .fold(0.0, f64::max)
+}
+
+fn base_model() -> Model {
+    let _guard = BUILD.lock().unwrap_or_else(|e| e.into_inner());
+    Model::random(&model_config(), Device::Cpu, 1234).expect("tiny model")
+}
+
+#[test]
+fn parameters_after_a_step_do_not_depend_on_ranks_micro_batches_or_padding() {
+    tch::set_num_threads(1);
+    let base = base_model();
+    let start = flat(&base);
+    let trajs = trajectories();
+    for mode in LossAggMode::ALL {
+        let case = Case {
+            mode,
+            dp: 1,
+            budget: 4096,
+            extra_padding: false,
+            rank_local: false,
+        };
+        let (want, _) = step(&base, &trajs, case);
+        let moved = max_abs_diff(&want, &start);
+        assert!(moved > 1e-3, "{mode}: the step barely moved ({moved:e})");
+        let mut worst: f64 = 0.0;
+        for dp in [1, 2, 4] {
+            for budget in BUDGETS {
+                for extra_padding in [false, true] {
+                    let case = Case {
+                        dp,
+                        budget,
+                        extra_padding,
+                        ..case
+                    };
+                    let (got, _) = step(&base, &trajs, case);
+                    let diff = max_abs_diff(&got, &want);
+                    assert!(
+                        diff <= REL_TOL * moved,
+                        "{case:?}: parameters differ by {diff:e} (step size {moved:e})"
+                    );
+                    worst = worst.max(diff / moved);
+                }
+            }
+        }
+        eprintln!("{mode}: largest step {moved:.3e}, worst relative difference {worst:.2e}");
+    }
+}
+
+#[test]
+fn a_rank_local_token_mean_makes_the_step_depend_on_dp() {
+    tch::set_num_threads(1);
+    let base = base_model();
+    let start = flat(&base);
+    let trajs = trajectories();
+    let case = |dp, rank_local| Case {
+        mode: LossAggMode::TokenMean,
+        dp,
+        budget: 48,
+        extra_padding: false,
+        rank_local,
+    };
+    let (right, _) = step(&base, &trajs, case(1, false));
+    let moved = max_abs_diff(&right, &start);
+    // On one rank the local count is the global one: the bug is invisible at dp 1.
+    let (local1, _) = step(&base, &trajs, case(1, true));
+    assert!(max_abs_diff(&local1, &right) <= REL_TOL * moved);
+    for dp in [2, 4] {
+        let (got, rank_tokens) = step(&base, &trajs, case(dp, true));
+        assert!(
+            rank_tokens.iter().any(|&t| t != rank_tokens[0]),
+            "dp {dp}: ranks must hold unequal token counts for the bug to show: {rank_tokens:?}"
+        );
+        let diff = max_abs_diff(&got, &right);
+        eprintln!(
+            "rank-local token-mean, dp {dp}: relative difference {:.2e}",
+            diff / moved
+        );
+        assert!(
+            diff > 100.0 * REL_TOL * moved,
+            "dp {dp}: a rank-local mean should move the parameters, by {diff:e} only"
+        );
+        // The correct weights at the same layout pass.
+        let (ok, _) = step(&base, &trajs, case(dp, false));
+        assert!(max_abs_diff(&ok, &right) <= REL_TOL * moved);
+    }
+}
