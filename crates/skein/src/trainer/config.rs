@@ -300,7 +300,9 @@ pub struct TrainerConfig {
     pub ppo_epochs: usize,
     /// PPO mini-batches per step: one optimizer step each.
     pub num_mini_batches: usize,
-    /// Data-parallel ranks a mini-batch is balanced over (run one after the other in-process).
+    /// Data-parallel ranks a mini-batch is balanced over: each rank beyond the first holds a
+    /// copy of the policy and runs its rows on its own thread; gradients are summed into one
+    /// optimizer step.
     pub dp_size: usize,
     /// Most padded tokens per micro-batch (gradient accumulation beyond that).
     pub micro_batch_tokens: usize,

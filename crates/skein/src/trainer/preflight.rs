@@ -25,6 +25,13 @@ pub fn estimate(cfg: &TrainConfig, model: &ModelConfig) -> Vec<Part> {
         bytes: 4.0 * params,
         lower: "the model size (`model.*`, or a smaller `model.path`)",
     }];
+    if cfg.trainer.dp_size > 1 {
+        parts.push(Part {
+            what: "weights and gradients of the other data-parallel ranks",
+            bytes: 2.0 * params * (cfg.trainer.dp_size - 1) as f64,
+            lower: "`trainer.dp_size`",
+        });
+    }
     if cfg.algorithm.kl_coef > 0.0 {
         parts.push(Part {
             what: "frozen reference model",
