@@ -97,12 +97,8 @@ fn time_train_steps(model: &Model, a: &BenchArgs) -> Result<Vec<f64>> {
                     .map(|i| if (i + b) % 2 == 0 { 1.0 } else { -1.0 })
                     .collect(),
                 old_logp: vec![-6.0; n],
-                ref_logp: Vec::new(),
-                old_values: Vec::new(),
-                returns: Vec::new(),
-                versions: Vec::new(),
-                is_weight: Vec::new(),
                 weight: 1.0 / (a.batch * n) as f64,
+                ..Default::default()
             }
         })
         .collect();

@@ -113,13 +113,8 @@ mod tests {
             loss_mask: vec![1; n],
             behavior_logp: vec![0.0; n],
             advantages: vec![0.0; n],
-            old_logp: Vec::new(),
-            ref_logp: Vec::new(),
-            old_values: Vec::new(),
-            returns: Vec::new(),
-            versions: Vec::new(),
-            is_weight: Vec::new(),
             weight: 1.0 / (2 * n) as f64,
+            ..Default::default()
         }
     }
 

@@ -7,7 +7,7 @@ use crate::model::Transformer;
 use tch::{Device, Kind, Tensor};
 
 /// One row ready for the loss (from the planning core's rows).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct TrainRow {
     pub tokens: Vec<u32>,
     pub prompt_len: usize,
@@ -203,13 +203,8 @@ mod tests {
             loss_mask: vec![1, 0],
             behavior_logp: vec![-0.5, -0.7],
             advantages: vec![2.0, 2.0],
-            old_logp: vec![],
-            ref_logp: vec![],
-            old_values: vec![],
-            returns: vec![],
-            versions: Vec::new(),
-            is_weight: Vec::new(),
             weight: 0.25,
+            ..Default::default()
         };
         let mb = MicroBatch::new(&[&row], Device::Cpu);
         assert_eq!(

@@ -92,12 +92,9 @@ mod tests {
             behavior_logp: behavior,
             advantages: vec![1.0; n],
             old_logp: old,
-            ref_logp: vec![],
-            old_values: vec![],
-            returns: vec![],
             versions,
-            is_weight: vec![],
             weight: 1.0,
+            ..Default::default()
         }
     }
 

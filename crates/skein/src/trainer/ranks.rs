@@ -235,13 +235,8 @@ mod tests {
             loss_mask: vec![1; len - 1],
             behavior_logp: vec![0.0; len - 1],
             advantages: vec![0.0; len - 1],
-            old_logp: Vec::new(),
-            ref_logp: Vec::new(),
-            old_values: Vec::new(),
-            returns: Vec::new(),
-            versions: Vec::new(),
-            is_weight: Vec::new(),
             weight: 0.0,
+            ..Default::default()
         }
     }
 

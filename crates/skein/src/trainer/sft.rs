@@ -23,13 +23,8 @@ pub fn sft_row_masked(tokens: Vec<u32>, prompt_len: usize, loss_mask: Vec<u8>) -
         loss_mask,
         behavior_logp: vec![0.0; n],
         advantages: vec![0.0; n],
-        old_logp: Vec::new(),
-        ref_logp: Vec::new(),
-        old_values: Vec::new(),
-        returns: Vec::new(),
-        versions: Vec::new(),
-        is_weight: Vec::new(),
         weight: 1.0,
+        ..Default::default()
     }
 }
 

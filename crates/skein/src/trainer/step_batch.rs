@@ -126,13 +126,9 @@ pub fn build_step_batch(
             loss_mask: r.loss_mask.clone(),
             behavior_logp: r.logprobs.clone(),
             advantages: vec![r.advantage as f32; r.response.len()],
-            old_logp: Vec::new(),
-            ref_logp: Vec::new(),
-            old_values: Vec::new(),
-            returns: Vec::new(),
             versions: r.versions.clone(),
-            is_weight: Vec::new(),
             weight: 0.0,
+            ..Default::default()
         });
     }
     for mb in &planned.mini_batches {
@@ -177,12 +173,7 @@ fn padding_row() -> TrainRow {
         loss_mask: vec![0],
         behavior_logp: vec![0.0],
         advantages: vec![0.0],
-        old_logp: Vec::new(),
-        ref_logp: Vec::new(),
-        old_values: Vec::new(),
-        returns: Vec::new(),
-        versions: Vec::new(),
-        is_weight: Vec::new(),
         weight: 0.0,
+        ..Default::default()
     }
 }
