@@ -59,6 +59,15 @@ pub struct Engine {
     pub max_slots: usize,
 }
 
+/// What a feed hands the engine loop when asked for requests.
+pub enum Feed {
+    Requests(Vec<GenRequest>),
+    /// Nothing new yet (only answered when the loop has work and must not block).
+    Empty,
+    /// No request will come again: finish what is running and return.
+    Closed,
+}
+
 impl Engine {
     pub fn new(max_slots: usize) -> Self {
         Engine {
@@ -74,6 +83,34 @@ impl Engine {
         model: &Model,
         version: u64,
         requests: Vec<GenRequest>,
+        on_finish: impl FnMut(GenOutput),
+    ) -> EngineStats {
+        let capacity = requests
+            .iter()
+            .map(|r| (r.prompt.len() + r.params.max_new_tokens.max(r.resumed.len())) as i64)
+            .max()
+            .unwrap_or(1);
+        let mut batch = Some(requests);
+        let slots = batch.as_ref().map_or(1, Vec::len);
+        let mut feed = |_: bool| match batch.take() {
+            Some(r) => Feed::Requests(r),
+            None => Feed::Closed,
+        };
+        self.run(model, version, capacity, slots, &mut feed, on_finish)
+    }
+
+    /// The engine loop: admits what `feed` hands over whenever a slot is free, decodes every
+    /// running sequence one token per step, and calls `on_finish` the moment one stops. Runs
+    /// until the feed is closed and nothing is left running. `capacity` is the longest context
+    /// (prompt + generated) a slot holds; `max_requests` bounds the slots allocated (the
+    /// engine's own limit applies too).
+    pub fn run(
+        &self,
+        model: &Model,
+        version: u64,
+        capacity: i64,
+        max_requests: usize,
+        feed: &mut dyn FnMut(bool) -> Feed,
         mut on_finish: impl FnMut(GenOutput),
     ) -> EngineStats {
         let mut stats = EngineStats::default();
@@ -82,19 +119,10 @@ impl Engine {
             generated.set(generated.get() + out.tokens.len());
             on_finish(out)
         };
-        if requests.is_empty() {
-            return stats;
-        }
         let net = &model.net;
-        let max_pos = net.max_positions();
-        let capacity = requests
-            .iter()
-            .map(|r| (r.prompt.len() + r.params.max_new_tokens.max(r.resumed.len())) as i64)
-            .max()
-            .unwrap_or(1)
-            .min(max_pos);
+        let capacity = capacity.clamp(1, net.max_positions());
         let cfg = &net.config;
-        let slots = self.max_slots.min(requests.len());
+        let slots = self.max_slots.min(max_requests.max(1));
         let kind = model
             .vs
             .variables()
@@ -102,19 +130,39 @@ impl Engine {
             .next()
             .map(|t| t.kind())
             .unwrap_or(Kind::Float);
-        let mut cache = KvCache::new(
-            cfg.num_hidden_layers,
-            slots as i64,
-            capacity,
-            cfg.kv_heads() as i64,
-            cfg.head_dim() as i64,
-            kind,
-            model.vs.device(),
-        );
-        let mut pending: VecDeque<GenRequest> = requests.into();
+        let mut cache: Option<KvCache> = None;
+        let mut pending: VecDeque<GenRequest> = VecDeque::new();
         let mut running: Vec<Option<Running>> = (0..slots).map(|_| None).collect();
+        let mut closed = false;
 
         tch::no_grad(|| loop {
+            let idle = pending.is_empty() && running.iter().all(Option::is_none);
+            if !closed {
+                match feed(idle) {
+                    Feed::Requests(r) => pending.extend(r),
+                    Feed::Empty => {}
+                    Feed::Closed => closed = true,
+                }
+            }
+            let idle = pending.is_empty() && running.iter().all(Option::is_none);
+            if idle {
+                if closed {
+                    break;
+                }
+                continue;
+            }
+            // The cache is allocated once, when the first request arrives.
+            let cache = cache.get_or_insert_with(|| {
+                KvCache::new(
+                    cfg.num_hidden_layers,
+                    slots as i64,
+                    capacity,
+                    cfg.kv_heads() as i64,
+                    cfg.head_dim() as i64,
+                    kind,
+                    model.vs.device(),
+                )
+            });
             let free: Vec<usize> = (0..slots).filter(|&s| running[s].is_none()).collect();
             let mut admitted = Vec::new();
             for slot in free {
@@ -124,30 +172,14 @@ impl Engine {
                 }
             }
             for bucket in length_buckets(admitted) {
-                stats.prefill_tokens += self.prefill(
-                    model,
-                    &mut cache,
-                    bucket,
-                    version,
-                    &mut running,
-                    &mut on_finish,
-                );
+                stats.prefill_tokens +=
+                    self.prefill(model, cache, bucket, version, &mut running, &mut on_finish);
             }
             let active: Vec<usize> = (0..slots).filter(|&s| running[s].is_some()).collect();
             if active.is_empty() {
-                if pending.is_empty() {
-                    break;
-                }
                 continue;
             }
-            self.decode(
-                model,
-                &mut cache,
-                &active,
-                version,
-                &mut running,
-                &mut on_finish,
-            );
+            self.decode(model, cache, &active, version, &mut running, &mut on_finish);
             stats.decode_steps += 1;
         });
         stats.generated_tokens = generated.get();

@@ -3,7 +3,9 @@
 //! request so it can be resumed from its tokens later.
 
 pub mod continuous;
+pub mod handle;
 pub mod sampling;
 
-pub use continuous::{Engine, EngineStats, Finish, GenOutput, GenRequest};
+pub use continuous::{Engine, EngineStats, Feed, Finish, GenOutput, GenRequest};
+pub use handle::{channel, Control, EngineGone, EngineHandle, EngineQueue};
 pub use sampling::SamplingParams;
