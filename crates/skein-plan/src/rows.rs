@@ -7,8 +7,13 @@ use crate::padding::PaddingId;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RowMode {
+    /// One row per transition (its prompt is the whole context the model saw).
     Transition,
+    /// One row per trajectory; an error if a prompt does not extend the previous context.
     Trajectory,
+    /// One row per trajectory whose prompts extend token for token (token-exact multi-turn
+    /// rollouts: the shared context is computed once), one row per transition otherwise.
+    Auto,
 }
 
 /// The shape of a row: all the planner needs.
@@ -102,8 +107,13 @@ pub fn build_rows(
             continue;
         };
         t.validate()?;
-        match mode {
-            RowMode::Transition => {
+        let merge_it = match mode {
+            RowMode::Transition => false,
+            RowMode::Trajectory => true,
+            RowMode::Auto => t.transitions.len() > 1 && extends(t),
+        };
+        match merge_it {
+            false => {
                 for (k, tr) in t.transitions.iter().enumerate() {
                     rows.push(Row {
                         shape: RowShape {
@@ -124,10 +134,20 @@ pub fn build_rows(
                     });
                 }
             }
-            RowMode::Trajectory => rows.push(merge(t, ti, group, advantage)?),
+            true => rows.push(merge(t, ti, group, advantage)?),
         }
     }
     Ok(rows)
+}
+
+/// Whether every prompt of `t` starts with the context before it (previous prompt + response).
+fn extends(t: &Trajectory) -> bool {
+    t.transitions.windows(2).all(|w| {
+        let (a, b) = (&w[0], &w[1]);
+        b.prompt.len() >= a.prompt.len() + a.response.len()
+            && b.prompt.starts_with(&a.prompt)
+            && b.prompt[a.prompt.len()..].starts_with(&a.response)
+    })
 }
 
 /// One sequence for a whole trajectory: the first prompt, then each response followed by the
@@ -216,10 +236,15 @@ mod tests {
         assert_eq!(per_turn.len(), 2);
         let mut bad = t.clone();
         bad.transitions[1].prompt = vec![1, 7, 3, 4];
-        let e = build_rows(&[bad], &[Some(0.5)], RowMode::Trajectory)
+        let e = build_rows(&[bad.clone()], &[Some(0.5)], RowMode::Trajectory)
             .unwrap_err()
             .to_string();
         assert!(e.contains("`t`, transition 1"), "{e}");
+        // Auto merges the token-exact trajectory and falls back to rows per turn otherwise.
+        let auto = build_rows(std::slice::from_ref(&t), &[Some(0.5)], RowMode::Auto).unwrap();
+        assert_eq!((auto.len(), auto[0].shape.transition), (1, None));
+        let auto = build_rows(&[bad], &[Some(0.5)], RowMode::Auto).unwrap();
+        assert_eq!(auto.len(), 2);
     }
 
     #[test]

@@ -82,7 +82,7 @@ pub fn build_step_batch(
     seed: u64,
 ) -> Result<StepBatch> {
     let adv = plan::compute_advantages(trajectories, &cfg.advantage);
-    let rows = plan::build_rows(trajectories, &adv.per_trajectory, plan::RowMode::Transition)?;
+    let rows = plan::build_rows(trajectories, &adv.per_trajectory, plan::RowMode::Auto)?;
     let mut batch = StepBatch {
         rows: Vec::new(),
         row_rewards: Vec::new(),
