@@ -9,7 +9,9 @@ mod chat_template;
 mod generation_config;
 mod json_file;
 mod tokenizer;
+mod tool_calls;
 
 pub use chat_template::{ChatTemplate, FunctionCall, Message, ToolCall};
 pub use generation_config::{GenerationConfig, TokenIds};
 pub use tokenizer::Tokenizer;
+pub use tool_calls::{parse_tool_calls, strip_tool_calls, ToolCallError};
