@@ -1,11 +1,17 @@
 //! Built-in tasks with program-checked rewards. Tasks speak text: the engine tokenizes prompts
 //! once and trains on the sampled ids; only the reward program sees the response as text.
+//! Multi-turn tasks (`env`) answer each model message with environment messages until the
+//! episode is over.
 
 pub mod arithmetic;
+pub mod calculator;
+pub mod env;
+pub mod guess;
 pub mod reverse;
 pub mod rng;
 pub mod task;
 
+pub use env::{render_plain, AgentTask, Env, EnvError, EnvMessage, EnvRole, EnvStep, Turn};
 pub use rng::TaskRng;
 pub use task::{Problem, Score, Task};
 
@@ -22,31 +28,52 @@ impl fmt::Display for TaskError {
 
 impl std::error::Error for TaskError {}
 
-/// The built-in task called `name` at `difficulty`.
+const ALL_NAMES: &str = "arithmetic, reverse, guess, calculator";
+
+fn check_difficulty(name: &str, difficulty: u32, max: u32) -> Result<(), TaskError> {
+    if (1..=max).contains(&difficulty) {
+        Ok(())
+    } else {
+        Err(TaskError(format!(
+            "invalid value {difficulty} for `task.difficulty` of `{name}` (allowed: 1 to {max})"
+        )))
+    }
+}
+
+/// The built-in single-turn task called `name` at `difficulty`.
 pub fn task_by_name(name: &str, difficulty: u32) -> Result<Box<dyn Task>, TaskError> {
     match name {
         "arithmetic" => {
-            if !(1..=arithmetic::MAX_DIFFICULTY).contains(&difficulty) {
-                return Err(TaskError(format!(
-                    "invalid value {difficulty} for `task.difficulty` of `arithmetic` (allowed: 1 to {})",
-                    arithmetic::MAX_DIFFICULTY
-                )));
-            }
+            check_difficulty(name, difficulty, arithmetic::MAX_DIFFICULTY)?;
             Ok(Box::new(arithmetic::Arithmetic { difficulty }))
         }
         "reverse" => {
-            if !(1..=reverse::MAX_DIFFICULTY).contains(&difficulty) {
-                return Err(TaskError(format!(
-                    "invalid value {difficulty} for `task.difficulty` of `reverse` (allowed: 1 to {})",
-                    reverse::MAX_DIFFICULTY
-                )));
-            }
+            check_difficulty(name, difficulty, reverse::MAX_DIFFICULTY)?;
             Ok(Box::new(reverse::Reverse { difficulty }))
         }
+        "guess" | "calculator" => Err(TaskError(format!(
+            "task `{name}` is multi-turn, not a single-turn task"
+        ))),
         other => Err(TaskError(format!(
-            "unknown task `{other}` for `task.name` (allowed: arithmetic, reverse)"
+            "unknown task `{other}` for `task.name` (allowed: {ALL_NAMES})"
         ))),
     }
+}
+
+/// The built-in multi-turn task called `name` at `difficulty`; `None` when `name` is not one
+/// (it may still be a single-turn task: see `task_by_name`).
+pub fn agent_task_by_name(
+    name: &str,
+    difficulty: u32,
+) -> Option<Result<Box<dyn AgentTask>, TaskError>> {
+    let task: Result<Box<dyn AgentTask>, TaskError> = match name {
+        "guess" => check_difficulty(name, difficulty, guess::MAX_DIFFICULTY)
+            .map(|()| Box::new(guess::Guess { difficulty }) as Box<dyn AgentTask>),
+        "calculator" => check_difficulty(name, difficulty, calculator::MAX_DIFFICULTY)
+            .map(|()| Box::new(calculator::Calculator { difficulty }) as Box<dyn AgentTask>),
+        _ => return None,
+    };
+    Some(task)
 }
 
 #[cfg(test)]
@@ -60,5 +87,30 @@ mod tests {
         let e = task_by_name("arithmetic", 9).err().unwrap().to_string();
         assert!(e.contains("1 to 4"), "{e}");
         assert!(task_by_name("arithmetic", 2).is_ok());
+        let e = task_by_name("chess", 1).err().unwrap().to_string();
+        assert!(e.contains("reverse, guess, calculator"), "{e}");
+        assert!(task_by_name("guess", 1).is_err());
+    }
+
+    #[test]
+    fn agent_tasks_are_found_by_name_and_checked() {
+        assert!(agent_task_by_name("arithmetic", 1).is_none());
+        assert!(agent_task_by_name("reverse", 1).is_none());
+        assert!(agent_task_by_name("chess", 1).is_none());
+        for name in ["guess", "calculator"] {
+            let task = agent_task_by_name(name, 1).unwrap().unwrap();
+            assert_eq!(task.name(), name);
+            for bad in [0, 4] {
+                let e = agent_task_by_name(name, bad)
+                    .unwrap()
+                    .err()
+                    .unwrap()
+                    .to_string();
+                assert!(
+                    e.contains("`task.difficulty`") && e.contains("1 to 3"),
+                    "{e}"
+                );
+            }
+        }
     }
 }
