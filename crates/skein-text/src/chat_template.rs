@@ -192,6 +192,11 @@ impl ChatTemplate {
         }
     }
 
+    /// The eos string templates see (it ends an assistant turn in most templates).
+    pub fn eos_token(&self) -> &str {
+        &self.eos_token
+    }
+
     /// Renders the conversation. `tools` is the list of tool schemas (JSON), passed to the
     /// template as `tools`; `add_generation_prompt` appends the assistant turn opener.
     pub fn render(

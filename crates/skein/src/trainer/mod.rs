@@ -1,5 +1,7 @@
 //! The trainer: losses, optimizer, the PPO update over planned mini-batches, and the step loop.
 
+pub mod agent;
+pub mod agent_step;
 pub mod checkpoint;
 pub mod config;
 pub mod critic;

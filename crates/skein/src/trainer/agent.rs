@@ -1,0 +1,582 @@
+//! Multi-turn rollouts: every episode is an async task that asks the engine for the model's
+//! next message, hands the decoded message to its environment (on a blocking thread, under a
+//! timeout), and appends the environment's reply as tokens. All episodes share one engine loop,
+//! so their model calls are batched together whatever turn each one is at.
+//!
+//! Token-exact continuation: the prompt of turn k+1 is the prompt of turn k, then the tokens the
+//! model sampled, then the tokens of the inserted messages (tokenized once, loss mask 0). Earlier
+//! turns are never retokenized, so the trainer sees exactly the ids the model saw, and the
+//! planner merges the whole episode into one row.
+
+use crate::engine::{self, Engine, EngineHandle, EngineStats, Finish, GenRequest, SamplingParams};
+use crate::model::Model;
+use anyhow::{bail, Context, Result};
+use skein_plan::{Status, Trajectory, Transition};
+use skein_tasks::{render_plain, AgentTask, Env, EnvMessage, EnvRole, EnvStep, Problem, Turn};
+use skein_text::{ChatTemplate, Message, Tokenizer};
+use std::time::Duration;
+
+/// Where an episode is cut off.
+#[derive(Debug, Clone)]
+pub struct AgentLimits {
+    pub max_turns: usize,
+    /// Most tokens of a whole episode: first prompt, messages and inserted replies.
+    pub max_tokens: usize,
+    /// Longest an environment may take to answer one message.
+    pub env_timeout: Duration,
+}
+
+/// How environment messages become the text inserted between turns.
+pub enum TurnFormat {
+    /// Plain text (`render_plain`), for models without a chat template (the built-in
+    /// character-level model): the first prompt is the problem's text.
+    Plain,
+    /// The model's chat template: the first prompt is the problem as a user message, and each
+    /// reply is the template's rendering of the new messages after the model's turn.
+    Chat(Box<ChatTemplate>),
+}
+
+/// Everything an episode needs apart from the engine; shared by all episodes of a rollout.
+pub struct AgentContext<'a> {
+    pub task: &'a dyn AgentTask,
+    pub tokenizer: &'a Tokenizer,
+    pub format: &'a TurnFormat,
+    pub params: &'a SamplingParams,
+    pub limits: &'a AgentLimits,
+}
+
+/// Why an episode did not reach an outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cutoff {
+    /// `max_turns` messages without an outcome.
+    Turns,
+    /// The episode's token budget ran out.
+    Tokens,
+    /// The environment returned an error or panicked.
+    EnvError,
+    /// The environment took longer than `env_timeout`.
+    EnvTimeout,
+    /// Text or template trouble (a message that does not decode, a reply that does not
+    /// render); or the engine stopped.
+    Other,
+}
+
+pub struct Episode {
+    pub trajectory: Trajectory,
+    pub correct: bool,
+    /// What the model said and what the environment answered, turn by turn.
+    pub transcript: Vec<Turn>,
+    pub cutoff: Option<Cutoff>,
+}
+
+/// What one batch of episodes did, for the step's metrics.
+#[derive(Debug, Clone, Default)]
+pub struct AgentStats {
+    pub episodes: usize,
+    pub turns: usize,
+    pub turn_limit: usize,
+    pub token_limit: usize,
+    pub env_errors: usize,
+    pub env_timeouts: usize,
+    pub other_failures: usize,
+    /// Tokens inserted between turns (environment replies; never trained on).
+    pub inserted_tokens: usize,
+    /// Calls of tools (messages answered with a tool message).
+    pub tool_calls: usize,
+}
+
+impl AgentStats {
+    fn add(&mut self, e: &Episode) {
+        self.episodes += 1;
+        self.turns += e.trajectory.transitions.len();
+        self.tool_calls += e
+            .transcript
+            .iter()
+            .filter(|t| t.reply.iter().any(|m| m.role == EnvRole::Tool))
+            .count();
+        let ts = &e.trajectory.transitions;
+        for w in ts.windows(2) {
+            self.inserted_tokens += w[1].prompt.len() - w[0].prompt.len() - w[0].response.len();
+        }
+        match e.cutoff {
+            Some(Cutoff::Turns) => self.turn_limit += 1,
+            Some(Cutoff::Tokens) => self.token_limit += 1,
+            Some(Cutoff::EnvError) => self.env_errors += 1,
+            Some(Cutoff::EnvTimeout) => self.env_timeouts += 1,
+            Some(Cutoff::Other) => self.other_failures += 1,
+            None => {}
+        }
+    }
+
+    pub fn turns_mean(&self) -> f64 {
+        self.turns as f64 / self.episodes.max(1) as f64
+    }
+
+    pub fn metrics(&self) -> [(&'static str, f64); 7] {
+        [
+            ("agent/turns_mean", self.turns_mean()),
+            ("agent/turn_limit", self.turn_limit as f64),
+            ("agent/token_limit", self.token_limit as f64),
+            ("agent/env_errors", self.env_errors as f64),
+            ("agent/env_timeouts", self.env_timeouts as f64),
+            ("agent/tool_calls", self.tool_calls as f64),
+            ("agent/inserted_tokens", self.inserted_tokens as f64),
+        ]
+    }
+}
+
+pub struct AgentRollouts {
+    pub episodes: Vec<Episode>,
+    pub engine: EngineStats,
+    pub stats: AgentStats,
+}
+
+/// One episode to run: its ids and problem.
+pub struct EpisodeSpec {
+    pub id: String,
+    pub group: String,
+    pub problem: Problem,
+}
+
+impl AgentContext<'_> {
+    /// The first prompt's token ids.
+    pub fn prompt_ids(&self, problem: &Problem) -> Result<Vec<u32>> {
+        let text = match self.format {
+            TurnFormat::Plain => problem.prompt.clone(),
+            TurnFormat::Chat(t) => t.render(&[Message::user(&problem.prompt)], None, true)?,
+        };
+        self.tokenizer.encode(&text, false)
+    }
+
+    /// Runs every episode to its end with the policy at `version`: the engine loop on this
+    /// thread (which owns the model), the episodes on `runtime`.
+    pub fn run(
+        &self,
+        engine: &Engine,
+        policy: &Model,
+        version: u64,
+        runtime: &tokio::runtime::Runtime,
+        specs: Vec<EpisodeSpec>,
+    ) -> AgentRollouts {
+        let (handle, mut queue) = engine::channel();
+        let capacity = self.limits.max_tokens as i64;
+        let (episodes, engine_stats) = std::thread::scope(|s| {
+            let episodes = s.spawn(move || {
+                let runs = specs.into_iter().map(|spec| {
+                    let h = handle.clone();
+                    async move { self.episode(h, spec).await }
+                });
+                let all = runtime.block_on(futures_util::future::join_all(runs));
+                drop(handle);
+                all
+            });
+            let (stats, _) = queue.run_phase(engine, policy, version, capacity);
+            let episodes = episodes.join().unwrap_or_default();
+            (episodes, stats)
+        });
+        let mut stats = AgentStats::default();
+        for e in &episodes {
+            stats.add(e);
+        }
+        AgentRollouts {
+            episodes,
+            engine: engine_stats,
+            stats,
+        }
+    }
+
+    async fn episode(&self, handle: EngineHandle, spec: EpisodeSpec) -> Episode {
+        let mut run = EpisodeRun {
+            transitions: Vec::new(),
+            transcript: Vec::new(),
+        };
+        let outcome = self.play(&handle, &spec.problem, &mut run).await;
+        let (reward, correct, status, cutoff) = match outcome {
+            Ok(Outcome::Done(score)) => (score.reward, score.correct, Status::Finished, None),
+            Ok(Outcome::Cut(c)) => (0.0, false, Status::Truncated, Some(c)),
+            Err((c, reason)) => (0.0, false, Status::Failed(reason), Some(c)),
+        };
+        Episode {
+            trajectory: Trajectory {
+                id: spec.id,
+                group: spec.group,
+                transitions: run.transitions,
+                reward,
+                status,
+            },
+            correct,
+            transcript: run.transcript,
+            cutoff,
+        }
+    }
+
+    /// Plays turns until the environment reports an outcome or a limit cuts the episode off.
+    async fn play(
+        &self,
+        handle: &EngineHandle,
+        problem: &Problem,
+        run: &mut EpisodeRun,
+    ) -> std::result::Result<Outcome, (Cutoff, String)> {
+        let other = |e: anyhow::Error| (Cutoff::Other, format!("{e:#}"));
+        let mut context = self.prompt_ids(problem).map_err(other)?;
+        let mut messages = vec![Message::user(&problem.prompt)];
+        let mut env: Box<dyn Env> = self.task.start(problem);
+        let stop = &self.params.stop_token_ids;
+        for _ in 0..self.limits.max_turns {
+            let room = self.limits.max_tokens.saturating_sub(context.len());
+            if room == 0 {
+                return Ok(Outcome::Cut(Cutoff::Tokens));
+            }
+            let req = GenRequest {
+                id: 0,
+                prompt: context.clone(),
+                resumed: Vec::new(),
+                params: SamplingParams {
+                    max_new_tokens: self.params.max_new_tokens.min(room),
+                    ..self.params.clone()
+                },
+                budget: None,
+            };
+            let out = handle
+                .generate(req)
+                .await
+                .map_err(|e| (Cutoff::Other, e.to_string()))?;
+            let n = out.tokens.len();
+            run.transitions.push(Transition {
+                prompt: context.clone(),
+                response: out.tokens.clone(),
+                loss_mask: vec![1; n],
+                logprobs: out.logprobs,
+                versions: out.versions,
+                reward: None,
+            });
+            context.extend_from_slice(&out.tokens);
+            if out.finish != Finish::Stop && context.len() >= self.limits.max_tokens {
+                return Ok(Outcome::Cut(Cutoff::Tokens));
+            }
+            let ids: Vec<u32> = out
+                .tokens
+                .iter()
+                .copied()
+                .filter(|t| !stop.contains(t))
+                .collect();
+            let text = self.tokenizer.decode(&ids, true).map_err(other)?;
+            let (back, step) = self.step_env(env, text.clone()).await?;
+            env = back;
+            match step {
+                EnvStep::Done(score) => {
+                    run.transcript.push(Turn {
+                        message: text,
+                        reply: Vec::new(),
+                    });
+                    return Ok(Outcome::Done(score));
+                }
+                EnvStep::Continue {
+                    messages: reply,
+                    reward,
+                } => {
+                    if let Some(t) = run.transitions.last_mut() {
+                        t.reward = reward;
+                    }
+                    let inserted = self
+                        .inserted_text(&mut messages, &text, &reply)
+                        .map_err(other)?;
+                    context.extend(self.tokenizer.encode(&inserted, false).map_err(other)?);
+                    run.transcript.push(Turn {
+                        message: text,
+                        reply,
+                    });
+                }
+            }
+        }
+        Ok(Outcome::Cut(Cutoff::Turns))
+    }
+
+    /// Steps the environment on a blocking thread, so a slow or stuck one holds up only its
+    /// own episode; it gets the environment back to continue with.
+    async fn step_env(
+        &self,
+        mut env: Box<dyn Env>,
+        message: String,
+    ) -> std::result::Result<(Box<dyn Env>, EnvStep), (Cutoff, String)> {
+        let timeout = self.limits.env_timeout;
+        let call = tokio::task::spawn_blocking(move || {
+            let r = env.step(&message);
+            (env, r)
+        });
+        match tokio::time::timeout(timeout, call).await {
+            Err(_) => Err((
+                Cutoff::EnvTimeout,
+                format!(
+                    "the environment took longer than {:.1}s (agent.env_timeout_s)",
+                    timeout.as_secs_f64()
+                ),
+            )),
+            Ok(Err(_)) => Err((Cutoff::EnvError, "the environment panicked".into())),
+            Ok(Ok((_, Err(e)))) => Err((Cutoff::EnvError, format!("environment error: {e}"))),
+            Ok(Ok((env, Ok(step)))) => Ok((env, step)),
+        }
+    }
+
+    /// The text inserted after the model's `message`: the reply rendered on its own (plain),
+    /// or the chat template's delta, from the end of the model's turn (its stop token) to the
+    /// opening of the next assistant turn.
+    pub(crate) fn inserted_text(
+        &self,
+        messages: &mut Vec<Message>,
+        message: &str,
+        reply: &[EnvMessage],
+    ) -> Result<String> {
+        let template = match self.format {
+            TurnFormat::Plain => return Ok(render_plain(reply)),
+            TurnFormat::Chat(t) => t,
+        };
+        messages.push(Message::assistant(message));
+        let before = template.render(messages, None, false)?;
+        messages.extend(reply.iter().map(|m| match m.role {
+            EnvRole::User => Message::user(&m.content),
+            EnvRole::Tool => Message::tool(&m.content, None),
+        }));
+        let after = template.render(messages, None, true)?;
+        chat_delta(&before, &after, template.eos_token())
+    }
+}
+
+/// The text after the end of the model's turn in `before` (its stop token, `eos`) through the
+/// end of `after`. Fails when `after` does not extend `before` (a template that rewrites earlier
+/// turns cannot be continued token for token).
+pub fn chat_delta(before: &str, after: &str, eos: &str) -> Result<String> {
+    let Some(new) = after.strip_prefix(before) else {
+        bail!(
+            "the chat template renders earlier turns differently once a reply follows, so the \
+             conversation cannot continue token for token"
+        );
+    };
+    let turn_end = if eos.is_empty() {
+        None
+    } else {
+        before.rfind(eos)
+    };
+    let tail = turn_end
+        .map(|i| &before[i + eos.len()..])
+        .context("the chat template does not end the assistant turn with its eos token")?;
+    Ok(format!("{tail}{new}"))
+}
+
+struct EpisodeRun {
+    transitions: Vec<Transition>,
+    transcript: Vec<Turn>,
+}
+
+enum Outcome {
+    Done(skein_tasks::Score),
+    Cut(Cutoff),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ModelConfig;
+    use skein_tasks::{agent_task_by_name, EnvError, Score, TaskRng};
+    use tch::Device;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    fn model(tokenizer: &Tokenizer) -> Model {
+        let cfg = ModelConfig::tiny_qwen2(tokenizer.vocab_size(), 32, 1, 2, 1, 64, 256);
+        Model::random(&cfg, Device::Cpu, 3).unwrap()
+    }
+
+    fn limits() -> AgentLimits {
+        AgentLimits {
+            max_turns: 6,
+            max_tokens: 200,
+            env_timeout: Duration::from_secs(5),
+        }
+    }
+
+    fn specs(task: &dyn AgentTask, n: usize) -> Vec<EpisodeSpec> {
+        let mut rng = TaskRng::new(4);
+        (0..n)
+            .map(|i| EpisodeSpec {
+                id: format!("e{i}"),
+                group: format!("g{}", i / 2),
+                problem: task.sample(&mut rng),
+            })
+            .collect()
+    }
+
+    fn params(tokenizer: &Tokenizer) -> SamplingParams {
+        SamplingParams {
+            max_new_tokens: 4,
+            stop_token_ids: tokenizer.eos_token_ids().to_vec(),
+            ..Default::default()
+        }
+    }
+
+    /// The ids the model saw at each turn are exactly the previous turn's ids, then what it
+    /// sampled, then the tokens of the environment's reply: nothing is ever retokenized.
+    #[test]
+    fn each_turn_extends_the_last_token_for_token() {
+        for format in [TurnFormat::Plain, TurnFormat::Chat(Box::new(chatml()))] {
+            let task = agent_task_by_name("guess", 1).unwrap().unwrap();
+            let tokenizer = Tokenizer::char_level(task.alphabet()).unwrap();
+            let (params, limits) = (params(&tokenizer), limits());
+            let ctx = AgentContext {
+                task: task.as_ref(),
+                tokenizer: &tokenizer,
+                format: &format,
+                params: &params,
+                limits: &limits,
+            };
+            let specs = specs(task.as_ref(), 24);
+            let problems: std::collections::HashMap<String, Problem> = specs
+                .iter()
+                .map(|s| (s.id.clone(), s.problem.clone()))
+                .collect();
+            let r = ctx.run(&Engine::new(16), &model(&tokenizer), 2, &runtime(), specs);
+            let mut multi_turn = 0;
+            for e in &r.episodes {
+                let ts = &e.trajectory.transitions;
+                let problem = &problems[&e.trajectory.id];
+                assert_eq!(ts[0].prompt, ctx.prompt_ids(problem).unwrap());
+                let mut messages = vec![Message::user(&problem.prompt)];
+                for (k, w) in ts.windows(2).enumerate() {
+                    let turn = &e.transcript[k];
+                    let inserted = ctx
+                        .inserted_text(&mut messages, &turn.message, &turn.reply)
+                        .unwrap();
+                    let mut want = w[0].prompt.clone();
+                    want.extend(&w[0].response);
+                    want.extend(tokenizer.encode(&inserted, false).unwrap());
+                    assert_eq!(
+                        w[1].prompt,
+                        want,
+                        "episode {}, turn {}",
+                        e.trajectory.id,
+                        k + 1
+                    );
+                    assert!(w[1].versions.iter().all(|&v| v == 2));
+                    multi_turn += 1;
+                }
+            }
+            assert!(multi_turn > 10, "too few multi-turn episodes to check");
+            assert_eq!(r.stats.episodes, 24);
+        }
+    }
+
+    fn chatml() -> ChatTemplate {
+        Tokenizer::char_level("0123456789")
+            .unwrap()
+            .chat_template()
+            .unwrap()
+            .unwrap()
+    }
+
+    #[test]
+    fn the_chat_delta_runs_from_the_stop_token_to_the_next_assistant_turn() {
+        let t = chatml();
+        let mut messages = vec![Message::user("q"), Message::assistant("a")];
+        let before = t.render(&messages, None, false).unwrap();
+        messages.push(Message::tool("42", None));
+        let after = t.render(&messages, None, true).unwrap();
+        let delta = chat_delta(&before, &after, t.eos_token()).unwrap();
+        assert!(delta.starts_with('\n'), "{delta:?}");
+        assert!(delta.contains("42") && delta.ends_with("<|im_start|>assistant\n"));
+        assert!(chat_delta("abc", "xbcd", "<|im_end|>").is_err());
+    }
+
+    /// An environment that errors, one that hangs, and healthy ones: the first two fail their
+    /// own episode with a reason, counted; the rest finish.
+    #[test]
+    fn env_errors_and_timeouts_fail_one_episode_each() {
+        struct Flaky;
+        struct FlakyEnv(u8);
+        impl Env for FlakyEnv {
+            fn step(&mut self, _: &str) -> Result<EnvStep, EnvError> {
+                match self.0 {
+                    0 => Err(EnvError("the simulator crashed".into())),
+                    1 => {
+                        std::thread::sleep(Duration::from_secs(3));
+                        Ok(EnvStep::Done(Score {
+                            reward: 1.0,
+                            correct: true,
+                            formatted: true,
+                        }))
+                    }
+                    _ => Ok(EnvStep::Done(Score {
+                        reward: 1.0,
+                        correct: true,
+                        formatted: true,
+                    })),
+                }
+            }
+        }
+        impl AgentTask for Flaky {
+            fn name(&self) -> &str {
+                "flaky"
+            }
+            fn sample(&self, rng: &mut TaskRng) -> Problem {
+                Problem {
+                    prompt: "12".into(),
+                    ground_truth: rng.range(0, 9).to_string(),
+                    data_source: "flaky".into(),
+                    meta: serde_json::Value::Null,
+                }
+            }
+            fn start(&self, p: &Problem) -> Box<dyn Env> {
+                Box::new(FlakyEnv(p.ground_truth.parse().unwrap_or(9)))
+            }
+            fn demonstration_turn(&self, _: &Problem, _: &[Turn], _: &mut TaskRng) -> String {
+                "1".into()
+            }
+            fn alphabet(&self) -> &'static str {
+                "0123456789"
+            }
+            fn max_turns(&self) -> usize {
+                2
+            }
+            fn max_message_chars(&self) -> usize {
+                1
+            }
+        }
+        let task = Flaky;
+        let tokenizer = Tokenizer::char_level(task.alphabet()).unwrap();
+        let params = params(&tokenizer);
+        let limits = AgentLimits {
+            env_timeout: Duration::from_millis(300),
+            ..limits()
+        };
+        let ctx = AgentContext {
+            task: &task,
+            tokenizer: &tokenizer,
+            format: &TurnFormat::Plain,
+            params: &params,
+            limits: &limits,
+        };
+        let specs = specs(&task, 40);
+        let kinds: Vec<String> = specs
+            .iter()
+            .map(|s| s.problem.ground_truth.clone())
+            .collect();
+        let r = ctx.run(&Engine::new(8), &model(&tokenizer), 0, &runtime(), specs);
+        for (e, kind) in r.episodes.iter().zip(&kinds) {
+            match (kind.as_str(), &e.trajectory.status) {
+                ("0", Status::Failed(why)) => assert!(why.contains("crashed"), "{why}"),
+                ("1", Status::Failed(why)) => assert!(why.contains("env_timeout_s"), "{why}"),
+                ("0" | "1", s) => panic!("episode {kind} should have failed: {s:?}"),
+                (_, s) => assert_eq!(*s, Status::Finished),
+            }
+        }
+        let count = |k: &str| kinds.iter().filter(|x| x.as_str() == k).count();
+        assert_eq!(r.stats.env_errors, count("0"));
+        assert_eq!(r.stats.env_timeouts, count("1"));
+        assert!(r.stats.env_errors > 0 && r.stats.env_timeouts > 0);
+    }
+}
