@@ -21,6 +21,8 @@ pub struct TrainConfig {
     pub trainer: TrainerConfig,
     pub optim: OptimConfig,
     pub eval: EvalConfig,
+    /// Multi-turn tasks (`task.name = "guess"` or `"calculator"`): episode limits.
+    pub agent: AgentConfig,
     /// Reward sources, routes and the reward executor (see crates/skein-reward/README.md).
     /// Absent: the task's own program scores every response, inline.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -348,6 +350,29 @@ impl Default for EvalConfig {
         EvalConfig {
             problems: 256,
             every: 10,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AgentConfig {
+    /// Messages an episode may take before it is cut off (0: the task's own limit).
+    pub max_turns: usize,
+    /// Most tokens of an episode, first prompt and inserted replies included (0: the model's
+    /// context; a from-scratch model gets at least 256 positions for a multi-turn task).
+    pub max_tokens: usize,
+    /// Longest an environment may take to answer one message, in seconds; past it that
+    /// episode fails (counted as `agent/env_timeouts`) and the others go on.
+    pub env_timeout_s: f64,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            max_turns: 0,
+            max_tokens: 0,
+            env_timeout_s: 10.0,
         }
     }
 }

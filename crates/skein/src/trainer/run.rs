@@ -8,6 +8,7 @@ use super::critic::{apply_gae, compute_values, critic_update};
 use super::eval::{evaluate, EvalResult};
 use super::interrupt;
 use super::loss::LossConfig;
+use super::microbatch::TrainRow;
 use super::offpolicy::{importance_weights, OffPolicy};
 use super::optim::{OptimConfig, Optimizer};
 use super::partial::{IterationConfig, OnStale, Rollout, RolloutBuffer};
@@ -83,13 +84,39 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
     }
     let mut log = MetricsLog::create(&metrics_path)?;
 
-    let (task, data) = super::dataset_task::task_from_config(cfg)?;
+    // A multi-turn task runs episodes; anything else answers single prompts.
+    let agent_task = super::agent_step::agent_task(cfg)?;
+    let (task, data) = match &agent_task {
+        Some(_) => (None, None),
+        None => {
+            let (t, d) = super::dataset_task::task_from_config(cfg)?;
+            (Some(t), d)
+        }
+    };
     if let (Some(d), Some((_, s))) = (&data, &resumed) {
         d.train.seek(s.data_position);
     }
+    let (alphabet, task_name, min_positions) = match (&task, &agent_task) {
+        (Some(t), _) => (t.alphabet(), t.name().to_string(), 0),
+        (None, Some(a)) => (
+            a.alphabet(),
+            a.name().to_string(),
+            super::agent_step::MIN_AGENT_POSITIONS,
+        ),
+        (None, None) => bail!("no task to train on"),
+    };
     let (tokenizer, policy) = match &resumed {
         Some((ckpt, _)) => (Tokenizer::from_dir(ckpt)?, Model::load_dir(ckpt, device)?),
-        None => build_policy(cfg, task.as_ref(), device)?,
+        None => build_policy(cfg, alphabet, min_positions, device)?,
+    };
+    let agent = match agent_task {
+        Some(a) => Some(super::agent_step::AgentWork::new(
+            cfg,
+            a,
+            &tokenizer,
+            policy.net.max_positions() as usize,
+        )?),
+        None => None,
     };
     let eos = tokenizer
         .eos_token_ids()
@@ -114,44 +141,59 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
         "skein: {} model, {:.2}M parameters, task `{}` (difficulty {}), run directory {}",
         policy.net.config.model_type,
         policy.net.config.num_parameters() as f64 / 1e6,
-        task.name(),
+        task_name,
         cfg.task.difficulty,
         dir.display()
     );
 
     let mut rng = TaskRng::new(resumed.as_ref().map_or(cfg.run.seed, |(_, s)| s.task_rng));
     let eval_seed = super::dataset_task::eval_seed(cfg.run.seed);
-    let eval_batch = match &data {
-        Some(d) => d.eval_batch(&tokenizer, cfg.eval.problems, eval_seed)?,
-        None => prompt_batch(
-            task.as_ref(),
+    let mut eval_rng = TaskRng::new(eval_seed);
+    let eval_set = match (&data, &task, &agent) {
+        (Some(d), _, _) => {
+            EvalSet::Prompts(d.eval_batch(&tokenizer, cfg.eval.problems, eval_seed)?)
+        }
+        (None, Some(t), _) => EvalSet::Prompts(prompt_batch(
+            t.as_ref(),
             &tokenizer,
-            &mut TaskRng::new(eval_seed),
+            &mut eval_rng,
             cfg.eval.problems,
-        )?,
+        )?),
+        (None, None, Some(a)) => EvalSet::Episodes(
+            (0..cfg.eval.problems)
+                .map(|_| a.task.sample(&mut eval_rng))
+                .collect(),
+        ),
+        (None, None, None) => bail!("no task to evaluate"),
     };
 
     if cfg.sft.steps > 0 && resumed.is_none() {
-        warm_up(
-            cfg,
-            &policy,
-            task.as_ref(),
-            &tokenizer,
-            eos,
-            &mut rng,
-            &mut log,
-        )?;
+        let mut demo = || -> Result<TrainRow> {
+            match (&task, &agent) {
+                (Some(t), _) => single_demo_row(t.as_ref(), &tokenizer, eos, &mut rng),
+                (None, Some(a)) => a.demonstration_row(&tokenizer, &sampling, eos, &mut rng),
+                (None, None) => bail!("no task to demonstrate"),
+            }
+        };
+        warm_up(cfg, &policy, &mut demo, &mut log)?;
     }
-    let held_out_eval = || {
-        evaluate(
+    let held_out_eval = || match (&eval_set, &task, &agent) {
+        (EvalSet::Prompts(batch), Some(t), _) => evaluate(
             &engine,
             &policy,
-            task.as_ref(),
+            t.as_ref(),
             &tokenizer,
-            &eval_batch,
+            batch,
             &sampling,
             rewarder.as_ref(),
-        )
+        ),
+        (EvalSet::Episodes(problems), _, Some(a)) => {
+            a.evaluate(&engine, &policy, &tokenizer, &sampling, problems)
+        }
+        _ => EvalResult {
+            accuracy: 0.0,
+            mean_reward: 0.0,
+        },
     };
     let eval_before = match &resumed {
         Some((_, s)) => EvalResult {
@@ -250,21 +292,42 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
         tch::manual_seed(step_seed(cfg.run.seed, step));
         let t0 = Instant::now();
         let version = opt.steps_done as u64;
-        let mut next_prompt = || -> Result<_> {
-            let problem = task.sample(&mut rng);
-            let ids = tokenizer.encode(&problem.prompt, false)?;
-            Ok((problem, ids))
+        let mut agent_stats = None;
+        let rollouts = match (&task, &agent) {
+            (Some(task), _) => {
+                let mut next_prompt = || -> Result<_> {
+                    let problem = task.sample(&mut rng);
+                    let ids = tokenizer.encode(&problem.prompt, false)?;
+                    Ok((problem, ids))
+                };
+                let rollout = Rollout {
+                    engine: &engine,
+                    policy: &policy,
+                    version,
+                    task: task.as_ref(),
+                    tokenizer: &tokenizer,
+                    params: &sampling,
+                    rewarder: rewarder.as_ref(),
+                };
+                buffer.collect_step(&rollout, &iteration, &mut next_prompt)?
+            }
+            (None, Some(a)) => {
+                let (r, stats) = a.step(
+                    &engine,
+                    &policy,
+                    version,
+                    &tokenizer,
+                    &sampling,
+                    &mut rng,
+                    step,
+                    cfg.rollout.prompts_per_step,
+                    cfg.rollout.samples_per_prompt,
+                );
+                agent_stats = Some(stats);
+                r
+            }
+            (None, None) => bail!("no task to roll out"),
         };
-        let rollout = Rollout {
-            engine: &engine,
-            policy: &policy,
-            version,
-            task: task.as_ref(),
-            tokenizer: &tokenizer,
-            params: &sampling,
-            rewarder: rewarder.as_ref(),
-        };
-        let rollouts = buffer.collect_step(&rollout, &iteration, &mut next_prompt)?;
         let t_rollout = t0.elapsed().as_secs_f64();
 
         let t1 = Instant::now();
@@ -325,7 +388,12 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
         let response_len = rollouts
             .trajectories
             .iter()
-            .map(|t| t.transitions[0].response.len() as f64)
+            .map(|t| {
+                t.transitions
+                    .iter()
+                    .map(|x| x.response.len())
+                    .sum::<usize>() as f64
+            })
             .sum::<f64>()
             / n;
         let elapsed = t0.elapsed().as_secs_f64();
@@ -391,6 +459,9 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
         }
         if let Some(r) = &rewarder {
             rollouts.rewards.log(r, &mut m);
+        }
+        for (k, v) in agent_stats.iter().flat_map(|a| a.metrics()) {
+            m.insert(k.into(), json!(v));
         }
         if critic.is_some() {
             m.insert("loss/value".into(), json!(value_loss));
@@ -548,12 +619,20 @@ fn step_seed(seed: u64, step: usize) -> i64 {
     (seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ step as u64) as i64
 }
 
-fn build_policy(cfg: &TrainConfig, task: &dyn Task, device: Device) -> Result<(Tokenizer, Model)> {
+/// The policy: a model directory, or a from-scratch model over a character-level tokenizer of
+/// the task's `alphabet` with at least `min_positions` positions.
+fn build_policy(
+    cfg: &TrainConfig,
+    alphabet: &str,
+    min_positions: usize,
+    device: Device,
+) -> Result<(Tokenizer, Model)> {
     if cfg.model.path.is_empty() {
-        let tokenizer = Tokenizer::char_level(task.alphabet())?;
-        let mc = cfg
-            .model
-            .tiny_config(tokenizer.vocab_size(), cfg.model.max_positions);
+        let tokenizer = Tokenizer::char_level(alphabet)?;
+        let mc = cfg.model.tiny_config(
+            tokenizer.vocab_size(),
+            cfg.model.max_positions.max(min_positions),
+        );
         let model = Model::random(&mc, device, cfg.run.seed as i64)?;
         Ok((tokenizer, model))
     } else {
@@ -573,13 +652,34 @@ fn prompt_batch(
     super::dataset_task::prompt_batch(problems, tokenizer)
 }
 
-fn warm_up(
-    cfg: &TrainConfig,
-    policy: &Model,
+/// Held-out problems: prompts answered once, or episodes of a multi-turn task.
+enum EvalSet {
+    Prompts(PromptBatch),
+    Episodes(Vec<skein_tasks::Problem>),
+}
+
+/// A supervised row of a single-turn task: prompt, then a demonstrated answer and `eos`.
+fn single_demo_row(
     task: &dyn Task,
     tokenizer: &Tokenizer,
     eos: u32,
     rng: &mut TaskRng,
+) -> Result<TrainRow> {
+    let problem = task.sample(rng);
+    let demo = task.demonstration(&problem, rng);
+    let mut response = tokenizer.encode(&demo, false)?;
+    response.push(eos);
+    Ok(sft_row(
+        &tokenizer.encode(&problem.prompt, false)?,
+        &response,
+    ))
+}
+
+/// Supervised warm-up on `sft.steps` batches of demonstrations.
+fn warm_up(
+    cfg: &TrainConfig,
+    policy: &Model,
+    demo: &mut dyn FnMut() -> Result<TrainRow>,
     log: &mut MetricsLog,
 ) -> Result<()> {
     let ocfg = OptimConfig {
@@ -591,17 +691,9 @@ fn warm_up(
     let mut opt = Optimizer::new(&policy.vs, &ocfg, cfg.sft.steps)?;
     let mut progress = StepProgress::new(cfg.sft.steps as u64);
     for step in 1..=cfg.sft.steps {
-        let mut rows = Vec::with_capacity(cfg.sft.batch_size);
-        for _ in 0..cfg.sft.batch_size {
-            let problem = task.sample(rng);
-            let demo = task.demonstration(&problem, rng);
-            let mut response = tokenizer.encode(&demo, false)?;
-            response.push(eos);
-            rows.push(sft_row(
-                &tokenizer.encode(&problem.prompt, false)?,
-                &response,
-            ));
-        }
+        let rows = (0..cfg.sft.batch_size)
+            .map(|_| demo())
+            .collect::<Result<Vec<_>>>()?;
         let loss = sft_step(policy, &mut opt, &rows);
         log.append(&record(step, [("sft/loss", loss)]))?;
         progress.update(step as u64, &[("sft loss", loss)]);

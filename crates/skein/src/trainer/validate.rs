@@ -150,7 +150,35 @@ pub fn validate(cfg: &TrainConfig) -> Result<()> {
     }
     validate_reward(cfg, &mut v);
     validate_data(cfg, &mut v);
+    validate_agent(cfg, &mut v);
     Ok(v.finish()?)
+}
+
+/// `[agent]`, and what multi-turn tasks do not combine with.
+fn validate_agent(cfg: &TrainConfig, v: &mut Validator) {
+    let a = &cfg.agent;
+    v.check(
+        a.env_timeout_s > 0.0 && a.env_timeout_s.is_finite(),
+        "agent.env_timeout_s",
+        "must be a finite number of seconds > 0",
+        a.env_timeout_s,
+    );
+    let multi_turn = cfg.data.train_files.is_empty()
+        && skein_tasks::agent_task_by_name(&cfg.task.name, cfg.task.difficulty).is_some();
+    if multi_turn {
+        v.check(
+            !cfg.rollout.partial.enabled,
+            "rollout.partial.enabled",
+            "must be false for a multi-turn task (episodes run to their end)",
+            true,
+        );
+        v.check(
+            cfg.reward.is_none(),
+            "reward",
+            "is not used by a multi-turn task (its environment scores each episode): remove the section",
+            "[reward]",
+        );
+    }
 }
 
 /// `[data]`: files that exist with a known extension, and a known truncation.
