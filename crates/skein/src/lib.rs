@@ -4,4 +4,5 @@ pub mod cli;
 pub mod engine;
 pub mod model;
 pub mod reward_model;
+pub mod serve;
 pub mod trainer;

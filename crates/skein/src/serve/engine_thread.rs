@@ -1,0 +1,54 @@
+//! The thread that owns the served model: it runs the engine loop over whatever the handlers
+//! submit, and between phases loads new weights when asked (`POST /v1/reload`).
+
+use crate::engine::{Control, Engine, EngineQueue};
+use crate::model::Model;
+use anyhow::{bail, Result};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// Starts the engine loop on its own thread. `version` is the policy version of the weights
+/// (bumped by each reload; share it with [`ServeState::from_parts`](super::ServeState)). The
+/// thread ends when every `EngineHandle` is dropped.
+pub fn spawn_engine_thread(
+    mut model: Model,
+    engine: Engine,
+    mut queue: EngineQueue,
+    capacity: i64,
+    version: Arc<AtomicU64>,
+) -> std::io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("skein-engine".into())
+        .spawn(move || loop {
+            let v = version.load(Ordering::SeqCst);
+            match queue.run_phase(&engine, &model, v, capacity).1 {
+                None => return,
+                Some(Control::EndPhase) => {}
+                Some(Control::Reload { dir, reply }) => {
+                    let answer = reload(&mut model, &dir)
+                        .map(|()| version.fetch_add(1, Ordering::SeqCst) + 1)
+                        .map_err(|e| format!("{e:#}"));
+                    // The caller may have gone: the weights are loaded all the same.
+                    let _ = reply.send(answer);
+                }
+            }
+        })
+}
+
+/// Replaces the weights with those of the HF directory `dir`, which must describe a model of
+/// the same vocabulary (the tokenizer stays).
+fn reload(model: &mut Model, dir: &Path) -> Result<()> {
+    let fresh = Model::load_dir(dir, model.vs.device())?;
+    let (had, has) = (model.net.config.vocab_size, fresh.net.config.vocab_size);
+    if had != has {
+        bail!(
+            "{}: its vocabulary has {has} ids, the served model's {had}; serve it with `skein serve --model {}` instead",
+            dir.display(),
+            dir.display()
+        );
+    }
+    *model = fresh;
+    Ok(())
+}

@@ -1,0 +1,174 @@
+//! From a validated prompt to engine outputs: sampling parameters checked and built, `n`
+//! requests submitted at once (they share decode steps with everything else in flight), and
+//! for a rollout-scoped call, the exact outputs appended to the rollout.
+
+use super::error::ApiError;
+use super::openai::{Exact, GenerateRequest, Usage};
+use super::state::ServeState;
+use super::store::{RecordedCall, StoreError};
+use crate::engine::{Finish, GenOutput, GenRequest, SamplingParams};
+use axum::http::StatusCode;
+
+/// One generated choice, token-exact.
+pub struct Sample {
+    pub out: GenOutput,
+}
+
+impl Sample {
+    pub fn finish_reason(&self) -> &'static str {
+        match self.out.finish {
+            Finish::Stop => "stop",
+            // No request here has a budget, so none pauses; a pause would mean "cut short".
+            Finish::Length | Finish::Paused => "length",
+        }
+    }
+
+    pub fn exact(&self, prompt: &[u32]) -> Exact {
+        Exact {
+            prompt_token_ids: prompt.to_vec(),
+            completion_token_ids: self.out.tokens.clone(),
+            logprobs: self.out.logprobs.clone(),
+            versions: self.out.versions.clone(),
+        }
+    }
+}
+
+pub fn usage(prompt: &[u32], samples: &[Sample]) -> Usage {
+    let completion: usize = samples.iter().map(|s| s.out.tokens.len()).sum();
+    Usage {
+        prompt_tokens: prompt.len(),
+        completion_tokens: completion,
+        total_tokens: prompt.len() + completion,
+    }
+}
+
+pub fn store_error(e: StoreError) -> ApiError {
+    let message = e.to_string();
+    match e {
+        StoreError::BadId(_) => ApiError::bad_request(message),
+        StoreError::Duplicate(_) | StoreError::Closed(_) => ApiError::conflict(message),
+        StoreError::Unknown(_) => ApiError::not_found(message),
+    }
+}
+
+/// Checks the request fields that do not depend on the prompt: model name, streaming, `n`,
+/// sampling ranges. Returns the sampling parameters and `n`.
+pub fn sampling(
+    state: &ServeState,
+    req: &GenerateRequest,
+) -> Result<(SamplingParams, usize), ApiError> {
+    let cfg = &state.0.config;
+    if let Some(model) = &req.model {
+        if model != &cfg.model_name {
+            return Err(ApiError::not_found(format!(
+                "model `{model}` not found (served: {})",
+                cfg.model_name
+            )));
+        }
+    }
+    if req.stream == Some(true) {
+        return Err(ApiError::bad_request(
+            "streaming is not supported: send `stream: false`",
+        ));
+    }
+    let n = req.n.unwrap_or(1);
+    if n == 0 || n > cfg.max_n {
+        return Err(ApiError::bad_request(format!(
+            "`n` is {n}; it must be between 1 and {}",
+            cfg.max_n
+        )));
+    }
+    let max_new = req
+        .max_completion_tokens
+        .or(req.max_tokens)
+        .unwrap_or(cfg.default_max_tokens);
+    if max_new == 0 {
+        return Err(ApiError::bad_request("`max_tokens` must be at least 1"));
+    }
+    let temperature = req.temperature.unwrap_or(1.0);
+    if !temperature.is_finite() || temperature < 0.0 {
+        return Err(ApiError::bad_request(format!(
+            "`temperature` is {temperature}; it must be a finite number ≥ 0 (0 is greedy)"
+        )));
+    }
+    // Near-zero temperatures are greedy (as in vLLM): dividing logits by them would overflow.
+    let temperature = if temperature < 1e-5 { 0.0 } else { temperature };
+    let top_p = req.top_p.unwrap_or(1.0);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(ApiError::bad_request(format!(
+            "`top_p` is {top_p}; it must be in (0, 1]"
+        )));
+    }
+    let top_k = req.top_k.unwrap_or(0).max(0) as usize;
+    let params = SamplingParams {
+        temperature,
+        top_p,
+        top_k,
+        max_new_tokens: max_new,
+        stop_token_ids: state.0.text.stop_ids().to_vec(),
+    };
+    Ok((params, n))
+}
+
+/// Generates `n` completions of `prompt`; for a rollout-scoped call, records them.
+pub async fn run(
+    state: &ServeState,
+    rollout: Option<&str>,
+    prompt: &[u32],
+    params: SamplingParams,
+    n: usize,
+) -> Result<Vec<Sample>, ApiError> {
+    let capacity = state.0.config.capacity.max(1) as usize;
+    if prompt.is_empty() {
+        return Err(ApiError::bad_request("the prompt is empty"));
+    }
+    if prompt.len() >= capacity {
+        return Err(ApiError::bad_request(format!(
+            "the prompt is {} tokens; the model's context holds {capacity} including at least one new token: shorten the prompt",
+            prompt.len()
+        )));
+    }
+    state.0.text.check_ids(prompt)?;
+    if let Some(id) = rollout {
+        state.0.store.check_open(id).map_err(store_error)?;
+    }
+    let calls = (0..n).map(|i| {
+        state.0.engine.generate(GenRequest {
+            id: i as u64,
+            prompt: prompt.to_vec(),
+            resumed: Vec::new(),
+            params: params.clone(),
+            budget: None,
+        })
+    });
+    let mut samples = Vec::with_capacity(n);
+    for out in futures_util::future::join_all(calls).await {
+        let out = out.map_err(|gone| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("{gone}: restart the server"),
+            )
+        })?;
+        samples.push(Sample { out });
+    }
+    samples.sort_by_key(|s| s.out.id);
+    if let Some(id) = rollout {
+        let calls = samples
+            .iter()
+            .map(|s| RecordedCall {
+                prompt_ids: prompt.to_vec(),
+                completion_ids: s.out.tokens.clone(),
+                logprobs: s.out.logprobs.clone(),
+                versions: s.out.versions.clone(),
+                finish: s.finish_reason().to_string(),
+            })
+            .collect();
+        state.0.store.record(id, calls).map_err(|e| match e {
+            StoreError::Unknown(id) => ApiError::not_found(format!(
+                "rollout `{id}` was closed while this call generated; its output is not recorded"
+            )),
+            other => store_error(other),
+        })?;
+    }
+    Ok(samples)
+}

@@ -1,0 +1,287 @@
+//! The request and response bodies of the OpenAI-compatible routes, and the conversion of
+//! OpenAI chat messages into the chat template's messages. Fields clients commonly send and
+//! skein does not use (`seed`, `stop`, `user`, penalties…) are accepted and ignored.
+
+use super::error::ApiError;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use skein_text::{FunctionCall, Message, ToolCall};
+
+/// The body of both completion routes (one struct, so a wrong type is reported with its
+/// field's name): chat requests carry `messages`, completion requests `prompt`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct GenerateRequest {
+    pub messages: Option<Vec<ChatMessage>>,
+    pub tools: Option<Vec<Value>>,
+    pub prompt: Option<Prompt>,
+    pub model: Option<String>,
+    pub max_tokens: Option<usize>,
+    /// The chat API's newer name for `max_tokens`; wins when both are given.
+    pub max_completion_tokens: Option<usize>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    /// vLLM's extension; 0 or -1 disables it.
+    pub top_k: Option<i64>,
+    pub n: Option<usize>,
+    pub stream: Option<bool>,
+}
+
+/// A chat message as OpenAI clients send it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<Content>,
+    pub tool_calls: Option<Vec<InToolCall>>,
+    pub tool_call_id: Option<String>,
+    pub name: Option<String>,
+    pub reasoning_content: Option<String>,
+}
+
+/// `content`: a string, or a list of parts of which only text parts are understood.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(
+    untagged,
+    expecting = "a string, null, or a list of {\"type\": \"text\", \"text\": ...} parts"
+)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct InToolCall {
+    pub id: Option<String>,
+    pub function: InFunction,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct InFunction {
+    pub name: String,
+    /// OpenAI sends a JSON string; an object is accepted too.
+    #[serde(default)]
+    pub arguments: Value,
+}
+
+const ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
+
+/// OpenAI messages to template messages. Tool-call arguments sent as JSON strings are parsed
+/// into objects, the form HF templates print (as vLLM does before rendering).
+pub fn to_template_messages(messages: &[ChatMessage]) -> Result<Vec<Message>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::bad_request("`messages` is empty"));
+    }
+    messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            if !ROLES.contains(&m.role.as_str()) && m.role != "developer" {
+                return Err(ApiError::bad_request(format!(
+                    "messages[{i}].role is `{}`; expected one of system, user, assistant, tool",
+                    m.role
+                )));
+            }
+            let content = match &m.content {
+                None => String::new(),
+                Some(Content::Text(s)) => s.clone(),
+                Some(Content::Parts(parts)) => {
+                    let mut text = String::new();
+                    for (j, p) in parts.iter().enumerate() {
+                        match (p.kind.as_str(), &p.text) {
+                            ("text", Some(t)) => text.push_str(t),
+                            _ => {
+                                return Err(ApiError::bad_request(format!(
+                                    "messages[{i}].content[{j}] is a `{}` part; only text parts are supported",
+                                    p.kind
+                                )))
+                            }
+                        }
+                    }
+                    text
+                }
+            };
+            let tool_calls = m.tool_calls.as_ref().map(|calls| {
+                calls
+                    .iter()
+                    .map(|c| ToolCall {
+                        id: c.id.clone(),
+                        kind: "function".into(),
+                        function: FunctionCall {
+                            name: c.function.name.clone(),
+                            arguments: parse_arguments(&c.function.arguments),
+                        },
+                    })
+                    .collect()
+            });
+            // `developer` is the newer OpenAI name of the system role.
+            let role = if m.role == "developer" { "system" } else { &m.role };
+            Ok(Message {
+                role: role.to_string(),
+                content,
+                tool_calls,
+                name: m.name.clone(),
+                tool_call_id: m.tool_call_id.clone(),
+                reasoning_content: m.reasoning_content.clone(),
+            })
+        })
+        .collect()
+}
+
+fn parse_arguments(v: &Value) -> Value {
+    match v {
+        Value::String(s) => serde_json::from_str(s).unwrap_or_else(|_| v.clone()),
+        other => other.clone(),
+    }
+}
+
+/// A completion prompt: text, or token ids (what a remote-engine client sends).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged, expecting = "a string or a list of token ids")]
+pub enum Prompt {
+    Text(String),
+    Ids(Vec<u32>),
+    /// A batch of prompts: refused with a message (one prompt per request).
+    Batch(Vec<Value>),
+}
+
+/// The token-exact record of one choice, so no client ever retokenizes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Exact {
+    pub prompt_token_ids: Vec<u32>,
+    pub completion_token_ids: Vec<u32>,
+    /// Behavior log-prob of each completion token.
+    pub logprobs: Vec<f32>,
+    /// Policy version that sampled each completion token.
+    pub versions: Vec<u64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub total_tokens: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct OutToolCall {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub function: OutFunction,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct OutFunction {
+    pub name: String,
+    /// A JSON string, as OpenAI returns it.
+    pub arguments: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct AssistantMessage {
+    pub role: &'static str,
+    pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<OutToolCall>>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatChoice {
+    pub index: usize,
+    pub message: AssistantMessage,
+    pub finish_reason: &'static str,
+    pub logprobs: Option<()>,
+    pub skein: Exact,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatResponse {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChoice>,
+    pub usage: Usage,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CompletionChoice {
+    pub index: usize,
+    pub text: String,
+    pub finish_reason: &'static str,
+    pub logprobs: Option<()>,
+    pub skein: Exact,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CompletionResponse {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<CompletionChoice>,
+    pub usage: Usage,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn openai_messages_become_template_messages() {
+        let msgs: Vec<ChatMessage> = serde_json::from_value(json!([
+            {"role": "developer", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{\"x\": 1}"}}]},
+            {"role": "tool", "content": "2", "tool_call_id": "c1"}
+        ]))
+        .unwrap();
+        let out = to_template_messages(&msgs).unwrap();
+        assert_eq!(out[0].role, "system");
+        assert_eq!(out[1].content, "ab");
+        let call = &out[2].tool_calls.as_ref().unwrap()[0];
+        assert_eq!(call.function.arguments, json!({"x": 1}));
+        assert_eq!(out[3].tool_call_id.as_deref(), Some("c1"));
+    }
+
+    #[test]
+    fn unknown_roles_images_and_empty_conversations_are_refused() {
+        let bad_role: Vec<ChatMessage> =
+            serde_json::from_value(json!([{"role": "robot", "content": "x"}])).unwrap();
+        assert!(to_template_messages(&bad_role)
+            .unwrap_err()
+            .message
+            .contains("robot"));
+        let image: Vec<ChatMessage> = serde_json::from_value(
+            json!([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
+        )
+        .unwrap();
+        assert!(to_template_messages(&image)
+            .unwrap_err()
+            .message
+            .contains("image_url"));
+        assert!(to_template_messages(&[]).is_err());
+    }
+
+    #[test]
+    fn prompts_are_text_ids_or_a_refused_batch() {
+        let prompt = |v: Value| {
+            serde_json::from_value::<GenerateRequest>(json!({ "prompt": v }))
+                .unwrap()
+                .prompt
+                .unwrap()
+        };
+        assert!(matches!(prompt(json!([1, 2, 3])), Prompt::Ids(v) if v == [1, 2, 3]));
+        assert!(matches!(prompt(json!("hi")), Prompt::Text(_)));
+        assert!(matches!(prompt(json!(["a", "b"])), Prompt::Batch(_)));
+    }
+}

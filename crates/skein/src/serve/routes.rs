@@ -1,0 +1,362 @@
+//! The routes: OpenAI-compatible completions (plain and rollout-scoped), the task queue and
+//! rewards of rollouts, weight reloads, health.
+
+use super::error::{ApiError, Body};
+use super::generate::{self, store_error, Sample};
+use super::guard;
+use super::openai::{
+    to_template_messages, AssistantMessage, ChatChoice, ChatResponse, CompletionChoice,
+    CompletionResponse, GenerateRequest, OutFunction, OutToolCall, Prompt,
+};
+use super::state::ServeState;
+use super::store::TaskSpec;
+use crate::engine::Control;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Every route of the server, with its limits (body size, API key, requests in flight).
+pub fn router(state: ServeState) -> Router {
+    let body_limit = state.0.config.max_body_bytes;
+    Router::new()
+        .route("/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/reload", post(reload))
+        .route("/rollouts/{id}/v1/chat/completions", post(rollout_chat))
+        .route("/rollouts/{id}/v1/completions", post(rollout_completions))
+        .route("/rollouts/{id}/v1/models", get(models))
+        .route("/rollouts/{id}", get(rollout))
+        .route("/rollouts/{id}/reward", post(reward))
+        .route("/rollouts/{id}/fail", post(fail))
+        .route("/tasks", post(add_tasks))
+        .route("/tasks/next", get(next_task))
+        .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            guard::guard,
+        ))
+        .layer(DefaultBodyLimit::max(body_limit))
+        .with_state(state)
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+async fn not_found(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::not_found(format!(
+        "no route {method} {}: the model is under /v1 (or a rollout's /rollouts/ID/v1)",
+        uri.path()
+    ))
+}
+
+async fn health(State(s): State<ServeState>) -> Json<Value> {
+    Json(json!({"status": "ok", "version": s.current_version()}))
+}
+
+async fn models(State(s): State<ServeState>) -> Json<Value> {
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": s.0.config.model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "skein",
+            "max_model_len": s.0.config.capacity,
+        }]
+    }))
+}
+
+async fn chat(
+    State(s): State<ServeState>,
+    Body(req): Body<GenerateRequest>,
+) -> Result<Json<ChatResponse>, ApiError> {
+    chat_in(&s, None, req).await.map(Json)
+}
+
+async fn rollout_chat(
+    State(s): State<ServeState>,
+    Path(id): Path<String>,
+    Body(req): Body<GenerateRequest>,
+) -> Result<Json<ChatResponse>, ApiError> {
+    chat_in(&s, Some(&id), req).await.map(Json)
+}
+
+async fn completions(
+    State(s): State<ServeState>,
+    Body(req): Body<GenerateRequest>,
+) -> Result<Json<CompletionResponse>, ApiError> {
+    completion_in(&s, None, req).await.map(Json)
+}
+
+async fn rollout_completions(
+    State(s): State<ServeState>,
+    Path(id): Path<String>,
+    Body(req): Body<GenerateRequest>,
+) -> Result<Json<CompletionResponse>, ApiError> {
+    completion_in(&s, Some(&id), req).await.map(Json)
+}
+
+async fn chat_in(
+    s: &ServeState,
+    rollout: Option<&str>,
+    req: GenerateRequest,
+) -> Result<ChatResponse, ApiError> {
+    let (params, n) = generate::sampling(s, &req)?;
+    let messages = req
+        .messages
+        .as_deref()
+        .ok_or_else(|| ApiError::bad_request("`messages` is required"))?;
+    if req.prompt.is_some() {
+        return Err(ApiError::bad_request(
+            "`prompt` belongs to /v1/completions; a chat request sends `messages`",
+        ));
+    }
+    let messages = to_template_messages(messages)?;
+    let tools = req
+        .tools
+        .as_ref()
+        .filter(|t| !t.is_empty())
+        .map(|t| Value::Array(t.clone()));
+    let (_, prompt) = s.0.text.chat_prompt(&messages, tools.as_ref())?;
+    let samples = generate::run(s, rollout, &prompt, params, n).await?;
+    let mut choices = Vec::with_capacity(samples.len());
+    for (index, sample) in samples.iter().enumerate() {
+        let text = s.0.text.decode(&sample.out.tokens)?;
+        let (message, finish_reason) = assistant_message(s, text, tools.is_some(), sample);
+        choices.push(ChatChoice {
+            index,
+            message,
+            finish_reason,
+            logprobs: None,
+            skein: sample.exact(&prompt),
+        });
+    }
+    Ok(ChatResponse {
+        id: format!("chatcmpl-{}", s.fresh_id()),
+        object: "chat.completion",
+        created: now(),
+        model: s.0.config.model_name.clone(),
+        usage: generate::usage(&prompt, &samples),
+        choices,
+    })
+}
+
+/// The reply as an assistant message. With tools offered, complete `<tool_call>` blocks become
+/// `tool_calls` (the text outside them stays `content`); text that does not parse as tool
+/// calls is returned as it is.
+fn assistant_message(
+    s: &ServeState,
+    text: String,
+    tools_offered: bool,
+    sample: &Sample,
+) -> (AssistantMessage, &'static str) {
+    let finish = sample.finish_reason();
+    if tools_offered {
+        if let Ok(calls) = skein_text::parse_tool_calls(&text) {
+            if !calls.is_empty() {
+                let content = skein_text::strip_tool_calls(&text);
+                let tool_calls = calls
+                    .into_iter()
+                    .map(|c| OutToolCall {
+                        id: format!("call_{}", s.fresh_id()),
+                        kind: "function",
+                        function: OutFunction {
+                            name: c.function.name,
+                            arguments: match c.function.arguments {
+                                Value::String(s) => s,
+                                other => other.to_string(),
+                            },
+                        },
+                    })
+                    .collect();
+                let message = AssistantMessage {
+                    role: "assistant",
+                    content: (!content.is_empty()).then_some(content),
+                    tool_calls: Some(tool_calls),
+                };
+                let reason = if finish == "stop" {
+                    "tool_calls"
+                } else {
+                    finish
+                };
+                return (message, reason);
+            }
+        }
+    }
+    let message = AssistantMessage {
+        role: "assistant",
+        content: Some(text),
+        tool_calls: None,
+    };
+    (message, finish)
+}
+
+async fn completion_in(
+    s: &ServeState,
+    rollout: Option<&str>,
+    req: GenerateRequest,
+) -> Result<CompletionResponse, ApiError> {
+    let (params, n) = generate::sampling(s, &req)?;
+    if req.messages.is_some() {
+        return Err(ApiError::bad_request(
+            "`messages` belongs to /v1/chat/completions; a completion request sends `prompt`",
+        ));
+    }
+    let prompt = match req.prompt {
+        None => return Err(ApiError::bad_request("`prompt` is required")),
+        Some(Prompt::Text(text)) => s.0.text.text_prompt(&text)?,
+        Some(Prompt::Ids(ids)) => ids,
+        Some(Prompt::Batch(items)) if items.iter().all(Value::is_number) => {
+            return Err(ApiError::bad_request(
+                "`prompt` token ids must be integers from 0 to the vocabulary size",
+            ))
+        }
+        Some(Prompt::Batch(_)) => {
+            return Err(ApiError::bad_request(
+                "`prompt` must be one string or one list of token ids (one prompt per request)",
+            ))
+        }
+    };
+    let samples = generate::run(s, rollout, &prompt, params, n).await?;
+    let mut choices = Vec::with_capacity(samples.len());
+    for (index, sample) in samples.iter().enumerate() {
+        choices.push(CompletionChoice {
+            index,
+            text: s.0.text.decode(&sample.out.tokens)?,
+            finish_reason: sample.finish_reason(),
+            logprobs: None,
+            skein: sample.exact(&prompt),
+        });
+    }
+    Ok(CompletionResponse {
+        id: format!("cmpl-{}", s.fresh_id()),
+        object: "text_completion",
+        created: now(),
+        model: s.0.config.model_name.clone(),
+        usage: generate::usage(&prompt, &samples),
+        choices,
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReloadRequest {
+    path: PathBuf,
+}
+
+/// Loads new weights into the engine (after the requests it is running finish) and answers
+/// with the new policy version.
+async fn reload(
+    State(s): State<ServeState>,
+    Body(req): Body<ReloadRequest>,
+) -> Result<Json<Value>, ApiError> {
+    let gone =
+        |e: crate::engine::EngineGone| ApiError::unavailable(format!("{e}: restart the server"));
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    s.0.engine
+        .control(Control::Reload {
+            dir: req.path,
+            reply,
+        })
+        .map_err(gone)?;
+    let version = answer
+        .await
+        .map_err(|_| gone(crate::engine::EngineGone))?
+        .map_err(|e| ApiError::bad_request(format!("reloading the weights: {e}")))?;
+    s.0.version.fetch_max(version, Ordering::SeqCst);
+    Ok(Json(json!({ "version": version })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AddTasks {
+    tasks: Vec<TaskSpec>,
+}
+
+async fn add_tasks(
+    State(s): State<ServeState>,
+    Body(req): Body<AddTasks>,
+) -> Result<Json<Value>, ApiError> {
+    let added = req.tasks.len();
+    s.0.store.add_tasks(req.tasks).map_err(store_error)?;
+    Ok(Json(json!({ "added": added })))
+}
+
+/// The next waiting task (it becomes open), or 204 when none waits.
+async fn next_task(State(s): State<ServeState>) -> Response {
+    match s.0.store.next_task() {
+        None => StatusCode::NO_CONTENT.into_response(),
+        Some(t) => Json(json!({
+            "base_url": format!("/rollouts/{}/v1", t.rollout_id),
+            "rollout_id": t.rollout_id,
+            "group": t.group,
+            "task": t.task,
+        }))
+        .into_response(),
+    }
+}
+
+async fn rollout(
+    State(s): State<ServeState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let (state, recording) =
+        s.0.store
+            .get(&id)
+            .ok_or_else(|| ApiError::not_found(format!("no rollout `{id}`")))?;
+    let mut body = serde_json::to_value(recording)
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("encoding: {e}")))?;
+    body["state"] = json!(state);
+    Ok(Json(body))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RewardRequest {
+    reward: f64,
+    #[serde(default)]
+    correct: Option<bool>,
+}
+
+async fn reward(
+    State(s): State<ServeState>,
+    Path(id): Path<String>,
+    Body(req): Body<RewardRequest>,
+) -> Result<Json<Value>, ApiError> {
+    if !req.reward.is_finite() {
+        return Err(ApiError::bad_request("`reward` must be a finite number"));
+    }
+    s.0.store
+        .close(&id, req.reward, req.correct, None)
+        .map_err(store_error)?;
+    Ok(Json(json!({"rollout_id": id, "state": "closed"})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FailRequest {
+    error: String,
+}
+
+async fn fail(
+    State(s): State<ServeState>,
+    Path(id): Path<String>,
+    Body(req): Body<FailRequest>,
+) -> Result<Json<Value>, ApiError> {
+    s.0.store
+        .close(&id, 0.0, None, Some(req.error))
+        .map_err(store_error)?;
+    Ok(Json(json!({"rollout_id": id, "state": "closed"})))
+}
