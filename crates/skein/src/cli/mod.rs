@@ -4,6 +4,7 @@ mod bench;
 mod bench_partial;
 mod bench_rewards;
 mod eval;
+mod serve;
 mod serve_reward;
 mod sft;
 
@@ -64,6 +65,9 @@ enum Command {
     /// Serve the sources of a `[reward]` config (e.g. a reward model) over HTTP, for a
     /// trainer's `kind = "remote"` source.
     ServeReward(serve_reward::ServeRewardArgs),
+    /// Serve a model over an OpenAI-compatible HTTP API and record the token-exact rollouts of
+    /// agents that call it (`/rollouts/{id}/v1`). No arguments: a random tiny model.
+    Serve(serve::ServeArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -79,6 +83,7 @@ pub fn main() -> ExitCode {
         Command::Bench(args) => bench::run(&args),
         Command::BenchPartial(args) => bench_partial::run(&args),
         Command::ServeReward(args) => serve_reward::run(&args),
+        Command::Serve(args) => serve::run(&args),
         Command::Eval(args) => eval::run(&args),
         Command::Sft(args) => sft::run(&args),
         Command::Plot { run_dir } => {

@@ -1,0 +1,135 @@
+//! `skein serve`: a model behind the OpenAI-compatible HTTP API of [`crate::serve`], recording
+//! the token-exact rollouts of agents that call it. With no `--model`, a fresh random tiny model
+//! with the character-level tokenizer, so the command runs with no arguments.
+
+use crate::engine::{self, Engine};
+use crate::model::Model;
+use crate::serve::{self, ServeConfig, ServeState, TextSide};
+use crate::trainer::config::ModelSection;
+use anyhow::{bail, Context, Result};
+use skein_text::Tokenizer;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// A Hugging Face model directory (config.json, model.safetensors, tokenizer.json). Without
+    /// it: a random tiny model with a character-level tokenizer over printable ASCII.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// 0 picks a free port; the address is printed on stderr either way.
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// Require `Authorization: Bearer KEY` on every route but /health.
+    #[arg(long)]
+    api_key: Option<String>,
+    /// Requests handled at once; more are answered 503 with Retry-After.
+    #[arg(long, default_value_t = 2048)]
+    max_concurrent: usize,
+    /// Largest request body in bytes (larger: 413).
+    #[arg(long, default_value_t = 4 << 20)]
+    max_body_bytes: usize,
+    /// The model name clients send (default: the model directory's name, or `skein-tiny`).
+    #[arg(long)]
+    name: Option<String>,
+    /// Sequences the engine decodes together (KV-cache slots).
+    #[arg(long, default_value_t = 64)]
+    max_slots: usize,
+    /// Longest context (prompt + completion); default and maximum: the model's.
+    #[arg(long)]
+    context: Option<usize>,
+    /// New tokens per completion when a request names no `max_tokens`.
+    #[arg(long, default_value_t = 256)]
+    default_max_tokens: usize,
+    /// `cpu`, `cuda` or `cuda:N`.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Seed of the random tiny model (without --model).
+    #[arg(long, default_value_t = 0)]
+    seed: i64,
+}
+
+/// Context of the tiny model served without `--model`.
+const TINY_CONTEXT: usize = 256;
+
+/// The tiny model's alphabet: printable ASCII and newline.
+fn tiny_alphabet() -> String {
+    (' '..='~').chain(['\n']).collect()
+}
+
+fn load(args: &ServeArgs, device: tch::Device) -> Result<(Model, Tokenizer, String)> {
+    match &args.model {
+        Some(dir) => {
+            let tokenizer = Tokenizer::from_dir(dir)
+                .with_context(|| format!("loading the tokenizer of {}", dir.display()))?;
+            let model = Model::load_dir(dir, device)
+                .with_context(|| format!("loading the model of {}", dir.display()))?;
+            Ok((model, tokenizer, dir_name(dir)))
+        }
+        None => {
+            let tokenizer = Tokenizer::char_level(&tiny_alphabet())?;
+            let cfg = ModelSection::default().tiny_config(tokenizer.vocab_size(), TINY_CONTEXT);
+            let model = Model::random(&cfg, device, args.seed)?;
+            Ok((model, tokenizer, "skein-tiny".into()))
+        }
+    }
+}
+
+fn dir_name(dir: &Path) -> String {
+    dir.canonicalize()
+        .ok()
+        .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "skein".into())
+}
+
+pub fn run(args: &ServeArgs) -> Result<()> {
+    if args.max_concurrent == 0 || args.max_slots == 0 || args.default_max_tokens == 0 {
+        bail!("--max-concurrent, --max-slots and --default-max-tokens must be at least 1");
+    }
+    let device = crate::trainer::run::parse_device(&args.device)?;
+    let (model, tokenizer, default_name) = load(args, device)?;
+    let model_context = model.net.max_positions() as usize;
+    let context = match args.context {
+        None => model_context,
+        Some(c) if (2..=model_context).contains(&c) => c,
+        Some(c) => bail!("--context {c} must be between 2 and the model's {model_context}"),
+    };
+    if tokenizer.eos_token_ids().is_empty() {
+        eprintln!(
+            "skein serve: the tokenizer names no eos token, so completions end only at max_tokens"
+        );
+    }
+    let vocab = model.net.config.vocab_size;
+    let text = TextSide::new(tokenizer, vocab)?;
+    let config = ServeConfig {
+        api_key: args.api_key.clone(),
+        max_concurrent: args.max_concurrent,
+        max_body_bytes: args.max_body_bytes,
+        model_name: args.name.clone().unwrap_or(default_name),
+        default_max_tokens: args.default_max_tokens,
+        capacity: context as i64,
+        ..ServeConfig::default()
+    };
+    let (handle, queue) = engine::channel();
+    let version = Arc::new(AtomicU64::new(0));
+    let engine = Engine::new(args.max_slots);
+    let store = Arc::new(serve::RolloutStore::new());
+    let state = ServeState::from_parts(handle, text, config, store, version.clone());
+    let _engine_thread = serve::spawn_engine_thread(model, engine, queue, context as i64, version)
+        .context("starting the engine thread")?;
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads.max(2))
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let addr = format!("{}:{}", args.host, args.port);
+    runtime.block_on(async move {
+        let server = serve::bind(&addr, state).await?;
+        eprintln!("skein serve: listening on http://{}", server.addr());
+        server.wait().await
+    })
+}
