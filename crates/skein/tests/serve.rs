@@ -1,0 +1,813 @@
+//! `skein serve` for real: the binary as a subprocess (or the same server in-process, where the
+//! test needs the rollout store), a real engine and a real model, HTTP over loopback.
+
+use reqwest::{Client, StatusCode};
+use serde_json::{json, Value};
+use skein::engine::{self, Engine, SamplingParams};
+use skein::model::Model;
+use skein::serve::{self, RolloutStore, ServeConfig, ServeState, TaskSpec, TextSide};
+use skein::trainer::config::ModelSection;
+use skein_text::{Message, Tokenizer};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const ALPHABET: &str = "abcdefghijklmnopqrstuvwxyz0123456789 +-*=?.,";
+const CONTEXT: usize = 128;
+
+fn tokenizer() -> Tokenizer {
+    Tokenizer::char_level(ALPHABET).unwrap()
+}
+
+fn tiny_model(seed: i64) -> Model {
+    let cfg = ModelSection::default().tiny_config(tokenizer().vocab_size(), CONTEXT);
+    Model::random(&cfg, tch::Device::Cpu, seed).unwrap()
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("skein-serve-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A model directory in Hugging Face layout, as the trainer writes checkpoints.
+fn save_model(dir: &Path, seed: i64) {
+    let tok = tokenizer();
+    let sampling = SamplingParams {
+        stop_token_ids: tok.eos_token_ids().to_vec(),
+        ..Default::default()
+    };
+    skein::trainer::checkpoint::save_model_dir(&tiny_model(seed), &tok, &sampling, dir).unwrap();
+}
+
+/// The `skein serve` binary on a free port; killed when dropped.
+struct ServeProcess {
+    child: Child,
+    url: String,
+}
+
+impl ServeProcess {
+    fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_skein"))
+            .arg("serve")
+            .args(["--port", "0"])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("skein runs");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("[skein serve] {line}");
+                if let Some(url) = line.strip_prefix("skein serve: listening on ") {
+                    let _ = tx.send(url.to_string());
+                }
+            }
+        });
+        let url = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("skein serve prints its address");
+        ServeProcess { child, url }
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The same server in this process, so a test can reach its rollout store.
+struct InProcess {
+    url: String,
+    store: Arc<RolloutStore>,
+    _server: serve::BackgroundServer,
+}
+
+fn in_process(max_slots: usize, config: ServeConfig) -> InProcess {
+    let model = tiny_model(3);
+    let tok = tokenizer();
+    let vocab = model.net.config.vocab_size;
+    let (handle, queue) = engine::channel();
+    let version = Arc::new(AtomicU64::new(0));
+    let store = Arc::new(RolloutStore::new());
+    let config = ServeConfig {
+        capacity: CONTEXT as i64,
+        ..config
+    };
+    let text = TextSide::new(tok, vocab).unwrap();
+    let state = ServeState::from_parts(handle, text, config, store.clone(), version.clone());
+    serve::spawn_engine_thread(
+        model,
+        Engine::new(max_slots),
+        queue,
+        CONTEXT as i64,
+        version,
+    )
+    .unwrap();
+    let server = serve::spawn("127.0.0.1:0", state, 2).unwrap();
+    InProcess {
+        url: format!("http://{}", server.addr()),
+        store,
+        _server: server,
+    }
+}
+
+fn client() -> Client {
+    Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+async fn post(c: &Client, url: &str, body: Value) -> (StatusCode, Value) {
+    let r = c.post(url).json(&body).send().await.unwrap();
+    let status = r.status();
+    let body = r.json().await.unwrap_or(Value::Null);
+    (status, body)
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not a list of ids: {v}"))
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// Chat and completions return the exact ids: the prompt ids are the tokenizer's encoding of
+/// the rendered template (or the ids sent), and the completion ids decode to the text returned.
+#[test]
+fn chat_and_completions_return_the_exact_token_ids() {
+    let dir = temp_dir("exact");
+    save_model(&dir, 1);
+    let server = ServeProcess::start(&["--model", dir.to_str().unwrap(), "--name", "tiny"]);
+    let tok = tokenizer();
+    let template = tok.chat_template().unwrap().unwrap();
+    runtime().block_on(async {
+        let c = client();
+        let models: Value = c
+            .get(format!("{}/v1/models", server.url))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(models["data"][0]["id"], "tiny");
+
+        let messages = json!([{"role": "system", "content": "add"}, {"role": "user", "content": "what is 2+3?"}]);
+        let (status, body) = post(
+            &c,
+            &format!("{}/v1/chat/completions", server.url),
+            json!({"model": "tiny", "messages": messages, "max_tokens": 12, "temperature": 0, "n": 2}),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        let rendered = template
+            .render(
+                &[Message::system("add"), Message::user("what is 2+3?")],
+                None,
+                true,
+            )
+            .unwrap();
+        let want_prompt = tok.encode(&rendered, false).unwrap();
+        let choices = body["choices"].as_array().unwrap();
+        assert_eq!(choices.len(), 2);
+        let mut completion_tokens = 0;
+        for ch in choices {
+            let x = &ch["skein"];
+            assert_eq!(ids(&x["prompt_token_ids"]), want_prompt);
+            let completion = ids(&x["completion_token_ids"]);
+            assert!(!completion.is_empty() && completion.len() <= 12);
+            assert_eq!(x["logprobs"].as_array().unwrap().len(), completion.len());
+            assert!(x["logprobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|l| l.as_f64().unwrap() <= 0.0));
+            assert_eq!(ids(&x["versions"]), vec![0; completion.len()]);
+            assert_eq!(
+                ch["message"]["content"].as_str().unwrap(),
+                tok.decode(&completion, true).unwrap()
+            );
+            let stopped = completion.last() == Some(&tok.eos_token_ids()[0]);
+            let reason = if stopped { "stop" } else { "length" };
+            assert_eq!(ch["finish_reason"], reason);
+            completion_tokens += completion.len();
+        }
+        assert_eq!(body["usage"]["prompt_tokens"], want_prompt.len());
+        assert_eq!(body["usage"]["completion_tokens"], completion_tokens);
+        assert_eq!(body["object"], "chat.completion");
+
+        // A text prompt is encoded with the tokenizer; an id prompt is used as sent.
+        let (status, body) = post(
+            &c,
+            &format!("{}/v1/completions", server.url),
+            json!({"prompt": "12+3=", "max_tokens": 5, "temperature": 0}),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        let x = &body["choices"][0]["skein"];
+        assert_eq!(
+            ids(&x["prompt_token_ids"]),
+            tok.encode("12+3=", true).unwrap()
+        );
+        let completion = ids(&x["completion_token_ids"]);
+        assert_eq!(
+            body["choices"][0]["text"].as_str().unwrap(),
+            tok.decode(&completion, true).unwrap()
+        );
+        let sent = vec![6u32, 7, 8, 9, 10];
+        let (status, body) = post(
+            &c,
+            &format!("{}/v1/completions", server.url),
+            json!({"prompt": sent, "max_tokens": 4, "temperature": 0.7, "top_p": 0.9}),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        let x = &body["choices"][0]["skein"];
+        assert_eq!(ids(&x["prompt_token_ids"]), sent);
+        assert!(ids(&x["completion_token_ids"]).len() <= 4);
+        assert_eq!(body["object"], "text_completion");
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn assert_error(status: StatusCode, body: &Value, want: u16, says: &str) {
+    assert_eq!(status.as_u16(), want, "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(says),
+        "error {want} should say {says:?}: {body}"
+    );
+    assert_eq!(body["error"]["code"], want, "{body}");
+    assert!(body["error"]["type"].is_string(), "{body}");
+}
+
+/// Every bad request gets an OpenAI-shaped error with the right status and a message that says
+/// what to change; the server keeps serving.
+#[test]
+fn bad_requests_get_openai_errors_that_say_what_to_change() {
+    let server = ServeProcess::start(&["--api-key", "sekrit", "--max-body-bytes", "4096"]);
+    let chat = format!("{}/v1/chat/completions", server.url);
+    let good = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+    runtime().block_on(async {
+        let c = client();
+        let send = |body: String, key: Option<&'static str>| {
+            let mut r = c
+                .post(&chat)
+                .header("content-type", "application/json")
+                .body(body);
+            if let Some(k) = key {
+                r = r.bearer_auth(k);
+            }
+            async move {
+                let r = r.send().await.unwrap();
+                let status = r.status();
+                (status, r.json::<Value>().await.unwrap_or(Value::Null))
+            }
+        };
+        let key = Some("sekrit");
+
+        let (s, b) = send(good.to_string(), None).await;
+        assert_error(s, &b, 401, "Authorization: Bearer");
+        let (s, b) = send(good.to_string(), Some("wrong")).await;
+        assert_error(s, &b, 401, "API key");
+        let health = c
+            .get(format!("{}/health", server.url))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(health.status(), 200, "/health needs no key");
+
+        let (s, b) = send(good.to_string(), key).await;
+        assert_eq!(s, 200, "{b}");
+
+        let (s, b) = send("{\"messages\": [".into(), key).await;
+        assert_error(s, &b, 400, "JSON");
+        let (s, b) = send(
+            json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": "many"})
+                .to_string(),
+            key,
+        )
+        .await;
+        assert_error(s, &b, 400, "max_tokens");
+        let (s, b) = send(json!({"messages": "hi"}).to_string(), key).await;
+        assert_error(s, &b, 400, "messages");
+        let (s, b) = send(json!({"max_tokens": 3}).to_string(), key).await;
+        assert_error(s, &b, 400, "`messages` is required");
+        let (s, b) = send(
+            json!({"messages": [{"role": "robot", "content": "hi"}]}).to_string(),
+            key,
+        )
+        .await;
+        assert_error(s, &b, 400, "robot");
+        let big = "x".repeat(10_000);
+        let (s, b) = send(
+            json!({"messages": [{"role": "user", "content": big}]}).to_string(),
+            key,
+        )
+        .await;
+        assert_error(s, &b, 413, "larger");
+        let (s, b) = send(
+            json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}).to_string(),
+            key,
+        )
+        .await;
+        assert_error(s, &b, 404, "model `gpt-4o` not found (served: skein-tiny)");
+        let (s, b) = send(
+            json!({"messages": [{"role": "user", "content": "hi"}], "stream": true}).to_string(),
+            key,
+        )
+        .await;
+        assert_error(s, &b, 400, "streaming");
+        let (s, b) = send(
+            json!({"messages": [{"role": "user", "content": "hi"}], "temperature": -1}).to_string(),
+            key,
+        )
+        .await;
+        assert_error(s, &b, 400, "temperature");
+        // The tiny model's context is 256 tokens.
+        let (s, b) = send(
+            json!({"messages": [{"role": "user", "content": "y".repeat(300)}]}).to_string(),
+            key,
+        )
+        .await;
+        assert_error(s, &b, 400, "shorten the prompt");
+
+        let completions = format!("{}/v1/completions", server.url);
+        let post_key = |url: String, body: Value| {
+            let r = c.post(url).bearer_auth("sekrit").json(&body);
+            async move {
+                let r = r.send().await.unwrap();
+                let status = r.status();
+                (status, r.json::<Value>().await.unwrap_or(Value::Null))
+            }
+        };
+        let (s, b) = post_key(completions.clone(), json!({"prompt": [5, 99999]})).await;
+        assert_error(s, &b, 400, "outside the model's vocabulary");
+        let (s, b) = post_key(completions.clone(), json!({"prompt": [5, -1]})).await;
+        assert_error(s, &b, 400, "token ids");
+        let (s, b) = post_key(completions.clone(), json!({"prompt": ["a", "b"]})).await;
+        assert_error(s, &b, 400, "one prompt per request");
+        let (s, b) = post_key(completions, json!({"prompt": []})).await;
+        assert_error(s, &b, 400, "empty");
+
+        let rollout = format!("{}/rollouts/nope/v1/chat/completions", server.url);
+        let (s, b) = post_key(rollout, good.clone()).await;
+        assert_error(s, &b, 404, "no open rollout `nope`");
+        let (s, b) = post_key(
+            format!("{}/rollouts/nope/reward", server.url),
+            json!({"reward": 1.0}),
+        )
+        .await;
+        assert_error(s, &b, 404, "nope");
+        let (s, b) = post_key(
+            format!("{}/tasks", server.url),
+            json!({"tasks": [{"rollout_id": "a/b"}]}),
+        )
+        .await;
+        assert_error(s, &b, 400, "rollout id");
+        let (s, b) = post_key(
+            format!("{}/v1/reload", server.url),
+            json!({"path": "/nonexistent"}),
+        )
+        .await;
+        assert_error(s, &b, 400, "/nonexistent");
+
+        // Still serving after all that.
+        let (s, b) = send(good.to_string(), key).await;
+        assert_eq!(s, 200, "{b}");
+    });
+}
+
+/// Over `--max-concurrent` requests in flight, the next is refused at once with 503 and
+/// `Retry-After`; the others complete.
+#[test]
+fn requests_over_the_concurrency_limit_get_503_with_retry_after() {
+    let server = ServeProcess::start(&["--max-concurrent", "3", "--max-slots", "1"]);
+    let url = format!("{}/v1/completions", server.url);
+    runtime().block_on(async {
+        let c = client();
+        let tasks: Vec<_> = (0..24)
+            .map(|_| {
+                let r = c
+                    .post(&url)
+                    .json(&json!({"prompt": "slow", "max_tokens": 200, "temperature": 1}));
+                tokio::spawn(async move {
+                    let r = r.send().await.unwrap();
+                    let retry = r.headers().get("retry-after").cloned();
+                    (r.status(), retry, r.json::<Value>().await.unwrap())
+                })
+            })
+            .collect();
+        let (mut ok, mut refused) = (0, 0);
+        for t in tasks {
+            let (status, retry, body) = t.await.unwrap();
+            match status.as_u16() {
+                200 => ok += 1,
+                503 => {
+                    refused += 1;
+                    assert_eq!(retry.unwrap(), "1");
+                    assert_error(status, &body, 503, "--max-concurrent");
+                }
+                other => panic!("unexpected {other}: {body}"),
+            }
+        }
+        assert!(ok >= 3 && refused >= 1, "ok {ok}, refused {refused}");
+    });
+}
+
+/// Two chat calls of one agent episode through its rollout URL, the second continuing the
+/// first with the reply and a tool result: the recording holds exactly the ids the responses
+/// carried, a reward closes it, and the trainer takes it from the store.
+#[test]
+fn rollout_calls_are_recorded_token_exactly_and_closed_by_the_reward() {
+    let server = in_process(8, ServeConfig::default());
+    let store = server.store.clone();
+    let base = server.url.clone();
+    runtime().block_on(async move {
+        let c = client();
+        let (s, b) = post(
+            &c,
+            &format!("{base}/tasks"),
+            json!({"tasks": [
+                {"rollout_id": "r1", "group": "g", "task": {"prompt": "what is 2+3?"}},
+                {"rollout_id": "r2", "group": "g", "task": {"prompt": "what is 4+4?"}}]}),
+        )
+        .await;
+        assert_eq!(s, 200, "{b}");
+        let (s, b) = post(
+            &c,
+            &format!("{base}/tasks"),
+            json!({"tasks": [{"rollout_id": "r1"}]}),
+        )
+        .await;
+        assert_error(s, &b, 409, "exists already");
+
+        let next: Value = c
+            .get(format!("{base}/tasks/next"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(next["rollout_id"], "r1");
+        assert_eq!(next["base_url"], "/rollouts/r1/v1");
+        let prompt = next["task"]["prompt"].as_str().unwrap().to_string();
+        let url = format!(
+            "{base}{}/chat/completions",
+            next["base_url"].as_str().unwrap()
+        );
+
+        let mut messages = vec![json!({"role": "user", "content": prompt})];
+        let (s, first) = post(
+            &c,
+            &url,
+            json!({"messages": messages, "max_tokens": 8, "temperature": 1}),
+        )
+        .await;
+        assert_eq!(s, 200, "{first}");
+        let reply = first["choices"][0]["message"]["content"].as_str().unwrap();
+        messages.push(json!({"role": "assistant", "content": reply}));
+        messages.push(json!({"role": "tool", "content": "5", "tool_call_id": "c1"}));
+        let (s, second) = post(
+            &c,
+            &url,
+            json!({"messages": messages, "max_tokens": 8, "temperature": 1}),
+        )
+        .await;
+        assert_eq!(s, 200, "{second}");
+
+        let recording: Value = c
+            .get(format!("{base}/rollouts/r1"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(recording["state"], "open");
+        assert_eq!(recording["calls"].as_array().unwrap().len(), 2);
+
+        let (s, b) = post(
+            &c,
+            &format!("{base}/rollouts/r1/reward"),
+            json!({"reward": 0.5, "correct": false}),
+        )
+        .await;
+        assert_eq!(s, 200, "{b}");
+        let (s, b) = post(
+            &c,
+            &format!("{base}/rollouts/r1/reward"),
+            json!({"reward": 1.0}),
+        )
+        .await;
+        assert_error(s, &b, 409, "closed already");
+        let (s, b) = post(&c, &url, json!({"messages": messages})).await;
+        assert_error(s, &b, 404, "r1");
+        let (s, b) = post(
+            &c,
+            &format!("{base}/rollouts/r2/fail"),
+            json!({"error": "env crashed"}),
+        )
+        .await;
+        assert_eq!(s, 200, "{b}");
+        let r = c.get(format!("{base}/tasks/next")).send().await.unwrap();
+        assert_eq!(r.status(), 204, "r2 closed before it was handed out");
+
+        assert_eq!(store.wait_closed(2, Duration::from_secs(5)).await, 2);
+        let closed = store.take_closed();
+        assert_eq!(closed.len(), 2);
+        let r1 = &closed[0];
+        assert_eq!((r1.rollout_id.as_str(), r1.group.as_str()), ("r1", "g"));
+        assert_eq!(
+            (r1.reward, r1.correct, r1.error.as_deref()),
+            (0.5, Some(false), None)
+        );
+        for (call, response) in r1.calls.iter().zip([&first, &second]) {
+            let x = &response["choices"][0]["skein"];
+            assert_eq!(call.prompt_ids, ids(&x["prompt_token_ids"]));
+            assert_eq!(call.completion_ids, ids(&x["completion_token_ids"]));
+            let logprobs: Vec<f32> = x["logprobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap() as f32)
+                .collect();
+            assert_eq!(call.logprobs, logprobs);
+            assert_eq!(call.versions, vec![0; call.completion_ids.len()]);
+            assert_eq!(call.finish, response["choices"][0]["finish_reason"]);
+        }
+        assert_eq!(closed[1].error.as_deref(), Some("env crashed"));
+        assert!(closed[1].calls.is_empty());
+        let r = c.get(format!("{base}/rollouts/r1")).send().await.unwrap();
+        assert_eq!(r.status(), 404, "a taken rollout is forgotten");
+    });
+}
+
+/// New weights saved by the trainer are loaded on request: the version goes up, the tokens
+/// carry it, and greedy outputs change.
+#[test]
+fn reload_loads_new_weights_and_bumps_the_version() {
+    let dir = temp_dir("reload");
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    save_model(&a, 1);
+    save_model(&b, 2);
+    let server = ServeProcess::start(&["--model", a.to_str().unwrap()]);
+    runtime().block_on(async {
+        let c = client();
+        let greedy = || {
+            let r = c
+                .post(format!("{}/v1/completions", server.url))
+                .json(&json!({"prompt": "the sum is", "max_tokens": 24, "temperature": 0}));
+            async move {
+                let body: Value = r.send().await.unwrap().json().await.unwrap();
+                let x = &body["choices"][0]["skein"];
+                (ids(&x["completion_token_ids"]), ids(&x["versions"]))
+            }
+        };
+        let (before, versions) = greedy().await;
+        assert!(versions.iter().all(|&v| v == 0));
+        assert_eq!(greedy().await.0, before, "greedy is repeatable");
+        let (s, body) = post(
+            &c,
+            &format!("{}/v1/reload", server.url),
+            json!({"path": b.to_str().unwrap()}),
+        )
+        .await;
+        assert_eq!(s, 200, "{body}");
+        assert_eq!(body["version"], 1);
+        let health: Value = c
+            .get(format!("{}/health", server.url))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(health, json!({"status": "ok", "version": 1}));
+        let (after, versions) = greedy().await;
+        assert!(versions.iter().all(|&v| v == 1), "{versions:?}");
+        assert_ne!(after, before, "other weights, other greedy tokens");
+        let (s, body) = post(
+            &c,
+            &format!("{}/v1/reload", server.url),
+            json!({"path": a.to_str().unwrap()}),
+        )
+        .await;
+        assert_eq!((s.as_u16(), body["version"].as_u64()), (200, Some(2)));
+        assert_eq!(greedy().await.0, before, "the first weights again");
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// 1,000 agent calls at once, each through its own rollout's URL, then 1,000 rewards: no
+/// errors, every call recorded, every rollout closed.
+#[test]
+fn a_thousand_concurrent_rollout_calls_are_all_recorded() {
+    const N: usize = 1000;
+    let server = in_process(128, ServeConfig::default());
+    let tasks: Vec<TaskSpec> = (0..N)
+        .map(|i| TaskSpec {
+            rollout_id: format!("load-{i}"),
+            group: format!("g{}", i / 10),
+            task: json!({"prompt": format!("what is {i}+1?")}),
+        })
+        .collect();
+    server.store.add_tasks(tasks).unwrap();
+    let base = server.url.clone();
+    let started = Instant::now();
+    let sent = runtime().block_on(async move {
+        let c = Client::builder()
+            .timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(N)
+            .build()
+            .unwrap();
+        let calls: Vec<_> = (0..N)
+            .map(|i| {
+                let c = c.clone();
+                let base = base.clone();
+                tokio::spawn(async move {
+                    let url = format!("{base}/rollouts/load-{i}/v1/chat/completions");
+                    let body = json!({"messages": [{"role": "user", "content": format!("what is {i}+1?")}],
+                                      "max_tokens": 4, "temperature": 1});
+                    let r = c.post(url).json(&body).send().await.map_err(|e| e.to_string())?;
+                    let status = r.status();
+                    let body: Value = r.json().await.map_err(|e| e.to_string())?;
+                    if status != 200 {
+                        return Err(format!("{status}: {body}"));
+                    }
+                    let completion = ids(&body["choices"][0]["skein"]["completion_token_ids"]);
+                    let url = format!("{base}/rollouts/load-{i}/reward");
+                    let r = c.post(url).json(&json!({"reward": 1.0})).send().await.map_err(|e| e.to_string())?;
+                    if r.status() != 200 {
+                        return Err(format!("reward: {}", r.status()));
+                    }
+                    Ok::<_, String>((i, completion))
+                })
+            })
+            .collect();
+        let mut sent = vec![Vec::new(); N];
+        let mut errors = Vec::new();
+        for call in calls {
+            match call.await.unwrap() {
+                Ok((i, completion)) => sent[i] = completion,
+                Err(e) => errors.push(e),
+            }
+        }
+        assert!(errors.is_empty(), "{} errors, first: {}", errors.len(), errors[0]);
+        sent
+    });
+    let elapsed = started.elapsed();
+    eprintln!(
+        "{N} concurrent rollout calls + rewards: {:.2} s ({:.0} calls/s)",
+        elapsed.as_secs_f64(),
+        N as f64 / elapsed.as_secs_f64()
+    );
+    assert!(elapsed < Duration::from_secs(60), "took {elapsed:?}");
+    let closed = server.store.take_closed();
+    assert_eq!(closed.len(), N, "every rollout closed");
+    let mut calls = 0;
+    for r in &closed {
+        let i: usize = r.rollout_id["load-".len()..].parse().unwrap();
+        assert_eq!(r.calls.len(), 1, "{}", r.rollout_id);
+        assert_eq!(r.calls[0].completion_ids, sent[i], "{}", r.rollout_id);
+        assert!(r.calls[0].completion_ids.len() <= 4);
+        calls += r.calls.len();
+    }
+    assert_eq!(calls, N, "every call recorded");
+    assert_eq!(server.store.pending_count(), 0);
+}
+
+/// The Python interpreter that has the `openai` package, if any.
+fn python_with_openai() -> Option<String> {
+    let venv = concat!(env!("CARGO_MANIFEST_DIR"), "/../../.venv/bin/python");
+    [venv, "python3"].into_iter().map(String::from).find(|py| {
+        Command::new(py)
+            .args(["-c", "import openai"])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    })
+}
+
+/// The example agent (the official `openai` client) against `skein serve` with no arguments:
+/// every task handed out, every rollout closed with its calls recorded, and the ids the agent
+/// received are the ids recorded.
+#[test]
+fn example_agent_closes_every_rollout_it_is_given() {
+    let Some(python) = python_with_openai() else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI is set but no Python has the `openai` package: run scripts/setup-agent-client.sh"
+        );
+        eprintln!("skipped: no Python with `openai` (run scripts/setup-agent-client.sh)");
+        return;
+    };
+    let server = ServeProcess::start(&["--api-key", "agent-key"]);
+    let dir = temp_dir("agent");
+    let log = dir.join("calls.jsonl");
+    let tasks: Vec<Value> = (0..6)
+        .map(|i| {
+            json!({"rollout_id": format!("agent-{i}"), "group": "sums",
+                   "task": {"prompt": format!("What is {i}+2?"), "expression": format!("{i}+2"),
+                            "ground_truth": (i + 2).to_string()}})
+        })
+        .collect();
+    runtime().block_on(async {
+        let r = client()
+            .post(format!("{}/tasks", server.url))
+            .bearer_auth("agent-key")
+            .json(&json!({ "tasks": tasks }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    });
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../scripts/example_agent.py"
+    );
+    let out = Command::new(&python)
+        .arg(script)
+        .args(["--server", &server.url, "--api-key", "agent-key"])
+        .args(["--idle-exit", "1", "--max-tasks", "6", "--concurrency", "3"])
+        .args(["--max-tokens", "8", "--log", log.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "agent failed:\n{stdout}\n{stderr}");
+    let summary: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(
+        (summary["tasks"].as_u64(), summary["failed"].as_u64()),
+        (Some(6), Some(0))
+    );
+
+    let logged: Vec<Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(logged.len(), 12, "two calls per rollout");
+    runtime().block_on(async {
+        let c = client();
+        for i in 0..6 {
+            let id = format!("agent-{i}");
+            let rec: Value = c
+                .get(format!("{}/rollouts/{id}", server.url))
+                .bearer_auth("agent-key")
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            assert_eq!(rec["state"], "closed", "{rec}");
+            let calls = rec["calls"].as_array().unwrap();
+            assert_eq!(calls.len(), 2, "{rec}");
+            let mine: Vec<&Value> = logged.iter().filter(|l| l["rollout_id"] == id).collect();
+            for call in calls {
+                let n = ids(&call["completion_ids"]).len();
+                assert!(n >= 1 && call["logprobs"].as_array().unwrap().len() == n);
+                // Some call the agent received has exactly these ids.
+                assert!(
+                    mine.iter()
+                        .any(|l| ids(&l["prompt_token_ids"]) == ids(&call["prompt_ids"])
+                            && ids(&l["completion_token_ids"]) == ids(&call["completion_ids"])),
+                    "{id}: recorded call not among the responses"
+                );
+            }
+            // The second call carries the whole conversation so far.
+            let first = ids(&calls[0]["prompt_ids"]);
+            let second = ids(&calls[1]["prompt_ids"]);
+            assert!(second.len() > first.len());
+        }
+        let r = c
+            .get(format!("{}/tasks/next", server.url))
+            .bearer_auth("agent-key")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 204);
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
