@@ -391,6 +391,16 @@ fn bad_requests_get_openai_errors_that_say_what_to_change() {
         .await;
         assert_error(s, &b, 400, "/nonexistent");
 
+        let r = c.get(&chat).bearer_auth("sekrit").send().await.unwrap();
+        let (s, b) = (r.status(), r.json::<Value>().await.unwrap());
+        assert_error(s, &b, 405, "does not take GET");
+        let (s, b) = post_key(
+            format!("{}/rollouts/%FF/reward", server.url),
+            json!({"reward": 1.0}),
+        )
+        .await;
+        assert_error(s, &b, 400, "rollout id");
+
         // Still serving after all that.
         let (s, b) = send(good.to_string(), key).await;
         assert_eq!(s, 200, "{b}");

@@ -2,7 +2,8 @@
 //! extractor that turns every malformed request into one of them (400, or 413 when too large).
 
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{FromRequest, Request};
+use axum::extract::{FromRequest, FromRequestParts, Path, Request};
+use axum::http::request::Parts;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
@@ -104,4 +105,21 @@ fn rejection_error(rejection: JsonRejection) -> ApiError {
         other => other.body_text(),
     };
     ApiError::bad_request(message)
+}
+
+/// The `{id}` of a rollout route, with an [`ApiError`] when the path segment is not UTF-8.
+pub struct RolloutId(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for RolloutId {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        match Path::<String>::from_request_parts(parts, state).await {
+            Ok(Path(id)) => Ok(RolloutId(id)),
+            Err(e) => Err(ApiError::bad_request(format!(
+                "rollout id: {}",
+                e.body_text()
+            ))),
+        }
+    }
 }

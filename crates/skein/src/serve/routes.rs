@@ -1,8 +1,8 @@
 //! The routes: OpenAI-compatible completions (plain and rollout-scoped), the task queue and
 //! rewards of rollouts, weight reloads, health.
 
-use super::error::{ApiError, Body};
-use super::generate::{self, store_error, Sample};
+use super::error::{ApiError, Body, RolloutId};
+use super::generate::{self, store_error};
 use super::guard;
 use super::openai::{
     to_template_messages, AssistantMessage, ChatChoice, ChatResponse, CompletionChoice,
@@ -11,7 +11,7 @@ use super::openai::{
 use super::state::ServeState;
 use super::store::TaskSpec;
 use crate::engine::Control;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -40,6 +40,7 @@ pub fn router(state: ServeState) -> Router {
         .route("/tasks", post(add_tasks))
         .route("/tasks/next", get(next_task))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             guard::guard,
@@ -59,6 +60,13 @@ async fn not_found(method: axum::http::Method, uri: axum::http::Uri) -> ApiError
         "no route {method} {}: the model is under /v1 (or a rollout's /rollouts/ID/v1)",
         uri.path()
     ))
+}
+
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{} does not take {method}", uri.path()),
+    )
 }
 
 async fn health(State(s): State<ServeState>) -> Json<Value> {
@@ -87,7 +95,7 @@ async fn chat(
 
 async fn rollout_chat(
     State(s): State<ServeState>,
-    Path(id): Path<String>,
+    RolloutId(id): RolloutId,
     Body(req): Body<GenerateRequest>,
 ) -> Result<Json<ChatResponse>, ApiError> {
     chat_in(&s, Some(&id), req).await.map(Json)
@@ -102,7 +110,7 @@ async fn completions(
 
 async fn rollout_completions(
     State(s): State<ServeState>,
-    Path(id): Path<String>,
+    RolloutId(id): RolloutId,
     Body(req): Body<GenerateRequest>,
 ) -> Result<Json<CompletionResponse>, ApiError> {
     completion_in(&s, Some(&id), req).await.map(Json)
@@ -134,7 +142,9 @@ async fn chat_in(
     let mut choices = Vec::with_capacity(samples.len());
     for (index, sample) in samples.iter().enumerate() {
         let text = s.0.text.decode(&sample.out.tokens)?;
-        let (message, finish_reason) = assistant_message(s, text, tools.is_some(), sample);
+        let finish = sample.finish_reason();
+        let (message, finish_reason) =
+            assistant_message(text, tools.is_some(), finish, || s.fresh_id());
         choices.push(ChatChoice {
             index,
             message,
@@ -154,53 +164,52 @@ async fn chat_in(
 }
 
 /// The reply as an assistant message. With tools offered, complete `<tool_call>` blocks become
-/// `tool_calls` (the text outside them stays `content`); text that does not parse as tool
-/// calls is returned as it is.
+/// `tool_calls` (the text outside them stays `content`, and a stop becomes `tool_calls`); text
+/// that does not parse as tool calls is returned as it is.
 fn assistant_message(
-    s: &ServeState,
     text: String,
     tools_offered: bool,
-    sample: &Sample,
+    finish: &'static str,
+    mut fresh_id: impl FnMut() -> u64,
 ) -> (AssistantMessage, &'static str) {
-    let finish = sample.finish_reason();
-    if tools_offered {
-        if let Ok(calls) = skein_text::parse_tool_calls(&text) {
-            if !calls.is_empty() {
-                let content = skein_text::strip_tool_calls(&text);
-                let tool_calls = calls
-                    .into_iter()
-                    .map(|c| OutToolCall {
-                        id: format!("call_{}", s.fresh_id()),
-                        kind: "function",
-                        function: OutFunction {
-                            name: c.function.name,
-                            arguments: match c.function.arguments {
-                                Value::String(s) => s,
-                                other => other.to_string(),
-                            },
-                        },
-                    })
-                    .collect();
-                let message = AssistantMessage {
-                    role: "assistant",
-                    content: (!content.is_empty()).then_some(content),
-                    tool_calls: Some(tool_calls),
-                };
-                let reason = if finish == "stop" {
-                    "tool_calls"
-                } else {
-                    finish
-                };
-                return (message, reason);
-            }
+    let calls = match skein_text::parse_tool_calls(&text) {
+        Ok(calls) if tools_offered && !calls.is_empty() => calls,
+        _ => {
+            let message = AssistantMessage {
+                role: "assistant",
+                content: Some(text),
+                tool_calls: None,
+            };
+            return (message, finish);
         }
-    }
+    };
+    let content = skein_text::strip_tool_calls(&text);
+    let tool_calls = calls
+        .into_iter()
+        .map(|c| OutToolCall {
+            id: format!("call_{}", fresh_id()),
+            kind: "function",
+            function: OutFunction {
+                name: c.function.name,
+                // OpenAI returns the arguments as a JSON string.
+                arguments: match c.function.arguments {
+                    Value::String(s) => s,
+                    other => other.to_string(),
+                },
+            },
+        })
+        .collect();
     let message = AssistantMessage {
         role: "assistant",
-        content: Some(text),
-        tool_calls: None,
+        content: (!content.is_empty()).then_some(content),
+        tool_calls: Some(tool_calls),
     };
-    (message, finish)
+    let reason = if finish == "stop" {
+        "tool_calls"
+    } else {
+        finish
+    };
+    (message, reason)
 }
 
 async fn completion_in(
@@ -310,7 +319,7 @@ async fn next_task(State(s): State<ServeState>) -> Response {
 
 async fn rollout(
     State(s): State<ServeState>,
-    Path(id): Path<String>,
+    RolloutId(id): RolloutId,
 ) -> Result<Json<Value>, ApiError> {
     let (state, recording) =
         s.0.store
@@ -332,7 +341,7 @@ struct RewardRequest {
 
 async fn reward(
     State(s): State<ServeState>,
-    Path(id): Path<String>,
+    RolloutId(id): RolloutId,
     Body(req): Body<RewardRequest>,
 ) -> Result<Json<Value>, ApiError> {
     if !req.reward.is_finite() {
@@ -352,11 +361,44 @@ struct FailRequest {
 
 async fn fail(
     State(s): State<ServeState>,
-    Path(id): Path<String>,
+    RolloutId(id): RolloutId,
     Body(req): Body<FailRequest>,
 ) -> Result<Json<Value>, ApiError> {
     s.0.store
         .close(&id, 0.0, None, Some(req.error))
         .map_err(store_error)?;
     Ok(Json(json!({"rollout_id": id, "state": "closed"})))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tool_call_blocks_become_openai_tool_calls_when_tools_are_offered() {
+        let text =
+            r#"let me add <tool_call>{"name": "calc", "arguments": {"x": "1+2"}}</tool_call>"#;
+        let mut n = 0;
+        let (m, reason) = assistant_message(text.into(), true, "stop", || {
+            n += 1;
+            n
+        });
+        assert_eq!(reason, "tool_calls");
+        assert_eq!(m.content.as_deref(), Some("let me add"));
+        let calls = m.tool_calls.unwrap();
+        assert_eq!(
+            (calls[0].id.as_str(), calls[0].kind),
+            ("call_1", "function")
+        );
+        assert_eq!(calls[0].function.name, "calc");
+        let args: Value = serde_json::from_str(&calls[0].function.arguments).unwrap();
+        assert_eq!(args, json!({"x": "1+2"}));
+
+        let (m, reason) = assistant_message(text.into(), false, "stop", || 0);
+        assert_eq!((m.content.as_deref(), reason), (Some(text), "stop"));
+        assert!(m.tool_calls.is_none(), "no tools offered: plain text");
+        let broken = "<tool_call>{not json</tool_call>";
+        let (m, reason) = assistant_message(broken.into(), true, "length", || 0);
+        assert_eq!((m.content.as_deref(), reason), (Some(broken), "length"));
+    }
 }
