@@ -471,6 +471,66 @@ mod tests {
         }
     }
 
+    /// The trainer scores merged episode rows with the ids the model saw: recomputed
+    /// log-probs of the sampled tokens equal the engine's behavior log-probs.
+    #[test]
+    fn merged_rows_recompute_the_behavior_logprobs() {
+        use crate::trainer::step_batch::{build_step_batch, StepBatchConfig};
+        use crate::trainer::update::{recompute_logprobs, UpdateConfig};
+        let task = agent_task_by_name("guess", 1).unwrap().unwrap();
+        let tokenizer = Tokenizer::char_level(task.alphabet()).unwrap();
+        let (params, limits) = (params(&tokenizer), limits());
+        let ctx = AgentContext {
+            task: task.as_ref(),
+            tokenizer: &tokenizer,
+            format: &TurnFormat::Plain,
+            params: &params,
+            limits: &limits,
+        };
+        let policy = model(&tokenizer);
+        let r = ctx.run(
+            &Engine::new(16),
+            &policy,
+            0,
+            &runtime(),
+            specs(task.as_ref(), 16),
+        );
+        let trajectories: Vec<Trajectory> = r.episodes.into_iter().map(|e| e.trajectory).collect();
+        let mut cfg = crate::trainer::TrainConfig::default();
+        cfg.algorithm.normalize_std = false;
+        let batch_cfg = StepBatchConfig::from_config(&cfg, 8).unwrap();
+        let mut batch = build_step_batch(&trajectories, &batch_cfg, 1).unwrap();
+        assert_eq!(batch.real_rows, 16, "one merged row per episode");
+        let update_cfg = UpdateConfig {
+            loss: crate::trainer::loss::LossConfig {
+                clip_low: 0.2,
+                clip_high: 0.2,
+                dual_clip: 0.0,
+                kl_coef: 0.0,
+                kl_estimator: crate::trainer::loss::KlEstimator::K3,
+                entropy_coef: 0.0,
+            },
+            epochs: 1,
+            micro_batch_tokens: 4096,
+            temperature: params.temperature,
+        };
+        recompute_logprobs(&policy, None, &mut batch.rows, &update_cfg);
+        let mut checked = 0;
+        for row in &batch.rows {
+            for (k, &m) in row.loss_mask.iter().enumerate() {
+                if m == 1 {
+                    let (a, b) = (row.old_logp[k], row.behavior_logp[k]);
+                    assert!(
+                        (a - b).abs() < 1e-4,
+                        "token {k}: recomputed {a} vs sampled {b}"
+                    );
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked > 50);
+    }
+
     fn chatml() -> ChatTemplate {
         Tokenizer::char_level("0123456789")
             .unwrap()

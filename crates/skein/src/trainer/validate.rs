@@ -142,7 +142,7 @@ pub fn validate(cfg: &TrainConfig) -> Result<()> {
             m.num_kv_heads,
         )
         .check(
-            m.max_positions > s.max_new_tokens,
+            m.max_positions.max(min_positions(cfg)) > s.max_new_tokens,
             "model.max_positions",
             "must exceed rollout.sampling.max_new_tokens",
             m.max_positions,
@@ -154,6 +154,20 @@ pub fn validate(cfg: &TrainConfig) -> Result<()> {
     Ok(v.finish()?)
 }
 
+fn is_multi_turn(cfg: &TrainConfig) -> bool {
+    cfg.data.train_files.is_empty()
+        && skein_tasks::agent_task_by_name(&cfg.task.name, cfg.task.difficulty).is_some()
+}
+
+/// Positions a from-scratch model gets at least (more for multi-turn episodes).
+fn min_positions(cfg: &TrainConfig) -> usize {
+    if is_multi_turn(cfg) {
+        super::agent_step::MIN_AGENT_POSITIONS
+    } else {
+        0
+    }
+}
+
 /// `[agent]`, and what multi-turn tasks do not combine with.
 fn validate_agent(cfg: &TrainConfig, v: &mut Validator) {
     let a = &cfg.agent;
@@ -163,9 +177,7 @@ fn validate_agent(cfg: &TrainConfig, v: &mut Validator) {
         "must be a finite number of seconds > 0",
         a.env_timeout_s,
     );
-    let multi_turn = cfg.data.train_files.is_empty()
-        && skein_tasks::agent_task_by_name(&cfg.task.name, cfg.task.difficulty).is_some();
-    if multi_turn {
+    if is_multi_turn(cfg) {
         v.check(
             !cfg.rollout.partial.enabled,
             "rollout.partial.enabled",

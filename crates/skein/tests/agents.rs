@@ -1,0 +1,81 @@
+//! End to end: the multi-turn built-in tasks train through the whole pipeline (demonstration
+//! episodes for SFT, episodes with environment replies and tool calls, the PPO update on
+//! merged token-exact rows), and their metrics say what the episodes did.
+
+use serde_json::Value;
+use skein::trainer::run::train;
+use skein::trainer::TrainConfig;
+
+fn config(task: &str, sft_steps: usize) -> TrainConfig {
+    let mut cfg: TrainConfig = skein_config::load(None, "test", &[]).unwrap();
+    cfg.run.dir = std::env::temp_dir()
+        .join(format!("skein-agents-{task}-{}", std::process::id()))
+        .display()
+        .to_string();
+    cfg.task.name = task.into();
+    cfg.trainer.steps = 3;
+    cfg.rollout.prompts_per_step = 8;
+    cfg.rollout.samples_per_prompt = 4;
+    cfg.sft.steps = sft_steps;
+    cfg.sft.batch_size = 32;
+    cfg.eval.problems = 16;
+    cfg.eval.every = 0;
+    // A small model keeps the test quick; learning is shown by the README's run.
+    cfg.model.hidden_size = 64;
+    cfg.model.num_layers = 2;
+    cfg.model.num_heads = 2;
+    cfg.model.num_kv_heads = 1;
+    cfg.model.intermediate_size = 128;
+    cfg
+}
+
+fn step_metrics(dir: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|m| m.get("reward/mean").is_some())
+        .collect()
+}
+
+#[test]
+fn the_calculator_task_trains_with_tool_calls() {
+    let mut cfg = config("calculator", 80);
+    cfg.rollout.sampling.max_new_tokens = 64;
+    // Enough capacity and warm-up to copy the tool-call format from the demonstrations.
+    cfg.model.hidden_size = 128;
+    cfg.model.num_heads = 4;
+    cfg.model.num_kv_heads = 2;
+    cfg.model.intermediate_size = 256;
+    cfg.sft.lr = 3e-3;
+    let run = train(&cfg).expect("calculator run");
+    let steps = step_metrics(&run.dir);
+    assert_eq!(steps.len(), 3);
+    let sum = |k: &str| steps.iter().map(|m| m[k].as_f64().unwrap()).sum::<f64>();
+    // After SFT on demonstrations the policy calls the tool; every reply is a tool message.
+    assert!(sum("agent/tool_calls") > 0.0, "no tool calls: {steps:?}");
+    assert!(sum("agent/inserted_tokens") > 0.0);
+    assert_eq!(sum("agent/env_errors") + sum("agent/env_timeouts"), 0.0);
+    // One merged row per episode (token-exact turns), none failed.
+    for m in &steps {
+        assert_eq!(m["batch/rows"].as_f64(), Some(32.0), "{m}");
+        assert_eq!(m["batch/failed_trajectories"].as_f64(), Some(0.0));
+        assert!(m["agent/turns_mean"].as_f64().unwrap() >= 1.0);
+    }
+    assert!(run.dir.join("plot.png").is_file());
+}
+
+#[test]
+fn the_guessing_game_trains_over_several_turns() {
+    let run = train(&config("guess", 30)).expect("guess run");
+    let steps = step_metrics(&run.dir);
+    assert_eq!(steps.len(), 3);
+    for m in &steps {
+        // Several messages per episode, with the game's answers between them.
+        assert!(m["agent/turns_mean"].as_f64().unwrap() > 1.5, "{m}");
+        assert!(m["agent/inserted_tokens"].as_f64().unwrap() > 0.0);
+        assert_eq!(m["agent/tool_calls"].as_f64(), Some(0.0));
+        assert!(m["loss/policy"].as_f64().unwrap().is_finite());
+    }
+    assert!(run.eval_after.accuracy >= 0.0 && run.rewards.len() == 3);
+}
