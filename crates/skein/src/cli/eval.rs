@@ -1,7 +1,7 @@
 //! `skein eval`: accuracy and pass@k of a model on prompt files, on a run's validation split,
 //! or on the built-in task's held-out problems; greedy by default, sampled with `--n`.
 
-use crate::engine::{Engine, SamplingParams};
+use crate::engine::{Engine, Generator, SamplingParams};
 use crate::model::Model;
 use crate::trainer::dataset_task::{
     eval_seed, fit_split, prompt_batch, read_split, DatasetTask, Renderer,
@@ -75,7 +75,7 @@ pub fn run(args: &EvalArgs) -> Result<()> {
         ..cfg.rollout.sampling.clone()
     };
     tch::manual_seed(cfg.run.seed as i64);
-    let engine = Engine::new(cfg.rollout.max_slots);
+    let engine = Generator::Local(Engine::new(cfg.rollout.max_slots));
     let r = collect(
         &engine,
         &policy,

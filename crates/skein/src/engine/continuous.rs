@@ -27,6 +27,8 @@ pub enum Finish {
     Length,
     /// Reached this call's budget: resume it later.
     Paused,
+    /// A remote engine could not generate it (the error is counted; its trajectory fails).
+    Failed,
 }
 
 #[derive(Debug, Clone)]
@@ -53,6 +55,8 @@ pub struct EngineStats {
     pub prefill_tokens: usize,
     pub decode_steps: usize,
     pub generated_tokens: usize,
+    /// Requests a remote engine failed to generate.
+    pub failed: usize,
 }
 
 pub struct Engine {

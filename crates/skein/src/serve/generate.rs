@@ -19,7 +19,7 @@ impl Sample {
         match self.out.finish {
             Finish::Stop => "stop",
             // No request here has a budget, so none pauses; a pause would mean "cut short".
-            Finish::Length | Finish::Paused => "length",
+            Finish::Length | Finish::Paused | Finish::Failed => "length",
         }
     }
 

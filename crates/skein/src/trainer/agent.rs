@@ -8,7 +8,10 @@
 //! turns are never retokenized, so the trainer sees exactly the ids the model saw, and the
 //! planner merges the whole episode into one row.
 
-use crate::engine::{self, Engine, EngineHandle, EngineStats, Finish, GenRequest, SamplingParams};
+use crate::engine::{
+    self, EngineHandle, EngineStats, Finish, GenOutput, GenRequest, Generator, RemoteEngine,
+    SamplingParams,
+};
 use crate::model::Model;
 use anyhow::{bail, Context, Result};
 use skein_plan::{Status, Trajectory, Transition};
@@ -148,32 +151,50 @@ impl AgentContext<'_> {
         self.tokenizer.encode(&text, false)
     }
 
-    /// Runs every episode to its end with the policy at `version`: the engine loop on this
-    /// thread (which owns the model), the episodes on `runtime`.
+    /// Runs every episode to its end with the policy at `version`, the episodes on `runtime`:
+    /// with the embedded engine its loop runs on this thread (which owns the model); a remote
+    /// engine is called from the episodes directly.
     pub fn run(
         &self,
-        engine: &Engine,
+        generator: &Generator,
         policy: &Model,
         version: u64,
         runtime: &tokio::runtime::Runtime,
         specs: Vec<EpisodeSpec>,
     ) -> AgentRollouts {
-        let (handle, mut queue) = engine::channel();
-        let capacity = self.limits.max_tokens as i64;
-        let (episodes, engine_stats) = std::thread::scope(|s| {
-            let episodes = s.spawn(move || {
-                let runs = specs.into_iter().map(|spec| {
-                    let h = handle.clone();
-                    async move { self.episode(h, spec).await }
-                });
-                let all = runtime.block_on(futures_util::future::join_all(runs));
-                drop(handle);
-                all
+        let play_all = |caller: Caller| {
+            let runs = specs.into_iter().map(|spec| {
+                let c = caller.clone();
+                async move { self.episode(c, spec).await }
             });
-            let (stats, _) = queue.run_phase(engine, policy, version, capacity);
-            let episodes = episodes.join().unwrap_or_default();
-            (episodes, stats)
-        });
+            let all = runtime.block_on(futures_util::future::join_all(runs));
+            drop(caller);
+            all
+        };
+        let (episodes, engine_stats) = match generator {
+            Generator::Local(engine) => {
+                let (handle, mut queue) = engine::channel();
+                let capacity = self.limits.max_tokens as i64;
+                std::thread::scope(|s| {
+                    let episodes = s.spawn(move || play_all(Caller::Local(handle)));
+                    let (stats, _) = queue.run_phase(engine, policy, version, capacity);
+                    (episodes.join().unwrap_or_default(), stats)
+                })
+            }
+            Generator::Remote(remote) => {
+                let episodes = play_all(Caller::Remote(remote.clone(), version));
+                let generated = episodes
+                    .iter()
+                    .flat_map(|e| &e.trajectory.transitions)
+                    .map(|t| t.response.len())
+                    .sum();
+                let stats = EngineStats {
+                    generated_tokens: generated,
+                    ..EngineStats::default()
+                };
+                (episodes, stats)
+            }
+        };
         let mut stats = AgentStats::default();
         for e in &episodes {
             stats.add(e);
@@ -185,7 +206,7 @@ impl AgentContext<'_> {
         }
     }
 
-    async fn episode(&self, handle: EngineHandle, spec: EpisodeSpec) -> Episode {
+    async fn episode(&self, handle: Caller, spec: EpisodeSpec) -> Episode {
         let mut run = EpisodeRun {
             transitions: Vec::new(),
             transcript: Vec::new(),
@@ -213,7 +234,7 @@ impl AgentContext<'_> {
     /// Plays turns until the environment reports an outcome or a limit cuts the episode off.
     async fn play(
         &self,
-        handle: &EngineHandle,
+        handle: &Caller,
         problem: &Problem,
         run: &mut EpisodeRun,
     ) -> std::result::Result<Outcome, (Cutoff, String)> {
@@ -237,10 +258,7 @@ impl AgentContext<'_> {
                 },
                 budget: None,
             };
-            let out = handle
-                .generate(req)
-                .await
-                .map_err(|e| (Cutoff::Other, e.to_string()))?;
+            let out = handle.generate(req).await.map_err(|e| (Cutoff::Other, e))?;
             let n = out.tokens.len();
             run.transitions.push(Transition {
                 prompt: context.clone(),
@@ -363,6 +381,29 @@ pub fn chat_delta(before: &str, after: &str, eos: &str) -> Result<String> {
     Ok(format!("{tail}{new}"))
 }
 
+/// Where an episode's model calls go.
+#[derive(Clone)]
+enum Caller {
+    Local(EngineHandle),
+    /// A remote engine, and the trainer's version its weights are.
+    Remote(RemoteEngine, u64),
+}
+
+impl Caller {
+    async fn generate(&self, req: GenRequest) -> std::result::Result<GenOutput, String> {
+        match self {
+            Caller::Local(h) => h.generate(req).await.map_err(|e| e.to_string()),
+            Caller::Remote(r, version) => {
+                let (r, v) = (r.clone(), *version);
+                tokio::task::spawn_blocking(move || r.generate_one(&req, v))
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .map_err(|e| format!("remote engine: {e:#}"))
+            }
+        }
+    }
+}
+
 struct EpisodeRun {
     transitions: Vec<Transition>,
     transcript: Vec<Turn>,
@@ -376,6 +417,7 @@ enum Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::Engine;
     use crate::model::ModelConfig;
     use skein_tasks::{agent_task_by_name, EnvError, Score, TaskRng};
     use tch::Device;
@@ -440,7 +482,13 @@ mod tests {
                 .iter()
                 .map(|s| (s.id.clone(), s.problem.clone()))
                 .collect();
-            let r = ctx.run(&Engine::new(16), &model(&tokenizer), 2, &runtime(), specs);
+            let r = ctx.run(
+                &Generator::Local(Engine::new(16)),
+                &model(&tokenizer),
+                2,
+                &runtime(),
+                specs,
+            );
             let mut multi_turn = 0;
             for e in &r.episodes {
                 let ts = &e.trajectory.transitions;
@@ -489,7 +537,7 @@ mod tests {
         };
         let policy = model(&tokenizer);
         let r = ctx.run(
-            &Engine::new(16),
+            &Generator::Local(Engine::new(16)),
             &policy,
             0,
             &runtime(),
@@ -625,7 +673,13 @@ mod tests {
             .iter()
             .map(|s| s.problem.ground_truth.clone())
             .collect();
-        let r = ctx.run(&Engine::new(8), &model(&tokenizer), 0, &runtime(), specs);
+        let r = ctx.run(
+            &Generator::Local(Engine::new(8)),
+            &model(&tokenizer),
+            0,
+            &runtime(),
+            specs,
+        );
         for (e, kind) in r.episodes.iter().zip(&kinds) {
             match (kind.as_str(), &e.trajectory.status) {
                 ("0", Status::Failed(why)) => assert!(why.contains("crashed"), "{why}"),

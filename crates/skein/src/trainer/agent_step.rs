@@ -9,7 +9,7 @@ use super::microbatch::TrainRow;
 use super::partial::{PartialStats, StepRollout};
 use super::reward::RewardStats;
 use super::sft::sft_row_masked;
-use crate::engine::{Engine, SamplingParams};
+use crate::engine::{Generator, SamplingParams};
 use crate::model::Model;
 use anyhow::{bail, Context, Result};
 use skein_tasks::{AgentTask, EnvStep, Problem, TaskRng, Turn};
@@ -94,7 +94,7 @@ impl AgentWork {
     #[allow(clippy::too_many_arguments)]
     pub fn step(
         &self,
-        engine: &Engine,
+        engine: &Generator,
         policy: &Model,
         version: u64,
         tokenizer: &Tokenizer,
@@ -150,7 +150,7 @@ impl AgentWork {
     /// mean reward.
     pub fn evaluate(
         &self,
-        engine: &Engine,
+        engine: &Generator,
         policy: &Model,
         tokenizer: &Tokenizer,
         params: &SamplingParams,

@@ -186,6 +186,10 @@ pub struct RolloutConfig {
     pub max_slots: usize,
     pub sampling: SamplingParams,
     pub partial: PartialConfig,
+    /// `local` (the embedded engine on the policy's weights) or `remote` (an OpenAI-compatible
+    /// server at `rollout.remote.url`, given the policy's weights after every step).
+    pub engine: String,
+    pub remote: crate::engine::RemoteEngineConfig,
 }
 
 /// Partial rollout: each iteration caps the tokens a sample may generate; samples that reach
@@ -231,6 +235,8 @@ impl Default for RolloutConfig {
                 ..Default::default()
             },
             partial: PartialConfig::default(),
+            engine: "local".into(),
+            remote: Default::default(),
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Held-out evaluation: greedy answers to problems drawn from a seed training never uses.
 
 use super::rollout::{collect, PromptBatch};
-use crate::engine::{Engine, SamplingParams};
+use crate::engine::{Generator, SamplingParams};
 use crate::model::Model;
 use skein_reward::Rewarder;
 use skein_tasks::Task;
@@ -14,7 +14,7 @@ pub struct EvalResult {
 }
 
 pub fn evaluate(
-    engine: &Engine,
+    engine: &Generator,
     policy: &Model,
     task: &dyn Task,
     tokenizer: &Tokenizer,

@@ -10,7 +10,7 @@
 
 use super::reward::{request, RewardStats, RoundRewards};
 use super::rollout::{apply_reward, score_response, single_turn};
-use crate::engine::{Engine, EngineStats, Finish, GenRequest, SamplingParams};
+use crate::engine::{EngineStats, Finish, GenRequest, Generator, SamplingParams};
 use crate::model::Model;
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
@@ -164,7 +164,7 @@ pub struct StepRollout {
 /// What generates and scores one iteration: the engine and the policy at its current version,
 /// the task's checker, the tokenizer, the sampling settings, and any configured reward sources.
 pub struct Rollout<'a> {
-    pub engine: &'a Engine,
+    pub engine: &'a Generator,
     pub policy: &'a Model,
     pub version: u64,
     pub task: &'a dyn Task,
@@ -241,6 +241,7 @@ impl RolloutBuffer {
             engine_stats.prefill_tokens += round.prefill_tokens;
             engine_stats.decode_steps += round.decode_steps;
             engine_stats.generated_tokens += round.generated_tokens;
+            engine_stats.failed += round.failed;
             stats.rounds += 1;
             let (done, waiting): (Vec<Group>, Vec<Group>) = std::mem::take(&mut self.groups)
                 .into_iter()
@@ -465,7 +466,7 @@ mod tests {
             let ids = tokenizer.encode(&p.prompt, false)?;
             Ok((p, ids))
         };
-        let engine = Engine::new(64);
+        let engine = Generator::Local(crate::engine::Engine::new(64));
         let rollout = Rollout {
             engine: &engine,
             policy: &s.model,

@@ -4,7 +4,7 @@
 //! only receive the request there and are collected after generation, so scoring overlaps it.
 
 use super::reward::{failed_status, request, RewardStats, RoundRewards};
-use crate::engine::{Engine, EngineStats, Finish, GenRequest, SamplingParams};
+use crate::engine::{EngineStats, Finish, GenRequest, Generator, SamplingParams};
 use crate::model::Model;
 use skein_plan::{Status, Trajectory, Transition};
 use skein_reward::Rewarder;
@@ -27,7 +27,7 @@ pub struct PromptBatch {
 /// Generates `n` samples for each prompt and scores them as they finish.
 #[allow(clippy::too_many_arguments)]
 pub fn collect(
-    engine: &Engine,
+    engine: &Generator,
     policy: &Model,
     version: u64,
     task: &dyn Task,
@@ -139,6 +139,14 @@ pub fn score_response(
         .copied()
         .filter(|t| !stop_token_ids.contains(t))
         .collect();
+    if finish == Finish::Failed {
+        return Judged {
+            reward: 0.0,
+            correct: false,
+            status: Status::Failed("the remote engine failed to generate it".into()),
+            text: None,
+        };
+    }
     match tokenizer.decode(&answer_ids, true) {
         Ok(text) => {
             let score = task.score(problem, &text);

@@ -17,7 +17,7 @@ use super::rollout::PromptBatch;
 use super::sft::{sft_row, sft_step};
 use super::step_batch::{build_step_batch, StepBatchConfig};
 use super::update::{ppo_update, recompute_logprobs, UpdateConfig};
-use crate::engine::{Engine, SamplingParams};
+use crate::engine::{Engine, Generator, RemoteEngine, SamplingParams};
 use crate::model::{Model, ValueModel};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Map, Value};
@@ -135,7 +135,10 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
             )?;
         }
     }
-    let engine = Engine::new(cfg.rollout.max_slots);
+    let engine = match cfg.rollout.engine.as_str() {
+        "remote" => Generator::Remote(RemoteEngine::new(&cfg.rollout.remote)),
+        _ => Generator::Local(Engine::new(cfg.rollout.max_slots)),
+    };
     let rewarder = super::dataset_task::rewarder(cfg, data.as_ref(), device)?;
     eprintln!(
         "skein: {} model, {:.2}M parameters, task `{}` (difficulty {}), run directory {}",
@@ -177,6 +180,10 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
         };
         warm_up(cfg, &policy, &mut demo, &mut log)?;
     }
+    // A remote engine generates with the weights it was last given: the warmed-up (or resumed)
+    // policy first, then the policy after every step.
+    let publish = || publish_weights(&engine, &policy, &tokenizer, &sampling, &dir);
+    publish()?;
     let held_out_eval = || match (&eval_set, &task, &agent) {
         (EvalSet::Prompts(batch), Some(t), _) => evaluate(
             &engine,
@@ -368,6 +375,7 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
             ),
             None => 0.0,
         };
+        publish()?;
         let t_update = t2.elapsed().as_secs_f64();
         skip_streak = if upd.optimizer_steps > 0 {
             0
@@ -459,6 +467,12 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
         }
         if let Some(r) = &rewarder {
             rollouts.rewards.log(r, &mut m);
+        }
+        if matches!(engine, Generator::Remote(_)) {
+            m.insert(
+                "rollout/engine_failed".into(),
+                json!(rollouts.engine.failed),
+            );
         }
         for (k, v) in agent_stats.iter().flat_map(|a| a.metrics()) {
             m.insert(k.into(), json!(v));
@@ -592,6 +606,26 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
         rewards,
         interrupted: false,
     })
+}
+
+/// Gives a remote engine the policy's current weights: written as a Hugging Face directory
+/// (`RUN_DIR/published`) that the server loads before it answers. Nothing to do locally.
+fn publish_weights(
+    engine: &Generator,
+    policy: &Model,
+    tokenizer: &Tokenizer,
+    sampling: &SamplingParams,
+    run_dir: &Path,
+) -> Result<()> {
+    let Generator::Remote(remote) = engine else {
+        return Ok(());
+    };
+    let dir = run_dir.join("published");
+    checkpoint::save_model_dir(policy, tokenizer, sampling, &dir)?;
+    remote
+        .reload(&dir)
+        .context("giving the remote engine the new weights (rollout.remote)")?;
+    Ok(())
 }
 
 /// The newest resumable checkpoint of a run directory, and its trainer state.

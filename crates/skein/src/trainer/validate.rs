@@ -151,6 +151,25 @@ pub fn validate(cfg: &TrainConfig) -> Result<()> {
     validate_reward(cfg, &mut v);
     validate_data(cfg, &mut v);
     validate_agent(cfg, &mut v);
+    v.one_of("rollout.engine", &r.engine, &["local", "remote"]);
+    if r.engine == "remote" {
+        let rm = &r.remote;
+        v.check(
+            rm.url.starts_with("http://") && rm.url.len() > "http://".len(),
+            "rollout.remote.url",
+            "must be the plain http:// base URL of an OpenAI-compatible server, e.g. \
+             http://127.0.0.1:8000 (start one with `skein serve --model DIR`)",
+            format!("{:?}", rm.url),
+        )
+        .check(
+            rm.reload_path.starts_with('/'),
+            "rollout.remote.reload_path",
+            "must be a path starting with /",
+            format!("{:?}", rm.reload_path),
+        )
+        .at_least("rollout.remote.timeout_ms", rm.timeout_ms, 1)
+        .at_least("rollout.remote.concurrency", rm.concurrency, 1);
+    }
     Ok(v.finish()?)
 }
 

@@ -1,0 +1,206 @@
+//! A remote rollout engine: an OpenAI-compatible server (another `skein serve`, or vLLM/SGLang
+//! with a token-id extension) generates instead of the embedded engine. Prompts go out as token
+//! ids on `/v1/completions`; token ids and behavior log-probs come back in each choice's `skein`
+//! field, so nothing is retokenized on either side. After each optimizer step the trainer
+//! publishes its weights as a Hugging Face directory and asks the server to load them.
+
+use super::continuous::{EngineStats, Finish, GenOutput, GenRequest};
+use anyhow::{anyhow, bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use std::path::Path;
+use std::sync::{mpsc, Mutex};
+use std::time::Duration;
+
+/// `[rollout.remote]`: where the remote engine is and how to talk to it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RemoteEngineConfig {
+    /// The server's base URL, e.g. `http://127.0.0.1:8000` (plain HTTP).
+    pub url: String,
+    /// Route that loads new weights: `POST {"path": dir}` → `{"version": N}`.
+    pub reload_path: String,
+    /// Sent as `Authorization: Bearer …` when not empty.
+    pub api_key: String,
+    /// One HTTP call's limit, in milliseconds.
+    pub timeout_ms: u64,
+    /// Completions in flight at once.
+    pub concurrency: usize,
+}
+
+impl Default for RemoteEngineConfig {
+    fn default() -> Self {
+        RemoteEngineConfig {
+            url: String::new(),
+            reload_path: "/v1/reload".into(),
+            api_key: String::new(),
+            timeout_ms: 120_000,
+            concurrency: 64,
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct RemoteEngine {
+    cfg: RemoteEngineConfig,
+    agent: ureq::Agent,
+}
+
+/// The `skein` field of a completion choice.
+#[derive(Deserialize)]
+struct Exact {
+    completion_token_ids: Vec<u32>,
+    logprobs: Vec<f32>,
+}
+
+impl RemoteEngine {
+    pub fn new(cfg: &RemoteEngineConfig) -> Self {
+        let agent = ureq::AgentBuilder::new()
+            .timeout(Duration::from_millis(cfg.timeout_ms.max(1)))
+            .build();
+        RemoteEngine {
+            cfg: cfg.clone(),
+            agent,
+        }
+    }
+
+    fn post(&self, path: &str, body: &Value) -> Result<Value> {
+        let url = format!("{}{}", self.cfg.url.trim_end_matches('/'), path);
+        let mut req = self
+            .agent
+            .post(&url)
+            .set("Content-Type", "application/json");
+        if !self.cfg.api_key.is_empty() {
+            req = req.set("Authorization", &format!("Bearer {}", self.cfg.api_key));
+        }
+        let text = match req.send_string(&body.to_string()) {
+            Ok(resp) => resp.into_string()?,
+            Err(ureq::Error::Status(code, resp)) => {
+                let text = resp.into_string().unwrap_or_default();
+                bail!("{url} answered {code}: {}", text.trim());
+            }
+            Err(ureq::Error::Transport(t)) => {
+                bail!("{url} is unreachable ({t}); is the server running (rollout.remote.url)?")
+            }
+        };
+        serde_json::from_str(&text).with_context(|| format!("{url} answered with invalid JSON"))
+    }
+
+    /// Generates one request on the server. The server records its own version; the tokens
+    /// are attributed to `version`, the trainer's, whose weights it was last given.
+    pub fn generate_one(&self, req: &GenRequest, version: u64) -> Result<GenOutput> {
+        let p = &req.params;
+        let remaining = p.max_new_tokens.saturating_sub(req.resumed.len()).max(1);
+        let max_tokens = req.budget.map_or(remaining, |b| b.min(remaining));
+        let mut prompt = req.prompt.clone();
+        prompt.extend_from_slice(&req.resumed);
+        let body = json!({
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": p.temperature,
+            "top_p": p.top_p,
+            "top_k": p.top_k,
+        });
+        let resp = self.post("/v1/completions", &body)?;
+        let choice = resp
+            .get("choices")
+            .and_then(|c| c.get(0))
+            .ok_or_else(|| anyhow!("the completion has no choices: {resp}"))?;
+        let exact: Exact = serde_json::from_value(
+            choice
+                .get("skein")
+                .cloned()
+                .ok_or_else(|| anyhow!("the completion carries no token ids (`skein` field)"))?,
+        )
+        .context("the completion's `skein` field")?;
+        if exact.logprobs.len() != exact.completion_token_ids.len() {
+            bail!("the completion's token ids and log-probs differ in length");
+        }
+        let n = exact.completion_token_ids.len();
+        let stopped = exact
+            .completion_token_ids
+            .last()
+            .is_some_and(|t| p.stop_token_ids.contains(t));
+        let finish = if stopped {
+            Finish::Stop
+        } else if n >= max_tokens && max_tokens < remaining {
+            Finish::Paused
+        } else {
+            Finish::Length
+        };
+        Ok(GenOutput {
+            id: req.id,
+            tokens: exact.completion_token_ids,
+            logprobs: exact.logprobs,
+            versions: vec![version; n],
+            finish,
+        })
+    }
+
+    /// Generates every request, `concurrency` at a time, calling `on_finish` on this thread as
+    /// each completes. A request that fails comes back empty with `Finish::Failed` (its
+    /// trajectory fails; the rest go on); the first error of a call is printed once.
+    pub fn generate(
+        &self,
+        version: u64,
+        requests: Vec<GenRequest>,
+        mut on_finish: impl FnMut(GenOutput),
+    ) -> EngineStats {
+        let mut stats = EngineStats::default();
+        let mut errors = 0usize;
+        let queue = Mutex::new(requests.into_iter());
+        let (tx, rx) = mpsc::channel();
+        std::thread::scope(|s| {
+            for _ in 0..self.cfg.concurrency.max(1) {
+                let (tx, queue) = (tx.clone(), &queue);
+                s.spawn(move || loop {
+                    let next = queue.lock().ok().and_then(|mut q| q.next());
+                    let Some(req) = next else { break };
+                    let out = self.generate_one(&req, version);
+                    if tx.send((req, out)).is_err() {
+                        break;
+                    }
+                });
+            }
+            drop(tx);
+            for (req, out) in rx {
+                match out {
+                    Ok(out) => {
+                        stats.prefill_tokens += req.prompt.len() + req.resumed.len();
+                        stats.generated_tokens += out.tokens.len();
+                        on_finish(out)
+                    }
+                    Err(e) => {
+                        if errors == 0 {
+                            eprintln!("skein: remote engine: {e:#}");
+                        }
+                        errors += 1;
+                        on_finish(GenOutput {
+                            id: req.id,
+                            tokens: Vec::new(),
+                            logprobs: Vec::new(),
+                            versions: Vec::new(),
+                            finish: Finish::Failed,
+                        });
+                    }
+                }
+            }
+        });
+        stats.failed = errors;
+        stats
+    }
+
+    /// Asks the server to load the weights in `dir`; returns the server's new version.
+    pub fn reload(&self, dir: &Path) -> Result<u64> {
+        let path = dir
+            .canonicalize()
+            .with_context(|| format!("publishing weights: {}", dir.display()))?;
+        let resp = self.post(
+            &self.cfg.reload_path,
+            &json!({"path": path.display().to_string()}),
+        )?;
+        resp.get("version")
+            .and_then(Value::as_u64)
+            .ok_or_else(|| anyhow!("the reload answer has no `version`: {resp}"))
+    }
+}

@@ -1,0 +1,191 @@
+//! The remote rollout engine for real: a `skein serve` subprocess on loopback generates every
+//! rollout from token ids, and the trainer gives it the policy's weights after each step. At
+//! the end the server's greedy answer equals the trained checkpoint's, so the weights it
+//! generated with really were the trainer's.
+
+use serde_json::{json, Value};
+use skein::engine::{Engine, GenRequest, SamplingParams};
+use skein::model::Model;
+use skein::trainer::run::train;
+use skein::trainer::TrainConfig;
+use skein_text::Tokenizer;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Server {
+    fn start(model: &Path) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_skein"))
+            .args(["serve", "--port", "0", "--model"])
+            .arg(model)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("skein runs");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(url) = line.strip_prefix("skein serve: listening on ") {
+                    let _ = tx.send(url.to_string());
+                }
+            }
+        });
+        let url = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("skein serve prints its address");
+        Server { child, url }
+    }
+
+    fn post(&self, path: &str, body: &Value) -> Value {
+        let text = match ureq::post(&format!("{}{path}", self.url))
+            .set("Content-Type", "application/json")
+            .send_string(&body.to_string())
+        {
+            Ok(r) => r.into_string().unwrap(),
+            Err(ureq::Error::Status(code, r)) => panic!("{code}: {}", r.into_string().unwrap()),
+            Err(e) => panic!("{e}"),
+        };
+        serde_json::from_str(&text).unwrap()
+    }
+
+    fn version(&self) -> u64 {
+        let text = ureq::get(&format!("{}/health", self.url))
+            .call()
+            .unwrap()
+            .into_string()
+            .unwrap();
+        serde_json::from_str::<Value>(&text).unwrap()["version"]
+            .as_u64()
+            .unwrap()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("skein-remote-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn base_config(task: &str, dir: &Path) -> TrainConfig {
+    let mut cfg: TrainConfig = skein_config::load(None, "test", &[]).unwrap();
+    cfg.run.dir = dir.display().to_string();
+    cfg.task.name = task.into();
+    cfg.trainer.steps = 3;
+    cfg.rollout.prompts_per_step = 8;
+    cfg.rollout.samples_per_prompt = 4;
+    cfg.sft.steps = 0;
+    cfg.eval.problems = 16;
+    cfg.eval.every = 0;
+    cfg
+}
+
+/// A from-scratch model directory for `task`, with the tokenizer the trainer would build.
+fn initial_model(task: &str) -> PathBuf {
+    let dir = temp_dir(&format!("{task}-init"));
+    let mut cfg = base_config(task, &dir);
+    cfg.trainer.steps = 1;
+    cfg.rollout.prompts_per_step = 1;
+    cfg.rollout.samples_per_prompt = 2;
+    train(&cfg).expect("initial run");
+    dir.join("checkpoint")
+}
+
+fn steps(dir: &Path) -> Vec<Value> {
+    std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|m| m.get("reward/mean").is_some())
+        .collect()
+}
+
+#[test]
+fn a_remote_engine_generates_with_the_weights_the_trainer_publishes() {
+    let init = initial_model("arithmetic");
+    let server = Server::start(&init);
+    let dir = temp_dir("arithmetic-run");
+    let mut cfg = base_config("arithmetic", &dir);
+    cfg.model.path = init.display().to_string();
+    cfg.sft.steps = 10;
+    cfg.rollout.engine = "remote".into();
+    cfg.rollout.remote.url = server.url.clone();
+    train(&cfg).expect("training with a remote engine");
+
+    let steps = steps(&dir);
+    assert_eq!(steps.len(), 3);
+    for m in &steps {
+        assert_eq!(m["rollout/engine_failed"].as_f64(), Some(0.0), "{m}");
+        assert_eq!(m["batch/rows"].as_f64(), Some(32.0));
+        assert!(m["tokens/generated"].as_f64().unwrap() > 0.0);
+    }
+    // Published once before the first rollout, then after each of the 3 steps.
+    assert_eq!(server.version(), 4);
+
+    // The server now holds the trained weights: its greedy completion of a prompt is the
+    // trained checkpoint's.
+    let ckpt = dir.join("checkpoint");
+    let tokenizer = Tokenizer::from_dir(&ckpt).unwrap();
+    let policy = Model::load_dir(&ckpt, tch::Device::Cpu).unwrap();
+    let prompt = tokenizer.encode("12+7=", false).unwrap();
+    let resp = server.post(
+        "/v1/completions",
+        &json!({"prompt": prompt, "max_tokens": 6, "temperature": 0.0}),
+    );
+    let remote: Vec<u32> =
+        serde_json::from_value(resp["choices"][0]["skein"]["completion_token_ids"].clone())
+            .unwrap();
+    let mut local = Vec::new();
+    Engine::new(1).generate(
+        &policy,
+        0,
+        vec![GenRequest {
+            id: 0,
+            prompt,
+            resumed: Vec::new(),
+            params: SamplingParams {
+                temperature: 0.0,
+                max_new_tokens: 6,
+                stop_token_ids: tokenizer.eos_token_ids().to_vec(),
+                ..Default::default()
+            },
+            budget: None,
+        }],
+        |o| local = o.tokens,
+    );
+    assert_eq!(remote, local);
+}
+
+/// The agent loop's model calls go to the remote engine too.
+#[test]
+fn multi_turn_episodes_run_on_a_remote_engine() {
+    let init = initial_model("guess");
+    let server = Server::start(&init);
+    let dir = temp_dir("guess-run");
+    let mut cfg = base_config("guess", &dir);
+    cfg.model.path = init.display().to_string();
+    cfg.trainer.steps = 2;
+    cfg.rollout.engine = "remote".into();
+    cfg.rollout.remote.url = server.url.clone();
+    train(&cfg).expect("multi-turn training with a remote engine");
+    let steps = steps(&dir);
+    assert_eq!(steps.len(), 2);
+    for m in &steps {
+        assert_eq!(m["batch/failed_trajectories"].as_f64(), Some(0.0), "{m}");
+        assert!(m["agent/turns_mean"].as_f64().unwrap() > 1.0);
+    }
+    assert_eq!(server.version(), 3);
+}
