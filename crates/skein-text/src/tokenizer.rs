@@ -37,6 +37,7 @@ const TEMPLATE_CHARS: &str = "\nsystemuserassistanttool";
 
 /// A tokenizer plus the special-token facts skein needs (stop ids, padding) and the chat
 /// template, loaded once from a model directory.
+#[derive(Clone)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     /// tokenizer_config.json as read (or built), written back unchanged by `save_dir`.

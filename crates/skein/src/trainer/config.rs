@@ -363,6 +363,11 @@ impl Default for EvalConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AgentConfig {
+    /// `builtin`: multi-turn tasks run in this process (`task.name = "guess"` or
+    /// `"calculator"`). `external`: the policy is served over an OpenAI-compatible API and
+    /// external agents take the task's problems at `GET /tasks/next`, call the model through
+    /// each rollout's own URL and post its reward; the trainer learns from what they recorded.
+    pub kind: String,
     /// Messages an episode may take before it is cut off (0: the task's own limit).
     pub max_turns: usize,
     /// Most tokens of an episode, first prompt and inserted replies included (0: the model's
@@ -371,14 +376,34 @@ pub struct AgentConfig {
     /// Longest an environment may take to answer one message, in seconds; past it that
     /// episode fails (counted as `agent/env_timeouts`) and the others go on.
     pub env_timeout_s: f64,
+    /// External agents: the address the policy is served on (port 0: any free port; the URL
+    /// is printed).
+    pub listen: String,
+    /// External agents: required as `Authorization: Bearer …` on every route when set.
+    pub api_key: String,
+    /// External agents: the agent program and its arguments, started `workers` times; `{server}`
+    /// and `{api_key}` in them are replaced (also given as SKEIN_SERVER and SKEIN_API_KEY), e.g.
+    /// [".venv/bin/python", "scripts/example_agent.py", "--server", "{server}"].
+    pub command: Vec<String>,
+    /// External agents: processes of `command` to start (0: start them yourself).
+    pub workers: usize,
+    /// External agents: a rollout not closed this many seconds after its step handed it out
+    /// fails (counted as `agent/timed_out_rollouts`).
+    pub rollout_timeout_s: f64,
 }
 
 impl Default for AgentConfig {
     fn default() -> Self {
         AgentConfig {
+            kind: "builtin".into(),
             max_turns: 0,
             max_tokens: 0,
             env_timeout_s: 10.0,
+            listen: "127.0.0.1:0".into(),
+            api_key: String::new(),
+            command: Vec::new(),
+            workers: 0,
+            rollout_timeout_s: 300.0,
         }
     }
 }

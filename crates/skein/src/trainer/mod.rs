@@ -7,6 +7,7 @@ pub mod config;
 pub mod critic;
 pub mod dataset_task;
 pub mod eval;
+pub mod external;
 pub mod interrupt;
 pub mod loss;
 pub mod microbatch;

@@ -149,6 +149,13 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
         dir.display()
     );
 
+    // External agents get the task's problems over HTTP and call this policy.
+    let mut external = match cfg.agent.kind.as_str() {
+        "external" => Some(super::external::ExternalAgents::start(
+            cfg, &tokenizer, &policy,
+        )?),
+        _ => None,
+    };
     let mut rng = TaskRng::new(resumed.as_ref().map_or(cfg.run.seed, |(_, s)| s.task_rng));
     let eval_seed = super::dataset_task::eval_seed(cfg.run.seed);
     let mut eval_rng = TaskRng::new(eval_seed);
@@ -300,8 +307,23 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
         let t0 = Instant::now();
         let version = opt.steps_done as u64;
         let mut agent_stats = None;
-        let rollouts = match (&task, &agent) {
-            (Some(task), _) => {
+        let mut external_stats = None;
+        let rollouts = match (&task, &agent, &mut external, &engine) {
+            (Some(task), _, Some(ext), Generator::Local(local)) => {
+                let (r, stats) = ext.step(
+                    local,
+                    &policy,
+                    version,
+                    task.as_ref(),
+                    &mut rng,
+                    step,
+                    cfg.rollout.prompts_per_step,
+                    cfg.rollout.samples_per_prompt,
+                )?;
+                external_stats = Some(stats);
+                r
+            }
+            (Some(task), _, None, _) => {
                 let mut next_prompt = || -> Result<_> {
                     let problem = task.sample(&mut rng);
                     let ids = tokenizer.encode(&problem.prompt, false)?;
@@ -318,7 +340,7 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
                 };
                 buffer.collect_step(&rollout, &iteration, &mut next_prompt)?
             }
-            (None, Some(a)) => {
+            (None, Some(a), _, _) => {
                 let (r, stats) = a.step(
                     &engine,
                     &policy,
@@ -333,7 +355,7 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
                 agent_stats = Some(stats);
                 r
             }
-            (None, None) => bail!("no task to roll out"),
+            _ => bail!("no task to roll out (external agents need rollout.engine = \"local\")"),
         };
         let t_rollout = t0.elapsed().as_secs_f64();
 
@@ -473,6 +495,10 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
                 "rollout/engine_failed".into(),
                 json!(rollouts.engine.failed),
             );
+        }
+        let n_rollouts = rollouts.trajectories.len();
+        for (k, v) in external_stats.iter().flat_map(|e| e.metrics(n_rollouts)) {
+            m.insert(k.into(), json!(v));
         }
         for (k, v) in agent_stats.iter().flat_map(|a| a.metrics()) {
             m.insert(k.into(), json!(v));

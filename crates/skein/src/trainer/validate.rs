@@ -196,6 +196,41 @@ fn validate_agent(cfg: &TrainConfig, v: &mut Validator) {
         "must be a finite number of seconds > 0",
         a.env_timeout_s,
     );
+    v.one_of("agent.kind", &a.kind, &["builtin", "external"]);
+    if a.kind == "external" {
+        v.check(
+            !is_multi_turn(cfg),
+            "agent.kind",
+            "`external` hands out a single-turn task's problems (arithmetic, reverse or \
+             data.train_files); the agents make the turns",
+            &cfg.task.name,
+        )
+        .check(
+            cfg.rollout.engine == "local",
+            "rollout.engine",
+            "must be `local` with external agents (they call the trainer's own engine)",
+            &cfg.rollout.engine,
+        )
+        .check(
+            !cfg.rollout.partial.enabled,
+            "rollout.partial.enabled",
+            "must be false with external agents",
+            true,
+        )
+        .check(
+            a.rollout_timeout_s > 0.0 && a.rollout_timeout_s.is_finite(),
+            "agent.rollout_timeout_s",
+            "must be a finite number of seconds > 0",
+            a.rollout_timeout_s,
+        )
+        .check(
+            a.workers == 0 || !a.command.is_empty(),
+            "agent.command",
+            "must name the agent program when agent.workers > 0, e.g. \
+             [\".venv/bin/python\", \"scripts/example_agent.py\", \"--server\", \"{server}\"]",
+            "[]",
+        );
+    }
     if is_multi_turn(cfg) {
         v.check(
             !cfg.rollout.partial.enabled,
