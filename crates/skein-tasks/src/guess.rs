@@ -115,8 +115,12 @@ impl AgentTask for Guess {
         })
     }
 
-    /// Binary search that guesses a random point of the middle half of the interval still
-    /// possible: it always narrows, usually wins within the turn limit, and is rarely optimal.
+    /// Binary search that guesses the midpoint of the interval still possible half the time
+    /// and a random point of its middle half otherwise: it always narrows, usually wins within
+    /// the turn limit, and is often not optimal. The midpoint gives the supervised policy a
+    /// clear mode, so greedy decoding is a binary search rather than a near-tie among the
+    /// middle half's numbers that tiny updates flip; sampling still explores the slower
+    /// guesses that RL learns to avoid.
     fn demonstration_turn(
         &self,
         _problem: &Problem,
@@ -143,6 +147,9 @@ impl AgentTask for Guess {
         if lo > hi {
             // Contradictory feedback (not from this environment): any guess in range will do.
             return lo.min(self.n() as i64).to_string();
+        }
+        if rng.below(2) == 0 {
+            return ((lo + hi) / 2).to_string();
         }
         let quarter = (hi - lo) / 4;
         rng.range(lo + quarter, hi - quarter).to_string()
