@@ -163,6 +163,7 @@ fn a_remote_engine_generates_with_the_weights_the_trainer_publishes() {
                 ..Default::default()
             },
             budget: None,
+            session: None,
         }],
         |o| local = o.tokens,
     );

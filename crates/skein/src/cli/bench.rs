@@ -155,6 +155,7 @@ fn time_decode(model: &Model, a: &BenchArgs) -> (f64, usize) {
                     ..Default::default()
                 },
                 budget: None,
+                session: None,
             })
             .collect()
     };

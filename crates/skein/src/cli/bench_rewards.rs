@@ -225,6 +225,7 @@ fn round(s: &Setup, exec: &Executor, n: usize, async_scoring: bool, seed: i64) -
                 resumed: Vec::new(),
                 params: s.params.clone(),
                 budget: None,
+                session: None,
             });
         }
     }

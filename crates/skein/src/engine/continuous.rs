@@ -17,6 +17,11 @@ pub struct GenRequest {
     pub params: SamplingParams,
     /// Most new tokens this call may add before pausing the request.
     pub budget: Option<usize>,
+    /// A conversation this request continues (a multi-turn episode). When it finishes, its
+    /// slot keeps the keys/values of its context; the session's next request, if its prompt
+    /// extends that context token for token, feeds only the new tokens instead of prefilling
+    /// everything again. Parked slots are given up whenever a new request needs one.
+    pub session: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +53,20 @@ struct Running {
     /// Position at which `last` is fed to the model (= context length before it).
     next_pos: i64,
     last: u32,
+    /// Prompt tokens still to feed after `last` before sampling (a reused session slot).
+    forced: VecDeque<u32>,
+}
+
+/// A finished session's slot: its context is in the cache up to `next_pos` (exclusive);
+/// `last`, the final sampled token, is not fed yet.
+struct Parked {
+    session: u64,
+    context: Vec<u32>,
+    next_pos: i64,
+    last: u32,
+    /// The finished request's engine id: requests are numbered as they arrive, so the
+    /// smallest is the longest idle, given up first.
+    since: u64,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -57,6 +76,8 @@ pub struct EngineStats {
     pub generated_tokens: usize,
     /// Requests a remote engine failed to generate.
     pub failed: usize,
+    /// Context tokens not prefilled again because a session's slot kept them.
+    pub reused_tokens: usize,
 }
 
 pub struct Engine {
@@ -137,6 +158,7 @@ impl Engine {
         let mut cache: Option<KvCache> = None;
         let mut pending: VecDeque<GenRequest> = VecDeque::new();
         let mut running: Vec<Option<Running>> = (0..slots).map(|_| None).collect();
+        let mut parked: Vec<Option<Parked>> = (0..slots).map(|_| None).collect();
         let mut closed = false;
 
         tch::no_grad(|| loop {
@@ -167,23 +189,37 @@ impl Engine {
                     model.vs.device(),
                 )
             });
-            let free: Vec<usize> = (0..slots).filter(|&s| running[s].is_none()).collect();
-            let mut admitted = Vec::new();
-            for slot in free {
-                match pending.pop_front() {
-                    Some(req) => admitted.push((slot, req)),
-                    None => break,
-                }
-            }
+            let admitted = admit(
+                &mut pending,
+                &mut running,
+                &mut parked,
+                capacity,
+                &mut stats,
+            );
             for bucket in length_buckets(admitted) {
-                stats.prefill_tokens +=
-                    self.prefill(model, cache, bucket, version, &mut running, &mut on_finish);
+                stats.prefill_tokens += self.prefill(
+                    model,
+                    cache,
+                    bucket,
+                    version,
+                    &mut running,
+                    &mut parked,
+                    &mut on_finish,
+                );
             }
             let active: Vec<usize> = (0..slots).filter(|&s| running[s].is_some()).collect();
             if active.is_empty() {
                 continue;
             }
-            self.decode(model, cache, &active, version, &mut running, &mut on_finish);
+            self.decode(
+                model,
+                cache,
+                &active,
+                version,
+                &mut running,
+                &mut parked,
+                &mut on_finish,
+            );
             stats.decode_steps += 1;
         });
         stats.generated_tokens = generated.get();
@@ -192,6 +228,7 @@ impl Engine {
 
     /// Runs the admitted requests' contexts through the model, stores their keys/values, and
     /// samples each one's first new token.
+    #[allow(clippy::too_many_arguments)]
     fn prefill(
         &self,
         model: &Model,
@@ -199,6 +236,7 @@ impl Engine {
         admitted: Vec<(usize, GenRequest)>,
         version: u64,
         running: &mut [Option<Running>],
+        parked: &mut [Option<Parked>],
         on_finish: &mut impl FnMut(GenOutput),
     ) -> usize {
         let device = model.vs.device();
@@ -257,6 +295,7 @@ impl Engine {
                 // `accept` advances this to `len`, the position of the first sampled token.
                 next_pos: len - 1,
                 last: 0,
+                forced: VecDeque::new(),
             })
             .collect();
         let slot_ids: Vec<usize> = slots.iter().map(|&s| s as usize).collect();
@@ -269,12 +308,14 @@ impl Engine {
             version,
             cache.capacity(),
             running,
+            parked,
             on_finish,
         );
         lens.iter().sum::<i64>() as usize
     }
 
     /// One decode step for every running sequence.
+    #[allow(clippy::too_many_arguments)]
     fn decode(
         &self,
         model: &Model,
@@ -282,6 +323,7 @@ impl Engine {
         active: &[usize],
         version: u64,
         running: &mut [Option<Running>],
+        parked: &mut [Option<Parked>],
         on_finish: &mut impl FnMut(GenOutput),
     ) {
         let device = model.vs.device();
@@ -312,17 +354,44 @@ impl Engine {
             },
         );
         let logits = model.net.logits(&hidden.squeeze_dim(1));
+        // Slots still feeding a reused session's new prompt tokens take the next one; the
+        // others sample.
+        let mut sampling_rows = Vec::with_capacity(active.len());
+        let mut sampling_slots = Vec::with_capacity(active.len());
+        for (row, &s) in active.iter().enumerate() {
+            let r = running[s].as_mut().expect("active slots are running");
+            match r.forced.pop_front() {
+                Some(tok) => {
+                    r.last = tok;
+                    r.next_pos += 1;
+                }
+                None => {
+                    sampling_rows.push(row as i64);
+                    sampling_slots.push(s);
+                }
+            }
+        }
+        if sampling_slots.is_empty() {
+            return;
+        }
+        let logits = if sampling_slots.len() == active.len() {
+            logits
+        } else {
+            logits.index_select(0, &Tensor::from_slice(&sampling_rows).to_device(device))
+        };
         self.accept(
             &logits,
-            active,
+            &sampling_slots,
             version,
             cache.capacity(),
             running,
+            parked,
             on_finish,
         );
     }
 
     /// Samples from `logits` (one row per slot in `slots`), appends, and retires finished ones.
+    #[allow(clippy::too_many_arguments)]
     fn accept(
         &self,
         logits: &Tensor,
@@ -330,6 +399,7 @@ impl Engine {
         version: u64,
         capacity: i64,
         running: &mut [Option<Running>],
+        parked: &mut [Option<Parked>],
         on_finish: &mut impl FnMut(GenOutput),
     ) {
         // Rows with equal sampling parameters are sampled together; in practice that is all.
@@ -372,11 +442,90 @@ impl Engine {
                 if let Some(f) = finish {
                     let mut done = running[slot].take().expect("slot is running");
                     done.out.finish = f;
+                    if let (Some(session), true) = (done.req.session, f != Finish::Paused) {
+                        let mut context = done.req.prompt;
+                        context.extend_from_slice(&done.req.resumed);
+                        context.extend_from_slice(&done.out.tokens);
+                        parked[slot] = Some(Parked {
+                            session,
+                            context,
+                            next_pos: done.next_pos,
+                            last: done.last,
+                            since: done.req.id,
+                        });
+                    }
                     on_finish(done.out);
                 }
             }
         }
     }
+}
+
+/// Places pending requests in slots, in order: a session's request whose prompt extends its
+/// parked slot's context continues in that slot (only the new tokens are fed, by decode steps);
+/// any other takes a free slot, or the oldest parked one. Returns the requests to prefill.
+fn admit(
+    pending: &mut VecDeque<GenRequest>,
+    running: &mut [Option<Running>],
+    parked: &mut [Option<Parked>],
+    capacity: i64,
+    stats: &mut EngineStats,
+) -> Vec<(usize, GenRequest)> {
+    let mut admitted: Vec<(usize, GenRequest)> = Vec::new();
+    let mut waiting = VecDeque::new();
+    while let Some(req) = pending.pop_front() {
+        let reuse = req.session.and_then(|session| {
+            parked
+                .iter()
+                .position(|p| p.as_ref().is_some_and(|p| p.session == session))
+        });
+        if let Some(slot) = reuse {
+            let p = parked[slot].take().expect("found above");
+            let total = req.prompt.len() + req.resumed.len();
+            let extends = req.resumed.is_empty()
+                && req.prompt.len() > p.context.len()
+                && req.prompt.starts_with(&p.context)
+                && (total + req.params.max_new_tokens) as i64 <= capacity;
+            if extends {
+                stats.reused_tokens += p.context.len();
+                running[slot] = Some(Running {
+                    out: GenOutput {
+                        id: req.id,
+                        tokens: Vec::new(),
+                        logprobs: Vec::new(),
+                        versions: Vec::new(),
+                        finish: Finish::Length,
+                    },
+                    forced: req.prompt[p.context.len()..].iter().copied().collect(),
+                    next_pos: p.next_pos,
+                    last: p.last,
+                    req,
+                });
+                continue;
+            }
+            // The conversation changed: its slot is free for anyone, this request included.
+        }
+        let taken = |s: usize| admitted.iter().any(|(t, _)| *t == s);
+        let free = (0..running.len())
+            .find(|&s| running[s].is_none() && parked[s].is_none() && !taken(s))
+            .or_else(|| {
+                (0..running.len())
+                    .filter(|&s| parked[s].is_some() && !taken(s))
+                    .min_by_key(|&s| parked[s].as_ref().map_or(0, |p| p.since))
+            });
+        match free {
+            Some(slot) => {
+                parked[slot] = None;
+                admitted.push((slot, req));
+            }
+            None => {
+                waiting.push_back(req);
+                waiting.extend(pending.drain(..));
+            }
+        }
+    }
+    *pending = waiting;
+    admitted
 }
 
 /// Admitted requests grouped by context length (shortest first; a bucket's longest context
@@ -451,6 +600,7 @@ mod tests {
                 resumed: vec![],
                 params: greedy(6),
                 budget: None,
+                session: None,
             })
             .collect();
         // Two slots for three requests: the third joins when the first slot frees up.
@@ -486,6 +636,7 @@ mod tests {
                 resumed: vec![],
                 params: greedy(8),
                 budget: None,
+                session: None,
             }],
         );
         let first = run(
@@ -497,6 +648,7 @@ mod tests {
                 resumed: vec![],
                 params: greedy(8),
                 budget: Some(3),
+                session: None,
             }],
         );
         assert_eq!(first[0].finish, Finish::Paused);
@@ -510,6 +662,7 @@ mod tests {
                 resumed: first[0].tokens.clone(),
                 params: greedy(8),
                 budget: None,
+                session: None,
             }],
         );
         let mut joined = first[0].tokens.clone();
@@ -526,6 +679,7 @@ mod tests {
             resumed: vec![],
             params: greedy(4),
             budget: None,
+            session: None,
         };
         let buckets = length_buckets(vec![
             (0, req(0, 40)),
@@ -551,6 +705,48 @@ mod tests {
         }
     }
 
+    /// A session's next turn continues in the slot that kept its context: only the inserted
+    /// tokens are fed, and the result equals prefilling the whole context afresh.
+    #[test]
+    fn a_session_continues_in_its_slot_like_a_fresh_prefill() {
+        let model = tiny();
+        let engine = Engine::new(4);
+        let (handle, mut queue) = crate::engine::channel();
+        let turn = |prompt: Vec<u32>, session| GenRequest {
+            id: 0,
+            prompt,
+            resumed: vec![],
+            params: greedy(5),
+            budget: None,
+            session,
+        };
+        let first_prompt = vec![1, 2, 3];
+        let (outs, stats) = std::thread::scope(|s| {
+            let h = handle.clone();
+            let fp = first_prompt.clone();
+            let episode = s.spawn(move || {
+                let a = h.generate_blocking(turn(fp.clone(), Some(9))).unwrap();
+                // Another request in between, to show the parked slot survives it.
+                let other = h.generate_blocking(turn(vec![7, 7], None)).unwrap();
+                let mut next = fp;
+                next.extend(&a.tokens);
+                next.extend([11, 12, 13]);
+                let b = h.generate_blocking(turn(next.clone(), Some(9))).unwrap();
+                (a, other, b, next)
+            });
+            drop(handle);
+            let (stats, _) = queue.run_phase(&engine, &model, 0, 64);
+            (episode.join().unwrap(), stats)
+        });
+        let (a, _, b, second_prompt) = outs;
+        assert_eq!(stats.reused_tokens, first_prompt.len() + a.tokens.len());
+        let fresh = run(&Engine::new(4), &model, vec![turn(second_prompt, None)]);
+        assert_eq!(b.tokens, fresh[0].tokens);
+        for (x, y) in b.logprobs.iter().zip(&fresh[0].logprobs) {
+            assert!((x - y).abs() < 1e-4, "{x} vs {y}");
+        }
+    }
+
     #[test]
     fn stop_token_ends_a_request_early() {
         let model = tiny();
@@ -563,6 +759,7 @@ mod tests {
                 resumed: vec![],
                 params: greedy(5),
                 budget: None,
+                session: None,
             }],
         );
         let stop = probe[0].tokens[1];
@@ -577,6 +774,7 @@ mod tests {
                 resumed: vec![],
                 params,
                 budget: None,
+                session: None,
             }],
         );
         assert_eq!(out[0].finish, Finish::Stop);

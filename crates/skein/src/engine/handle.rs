@@ -192,6 +192,7 @@ mod tests {
                 ..Default::default()
             },
             budget: None,
+            session: None,
         }
     }
 

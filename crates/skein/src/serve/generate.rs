@@ -139,6 +139,7 @@ pub async fn run(
             resumed: Vec::new(),
             params: params.clone(),
             budget: None,
+            session: None,
         })
     });
     let mut samples = Vec::with_capacity(n);

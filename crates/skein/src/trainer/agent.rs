@@ -27,6 +27,9 @@ pub struct AgentLimits {
     pub max_tokens: usize,
     /// Longest an environment may take to answer one message.
     pub env_timeout: Duration,
+    /// Keep each episode's keys/values in its engine slot between turns (else every turn
+    /// prefills the whole context again).
+    pub reuse_prefix: bool,
 }
 
 /// How environment messages become the text inserted between turns.
@@ -163,9 +166,10 @@ impl AgentContext<'_> {
         specs: Vec<EpisodeSpec>,
     ) -> AgentRollouts {
         let play_all = |caller: Caller| {
-            let runs = specs.into_iter().map(|spec| {
+            // Each episode is a session of the engine: its slot keeps the context between turns.
+            let runs = specs.into_iter().enumerate().map(|(i, spec)| {
                 let c = caller.clone();
-                async move { self.episode(c, spec).await }
+                async move { self.episode(c, spec, i as u64).await }
             });
             let all = runtime.block_on(futures_util::future::join_all(runs));
             drop(caller);
@@ -206,12 +210,12 @@ impl AgentContext<'_> {
         }
     }
 
-    async fn episode(&self, handle: Caller, spec: EpisodeSpec) -> Episode {
+    async fn episode(&self, handle: Caller, spec: EpisodeSpec, session: u64) -> Episode {
         let mut run = EpisodeRun {
             transitions: Vec::new(),
             transcript: Vec::new(),
         };
-        let outcome = self.play(&handle, &spec.problem, &mut run).await;
+        let outcome = self.play(&handle, &spec.problem, session, &mut run).await;
         let (reward, correct, status, cutoff) = match outcome {
             Ok(Outcome::Done(score)) => (score.reward, score.correct, Status::Finished, None),
             Ok(Outcome::Cut(c)) => (0.0, false, Status::Truncated, Some(c)),
@@ -236,6 +240,7 @@ impl AgentContext<'_> {
         &self,
         handle: &Caller,
         problem: &Problem,
+        session: u64,
         run: &mut EpisodeRun,
     ) -> std::result::Result<Outcome, (Cutoff, String)> {
         let other = |e: anyhow::Error| (Cutoff::Other, format!("{e:#}"));
@@ -257,6 +262,7 @@ impl AgentContext<'_> {
                     ..self.params.clone()
                 },
                 budget: None,
+                session: self.limits.reuse_prefix.then_some(session),
             };
             let out = handle.generate(req).await.map_err(|e| (Cutoff::Other, e))?;
             let n = out.tokens.len();
@@ -440,6 +446,7 @@ mod tests {
             max_turns: 6,
             max_tokens: 200,
             env_timeout: Duration::from_secs(5),
+            reuse_prefix: true,
         }
     }
 

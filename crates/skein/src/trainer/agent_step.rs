@@ -61,6 +61,7 @@ impl AgentWork {
             },
             max_tokens,
             env_timeout: Duration::from_secs_f64(a.env_timeout_s),
+            reuse_prefix: a.reuse_prefix,
         };
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)

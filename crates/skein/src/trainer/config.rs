@@ -376,6 +376,9 @@ pub struct AgentConfig {
     /// Longest an environment may take to answer one message, in seconds; past it that
     /// episode fails (counted as `agent/env_timeouts`) and the others go on.
     pub env_timeout_s: f64,
+    /// Keep each episode's keys/values in its engine slot between turns, so a turn feeds only
+    /// the inserted tokens (false: prefill the whole context every turn, to compare).
+    pub reuse_prefix: bool,
     /// External agents: the address the policy is served on (port 0: any free port; the URL
     /// is printed).
     pub listen: String,
@@ -399,6 +402,7 @@ impl Default for AgentConfig {
             max_turns: 0,
             max_tokens: 0,
             env_timeout_s: 10.0,
+            reuse_prefix: true,
             listen: "127.0.0.1:0".into(),
             api_key: String::new(),
             command: Vec::new(),

@@ -224,6 +224,7 @@ impl RolloutBuffer {
                         resumed: Vec::new(),
                         params: params.clone(),
                         budget: cfg.token_budget,
+                        session: None,
                     });
                 }
                 self.groups.push(Group {
@@ -342,6 +343,7 @@ impl RolloutBuffer {
                         } else {
                             cfg.token_budget
                         },
+                        session: None,
                     });
                 }
             }

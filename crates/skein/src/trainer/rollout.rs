@@ -47,6 +47,7 @@ pub fn collect(
                 resumed: Vec::new(),
                 params: params.clone(),
                 budget: None,
+                session: None,
             });
         }
     }

@@ -503,6 +503,16 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
         for (k, v) in agent_stats.iter().flat_map(|a| a.metrics()) {
             m.insert(k.into(), json!(v));
         }
+        if agent_stats.is_some() {
+            m.insert(
+                "agent/prefill_tokens".into(),
+                json!(rollouts.engine.prefill_tokens),
+            );
+            m.insert(
+                "agent/reused_prefix_tokens".into(),
+                json!(rollouts.engine.reused_tokens),
+            );
+        }
         if critic.is_some() {
             m.insert("loss/value".into(), json!(value_loss));
         }
