@@ -17,6 +17,7 @@ pub use overrides::{apply_override, Override};
 pub use validate::{ensure, Validator};
 
 use serde::de::DeserializeOwned;
+use serde::Serialize;
 use toml::{Table, Value};
 
 /// Parses `base_toml` (the text of the file called `source_name`; None: all defaults),
@@ -29,12 +30,37 @@ pub fn load<T: DeserializeOwned>(
     source_name: &str,
     overrides: &[String],
 ) -> Result<T, ConfigError> {
-    let mut table: Table = match base_toml {
-        Some(text) => text
-            .parse()
-            .map_err(|e| ConfigError::new(describe::syntax_error(source_name, text, &e)))?,
-        None => Table::new(),
+    load_onto(Table::new(), base_toml, source_name, overrides)
+}
+
+/// [`load`] on top of `T::default()` written out: a table the file or an override names only
+/// in part keeps the defaults of its parent for the rest (e.g. `--set
+/// rollout.sampling.temperature=0.7` keeps the rollout's own `max_new_tokens`, not the
+/// sampling struct's).
+pub fn load_with_defaults<T: DeserializeOwned + Serialize + Default>(
+    base_toml: Option<&str>,
+    source_name: &str,
+    overrides: &[String],
+) -> Result<T, ConfigError> {
+    let defaults = match Value::try_from(T::default()) {
+        Ok(Value::Table(t)) => t,
+        _ => Table::new(),
     };
+    load_onto(defaults, base_toml, source_name, overrides)
+}
+
+fn load_onto<T: DeserializeOwned>(
+    mut table: Table,
+    base_toml: Option<&str>,
+    source_name: &str,
+    overrides: &[String],
+) -> Result<T, ConfigError> {
+    if let Some(text) = base_toml {
+        let file: Table = text
+            .parse()
+            .map_err(|e| ConfigError::new(describe::syntax_error(source_name, text, &e)))?;
+        merge(&mut table, file);
+    }
     let overrides = overrides
         .iter()
         .map(|o| Override::parse(o).map(|p| (o.as_str(), p)))
@@ -59,6 +85,18 @@ pub fn load<T: DeserializeOwned>(
             None => format!("{source_name}: {message}"),
         })
     })
+}
+
+/// Writes `over` into `base`: tables merge key by key, any other value replaces.
+fn merge(base: &mut Table, over: Table) {
+    for (key, value) in over {
+        match (base.get_mut(&key), value) {
+            (Some(Value::Table(b)), Value::Table(o)) => merge(b, o),
+            (_, value) => {
+                base.insert(key, value);
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -308,3 +308,58 @@ fn check_docs_finds_undocumented_and_stale_keys() {
         ["seed", "trainer.lr", "trainer.warmup_steps"]
     );
 }
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+struct NestedSampling {
+    temperature: f64,
+    max_new_tokens: usize,
+}
+
+impl Default for NestedSampling {
+    fn default() -> Self {
+        NestedSampling {
+            temperature: 1.0,
+            max_new_tokens: 64,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+struct NestedRollout {
+    sampling: NestedSampling,
+}
+
+impl Default for NestedRollout {
+    fn default() -> Self {
+        NestedRollout {
+            sampling: NestedSampling {
+                temperature: 1.0,
+                max_new_tokens: 8,
+            },
+        }
+    }
+}
+
+/// A table set only in part keeps its parent's defaults for the rest (the parent sets
+/// `max_new_tokens = 8`, the nested struct's own default is 64).
+#[test]
+fn a_partly_set_table_keeps_the_parents_defaults() {
+    let sets = vec!["sampling.temperature=0.5".to_string()];
+    let r: NestedRollout = load_with_defaults(None, "x", &sets).unwrap();
+    assert_eq!(
+        (r.sampling.temperature, r.sampling.max_new_tokens),
+        (0.5, 8)
+    );
+    let r: NestedRollout =
+        load_with_defaults(Some("[sampling]\ntemperature = 0.5\n"), "x", &[]).unwrap();
+    assert_eq!(r.sampling.max_new_tokens, 8);
+    // Plain `load` starts from nothing: the nested struct's own default.
+    let r: NestedRollout = load(None, "x", &sets).unwrap();
+    assert_eq!(r.sampling.max_new_tokens, 64);
+    let e = load_with_defaults::<NestedRollout>(None, "x", &["sampling.nope=1".to_string()])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("nope"), "{e}");
+}

@@ -48,7 +48,11 @@ fn base_config(a: &PartialBenchArgs) -> Result<TrainConfig> {
         "eval.every=0".into(),
     ];
     sets.extend(a.overrides.iter().cloned());
-    Ok(skein_config::load(None, "skein bench-partial", &sets)?)
+    Ok(skein_config::load_with_defaults(
+        None,
+        "skein bench-partial",
+        &sets,
+    )?)
 }
 
 struct RunFigures {

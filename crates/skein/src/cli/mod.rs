@@ -182,7 +182,11 @@ fn load_config(
         None => None,
     };
     let source = path.map_or_else(|| "defaults".into(), |p| p.display().to_string());
-    Ok(skein_config::load(text.as_deref(), &source, overrides)?)
+    Ok(skein_config::load_with_defaults(
+        text.as_deref(),
+        &source,
+        overrides,
+    )?)
 }
 
 /// `s` as a TOML string literal, for an override value.
