@@ -41,7 +41,7 @@ fn step_metrics(dir: &std::path::Path) -> Vec<Value> {
 #[test]
 fn the_calculator_task_trains_with_tool_calls() {
     let mut cfg = config("calculator", 80);
-    cfg.rollout.sampling.max_new_tokens = 64;
+    cfg.rollout.sampling.max_new_tokens = 96;
     // Enough capacity and warm-up to copy the tool-call format from the demonstrations.
     cfg.model.hidden_size = 128;
     cfg.model.num_heads = 4;

@@ -173,9 +173,17 @@ pub fn validate(cfg: &TrainConfig) -> Result<()> {
     Ok(v.finish()?)
 }
 
+fn multi_turn_task(
+    cfg: &TrainConfig,
+) -> Option<Result<Box<dyn skein_tasks::AgentTask>, skein_tasks::TaskError>> {
+    if !cfg.data.train_files.is_empty() {
+        return None;
+    }
+    skein_tasks::agent_task_by_name(&cfg.task.name, cfg.task.difficulty)
+}
+
 fn is_multi_turn(cfg: &TrainConfig) -> bool {
-    cfg.data.train_files.is_empty()
-        && skein_tasks::agent_task_by_name(&cfg.task.name, cfg.task.difficulty).is_some()
+    multi_turn_task(cfg).is_some()
 }
 
 /// Positions a from-scratch model gets at least (more for multi-turn episodes).
@@ -229,6 +237,20 @@ fn validate_agent(cfg: &TrainConfig, v: &mut Validator) {
             "must name the agent program when agent.workers > 0, e.g. \
              [\".venv/bin/python\", \"scripts/example_agent.py\", \"--server\", \"{server}\"]",
             "[]",
+        );
+    }
+    if let Some(Ok(task)) = multi_turn_task(cfg) {
+        // A demonstrated message and its stop token must fit in one turn's new tokens.
+        let need = task.max_message_chars() + 1;
+        v.check(
+            cfg.rollout.sampling.max_new_tokens >= need || !cfg.model.path.is_empty(),
+            "rollout.sampling.max_new_tokens",
+            &format!(
+                "must be at least {need} for task `{}` (its longest message plus the stop token), \
+                 or a message is cut off mid-way",
+                task.name()
+            ),
+            cfg.rollout.sampling.max_new_tokens,
         );
     }
     if is_multi_turn(cfg) {
