@@ -7,5 +7,5 @@ pub mod plot;
 pub mod progress;
 
 pub use metrics::{read_metrics, MetricsLog, Record};
-pub use plot::{plot_metrics, plot_run_dir, DEFAULT_PANELS};
+pub use plot::{compare_runs, plot_metrics, plot_run_dir, COMPARE_PANELS, DEFAULT_PANELS};
 pub use progress::StepProgress;

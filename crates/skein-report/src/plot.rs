@@ -177,11 +177,17 @@ fn draw_panel(
     let (x_step, y_step) = (tick_step(x1 - x0, 6), tick_step(y1 - y0, 6));
     let caption = match panel {
         [only] => format!("{}  (last {})", only.key, last(only)),
-        _ => panel
-            .iter()
-            .map(|s| s.key.as_str())
-            .collect::<Vec<_>>()
-            .join(", "),
+        // Several runs' lines of one metric (`key (run)`) are captioned once, by the metric.
+        _ => {
+            let mut names: Vec<&str> = Vec::new();
+            for s in panel {
+                let metric = s.key.split(" (").next().unwrap_or(&s.key);
+                if !names.contains(&metric) {
+                    names.push(metric);
+                }
+            }
+            names.join(", ")
+        }
     };
     let mut chart = ChartBuilder::on(area)
         .caption(caption, (FONT, 16).into_font().color(&BLACK))
@@ -304,10 +310,78 @@ pub fn plot_run_dir(dir: &Path, keys: Option<&[&str]>) -> Result<PathBuf> {
     Ok(out)
 }
 
+/// Panels `compare_runs` draws when given none.
+pub const COMPARE_PANELS: &[&str] = &["reward/mean", "eval/accuracy", "time/step_s"];
+
+/// Overlays several runs: one panel per metric in `keys`, one line per run (named by its
+/// directory), written to `out_png`. Records are matched by step; a run without a metric
+/// simply has no line in that panel.
+pub fn compare_runs(dirs: &[PathBuf], keys: &[&str], out_png: &Path) -> Result<()> {
+    let mut by_step: std::collections::BTreeMap<i64, Record> = Default::default();
+    let mut names = Vec::with_capacity(dirs.len());
+    for dir in dirs {
+        let name = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| dir.display().to_string());
+        for r in read_metrics(&dir.join("metrics.jsonl"))? {
+            let Some(step) = r.get("step").and_then(|v| v.as_i64()) else {
+                continue;
+            };
+            for key in keys {
+                if let Some(v) = r.get(*key) {
+                    let merged = by_step.entry(step).or_default();
+                    merged.insert("step".into(), step.into());
+                    merged.insert(format!("{key} ({name})"), v.clone());
+                }
+            }
+        }
+        names.push(name);
+    }
+    let records: Vec<Record> = by_step.into_values().collect();
+    let panels: Vec<String> = keys
+        .iter()
+        .map(|k| {
+            names
+                .iter()
+                .map(|n| format!("{k} ({n})"))
+                .collect::<Vec<_>>()
+                .join("|")
+        })
+        .collect();
+    let panels: Vec<&str> = panels.iter().map(String::as_str).collect();
+    let title = format!("{} runs: {}", names.len(), names.join(", "));
+    plot_metrics(&records, &panels, "step", &title, out_png)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::{json, Value};
+
+    /// Two runs overlaid: each run's metric becomes its own line of the panel.
+    #[test]
+    fn compare_runs_overlays_each_run() {
+        let base = std::env::temp_dir().join(format!("skein-compare-{}", std::process::id()));
+        let mut dirs = Vec::new();
+        for (name, scale) in [("a", 1.0), ("b", 2.0)] {
+            let dir = base.join(name);
+            std::fs::create_dir_all(&dir).unwrap();
+            let lines: Vec<String> = (1..=5)
+                .map(|s| json!({"step": s, "reward/mean": scale * s as f64}).to_string())
+                .collect();
+            std::fs::write(dir.join("metrics.jsonl"), lines.join("\n")).unwrap();
+            dirs.push(dir);
+        }
+        let out = base.join("compare.png");
+        compare_runs(&dirs, &["reward/mean", "absent"], &out).unwrap();
+        let (w, h, _) = decode(&out);
+        assert!(w > 0 && h > 0);
+        let e = compare_runs(&dirs, &["absent"], &out)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("absent"), "{e}");
+    }
 
     fn rec(v: Value) -> Record {
         match v {

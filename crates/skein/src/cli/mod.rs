@@ -60,8 +60,19 @@ enum Command {
     /// Supervised fine-tuning on chat JSONL with assistant-only loss; writes a model directory
     /// to warm-start RL from (`model.path`).
     Sft(sft::SftArgs),
-    /// Draw RUN_DIR/plot.png from RUN_DIR/metrics.jsonl.
-    Plot { run_dir: PathBuf },
+    /// Draw RUN_DIR/plot.png from RUN_DIR/metrics.jsonl, or overlay several runs in one PNG.
+    Plot {
+        /// One run directory, or several to overlay in one PNG (e.g. dp 1 against dp 2).
+        #[arg(required = true)]
+        run_dirs: Vec<PathBuf>,
+        /// Metrics to draw, one panel each (several runs; default: reward/mean,
+        /// eval/accuracy, time/step_s).
+        #[arg(long, value_delimiter = ',')]
+        keys: Vec<String>,
+        /// Where the overlay goes (several runs).
+        #[arg(long, default_value = "compare.png")]
+        out: PathBuf,
+    },
     /// Serve the sources of a `[reward]` config (e.g. a reward model) over HTTP, for a
     /// trainer's `kind = "remote"` source.
     ServeReward(serve_reward::ServeRewardArgs),
@@ -86,9 +97,11 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => serve::run(&args),
         Command::Eval(args) => eval::run(&args),
         Command::Sft(args) => sft::run(&args),
-        Command::Plot { run_dir } => {
-            skein_report::plot_run_dir(&run_dir, None).map(|p| println!("{}", p.display()))
-        }
+        Command::Plot {
+            run_dirs,
+            keys,
+            out,
+        } => plot(&run_dirs, &keys, &out),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -192,4 +205,23 @@ fn load_config(
 /// `s` as a TOML string literal, for an override value.
 fn toml_string(s: &str) -> String {
     format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+/// `skein plot`: a run's own plot.png, or several runs overlaid in one PNG.
+fn plot(run_dirs: &[PathBuf], keys: &[String], out: &std::path::Path) -> Result<()> {
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    if let [dir] = run_dirs {
+        let custom = (!keys.is_empty()).then_some(keys.as_slice());
+        let png = skein_report::plot_run_dir(dir, custom)?;
+        println!("{}", png.display());
+        return Ok(());
+    }
+    let keys = if keys.is_empty() {
+        skein_report::COMPARE_PANELS.to_vec()
+    } else {
+        keys
+    };
+    skein_report::compare_runs(run_dirs, &keys, out)?;
+    println!("{}", out.display());
+    Ok(())
 }
