@@ -2,7 +2,8 @@
 //! episodes for SFT, episodes with environment replies and tool calls, the PPO update on
 //! merged token-exact rows), and their metrics say what the episodes did.
 
-use serde_json::Value;
+mod common;
+use common::step_metrics;
 use skein::trainer::run::train;
 use skein::trainer::TrainConfig;
 
@@ -27,15 +28,6 @@ fn config(task: &str, sft_steps: usize) -> TrainConfig {
     cfg.model.num_kv_heads = 1;
     cfg.model.intermediate_size = 128;
     cfg
-}
-
-fn step_metrics(dir: &std::path::Path) -> Vec<Value> {
-    std::fs::read_to_string(dir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .filter(|m| m.get("reward/mean").is_some())
-        .collect()
 }
 
 #[test]

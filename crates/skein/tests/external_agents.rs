@@ -2,20 +2,11 @@
 //! (the official `openai` client) take each step's tasks, make their calls through the rollout
 //! URLs and post rewards, and the trainer learns from the recorded token ids.
 
-use serde_json::Value;
+mod common;
+
+use common::{python_with_openai, step_metrics};
 use skein::trainer::run::train;
 use skein::trainer::TrainConfig;
-
-/// The Python interpreter that has the `openai` package, if any.
-fn python_with_openai() -> Option<String> {
-    let venv = concat!(env!("CARGO_MANIFEST_DIR"), "/../../.venv/bin/python");
-    [venv, "python3"].into_iter().map(String::from).find(|py| {
-        std::process::Command::new(py)
-            .args(["-c", "import openai"])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    })
-}
 
 #[test]
 fn the_example_agent_trains_the_policy_through_the_server() {
@@ -62,12 +53,7 @@ fn the_example_agent_trains_the_policy_through_the_server() {
     .map(String::from)
     .to_vec();
     let run = train(&cfg).expect("training with external agents");
-    let steps: Vec<Value> = std::fs::read_to_string(dir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .filter(|m| m.get("reward/mean").is_some())
-        .collect();
+    let steps = step_metrics(&dir);
     assert_eq!(steps.len(), 2);
     for m in &steps {
         // Every rollout came back: two calls each (question, then the tool's result), none

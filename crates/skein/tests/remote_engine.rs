@@ -3,6 +3,8 @@
 //! the end the server's greedy answer equals the trained checkpoint's, so the weights it
 //! generated with really were the trainer's.
 
+mod common;
+use common::step_metrics as steps;
 use serde_json::{json, Value};
 use skein::engine::{Engine, GenRequest, SamplingParams};
 use skein::model::Model;
@@ -102,15 +104,6 @@ fn initial_model(task: &str) -> PathBuf {
     cfg.rollout.samples_per_prompt = 2;
     train(&cfg).expect("initial run");
     dir.join("checkpoint")
-}
-
-fn steps(dir: &Path) -> Vec<Value> {
-    std::fs::read_to_string(dir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .filter(|m| m.get("reward/mean").is_some())
-        .collect()
 }
 
 #[test]

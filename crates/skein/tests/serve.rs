@@ -1,6 +1,8 @@
 //! `skein serve` for real: the binary as a subprocess (or the same server in-process, where the
 //! test needs the rollout store), a real engine and a real model, HTTP over loopback.
 
+mod common;
+use common::python_with_openai;
 use reqwest::{Client, StatusCode};
 use serde_json::{json, Value};
 use skein::engine::{self, Engine, SamplingParams};
@@ -705,18 +707,6 @@ fn a_thousand_concurrent_rollout_calls_are_all_recorded() {
     }
     assert_eq!(calls, N, "every call recorded");
     assert_eq!(server.store.pending_count(), 0);
-}
-
-/// The Python interpreter that has the `openai` package, if any.
-fn python_with_openai() -> Option<String> {
-    let venv = concat!(env!("CARGO_MANIFEST_DIR"), "/../../.venv/bin/python");
-    [venv, "python3"].into_iter().map(String::from).find(|py| {
-        Command::new(py)
-            .args(["-c", "import openai"])
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    })
 }
 
 /// The example agent (the official `openai` client) against `skein serve` with no arguments:

@@ -47,6 +47,19 @@ pub struct GenOutput {
     pub finish: Finish,
 }
 
+impl GenOutput {
+    /// No tokens yet (or none at all, for a request that failed).
+    pub fn empty(id: u64, finish: Finish) -> Self {
+        GenOutput {
+            id,
+            tokens: Vec::new(),
+            logprobs: Vec::new(),
+            versions: Vec::new(),
+            finish,
+        }
+    }
+}
+
 struct Running {
     req: GenRequest,
     out: GenOutput,
@@ -284,13 +297,7 @@ impl Engine {
             .into_iter()
             .zip(&lens)
             .map(|((_, req), &len)| Running {
-                out: GenOutput {
-                    id: req.id,
-                    tokens: Vec::new(),
-                    logprobs: Vec::new(),
-                    versions: Vec::new(),
-                    finish: Finish::Length,
-                },
+                out: GenOutput::empty(req.id, Finish::Length),
                 req,
                 // `accept` advances this to `len`, the position of the first sampled token.
                 next_pos: len - 1,
@@ -489,13 +496,7 @@ fn admit(
             if extends {
                 stats.reused_tokens += p.context.len();
                 running[slot] = Some(Running {
-                    out: GenOutput {
-                        id: req.id,
-                        tokens: Vec::new(),
-                        logprobs: Vec::new(),
-                        versions: Vec::new(),
-                        finish: Finish::Length,
-                    },
+                    out: GenOutput::empty(req.id, Finish::Length),
                     forced: req.prompt[p.context.len()..].iter().copied().collect(),
                     next_pos: p.next_pos,
                     last: p.last,

@@ -175,13 +175,7 @@ impl RemoteEngine {
                             eprintln!("skein: remote engine: {e:#}");
                         }
                         errors += 1;
-                        on_finish(GenOutput {
-                            id: req.id,
-                            tokens: Vec::new(),
-                            logprobs: Vec::new(),
-                            versions: Vec::new(),
-                            finish: Finish::Failed,
-                        });
+                        on_finish(GenOutput::empty(req.id, Finish::Failed));
                     }
                 }
             }

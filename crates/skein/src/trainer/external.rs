@@ -51,7 +51,8 @@ pub struct ExternalAgents {
     handle: EngineHandle,
     queue: EngineQueue,
     store: Arc<RolloutStore>,
-    server: serve::BackgroundServer,
+    /// Serves while the trainer lives; dropping it stops the server.
+    _server: serve::BackgroundServer,
     workers: Vec<Child>,
     timeout: Duration,
     capacity: i64,
@@ -88,15 +89,11 @@ impl ExternalAgents {
             handle,
             queue,
             store,
-            server,
+            _server: server,
             workers,
             timeout: Duration::from_secs_f64(a.rollout_timeout_s),
             capacity,
         })
-    }
-
-    pub fn url(&self) -> String {
-        format!("http://{}", self.server.addr())
     }
 
     /// One step: hands out `groups × samples` tasks, serves the agents' calls with the policy
@@ -144,8 +141,11 @@ impl ExternalAgents {
         let (engine_stats, _) = self.queue.run_phase(engine, policy, version, self.capacity);
         let _ = watcher.join();
 
-        let mut stats = ExternalStats::default();
         let mut recorded = self.store.take_closed();
+        let mut stats = ExternalStats {
+            agent_failures: recorded.iter().filter(|r| r.error.is_some()).count(),
+            ..ExternalStats::default()
+        };
         // Rollouts still open fail now (their agents' later calls find them gone).
         let why = format!(
             "not closed within {:.0}s (agent.rollout_timeout_s)",
@@ -176,9 +176,6 @@ impl ExternalAgents {
             rewards: RewardStats::default(),
         };
         for r in recorded {
-            if r.error.is_some() {
-                stats.agent_failures += 1;
-            }
             let (t, correct) = trajectory(r);
             stats.calls += t.transitions.len();
             if !t.is_failed() {
@@ -189,7 +186,6 @@ impl ExternalAgents {
             out.trajectories.push(t);
             out.correct.push(correct);
         }
-        stats.agent_failures -= stats.timeouts.min(stats.agent_failures);
         Ok((out, stats))
     }
 }
