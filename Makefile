@@ -1,5 +1,5 @@
 # The two commands of the README. Each installs libtorch first if it is missing.
-.PHONY: setup setup-reward-model setup-agent-client train test
+.PHONY: setup setup-reward-model setup-agent-client setup-mpi train test
 setup:
 	@./scripts/setup-libtorch.sh
 train: setup
@@ -10,5 +10,8 @@ setup-reward-model: setup
 # The serve tests run scripts/example_agent.py, which uses the official `openai` client.
 setup-agent-client: setup
 	@./scripts/setup-agent-client.sh
-test: setup setup-reward-model setup-agent-client
-	cargo test --workspace --release
+# The tests build the `mpi` feature and run two-process jobs with mpirun (Debian's OpenMPI).
+setup-mpi:
+	@./scripts/setup-mpi.sh
+test: setup setup-reward-model setup-agent-client setup-mpi
+	cargo test --workspace --release --features skein/mpi

@@ -21,7 +21,7 @@ use skein::model::{Model, ModelConfig};
 use skein::trainer::loss::{KlEstimator, LossConfig};
 use skein::trainer::microbatch::TrainRow;
 use skein::trainer::optim::{OptimConfig, Optimizer};
-use skein::trainer::ranks::Replicas;
+use skein::trainer::ranks::{Ranks, Replicas};
 use skein::trainer::step_batch::{build_step_batch, StepBatch, StepBatchConfig};
 use skein::trainer::update::{ppo_update, recompute_logprobs, UpdateConfig};
 use skein_plan::{AdvantageConfig, LossAggMode, Status, Trajectory, Transition, Unit};
@@ -217,7 +217,7 @@ fn step(base: &Model, trajs: &[Trajectory], case: Case) -> (Vec<f32>, Vec<usize>
         let _guard = BUILD.lock().unwrap_or_else(|e| e.into_inner());
         Replicas::new(&policy, case.dp).expect("replicas")
     };
-    assert_eq!(replicas.ranks(), case.dp);
+    assert_eq!(replicas.size(), case.dp);
     let mut opt = Optimizer::new(&policy.vs, &optim(), 2).expect("optimizer");
     let stats = ppo_update(
         &policy,

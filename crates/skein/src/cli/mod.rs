@@ -135,6 +135,10 @@ fn train(
         Some(_) => crate::trainer::run::resume(&cfg)?,
         None => crate::trainer::run::train(&cfg)?,
     };
+    if summary.rank > 0 {
+        // Another rank of an MPI job: rank 0 reports the run.
+        return Ok(());
+    }
     if summary.interrupted {
         println!(
             "interrupted after step {}: continue with `skein train --resume {}`",

@@ -18,7 +18,20 @@ impl ValueModel {
     /// A critic whose body starts from `init`'s weights (as PPO critics customarily do) and whose
     /// head starts at zero, so its first values are 0 rather than noise.
     pub fn from_policy(init: &Model, device: Device) -> Result<Self> {
-        let cfg: &ModelConfig = &init.net.config;
+        let critic = ValueModel::new(&init.net.config, device)?;
+        let src = init.vs.variables();
+        tch::no_grad(|| {
+            for (name, mut var) in critic.vs.variables() {
+                if let Some(t) = src.get(&name) {
+                    var.copy_(t);
+                }
+            }
+        });
+        Ok(critic)
+    }
+
+    /// A critic of the given shape with a random body and a zero head.
+    pub fn new(cfg: &ModelConfig, device: Device) -> Result<Self> {
         let vs = nn::VarStore::new(device);
         let net = Transformer::new(&vs.root(), cfg)?;
         let head = nn::linear(
@@ -31,14 +44,6 @@ impl ValueModel {
                 ..Default::default()
             },
         );
-        let src = init.vs.variables();
-        tch::no_grad(|| {
-            for (name, mut var) in vs.variables() {
-                if let Some(t) = src.get(&name) {
-                    var.copy_(t);
-                }
-            }
-        });
         Ok(ValueModel { vs, net, head })
     }
 

@@ -309,9 +309,12 @@ pub struct TrainerConfig {
     /// PPO mini-batches per step: one optimizer step each.
     pub num_mini_batches: usize,
     /// Data-parallel ranks a mini-batch is balanced over: each rank beyond the first holds a
-    /// copy of the policy and runs its rows on its own thread; gradients are summed into one
+    /// copy of the policy (and critic) and runs its rows; gradients are summed into one
     /// optimizer step.
     pub dp_size: usize,
+    /// Where ranks run: `threads` (of this process) or `mpi` (one process per rank, started by
+    /// `mpirun -np <dp_size>`; needs a build with `--features mpi`).
+    pub dp_backend: String,
     /// Most padded tokens per micro-batch (gradient accumulation beyond that).
     pub micro_batch_tokens: usize,
     /// What must stay in one mini-batch: `trajectory` or `group`.
@@ -333,6 +336,7 @@ impl Default for TrainerConfig {
             ppo_epochs: 1,
             num_mini_batches: 2,
             dp_size: 1,
+            dp_backend: "threads".into(),
             micro_batch_tokens: 8192,
             unit: "trajectory".into(),
             checkpoint_every: 0,

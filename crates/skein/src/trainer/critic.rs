@@ -3,8 +3,11 @@
 
 use super::microbatch::{micro_batches, response_values, MicroBatch, TrainRow};
 use super::optim::Optimizer;
+use super::ranks::{Job, PassKind, Ranks};
 use super::update::Plan;
 use crate::model::ValueModel;
+use anyhow::Result;
+use serde::{Deserialize, Serialize};
 use tch::Kind;
 
 /// Fills every row's `old_values`: V(s) at the position that predicts each response token.
@@ -61,41 +64,68 @@ pub fn apply_gae(rows: &mut [TrainRow], rewards: &[f64], gamma: f64, lambda: f64
     }
 }
 
-/// One pass of the clipped value loss over the planned mini-batches (one optimizer step each).
-/// Returns the mean value loss per optimizer step.
-pub fn critic_update(
+/// Settings of the clipped value loss update.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ValueLossConfig {
+    /// Values move at most this far from their rollout-time estimate before the loss clips.
+    pub clip: f64,
+    pub epochs: usize,
+    pub micro_batch_tokens: usize,
+}
+
+/// Epochs of the clipped value loss over the planned mini-batches (one optimizer step each),
+/// each mini-batch's rank lists run by `ranks` as the policy's are. Returns the mean value loss
+/// per optimizer step.
+pub fn critic_update<R: Ranks<ValueModel>>(
     critic: &ValueModel,
+    ranks: &mut R,
     opt: &mut Optimizer,
     rows: &[TrainRow],
     plan: &Plan,
-    clip: f64,
-    epochs: usize,
-    micro_batch_tokens: usize,
-) -> f64 {
+    cfg: &ValueLossConfig,
+) -> Result<f64> {
+    let pass = PassKind::Critic(cfg.clone());
+    ranks.begin(critic, &Job { rows, plan, pass })?;
     let mut total = 0.0;
     let mut steps = 0;
-    for _ in 0..epochs {
+    for _ in 0..cfg.epochs {
         for mini_batch in plan {
             opt.zero_grad();
-            for rank_rows in mini_batch {
-                for idx in micro_batches(rows, rank_rows, micro_batch_tokens) {
-                    let batch: Vec<&TrainRow> = idx.iter().map(|&i| &rows[i]).collect();
-                    let mb = MicroBatch::new(&batch, critic.vs.device());
-                    let t = mb.input.size()[1];
-                    let v = critic.values(&mb.input).narrow(1, 0, t - 1);
-                    let clipped = &mb.old_values + (&v - &mb.old_values).clamp(-clip, clip);
-                    let l1 = (&v - &mb.returns).pow_tensor_scalar(2);
-                    let l2 = (clipped - &mb.returns).pow_tensor_scalar(2);
-                    let loss = (l1.maximum(&l2) * 0.5 * &mb.weights).sum(Kind::Float);
-                    loss.backward();
-                    total += loss.double_value(&[]);
-                }
-            }
+            let out = ranks.run(critic, mini_batch, |model, rank_rows, _| {
+                critic_pass(model, rows, rank_rows, cfg)
+            })?;
+            total += out.loss;
             opt.step();
+            ranks.sync(critic)?;
             steps += 1;
         }
     }
-    total / steps.max(1) as f64
+    ranks.finish(critic)?;
+    Ok(total / steps.max(1) as f64)
+}
+
+/// One rank's share of a mini-batch of the value loss: forward and backward of its rows in
+/// token-bounded micro-batches. Returns the rank's loss.
+pub fn critic_pass(
+    critic: &ValueModel,
+    rows: &[TrainRow],
+    rank_rows: &[usize],
+    cfg: &ValueLossConfig,
+) -> f64 {
+    let mut total = 0.0;
+    for idx in micro_batches(rows, rank_rows, cfg.micro_batch_tokens) {
+        let batch: Vec<&TrainRow> = idx.iter().map(|&i| &rows[i]).collect();
+        let mb = MicroBatch::new(&batch, critic.vs.device());
+        let t = mb.input.size()[1];
+        let v = critic.values(&mb.input).narrow(1, 0, t - 1);
+        let clipped = &mb.old_values + (&v - &mb.old_values).clamp(-cfg.clip, cfg.clip);
+        let l1 = (&v - &mb.returns).pow_tensor_scalar(2);
+        let l2 = (clipped - &mb.returns).pow_tensor_scalar(2);
+        let loss = (l1.maximum(&l2) * 0.5 * &mb.weights).sum(Kind::Float);
+        loss.backward();
+        total += loss.double_value(&[]);
+    }
+    total
 }
 
 #[cfg(test)]
@@ -103,6 +133,7 @@ mod tests {
     use super::*;
     use crate::model::{Model, ModelConfig};
     use crate::trainer::optim::OptimConfig;
+    use crate::trainer::ranks::Replicas;
     use tch::Device;
 
     fn row(tokens: Vec<u32>, prompt_len: usize) -> TrainRow {
@@ -140,9 +171,14 @@ mod tests {
         for _ in 0..30 {
             compute_values(&critic, &mut rows, 1024);
             apply_gae(&mut rows, &[1.0, -1.0], 1.0, 1.0);
-            losses.push(critic_update(
-                &critic, &mut opt, &rows, &plan, 10.0, 1, 1024,
-            ));
+            let cfg = ValueLossConfig {
+                clip: 10.0,
+                epochs: 1,
+                micro_batch_tokens: 1024,
+            };
+            let mut one_rank = Replicas::new(&critic, 1).unwrap();
+            losses
+                .push(critic_update(&critic, &mut one_rank, &mut opt, &rows, &plan, &cfg).unwrap());
         }
         assert_eq!(rows[0].returns.len(), 3);
         assert!(

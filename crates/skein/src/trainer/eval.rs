@@ -7,7 +7,7 @@ use skein_reward::Rewarder;
 use skein_tasks::Task;
 use skein_text::Tokenizer;
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct EvalResult {
     pub accuracy: f64,
     pub mean_reward: f64,

@@ -14,7 +14,7 @@ pub enum KlEstimator {
     K3,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LossConfig {
     pub clip_low: f64,
     pub clip_high: f64,

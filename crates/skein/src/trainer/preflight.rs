@@ -25,7 +25,8 @@ pub fn estimate(cfg: &TrainConfig, model: &ModelConfig) -> Vec<Part> {
         bytes: 4.0 * params,
         lower: "the model size (`model.*`, or a smaller `model.path`)",
     }];
-    if cfg.trainer.dp_size > 1 {
+    // MPI ranks are other processes (often other machines): only thread ranks live here.
+    if cfg.trainer.dp_size > 1 && cfg.trainer.dp_backend == "threads" {
         parts.push(Part {
             what: "weights and gradients of the other data-parallel ranks",
             bytes: 2.0 * params * (cfg.trainer.dp_size - 1) as f64,

@@ -1,24 +1,83 @@
-//! Data-parallel ranks inside one process. Rank 0 is the policy itself, on the calling thread;
-//! each further rank owns a replica of it and runs its rows of a mini-batch on its own OS
-//! thread (a `Tensor` may move between threads but not be shared, so every thread holds its
-//! own model). When all ranks are done, their gradients are summed into rank 0, rank 0's
-//! optimizer takes the one step, and the new weights are copied to every replica.
+//! Data-parallel ranks. A backend ([`Ranks`]) runs every rank's rows of a planned mini-batch,
+//! sums the ranks' gradients into rank 0's model, and after rank 0's optimizer step gives every
+//! rank the new weights. Two backends: [`Replicas`], ranks as threads of this process (each
+//! holding its own copy of the model), and, with the `mpi` feature, ranks as MPI processes
+//! (`super::mpi`). The same code drives the policy and the critic ([`Replica`]).
 //!
 //! Why one optimizer and a copy rather than N optimizers stepping in lockstep: the copy is
 //! exact, so replicas are bit-identical by construction rather than by every rank repeating the
-//! same float operations; and there is one set of moments to checkpoint and resume.
+//! same float operations (which would not hold across different machines); and there is one
+//! set of moments to checkpoint and resume. [`Ranks::finish`] checks it: every rank's weights
+//! must hash to rank 0's after an update.
 
+use super::critic::ValueLossConfig;
 use super::microbatch::TrainRow;
-use super::update::{PassSums, Plan};
-use crate::model::Model;
+use super::update::{PassSums, Plan, UpdateConfig};
+use crate::model::{Model, ValueModel};
 use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
 use std::time::Instant;
-use tch::Tensor;
+use tch::{nn, Device, Tensor};
 
-/// The model replicas of ranks 1.. (none for dp 1: that path stays on the policy alone).
-#[derive(Default)]
-pub struct Replicas {
-    models: Vec<Model>,
+/// A model data-parallel ranks hold copies of: the policy or the critic.
+pub trait Replica: Sized + Send {
+    fn vars(&self) -> &nn::VarStore;
+    fn vars_mut(&mut self) -> &mut nn::VarStore;
+    /// A model of the same shape on `device`; its weights are copied in afterwards.
+    fn same_shape(&self, device: Device) -> Result<Self>;
+}
+
+impl Replica for Model {
+    fn vars(&self) -> &nn::VarStore {
+        &self.vs
+    }
+    fn vars_mut(&mut self) -> &mut nn::VarStore {
+        &mut self.vs
+    }
+    fn same_shape(&self, device: Device) -> Result<Self> {
+        Model::random(&self.net.config, device, 0)
+    }
+}
+
+impl Replica for ValueModel {
+    fn vars(&self) -> &nn::VarStore {
+        &self.vs
+    }
+    fn vars_mut(&mut self) -> &mut nn::VarStore {
+        &mut self.vs
+    }
+    fn same_shape(&self, device: Device) -> Result<Self> {
+        ValueModel::new(&self.net.config, device)
+    }
+}
+
+/// What the other ranks need to run their part of one update: the step's rows, the plan, and
+/// which pass to run on them.
+pub struct Job<'a> {
+    pub rows: &'a [TrainRow],
+    pub plan: &'a Plan,
+    pub pass: PassKind,
+}
+
+/// The per-rank pass of an update, with its settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum PassKind {
+    /// The clipped policy loss ([`super::update::rank_pass`]).
+    Policy {
+        reference_on: bool,
+        cfg: UpdateConfig,
+    },
+    /// The clipped value loss ([`super::critic::critic_pass`]).
+    Critic(ValueLossConfig),
+}
+
+impl PassKind {
+    pub fn epochs(&self) -> usize {
+        match self {
+            PassKind::Policy { cfg, .. } => cfg.epochs,
+            PassKind::Critic(cfg) => cfg.epochs,
+        }
+    }
 }
 
 /// What the ranks of one mini-batch produced.
@@ -31,94 +90,9 @@ pub struct RanksOut {
     pub wait_s: f64,
 }
 
-impl Replicas {
-    /// `dp_size - 1` copies of `policy`; empty for dp 1.
-    pub fn new(policy: &Model, dp_size: usize) -> Result<Self> {
-        let mut models = Vec::with_capacity(dp_size.saturating_sub(1));
-        for rank in 1..dp_size {
-            // The random initialisation is overwritten at once; only the shapes matter.
-            let mut m = Model::random(&policy.net.config, policy.vs.device(), 0)
-                .with_context(|| format!("building the model replica of rank {rank}"))?;
-            m.copy_from(policy)?;
-            models.push(m);
-        }
-        Ok(Replicas { models })
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.models.is_empty()
-    }
-
-    /// Ranks in all: the policy and its replicas.
-    pub fn ranks(&self) -> usize {
-        self.models.len() + 1
-    }
-
-    /// The replicas, for checks (rank 1 first).
-    pub fn models(&self) -> &[Model] {
-        &self.models
-    }
-
-    /// With replicas, every mini-batch of the plan must have exactly one row list per rank.
-    pub fn check_plan(&self, plan: &Plan) -> Result<()> {
-        if self.is_empty() {
-            return Ok(());
-        }
-        if let Some(mb) = plan.iter().find(|mb| mb.len() != self.ranks()) {
-            bail!(
-                "a mini-batch is planned over {} ranks but there are {} (trainer.dp_size)",
-                mb.len(),
-                self.ranks()
-            );
-        }
-        Ok(())
-    }
-
-    /// Copies the policy's weights into every replica (exact: replicas stay bit-identical).
-    pub fn broadcast(&mut self, policy: &Model) -> Result<()> {
-        for m in &mut self.models {
-            m.copy_from(policy)?;
-        }
-        Ok(())
-    }
-
-    /// Runs `pass` for every rank of one mini-batch, ranks 1.. on their own threads and rank 0
-    /// on this one, then sums all gradients into the policy's. The caller has zeroed the
-    /// policy's gradients; the replicas' are zeroed here.
-    pub fn run<F>(&mut self, policy: &Model, mini_batch: &[Vec<usize>], pass: F) -> RanksOut
-    where
-        F: Fn(&Model, &[usize], &mut PassSums) -> f64 + Sync,
-    {
-        let timed = |model: &Model, rows: &[usize]| {
-            let t = Instant::now();
-            let mut sums = PassSums::default();
-            let loss = pass(model, rows, &mut sums);
-            (loss, sums, t.elapsed().as_secs_f64())
-        };
-        let results: Vec<(f64, PassSums, f64)> = std::thread::scope(|s| {
-            let handles: Vec<_> = self
-                .models
-                .iter_mut()
-                .zip(&mini_batch[1..])
-                .map(|(model, rows)| {
-                    let timed = &timed;
-                    s.spawn(move || {
-                        zero_grads(model);
-                        timed(model, rows)
-                    })
-                })
-                .collect();
-            let mut out = vec![timed(policy, &mini_batch[0])];
-            for h in handles {
-                match h.join() {
-                    Ok(r) => out.push(r),
-                    // A rank that panicked fails the update as it would on one thread.
-                    Err(payload) => std::panic::resume_unwind(payload),
-                }
-            }
-            out
-        });
-        self.all_reduce_into(policy);
+impl RanksOut {
+    /// From each rank's (loss, sums, seconds), rank 0 first.
+    pub fn from_ranks(results: Vec<(f64, PassSums, f64)>) -> Self {
         let times = results.iter().map(|r| r.2);
         let slowest = times.clone().fold(0.0, f64::max);
         let fastest = times.fold(f64::INFINITY, f64::min);
@@ -128,12 +102,90 @@ impl Replicas {
             sums: results.into_iter().map(|r| r.1).collect(),
         }
     }
+}
 
-    /// Adds every replica's gradient to the policy's, rank by rank in a fixed order (so the
+/// A data-parallel backend. The update calls, in order: `begin`, then per mini-batch `run`
+/// (gradients of all ranks summed into `model`'s) and `sync` (after the optimizer step, applied
+/// or not), and `finish`.
+pub trait Ranks<M: Replica> {
+    /// Ranks in all; 1 is the single-model path.
+    fn size(&self) -> usize;
+    fn begin(&mut self, model: &M, job: &Job) -> Result<()>;
+    /// Runs `pass` for every rank's rows of `mini_batch`. The caller has zeroed `model`'s
+    /// gradients.
+    fn run<F>(&mut self, model: &M, mini_batch: &[Vec<usize>], pass: F) -> Result<RanksOut>
+    where
+        F: Fn(&M, &[usize], &mut PassSums) -> f64 + Sync;
+    /// Gives every rank `model`'s weights.
+    fn sync(&mut self, model: &M) -> Result<()>;
+    /// Checks that every rank ends the update with `model`'s weights, bit for bit.
+    fn finish(&mut self, model: &M) -> Result<()>;
+}
+
+/// With more than one rank, every mini-batch of the plan must have exactly one row list per
+/// rank.
+pub fn check_plan(plan: &Plan, ranks: usize) -> Result<()> {
+    if ranks == 1 {
+        return Ok(());
+    }
+    if let Some(mb) = plan.iter().find(|mb| mb.len() != ranks) {
+        bail!(
+            "a mini-batch is planned over {} ranks but there are {ranks} (trainer.dp_size)",
+            mb.len(),
+        );
+    }
+    Ok(())
+}
+
+/// The device of rank `rank` when rank 0 is on `base`: on a machine with several GPUs, rank k
+/// takes the k-th one after rank 0's (wrapping around); otherwise every rank shares `base`.
+pub fn rank_device(base: Device, rank: usize) -> Device {
+    match base {
+        Device::Cuda(first) => {
+            let count = tch::Cuda::device_count().max(0) as usize;
+            if count > 1 {
+                Device::Cuda((first + rank) % count)
+            } else {
+                base
+            }
+        }
+        other => other,
+    }
+}
+
+/// Ranks as threads of this process: rank 0 is the model itself, on the calling thread; each
+/// further rank owns a replica and runs on its own OS thread (a `Tensor` may move between
+/// threads but not be shared, so every thread holds its own model). With no replicas (dp 1)
+/// every rank list of a mini-batch runs on the one model, one after another.
+pub struct Replicas<M: Replica> {
+    models: Vec<M>,
+}
+
+impl<M: Replica> Replicas<M> {
+    /// `dp_size - 1` copies of `model`, rank k on [`rank_device`]; none for dp 1.
+    pub fn new(model: &M, dp_size: usize) -> Result<Self> {
+        let base = model.vars().device();
+        let mut models = Vec::with_capacity(dp_size.saturating_sub(1));
+        for rank in 1..dp_size {
+            let mut m = model
+                .same_shape(rank_device(base, rank))
+                .with_context(|| format!("building the model replica of rank {rank}"))?;
+            m.vars_mut().copy(model.vars())?;
+            models.push(m);
+        }
+        Ok(Replicas { models })
+    }
+
+    /// The replicas, for checks (rank 1 first).
+    pub fn models(&self) -> &[M] {
+        &self.models
+    }
+
+    /// Adds every replica's gradient to the model's, rank by rank in a fixed order (so the
     /// result does not depend on which thread finished first).
-    fn all_reduce_into(&self, policy: &Model) {
-        let params = trainable(policy);
-        let replica_params: Vec<_> = self.models.iter().map(trainable).collect();
+    fn all_reduce_into(&self, model: &M) {
+        let params = trainable(model.vars());
+        let replica_params: Vec<_> = self.models.iter().map(|m| trainable(m.vars())).collect();
         tch::no_grad(|| {
             for (k, (name, p)) in params.iter().enumerate() {
                 for rp in &replica_params {
@@ -143,24 +195,98 @@ impl Replicas {
                     if !g.defined() {
                         continue;
                     }
-                    let mut own = p.grad();
-                    if own.defined() {
-                        let _ = own.g_add_(&g);
-                    } else {
-                        // Rank 0 ran no row touching this parameter: d/dp Σ(p·g) = g gives
-                        // it the replica's gradient through autograd's own accumulation.
-                        tch::with_grad(|| (p * &g).sum(tch::Kind::Float).backward());
-                    }
+                    add_grad(p, &g.to_device(p.device()));
                 }
             }
         });
     }
 }
 
+impl<M: Replica> Ranks<M> for Replicas<M> {
+    fn size(&self) -> usize {
+        self.models.len() + 1
+    }
+
+    fn begin(&mut self, model: &M, job: &Job) -> Result<()> {
+        check_plan(job.plan, self.size())?;
+        self.sync(model)
+    }
+
+    fn run<F>(&mut self, model: &M, mini_batch: &[Vec<usize>], pass: F) -> Result<RanksOut>
+    where
+        F: Fn(&M, &[usize], &mut PassSums) -> f64 + Sync,
+    {
+        let timed = |m: &M, lists: &[Vec<usize>]| {
+            let t = Instant::now();
+            let mut sums = PassSums::default();
+            let loss = lists.iter().map(|rows| pass(m, rows, &mut sums)).sum();
+            (loss, sums, t.elapsed().as_secs_f64())
+        };
+        if self.models.is_empty() {
+            return Ok(RanksOut::from_ranks(vec![timed(model, mini_batch)]));
+        }
+        let results = std::thread::scope(|s| {
+            let handles: Vec<_> = self
+                .models
+                .iter_mut()
+                .zip(mini_batch[1..].chunks(1))
+                .map(|(m, lists)| {
+                    let timed = &timed;
+                    s.spawn(move || {
+                        zero_grads(m.vars());
+                        timed(m, lists)
+                    })
+                })
+                .collect();
+            let mut out = vec![timed(model, &mini_batch[..1])];
+            for h in handles {
+                match h.join() {
+                    Ok(r) => out.push(r),
+                    // A rank that panicked fails the update as it would on one thread.
+                    Err(payload) => std::panic::resume_unwind(payload),
+                }
+            }
+            out
+        });
+        self.all_reduce_into(model);
+        Ok(RanksOut::from_ranks(results))
+    }
+
+    fn sync(&mut self, model: &M) -> Result<()> {
+        for m in &mut self.models {
+            m.vars_mut().copy(model.vars())?;
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, model: &M) -> Result<()> {
+        let want = fingerprint(model.vars());
+        for (k, m) in self.models.iter().enumerate() {
+            if fingerprint(m.vars()) != want {
+                bail!(
+                    "rank {}'s weights differ from rank 0's after the update",
+                    k + 1
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Adds `g` to `p`'s gradient, creating it when `p` has none yet.
+pub fn add_grad(p: &Tensor, g: &Tensor) {
+    let mut own = p.grad();
+    if own.defined() {
+        let _ = own.g_add_(g);
+    } else {
+        // d/dp Σ(p·g) = g: autograd's own accumulation creates the gradient.
+        tch::with_grad(|| (p * g).sum(tch::Kind::Float).backward());
+    }
+}
+
 /// Trainable variables by name, sorted: the same order on every replica.
-fn trainable(model: &Model) -> Vec<(String, Tensor)> {
-    let mut v: Vec<(String, Tensor)> = model
-        .vs
+pub fn trainable(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
+    let mut v: Vec<(String, Tensor)> = vs
         .variables()
         .into_iter()
         .filter(|(_, t)| t.requires_grad())
@@ -169,13 +295,35 @@ fn trainable(model: &Model) -> Vec<(String, Tensor)> {
     v
 }
 
-fn zero_grads(model: &Model) {
-    for t in model.vs.trainable_variables() {
+pub fn zero_grads(vs: &nn::VarStore) {
+    for t in vs.trainable_variables() {
         let mut g = t.grad();
         if g.defined() {
             let _ = g.detach_().zero_();
         }
     }
+}
+
+/// FNV-1a over the bytes of every trainable variable, in name order: equal exactly when the
+/// weights are bit-identical (up to hash collisions).
+pub fn fingerprint(vs: &nn::VarStore) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for (name, t) in trainable(vs) {
+        for b in name.bytes().chain(tensor_bytes(&t)) {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// A tensor's elements as bytes, in its own kind, row-major.
+pub fn tensor_bytes(t: &Tensor) -> Vec<u8> {
+    let t = t.detach().to_device(Device::Cpu).contiguous();
+    let numel = t.numel();
+    let mut out = vec![0u8; numel * t.kind().elt_size_in_bytes()];
+    t.copy_data_u8(&mut out, numel);
+    out
 }
 
 /// How the plan spread the step's work over ranks (per mini-batch, padding rows included).

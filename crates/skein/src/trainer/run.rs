@@ -4,7 +4,8 @@
 
 use super::checkpoint::{self, Snapshot, TrainerState};
 use super::config::TrainConfig;
-use super::critic::{apply_gae, compute_values, critic_update};
+use super::critic::{apply_gae, compute_values, critic_update, ValueLossConfig};
+use super::dp::{Announce, DataParallel};
 use super::eval::{evaluate, EvalResult};
 use super::interrupt;
 use super::loss::LossConfig;
@@ -12,7 +13,7 @@ use super::microbatch::TrainRow;
 use super::offpolicy::{importance_weights, OffPolicy};
 use super::optim::{OptimConfig, Optimizer};
 use super::partial::{IterationConfig, OnStale, Rollout, RolloutBuffer};
-use super::ranks::{self, Replicas};
+use super::ranks::{self, Ranks};
 use super::rollout::PromptBatch;
 use super::sft::{sft_row, sft_step};
 use super::step_batch::{build_step_batch, StepBatchConfig};
@@ -38,6 +39,8 @@ pub struct RunSummary {
     pub rewards: Vec<f64>,
     /// Stopped by Ctrl-C after a step and its checkpoint: resume to continue.
     pub interrupted: bool,
+    /// This process's data-parallel rank: anything but 0 only served rank 0's updates.
+    pub rank: usize,
 }
 
 pub fn parse_device(s: &str) -> Result<Device> {
@@ -65,6 +68,19 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
     let device = parse_device(&cfg.run.device)?;
     if cfg.run.threads > 0 {
         tch::set_num_threads(cfg.run.threads as i32);
+    }
+    let dp = DataParallel::start(cfg)?;
+    if dp.rank() > 0 {
+        // Another rank of an MPI job: rank 0 runs the loop and sends this one its rows.
+        dp.serve(device)?;
+        return Ok(RunSummary {
+            dir: PathBuf::from(&cfg.run.dir),
+            eval_before: EvalResult::default(),
+            eval_after: EvalResult::default(),
+            rewards: Vec::new(),
+            interrupted: false,
+            rank: dp.rank(),
+        });
     }
     let dir = PathBuf::from(&cfg.run.dir);
     std::fs::create_dir_all(&dir)
@@ -280,9 +296,17 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
         }
     }
     let first_step = resumed.as_ref().map_or(1, |(_, s)| s.step + 1);
-    // Data-parallel ranks beyond the first (the critic stays on one model). Built after
+    // Data-parallel ranks beyond the first, for the policy and the critic. Built after
     // everything else that draws random numbers; each step reseeds the generator anyway.
-    let mut replicas = Replicas::new(&policy, cfg.trainer.dp_size)?;
+    let announce = Announce {
+        config: &policy.net.config,
+        critic: critic.is_some(),
+    };
+    let mut policy_ranks = dp.backend(&policy, Some(announce))?;
+    let mut critic_ranks = match &critic {
+        Some((model, _)) => Some(dp.backend(model, None)?),
+        None => None,
+    };
     // Consecutive updates skipped for a non-finite loss or gradient.
     let mut skip_streak = 0;
     let mut interrupted = false;
@@ -378,24 +402,23 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
         let t2 = Instant::now();
         let upd = ppo_update(
             &policy,
-            &mut replicas,
+            &mut policy_ranks,
             reference.is_some(),
             &mut opt,
             &batch.rows,
             &batch.plan,
             &update_cfg,
         )?;
-        let value_loss = match &mut critic {
-            Some((model, copt)) => critic_update(
-                model,
-                copt,
-                &batch.rows,
-                &batch.plan,
-                cfg.algorithm.value_clip,
-                cfg.trainer.ppo_epochs,
-                cfg.trainer.micro_batch_tokens,
-            ),
-            None => 0.0,
+        let value_loss = match (&mut critic, &mut critic_ranks) {
+            (Some((model, copt)), Some(ranks)) => {
+                let value_cfg = ValueLossConfig {
+                    clip: cfg.algorithm.value_clip,
+                    epochs: cfg.trainer.ppo_epochs,
+                    micro_batch_tokens: cfg.trainer.micro_batch_tokens,
+                };
+                critic_update(model, ranks, copt, &batch.rows, &batch.plan, &value_cfg)?
+            }
+            _ => 0.0,
         };
         publish()?;
         let t_update = t2.elapsed().as_secs_f64();
@@ -516,7 +539,7 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
         if critic.is_some() {
             m.insert("loss/value".into(), json!(value_loss));
         }
-        if !replicas.is_empty() {
+        if policy_ranks.size() > 1 {
             let l = ranks::layout(&batch.rows, &batch.plan);
             for (k, v) in [
                 ("dp/rows_per_rank_max", l.rows_max),
@@ -611,6 +634,7 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
             eval_after: eval_before,
             rewards,
             interrupted: true,
+            rank: 0,
         });
     }
 
@@ -641,6 +665,7 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
         eval_after,
         rewards,
         interrupted: false,
+        rank: 0,
     })
 }
 

@@ -6,9 +6,10 @@
 use super::loss::{policy_loss, LossConfig, TokenBatch};
 use super::microbatch::{micro_batches, response_values, token_logprobs, MicroBatch, TrainRow};
 use super::optim::Optimizer;
-use super::ranks::Replicas;
+use super::ranks::{Job, PassKind, Ranks};
 use crate::model::Model;
 use anyhow::Result;
+use serde::{Deserialize, Serialize};
 
 /// Mini-batches → ranks → indices into the step's rows (padding rows included).
 pub type Plan = Vec<Vec<Vec<usize>>>;
@@ -31,6 +32,7 @@ pub struct UpdateStats {
     pub rank_wait_s: f64,
 }
 
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct UpdateConfig {
     pub loss: LossConfig,
     pub epochs: usize,
@@ -72,61 +74,57 @@ pub fn recompute_logprobs(
 
 /// PPO epochs over the planned mini-batches; one optimizer step per mini-batch.
 ///
-/// With no `replicas`, every rank's rows run one after another on `policy` (the dp 1 path,
-/// and what a plan for more ranks means on one model). With replicas (one per rank beyond
-/// the first), each rank runs on its own thread and replica; see [`super::ranks`].
-pub fn ppo_update(
+/// `ranks` runs each mini-batch's rank lists (one after another on `policy` for dp 1; on
+/// replicas or other processes beyond that, see [`super::ranks`]) and sums their gradients
+/// into `policy`'s before the step.
+pub fn ppo_update<R: Ranks<Model>>(
     policy: &Model,
-    replicas: &mut Replicas,
+    ranks: &mut R,
     reference_on: bool,
     opt: &mut Optimizer,
     rows: &[TrainRow],
     plan: &Plan,
     cfg: &UpdateConfig,
 ) -> Result<UpdateStats> {
-    replicas.check_plan(plan)?;
-    replicas.broadcast(policy)?;
+    let pass = PassKind::Policy {
+        reference_on,
+        cfg: cfg.clone(),
+    };
+    ranks.begin(policy, &Job { rows, plan, pass })?;
     let mut stats = UpdateStats::default();
     let mut sums = PassSums::default();
     let mut grad_norm = 0.0;
     for _ in 0..cfg.epochs {
         for mini_batch in plan {
             opt.zero_grad();
-            let mb_loss = if replicas.is_empty() {
-                let mut loss = 0.0;
-                for rank_rows in mini_batch {
-                    loss += rank_pass(policy, reference_on, rows, rank_rows, cfg, &mut sums);
-                }
-                loss
+            let out = ranks.run(policy, mini_batch, |model, rank_rows, sums| {
+                rank_pass(model, reference_on, rows, rank_rows, cfg, sums)
+            })?;
+            stats.rank_wait_s += out.wait_s;
+            for s in &out.sums {
+                sums.add(s);
+            }
+            let step = if out.loss.is_finite() {
+                Some(opt.step())
             } else {
-                let out = replicas.run(policy, mini_batch, |model, rank_rows, sums| {
-                    rank_pass(model, reference_on, rows, rank_rows, cfg, sums)
-                });
-                stats.rank_wait_s += out.wait_s;
-                for s in &out.sums {
-                    sums.add(s);
-                }
-                out.loss
-            };
-            if !mb_loss.is_finite() {
                 opt.zero_grad();
-                stats.skipped_updates += 1;
-                continue;
-            }
-            let step = opt.step();
-            // The replicas leave this mini-batch with the weights rank 0 now has (whether or
+                None
+            };
+            // Every rank leaves this mini-batch with the weights rank 0 now has (whether or
             // not the step was applied), so the next one starts from identical parameters.
-            replicas.broadcast(policy)?;
-            if step.skipped {
-                stats.skipped_updates += 1;
-                continue;
+            ranks.sync(policy)?;
+            match step {
+                Some(step) if !step.skipped => {
+                    grad_norm += step.grad_norm;
+                    stats.lr = step.lr;
+                    stats.loss += out.loss;
+                    stats.optimizer_steps += 1;
+                }
+                _ => stats.skipped_updates += 1,
             }
-            grad_norm += step.grad_norm;
-            stats.lr = step.lr;
-            stats.loss += mb_loss;
-            stats.optimizer_steps += 1;
         }
     }
+    ranks.finish(policy)?;
     let n = stats.optimizer_steps.max(1) as f64;
     let t = if sums.tokens > 0.0 { sums.tokens } else { 1.0 };
     stats.micro_batches = sums.micro_batches;
@@ -163,7 +161,7 @@ impl PassSums {
 
 /// One rank's share of a mini-batch: forward and backward of its rows in token-bounded
 /// micro-batches, gradients accumulating on `model`. Returns the rank's loss.
-fn rank_pass(
+pub fn rank_pass(
     model: &Model,
     reference_on: bool,
     rows: &[TrainRow],

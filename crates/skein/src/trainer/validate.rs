@@ -23,6 +23,7 @@ pub const LOSS_AGG_MODES: &[&str] = &[
 
 pub const OFF_POLICY: &[&str] = &["tis", "decoupled"];
 pub const ON_STALE: &[&str] = &["drop", "finish-first"];
+pub const DP_BACKENDS: &[&str] = &["threads", "mpi"];
 
 pub fn validate(cfg: &TrainConfig) -> Result<()> {
     let mut v = Validator::new();
@@ -90,6 +91,15 @@ pub fn validate(cfg: &TrainConfig) -> Result<()> {
         .at_least("trainer.ppo_epochs", t.ppo_epochs, 1)
         .at_least("trainer.num_mini_batches", t.num_mini_batches, 1)
         .at_least("trainer.dp_size", t.dp_size, 1)
+        .one_of("trainer.dp_backend", &t.dp_backend, DP_BACKENDS)
+        .check(
+            t.dp_backend != "mpi" || cfg!(feature = "mpi"),
+            "trainer.dp_backend",
+            "needs a skein built with MPI: `cargo build --release --features mpi` (OpenMPI and \
+             libclang installed: `scripts/setup-mpi.sh`), then `mpirun -np <dp_size> \
+             target/release/skein train ...`",
+            &t.dp_backend,
+        )
         .at_least("trainer.micro_batch_tokens", t.micro_batch_tokens, 1)
         .at_least("trainer.max_consecutive_skips", t.max_consecutive_skips, 1)
         .one_of("trainer.unit", &t.unit, &["trajectory", "group"])
@@ -364,6 +374,25 @@ mod tests {
             "{err}"
         );
         assert!(err.contains("`optim.lr`"), "{err}");
+    }
+
+    #[test]
+    fn dp_backend_names_its_values_and_what_mpi_needs() {
+        let mut cfg = TrainConfig::default();
+        cfg.trainer.dp_backend = "nccl".into();
+        let err = validate(&cfg).unwrap_err().to_string();
+        assert!(
+            err.contains("`trainer.dp_backend`") && err.contains("threads, mpi"),
+            "{err}"
+        );
+        cfg.trainer.dp_backend = "mpi".into();
+        let checked = validate(&cfg);
+        if cfg!(feature = "mpi") {
+            assert!(checked.is_ok(), "{checked:?}");
+        } else {
+            let err = checked.unwrap_err().to_string();
+            assert!(err.contains("--features mpi"), "{err}");
+        }
     }
 
     #[test]

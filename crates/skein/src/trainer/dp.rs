@@ -1,0 +1,138 @@
+//! A run's data-parallel setup (`trainer.dp_size`, `trainer.dp_backend`): which backend the
+//! policy's and critic's updates use, and, in an MPI job, whether this process is rank 0 (the
+//! whole training loop) or a rank that only serves updates.
+
+use super::ranks::{Job, Ranks, RanksOut, Replica, Replicas};
+use super::update::PassSums;
+use super::TrainConfig;
+use anyhow::Result;
+use tch::Device;
+
+#[cfg(feature = "mpi")]
+use super::mpi::{MpiGroup, MpiRanks};
+#[cfg(feature = "mpi")]
+use std::rc::Rc;
+
+pub enum DataParallel {
+    /// Ranks as threads of this process.
+    Threads { dp_size: usize },
+    /// This process is one rank of an MPI job.
+    #[cfg(feature = "mpi")]
+    Mpi(Rc<MpiGroup>),
+}
+
+impl DataParallel {
+    /// Starts MPI for `trainer.dp_backend = "mpi"` (validated: only in builds with MPI).
+    pub fn start(cfg: &TrainConfig) -> Result<Self> {
+        match cfg.trainer.dp_backend.as_str() {
+            #[cfg(feature = "mpi")]
+            "mpi" => Ok(DataParallel::Mpi(Rc::new(MpiGroup::start(
+                cfg.trainer.dp_size,
+            )?))),
+            _ => Ok(DataParallel::Threads {
+                dp_size: cfg.trainer.dp_size,
+            }),
+        }
+    }
+
+    /// This process's rank (0 runs the training loop).
+    pub fn rank(&self) -> usize {
+        match self {
+            DataParallel::Threads { .. } => 0,
+            #[cfg(feature = "mpi")]
+            DataParallel::Mpi(group) => group.rank(),
+        }
+    }
+
+    /// A rank other than 0 serves rank 0's updates until it is stopped. `device` is rank 0's.
+    pub fn serve(&self, device: Device) -> Result<()> {
+        match self {
+            DataParallel::Threads { .. } => {
+                let _ = device;
+                Ok(())
+            }
+            #[cfg(feature = "mpi")]
+            DataParallel::Mpi(group) => {
+                let device = super::ranks::rank_device(device, group.rank());
+                super::mpi::serve(group, device)
+            }
+        }
+    }
+
+    /// The backend for one model's updates (the policy's or the critic's), on rank 0. The
+    /// policy's call passes `announce`: an MPI job's other ranks build their models from it.
+    pub fn backend<M: Replica>(&self, model: &M, announce: Option<Announce>) -> Result<Backend<M>> {
+        match self {
+            DataParallel::Threads { dp_size } => {
+                let _ = announce;
+                Ok(Backend::Threads(Replicas::new(model, *dp_size)?))
+            }
+            #[cfg(feature = "mpi")]
+            DataParallel::Mpi(group) => {
+                if let Some(a) = announce {
+                    group.announce_models(a.config, a.critic)?;
+                }
+                Ok(Backend::Mpi(MpiRanks::new(group.clone())))
+            }
+        }
+    }
+}
+
+/// What the other ranks of an MPI job need to build their models (sent once, with the
+/// policy's backend).
+pub struct Announce<'a> {
+    pub config: &'a crate::model::ModelConfig,
+    pub critic: bool,
+}
+
+/// The data-parallel backend a run's update uses.
+pub enum Backend<M: Replica> {
+    Threads(Replicas<M>),
+    #[cfg(feature = "mpi")]
+    Mpi(MpiRanks),
+}
+
+impl<M: Replica> Ranks<M> for Backend<M> {
+    fn size(&self) -> usize {
+        match self {
+            Backend::Threads(r) => r.size(),
+            #[cfg(feature = "mpi")]
+            Backend::Mpi(r) => Ranks::<M>::size(r),
+        }
+    }
+
+    fn begin(&mut self, model: &M, job: &Job) -> Result<()> {
+        match self {
+            Backend::Threads(r) => r.begin(model, job),
+            #[cfg(feature = "mpi")]
+            Backend::Mpi(r) => r.begin(model, job),
+        }
+    }
+
+    fn run<F>(&mut self, model: &M, mini_batch: &[Vec<usize>], pass: F) -> Result<RanksOut>
+    where
+        F: Fn(&M, &[usize], &mut PassSums) -> f64 + Sync,
+    {
+        match self {
+            Backend::Threads(r) => r.run(model, mini_batch, pass),
+            #[cfg(feature = "mpi")]
+            Backend::Mpi(r) => r.run(model, mini_batch, pass),
+        }
+    }
+
+    fn sync(&mut self, model: &M) -> Result<()> {
+        match self {
+            Backend::Threads(r) => r.sync(model),
+            #[cfg(feature = "mpi")]
+            Backend::Mpi(r) => r.sync(model),
+        }
+    }
+
+    fn finish(&mut self, model: &M) -> Result<()> {
+        match self {
+            Backend::Threads(r) => r.finish(model),
+            #[cfg(feature = "mpi")]
+            Backend::Mpi(r) => r.finish(model),
+        }
+    }
+}

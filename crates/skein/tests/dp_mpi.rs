@@ -1,0 +1,230 @@
+//! "The loss does not depend on parallelism", across processes: the default job's first RL
+//! step, run by `skein train` alone (dp 1) and by two MPI processes (`mpirun -np 2`, dp 2: rank
+//! 0 rolls out and plans, rank 1 receives its rows, gradients are reduced over MPI), must leave
+//! the same policy, in every loss-aggregation mode, with different micro-batch token budgets and
+//! with a padding row in the batch; and with several mini-batches per step, the MPI ranks must
+//! give exactly what the in-process thread ranks give. `tests/dp_invariance.rs` runs the layout
+//! check in-process for dp 1, 2 and 4 and shows that a rank-local token mean fails it.
+//!
+//! Tolerance, as there: AdamW with `lr = eps = 1` and no clipping passes a gradient difference
+//! to the parameters at no more than its own size, so rounding (the ranks' f32 gradients summed
+//! in another order) stays far below 1e-4 of the step (measured: about 1e-6), while a missing
+//! or doubled rank's gradient moves parameters by a large fraction of it. That bound holds for
+//! one optimizer step; a second mini-batch's gradient, taken after a step of size ~1, amplifies
+//! the first step's rounding (dp 1 alone, at budgets 48 and 4096, then differs by ~1e-3 of the
+//! step), so the layout check uses one mini-batch and the two-mini-batch check compares the two
+//! backends on one layout, where nothing may differ at all. Every run samples the same rollout:
+//! rank 0 does all sampling with the run's seed, whatever the number of ranks.
+#![cfg(feature = "mpi")]
+
+mod common;
+
+use skein::model::Model;
+use skein_plan::LossAggMode;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use tch::{Device, Kind, Tensor};
+
+const REL_TOL: f64 = 1e-4;
+
+fn skein() -> &'static str {
+    env!("CARGO_BIN_EXE_skein")
+}
+
+/// One RL step of a small default job; checkpoint-1 holds the policy after it and, as the KL
+/// reference, the policy before it.
+fn settings(dir: &Path, mode: LossAggMode, budget: usize, mini_batches: usize) -> Vec<String> {
+    [
+        "trainer.steps=1".to_string(),
+        "trainer.checkpoint_every=1".into(),
+        format!("trainer.num_mini_batches={mini_batches}"),
+        format!("trainer.micro_batch_tokens={budget}"),
+        format!("algorithm.loss_agg_mode=\"{mode}\""),
+        "algorithm.kl_coef=0.01".into(),
+        // small_run's 7 prompts x 3 samples = 21 rows: the plan pads them to a multiple of the
+        // ranks and mini-batches.
+        "optim.lr=1".into(),
+        "optim.eps=1".into(),
+        "optim.weight_decay=0".into(),
+        "optim.grad_clip=0".into(),
+        "optim.warmup_steps=0".into(),
+        "optim.schedule=\"constant\"".into(),
+    ]
+    .into_iter()
+    .chain(small_run(dir))
+    .flat_map(|s| ["--set".to_string(), s])
+    .collect()
+}
+
+/// Settings every run here shares: a small rollout, a short eval, one thread, its directory.
+fn small_run(dir: &Path) -> Vec<String> {
+    vec![
+        "rollout.prompts_per_step=7".into(),
+        "rollout.samples_per_prompt=3".into(),
+        "eval.problems=8".into(),
+        "run.threads=1".into(),
+        format!("run.dir=\"{}\"", dir.display()),
+    ]
+}
+
+fn run(cmd: &mut Command, what: &str) {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn mpirun(np: usize) -> Command {
+    let mut cmd = Command::new("mpirun");
+    // Root is refused unless confirmed twice; harmless for other users.
+    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .args([
+            "--oversubscribe",
+            "--bind-to",
+            "none",
+            "-np",
+            &np.to_string(),
+        ]);
+    cmd
+}
+
+fn flat(model: &Model) -> Vec<f32> {
+    let mut vars: Vec<(String, Tensor)> = model.vs.variables().into_iter().collect();
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    let parts: Vec<Tensor> = vars
+        .iter()
+        .map(|(_, t)| t.to_kind(Kind::Float).view([-1]))
+        .collect();
+    Vec::<f32>::try_from(Tensor::cat(&parts, 0)).expect("f32 parameters")
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (*x as f64 - *y as f64).abs())
+        .fold(0.0, f64::max)
+}
+
+fn load(dir: &Path) -> Vec<f32> {
+    flat(&Model::load_dir(dir, Device::Cpu).unwrap_or_else(|e| panic!("{}: {e}", dir.display())))
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("skein-dp-mpi-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn mpi_dp2(dir: &Path, mode: LossAggMode, budget: usize, mini_batches: usize) {
+    run(
+        mpirun(2)
+            .args([skein(), "train"])
+            .args(settings(dir, mode, budget, mini_batches))
+            .args(["--set", "trainer.dp_backend=\"mpi\""])
+            .args(["--set", "trainer.dp_size=2"]),
+        "mpirun -np 2 skein train (dp 2)",
+    );
+}
+
+#[test]
+fn two_mpi_processes_take_the_same_step_as_one() {
+    for mode in LossAggMode::ALL {
+        let one = tmp(&format!("{mode}-dp1"));
+        run(
+            Command::new(skein())
+                .arg("train")
+                .args(settings(&one, mode, 4096, 1)),
+            "skein train (dp 1)",
+        );
+        let two = tmp(&format!("{mode}-mpi2"));
+        mpi_dp2(&two, mode, 48, 1);
+        let start = load(&one.join("checkpoint-1/reference"));
+        assert_eq!(start, load(&two.join("checkpoint-1/reference")), "{mode}");
+        let want = load(&one.join("checkpoint-1"));
+        let got = load(&two.join("checkpoint-1"));
+        let moved = max_abs_diff(&want, &start);
+        let diff = max_abs_diff(&got, &want);
+        eprintln!("{mode}: step {moved:.3e}, dp 2 over MPI differs by {diff:.2e}");
+        assert!(moved > 1e-3, "{mode}: the step barely moved ({moved:e})");
+        assert!(
+            diff <= REL_TOL * moved,
+            "{mode}: dp 2 over MPI differs from dp 1 by {diff:e} (step {moved:e})"
+        );
+
+        let m = &common::step_metrics(&two)[0];
+        assert_eq!(m["dp/rows_per_rank_max"], m["dp/rows_per_rank_mean"], "{m}");
+        assert!(m["batch/padding_rows"].as_f64().unwrap() > 0.0, "{m}");
+        assert!(m["dp/allreduce_wait_s"].as_f64().unwrap() >= 0.0, "{m}");
+        for dir in [one, two] {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// Two steps of PPO with a critic (`gae`), two mini-batches each: the MPI ranks' policy and
+/// critic match the thread ranks' byte for byte.
+#[test]
+fn mpi_ranks_give_exactly_what_thread_ranks_give() {
+    let settings = |dir: &Path| -> Vec<String> {
+        [
+            "trainer.steps=2".to_string(),
+            "trainer.checkpoint_every=2".into(),
+            "trainer.dp_size=2".into(),
+            "algorithm.estimator=\"gae\"".into(),
+        ]
+        .into_iter()
+        .chain(small_run(dir))
+        .flat_map(|s| ["--set".to_string(), s])
+        .collect()
+    };
+    let threads = tmp("threads2");
+    run(
+        Command::new(skein()).arg("train").args(settings(&threads)),
+        "skein train (dp 2 on threads)",
+    );
+    let mpi = tmp("mpi2-gae");
+    run(
+        mpirun(2)
+            .args([skein(), "train"])
+            .args(settings(&mpi))
+            .args(["--set", "trainer.dp_backend=\"mpi\""]),
+        "mpirun -np 2 skein train (dp 2, gae)",
+    );
+    for file in ["model.safetensors", "critic.safetensors"] {
+        let read = |dir: &Path| std::fs::read(dir.join("checkpoint-2").join(file)).unwrap();
+        assert!(read(&threads) == read(&mpi), "{file} differs");
+    }
+    assert_eq!(common::step_metrics(&mpi).len(), 2);
+    for dir in [threads, mpi] {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+#[test]
+fn a_job_with_the_wrong_number_of_processes_says_how_to_launch() {
+    let dir = tmp("wrong-np");
+    let out = mpirun(1)
+        .args([skein(), "train", "--set", "trainer.dp_backend=\"mpi\""])
+        .args(["--set", "trainer.dp_size=2"])
+        .args(["--set", &format!("run.dir=\"{}\"", dir.display())])
+        .output()
+        .expect("mpirun starts");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("trainer.dp_size") && err.contains("mpirun -np 2"),
+        "{err}"
+    );
+    assert!(
+        !dir.join("metrics.jsonl").exists(),
+        "nothing is written before the check"
+    );
+}

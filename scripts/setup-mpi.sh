@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs what the `mpi` feature (data-parallel ranks as MPI processes) builds and runs with:
+# Debian's OpenMPI (mpicc, mpirun, the library) and libclang, which generates the bindings.
+# Idempotent: does nothing when mpicc, mpirun and libclang are already there.
+set -euo pipefail
+
+have_libclang() {
+  ls /usr/lib/llvm-*/lib/libclang*.so* /usr/lib/x86_64-linux-gnu/libclang*.so* 2>/dev/null | grep -q .
+}
+
+if command -v mpicc >/dev/null && command -v mpirun >/dev/null && have_libclang; then
+  exit 0
+fi
+packages="libopenmpi-dev openmpi-bin libclang-dev"
+if [ "$(id -u)" -eq 0 ]; then
+  sudo=""
+elif command -v sudo >/dev/null; then
+  sudo="sudo"
+else
+  echo "skein setup: MPI needs these Debian packages, and installing them needs root: $packages" >&2
+  echo "  install them (apt-get install $packages) and run this again" >&2
+  exit 1
+fi
+echo "skein setup: installing OpenMPI and libclang ($packages)" >&2
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends $packages >/dev/null
+command -v mpirun >/dev/null || { echo "skein setup: mpirun missing after installing $packages" >&2; exit 1; }
