@@ -5,6 +5,7 @@
 use super::ranks::{Job, Ranks, RanksOut, Replica, Replicas};
 use super::update::PassSums;
 use super::TrainConfig;
+use crate::model::ModelConfig;
 use anyhow::Result;
 use tch::Device;
 
@@ -59,30 +60,30 @@ impl DataParallel {
         }
     }
 
-    /// The backend for one model's updates (the policy's or the critic's), on rank 0. The
-    /// policy's call passes `announce`: an MPI job's other ranks build their models from it.
-    pub fn backend<M: Replica>(&self, model: &M, announce: Option<Announce>) -> Result<Backend<M>> {
+    /// Tells an MPI job's other ranks the shapes of the models this run trains (they build
+    /// their copies from it); nothing to do for thread ranks. Once, on rank 0, before the
+    /// first update.
+    pub fn announce_models(&self, config: &ModelConfig, critic: bool) -> Result<()> {
+        match self {
+            DataParallel::Threads { .. } => {
+                let _ = (config, critic);
+                Ok(())
+            }
+            #[cfg(feature = "mpi")]
+            DataParallel::Mpi(group) => group.announce_models(config, critic),
+        }
+    }
+
+    /// The backend for one model's updates (the policy's or the critic's), on rank 0.
+    pub fn backend<M: Replica>(&self, model: &M) -> Result<Backend<M>> {
         match self {
             DataParallel::Threads { dp_size } => {
-                let _ = announce;
                 Ok(Backend::Threads(Replicas::new(model, *dp_size)?))
             }
             #[cfg(feature = "mpi")]
-            DataParallel::Mpi(group) => {
-                if let Some(a) = announce {
-                    group.announce_models(a.config, a.critic)?;
-                }
-                Ok(Backend::Mpi(MpiRanks::new(group.clone())))
-            }
+            DataParallel::Mpi(group) => Ok(Backend::Mpi(MpiRanks::new(group.clone()))),
         }
     }
-}
-
-/// What the other ranks of an MPI job need to build their models (sent once, with the
-/// policy's backend).
-pub struct Announce<'a> {
-    pub config: &'a crate::model::ModelConfig,
-    pub critic: bool,
 }
 
 /// The data-parallel backend a run's update uses.

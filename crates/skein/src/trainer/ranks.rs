@@ -71,15 +71,6 @@ pub enum PassKind {
     Critic(ValueLossConfig),
 }
 
-impl PassKind {
-    pub fn epochs(&self) -> usize {
-        match self {
-            PassKind::Policy { cfg, .. } => cfg.epochs,
-            PassKind::Critic(cfg) => cfg.epochs,
-        }
-    }
-}
-
 /// What the ranks of one mini-batch produced.
 pub struct RanksOut {
     /// Sum of the ranks' losses (each already weighted by the mini-batch's global counts).

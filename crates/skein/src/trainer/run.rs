@@ -5,7 +5,7 @@
 use super::checkpoint::{self, Snapshot, TrainerState};
 use super::config::TrainConfig;
 use super::critic::{apply_gae, compute_values, critic_update, ValueLossConfig};
-use super::dp::{Announce, DataParallel};
+use super::dp::DataParallel;
 use super::eval::{evaluate, EvalResult};
 use super::interrupt;
 use super::loss::LossConfig;
@@ -298,14 +298,16 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
     let first_step = resumed.as_ref().map_or(1, |(_, s)| s.step + 1);
     // Data-parallel ranks beyond the first, for the policy and the critic. Built after
     // everything else that draws random numbers; each step reseeds the generator anyway.
-    let announce = Announce {
-        config: &policy.net.config,
-        critic: critic.is_some(),
-    };
-    let mut policy_ranks = dp.backend(&policy, Some(announce))?;
+    dp.announce_models(&policy.net.config, critic.is_some())?;
+    let mut policy_ranks = dp.backend(&policy)?;
     let mut critic_ranks = match &critic {
-        Some((model, _)) => Some(dp.backend(model, None)?),
+        Some((model, _)) => Some(dp.backend(model)?),
         None => None,
+    };
+    let value_cfg = ValueLossConfig {
+        clip: cfg.algorithm.value_clip,
+        epochs: cfg.trainer.ppo_epochs,
+        micro_batch_tokens: cfg.trainer.micro_batch_tokens,
     };
     // Consecutive updates skipped for a non-finite loss or gradient.
     let mut skip_streak = 0;
@@ -411,11 +413,6 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
         )?;
         let value_loss = match (&mut critic, &mut critic_ranks) {
             (Some((model, copt)), Some(ranks)) => {
-                let value_cfg = ValueLossConfig {
-                    clip: cfg.algorithm.value_clip,
-                    epochs: cfg.trainer.ppo_epochs,
-                    micro_batch_tokens: cfg.trainer.micro_batch_tokens,
-                };
                 critic_update(model, ranks, copt, &batch.rows, &batch.plan, &value_cfg)?
             }
             _ => 0.0,
