@@ -7,7 +7,8 @@ use crate::planner::GlobalCounts;
 use std::fmt;
 use std::str::FromStr;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum LossAggMode {
     /// Mean over all loss tokens of the mini-batch.
     TokenMean,

@@ -3,7 +3,7 @@
 //! huge, NaN, infinite, strings where numbers belong, arrays, tables).
 
 use proptest::prelude::*;
-use skein::trainer::validate::validate;
+use skein::trainer::config::validate::validate;
 use skein::trainer::TrainConfig;
 
 /// Every key `--print-config` shows, as `section.key` paths.

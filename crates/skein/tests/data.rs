@@ -4,9 +4,9 @@
 //! loads back.
 
 use serde_json::{json, Value};
-use skein::trainer::dataset_task::Data;
+use skein::trainer::rollout::dataset::Data;
 use skein::trainer::TrainConfig;
-use skein_data::{ChatMessage, PromptRow};
+use skein_data::{ChatMessage, PromptRow, Truncation};
 use skein_tasks::arithmetic::Arithmetic;
 use skein_tasks::{Task, TaskRng};
 use std::path::{Path, PathBuf};
@@ -200,17 +200,20 @@ fn trains_on_a_parquet_dataset_and_evaluates_its_validation_split() {
 fn data_problems_name_the_key_file_and_row() {
     let dir = workdir("errors");
     let mut cfg = config(&dir);
-    cfg.data.truncation = "middle".into();
-    let err = skein::trainer::validate::validate(&cfg)
+    let bad = ["data.truncation=\"middle\"".to_string()];
+    let err = skein_config::load::<TrainConfig>(None, "defaults", &bad)
         .unwrap_err()
         .to_string();
     assert!(
         err.contains("`data.truncation`") && err.contains("left"),
         "{err}"
     );
+    let err = skein::trainer::config::validate::validate(&cfg)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("`data.train_files[0]`: no such file"), "{err}");
 
-    cfg.data.truncation = "error".into();
+    cfg.data.truncation = Truncation::Error;
     cfg.data.skip_bad_rows = false;
     skein_data::parquet::write(&dir.join("train.parquet"), &rows(10, 1, 0)).unwrap();
     write_jsonl(&dir.join("val.jsonl"), &rows(3, 2, 0), "{\"prompt\": 5}\n");
@@ -228,7 +231,7 @@ fn data_problems_name_the_key_file_and_row() {
         err.contains("train prompt 1 has 20 tokens, over `data.max_prompt_tokens` = 12"),
         "{err}"
     );
-    cfg.data.truncation = "left".into();
+    cfg.data.truncation = Truncation::Left;
     let data = Data::load(&cfg).unwrap();
     assert_eq!(data.counts.truncated_prompts, 2);
     let mut rng = TaskRng::new(0);

@@ -18,12 +18,13 @@
 //! stays below 1e-5 of it, while the rank-local bug moves parameters by over 1e-1 of it.
 
 use skein::model::{Model, ModelConfig};
-use skein::trainer::loss::{KlEstimator, LossConfig};
-use skein::trainer::microbatch::TrainRow;
-use skein::trainer::optim::{OptimConfig, Optimizer};
-use skein::trainer::ranks::{Ranks, Replicas};
-use skein::trainer::step_batch::{build_step_batch, StepBatch, StepBatchConfig};
-use skein::trainer::update::{ppo_update, recompute_logprobs, UpdateConfig};
+use skein::trainer::batch::{build_step_batch, StepBatch, StepBatchConfig, TrainRow};
+use skein::trainer::config::OffPolicy;
+use skein::trainer::prepare::{prepare, Models, PrepareConfig};
+use skein::trainer::update::optim::{OptimConfig, Optimizer};
+use skein::trainer::update::policy_loss::{KlEstimator, LossConfig};
+use skein::trainer::update::ranks::{Ranks, Replicas};
+use skein::trainer::update::{ppo_update, UpdateConfig};
 use skein_plan::{AdvantageConfig, LossAggMode, Status, Trajectory, Transition, Unit};
 use std::sync::Mutex;
 use tch::{Device, Kind, Tensor};
@@ -212,23 +213,27 @@ fn step(base: &Model, trajs: &[Trajectory], case: Case) -> (Vec<f32>, Vec<usize>
         .map(|r| r.iter().map(|&i| loss_tokens(&batch.rows[i])).sum())
         .collect();
     let cfg = update_config(case.budget);
-    recompute_logprobs(&policy, None, &mut batch.rows, &cfg);
+    let models = Models {
+        policy: &policy,
+        reference: None,
+        critic: None,
+    };
+    let prepare_cfg = PrepareConfig {
+        micro_batch_tokens: case.budget,
+        temperature: cfg.temperature,
+        off_policy: OffPolicy::Tis,
+        is_cap: 2.0,
+        gamma: 1.0,
+        lambda: 1.0,
+    };
+    let batch = prepare(batch, &models, 0, &prepare_cfg);
     let mut replicas = {
         let _guard = BUILD.lock().unwrap_or_else(|e| e.into_inner());
         Replicas::new(&policy, case.dp).expect("replicas")
     };
     assert_eq!(replicas.size(), case.dp);
     let mut opt = Optimizer::new(&policy.vs, &optim(), 2).expect("optimizer");
-    let stats = ppo_update(
-        &policy,
-        &mut replicas,
-        false,
-        &mut opt,
-        &batch.rows,
-        &batch.plan,
-        &cfg,
-    )
-    .expect("update");
+    let stats = ppo_update(&policy, &mut replicas, &mut opt, &batch, &cfg).expect("update");
     assert_eq!(stats.optimizer_steps, 2, "{case:?}: {stats:?}");
     // Replicas are bit-identical to rank 0 after the step: same checksum, same bits.
     let params = flat(&policy);

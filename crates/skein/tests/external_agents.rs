@@ -32,7 +32,7 @@ fn the_example_agent_trains_the_policy_through_the_server() {
     cfg.sft.steps = 5;
     cfg.eval.problems = 16;
     cfg.eval.every = 0;
-    cfg.agent.kind = "external".into();
+    cfg.agent.kind = skein::trainer::config::AgentKind::External;
     cfg.agent.api_key = "sk-test".into();
     cfg.agent.workers = 2;
     cfg.agent.rollout_timeout_s = 120.0;

@@ -114,7 +114,7 @@ fn a_remote_engine_generates_with_the_weights_the_trainer_publishes() {
     let mut cfg = base_config("arithmetic", &dir);
     cfg.model.path = init.display().to_string();
     cfg.sft.steps = 10;
-    cfg.rollout.engine = "remote".into();
+    cfg.rollout.engine = skein::trainer::config::EngineKind::Remote;
     cfg.rollout.remote.url = server.url.clone();
     train(&cfg).expect("training with a remote engine");
 
@@ -172,7 +172,7 @@ fn multi_turn_episodes_run_on_a_remote_engine() {
     let mut cfg = base_config("guess", &dir);
     cfg.model.path = init.display().to_string();
     cfg.trainer.steps = 2;
-    cfg.rollout.engine = "remote".into();
+    cfg.rollout.engine = skein::trainer::config::EngineKind::Remote;
     cfg.rollout.remote.url = server.url.clone();
     train(&cfg).expect("multi-turn training with a remote engine");
     let steps = steps(&dir);

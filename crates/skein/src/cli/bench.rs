@@ -4,9 +4,10 @@
 
 use crate::engine::{Engine, GenRequest, SamplingParams};
 use crate::model::{Model, ModelConfig};
-use crate::trainer::loss::{policy_loss, KlEstimator, LossConfig, TokenBatch};
-use crate::trainer::microbatch::{token_logprobs, MicroBatch, TrainRow};
-use crate::trainer::optim::{OptimConfig, Optimizer};
+use crate::trainer::batch::TrainRow;
+use crate::trainer::update::optim::{OptimConfig, Optimizer};
+use crate::trainer::update::policy_loss::{policy_loss, KlEstimator, LossConfig, TokenBatch};
+use crate::trainer::update::tensors::{token_logprobs, MicroBatch};
 use anyhow::Result;
 use std::time::Instant;
 

@@ -6,7 +6,7 @@
 
 use crate::engine::{Engine, GenRequest, SamplingParams};
 use crate::model::{Model, ModelConfig};
-use crate::trainer::reward::{request, ModelScorer};
+use crate::trainer::rollout::reward::{request, ModelScorer};
 use anyhow::{Context, Result};
 use skein_reward::{BatchScorer, Executor, ExecutorConfig, RewardRequest, Ticket};
 use skein_tasks::{task_by_name, Problem, TaskRng};

@@ -3,11 +3,10 @@
 
 use crate::engine::{Engine, Generator, SamplingParams};
 use crate::model::Model;
-use crate::trainer::dataset_task::{
+use crate::trainer::rollout::dataset::{
     eval_seed, fit_split, prompt_batch, read_split, DatasetTask, Renderer,
 };
-use crate::trainer::rollout::collect;
-use crate::trainer::run::parse_device;
+use crate::trainer::rollout::judge::{answer_prompts, Answering};
 use crate::trainer::TrainConfig;
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Map, Value};
@@ -52,10 +51,7 @@ pub struct EvalArgs {
 pub fn run(args: &EvalArgs) -> Result<()> {
     let (model_dir, cfg) = resolve(args)?;
     let ks = pass_ks(args)?;
-    let device = parse_device(&cfg.run.device)?;
-    if cfg.run.threads > 0 {
-        tch::set_num_threads(cfg.run.threads as i32);
-    }
+    let device = cfg.run.start_device()?;
     let tokenizer = Tokenizer::from_dir(&model_dir)?;
     let policy = Model::load_dir(&model_dir, device)?;
     let (task, problems, source) = problems(args, &cfg, &tokenizer)?;
@@ -76,18 +72,16 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     };
     tch::manual_seed(cfg.run.seed as i64);
     let engine = Generator::Local(Engine::new(cfg.rollout.max_slots));
-    let r = collect(
-        &engine,
-        &policy,
-        0,
-        task.as_ref(),
-        &tokenizer,
-        &batch,
-        args.n,
-        &params,
-        "eval",
-        None,
-    );
+    let answering = Answering {
+        engine: &engine,
+        policy: &policy,
+        version: 0,
+        task: task.as_ref(),
+        tokenizer: &tokenizer,
+        params: &params,
+        rewarder: None,
+    };
+    let r = answer_prompts(&answering, &batch, args.n, "eval");
     let n_problems = batch.problems.len();
     let total = r.trajectories.len().max(1) as f64;
     let mut line = Map::new();
@@ -100,7 +94,7 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     line.insert("eval/accuracy".into(), json!(correct / total));
     let reward = r.trajectories.iter().map(|t| t.reward).sum::<f64>() / total;
     line.insert("eval/reward".into(), json!(reward));
-    // `collect` numbers samples problem-major: sample k of problem p is p·n + k.
+    // `answer_prompts` numbers samples problem-major: sample k of problem p is p·n + k.
     let per_problem: Vec<usize> = r
         .correct
         .chunks(args.n)

@@ -89,7 +89,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     if args.max_concurrent == 0 || args.max_slots == 0 || args.default_max_tokens == 0 {
         bail!("--max-concurrent, --max-slots and --default-max-tokens must be at least 1");
     }
-    let device = crate::trainer::run::parse_device(&args.device)?;
+    let device = crate::trainer::config::parse_device(&args.device)?;
     let (model, tokenizer, default_name) = load(args, device)?;
     let model_context = model.net.max_positions() as usize;
     let context = match args.context {

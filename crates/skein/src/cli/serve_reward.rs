@@ -2,7 +2,7 @@
 //! HTTP, so a trainer's `kind = "remote"` source can score on another process or machine.
 //! The config file uses the trainer's keys: `[reward]`, `[reward_models]`, plus `[serve]`.
 
-use crate::trainer::reward::{build_rewarder, check_reward_models};
+use crate::trainer::rollout::reward::{build_rewarder, check_reward_models};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use skein_config::Validator;
@@ -90,7 +90,7 @@ pub fn run(a: &ServeRewardArgs) -> Result<()> {
     }
     cfg.serve.validate("serve", &mut v);
     v.finish()?;
-    let device = crate::trainer::run::parse_device(&cfg.device)?;
+    let device = crate::trainer::config::parse_device(&cfg.device)?;
     let rewarder = build_rewarder(&cfg.reward, &cfg.reward_models, None, device)?;
     // A pass-through: one thread per HTTP handler, batches cut at once; the real batching is
     // in the sources' executors behind it.

@@ -7,12 +7,12 @@
 
 use crate::engine::SamplingParams;
 use crate::model::Model;
+use crate::trainer::batch::TrainRow;
 use crate::trainer::checkpoint::save_model_dir;
+use crate::trainer::config::start_device;
 use crate::trainer::config::ModelSection;
-use crate::trainer::microbatch::TrainRow;
-use crate::trainer::optim::{OptimConfig, Optimizer, Schedule};
-use crate::trainer::run::parse_device;
-use crate::trainer::sft::{sft_row_masked, sft_step};
+use crate::trainer::sft::{sft_optim_config, sft_row_masked, sft_step};
+use crate::trainer::update::optim::Optimizer;
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 use skein_data::{load_conversations, ChatMessage, Conversation, ReadOptions, Sampler};
@@ -60,10 +60,7 @@ pub fn run(args: &SftArgs) -> Result<()> {
     if args.steps == 0 || args.batch_size == 0 || args.max_tokens < 2 {
         bail!("--steps and --batch-size must be at least 1, --max-tokens at least 2");
     }
-    let device = parse_device(&args.device)?;
-    if args.threads > 0 {
-        tch::set_num_threads(args.threads as i32);
-    }
+    let device = start_device(&args.device, args.threads)?;
     let opts = ReadOptions {
         skip_bad_rows: args.skip_bad_rows,
     };
@@ -106,12 +103,7 @@ pub fn run(args: &SftArgs) -> Result<()> {
         );
     }
 
-    let ocfg = OptimConfig {
-        lr: args.lr,
-        warmup_steps: args.steps / 10,
-        schedule: Schedule::Cosine,
-        ..OptimConfig::default()
-    };
+    let ocfg = sft_optim_config(args.lr, args.steps);
     let mut opt = Optimizer::new(&policy.vs, &ocfg, args.steps)?;
     let mut order = Sampler::new(rows.len(), args.seed, true);
     let mut progress = StepProgress::new(args.steps as u64);

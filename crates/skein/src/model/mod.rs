@@ -14,3 +14,21 @@ pub use io::Model;
 pub use kv_cache::KvCache;
 pub use transformer::{AttnMode, Transformer};
 pub use value::ValueModel;
+
+use tch::{nn, Tensor};
+
+/// A model's variables sorted by name: one fixed order for the optimizer, data-parallel
+/// replicas, MPI collectives and checkpoints alike.
+pub fn sorted_variables(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
+    let mut v: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+/// [`sorted_variables`], trainable ones only.
+pub fn sorted_trainable(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
+    sorted_variables(vs)
+        .into_iter()
+        .filter(|(_, t)| t.requires_grad())
+        .collect()
+}

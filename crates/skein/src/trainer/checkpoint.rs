@@ -7,8 +7,8 @@
 //! A checkpoint is written into `NAME.tmp`, every file and the directory are fsynced, and only
 //! then renamed over `NAME`: a crash mid-write leaves the previous checkpoint intact.
 
-use super::optim::Optimizer;
-use super::partial::RolloutBuffer;
+use super::rollout::WorkloadState;
+use super::update::optim::Optimizer;
 use crate::engine::SamplingParams;
 use crate::model::{Model, ValueModel};
 use anyhow::{bail, Context, Result};
@@ -32,12 +32,9 @@ pub struct TrainerState {
     /// Optimizer steps taken: the policy version.
     pub optimizer_steps: usize,
     pub critic_optimizer_steps: usize,
-    /// State of the task's problem sampler.
-    pub task_rng: u64,
-    /// Rows drawn from the training dataset (`[data]`), where its sampler continues.
-    #[serde(default)]
-    pub data_position: u64,
-    pub buffer: RolloutBuffer,
+    /// The rollout source's sampler, dataset position and partial-rollout buffer.
+    #[serde(flatten)]
+    pub workload: WorkloadState,
     /// Lines of metrics.jsonl written up to this step; a resumed run drops the rest.
     pub metrics_lines: usize,
     pub eval_before_accuracy: f64,
@@ -92,9 +89,10 @@ pub fn save(dir: &Path, s: &Snapshot) -> Result<()> {
         reference.save_dir(&tmp.join(REFERENCE_DIR))?;
     }
     if let Some((critic, opt)) = s.critic {
-        let mut named: Vec<(String, Tensor)> = critic.vs.variables().into_iter().collect();
-        named.sort_by(|a, b| a.0.cmp(&b.0));
-        write_tensors(&named, &tmp.join(CRITIC_FILE))?;
+        write_tensors(
+            &crate::model::sorted_variables(&critic.vs),
+            &tmp.join(CRITIC_FILE),
+        )?;
         write_tensors(&opt.state(), &tmp.join(CRITIC_OPTIMIZER_FILE))?;
     }
     std::fs::write(

@@ -1,32 +1,39 @@
-//! The trainer: losses, optimizer, the PPO update over planned mini-batches, and the step loop.
+//! The trainer. `run.rs` is the step loop; every stage of a step is a call into its own room:
+//!
+//! | stage | room | what it does |
+//! | --- | --- | --- |
+//! | set up | `setup.rs` | config checks, run directory, policy, rollout source, warm-up (`sft.rs`), optimizer, reference, critic, ranks; everything a resume restores |
+//! | rollout | `rollout/` | a [`rollout::Workload`] — prompts, multi-turn episodes or external agents — returns one [`rollout::StepRollout`] |
+//! | batch | `batch/` | group advantages, rows, the mini-batch plan and loss weights ([`batch::StepBatch`]) |
+//! | prepare | `prepare/` | π_old/π_ref log-probs, importance weights, critic values and GAE ([`prepare::PreparedBatch`]: advantages final) |
+//! | update | `update/` | PPO epochs over the plan, one optimizer step per mini-batch, on data-parallel ranks (`update/ranks/`) |
+//! | log | `metrics.rs` | one `metrics.jsonl` record from every stage's own metrics |
+//! | checkpoint | `checkpoint.rs` | atomic checkpoints that resume exactly |
+//!
+//! Beside them: `config/` (every key, typed and validated), `preflight.rs` (memory estimate),
+//! `interrupt.rs` (Ctrl-C).
+//!
+//! | invariant | kept in | checked by |
+//! | --- | --- | --- |
+//! | token in, token out | `rollout/judge.rs`, `rollout/buffer.rs`, `rollout/episodes.rs`, `rollout/external.rs` | `rollout/episodes.rs` tests, `tests/agents.rs`, `tests/serve.rs` |
+//! | the trajectory is the atom | `batch/mod.rs` (skein-plan's advantages and planner) | `skein-plan/tests/properties.rs`, `tests/dp_invariance.rs` |
+//! | padding is inert | `batch/row.rs` (`TrainRow::from_plan_row` of `skein_plan::Row::padding`) | `tests/dp_invariance.rs` (with and without padding rows) |
+//! | the loss does not depend on parallelism | `batch/mod.rs` (global-count weights), `update/mod.rs`, `update/ranks/` | `tests/dp_invariance.rs`, `tests/dp_mpi.rs` |
+//! | nothing waits that needn't | `rollout/buffer.rs` (partial rollout), `rollout/reward.rs` (scoring during generation) | `rollout/buffer.rs` tests, `tests/rewards.rs` |
+//! | off-policyness is bounded and corrected | `rollout/buffer.rs` (staleness cap), `prepare/offpolicy.rs` | `rollout/buffer.rs` and `prepare/offpolicy.rs` tests |
+//! | bad input gets a clear error | `config/` (typed keys, `validate.rs`), `preflight.rs`, `checkpoint.rs` | `config/validate.rs` tests, `tests/config_fuzz.rs`, `tests/cli.rs`, `tests/resume.rs` |
 
-pub mod agent;
-pub mod agent_step;
+pub mod batch;
 pub mod checkpoint;
 pub mod config;
-pub mod critic;
-pub mod dataset_task;
-pub mod dp;
-pub mod eval;
-pub mod external;
 pub mod interrupt;
-pub mod loss;
-pub mod microbatch;
-#[cfg(feature = "mpi")]
-pub mod mpi;
-pub mod offpolicy;
-pub mod optim;
-pub mod partial;
+pub mod metrics;
 pub mod preflight;
-pub mod ranks;
-pub mod reward;
+pub mod prepare;
 pub mod rollout;
 pub mod run;
+pub mod setup;
 pub mod sft;
-pub mod step_batch;
 pub mod update;
-pub mod validate;
-#[cfg(any(feature = "mpi", test))]
-pub mod wire;
 
 pub use config::TrainConfig;

@@ -26,7 +26,7 @@ pub fn estimate(cfg: &TrainConfig, model: &ModelConfig) -> Vec<Part> {
         lower: "the model size (`model.*`, or a smaller `model.path`)",
     }];
     // MPI ranks are other processes (often other machines): only thread ranks live here.
-    if cfg.trainer.dp_size > 1 && cfg.trainer.dp_backend == "threads" {
+    if cfg.trainer.dp_size > 1 && cfg.trainer.dp_backend == super::config::DpBackend::Threads {
         parts.push(Part {
             what: "weights and gradients of the other data-parallel ranks",
             bytes: 2.0 * params * (cfg.trainer.dp_size - 1) as f64,
@@ -40,7 +40,7 @@ pub fn estimate(cfg: &TrainConfig, model: &ModelConfig) -> Vec<Part> {
             lower: "`algorithm.kl_coef` (0 needs no reference)",
         });
     }
-    if cfg.algorithm.estimator == "gae" {
+    if cfg.algorithm.estimator.needs_critic() {
         parts.push(Part {
             what: "critic weights, gradients and moments",
             bytes: 4.0 * params,

@@ -1,10 +1,49 @@
 //! Supervised fine-tuning on (prompt, response) token pairs: cross-entropy on response tokens
-//! only. The default job uses it to warm-start a policy from generated solutions.
+//! only. The default job uses it to warm-start a policy from generated solutions
+//! ([`warm_up`]); `skein sft` uses it on conversations.
 
-use super::microbatch::{token_logprobs, MicroBatch, TrainRow};
-use super::optim::Optimizer;
+use super::batch::TrainRow;
+use super::update::optim::{OptimConfig, Optimizer, Schedule};
+use super::update::tensors::{token_logprobs, MicroBatch};
 use crate::model::Model;
+use anyhow::Result;
+use skein_report::{MetricsLog, StepProgress};
 use tch::Kind;
+
+/// The optimizer of a supervised run: `lr` after a warm-up of a tenth of the steps, then a
+/// cosine decay.
+pub fn sft_optim_config(lr: f64, steps: usize) -> OptimConfig {
+    OptimConfig {
+        lr,
+        warmup_steps: steps / 10,
+        schedule: Schedule::Cosine,
+        ..OptimConfig::default()
+    }
+}
+
+/// Supervised warm-up: `steps` batches of `batch_size` demonstrations, each batch one
+/// optimizer step, the loss logged as `sft/loss`.
+pub fn warm_up(
+    policy: &Model,
+    steps: usize,
+    batch_size: usize,
+    lr: f64,
+    demo: &mut dyn FnMut() -> Result<TrainRow>,
+    log: &mut MetricsLog,
+) -> Result<()> {
+    let mut opt = Optimizer::new(&policy.vs, &sft_optim_config(lr, steps), steps)?;
+    let mut progress = StepProgress::new(steps as u64);
+    for step in 1..=steps {
+        let rows = (0..batch_size)
+            .map(|_| demo())
+            .collect::<Result<Vec<_>>>()?;
+        let loss = sft_step(policy, &mut opt, &rows);
+        log.append(&super::metrics::record(step, [("sft/loss", loss)]))?;
+        progress.update(step as u64, &[("sft loss", loss)]);
+    }
+    progress.finish();
+    Ok(())
+}
 
 /// A supervised example: the response tokens are the ones the loss trains on.
 pub fn sft_row(prompt: &[u32], response: &[u32]) -> TrainRow {
@@ -45,7 +84,6 @@ pub fn sft_step(model: &Model, opt: &mut Optimizer, rows: &[TrainRow]) -> f64 {
 mod tests {
     use super::*;
     use crate::model::ModelConfig;
-    use crate::trainer::optim::OptimConfig;
     use tch::Device;
 
     /// A handful of steps on one fixed pair must drive its loss down: a broken gradient path

@@ -131,7 +131,7 @@ impl AgentStats {
     }
 }
 
-pub struct AgentRollouts {
+pub struct EpisodeBatch {
     pub episodes: Vec<Episode>,
     pub engine: EngineStats,
     pub stats: AgentStats,
@@ -164,7 +164,7 @@ impl AgentContext<'_> {
         version: u64,
         runtime: &tokio::runtime::Runtime,
         specs: Vec<EpisodeSpec>,
-    ) -> AgentRollouts {
+    ) -> EpisodeBatch {
         let play_all = |caller: Caller| {
             // Each episode is a session of the engine: its slot keeps the context between turns.
             let runs = specs.into_iter().enumerate().map(|(i, spec)| {
@@ -203,7 +203,7 @@ impl AgentContext<'_> {
         for e in &episodes {
             stats.add(e);
         }
-        AgentRollouts {
+        EpisodeBatch {
             episodes,
             engine: engine_stats,
             stats,
@@ -530,8 +530,8 @@ mod tests {
     /// log-probs of the sampled tokens equal the engine's behavior log-probs.
     #[test]
     fn merged_rows_recompute_the_behavior_logprobs() {
-        use crate::trainer::step_batch::{build_step_batch, StepBatchConfig};
-        use crate::trainer::update::{recompute_logprobs, UpdateConfig};
+        use crate::trainer::batch::{build_step_batch, StepBatchConfig};
+        use crate::trainer::prepare::recompute_logprobs;
         let task = agent_task_by_name("guess", 1).unwrap().unwrap();
         let tokenizer = Tokenizer::char_level(task.alphabet()).unwrap();
         let (params, limits) = (params(&tokenizer), limits());
@@ -553,23 +553,10 @@ mod tests {
         let trajectories: Vec<Trajectory> = r.episodes.into_iter().map(|e| e.trajectory).collect();
         let mut cfg = crate::trainer::TrainConfig::default();
         cfg.algorithm.normalize_std = false;
-        let batch_cfg = StepBatchConfig::from_config(&cfg, 8).unwrap();
+        let batch_cfg = StepBatchConfig::from_config(&cfg, 8);
         let mut batch = build_step_batch(&trajectories, &batch_cfg, 1).unwrap();
         assert_eq!(batch.real_rows, 16, "one merged row per episode");
-        let update_cfg = UpdateConfig {
-            loss: crate::trainer::loss::LossConfig {
-                clip_low: 0.2,
-                clip_high: 0.2,
-                dual_clip: 0.0,
-                kl_coef: 0.0,
-                kl_estimator: crate::trainer::loss::KlEstimator::K3,
-                entropy_coef: 0.0,
-            },
-            epochs: 1,
-            micro_batch_tokens: 4096,
-            temperature: params.temperature,
-        };
-        recompute_logprobs(&policy, None, &mut batch.rows, &update_cfg);
+        recompute_logprobs(&policy, None, &mut batch.rows, 4096, params.temperature);
         let mut checked = 0;
         for row in &batch.rows {
             for (k, &m) in row.loss_mask.iter().enumerate() {

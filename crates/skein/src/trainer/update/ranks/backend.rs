@@ -2,12 +2,10 @@
 //! policy's and critic's updates use, and, in an MPI job, whether this process is rank 0 (the
 //! whole training loop) or a rank that only serves updates.
 
-use super::ranks::{Job, Ranks, RanksOut, Replica, Replicas};
-use super::update::PassSums;
-use super::TrainConfig;
+use super::{Job, PassSums, Ranks, RanksOut, Replica, Replicas};
 use crate::model::ModelConfig;
+use crate::trainer::config::{DpBackend, TrainConfig};
 use anyhow::Result;
-use tch::Device;
 
 #[cfg(feature = "mpi")]
 use super::mpi::{MpiGroup, MpiRanks};
@@ -25,12 +23,16 @@ pub enum DataParallel {
 impl DataParallel {
     /// Starts MPI for `trainer.dp_backend = "mpi"` (validated: only in builds with MPI).
     pub fn start(cfg: &TrainConfig) -> Result<Self> {
-        match cfg.trainer.dp_backend.as_str() {
+        match cfg.trainer.dp_backend {
             #[cfg(feature = "mpi")]
-            "mpi" => Ok(DataParallel::Mpi(Rc::new(MpiGroup::start(
+            DpBackend::Mpi => Ok(DataParallel::Mpi(Rc::new(MpiGroup::start(
                 cfg.trainer.dp_size,
             )?))),
-            _ => Ok(DataParallel::Threads {
+            #[cfg(not(feature = "mpi"))]
+            DpBackend::Mpi => anyhow::bail!(
+                "`trainer.dp_backend` = \"mpi\" needs a skein built with `--features mpi`"
+            ),
+            DpBackend::Threads => Ok(DataParallel::Threads {
                 dp_size: cfg.trainer.dp_size,
             }),
         }
@@ -42,21 +44,6 @@ impl DataParallel {
             DataParallel::Threads { .. } => 0,
             #[cfg(feature = "mpi")]
             DataParallel::Mpi(group) => group.rank(),
-        }
-    }
-
-    /// A rank other than 0 serves rank 0's updates until it is stopped. `device` is rank 0's.
-    pub fn serve(&self, device: Device) -> Result<()> {
-        match self {
-            DataParallel::Threads { .. } => {
-                let _ = device;
-                Ok(())
-            }
-            #[cfg(feature = "mpi")]
-            DataParallel::Mpi(group) => {
-                let device = super::ranks::rank_device(device, group.rank());
-                super::mpi::serve(group, device)
-            }
         }
     }
 

@@ -85,12 +85,7 @@ pub struct StepStats {
 
 impl Optimizer {
     pub fn new(vs: &nn::VarStore, cfg: &OptimConfig, total_steps: usize) -> Result<Self> {
-        let mut params: Vec<(String, Tensor)> = vs
-            .variables()
-            .into_iter()
-            .filter(|(_, t)| t.requires_grad())
-            .collect();
-        params.sort_by(|a, b| a.0.cmp(&b.0));
+        let params = crate::model::sorted_trainable(vs);
         let zeros = || -> Vec<Tensor> { params.iter().map(|(_, p)| p.zeros_like()).collect() };
         Ok(Optimizer {
             m: zeros(),

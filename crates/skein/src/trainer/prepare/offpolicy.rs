@@ -6,25 +6,8 @@
 //! Tokens sampled by the step's own version weigh exactly 1: recomputed and recorded
 //! log-probs of the same weights differ only by float round-off, which is no policy change.
 
-use super::microbatch::TrainRow;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OffPolicy {
-    /// Truncated importance sampling: weight min(π_old/π_behavior, cap).
-    Tis,
-    /// Decoupled PPO: weight π_old/π_behavior; tokens above the cap are left out.
-    Decoupled,
-}
-
-impl OffPolicy {
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "tis" => Some(OffPolicy::Tis),
-            "decoupled" => Some(OffPolicy::Decoupled),
-            _ => None,
-        }
-    }
-}
+use crate::trainer::batch::TrainRow;
+use crate::trainer::config::OffPolicy;
 
 /// Over loss tokens of real rows.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -34,6 +17,16 @@ pub struct ImportanceStats {
     pub truncated_fraction: f64,
     /// Tokens sampled by an older version than the step's.
     pub off_policy_fraction: f64,
+}
+
+impl ImportanceStats {
+    pub fn metrics(&self) -> [(&'static str, f64); 3] {
+        [
+            ("is/weight_mean", self.weight_mean),
+            ("is/truncated_fraction", self.truncated_fraction),
+            ("is/off_policy_fraction", self.off_policy_fraction),
+        ]
+    }
 }
 
 /// Fills every row's `is_weight` (needs `old_logp`, so call after recomputing it).

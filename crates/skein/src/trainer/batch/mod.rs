@@ -1,13 +1,20 @@
-//! From scored trajectories to what the update consumes: advantages on whole groups (before
-//! anything is reordered or padded), rows, the mini-batch plan, and each row's loss weight
-//! from its mini-batch's global counts. The arithmetic is the planning core's; this module
-//! only moves token ids into `TrainRow`s.
+//! From scored trajectories to a planned batch ([`StepBatch`]): advantages on whole groups
+//! (before anything is reordered or padded), rows, the mini-batch plan, and each row's loss
+//! weight from its mini-batch's global counts. The arithmetic is the planning core's; this
+//! only moves token ids into [`TrainRow`]s. The next stage, `trainer/prepare`, fills in what
+//! needs the models and makes the advantages final.
 
-use super::config::TrainConfig;
-use super::microbatch::TrainRow;
-use super::update::Plan;
-use anyhow::{anyhow, Result};
+mod row;
+
+pub use row::TrainRow;
+
+use crate::trainer::config::{Estimator, TrainConfig};
+use anyhow::Result;
 use skein_plan as plan;
+
+/// Mini-batches → ranks → indices into the step's rows (padding rows included): the planning
+/// core's [`plan::Plan`] over this step's [`TrainRow`]s.
+pub type RowPlan = Vec<Vec<Vec<usize>>>;
 
 pub struct StepBatchConfig {
     pub advantage: plan::AdvantageConfig,
@@ -22,29 +29,24 @@ pub struct StepBatchConfig {
 }
 
 impl StepBatchConfig {
-    pub fn from_config(cfg: &TrainConfig, max_new_tokens: usize) -> Result<Self> {
+    pub fn from_config(cfg: &TrainConfig, max_new_tokens: usize) -> Self {
         let a = &cfg.algorithm;
-        let estimator = match a.estimator.as_str() {
-            "grpo" => plan::Estimator::Grpo {
+        let estimator = match a.estimator {
+            Estimator::Grpo => plan::Estimator::Grpo {
                 normalize_std: a.normalize_std,
             },
-            "dr-grpo" => plan::Estimator::DrGrpo,
-            "rloo" => plan::Estimator::Rloo,
-            "reinforce++" => plan::Estimator::ReinforcePP {
+            Estimator::DrGrpo => plan::Estimator::DrGrpo,
+            Estimator::Rloo => plan::Estimator::Rloo,
+            Estimator::ReinforcePP => plan::Estimator::ReinforcePP {
                 group_baseline: false,
             },
-            "reinforce++-baseline" => plan::Estimator::ReinforcePP {
+            Estimator::ReinforcePPBaseline => plan::Estimator::ReinforcePP {
                 group_baseline: true,
             },
             // Groups still matter for failure accounting; the values come from GAE.
-            "gae" => plan::Estimator::DrGrpo,
-            other => return Err(anyhow!("invalid value `{other}` for `algorithm.estimator`")),
+            Estimator::Gae => plan::Estimator::DrGrpo,
         };
-        let unit = match cfg.trainer.unit.as_str() {
-            "group" => plan::Unit::Group,
-            _ => plan::Unit::Trajectory,
-        };
-        Ok(StepBatchConfig {
+        StepBatchConfig {
             advantage: plan::AdvantageConfig {
                 estimator,
                 drop_equal_reward_groups: a.drop_equal_reward_groups,
@@ -52,22 +54,21 @@ impl StepBatchConfig {
             },
             dp_size: cfg.trainer.dp_size,
             num_mini_batches: cfg.trainer.num_mini_batches,
-            unit,
-            loss_agg: a
-                .loss_agg_mode
-                .parse()
-                .map_err(|e| anyhow!("`algorithm.loss_agg_mode`: {e}"))?,
+            unit: cfg.trainer.unit,
+            loss_agg: a.loss_agg_mode,
             horizon: max_new_tokens,
-            critic: a.estimator == "gae",
-        })
+            critic: a.estimator.needs_critic(),
+        }
     }
 }
 
+/// A step's rows with group advantages and loss weights, planned into mini-batches. With a
+/// critic the advantages are not final yet: `trainer::prepare` replaces them.
 pub struct StepBatch {
     pub rows: Vec<TrainRow>,
     /// Reward of each row's trajectory on its last transition, 0 elsewhere (GAE input).
     pub row_rewards: Vec<f64>,
-    pub plan: Plan,
+    pub plan: RowPlan,
     pub dropped_groups: usize,
     pub failed_trajectories: usize,
     pub padding_rows: usize,
@@ -120,16 +121,7 @@ pub fn build_step_batch(
         batch
             .row_rewards
             .push(if last { t.reward + own } else { own });
-        batch.rows.push(TrainRow {
-            tokens: r.prompt.iter().chain(&r.response).copied().collect(),
-            prompt_len: r.prompt.len(),
-            loss_mask: r.loss_mask.clone(),
-            behavior_logp: r.logprobs.clone(),
-            advantages: vec![r.advantage as f32; r.response.len()],
-            versions: r.versions.clone(),
-            weight: 0.0,
-            ..Default::default()
-        });
+        batch.rows.push(TrainRow::from_plan_row(r));
     }
     for mb in &planned.mini_batches {
         let trajectory_tokens = mb.trajectory_loss_tokens(&shapes);
@@ -149,8 +141,10 @@ pub fn build_step_batch(
                         );
                         idx.push(*i);
                     }
-                    plan::Slot::Padding(_) => {
-                        batch.rows.push(padding_row());
+                    plan::Slot::Padding(id) => {
+                        batch
+                            .rows
+                            .push(TrainRow::from_plan_row(&plan::Row::padding(*id)));
                         batch.row_rewards.push(0.0);
                         idx.push(batch.rows.len() - 1);
                     }
@@ -165,15 +159,14 @@ pub fn build_step_batch(
     Ok(batch)
 }
 
-/// 1 prompt + 1 response token, loss mask 0, weight 0: shapes only, never a gradient.
-fn padding_row() -> TrainRow {
-    TrainRow {
-        tokens: vec![0, 0],
-        prompt_len: 1,
-        loss_mask: vec![0],
-        behavior_logp: vec![0.0],
-        advantages: vec![0.0],
-        weight: 0.0,
-        ..Default::default()
+impl StepBatch {
+    /// The batch's counts for the step's metrics.
+    pub fn metrics(&self) -> [(&'static str, f64); 4] {
+        [
+            ("batch/dropped_groups", self.dropped_groups as f64),
+            ("batch/failed_trajectories", self.failed_trajectories as f64),
+            ("batch/padding_rows", self.padding_rows as f64),
+            ("batch/rows", self.real_rows as f64),
+        ]
     }
 }

@@ -1,8 +1,11 @@
 //! Data-parallel ranks. A backend ([`Ranks`]) runs every rank's rows of a planned mini-batch,
 //! sums the ranks' gradients into rank 0's model, and after rank 0's optimizer step gives every
-//! rank the new weights. Two backends: [`Replicas`], ranks as threads of this process (each
-//! holding its own copy of the model), and, with the `mpi` feature, ranks as MPI processes
-//! (`super::mpi`). The same code drives the policy and the critic ([`Replica`]).
+//! rank the new weights. Two backends: [`threads::Replicas`], ranks as threads of this process
+//! (each holding its own copy of the model), and, with the `mpi` feature, ranks as MPI
+//! processes (`mpi.rs`, rows sent with `wire.rs`); `backend.rs` picks one for a run. The same
+//! code drives the policy and the critic ([`Replica`]). Nothing here knows what a pass
+//! computes: the update hands it a closure (and, for other processes, the pass's settings as
+//! bytes).
 //!
 //! Why one optimizer and a copy rather than N optimizers stepping in lockstep: the copy is
 //! exact, so replicas are bit-identical by construction rather than by every rank repeating the
@@ -10,13 +13,19 @@
 //! set of moments to checkpoint and resume. [`Ranks::finish`] checks it: every rank's weights
 //! must hash to rank 0's after an update.
 
-use super::critic::ValueLossConfig;
-use super::microbatch::TrainRow;
-use super::update::{PassSums, Plan, UpdateConfig};
-use crate::model::{Model, ValueModel};
-use anyhow::{bail, Context, Result};
-use serde::{Deserialize, Serialize};
-use std::time::Instant;
+pub mod backend;
+#[cfg(feature = "mpi")]
+pub mod mpi;
+pub mod threads;
+#[cfg(any(feature = "mpi", test))]
+pub mod wire;
+
+pub use backend::{Backend, DataParallel};
+pub use threads::Replicas;
+
+use crate::model::{sorted_trainable, Model, ValueModel};
+use crate::trainer::batch::{RowPlan, TrainRow};
+use anyhow::{bail, Result};
 use tch::{nn, Device, Tensor};
 
 /// A model data-parallel ranks hold copies of: the policy or the critic.
@@ -52,23 +61,33 @@ impl Replica for ValueModel {
 }
 
 /// What the other ranks need to run their part of one update: the step's rows, the plan, and
-/// which pass to run on them.
+/// which pass to run on them (its settings, encoded by the update).
 pub struct Job<'a> {
     pub rows: &'a [TrainRow],
-    pub plan: &'a Plan,
-    pub pass: PassKind,
+    pub plan: &'a RowPlan,
+    pub pass: Vec<u8>,
 }
 
-/// The per-rank pass of an update, with its settings.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub enum PassKind {
-    /// The clipped policy loss ([`super::update::rank_pass`]).
-    Policy {
-        reference_on: bool,
-        cfg: UpdateConfig,
-    },
-    /// The clipped value loss ([`super::critic::critic_pass`]).
-    Critic(ValueLossConfig),
+/// Metric sums over masked tokens that a rank's pass accumulates, micro-batch by micro-batch.
+#[derive(Debug, Default, Clone)]
+pub struct PassSums {
+    pub tokens: f64,
+    pub clipped: f64,
+    pub kl: f64,
+    pub entropy: f64,
+    pub ref_kl: f64,
+    pub micro_batches: usize,
+}
+
+impl PassSums {
+    pub fn add(&mut self, o: &PassSums) {
+        self.tokens += o.tokens;
+        self.clipped += o.clipped;
+        self.kl += o.kl;
+        self.entropy += o.entropy;
+        self.ref_kl += o.ref_kl;
+        self.micro_batches += o.micro_batches;
+    }
 }
 
 /// What the ranks of one mini-batch produced.
@@ -115,7 +134,7 @@ pub trait Ranks<M: Replica> {
 
 /// With more than one rank, every mini-batch of the plan must have exactly one row list per
 /// rank.
-pub fn check_plan(plan: &Plan, ranks: usize) -> Result<()> {
+pub fn check_plan(plan: &RowPlan, ranks: usize) -> Result<()> {
     if ranks == 1 {
         return Ok(());
     }
@@ -144,126 +163,6 @@ pub fn rank_device(base: Device, rank: usize) -> Device {
     }
 }
 
-/// Ranks as threads of this process: rank 0 is the model itself, on the calling thread; each
-/// further rank owns a replica and runs on its own OS thread (a `Tensor` may move between
-/// threads but not be shared, so every thread holds its own model). With no replicas (dp 1)
-/// every rank list of a mini-batch runs on the one model, one after another.
-pub struct Replicas<M: Replica> {
-    models: Vec<M>,
-}
-
-impl<M: Replica> Replicas<M> {
-    /// `dp_size - 1` copies of `model`, rank k on [`rank_device`]; none for dp 1.
-    pub fn new(model: &M, dp_size: usize) -> Result<Self> {
-        let base = model.vars().device();
-        let mut models = Vec::with_capacity(dp_size.saturating_sub(1));
-        for rank in 1..dp_size {
-            let mut m = model
-                .same_shape(rank_device(base, rank))
-                .with_context(|| format!("building the model replica of rank {rank}"))?;
-            m.vars_mut().copy(model.vars())?;
-            models.push(m);
-        }
-        Ok(Replicas { models })
-    }
-
-    /// The replicas, for checks (rank 1 first).
-    pub fn models(&self) -> &[M] {
-        &self.models
-    }
-
-    /// Adds every replica's gradient to the model's, rank by rank in a fixed order (so the
-    /// result does not depend on which thread finished first).
-    fn all_reduce_into(&self, model: &M) {
-        let params = trainable(model.vars());
-        let replica_params: Vec<_> = self.models.iter().map(|m| trainable(m.vars())).collect();
-        tch::no_grad(|| {
-            for (k, (name, p)) in params.iter().enumerate() {
-                for rp in &replica_params {
-                    let (rname, r) = &rp[k];
-                    debug_assert_eq!(name, rname);
-                    let g = r.grad();
-                    if !g.defined() {
-                        continue;
-                    }
-                    add_grad(p, &g.to_device(p.device()));
-                }
-            }
-        });
-    }
-}
-
-impl<M: Replica> Ranks<M> for Replicas<M> {
-    fn size(&self) -> usize {
-        self.models.len() + 1
-    }
-
-    fn begin(&mut self, model: &M, job: &Job) -> Result<()> {
-        check_plan(job.plan, self.size())?;
-        self.sync(model)
-    }
-
-    fn run<F>(&mut self, model: &M, mini_batch: &[Vec<usize>], pass: F) -> Result<RanksOut>
-    where
-        F: Fn(&M, &[usize], &mut PassSums) -> f64 + Sync,
-    {
-        let timed = |m: &M, lists: &[Vec<usize>]| {
-            let t = Instant::now();
-            let mut sums = PassSums::default();
-            let loss = lists.iter().map(|rows| pass(m, rows, &mut sums)).sum();
-            (loss, sums, t.elapsed().as_secs_f64())
-        };
-        if self.models.is_empty() {
-            return Ok(RanksOut::from_ranks(vec![timed(model, mini_batch)]));
-        }
-        let results = std::thread::scope(|s| {
-            let handles: Vec<_> = self
-                .models
-                .iter_mut()
-                .zip(mini_batch[1..].chunks(1))
-                .map(|(m, lists)| {
-                    let timed = &timed;
-                    s.spawn(move || {
-                        zero_grads(m.vars());
-                        timed(m, lists)
-                    })
-                })
-                .collect();
-            let mut out = vec![timed(model, &mini_batch[..1])];
-            for h in handles {
-                match h.join() {
-                    Ok(r) => out.push(r),
-                    // A rank that panicked fails the update as it would on one thread.
-                    Err(payload) => std::panic::resume_unwind(payload),
-                }
-            }
-            out
-        });
-        self.all_reduce_into(model);
-        Ok(RanksOut::from_ranks(results))
-    }
-
-    fn sync(&mut self, model: &M) -> Result<()> {
-        for m in &mut self.models {
-            m.vars_mut().copy(model.vars())?;
-        }
-        Ok(())
-    }
-
-    fn finish(&mut self, model: &M) -> Result<()> {
-        let want = fingerprint(model.vars());
-        for (k, m) in self.models.iter().enumerate() {
-            if fingerprint(m.vars()) != want {
-                bail!(
-                    "rank {}'s weights differ from rank 0's after the update",
-                    k + 1
-                );
-            }
-        }
-        Ok(())
-    }
-}
-
 /// Adds `g` to `p`'s gradient, creating it when `p` has none yet.
 pub fn add_grad(p: &Tensor, g: &Tensor) {
     let mut own = p.grad();
@@ -273,17 +172,6 @@ pub fn add_grad(p: &Tensor, g: &Tensor) {
         // d/dp Σ(p·g) = g: autograd's own accumulation creates the gradient.
         tch::with_grad(|| (p * g).sum(tch::Kind::Float).backward());
     }
-}
-
-/// Trainable variables by name, sorted: the same order on every replica.
-pub fn trainable(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
-    let mut v: Vec<(String, Tensor)> = vs
-        .variables()
-        .into_iter()
-        .filter(|(_, t)| t.requires_grad())
-        .collect();
-    v.sort_by(|a, b| a.0.cmp(&b.0));
-    v
 }
 
 pub fn zero_grads(vs: &nn::VarStore) {
@@ -299,7 +187,7 @@ pub fn zero_grads(vs: &nn::VarStore) {
 /// weights are bit-identical (up to hash collisions).
 pub fn fingerprint(vs: &nn::VarStore) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for (name, t) in trainable(vs) {
+    for (name, t) in sorted_trainable(vs) {
         for b in name.bytes().chain(tensor_bytes(&t)) {
             h ^= b as u64;
             h = h.wrapping_mul(0x0100_0000_01b3);
@@ -328,7 +216,21 @@ pub struct Layout {
     pub balance: f64,
 }
 
-pub fn layout(rows: &[TrainRow], plan: &Plan) -> Layout {
+impl Layout {
+    /// The step's `dp/*` metrics, with `wait_s` the ranks' summed wait at the all-reduce.
+    pub fn metrics(&self, wait_s: f64) -> [(&'static str, f64); 6] {
+        [
+            ("dp/rows_per_rank_max", self.rows_max),
+            ("dp/rows_per_rank_mean", self.rows_mean),
+            ("dp/tokens_per_rank_max", self.tokens_max),
+            ("dp/tokens_per_rank_mean", self.tokens_mean),
+            ("dp/balance", self.balance),
+            ("dp/allreduce_wait_s", wait_s),
+        ]
+    }
+}
+
+pub fn layout(rows: &[TrainRow], plan: &RowPlan) -> Layout {
     let (mut rows_max, mut tokens_max, mut rows_sum, mut tokens_sum) = (0usize, 0usize, 0, 0);
     let (mut ranks, mut balance) = (0usize, 0.0);
     for mb in plan {

@@ -3,10 +3,10 @@
 //! epoch order whose position the trainer checkpoints. Responses are scored by math answer
 //! equivalence against the row's ground truth (`[reward]` routes can replace that).
 
-use super::config::TrainConfig;
-use super::rollout::PromptBatch;
+use super::judge::PromptBatch;
+use crate::trainer::config::{DataConfig, TrainConfig};
 use anyhow::{bail, Context, Result};
-use skein_data::{fit, Fit, PromptRow, ReadOptions, Sampler, Truncation};
+use skein_data::{fit, Fit, PromptRow, ReadOptions, Sampler};
 use skein_reward::math;
 use skein_tasks::{Problem, Score, Task, TaskRng};
 use skein_text::{ChatTemplate, Message, Tokenizer};
@@ -237,7 +237,7 @@ pub fn fit_split(
     cfg: &TrainConfig,
     split: &str,
 ) -> Result<(Vec<Problem>, DataCounts)> {
-    let (max, truncation) = (cfg.data.max_prompt_tokens, truncation(cfg)?);
+    let (max, truncation) = (cfg.data.max_prompt_tokens, cfg.data.truncation);
     let mut counts = DataCounts::default();
     let mut kept = Vec::with_capacity(problems.len());
     for (i, mut p) in problems.into_iter().enumerate() {
@@ -284,13 +284,6 @@ fn cut_to_fit(
     }
 }
 
-fn truncation(cfg: &TrainConfig) -> Result<Truncation> {
-    cfg.data
-        .truncation
-        .parse()
-        .map_err(|e: String| anyhow::anyhow!("`data.truncation`: {e}"))
-}
-
 /// Every character of the prompts and answers: the vocabulary of a from-scratch model.
 fn alphabet_of<'a>(problems: impl Iterator<Item = &'a Problem>) -> String {
     let mut chars = BTreeSet::new();
@@ -317,12 +310,7 @@ struct Inner {
 }
 
 impl DatasetTask {
-    pub fn new(
-        name: String,
-        problems: Vec<Problem>,
-        alphabet: &str,
-        cfg: &super::config::DataConfig,
-    ) -> Self {
+    pub fn new(name: String, problems: Vec<Problem>, alphabet: &str, cfg: &DataConfig) -> Self {
         let sampler = Sampler::new(problems.len(), cfg.seed, cfg.shuffle);
         let max_response_chars = problems
             .iter()
@@ -437,7 +425,7 @@ mod tests {
                 meta: serde_json::Value::Null,
             })
             .collect();
-        let cfg = super::super::config::DataConfig::default();
+        let cfg = DataConfig::default();
         let task = DatasetTask::new("d".into(), problems, "0123456789+=", &cfg);
         let mut rng = TaskRng::new(0);
         let first: Vec<_> = (0..5).map(|_| task.sample(&mut rng).ground_truth).collect();

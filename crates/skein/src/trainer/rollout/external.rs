@@ -8,16 +8,17 @@
 //! agents' concurrent calls are batched together; between rollouts their calls wait in the
 //! queue for the next phase.
 
-use super::config::TrainConfig;
-use super::partial::{PartialStats, StepRollout};
-use super::reward::RewardStats;
-use crate::engine::{self, Control, Engine, EngineHandle, EngineQueue};
+use super::prompts::PromptTask;
+use super::{EvalResult, SourceStats, StepContext, StepRollout, Workload, WorkloadState};
+use crate::engine::{self, Control, EngineHandle, EngineQueue, Generator, SamplingParams};
 use crate::model::Model;
 use crate::serve::{self, RecordedRollout, RolloutStore, ServeConfig, ServeState, TaskSpec};
+use crate::trainer::batch::TrainRow;
+use crate::trainer::config::TrainConfig;
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 use skein_plan::{Status, Trajectory, Transition};
-use skein_tasks::{Task, TaskRng};
+
 use skein_text::Tokenizer;
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
@@ -47,7 +48,11 @@ impl ExternalStats {
     }
 }
 
-pub struct ExternalAgents {
+/// The policy served to external agents, and the single-turn task whose problems they get.
+pub struct External {
+    task: PromptTask,
+    groups: usize,
+    samples: usize,
     handle: EngineHandle,
     queue: EngineQueue,
     store: Arc<RolloutStore>,
@@ -58,9 +63,14 @@ pub struct ExternalAgents {
     capacity: i64,
 }
 
-impl ExternalAgents {
+impl External {
     /// Starts the server on `agent.listen` and the configured agent processes.
-    pub fn start(cfg: &TrainConfig, tokenizer: &Tokenizer, policy: &Model) -> Result<Self> {
+    pub fn start(
+        cfg: &TrainConfig,
+        task: PromptTask,
+        tokenizer: &Tokenizer,
+        policy: &Model,
+    ) -> Result<Self> {
         let a = &cfg.agent;
         let (handle, queue) = engine::channel();
         let capacity = policy.net.max_positions();
@@ -85,7 +95,10 @@ impl ExternalAgents {
         for i in 0..a.workers {
             workers.push(start_worker(&a.command, &url, &a.api_key, i)?);
         }
-        Ok(ExternalAgents {
+        Ok(External {
+            task,
+            groups: cfg.rollout.prompts_per_step,
+            samples: cfg.rollout.samples_per_prompt,
             handle,
             queue,
             store,
@@ -95,26 +108,21 @@ impl ExternalAgents {
             capacity,
         })
     }
+}
 
-    /// One step: hands out `groups × samples` tasks, serves the agents' calls with the policy
-    /// at `version` until every rollout is closed (or timed out, failing it), and returns the
-    /// recorded trajectories.
-    #[allow(clippy::too_many_arguments)]
-    pub fn step(
-        &mut self,
-        engine: &Engine,
-        policy: &Model,
-        version: u64,
-        task: &dyn Task,
-        rng: &mut TaskRng,
-        step: usize,
-        groups: usize,
-        samples: usize,
-    ) -> Result<(StepRollout, ExternalStats)> {
-        let mut specs = Vec::with_capacity(groups * samples);
-        for p in 0..groups {
-            let problem = task.sample(rng);
-            for k in 0..samples {
+impl Workload for External {
+    /// Hands out `groups × samples` tasks, serves the agents' calls with the policy at the
+    /// step's version until every rollout is closed (or timed out, failing it), and returns
+    /// the recorded trajectories.
+    fn rollout(&mut self, ctx: &StepContext) -> Result<StepRollout> {
+        let Generator::Local(engine) = ctx.engine else {
+            bail!("external agents need rollout.engine = \"local\" (they call this engine)");
+        };
+        let (step, version) = (ctx.step, ctx.version);
+        let mut specs = Vec::with_capacity(self.groups * self.samples);
+        for p in 0..self.groups {
+            let problem = self.task.task.sample(&mut self.task.rng);
+            for k in 0..self.samples {
                 specs.push(TaskSpec {
                     rollout_id: format!("s{step}-p{p}-s{k}"),
                     group: format!("s{step}-p{p}"),
@@ -138,7 +146,9 @@ impl ExternalAgents {
             store.wait_closed_blocking(n, timeout);
             let _ = handle.control(Control::EndPhase);
         });
-        let (engine_stats, _) = self.queue.run_phase(engine, policy, version, self.capacity);
+        let (engine_stats, _) = self
+            .queue
+            .run_phase(engine, ctx.policy, version, self.capacity);
         let _ = watcher.join();
 
         let mut recorded = self.store.take_closed();
@@ -164,29 +174,41 @@ impl ExternalAgents {
             .collect();
         recorded.retain(|r| order.contains_key(r.rollout_id.as_str()));
         recorded.sort_by_key(|r| order[r.rollout_id.as_str()]);
-        let mut out = StepRollout {
-            trajectories: Vec::with_capacity(n),
-            correct: Vec::with_capacity(n),
-            engine: engine_stats,
-            stats: PartialStats {
-                rounds: 1,
-                generated_tokens: engine_stats.generated_tokens,
-                ..PartialStats::default()
-            },
-            rewards: RewardStats::default(),
-        };
+        let (mut trajectories, mut correct) = (Vec::with_capacity(n), Vec::with_capacity(n));
         for r in recorded {
-            let (t, correct) = trajectory(r);
+            let (t, ok) = trajectory(r);
             stats.calls += t.transitions.len();
-            if !t.is_failed() {
-                out.stats.trained_tokens +=
-                    t.transitions.iter().map(|x| x.loss_tokens()).sum::<usize>();
-            }
-            out.stats.requests += t.transitions.len();
-            out.trajectories.push(t);
-            out.correct.push(correct);
+            trajectories.push(t);
+            correct.push(ok);
         }
-        Ok((out, stats))
+        Ok(StepRollout::new(
+            trajectories,
+            correct,
+            engine_stats,
+            version,
+            SourceStats::External(stats),
+        ))
+    }
+
+    /// The held-out prompts, answered by the trainer's own engine.
+    fn evaluate(&self, ctx: &StepContext) -> EvalResult {
+        self.task.evaluate(ctx)
+    }
+
+    fn demonstration(
+        &mut self,
+        tokenizer: &Tokenizer,
+        sampling: &SamplingParams,
+    ) -> Result<TrainRow> {
+        self.task.demonstration(tokenizer, sampling)
+    }
+
+    fn state(&self) -> WorkloadState {
+        self.task.state(&Default::default())
+    }
+
+    fn data_metrics(&self, first: bool) -> Vec<(&'static str, f64)> {
+        self.task.data_metrics(first)
     }
 }
 
@@ -239,7 +261,7 @@ fn start_worker(command: &[String], url: &str, api_key: &str, index: usize) -> R
         .with_context(|| format!("starting the agent `{}` (agent.command)", command.join(" ")))
 }
 
-impl Drop for ExternalAgents {
+impl Drop for External {
     fn drop(&mut self) {
         for w in &mut self.workers {
             let _ = w.kill();

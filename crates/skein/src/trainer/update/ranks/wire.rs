@@ -2,7 +2,7 @@
 //! Little-endian, length-prefixed vectors; floats travel as their bits, so a row arrives
 //! exactly as it left (JSON would round-trip them too, at several times the size and time).
 
-use super::microbatch::TrainRow;
+use crate::trainer::batch::TrainRow;
 use anyhow::{bail, Result};
 
 pub fn encode_rows(rows: &[TrainRow]) -> Vec<u8> {

@@ -1,9 +1,16 @@
 //! Every key of a training run, with its default. `skein train --print-config` prints them.
+//!
+//! A key with a fixed set of values is an enum here, so a wrong value is a load error that
+//! names the key and the allowed values, and no code downstream parses a string again.
 
-use super::loss::KlEstimator;
-use super::optim::OptimConfig;
+pub mod validate;
+
 use crate::engine::SamplingParams;
+use crate::trainer::update::optim::OptimConfig;
+use crate::trainer::update::policy_loss::KlEstimator;
 use serde::{Deserialize, Serialize};
+use skein_data::Truncation;
+use skein_plan::{LossAggMode, Unit};
 use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -39,10 +46,48 @@ pub struct RunConfig {
     /// Run directory: resolved config, metrics.jsonl, plot.png, checkpoints.
     pub dir: String,
     pub seed: u64,
-    /// `cpu`, `cuda` or `cuda:N`.
+    /// `cpu`, `cuda` or `cuda:N` (read with [`RunConfig::device`]).
     pub device: String,
     /// Threads libtorch may use (0 = its default).
     pub threads: usize,
+}
+
+impl RunConfig {
+    /// The libtorch device `run.device` names.
+    pub fn device(&self) -> anyhow::Result<tch::Device> {
+        parse_device(&self.device)
+    }
+
+    /// The device, with libtorch set to `run.threads` threads.
+    pub fn start_device(&self) -> anyhow::Result<tch::Device> {
+        start_device(&self.device, self.threads)
+    }
+}
+
+/// The device `device` names, with libtorch set to `threads` threads (0 keeps its default):
+/// the start of every command that computes.
+pub fn start_device(device: &str, threads: usize) -> anyhow::Result<tch::Device> {
+    let device = parse_device(device)?;
+    if threads > 0 {
+        tch::set_num_threads(threads as i32);
+    }
+    Ok(device)
+}
+
+/// `cpu`, `cuda` (the first GPU, or the CPU without one) or `cuda:N`.
+pub fn parse_device(s: &str) -> anyhow::Result<tch::Device> {
+    match s {
+        "cpu" => Ok(tch::Device::Cpu),
+        "cuda" => Ok(tch::Device::cuda_if_available()),
+        other => match other.strip_prefix("cuda:").and_then(|n| n.parse().ok()) {
+            Some(n) => Ok(tch::Device::Cuda(n)),
+            None => {
+                anyhow::bail!(
+                    "invalid value `{other}` for `run.device` (allowed: cpu, cuda, cuda:N)"
+                )
+            }
+        },
+    }
 }
 
 impl Default for RunConfig {
@@ -136,7 +181,7 @@ pub struct DataConfig {
     /// A prompt over the limit: `error`, `filter` (left out, counted as
     /// `data/filtered_prompts`), `left` or `right` (tokens cut from that side, counted as
     /// `data/truncated_prompts`).
-    pub truncation: String,
+    pub truncation: Truncation,
     /// Visit the rows of each epoch in a seeded random order (else in file order).
     pub shuffle: bool,
     pub seed: u64,
@@ -149,7 +194,7 @@ impl Default for DataConfig {
             val_files: Vec::new(),
             skip_bad_rows: false,
             max_prompt_tokens: 1024,
-            truncation: "filter".into(),
+            truncation: Truncation::Filter,
             shuffle: true,
             seed: 0,
         }
@@ -188,7 +233,7 @@ pub struct RolloutConfig {
     pub partial: PartialConfig,
     /// `local` (the embedded engine on the policy's weights) or `remote` (an OpenAI-compatible
     /// server at `rollout.remote.url`, given the policy's weights after every step).
-    pub engine: String,
+    pub engine: EngineKind,
     pub remote: crate::engine::RemoteEngineConfig,
 }
 
@@ -207,7 +252,7 @@ pub struct PartialConfig {
     /// What happens to a group that would exceed `max_staleness`: `drop` (discard the whole
     /// group, counted) or `finish-first` (its paused samples run to the end, without a budget,
     /// in the last iteration that keeps it within the cap).
-    pub on_stale: String,
+    pub on_stale: OnStale,
     /// Complete groups a step needs before it trains (0: `rollout.prompts_per_step`).
     pub min_groups: usize,
 }
@@ -218,7 +263,7 @@ impl Default for PartialConfig {
             enabled: false,
             token_budget: 16,
             max_staleness: 4,
-            on_stale: "finish-first".into(),
+            on_stale: OnStale::FinishFirst,
             min_groups: 0,
         }
     }
@@ -235,7 +280,7 @@ impl Default for RolloutConfig {
                 ..Default::default()
             },
             partial: PartialConfig::default(),
-            engine: "local".into(),
+            engine: EngineKind::Local,
             remote: Default::default(),
         }
     }
@@ -246,7 +291,7 @@ impl Default for RolloutConfig {
 pub struct AlgorithmConfig {
     /// `grpo`, `dr-grpo`, `rloo`, `reinforce++`, `reinforce++-baseline`, or `gae` (PPO with a
     /// critic: a value head on the same architecture, initialised from the policy).
-    pub estimator: String,
+    pub estimator: Estimator,
     /// GRPO only: divide group-centred rewards by the group's standard deviation.
     pub normalize_std: bool,
     /// DAPO dynamic sampling: drop groups whose rewards are all equal (counted).
@@ -261,7 +306,7 @@ pub struct AlgorithmConfig {
     pub entropy_coef: f64,
     /// `token-mean`, `seq-mean-token-sum`, `seq-mean-token-mean`, `seq-mean-token-sum-norm`
     /// or `trajectory-mean`.
-    pub loss_agg_mode: String,
+    pub loss_agg_mode: LossAggMode,
     /// GAE discount and λ (critic path).
     pub gamma: f64,
     pub lambda: f64,
@@ -273,14 +318,14 @@ pub struct AlgorithmConfig {
     /// `tis` scales their surrogate by min(π_old/π_behavior, `is_cap`); `decoupled` scales it
     /// by π_old/π_behavior (the proximal policy is π_old) and leaves out tokens whose weight
     /// exceeds `is_cap`. Tokens of the current version always weigh exactly 1.
-    pub off_policy: String,
+    pub off_policy: OffPolicy,
     pub is_cap: f64,
 }
 
 impl Default for AlgorithmConfig {
     fn default() -> Self {
         AlgorithmConfig {
-            estimator: "grpo".into(),
+            estimator: Estimator::Grpo,
             normalize_std: true,
             drop_equal_reward_groups: false,
             clip_low: 0.2,
@@ -289,12 +334,12 @@ impl Default for AlgorithmConfig {
             kl_coef: 0.0,
             kl_estimator: KlEstimator::K3,
             entropy_coef: 0.0,
-            loss_agg_mode: "token-mean".into(),
+            loss_agg_mode: LossAggMode::TokenMean,
             gamma: 1.0,
             lambda: 1.0,
             value_clip: 0.5,
             critic_lr: 1e-3,
-            off_policy: "tis".into(),
+            off_policy: OffPolicy::Tis,
             is_cap: 2.0,
         }
     }
@@ -314,11 +359,11 @@ pub struct TrainerConfig {
     pub dp_size: usize,
     /// Where ranks run: `threads` (of this process) or `mpi` (one process per rank, started by
     /// `mpirun -np <dp_size>`; needs a build with `--features mpi`).
-    pub dp_backend: String,
+    pub dp_backend: DpBackend,
     /// Most padded tokens per micro-batch (gradient accumulation beyond that).
     pub micro_batch_tokens: usize,
     /// What must stay in one mini-batch: `trajectory` or `group`.
-    pub unit: String,
+    pub unit: Unit,
     /// Save a resumable checkpoint (`checkpoint-N`: weights and trainer state) every N steps;
     /// 0 writes only the final model (`checkpoint/`).
     pub checkpoint_every: usize,
@@ -336,9 +381,9 @@ impl Default for TrainerConfig {
             ppo_epochs: 1,
             num_mini_batches: 2,
             dp_size: 1,
-            dp_backend: "threads".into(),
+            dp_backend: DpBackend::Threads,
             micro_batch_tokens: 8192,
-            unit: "trajectory".into(),
+            unit: Unit::Trajectory,
             checkpoint_every: 0,
             keep_last: 0,
             max_consecutive_skips: 3,
@@ -371,7 +416,7 @@ pub struct AgentConfig {
     /// `"calculator"`). `external`: the policy is served over an OpenAI-compatible API and
     /// external agents take the task's problems at `GET /tasks/next`, call the model through
     /// each rollout's own URL and post its reward; the trainer learns from what they recorded.
-    pub kind: String,
+    pub kind: AgentKind,
     /// Messages an episode may take before it is cut off (0: the task's own limit).
     pub max_turns: usize,
     /// Most tokens of an episode, first prompt and inserted replies included (0: the model's
@@ -402,7 +447,7 @@ pub struct AgentConfig {
 impl Default for AgentConfig {
     fn default() -> Self {
         AgentConfig {
-            kind: "builtin".into(),
+            kind: AgentKind::Builtin,
             max_turns: 0,
             max_tokens: 0,
             env_timeout_s: 10.0,
@@ -414,4 +459,79 @@ impl Default for AgentConfig {
             rollout_timeout_s: 300.0,
         }
     }
+}
+
+/// `rollout.engine`: where rollouts are generated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineKind {
+    /// The embedded engine, on the policy's own weights.
+    Local,
+    /// An OpenAI-compatible server, given the policy's weights after every step.
+    Remote,
+}
+
+/// `rollout.partial.on_stale`: a group that would exceed `max_staleness`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnStale {
+    /// Discard the whole group (counted).
+    Drop,
+    /// Run its paused samples to the end in the last iteration that keeps it within the cap.
+    FinishFirst,
+}
+
+/// `algorithm.estimator`: how a trajectory's advantage is computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Estimator {
+    #[serde(rename = "grpo")]
+    Grpo,
+    #[serde(rename = "dr-grpo")]
+    DrGrpo,
+    #[serde(rename = "rloo")]
+    Rloo,
+    #[serde(rename = "reinforce++")]
+    ReinforcePP,
+    #[serde(rename = "reinforce++-baseline")]
+    ReinforcePPBaseline,
+    /// PPO with a critic: per-token GAE advantages.
+    #[serde(rename = "gae")]
+    Gae,
+}
+
+impl Estimator {
+    /// Whether the run trains a critic (value model) beside the policy.
+    pub fn needs_critic(self) -> bool {
+        self == Estimator::Gae
+    }
+}
+
+/// `algorithm.off_policy`: the correction for tokens an older policy sampled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OffPolicy {
+    /// Truncated importance sampling: weight min(π_old/π_behavior, cap).
+    Tis,
+    /// Decoupled PPO: weight π_old/π_behavior; tokens above the cap are left out.
+    Decoupled,
+}
+
+/// `trainer.dp_backend`: where data-parallel ranks run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DpBackend {
+    /// Threads of this process, each rank beyond the first with a replica.
+    Threads,
+    /// One MPI process per rank (`mpirun -np <dp_size>`; a build with `--features mpi`).
+    Mpi,
+}
+
+/// `agent.kind`: who runs multi-turn episodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AgentKind {
+    /// This process (multi-turn tasks' environments), or plain prompts for single-turn tasks.
+    Builtin,
+    /// Programs outside calling the served policy over an OpenAI-compatible API.
+    External,
 }

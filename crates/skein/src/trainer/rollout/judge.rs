@@ -1,17 +1,21 @@
-//! One step's rollouts: sample prompts, generate `n` responses each, and score every response
-//! the moment it finishes. The task's checker runs inside the engine's callback (it judges
-//! `correct`, and is the reward when no `[reward]` sources are configured); configured sources
-//! only receive the request there and are collected after generation, so scoring overlaps it.
+//! Judging single-turn responses: the task's checker scores a finished response the moment
+//! it finishes (it judges `correct`, and is the reward when no `[reward]` sources are
+//! configured); configured sources only receive the request then and are collected after
+//! generation, so scoring overlaps it. [`answer_prompts`] runs a fixed batch of prompts this
+//! way (evaluation); the training rollout does the same per round in `buffer.rs`.
 
 use super::reward::{failed_status, request, RewardStats, RoundRewards};
+use super::EvalResult;
 use crate::engine::{EngineStats, Finish, GenRequest, Generator, SamplingParams};
 use crate::model::Model;
+use serde::{Deserialize, Serialize};
 use skein_plan::{Status, Trajectory, Transition};
 use skein_reward::Rewarder;
 use skein_tasks::{Problem, Task};
 use skein_text::Tokenizer;
 
-pub struct Rollouts {
+/// Scored answers to a batch of prompts.
+pub struct Answers {
     pub trajectories: Vec<Trajectory>,
     /// Parallel to `trajectories`: whether the task judged the answer correct.
     pub correct: Vec<bool>,
@@ -24,20 +28,29 @@ pub struct PromptBatch {
     pub prompt_ids: Vec<Vec<u32>>,
 }
 
-/// Generates `n` samples for each prompt and scores them as they finish.
-#[allow(clippy::too_many_arguments)]
-pub fn collect(
-    engine: &Generator,
-    policy: &Model,
-    version: u64,
-    task: &dyn Task,
-    tokenizer: &Tokenizer,
-    batch: &PromptBatch,
-    n: usize,
-    params: &SamplingParams,
-    tag: &str,
-    rewarder: Option<&Rewarder>,
-) -> Rollouts {
+/// How one batch of prompts is answered: the judge and the generation settings.
+pub struct Answering<'a> {
+    pub engine: &'a Generator,
+    pub policy: &'a Model,
+    pub version: u64,
+    pub task: &'a dyn Task,
+    pub tokenizer: &'a Tokenizer,
+    pub params: &'a SamplingParams,
+    pub rewarder: Option<&'a Rewarder>,
+}
+
+/// Generates `n` samples for each prompt and scores them as they finish; trajectory ids are
+/// `{tag}-p{prompt}-s{sample}`.
+pub fn answer_prompts(a: &Answering, batch: &PromptBatch, n: usize, tag: &str) -> Answers {
+    let Answering {
+        engine,
+        policy,
+        version,
+        task,
+        tokenizer,
+        params,
+        rewarder,
+    } = *a;
     let mut requests = Vec::with_capacity(batch.problems.len() * n);
     for (p, ids) in batch.prompt_ids.iter().enumerate() {
         for k in 0..n {
@@ -56,7 +69,7 @@ pub fn collect(
     let stats = engine.generate(policy, version, requests, |out| {
         let id = out.id as usize;
         let (p, k) = (id / n, id % n);
-        let judged = score_response(
+        let mut judged = score_response(
             task,
             tokenizer,
             &batch.problems[p],
@@ -65,7 +78,7 @@ pub fn collect(
             &params.stop_token_ids,
         );
         let traj_id = format!("{tag}-p{p}-s{k}");
-        if let (true, Some(text)) = (round.active(), judged.text) {
+        if let (true, Some(text)) = (round.active(), judged.text.take()) {
             let req = request(
                 traj_id.clone(),
                 &batch.problems[p],
@@ -75,17 +88,20 @@ pub fn collect(
             );
             round.submit(id, req);
         }
+        let sampled = Sampled {
+            tokens: out.tokens,
+            logprobs: out.logprobs,
+            versions: out.versions,
+        };
+        let correct = judged.correct;
         let trajectory = single_turn(
             traj_id,
             format!("{tag}-p{p}"),
             batch.prompt_ids[p].clone(),
-            out.tokens,
-            out.logprobs,
-            out.versions,
-            judged.reward,
-            judged.status,
+            sampled,
+            judged,
         );
-        slots[id] = Some((trajectory, judged.correct));
+        slots[id] = Some((trajectory, correct));
     });
     let rewards = round.finish(|id, result| {
         if let Some((t, _)) = &mut slots[id] {
@@ -93,7 +109,7 @@ pub fn collect(
         }
     });
     let (trajectories, correct) = slots.into_iter().flatten().unzip();
-    Rollouts {
+    Answers {
         trajectories,
         correct,
         engine: stats,
@@ -172,31 +188,60 @@ pub fn score_response(
     }
 }
 
-/// A one-call trajectory whose every response token was sampled by the policy.
-#[allow(clippy::too_many_arguments)]
+/// Tokens sampled for one response, exactly as sampled: ids, behavior log-probs and the
+/// policy version of each.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Sampled {
+    pub tokens: Vec<u32>,
+    pub logprobs: Vec<f32>,
+    pub versions: Vec<u64>,
+}
+
+/// A one-call trajectory whose every response token was sampled by the policy, with the
+/// judge's reward and status.
 pub fn single_turn(
     id: String,
     group: String,
     prompt: Vec<u32>,
-    response: Vec<u32>,
-    logprobs: Vec<f32>,
-    versions: Vec<u64>,
-    reward: f64,
-    status: Status,
+    sampled: Sampled,
+    judged: Judged,
 ) -> Trajectory {
-    let len = response.len();
+    let len = sampled.tokens.len();
     Trajectory {
         id,
         group,
         transitions: vec![Transition {
             prompt,
-            response,
+            response: sampled.tokens,
             loss_mask: vec![1; len],
-            logprobs,
-            versions,
+            logprobs: sampled.logprobs,
+            versions: sampled.versions,
             reward: None,
         }],
-        reward,
-        status,
+        reward: judged.reward,
+        status: judged.status,
+    }
+}
+
+/// Greedy answers to a held-out batch: the fraction judged correct and the mean reward.
+pub fn evaluate(a: &Answering, batch: &PromptBatch) -> EvalResult {
+    let greedy = SamplingParams {
+        temperature: 0.0,
+        ..a.params.clone()
+    };
+    let r = answer_prompts(
+        &Answering {
+            params: &greedy,
+            version: 0,
+            ..*a
+        },
+        batch,
+        1,
+        "eval",
+    );
+    let n = r.trajectories.len().max(1) as f64;
+    EvalResult {
+        accuracy: r.correct.iter().filter(|&&c| c).count() as f64 / n,
+        mean_reward: r.trajectories.iter().map(|t| t.reward).sum::<f64>() / n,
     }
 }

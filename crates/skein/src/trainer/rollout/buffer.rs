@@ -1,4 +1,4 @@
-//! The rollout of one training step, with partial rollout: every sample may generate at most
+//! The rollout of single-turn prompts for one training step, with partial rollout: every sample may generate at most
 //! a token budget per iteration; one that reaches it pauses with its token ids, behavior
 //! log-probs and policy versions, and continues first in the next iteration, from those ids,
 //! under the then-current weights (the engine recomputes its KV cache from the ids). A group
@@ -8,32 +8,17 @@
 //!
 //! The buffer of groups in flight is plain data (serde), so a checkpoint carries it.
 
+use super::judge::{apply_reward, score_response, single_turn, Sampled};
 use super::reward::{request, RewardStats, RoundRewards};
-use super::rollout::{apply_reward, score_response, single_turn};
 use crate::engine::{EngineStats, Finish, GenRequest, Generator, SamplingParams};
 use crate::model::Model;
+use crate::trainer::config::{OnStale, TrainConfig};
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use skein_plan::Trajectory;
 use skein_reward::Rewarder;
 use skein_tasks::{Problem, Task};
 use skein_text::Tokenizer;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnStale {
-    Drop,
-    FinishFirst,
-}
-
-impl OnStale {
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "drop" => Some(OnStale::Drop),
-            "finish-first" => Some(OnStale::FinishFirst),
-            _ => None,
-        }
-    }
-}
 
 #[derive(Debug, Clone)]
 pub struct IterationConfig {
@@ -52,19 +37,33 @@ pub struct IterationConfig {
     pub versions_per_step: u64,
 }
 
-/// Tokens a paused sample generated so far, exactly as sampled.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Partial {
-    pub tokens: Vec<u32>,
-    pub logprobs: Vec<f32>,
-    pub versions: Vec<u64>,
+impl IterationConfig {
+    /// Synchronous (every sample to its end) unless partial rollout is on.
+    pub fn from_config(cfg: &TrainConfig) -> Self {
+        let p = &cfg.rollout.partial;
+        let groups = cfg.rollout.prompts_per_step;
+        IterationConfig {
+            samples: cfg.rollout.samples_per_prompt,
+            new_groups: groups,
+            min_groups: if p.enabled && p.min_groups > 0 {
+                p.min_groups
+            } else {
+                groups
+            },
+            token_budget: p.enabled.then_some(p.token_budget),
+            max_staleness: p.max_staleness,
+            on_stale: p.on_stale,
+            versions_per_step: (cfg.trainer.num_mini_batches * cfg.trainer.ppo_epochs) as u64,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Sample {
     /// Submitted to the engine in the current round.
     Running,
-    Paused(Partial),
+    /// Tokens it generated so far.
+    Paused(Sampled),
     Done {
         trajectory: Trajectory,
         correct: bool,
@@ -116,7 +115,7 @@ impl Group {
 
 /// Groups in flight between iterations.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct RolloutBuffer {
+pub struct GroupBuffer {
     pub groups: Vec<Group>,
     /// Numbers the groups, so ids stay unique across steps and resumes.
     pub next_group: u64,
@@ -135,12 +134,6 @@ pub struct PartialStats {
     pub dropped_stale: usize,
     /// Groups still waiting in the buffer after this iteration.
     pub waiting_groups: usize,
-    /// New tokens sampled in this iteration, and response tokens of the groups it trains on.
-    pub generated_tokens: usize,
-    pub trained_tokens: usize,
-    /// Versions between each trained token and the policy at the step's start.
-    pub staleness_mean: f64,
-    pub staleness_max: u64,
     pub rounds: usize,
 }
 
@@ -150,8 +143,9 @@ impl PartialStats {
     }
 }
 
-/// The step's complete groups, flattened (groups in order, samples in order).
-pub struct StepRollout {
+/// What one iteration produced: the complete groups, flattened (groups in order, samples in
+/// order), and its counters.
+pub struct Iteration {
     pub trajectories: Vec<Trajectory>,
     /// Parallel to `trajectories`: whether the task judged the answer correct.
     pub correct: Vec<bool>,
@@ -163,7 +157,7 @@ pub struct StepRollout {
 
 /// What generates and scores one iteration: the engine and the policy at its current version,
 /// the task's checker, the tokenizer, the sampling settings, and any configured reward sources.
-pub struct Rollout<'a> {
+pub struct Generation<'a> {
     pub engine: &'a Generator,
     pub policy: &'a Model,
     pub version: u64,
@@ -176,7 +170,7 @@ pub struct Rollout<'a> {
 /// Where new prompts come from: a problem and its prompt token ids.
 pub type PromptSource<'a> = dyn FnMut() -> Result<(Problem, Vec<u32>)> + 'a;
 
-impl RolloutBuffer {
+impl GroupBuffer {
     /// Paused samples waiting for the next iteration.
     pub fn paused_samples(&self) -> usize {
         self.groups.iter().map(Group::paused).sum()
@@ -186,10 +180,10 @@ impl RolloutBuffer {
     /// groups, and returns every group that is complete.
     pub fn collect_step(
         &mut self,
-        r: &Rollout,
+        r: &Generation,
         cfg: &IterationConfig,
         next_prompt: &mut PromptSource,
-    ) -> Result<StepRollout> {
+    ) -> Result<Iteration> {
         let (version, params) = (r.version, r.params);
         let mut stats = PartialStats::default();
         let finish_now = self.enforce_staleness(version, cfg, &mut stats);
@@ -255,15 +249,13 @@ impl RolloutBuffer {
         }
         stats.paused = self.paused_samples();
         stats.waiting_groups = self.groups.len();
-        stats.generated_tokens = engine_stats.generated_tokens;
-        let mut out = StepRollout {
+        let mut out = Iteration {
             trajectories: Vec::new(),
             correct: Vec::new(),
             engine: engine_stats,
             stats,
             rewards,
         };
-        let (mut stale_sum, mut stale_n) = (0u64, 0usize);
         for g in complete {
             for s in g.samples {
                 if let Sample::Done {
@@ -271,23 +263,11 @@ impl RolloutBuffer {
                     correct,
                 } = s
                 {
-                    if !trajectory.is_failed() {
-                        for t in &trajectory.transitions {
-                            out.stats.trained_tokens += t.loss_tokens();
-                            for &v in &t.versions {
-                                let behind = version.saturating_sub(v);
-                                stale_sum += behind;
-                                stale_n += 1;
-                                out.stats.staleness_max = out.stats.staleness_max.max(behind);
-                            }
-                        }
-                    }
                     out.trajectories.push(trajectory);
                     out.correct.push(correct);
                 }
             }
         }
-        out.stats.staleness_mean = stale_sum as f64 / stale_n.max(1) as f64;
         Ok(out)
     }
 
@@ -356,7 +336,7 @@ impl RolloutBuffer {
     /// reward sources submitted there and collected once generation is over.
     fn run_round(
         &mut self,
-        r: &Rollout,
+        r: &Generation,
         cfg: &IterationConfig,
         requests: Vec<GenRequest>,
     ) -> (EngineStats, RewardStats) {
@@ -368,7 +348,7 @@ impl RolloutBuffer {
             let g = &mut groups[gi];
             let mut part = match std::mem::replace(&mut g.samples[k], Sample::Running) {
                 Sample::Paused(p) => p,
-                _ => Partial::default(),
+                _ => Sampled::default(),
             };
             part.tokens.extend(out.tokens);
             part.logprobs.extend(out.logprobs);
@@ -376,7 +356,7 @@ impl RolloutBuffer {
             g.samples[k] = if out.finish == Finish::Paused {
                 Sample::Paused(part)
             } else {
-                let judged = score_response(
+                let mut judged = score_response(
                     r.task,
                     r.tokenizer,
                     &g.problem,
@@ -385,22 +365,14 @@ impl RolloutBuffer {
                     &r.params.stop_token_ids,
                 );
                 let id = format!("{}-s{k}", g.id);
-                if let (true, Some(text)) = (round.active(), judged.text) {
+                if let (true, Some(text)) = (round.active(), judged.text.take()) {
                     let req = request(id.clone(), &g.problem, &g.prompt, &part.tokens, text);
                     round.submit((gi, k), req);
                 }
+                let correct = judged.correct;
                 Sample::Done {
-                    trajectory: single_turn(
-                        id,
-                        g.id.clone(),
-                        g.prompt.clone(),
-                        part.tokens,
-                        part.logprobs,
-                        part.versions,
-                        judged.reward,
-                        judged.status,
-                    ),
-                    correct: judged.correct,
+                    trajectory: single_turn(id, g.id.clone(), g.prompt.clone(), part, judged),
+                    correct,
                 }
             };
         });
@@ -461,7 +433,7 @@ mod tests {
         }
     }
 
-    fn step(s: &mut Setup, buf: &mut RolloutBuffer, v: u64, cfg: &IterationConfig) -> StepRollout {
+    fn step(s: &mut Setup, buf: &mut GroupBuffer, v: u64, cfg: &IterationConfig) -> Iteration {
         let (task, tokenizer, rng) = (&s.task, &s.tokenizer, &mut s.rng);
         let mut next = || -> Result<(Problem, Vec<u32>)> {
             let p = task.sample(rng);
@@ -469,7 +441,7 @@ mod tests {
             Ok((p, ids))
         };
         let engine = Generator::Local(crate::engine::Engine::new(64));
-        let rollout = Rollout {
+        let rollout = Generation {
             engine: &engine,
             policy: &s.model,
             version: v,
@@ -481,7 +453,7 @@ mod tests {
         buf.collect_step(&rollout, cfg, &mut next).unwrap()
     }
 
-    fn check_whole_groups(out: &StepRollout, n: usize) {
+    fn check_whole_groups(out: &Iteration, n: usize) {
         let mut per_group: HashMap<&str, usize> = HashMap::new();
         for t in &out.trajectories {
             *per_group.entry(t.group.as_str()).or_default() += 1;
@@ -492,7 +464,7 @@ mod tests {
     #[test]
     fn without_a_budget_every_group_completes_in_one_round() {
         let mut s = setup();
-        let mut buf = RolloutBuffer::default();
+        let mut buf = GroupBuffer::default();
         let out = step(&mut s, &mut buf, 0, &iteration(None, OnStale::Drop));
         assert_eq!(out.trajectories.len(), 24);
         assert_eq!((out.stats.paused, out.stats.rounds), (0, 1));
@@ -506,10 +478,10 @@ mod tests {
     fn only_complete_groups_train_and_paused_samples_resume_exactly() {
         let mut s = setup();
         let cfg = iteration(Some(3), OnStale::FinishFirst);
-        let mut buf = RolloutBuffer::default();
+        let mut buf = GroupBuffer::default();
         let mut resumed_checked = 0;
         for k in 0..4u64 {
-            let before: HashMap<String, Partial> = buf
+            let before: HashMap<String, Sampled> = buf
                 .groups
                 .iter()
                 .flat_map(|g| {
@@ -556,14 +528,23 @@ mod tests {
         for mode in [OnStale::Drop, OnStale::FinishFirst] {
             let mut s = setup();
             let cfg = iteration(Some(2), mode);
-            let mut buf = RolloutBuffer::default();
+            let mut buf = GroupBuffer::default();
             let mut dropped = 0;
             for k in 0..6u64 {
                 let out = step(&mut s, &mut buf, 2 * k, &cfg);
+                let staleness_max = crate::trainer::rollout::StepRollout::new(
+                    out.trajectories.clone(),
+                    out.correct.clone(),
+                    out.engine,
+                    2 * k,
+                    Default::default(),
+                )
+                .stats
+                .staleness_max;
                 assert!(
-                    out.stats.staleness_max <= cfg.max_staleness,
+                    staleness_max <= cfg.max_staleness,
                     "{mode:?}: {} > {}",
-                    out.stats.staleness_max,
+                    staleness_max,
                     cfg.max_staleness
                 );
                 for t in &out.trajectories {
@@ -582,11 +563,11 @@ mod tests {
     #[test]
     fn the_buffer_round_trips_through_json() {
         let mut s = setup();
-        let mut buf = RolloutBuffer::default();
+        let mut buf = GroupBuffer::default();
         step(&mut s, &mut buf, 0, &iteration(Some(3), OnStale::Drop));
         assert!(buf.paused_samples() > 0);
         let text = serde_json::to_string(&buf).unwrap();
-        let back: RolloutBuffer = serde_json::from_str(&text).unwrap();
+        let back: GroupBuffer = serde_json::from_str(&text).unwrap();
         assert_eq!(back, buf);
     }
 }

@@ -4,32 +4,8 @@
 //! token t+1, so every per-token tensor here is [rows, T-1] and aligned with `input[:, 1:]`.
 
 use crate::model::Transformer;
+use crate::trainer::batch::TrainRow;
 use tch::{Device, Kind, Tensor};
-
-/// One row ready for the loss (from the planning core's rows).
-#[derive(Debug, Clone, Default)]
-pub struct TrainRow {
-    pub tokens: Vec<u32>,
-    pub prompt_len: usize,
-    /// Per response token: 1 = sampled by the policy, 0 = inserted text or padding.
-    pub loss_mask: Vec<u8>,
-    /// Per response token.
-    pub behavior_logp: Vec<f32>,
-    pub advantages: Vec<f32>,
-    /// Per response token, recomputed with the weights of the step's start (PPO's π_old).
-    pub old_logp: Vec<f32>,
-    /// Per response token under the frozen reference model, when a KL term is on.
-    pub ref_logp: Vec<f32>,
-    /// Critic path: values at the step's start, and GAE returns, per response token.
-    pub old_values: Vec<f32>,
-    pub returns: Vec<f32>,
-    /// Policy version that sampled each response token.
-    pub versions: Vec<u64>,
-    /// Importance weight of each response token against its behavior policy (1 when empty).
-    pub is_weight: Vec<f32>,
-    /// Aggregation weight of each loss token (global counts included; 0 for padding rows).
-    pub weight: f64,
-}
 
 pub struct MicroBatch {
     pub input: Tensor,

@@ -3,10 +3,9 @@
 //! response into a `RewardRequest`, and collects the rewards a round of generation submitted
 //! once generation is over, measuring how much reward time generation hid.
 
-use super::config::TrainConfig;
 use crate::reward_model::{RewardKind, RewardModel, RewardModelPool};
+use crate::trainer::config::TrainConfig;
 use anyhow::{Context, Result};
-use serde_json::{json, Map, Value};
 use skein_config::Validator;
 use skein_plan::Status;
 use skein_reward::{
@@ -249,20 +248,20 @@ impl RewardStats {
 
     /// The step's reward metrics: the rewarder's counters, the hidden fraction, the wait after
     /// generation, and the step mean of each source's reward and metrics (`score/...`).
-    pub fn log(&self, rewarder: &Rewarder, m: &mut Map<String, Value>) {
-        for (k, v) in rewarder.metrics() {
-            m.insert(k, json!(v));
+    pub fn metrics(&self, rewarder: &Rewarder) -> Vec<(String, f64)> {
+        let mut m: Vec<(String, f64)> = rewarder.metrics().into_iter().collect();
+        for (k, v) in [
+            ("reward/hidden_fraction", self.hidden_fraction()),
+            ("reward/step_busy_s", self.busy_s),
+            ("time/reward_wait_s", self.wait_s),
+            ("reward/step_failed", self.failed as f64),
+        ] {
+            m.push((k.into(), v));
         }
-        m.insert(
-            "reward/hidden_fraction".into(),
-            json!(self.hidden_fraction()),
-        );
-        m.insert("reward/step_busy_s".into(), json!(self.busy_s));
-        m.insert("time/reward_wait_s".into(), json!(self.wait_s));
-        m.insert("reward/step_failed".into(), json!(self.failed));
         for (k, (s, n)) in &self.parts {
-            m.insert(format!("score/{k}"), json!(s / (*n).max(1) as f64));
+            m.push((format!("score/{k}"), s / (*n).max(1) as f64));
         }
+        m
     }
 }
 

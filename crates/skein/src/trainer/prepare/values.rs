@@ -1,14 +1,9 @@
-//! PPO with a critic: values for every response token, GAE advantages and returns, and the
-//! clipped value loss, aggregated with the same global-count weights as the policy loss.
+//! Values for every response token (the critic at the step's start) and GAE advantages and
+//! returns from them: the critic path's part of preparing a batch.
 
-use super::microbatch::{micro_batches, response_values, MicroBatch, TrainRow};
-use super::optim::Optimizer;
-use super::ranks::{Job, PassKind, Ranks};
-use super::update::Plan;
 use crate::model::ValueModel;
-use anyhow::Result;
-use serde::{Deserialize, Serialize};
-use tch::Kind;
+use crate::trainer::batch::TrainRow;
+use crate::trainer::update::tensors::{micro_batches, response_values, MicroBatch};
 
 /// Fills every row's `old_values`: V(s) at the position that predicts each response token.
 pub fn compute_values(critic: &ValueModel, rows: &mut [TrainRow], micro_batch_tokens: usize) {
@@ -64,76 +59,14 @@ pub fn apply_gae(rows: &mut [TrainRow], rewards: &[f64], gamma: f64, lambda: f64
     }
 }
 
-/// Settings of the clipped value loss update.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ValueLossConfig {
-    /// Values move at most this far from their rollout-time estimate before the loss clips.
-    pub clip: f64,
-    pub epochs: usize,
-    pub micro_batch_tokens: usize,
-}
-
-/// Epochs of the clipped value loss over the planned mini-batches (one optimizer step each),
-/// each mini-batch's rank lists run by `ranks` as the policy's are. Returns the mean value loss
-/// per optimizer step.
-pub fn critic_update<R: Ranks<ValueModel>>(
-    critic: &ValueModel,
-    ranks: &mut R,
-    opt: &mut Optimizer,
-    rows: &[TrainRow],
-    plan: &Plan,
-    cfg: &ValueLossConfig,
-) -> Result<f64> {
-    let pass = PassKind::Critic(cfg.clone());
-    ranks.begin(critic, &Job { rows, plan, pass })?;
-    let mut total = 0.0;
-    let mut steps = 0;
-    for _ in 0..cfg.epochs {
-        for mini_batch in plan {
-            opt.zero_grad();
-            let out = ranks.run(critic, mini_batch, |model, rank_rows, _| {
-                critic_pass(model, rows, rank_rows, cfg)
-            })?;
-            total += out.loss;
-            opt.step();
-            ranks.sync(critic)?;
-            steps += 1;
-        }
-    }
-    ranks.finish(critic)?;
-    Ok(total / steps.max(1) as f64)
-}
-
-/// One rank's share of a mini-batch of the value loss: forward and backward of its rows in
-/// token-bounded micro-batches. Returns the rank's loss.
-pub fn critic_pass(
-    critic: &ValueModel,
-    rows: &[TrainRow],
-    rank_rows: &[usize],
-    cfg: &ValueLossConfig,
-) -> f64 {
-    let mut total = 0.0;
-    for idx in micro_batches(rows, rank_rows, cfg.micro_batch_tokens) {
-        let batch: Vec<&TrainRow> = idx.iter().map(|&i| &rows[i]).collect();
-        let mb = MicroBatch::new(&batch, critic.vs.device());
-        let t = mb.input.size()[1];
-        let v = critic.values(&mb.input).narrow(1, 0, t - 1);
-        let clipped = &mb.old_values + (&v - &mb.old_values).clamp(-cfg.clip, cfg.clip);
-        let l1 = (&v - &mb.returns).pow_tensor_scalar(2);
-        let l2 = (clipped - &mb.returns).pow_tensor_scalar(2);
-        let loss = (l1.maximum(&l2) * 0.5 * &mb.weights).sum(Kind::Float);
-        loss.backward();
-        total += loss.double_value(&[]);
-    }
-    total
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::model::{Model, ModelConfig};
-    use crate::trainer::optim::OptimConfig;
-    use crate::trainer::ranks::Replicas;
+    use crate::trainer::batch::RowPlan;
+    use crate::trainer::update::critic::{critic_update, ValueLossConfig};
+    use crate::trainer::update::optim::{OptimConfig, Optimizer};
+    use crate::trainer::update::ranks::Replicas;
     use tch::Device;
 
     fn row(tokens: Vec<u32>, prompt_len: usize) -> TrainRow {
@@ -166,7 +99,7 @@ mod tests {
         )
         .unwrap();
         let mut rows = vec![row(vec![1, 2, 3, 4, 5], 2), row(vec![1, 6, 7, 8, 9], 2)];
-        let plan: Plan = vec![vec![vec![0, 1]]];
+        let plan: RowPlan = vec![vec![vec![0, 1]]];
         let mut losses = Vec::new();
         for _ in 0..30 {
             compute_values(&critic, &mut rows, 1024);
@@ -177,8 +110,8 @@ mod tests {
                 micro_batch_tokens: 1024,
             };
             let mut one_rank = Replicas::new(&critic, 1).unwrap();
-            losses
-                .push(critic_update(&critic, &mut one_rank, &mut opt, &rows, &plan, &cfg).unwrap());
+            let stats = critic_update(&critic, &mut one_rank, &mut opt, &rows, &plan, &cfg);
+            losses.push(stats.unwrap().loss);
         }
         assert_eq!(rows[0].returns.len(), 3);
         assert!(

@@ -10,14 +10,12 @@
 //! polls for the next one with a short sleep instead of blocking in MPI, whose busy wait would
 //! take a core from rank 0's rollout.
 
-use super::critic::critic_pass;
-use super::ranks::{
-    check_plan, fingerprint, tensor_bytes, trainable, zero_grads, Job, PassKind, Ranks, RanksOut,
-    Replica,
+use super::wire::encode_rows;
+use super::{
+    check_plan, fingerprint, tensor_bytes, zero_grads, Job, PassSums, Ranks, RanksOut, Replica,
 };
-use super::update::{rank_pass, PassSums, Plan};
-use super::wire::{decode_rows, encode_rows};
-use crate::model::{Model, ModelConfig, ValueModel};
+use crate::model::ModelConfig;
+use crate::trainer::batch::RowPlan;
 use anyhow::{bail, Context, Result};
 use mpi::collective::SystemOperation;
 use mpi::environment::Universe;
@@ -44,15 +42,16 @@ pub struct MpiGroup {
 
 /// What rank 0 tells the others; an update's rows follow its header in the same message.
 #[derive(Serialize, Deserialize)]
-enum Command {
+pub enum Command {
     /// The shapes of the models this run trains.
     Models {
-        config: ModelConfig,
+        config: Box<ModelConfig>,
         critic: bool,
     },
+    /// The pass's settings as the update encoded them (see `update::PassKind`).
     Update {
-        pass: PassKind,
-        plan: Plan,
+        pass: Vec<u8>,
+        plan: RowPlan,
     },
     Stop,
 }
@@ -92,7 +91,7 @@ impl MpiGroup {
     /// Rank 0 tells every other rank the shapes of the models it trains.
     pub fn announce_models(&self, config: &ModelConfig, critic: bool) -> Result<()> {
         let models = Command::Models {
-            config: config.clone(),
+            config: Box::new(config.clone()),
             critic,
         };
         self.send_command(&models, &[])
@@ -113,7 +112,7 @@ impl MpiGroup {
         Ok(())
     }
 
-    fn receive_command(&self) -> Result<(Command, Vec<u8>)> {
+    pub fn receive_command(&self) -> Result<(Command, Vec<u8>)> {
         let from = self.world.process_at_rank(0);
         while from.immediate_probe_with_tag(COMMAND_TAG).is_none() {
             std::thread::sleep(Duration::from_millis(1));
@@ -144,8 +143,7 @@ impl MpiGroup {
 
     /// Every rank gets rank 0's weights, bit for bit.
     fn broadcast_weights(&self, vs: &nn::VarStore) {
-        let mut vars: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
-        vars.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut vars = crate::model::sorted_variables(vs);
         let mut buf = if self.is_root() {
             vars.iter().flat_map(|(_, t)| tensor_bytes(t)).collect()
         } else {
@@ -172,7 +170,7 @@ impl MpiGroup {
 
     /// Sums every rank's gradients into rank 0's (a parameter no rank touched keeps none).
     fn reduce_grads(&self, vs: &nn::VarStore) {
-        let params = trainable(vs);
+        let params = crate::model::sorted_trainable(vs);
         let mut send: Vec<f32> = Vec::new();
         let mut touched = Vec::with_capacity(params.len());
         for (_, p) in &params {
@@ -212,7 +210,7 @@ impl MpiGroup {
                     if own.defined() {
                         own.copy_(&g);
                     } else {
-                        super::ranks::add_grad(p, &g);
+                        super::add_grad(p, &g);
                     }
                 }
                 at += n;
@@ -272,7 +270,13 @@ impl MpiGroup {
 
     /// A rank other than 0: the part of one update its rows take, in the same order of
     /// collectives as rank 0's [`MpiRanks`].
-    fn serve_update<M, F>(&self, model: &M, plan: &Plan, epochs: usize, pass: F) -> Result<()>
+    pub fn serve_update<M, F>(
+        &self,
+        model: &M,
+        plan: &RowPlan,
+        epochs: usize,
+        pass: F,
+    ) -> Result<()>
     where
         M: Replica,
         F: Fn(&M, &[usize], &mut PassSums) -> f64,
@@ -309,49 +313,6 @@ impl Drop for MpiGroup {
             self.world.abort(1);
         }
         let _ = self.send_command(&Command::Stop, &[]);
-    }
-}
-
-/// Ranks 1.. of an MPI job: hold the models rank 0 announces and run their rows of each update
-/// until rank 0 stops them.
-pub fn serve(group: &MpiGroup, device: Device) -> Result<()> {
-    let rank = group.rank();
-    let mut models: Option<(Model, Option<ValueModel>)> = None;
-    loop {
-        let (command, payload) = group.receive_command()?;
-        match command {
-            Command::Stop => return Ok(()),
-            Command::Models { config, critic } => {
-                let policy = Model::random(&config, device, 0)
-                    .with_context(|| format!("rank {rank}: building the policy"))?;
-                let critic = critic
-                    .then(|| ValueModel::new(&config, device))
-                    .transpose()
-                    .with_context(|| format!("rank {rank}: building the critic"))?;
-                models = Some((policy, critic));
-            }
-            Command::Update { pass, plan } => {
-                let rows = decode_rows(&payload).context("decoding the rows from rank 0")?;
-                let (policy, critic) = models
-                    .as_ref()
-                    .context("rank 0 sent an update before the models")?;
-                match &pass {
-                    PassKind::Policy { reference_on, cfg } => {
-                        group.serve_update(policy, &plan, cfg.epochs, |m, r, s| {
-                            rank_pass(m, *reference_on, &rows, r, cfg, s)
-                        })?
-                    }
-                    PassKind::Critic(cfg) => {
-                        let critic = critic
-                            .as_ref()
-                            .context("rank 0 sent a critic update but announced no critic")?;
-                        group.serve_update(critic, &plan, cfg.epochs, |m, r, _| {
-                            critic_pass(m, &rows, r, cfg)
-                        })?
-                    }
-                }
-            }
-        }
     }
 }
 

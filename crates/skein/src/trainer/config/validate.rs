@@ -1,32 +1,19 @@
 //! Start-up checks of a training config: every problem names its key and the allowed values,
 //! and all of them are reported together.
 
-use super::config::TrainConfig;
+//!
+//! Keys with a fixed set of values are enums and checked when the config is read; this checks
+//! ranges, combinations and paths.
+
+use super::{AgentKind, DpBackend, EngineKind, TrainConfig};
 use anyhow::Result;
 use skein_config::Validator;
 
-pub const ESTIMATORS: &[&str] = &[
-    "grpo",
-    "dr-grpo",
-    "rloo",
-    "reinforce++",
-    "reinforce++-baseline",
-    "gae",
-];
-pub const LOSS_AGG_MODES: &[&str] = &[
-    "token-mean",
-    "seq-mean-token-sum",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum-norm",
-    "trajectory-mean",
-];
-
-pub const OFF_POLICY: &[&str] = &["tis", "decoupled"];
-pub const ON_STALE: &[&str] = &["drop", "finish-first"];
-pub const DP_BACKENDS: &[&str] = &["threads", "mpi"];
-
 pub fn validate(cfg: &TrainConfig) -> Result<()> {
     let mut v = Validator::new();
+    if let Err(e) = cfg.run.device() {
+        v.problem(e.to_string());
+    }
     let (r, s, a, t, o, m) = (
         &cfg.rollout,
         &cfg.rollout.sampling,
@@ -51,8 +38,6 @@ pub fn validate(cfg: &TrainConfig) -> Result<()> {
             s.top_p,
         )
         .at_least("rollout.sampling.max_new_tokens", s.max_new_tokens, 1)
-        .one_of("algorithm.estimator", &a.estimator, ESTIMATORS)
-        .one_of("algorithm.loss_agg_mode", &a.loss_agg_mode, LOSS_AGG_MODES)
         .check(
             (0.0..1.0).contains(&a.clip_low),
             "algorithm.clip_low",
@@ -81,7 +66,6 @@ pub fn validate(cfg: &TrainConfig) -> Result<()> {
             a.critic_lr,
         )
         .at_least("algorithm.kl_coef", a.kl_coef, 0.0)
-        .one_of("algorithm.off_policy", &a.off_policy, OFF_POLICY)
         .check(
             a.is_cap > 1.0 && a.is_cap.is_finite(),
             "algorithm.is_cap",
@@ -91,18 +75,16 @@ pub fn validate(cfg: &TrainConfig) -> Result<()> {
         .at_least("trainer.ppo_epochs", t.ppo_epochs, 1)
         .at_least("trainer.num_mini_batches", t.num_mini_batches, 1)
         .at_least("trainer.dp_size", t.dp_size, 1)
-        .one_of("trainer.dp_backend", &t.dp_backend, DP_BACKENDS)
         .check(
-            t.dp_backend != "mpi" || cfg!(feature = "mpi"),
+            t.dp_backend != DpBackend::Mpi || cfg!(feature = "mpi"),
             "trainer.dp_backend",
             "needs a skein built with MPI: `cargo build --release --features mpi` (OpenMPI and \
              libclang installed: `scripts/setup-mpi.sh`), then `mpirun -np <dp_size> \
              target/release/skein train ...`",
-            &t.dp_backend,
+            "mpi",
         )
         .at_least("trainer.micro_batch_tokens", t.micro_batch_tokens, 1)
         .at_least("trainer.max_consecutive_skips", t.max_consecutive_skips, 1)
-        .one_of("trainer.unit", &t.unit, &["trajectory", "group"])
         .check(
             o.lr > 0.0 && o.lr.is_finite(),
             "optim.lr",
@@ -135,8 +117,7 @@ pub fn validate(cfg: &TrainConfig) -> Result<()> {
                      (the versions one step advances), or no paused sample could ever resume"
                 ),
                 p.max_staleness,
-            )
-            .one_of("rollout.partial.on_stale", &p.on_stale, ON_STALE);
+            );
     }
     if m.path.is_empty() {
         v.check(
@@ -161,8 +142,7 @@ pub fn validate(cfg: &TrainConfig) -> Result<()> {
     validate_reward(cfg, &mut v);
     validate_data(cfg, &mut v);
     validate_agent(cfg, &mut v);
-    v.one_of("rollout.engine", &r.engine, &["local", "remote"]);
-    if r.engine == "remote" {
+    if r.engine == EngineKind::Remote {
         let rm = &r.remote;
         v.check(
             rm.url.starts_with("http://") && rm.url.len() > "http://".len(),
@@ -199,7 +179,7 @@ fn is_multi_turn(cfg: &TrainConfig) -> bool {
 /// Positions a from-scratch model gets at least (more for multi-turn episodes).
 fn min_positions(cfg: &TrainConfig) -> usize {
     if is_multi_turn(cfg) {
-        super::agent_step::MIN_AGENT_POSITIONS
+        crate::trainer::rollout::agents::MIN_AGENT_POSITIONS
     } else {
         0
     }
@@ -214,8 +194,7 @@ fn validate_agent(cfg: &TrainConfig, v: &mut Validator) {
         "must be a finite number of seconds > 0",
         a.env_timeout_s,
     );
-    v.one_of("agent.kind", &a.kind, &["builtin", "external"]);
-    if a.kind == "external" {
+    if a.kind == AgentKind::External {
         v.check(
             !is_multi_turn(cfg),
             "agent.kind",
@@ -224,10 +203,10 @@ fn validate_agent(cfg: &TrainConfig, v: &mut Validator) {
             &cfg.task.name,
         )
         .check(
-            cfg.rollout.engine == "local",
+            cfg.rollout.engine == EngineKind::Local,
             "rollout.engine",
             "must be `local` with external agents (they call the trainer's own engine)",
-            &cfg.rollout.engine,
+            "remote",
         )
         .check(
             !cfg.rollout.partial.enabled,
@@ -279,14 +258,9 @@ fn validate_agent(cfg: &TrainConfig, v: &mut Validator) {
     }
 }
 
-/// `[data]`: files that exist with a known extension, and a known truncation.
+/// `[data]`: files that exist with a known extension.
 fn validate_data(cfg: &TrainConfig, v: &mut Validator) {
     let d = &cfg.data;
-    v.one_of(
-        "data.truncation",
-        &d.truncation,
-        skein_data::Truncation::NAMES,
-    );
     v.check(
         d.val_files.is_empty() || !d.train_files.is_empty(),
         "data.val_files",
@@ -317,7 +291,11 @@ fn validate_data(cfg: &TrainConfig, v: &mut Validator) {
 /// `[reward]` and `[reward_models]`: the reward config's own checks, model directories, and
 /// routes that name data sources the task produces.
 fn validate_reward(cfg: &TrainConfig, v: &mut Validator) {
-    super::reward::check_reward_models(cfg.reward.as_ref(), &cfg.reward_models, v);
+    crate::trainer::rollout::reward::check_reward_models(
+        cfg.reward.as_ref(),
+        &cfg.reward_models,
+        v,
+    );
     let Some(reward) = &cfg.reward else {
         if !cfg.reward_models.is_empty() {
             v.problem(
@@ -362,30 +340,41 @@ fn validate_reward(cfg: &TrainConfig, v: &mut Validator) {
 mod tests {
     use super::*;
 
+    /// The config as `--set` overrides make it.
+    fn load(overrides: &[&str]) -> Result<TrainConfig, skein_config::ConfigError> {
+        let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+        skein_config::load_with_defaults(None, "defaults", &overrides)
+    }
+
     #[test]
     fn every_problem_is_reported_with_its_key() {
         let mut cfg = TrainConfig::default();
         assert!(validate(&cfg).is_ok());
-        cfg.algorithm.estimator = "ppo2".into();
-        cfg.optim.lr = -1.0;
-        let err = validate(&cfg).unwrap_err().to_string();
+        let err = load(&["algorithm.estimator=\"ppo2\""])
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("`algorithm.estimator`") && err.contains("rloo"),
             "{err}"
         );
+        cfg.optim.lr = -1.0;
+        cfg.run.device = "gpu".into();
+        let err = validate(&cfg).unwrap_err().to_string();
         assert!(err.contains("`optim.lr`"), "{err}");
+        assert!(err.contains("`run.device`"), "{err}");
     }
 
     #[test]
     fn dp_backend_names_its_values_and_what_mpi_needs() {
-        let mut cfg = TrainConfig::default();
-        cfg.trainer.dp_backend = "nccl".into();
-        let err = validate(&cfg).unwrap_err().to_string();
+        let err = load(&["trainer.dp_backend=\"nccl\""])
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("`trainer.dp_backend`") && err.contains("threads, mpi"),
             "{err}"
         );
-        cfg.trainer.dp_backend = "mpi".into();
+        let mut cfg = TrainConfig::default();
+        cfg.trainer.dp_backend = DpBackend::Mpi;
         let checked = validate(&cfg);
         if cfg!(feature = "mpi") {
             assert!(checked.is_ok(), "{checked:?}");

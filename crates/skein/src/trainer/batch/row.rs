@@ -1,0 +1,46 @@
+//! A row of the step batch: one trajectory's tokens (or one transition's), exactly as sampled,
+//! with everything the loss needs per response token. Two stages fill it, in order: the batch
+//! (tokens, mask, behavior log-probs, group advantages, loss weight) and `trainer::prepare`
+//! (π_old, π_ref, importance weights, values and final advantages); the update only reads it.
+
+/// One row ready for the loss (from the planning core's rows).
+#[derive(Debug, Clone, Default)]
+pub struct TrainRow {
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    /// Per response token: 1 = sampled by the policy, 0 = inserted text or padding.
+    pub loss_mask: Vec<u8>,
+    /// Per response token.
+    pub behavior_logp: Vec<f32>,
+    pub advantages: Vec<f32>,
+    /// Per response token, recomputed with the weights of the step's start (PPO's π_old).
+    pub old_logp: Vec<f32>,
+    /// Per response token under the frozen reference model, when a KL term is on.
+    pub ref_logp: Vec<f32>,
+    /// Critic path: values at the step's start, and GAE returns, per response token.
+    pub old_values: Vec<f32>,
+    pub returns: Vec<f32>,
+    /// Policy version that sampled each response token.
+    pub versions: Vec<u64>,
+    /// Importance weight of each response token against its behavior policy (1 when empty).
+    pub is_weight: Vec<f32>,
+    /// Aggregation weight of each loss token (global counts included; 0 for padding rows).
+    pub weight: f64,
+}
+
+impl TrainRow {
+    /// A planned row: prompt ++ response ids, the sequence advantage on every response token,
+    /// loss weight 0 until the plan gives it one. A padding row stays inert: mask 0, weight 0.
+    pub fn from_plan_row(r: &skein_plan::Row) -> TrainRow {
+        TrainRow {
+            tokens: r.prompt.iter().chain(&r.response).copied().collect(),
+            prompt_len: r.prompt.len(),
+            loss_mask: r.loss_mask.clone(),
+            behavior_logp: r.logprobs.clone(),
+            advantages: vec![r.advantage as f32; r.response.len()],
+            versions: r.versions.clone(),
+            weight: 0.0,
+            ..Default::default()
+        }
+    }
+}

@@ -1,0 +1,94 @@
+//! A step's line of `metrics.jsonl`: each stage reports its own metrics and this puts them in
+//! one record, with the times of the stages.
+
+use super::batch::StepBatch;
+use super::prepare::PreparedBatch;
+use super::rollout::StepRollout;
+use super::update::critic::CriticStats;
+use super::update::ranks::Layout;
+use super::update::UpdateStats;
+use serde_json::{json, Map, Value};
+
+/// A metrics record: `step` and the given values.
+pub fn record<const N: usize>(step: usize, values: [(&str, f64); N]) -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("step".into(), json!(step));
+    for (k, v) in values {
+        m.insert(k.into(), json!(v));
+    }
+    m
+}
+
+/// Adds `pairs` to a record.
+pub fn extend<K: AsRef<str>>(
+    m: &mut Map<String, Value>,
+    pairs: impl IntoIterator<Item = (K, f64)>,
+) {
+    for (k, v) in pairs {
+        m.insert(k.as_ref().to_string(), json!(v));
+    }
+}
+
+/// Seconds each stage of a step took.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StageTimes {
+    pub rollout_s: f64,
+    pub prepare_s: f64,
+    pub update_s: f64,
+    pub step_s: f64,
+}
+
+/// What one step did, stage by stage.
+pub struct StepReport<'a> {
+    pub step: usize,
+    pub rollout: &'a StepRollout,
+    /// Whether a remote engine generated the rollout.
+    pub remote: bool,
+    pub batch: &'a PreparedBatch,
+    pub update: &'a UpdateStats,
+    pub critic: Option<&'a CriticStats>,
+    /// The spread over ranks, with more than one rank.
+    pub layout: Option<Layout>,
+    pub policy_version: usize,
+    pub times: StageTimes,
+}
+
+impl StepReport<'_> {
+    /// The step's record. Parts that are switched off log nothing, so no flat zero curves.
+    pub fn record(&self) -> Map<String, Value> {
+        let t = &self.times;
+        let batch: &StepBatch = self.batch.batch();
+        let trained = self.rollout.stats.trained_tokens as f64;
+        let mut m = record(
+            self.step,
+            [
+                ("policy_version", self.policy_version as f64),
+                (
+                    "throughput/trained_tokens_per_s",
+                    trained / t.step_s.max(1e-9),
+                ),
+                (
+                    "throughput/trained_tokens_per_s_incl_padding",
+                    batch.total_tokens as f64 / t.update_s.max(1e-9),
+                ),
+                ("time/rollout_s", t.rollout_s),
+                ("time/prepare_s", t.prepare_s),
+                ("time/update_s", t.update_s),
+                ("time/step_s", t.step_s),
+            ],
+        );
+        extend(&mut m, self.rollout.metrics(t.rollout_s, self.remote));
+        extend(&mut m, batch.metrics());
+        extend(&mut m, self.update.metrics(self.batch.has_reference()));
+        if self.rollout.is_partial() {
+            extend(&mut m, self.batch.importance.metrics());
+        }
+        if let Some(c) = self.critic {
+            extend(&mut m, c.metrics());
+        }
+        if let Some(l) = &self.layout {
+            extend(&mut m, l.metrics(self.update.rank_wait_s));
+        }
+        m
+    }
+}

@@ -1,0 +1,235 @@
+//! Multi-turn tasks as a workload: a step's episodes (groups of `samples_per_prompt`
+//! episodes of one problem), held-out evaluation, and demonstration episodes for the
+//! supervised warm-up, all through the same token-exact turn rule as training
+//! (`episodes.rs` runs them).
+
+use super::dataset::eval_seed;
+use super::episodes::{AgentContext, AgentLimits, EpisodeSpec, TurnFormat};
+use super::{EvalResult, SourceStats, StepContext, StepRollout, Workload, WorkloadState};
+use crate::engine::SamplingParams;
+use crate::model::Model;
+use crate::trainer::batch::TrainRow;
+use crate::trainer::config::TrainConfig;
+use crate::trainer::sft::sft_row_masked;
+use anyhow::{bail, Context, Result};
+use skein_tasks::{AgentTask, EnvStep, Problem, TaskRng, Turn};
+use skein_text::{Message, Tokenizer};
+use std::time::Duration;
+
+/// Context a from-scratch model gets for a multi-turn task at least (episodes are longer than
+/// single answers; positions cost nothing until used).
+pub const MIN_AGENT_POSITIONS: usize = 256;
+
+/// A multi-turn task with what running it needs.
+pub struct Episodes {
+    pub task: Box<dyn AgentTask>,
+    pub format: TurnFormat,
+    pub limits: AgentLimits,
+    runtime: tokio::runtime::Runtime,
+    rng: TaskRng,
+    /// Held-out problems, drawn once from a seed training never uses.
+    eval: Vec<Problem>,
+    /// Groups (problems) and episodes per group of a step.
+    groups: usize,
+    samples: usize,
+}
+
+impl Episodes {
+    /// The policy's context bounds an episode; the chat template is used when the model has
+    /// one and is not the built-in character-level model.
+    pub fn new(
+        cfg: &TrainConfig,
+        task: Box<dyn AgentTask>,
+        tokenizer: &Tokenizer,
+        policy: &Model,
+        rng_state: u64,
+    ) -> Result<Self> {
+        let max_positions = policy.net.max_positions() as usize;
+        let a = &cfg.agent;
+        let format = match (cfg.model.path.is_empty(), tokenizer.chat_template()?) {
+            (false, Some(t)) => TurnFormat::Chat(Box::new(t)),
+            _ => TurnFormat::Plain,
+        };
+        let max_tokens = match a.max_tokens {
+            0 => max_positions,
+            n => n.min(max_positions),
+        };
+        let limits = AgentLimits {
+            max_turns: match a.max_turns {
+                0 => task.max_turns(),
+                n => n,
+            },
+            max_tokens,
+            env_timeout: Duration::from_secs_f64(a.env_timeout_s),
+            reuse_prefix: a.reuse_prefix,
+        };
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("skein-agents")
+            .enable_all()
+            .build()
+            .context("starting the runtime of the agent episodes")?;
+        let mut eval_rng = TaskRng::new(eval_seed(cfg.run.seed));
+        let eval = (0..cfg.eval.problems)
+            .map(|_| task.sample(&mut eval_rng))
+            .collect();
+        Ok(Episodes {
+            task,
+            format,
+            limits,
+            runtime,
+            rng: TaskRng::new(rng_state),
+            eval,
+            groups: cfg.rollout.prompts_per_step,
+            samples: cfg.rollout.samples_per_prompt,
+        })
+    }
+
+    pub fn context<'a>(
+        &'a self,
+        tokenizer: &'a Tokenizer,
+        params: &'a SamplingParams,
+    ) -> AgentContext<'a> {
+        AgentContext {
+            task: self.task.as_ref(),
+            tokenizer,
+            format: &self.format,
+            params,
+            limits: &self.limits,
+        }
+    }
+
+    /// A demonstration episode as one supervised row: the task's demonstrated messages (each
+    /// ending with `eos`) are trained on; the environment's replies between them, inserted by
+    /// the same rule as in rollouts, are not.
+    fn demonstration_row(
+        &mut self,
+        tokenizer: &Tokenizer,
+        params: &SamplingParams,
+    ) -> Result<TrainRow> {
+        let eos = *params
+            .stop_token_ids
+            .first()
+            .context("the sampling settings have no stop token")?;
+        let rng = &mut self.rng;
+        let ctx = AgentContext {
+            task: self.task.as_ref(),
+            tokenizer,
+            format: &self.format,
+            params,
+            limits: &self.limits,
+        };
+        let problem = self.task.sample(rng);
+        let mut tokens = ctx.prompt_ids(&problem)?;
+        let prompt_len = tokens.len();
+        let mut mask = Vec::new();
+        let mut env = self.task.start(&problem);
+        let mut messages = vec![Message::user(&problem.prompt)];
+        let mut transcript: Vec<Turn> = Vec::new();
+        for _ in 0..self.limits.max_turns {
+            let message = self.task.demonstration_turn(&problem, &transcript, rng);
+            let mut ids = tokenizer.encode(&message, false)?;
+            ids.push(eos);
+            mask.extend(std::iter::repeat_n(1u8, ids.len()));
+            tokens.extend(ids);
+            match env.step(&message)? {
+                EnvStep::Done(_) => break,
+                EnvStep::Continue {
+                    messages: reply, ..
+                } => {
+                    let inserted = ctx.inserted_text(&mut messages, &message, &reply)?;
+                    let ids = tokenizer.encode(&inserted, false)?;
+                    mask.extend(std::iter::repeat_n(0u8, ids.len()));
+                    tokens.extend(ids);
+                    transcript.push(Turn { message, reply });
+                }
+            }
+        }
+        if tokens.len() > self.limits.max_tokens {
+            bail!(
+                "a demonstration episode of `{}` takes {} tokens, more than the {} an episode \
+                 may have (agent.max_tokens, model.max_positions): raise them",
+                self.task.name(),
+                tokens.len(),
+                self.limits.max_tokens
+            );
+        }
+        Ok(sft_row_masked(tokens, prompt_len, mask))
+    }
+}
+
+impl Workload for Episodes {
+    /// `groups` problems × `samples` episodes each.
+    fn rollout(&mut self, ctx: &StepContext) -> Result<StepRollout> {
+        let step = ctx.step;
+        let mut specs = Vec::with_capacity(self.groups * self.samples);
+        for p in 0..self.groups {
+            let problem = self.task.sample(&mut self.rng);
+            for k in 0..self.samples {
+                specs.push(EpisodeSpec {
+                    id: format!("s{step}-p{p}-s{k}"),
+                    group: format!("s{step}-p{p}"),
+                    problem: problem.clone(),
+                });
+            }
+        }
+        let agent = self.context(ctx.tokenizer, ctx.sampling);
+        let r = agent.run(ctx.engine, ctx.policy, ctx.version, &self.runtime, specs);
+        let (trajectories, correct) = r
+            .episodes
+            .into_iter()
+            .map(|e| (e.trajectory, e.correct))
+            .unzip();
+        Ok(StepRollout::new(
+            trajectories,
+            correct,
+            r.engine,
+            ctx.version,
+            SourceStats::Episodes(r.stats),
+        ))
+    }
+
+    /// Greedy episodes of the held-out problems.
+    fn evaluate(&self, ctx: &StepContext) -> EvalResult {
+        let greedy = SamplingParams {
+            temperature: 0.0,
+            ..ctx.sampling.clone()
+        };
+        let specs = self
+            .eval
+            .iter()
+            .enumerate()
+            .map(|(i, p)| EpisodeSpec {
+                id: format!("eval-p{i}"),
+                group: format!("eval-p{i}"),
+                problem: p.clone(),
+            })
+            .collect();
+        let agent = self.context(ctx.tokenizer, &greedy);
+        let r = agent.run(ctx.engine, ctx.policy, 0, &self.runtime, specs);
+        let n = r.episodes.len().max(1) as f64;
+        EvalResult {
+            accuracy: r.episodes.iter().filter(|e| e.correct).count() as f64 / n,
+            mean_reward: r.episodes.iter().map(|e| e.trajectory.reward).sum::<f64>() / n,
+        }
+    }
+
+    fn demonstration(
+        &mut self,
+        tokenizer: &Tokenizer,
+        sampling: &SamplingParams,
+    ) -> Result<TrainRow> {
+        self.demonstration_row(tokenizer, sampling)
+    }
+
+    fn state(&self) -> WorkloadState {
+        WorkloadState {
+            task_rng: self.rng.state(),
+            ..WorkloadState::default()
+        }
+    }
+
+    fn data_metrics(&self, _first: bool) -> Vec<(&'static str, f64)> {
+        Vec::new()
+    }
+}

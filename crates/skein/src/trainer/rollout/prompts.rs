@@ -1,0 +1,190 @@
+//! Single-turn prompts as a workload: problems of a built-in task or a dataset, `n` samples
+//! each, scored as they finish, with partial rollout when it is on (`buffer.rs`).
+//! [`PromptTask`] is what every single-turn source shares — the task, its sampler, the
+//! held-out prompts, demonstrations and the reward sources — so external agents reuse it.
+
+use super::buffer::{Generation, GroupBuffer, IterationConfig};
+use super::dataset::{eval_seed, prompt_batch, rewarder, Data};
+use super::judge::{evaluate, Answering, PromptBatch};
+use super::{EvalResult, SourceStats, StepContext, StepRollout, Workload, WorkloadState};
+use crate::engine::SamplingParams;
+use crate::trainer::batch::TrainRow;
+use crate::trainer::config::TrainConfig;
+use crate::trainer::sft::sft_row;
+use anyhow::{Context, Result};
+use skein_reward::Rewarder;
+use skein_tasks::{Task, TaskRng};
+use skein_text::Tokenizer;
+use tch::Device;
+
+/// A single-turn task with its sampler, held-out prompts and reward sources.
+pub struct PromptTask {
+    pub task: Box<dyn Task>,
+    pub data: Option<Data>,
+    pub rng: TaskRng,
+    /// Held-out prompts, drawn once from a seed training never uses.
+    pub eval: PromptBatch,
+    /// The `[reward]` sources; None: the task's checker is the reward.
+    pub rewarder: Option<Rewarder>,
+}
+
+impl PromptTask {
+    pub fn new(
+        cfg: &TrainConfig,
+        task: Box<dyn Task>,
+        data: Option<Data>,
+        tokenizer: &Tokenizer,
+        rng_state: u64,
+        device: Device,
+    ) -> Result<Self> {
+        let rewarder = rewarder(cfg, data.as_ref(), device)?;
+        let seed = eval_seed(cfg.run.seed);
+        let eval = match &data {
+            Some(d) => d.eval_batch(tokenizer, cfg.eval.problems, seed)?,
+            None => {
+                let mut eval_rng = TaskRng::new(seed);
+                let problems = (0..cfg.eval.problems)
+                    .map(|_| task.sample(&mut eval_rng))
+                    .collect();
+                prompt_batch(problems, tokenizer)?
+            }
+        };
+        Ok(PromptTask {
+            task,
+            data,
+            rng: TaskRng::new(rng_state),
+            eval,
+            rewarder,
+        })
+    }
+
+    /// How this task's prompts are answered in `ctx`.
+    pub fn answering<'a>(&'a self, ctx: &StepContext<'a>) -> Answering<'a> {
+        Answering {
+            engine: ctx.engine,
+            policy: ctx.policy,
+            version: ctx.version,
+            task: self.task.as_ref(),
+            tokenizer: ctx.tokenizer,
+            params: ctx.sampling,
+            rewarder: self.rewarder.as_ref(),
+        }
+    }
+
+    pub fn evaluate(&self, ctx: &StepContext) -> EvalResult {
+        evaluate(&self.answering(ctx), &self.eval)
+    }
+
+    /// A supervised row: a problem's prompt, then its demonstrated answer and the stop token.
+    pub fn demonstration(
+        &mut self,
+        tokenizer: &Tokenizer,
+        sampling: &SamplingParams,
+    ) -> Result<TrainRow> {
+        let eos = *sampling
+            .stop_token_ids
+            .first()
+            .context("the sampling settings have no stop token")?;
+        let problem = self.task.sample(&mut self.rng);
+        let demo = self.task.demonstration(&problem, &mut self.rng);
+        let mut response = tokenizer.encode(&demo, false)?;
+        response.push(eos);
+        Ok(sft_row(
+            &tokenizer.encode(&problem.prompt, false)?,
+            &response,
+        ))
+    }
+
+    pub fn state(&self, buffer: &GroupBuffer) -> WorkloadState {
+        WorkloadState {
+            task_rng: self.rng.state(),
+            data_position: self.data.as_ref().map_or(0, |d| d.train.position()),
+            buffer: buffer.clone(),
+        }
+    }
+
+    pub fn data_metrics(&self, first: bool) -> Vec<(&'static str, f64)> {
+        match (&self.data, first) {
+            (Some(d), true) => d.counts.metrics().to_vec(),
+            (Some(d), false) => vec![("data/epoch", d.train.epoch() as f64)],
+            (None, _) => Vec::new(),
+        }
+    }
+}
+
+/// Single-turn prompts answered by the trainer's engine.
+pub struct Prompts {
+    task: PromptTask,
+    buffer: GroupBuffer,
+    iteration: IterationConfig,
+}
+
+impl Prompts {
+    /// `buffer` holds the groups a resumed run had in flight.
+    pub fn new(cfg: &TrainConfig, task: PromptTask, buffer: GroupBuffer) -> Self {
+        Prompts {
+            task,
+            buffer,
+            iteration: IterationConfig::from_config(cfg),
+        }
+    }
+}
+
+impl Workload for Prompts {
+    fn rollout(&mut self, ctx: &StepContext) -> Result<StepRollout> {
+        let PromptTask {
+            task,
+            rng,
+            rewarder,
+            ..
+        } = &mut self.task;
+        let mut next_prompt = || -> Result<_> {
+            let problem = task.sample(rng);
+            let ids = ctx.tokenizer.encode(&problem.prompt, false)?;
+            Ok((problem, ids))
+        };
+        let generation = Generation {
+            engine: ctx.engine,
+            policy: ctx.policy,
+            version: ctx.version,
+            task: task.as_ref(),
+            tokenizer: ctx.tokenizer,
+            params: ctx.sampling,
+            rewarder: rewarder.as_ref(),
+        };
+        let it = self
+            .buffer
+            .collect_step(&generation, &self.iteration, &mut next_prompt)?;
+        let source = SourceStats::Prompts {
+            partial: self.iteration.token_budget.map(|_| it.stats),
+            rewards: rewarder.as_ref().map(|r| it.rewards.metrics(r)),
+        };
+        Ok(StepRollout::new(
+            it.trajectories,
+            it.correct,
+            it.engine,
+            ctx.version,
+            source,
+        ))
+    }
+
+    fn evaluate(&self, ctx: &StepContext) -> EvalResult {
+        self.task.evaluate(ctx)
+    }
+
+    fn demonstration(
+        &mut self,
+        tokenizer: &Tokenizer,
+        sampling: &SamplingParams,
+    ) -> Result<TrainRow> {
+        self.task.demonstration(tokenizer, sampling)
+    }
+
+    fn state(&self) -> WorkloadState {
+        self.task.state(&self.buffer)
+    }
+
+    fn data_metrics(&self, first: bool) -> Vec<(&'static str, f64)> {
+        self.task.data_metrics(first)
+    }
+}

@@ -1,0 +1,285 @@
+//! The update of one step: for each epoch and each planned mini-batch, run every rank's rows
+//! in token-bounded micro-batches, sum the gradients, and take one optimizer step — for the
+//! policy ([`ppo_update`]) and, with a critic, for the value model ([`critic::critic_update`]).
+//! Each token's loss weight already holds the mini-batch's global counts, so the sum does not
+//! depend on the rank or micro-batch split.
+//!
+//! | file | job |
+//! | --- | --- |
+//! | `tensors.rs` | rows → padded tensors of a micro-batch; per-token log-probs |
+//! | `policy_loss.rs` | the clipped surrogate, KL and entropy terms per token |
+//! | `critic.rs` | the clipped value loss and the critic's update |
+//! | `optim.rs` | AdamW with clipping, schedules and non-finite skips |
+//! | `ranks/` | data-parallel ranks: threads or MPI processes, one optimizer, exact replicas |
+
+pub mod critic;
+pub mod optim;
+pub mod policy_loss;
+pub mod ranks;
+pub mod tensors;
+
+use self::critic::ValueLossConfig;
+use self::optim::{Optimizer, StepStats};
+use self::policy_loss::{policy_loss, LossConfig, TokenBatch};
+use self::ranks::{Job, PassSums, Ranks, RanksOut, Replica};
+use self::tensors::{micro_batches, token_logprobs, MicroBatch};
+use crate::model::Model;
+use crate::trainer::batch::{RowPlan, TrainRow};
+use crate::trainer::prepare::PreparedBatch;
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Default, Clone)]
+pub struct UpdateStats {
+    pub loss: f64,
+    pub clip_frac: f64,
+    pub approx_kl: f64,
+    pub entropy: f64,
+    pub ref_kl: f64,
+    pub grad_norm: f64,
+    pub lr: f64,
+    pub optimizer_steps: usize,
+    pub micro_batches: usize,
+    /// Mini-batches whose loss or gradient was NaN or infinite: not applied.
+    pub skipped_updates: usize,
+    /// Seconds ranks spent waiting for the slowest one at the all-reduce: per mini-batch the
+    /// slowest rank's compute time minus the fastest's (the cost of imbalance), summed.
+    pub rank_wait_s: f64,
+}
+
+impl UpdateStats {
+    /// The policy update's metrics (`kl_ref` only when a reference model is on).
+    pub fn metrics(&self, reference_on: bool) -> Vec<(&'static str, f64)> {
+        let mut m = vec![
+            ("loss/policy", self.loss),
+            ("clip_frac", self.clip_frac),
+            ("approx_kl", self.approx_kl),
+            ("entropy", self.entropy),
+            ("grad_norm", self.grad_norm),
+            ("updates/skipped", self.skipped_updates as f64),
+            ("lr", self.lr),
+        ];
+        if reference_on {
+            m.push(("kl_ref", self.ref_kl));
+        }
+        m
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UpdateConfig {
+    pub loss: LossConfig,
+    pub epochs: usize,
+    pub micro_batch_tokens: usize,
+    pub temperature: f64,
+}
+
+/// The per-rank pass of an update, with its settings: what the other ranks of an MPI job are
+/// told to run (see [`serve_rank`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum PassKind {
+    /// The clipped policy loss ([`rank_pass`]).
+    Policy {
+        reference_on: bool,
+        cfg: UpdateConfig,
+    },
+    /// The clipped value loss ([`critic::critic_pass`]).
+    Critic(ValueLossConfig),
+}
+
+impl PassKind {
+    /// The job the ranks get: the pass, encoded for other processes, with the rows and plan.
+    fn job<'a>(&self, rows: &'a [TrainRow], plan: &'a RowPlan) -> Result<Job<'a>> {
+        let pass = serde_json::to_vec(self).context("encoding the update's settings")?;
+        Ok(Job { rows, plan, pass })
+    }
+}
+
+/// PPO epochs over the planned mini-batches; one optimizer step per mini-batch.
+///
+/// `ranks` runs each mini-batch's rank lists (one after another on `policy` for dp 1; on
+/// replicas or other processes beyond that, see [`ranks`]) and sums their gradients into
+/// `policy`'s before the step.
+pub fn ppo_update<R: Ranks<Model>>(
+    policy: &Model,
+    ranks: &mut R,
+    opt: &mut Optimizer,
+    batch: &PreparedBatch,
+    cfg: &UpdateConfig,
+) -> Result<UpdateStats> {
+    let (rows, plan) = (batch.rows(), batch.plan());
+    let reference_on = batch.has_reference();
+    let pass = PassKind::Policy {
+        reference_on,
+        cfg: cfg.clone(),
+    };
+    ranks.begin(policy, &pass.job(rows, plan)?)?;
+    let mut stats = UpdateStats::default();
+    let mut sums = PassSums::default();
+    let mut grad_norm = 0.0;
+    for _ in 0..cfg.epochs {
+        for mini_batch in plan {
+            let (out, step) = mini_batch_step(policy, ranks, opt, mini_batch, |model, r, s| {
+                rank_pass(model, reference_on, rows, r, cfg, s)
+            })?;
+            stats.rank_wait_s += out.wait_s;
+            for s in &out.sums {
+                sums.add(s);
+            }
+            match step {
+                Some(step) => {
+                    grad_norm += step.grad_norm;
+                    stats.lr = step.lr;
+                    stats.loss += out.loss;
+                    stats.optimizer_steps += 1;
+                }
+                None => stats.skipped_updates += 1,
+            }
+        }
+    }
+    ranks.finish(policy)?;
+    let n = stats.optimizer_steps.max(1) as f64;
+    let t = if sums.tokens > 0.0 { sums.tokens } else { 1.0 };
+    stats.micro_batches = sums.micro_batches;
+    stats.loss /= n;
+    stats.grad_norm = grad_norm / n;
+    stats.clip_frac = sums.clipped / t;
+    stats.approx_kl = sums.kl / t;
+    stats.entropy = sums.entropy / t;
+    stats.ref_kl = sums.ref_kl / t;
+    Ok(stats)
+}
+
+/// One mini-batch of any model: zero the gradients, run every rank's rows, step the optimizer
+/// unless the loss or the gradient is NaN or infinite (then nothing changes), and give every
+/// rank rank 0's weights. Returns the ranks' output and the applied step (None: skipped).
+pub fn mini_batch_step<M, R, F>(
+    model: &M,
+    ranks: &mut R,
+    opt: &mut Optimizer,
+    mini_batch: &[Vec<usize>],
+    pass: F,
+) -> Result<(RanksOut, Option<StepStats>)>
+where
+    M: Replica,
+    R: Ranks<M>,
+    F: Fn(&M, &[usize], &mut PassSums) -> f64 + Sync,
+{
+    opt.zero_grad();
+    let out = ranks.run(model, mini_batch, pass)?;
+    let step = if out.loss.is_finite() {
+        Some(opt.step())
+    } else {
+        opt.zero_grad();
+        None
+    };
+    // Every rank leaves this mini-batch with the weights rank 0 now has (whether or not the
+    // step was applied), so the next one starts from identical parameters.
+    ranks.sync(model)?;
+    Ok((out, step.filter(|s| !s.skipped)))
+}
+
+/// One rank's share of a mini-batch: forward and backward of its rows in token-bounded
+/// micro-batches, gradients accumulating on `model`. Returns the rank's loss.
+pub fn rank_pass(
+    model: &Model,
+    reference_on: bool,
+    rows: &[TrainRow],
+    rank_rows: &[usize],
+    cfg: &UpdateConfig,
+    sums: &mut PassSums,
+) -> f64 {
+    let device = model.vs.device();
+    let mut loss = 0.0;
+    for idx in micro_batches(rows, rank_rows, cfg.micro_batch_tokens) {
+        let batch: Vec<&TrainRow> = idx.iter().map(|&i| &rows[i]).collect();
+        let mb = MicroBatch::new(&batch, device);
+        let (logp, entropy) = token_logprobs(&model.net, &mb, cfg.temperature, true);
+        let out = policy_loss(
+            &TokenBatch {
+                logp: &logp,
+                old_logp: &mb.old_logp,
+                ref_logp: reference_on.then_some(&mb.ref_logp),
+                entropy: entropy.as_ref(),
+                advantages: &mb.advantages,
+                is_weight: &mb.is_weight,
+                weights: &mb.weights,
+                mask: &mb.mask,
+            },
+            &cfg.loss,
+        );
+        out.loss.backward();
+        loss += out.loss.double_value(&[]);
+        sums.tokens += out.tokens;
+        sums.clipped += out.clipped_tokens;
+        sums.kl += out.approx_kl_sum;
+        sums.entropy += out.entropy_sum;
+        sums.ref_kl += out.ref_kl_sum;
+        sums.micro_batches += 1;
+    }
+    loss
+}
+
+/// In an MPI job, a rank other than 0 serves rank 0's updates until rank 0 stops it (rank 0's
+/// device is `device`); nothing to do for thread ranks.
+pub fn serve_other_rank(dp: &ranks::DataParallel, device: tch::Device) -> Result<()> {
+    match dp {
+        ranks::DataParallel::Threads { .. } => {
+            let _ = device;
+            Ok(())
+        }
+        #[cfg(feature = "mpi")]
+        ranks::DataParallel::Mpi(group) => {
+            serve_rank(group, ranks::rank_device(device, group.rank()))
+        }
+    }
+}
+
+/// A rank other than 0 of an MPI job: holds the models rank 0 announces and runs its rows of
+/// each update until rank 0 stops it.
+#[cfg(feature = "mpi")]
+fn serve_rank(group: &ranks::mpi::MpiGroup, device: tch::Device) -> Result<()> {
+    use crate::model::ValueModel;
+    use ranks::mpi::Command;
+    use ranks::wire::decode_rows;
+    let rank = group.rank();
+    let mut models: Option<(Model, Option<ValueModel>)> = None;
+    loop {
+        let (command, payload) = group.receive_command()?;
+        match command {
+            Command::Stop => return Ok(()),
+            Command::Models { config, critic } => {
+                let policy = Model::random(&config, device, 0)
+                    .with_context(|| format!("rank {rank}: building the policy"))?;
+                let critic = critic
+                    .then(|| ValueModel::new(&config, device))
+                    .transpose()
+                    .with_context(|| format!("rank {rank}: building the critic"))?;
+                models = Some((policy, critic));
+            }
+            Command::Update { pass, plan } => {
+                let rows = decode_rows(&payload).context("decoding the rows from rank 0")?;
+                let pass: PassKind =
+                    serde_json::from_slice(&pass).context("decoding the update from rank 0")?;
+                let (policy, critic) = models
+                    .as_ref()
+                    .context("rank 0 sent an update before the models")?;
+                match &pass {
+                    PassKind::Policy { reference_on, cfg } => {
+                        group.serve_update(policy, &plan, cfg.epochs, |m, r, s| {
+                            rank_pass(m, *reference_on, &rows, r, cfg, s)
+                        })?
+                    }
+                    PassKind::Critic(cfg) => {
+                        let critic = critic
+                            .as_ref()
+                            .context("rank 0 sent a critic update but announced no critic")?;
+                        group.serve_update(critic, &plan, cfg.epochs, |m, r, _| {
+                            critic::critic_pass(m, &rows, r, cfg)
+                        })?
+                    }
+                }
+            }
+        }
+    }
+}
