@@ -2,8 +2,8 @@
 //! with at least one assistant message (the tokens the loss trains on).
 
 use crate::error::DataError;
-use crate::load::{ReadOptions, Rows};
 use crate::row::{kind, messages, ChatMessage};
+use crate::rows::{ReadOptions, Rows};
 use serde_json::Value;
 use std::path::PathBuf;
 

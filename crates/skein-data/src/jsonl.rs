@@ -2,7 +2,7 @@
 //! hold no row), everything else must parse.
 
 use crate::error::DataError;
-use crate::load::{ReadOptions, Rows};
+use crate::rows::{ReadOptions, Rows};
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::path::Path;

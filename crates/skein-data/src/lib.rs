@@ -19,11 +19,13 @@ pub mod length;
 pub mod load;
 pub mod parquet;
 pub mod row;
+pub mod rows;
 pub mod sampler;
 
 pub use chat::{load_conversations, Conversation};
 pub use error::DataError;
 pub use length::{fit, Fit, Truncation};
-pub use load::{load, Loaded, ReadOptions};
+pub use load::{load, Loaded};
 pub use row::{ChatMessage, PromptRow};
+pub use rows::{ReadOptions, Rows};
 pub use sampler::Sampler;

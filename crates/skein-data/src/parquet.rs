@@ -4,8 +4,8 @@
 //! JSONL line is.
 
 use crate::error::DataError;
-use crate::load::{ReadOptions, Rows};
 use crate::row::{from_json, PromptRow};
+use crate::rows::{ReadOptions, Rows};
 use parquet::basic::Compression;
 use parquet::data_type::{ByteArray, ByteArrayType, Int64Type};
 use parquet::file::properties::WriterProperties;
