@@ -131,10 +131,10 @@ fn resolve(args: &EvalArgs) -> Result<(PathBuf, TrainConfig)> {
     if !is_run {
         overrides.push(format!(
             "model.path={}",
-            super::toml_string(&args.model.display().to_string())
+            super::train::toml_string(&args.model.display().to_string())
         ));
     }
-    let cfg = super::load_config(config.as_deref(), &overrides)?;
+    let cfg = super::train::load_config(config.as_deref(), &overrides)?;
     let dir = if is_run {
         args.model.join("checkpoint")
     } else {

@@ -1,0 +1,78 @@
+//! `skein train`: a training run (or a resumed one) from a TOML config and `--set` overrides,
+//! and the config loading `skein eval` shares.
+
+use anyhow::{Context, Result};
+use std::path::PathBuf;
+
+pub fn run(
+    config: Option<PathBuf>,
+    mut overrides: Vec<String>,
+    print_config: bool,
+    resume: Option<PathBuf>,
+) -> Result<()> {
+    let config = config.or_else(|| resume.as_ref().map(|dir| dir.join("config.toml")));
+    if let Some(dir) = &resume {
+        // The resumed run stays in its own directory, whatever the config says.
+        overrides.push(format!(
+            "run.dir={}",
+            toml_string(&dir.display().to_string())
+        ));
+    }
+    let cfg = load_config(config.as_deref(), &overrides)?;
+    if print_config {
+        print!("{}", skein_config::to_toml_string(&cfg));
+        return Ok(());
+    }
+    let summary = match resume {
+        Some(_) => crate::trainer::run::resume(&cfg)?,
+        None => crate::trainer::run::train(&cfg)?,
+    };
+    if summary.rank > 0 {
+        // Another rank of an MPI job: rank 0 reports the run.
+        return Ok(());
+    }
+    if summary.interrupted {
+        println!(
+            "interrupted after step {}: continue with `skein train --resume {}`",
+            summary.rewards.len(),
+            summary.dir.display()
+        );
+        return Ok(());
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let k = summary.rewards.len().min(5);
+    println!(
+        "training reward {:.3} → {:.3} (mean of the first and last {k} steps); held-out greedy accuracy {:.3} → {:.3}; run directory {}",
+        mean(&summary.rewards[..k]),
+        mean(&summary.rewards[summary.rewards.len() - k..]),
+        summary.eval_before.accuracy,
+        summary.eval_after.accuracy,
+        summary.dir.display()
+    );
+    Ok(())
+}
+
+/// A training config: the file at `path` (or the defaults) with `--set` overrides.
+pub fn load_config(
+    path: Option<&std::path::Path>,
+    overrides: &[String],
+) -> Result<crate::trainer::TrainConfig> {
+    let text = match path {
+        Some(p) => Some(
+            std::fs::read_to_string(p)
+                .with_context(|| format!("reading config {}", p.display()))?,
+        ),
+        None => None,
+    };
+    let source = path.map_or_else(|| "defaults".into(), |p| p.display().to_string());
+    Ok(skein_config::load_with_defaults(
+        text.as_deref(),
+        &source,
+        overrides,
+    )?)
+}
+
+/// `s` as a TOML string literal, for an override value.
+pub fn toml_string(s: &str) -> String {
+    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+}
