@@ -6,6 +6,6 @@ mod num;
 pub mod plot;
 pub mod progress;
 
-pub use metrics::{read_metrics, MetricsLog, Record};
+pub use metrics::{read_metrics, record, MetricsLog, Record};
 pub use plot::{compare_runs, plot_metrics, plot_run_dir, COMPARE_PANELS, DEFAULT_PANELS};
 pub use progress::StepProgress;

@@ -45,6 +45,16 @@ impl MetricsLog {
     }
 }
 
+/// A record of `step` with the given figures.
+pub fn record<const N: usize>(step: usize, values: [(&str, f64); N]) -> Record {
+    let mut m = Map::new();
+    m.insert("step".into(), Value::from(step));
+    for (k, v) in values {
+        m.insert(k.into(), Value::from(v));
+    }
+    m
+}
+
 /// Reads every record; a bad line is an error naming the file and line number.
 pub fn read_metrics(path: &Path) -> Result<Vec<Record>> {
     let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;

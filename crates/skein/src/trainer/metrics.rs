@@ -3,29 +3,20 @@
 
 use super::batch::StepBatch;
 use super::prepare::PreparedBatch;
-use super::rollout::StepRollout;
-use super::update::critic::CriticStats;
+use super::rollout::stats::StepRollout;
 use super::update::ranks::Layout;
+use super::update::CriticStats;
 use super::update::UpdateStats;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
+use skein_report::record;
 
-/// A metrics record: `step` and the given values.
-pub fn record<const N: usize>(step: usize, values: [(&str, f64); N]) -> Map<String, Value> {
-    let mut m = Map::new();
-    m.insert("step".into(), json!(step));
-    for (k, v) in values {
-        m.insert(k.into(), json!(v));
-    }
-    m
-}
-
-/// Adds `pairs` to a record.
-pub fn extend<K: AsRef<str>>(
+/// Adds `pairs` to a record (counts stay JSON integers, other figures are numbers).
+pub fn extend<K: AsRef<str>, V: Into<Value>>(
     m: &mut Map<String, Value>,
-    pairs: impl IntoIterator<Item = (K, f64)>,
+    pairs: impl IntoIterator<Item = (K, V)>,
 ) {
     for (k, v) in pairs {
-        m.insert(k.as_ref().to_string(), json!(v));
+        m.insert(k.as_ref().to_string(), v.into());
     }
 }
 
@@ -59,10 +50,14 @@ impl StepReport<'_> {
         let t = &self.times;
         let batch: &StepBatch = self.batch.batch();
         let trained = self.rollout.stats.trained_tokens as f64;
-        let mut m = record(
-            self.step,
+        let mut m = record(self.step, []);
+        extend(&mut m, self.rollout.metrics(t.rollout_s, self.remote));
+        extend(&mut m, self.update.metrics(self.batch.has_reference()));
+        extend(&mut m, [("policy_version", self.policy_version as f64)]);
+        extend(&mut m, batch.metrics());
+        extend(
+            &mut m,
             [
-                ("policy_version", self.policy_version as f64),
                 (
                     "throughput/trained_tokens_per_s",
                     trained / t.step_s.max(1e-9),
@@ -77,9 +72,6 @@ impl StepReport<'_> {
                 ("time/step_s", t.step_s),
             ],
         );
-        extend(&mut m, self.rollout.metrics(t.rollout_s, self.remote));
-        extend(&mut m, batch.metrics());
-        extend(&mut m, self.update.metrics(self.batch.has_reference()));
         if self.rollout.is_partial() {
             extend(&mut m, self.batch.importance.metrics());
         }

@@ -3,7 +3,7 @@
 //! | stage | room | what it does |
 //! | --- | --- | --- |
 //! | set up | `setup.rs` | config checks, run directory, policy, rollout source, warm-up (`sft.rs`), optimizer, reference, critic, ranks; everything a resume restores |
-//! | rollout | `rollout/` | a [`rollout::Workload`] — prompts, multi-turn episodes or external agents — returns one [`rollout::StepRollout`] |
+//! | rollout | `rollout/` | a [`rollout::Workload`] — prompts, multi-turn episodes or external agents — returns one [`rollout::stats::StepRollout`] |
 //! | batch | `batch/` | group advantages, rows, the mini-batch plan and loss weights ([`batch::StepBatch`]) |
 //! | prepare | `prepare/` | π_old/π_ref log-probs, importance weights, critic values and GAE ([`prepare::PreparedBatch`]: advantages final) |
 //! | update | `update/` | PPO epochs over the plan, one optimizer step per mini-batch, on data-parallel ranks (`update/ranks/`) |

@@ -3,16 +3,19 @@
 //! evaluate again, save the policy and plot the curves.
 
 use super::batch::build_step_batch;
-use super::metrics::{record, StageTimes, StepReport};
+use super::metrics::{extend, StageTimes, StepReport};
 use super::prepare::prepare;
 use super::rollout::EvalResult;
 use super::setup::{start, Started, Trainer};
-use super::update::ppo_update;
 use super::update::ranks::{layout, Ranks};
+use super::update::CriticStats;
+use super::update::{ppo_update, UpdateStats};
 use super::{checkpoint, interrupt};
 use crate::engine::Generator;
 use crate::trainer::config::TrainConfig;
 use anyhow::{bail, Result};
+use serde_json::{Map, Value};
+use skein_report::record;
 use skein_report::StepProgress;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -43,19 +46,10 @@ pub fn resume(cfg: &TrainConfig) -> Result<RunSummary> {
 fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
     let mut t = match start(cfg, resume)? {
         Started::Trainer(t) => t,
-        Started::OtherRank { rank } => {
-            return Ok(RunSummary {
-                dir: PathBuf::from(&cfg.run.dir),
-                eval_before: EvalResult::default(),
-                eval_after: EvalResult::default(),
-                rewards: Vec::new(),
-                interrupted: false,
-                rank,
-            })
-        }
+        Started::OtherRank { rank } => return Ok(RunSummary::other_rank(cfg, rank)),
     };
     let steps = cfg.trainer.steps;
-    let mut skip_streak = 0;
+    let mut skips = SkipStreak::default();
     let mut interrupted = false;
     interrupt::install();
     let mut progress = StepProgress::new(steps as u64);
@@ -81,31 +75,15 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
 
         // Update the policy (and the critic), then publish the weights to a remote engine.
         let t2 = Instant::now();
-        let upd = ppo_update(
-            &t.policy,
-            &mut t.policy_ranks,
-            &mut t.opt,
-            &batch,
-            &t.update_cfg,
-        )?;
+        let (policy, opt, cfg_u) = (&t.policy, &mut t.opt, &t.update_cfg);
+        let upd = ppo_update(policy, &mut t.policy_ranks, opt, &batch, cfg_u)?;
         let critic = match &mut t.critic {
             Some(c) => Some(c.update(&batch)?),
             None => None,
         };
         t.publish()?;
         let update_s = t2.elapsed().as_secs_f64();
-        let skipped = upd.skipped_updates + critic.map_or(0, |c| c.skipped_updates);
-        skip_streak = if upd.optimizer_steps > 0 {
-            0
-        } else {
-            skip_streak
-        } + upd.skipped_updates;
-        if skipped > 0 {
-            eprintln!(
-                "skein: step {step}: {skipped} update(s) skipped (NaN or infinite loss or \
-                 gradient)"
-            );
-        }
+        skips.count(step, &upd, critic.as_ref());
 
         // Log the step (and, every `eval.every` steps, the held-out accuracy).
         t.rewards.push(rollout.reward_mean());
@@ -125,19 +103,7 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
                 step_s: t0.elapsed().as_secs_f64(),
             },
         };
-        let mut m = report.record();
-        super::metrics::extend(&mut m, t.workload.data_metrics(false));
-        if cfg.eval.every > 0 && step % cfg.eval.every == 0 && step != steps {
-            let e = t.evaluate();
-            super::metrics::extend(
-                &mut m,
-                [
-                    ("eval/accuracy", e.accuracy),
-                    ("eval/reward", e.mean_reward),
-                ],
-            );
-        }
-        t.log.append(&m)?;
+        t.log_step(report.record(), step)?;
 
         // Checkpoint every `trainer.checkpoint_every` steps, and on Ctrl-C.
         let every = cfg.trainer.checkpoint_every;
@@ -145,19 +111,15 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
         if (every > 0 && step % every == 0) || interrupted {
             t.save_checkpoint(step)?;
         }
-        progress.update(
-            step as u64,
-            &[
-                ("reward", rollout.reward_mean()),
-                ("acc", rollout.accuracy()),
-                (
-                    "gen tok/s",
-                    rollout.engine.generated_tokens as f64 / rollout_s.max(1e-9),
-                ),
-            ],
-        );
-        if skip_streak >= cfg.trainer.max_consecutive_skips {
-            stop_for_skips(&t, step, skip_streak)?;
+        let gen_tok_s = rollout.engine.generated_tokens as f64 / rollout_s.max(1e-9);
+        let shown = [
+            ("reward", rollout.reward_mean()),
+            ("acc", rollout.accuracy()),
+            ("gen tok/s", gen_tok_s),
+        ];
+        progress.update(step as u64, &shown);
+        if skips.streak >= cfg.trainer.max_consecutive_skips {
+            stop_for_skips(&t, step, skips.streak)?;
         }
         if interrupted {
             break;
@@ -165,6 +127,61 @@ fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
     }
     progress.finish();
     finish(*t, interrupted)
+}
+
+/// Updates skipped for a NaN or infinite loss or gradient.
+#[derive(Default)]
+struct SkipStreak {
+    /// Consecutive policy updates skipped (a step with an applied one resets it).
+    streak: usize,
+}
+
+impl SkipStreak {
+    fn count(&mut self, step: usize, policy: &UpdateStats, critic: Option<&CriticStats>) {
+        if policy.optimizer_steps > 0 {
+            self.streak = 0;
+        }
+        self.streak += policy.skipped_updates;
+        let skipped = policy.skipped_updates + critic.map_or(0, |c| c.skipped_updates);
+        if skipped > 0 {
+            eprintln!(
+                "skein: step {step}: {skipped} update(s) skipped (NaN or infinite loss or \
+                 gradient)"
+            );
+        }
+    }
+}
+
+impl RunSummary {
+    /// Another rank of an MPI job: it only served rank 0's updates.
+    fn other_rank(cfg: &TrainConfig, rank: usize) -> Self {
+        RunSummary {
+            dir: PathBuf::from(&cfg.run.dir),
+            eval_before: EvalResult::default(),
+            eval_after: EvalResult::default(),
+            rewards: Vec::new(),
+            interrupted: false,
+            rank,
+        }
+    }
+}
+
+impl Trainer<'_> {
+    /// Appends a step's record, with the data's own metrics and, every `eval.every` steps
+    /// (but the last, which the final evaluation covers), the held-out accuracy.
+    fn log_step(&mut self, mut m: Map<String, Value>, step: usize) -> Result<()> {
+        extend(&mut m, self.workload.data_metrics(false));
+        let every = self.cfg.eval.every;
+        if every > 0 && step.is_multiple_of(every) && step != self.cfg.trainer.steps {
+            let e = self.evaluate();
+            let eval = [
+                ("eval/accuracy", e.accuracy),
+                ("eval/reward", e.mean_reward),
+            ];
+            extend(&mut m, eval);
+        }
+        self.log.append(&m)
+    }
 }
 
 /// After the last step (or a Ctrl-C): evaluate, save the policy in HF layout, plot the curves.

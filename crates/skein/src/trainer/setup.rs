@@ -6,19 +6,23 @@
 use super::batch::StepBatchConfig;
 use super::checkpoint::{self, TrainerState};
 use super::config::{EngineKind, TrainConfig};
-use super::metrics::{extend, record};
+use super::metrics::extend;
 use super::prepare::PreparedBatch;
 use super::prepare::{Models, PrepareConfig};
-use super::rollout::{EvalResult, StepContext, StepRollout, Tasks, Workload};
-use super::update::critic::{critic_update, CriticStats, ValueLossConfig};
+use super::rollout::stats::StepRollout;
+use super::rollout::tasks::Tasks;
+use super::rollout::{EvalResult, StepContext, Workload};
+use super::update::critic::ValueLossConfig;
 use super::update::optim::{OptimConfig, Optimizer};
 use super::update::policy_loss::LossConfig;
 use super::update::ranks::{Backend, DataParallel};
+use super::update::{critic_update, CriticStats};
 use super::update::{serve_other_rank, UpdateConfig};
 use super::{preflight, sft};
 use crate::engine::{Engine, Generator, RemoteEngine, SamplingParams};
 use crate::model::{Model, ValueModel};
 use anyhow::{bail, Context, Result};
+use skein_report::record;
 use skein_report::MetricsLog;
 use skein_text::Tokenizer;
 use std::path::{Path, PathBuf};
@@ -91,26 +95,7 @@ pub fn start(cfg: &TrainConfig, resume: bool) -> Result<Started<'_>> {
         serve_other_rank(&dp, device)?;
         return Ok(Started::OtherRank { rank: dp.rank() });
     }
-
-    // The run directory: the resolved config, the metrics log (cut back to the checkpoint's
-    // step on resume), and the checkpoint to resume from.
-    let dir = PathBuf::from(&cfg.run.dir);
-    std::fs::create_dir_all(&dir)
-        .with_context(|| format!("creating run directory {}", dir.display()))?;
-    std::fs::write(dir.join("config.toml"), skein_config::to_toml_string(cfg))?;
-    let metrics_path = dir.join("metrics.jsonl");
-    let resumed = if resume {
-        Some(find_checkpoint(&dir)?)
-    } else {
-        None
-    };
-    match &resumed {
-        Some((_, state)) => checkpoint::truncate_lines(&metrics_path, state.metrics_lines)?,
-        None => {
-            let _ = std::fs::remove_file(&metrics_path);
-        }
-    }
-    let mut log = MetricsLog::create(&metrics_path)?;
+    let (dir, mut log, resumed) = open_run_dir(cfg, resume)?;
 
     // The task, the policy and the rollout source.
     let tasks = Tasks::from_config(cfg)?;
@@ -119,24 +104,8 @@ pub fn start(cfg: &TrainConfig, resume: bool) -> Result<Started<'_>> {
         Some((ckpt, _)) => (Tokenizer::from_dir(ckpt)?, Model::load_dir(ckpt, device)?),
         None => build_policy(cfg, tasks.alphabet(), tasks.min_positions(), device)?,
     };
-    let eos = tokenizer
-        .eos_token_ids()
-        .first()
-        .copied()
-        .context("the tokenizer defines no end-of-sequence token")?;
-    let sampling = SamplingParams {
-        stop_token_ids: vec![eos],
-        ..cfg.rollout.sampling.clone()
-    };
-    if device == Device::Cpu {
-        if let Some(available) = preflight::available_memory() {
-            preflight::check(&preflight::estimate(cfg, &policy.net.config), available)?;
-        }
-    }
-    let engine = match cfg.rollout.engine {
-        EngineKind::Remote => Generator::Remote(RemoteEngine::new(&cfg.rollout.remote)),
-        EngineKind::Local => Generator::Local(Engine::new(cfg.rollout.max_slots)),
-    };
+    let sampling = sampling_params(cfg, &tokenizer)?;
+    let engine = rollout_engine(cfg, &policy)?;
     let resumed_workload = resumed.as_ref().map(|(_, s)| &s.workload);
     let mut workload = tasks.into_workload(cfg, &tokenizer, &policy, resumed_workload)?;
     eprintln!(
@@ -170,55 +139,14 @@ pub fn start(cfg: &TrainConfig, resume: bool) -> Result<Started<'_>> {
                 tokenizer: &tokenizer,
                 sampling: &sampling,
             };
-            let e = workload.evaluate(&ctx);
-            let mut first = record(
-                0,
-                [
-                    ("eval/accuracy", e.accuracy),
-                    ("eval/reward", e.mean_reward),
-                ],
-            );
-            extend(&mut first, workload.data_metrics(true));
-            log.append(&first)?;
-            eprintln!("skein: eval before RL: accuracy {:.3}", e.accuracy);
-            e
+            measure_before(workload.as_ref(), &ctx, &mut log)?
         }
     };
 
-    // The models the update needs beside the policy, and their optimizers.
-    let reference = match (&resumed, cfg.algorithm.kl_coef > 0.0) {
-        (_, false) => None,
-        (Some((ckpt, _)), true) => Some(checkpoint::load_reference(ckpt, device)?),
-        (None, true) => {
-            let mut r = Model::random(&policy.net.config, device, 0)?;
-            r.copy_from(&policy)?;
-            Some(r)
-        }
-    };
-    let t = &cfg.trainer;
-    let total_opt_steps = t.steps * t.ppo_epochs * t.num_mini_batches;
-    let mut opt = Optimizer::new(&policy.vs, &cfg.optim, total_opt_steps)?;
-    let mut critic = if cfg.algorithm.estimator.needs_critic() {
-        let model = ValueModel::from_policy(&policy, device)?;
-        let ocfg = OptimConfig {
-            lr: cfg.algorithm.critic_lr,
-            ..cfg.optim.clone()
-        };
-        let opt = Optimizer::new(&model.vs, &ocfg, total_opt_steps)?;
-        Some((model, opt))
-    } else {
-        None
-    };
-    if let Some((ckpt, s)) = &resumed {
-        checkpoint::load_optimizer(ckpt, &mut opt, s.optimizer_steps, false)?;
-        if let Some((model, copt)) = &mut critic {
-            checkpoint::load_critic(ckpt, model)?;
-            checkpoint::load_optimizer(ckpt, copt, s.critic_optimizer_steps, true)?;
-        }
-    }
-
-    // Data-parallel ranks beyond the first, for the policy and the critic. Built after
-    // everything else that draws random numbers; each step reseeds the generator anyway.
+    // The models the update needs beside the policy, then data-parallel ranks beyond the
+    // first for the policy and the critic: built after everything else that draws random
+    // numbers (each step reseeds the generator anyway).
+    let (reference, opt, critic) = update_models(cfg, &policy, resumed.as_ref())?;
     dp.announce_models(&policy.net.config, critic.is_some())?;
     let policy_ranks = dp.backend(&policy)?;
     let critic = match critic {
@@ -228,8 +156,8 @@ pub fn start(cfg: &TrainConfig, resume: bool) -> Result<Started<'_>> {
             opt,
             cfg: ValueLossConfig {
                 clip: cfg.algorithm.value_clip,
-                epochs: t.ppo_epochs,
-                micro_batch_tokens: t.micro_batch_tokens,
+                epochs: cfg.trainer.ppo_epochs,
+                micro_batch_tokens: cfg.trainer.micro_batch_tokens,
             },
         }),
         None => None,
@@ -336,6 +264,124 @@ impl Trainer<'_> {
         checkpoint::save(&self.dir.join(format!("checkpoint-{step}")), &snapshot)?;
         checkpoint::rotate(&self.dir, self.cfg.trainer.keep_last)
     }
+}
+
+/// The run's sampling settings, stopping at the tokenizer's end-of-sequence token.
+fn sampling_params(cfg: &TrainConfig, tokenizer: &Tokenizer) -> Result<SamplingParams> {
+    let eos = tokenizer
+        .eos_token_ids()
+        .first()
+        .copied()
+        .context("the tokenizer defines no end-of-sequence token")?;
+    Ok(SamplingParams {
+        stop_token_ids: vec![eos],
+        ..cfg.rollout.sampling.clone()
+    })
+}
+
+/// The engine rollouts run on, once the run is known to fit in memory (on the CPU, where
+/// free memory can be read).
+fn rollout_engine(cfg: &TrainConfig, policy: &Model) -> Result<Generator> {
+    if policy.vs.device() == Device::Cpu {
+        if let Some(available) = preflight::available_memory() {
+            preflight::check(&preflight::estimate(cfg, &policy.net.config), available)?;
+        }
+    }
+    Ok(match cfg.rollout.engine {
+        EngineKind::Remote => Generator::Remote(RemoteEngine::new(&cfg.rollout.remote)),
+        EngineKind::Local => Generator::Local(Engine::new(cfg.rollout.max_slots)),
+    })
+}
+
+/// A checkpoint to resume from: its directory and trainer state.
+type Resumed = (PathBuf, TrainerState);
+
+/// The run directory: the resolved config written, the metrics log opened (cut back to the
+/// checkpoint's step on resume), and the checkpoint to resume from.
+fn open_run_dir(cfg: &TrainConfig, resume: bool) -> Result<(PathBuf, MetricsLog, Option<Resumed>)> {
+    let dir = PathBuf::from(&cfg.run.dir);
+    std::fs::create_dir_all(&dir)
+        .with_context(|| format!("creating run directory {}", dir.display()))?;
+    std::fs::write(dir.join("config.toml"), skein_config::to_toml_string(cfg))?;
+    let metrics_path = dir.join("metrics.jsonl");
+    let resumed = if resume {
+        Some(find_checkpoint(&dir)?)
+    } else {
+        None
+    };
+    match &resumed {
+        Some((_, state)) => checkpoint::truncate_lines(&metrics_path, state.metrics_lines)?,
+        None => {
+            let _ = std::fs::remove_file(&metrics_path);
+        }
+    }
+    let log = MetricsLog::create(&metrics_path)?;
+    Ok((dir, log, resumed))
+}
+
+/// Held-out accuracy before RL, logged as step 0 with the data's counts.
+fn measure_before(
+    workload: &dyn Workload,
+    ctx: &StepContext,
+    log: &mut MetricsLog,
+) -> Result<EvalResult> {
+    let e = workload.evaluate(ctx);
+    let mut first = record(
+        0,
+        [
+            ("eval/accuracy", e.accuracy),
+            ("eval/reward", e.mean_reward),
+        ],
+    );
+    extend(&mut first, workload.data_metrics(true));
+    log.append(&first)?;
+    eprintln!("skein: eval before RL: accuracy {:.3}", e.accuracy);
+    Ok(e)
+}
+
+/// The policy's optimizer, and the critic's model and optimizer.
+type UpdateModels = (Option<Model>, Optimizer, Option<(ValueModel, Optimizer)>);
+
+/// The models the update needs beside the policy: the frozen reference (a copy of the
+/// warmed-up policy, or the checkpoint's), the policy's optimizer, and the critic with its
+/// own; moments and critic weights restored on resume.
+fn update_models(
+    cfg: &TrainConfig,
+    policy: &Model,
+    resumed: Option<&Resumed>,
+) -> Result<UpdateModels> {
+    let device = policy.vs.device();
+    let reference = match (resumed, cfg.algorithm.kl_coef > 0.0) {
+        (_, false) => None,
+        (Some((ckpt, _)), true) => Some(checkpoint::load_reference(ckpt, device)?),
+        (None, true) => {
+            let mut r = Model::random(&policy.net.config, device, 0)?;
+            r.copy_from(policy)?;
+            Some(r)
+        }
+    };
+    let t = &cfg.trainer;
+    let total_opt_steps = t.steps * t.ppo_epochs * t.num_mini_batches;
+    let mut opt = Optimizer::new(&policy.vs, &cfg.optim, total_opt_steps)?;
+    let mut critic = if cfg.algorithm.estimator.needs_critic() {
+        let model = ValueModel::from_policy(policy, device)?;
+        let ocfg = OptimConfig {
+            lr: cfg.algorithm.critic_lr,
+            ..cfg.optim.clone()
+        };
+        let opt = Optimizer::new(&model.vs, &ocfg, total_opt_steps)?;
+        Some((model, opt))
+    } else {
+        None
+    };
+    if let Some((ckpt, s)) = resumed {
+        checkpoint::load_optimizer(ckpt, &mut opt, s.optimizer_steps, false)?;
+        if let Some((model, copt)) = &mut critic {
+            checkpoint::load_critic(ckpt, model)?;
+            checkpoint::load_optimizer(ckpt, copt, s.critic_optimizer_steps, true)?;
+        }
+    }
+    Ok((reference, opt, critic))
 }
 
 /// The policy update's settings.

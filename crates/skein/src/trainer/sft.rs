@@ -38,7 +38,7 @@ pub fn warm_up(
             .map(|_| demo())
             .collect::<Result<Vec<_>>>()?;
         let loss = sft_step(policy, &mut opt, &rows);
-        log.append(&super::metrics::record(step, [("sft/loss", loss)]))?;
+        log.append(&skein_report::record(step, [("sft/loss", loss)]))?;
         progress.update(step as u64, &[("sft loss", loss)]);
     }
     progress.finish();

@@ -1,6 +1,5 @@
 //! Start-up checks of a training config: every problem names its key and the allowed values,
 //! and all of them are reported together.
-
 //!
 //! Keys with a fixed set of values are enums and checked when the config is read; this checks
 //! ranges, combinations and paths.
@@ -14,14 +13,19 @@ pub fn validate(cfg: &TrainConfig) -> Result<()> {
     if let Err(e) = cfg.run.device() {
         v.problem(e.to_string());
     }
-    let (r, s, a, t, o, m) = (
-        &cfg.rollout,
-        &cfg.rollout.sampling,
-        &cfg.algorithm,
-        &cfg.trainer,
-        &cfg.optim,
-        &cfg.model,
-    );
+    validate_rollout(cfg, &mut v);
+    validate_algorithm(cfg, &mut v);
+    validate_trainer(cfg, &mut v);
+    validate_model(cfg, &mut v);
+    validate_reward(cfg, &mut v);
+    validate_data(cfg, &mut v);
+    validate_agent(cfg, &mut v);
+    Ok(v.finish()?)
+}
+
+/// `[rollout]`: sizes, sampling, partial rollout and the remote engine.
+fn validate_rollout(cfg: &TrainConfig, v: &mut Validator) {
+    let (r, s, t) = (&cfg.rollout, &cfg.rollout.sampling, &cfg.trainer);
     v.at_least("rollout.prompts_per_step", r.prompts_per_step, 1)
         .at_least("rollout.samples_per_prompt", r.samples_per_prompt, 1)
         .at_least("rollout.max_slots", r.max_slots, 1)
@@ -37,42 +41,85 @@ pub fn validate(cfg: &TrainConfig) -> Result<()> {
             "must be in (0, 1]",
             s.top_p,
         )
-        .at_least("rollout.sampling.max_new_tokens", s.max_new_tokens, 1)
-        .check(
-            (0.0..1.0).contains(&a.clip_low),
-            "algorithm.clip_low",
-            "must be in [0, 1)",
-            a.clip_low,
+        .at_least("rollout.sampling.max_new_tokens", s.max_new_tokens, 1);
+    let p = &r.partial;
+    if p.enabled {
+        // A version step of one training step: a sample paused now resumes that much later.
+        let per_step = (t.num_mini_batches * t.ppo_epochs) as u64;
+        v.at_least("rollout.partial.token_budget", p.token_budget, 1)
+            .check(
+                p.max_staleness >= per_step,
+                "rollout.partial.max_staleness",
+                &format!(
+                    "must be at least trainer.num_mini_batches × trainer.ppo_epochs = {per_step} \
+                     (the versions one step advances), or no paused sample could ever resume"
+                ),
+                p.max_staleness,
+            );
+    }
+    if r.engine == EngineKind::Remote {
+        let rm = &r.remote;
+        v.check(
+            rm.url.starts_with("http://") && rm.url.len() > "http://".len(),
+            "rollout.remote.url",
+            "must be the plain http:// base URL of an OpenAI-compatible server, e.g. \
+             http://127.0.0.1:8000 (start one with `skein serve --model DIR`)",
+            format!("{:?}", rm.url),
         )
-        .at_least("algorithm.clip_high", a.clip_high, 0.0)
         .check(
-            a.dual_clip == 0.0 || a.dual_clip > 1.0,
-            "algorithm.dual_clip",
-            "must be 0 (off) or > 1",
-            a.dual_clip,
+            rm.reload_path.starts_with('/'),
+            "rollout.remote.reload_path",
+            "must be a path starting with /",
+            format!("{:?}", rm.reload_path),
         )
-        .in_range("algorithm.gamma", a.gamma, 0.0, 1.0)
-        .in_range("algorithm.lambda", a.lambda, 0.0, 1.0)
-        .check(
-            a.value_clip > 0.0,
-            "algorithm.value_clip",
-            "must be > 0",
-            a.value_clip,
-        )
-        .check(
-            a.critic_lr > 0.0,
-            "algorithm.critic_lr",
-            "must be > 0",
-            a.critic_lr,
-        )
-        .at_least("algorithm.kl_coef", a.kl_coef, 0.0)
-        .check(
-            a.is_cap > 1.0 && a.is_cap.is_finite(),
-            "algorithm.is_cap",
-            "must be a finite number > 1",
-            a.is_cap,
-        )
-        .at_least("trainer.ppo_epochs", t.ppo_epochs, 1)
+        .at_least("rollout.remote.timeout_ms", rm.timeout_ms, 1)
+        .at_least("rollout.remote.concurrency", rm.concurrency, 1);
+    }
+}
+
+/// `[algorithm]`: clip ranges, coefficients and the off-policy cap.
+fn validate_algorithm(cfg: &TrainConfig, v: &mut Validator) {
+    let a = &cfg.algorithm;
+    v.check(
+        (0.0..1.0).contains(&a.clip_low),
+        "algorithm.clip_low",
+        "must be in [0, 1)",
+        a.clip_low,
+    )
+    .at_least("algorithm.clip_high", a.clip_high, 0.0)
+    .check(
+        a.dual_clip == 0.0 || a.dual_clip > 1.0,
+        "algorithm.dual_clip",
+        "must be 0 (off) or > 1",
+        a.dual_clip,
+    )
+    .in_range("algorithm.gamma", a.gamma, 0.0, 1.0)
+    .in_range("algorithm.lambda", a.lambda, 0.0, 1.0)
+    .check(
+        a.value_clip > 0.0,
+        "algorithm.value_clip",
+        "must be > 0",
+        a.value_clip,
+    )
+    .check(
+        a.critic_lr > 0.0,
+        "algorithm.critic_lr",
+        "must be > 0",
+        a.critic_lr,
+    )
+    .at_least("algorithm.kl_coef", a.kl_coef, 0.0)
+    .check(
+        a.is_cap > 1.0 && a.is_cap.is_finite(),
+        "algorithm.is_cap",
+        "must be a finite number > 1",
+        a.is_cap,
+    );
+}
+
+/// `[trainer]` and `[optim]`.
+fn validate_trainer(cfg: &TrainConfig, v: &mut Validator) {
+    let (t, o) = (&cfg.trainer, &cfg.optim);
+    v.at_least("trainer.ppo_epochs", t.ppo_epochs, 1)
         .at_least("trainer.num_mini_batches", t.num_mini_batches, 1)
         .at_least("trainer.dp_size", t.dp_size, 1)
         .check(
@@ -104,21 +151,11 @@ pub fn validate(cfg: &TrainConfig) -> Result<()> {
             "must be in [0, 1)",
             o.beta2,
         );
-    let p = &r.partial;
-    if p.enabled {
-        // A version step of one training step: a sample paused now resumes that much later.
-        let per_step = (t.num_mini_batches * t.ppo_epochs) as u64;
-        v.at_least("rollout.partial.token_budget", p.token_budget, 1)
-            .check(
-                p.max_staleness >= per_step,
-                "rollout.partial.max_staleness",
-                &format!(
-                    "must be at least trainer.num_mini_batches × trainer.ppo_epochs = {per_step} \
-                     (the versions one step advances), or no paused sample could ever resume"
-                ),
-                p.max_staleness,
-            );
-    }
+}
+
+/// `[model]` of a from-scratch model: shapes that fit together and room for a response.
+fn validate_model(cfg: &TrainConfig, v: &mut Validator) {
+    let m = &cfg.model;
     if m.path.is_empty() {
         v.check(
             m.num_heads > 0 && m.hidden_size.is_multiple_of(m.num_heads.max(1)),
@@ -133,47 +170,22 @@ pub fn validate(cfg: &TrainConfig) -> Result<()> {
             m.num_kv_heads,
         )
         .check(
-            m.max_positions.max(min_positions(cfg)) > s.max_new_tokens,
+            m.max_positions.max(min_positions(cfg)) > cfg.rollout.sampling.max_new_tokens,
             "model.max_positions",
             "must exceed rollout.sampling.max_new_tokens",
             m.max_positions,
         );
     }
-    validate_reward(cfg, &mut v);
-    validate_data(cfg, &mut v);
-    validate_agent(cfg, &mut v);
-    if r.engine == EngineKind::Remote {
-        let rm = &r.remote;
-        v.check(
-            rm.url.starts_with("http://") && rm.url.len() > "http://".len(),
-            "rollout.remote.url",
-            "must be the plain http:// base URL of an OpenAI-compatible server, e.g. \
-             http://127.0.0.1:8000 (start one with `skein serve --model DIR`)",
-            format!("{:?}", rm.url),
-        )
-        .check(
-            rm.reload_path.starts_with('/'),
-            "rollout.remote.reload_path",
-            "must be a path starting with /",
-            format!("{:?}", rm.reload_path),
-        )
-        .at_least("rollout.remote.timeout_ms", rm.timeout_ms, 1)
-        .at_least("rollout.remote.concurrency", rm.concurrency, 1);
-    }
-    Ok(v.finish()?)
 }
 
-fn multi_turn_task(
-    cfg: &TrainConfig,
-) -> Option<Result<Box<dyn skein_tasks::AgentTask>, skein_tasks::TaskError>> {
-    if !cfg.data.train_files.is_empty() {
-        return None;
-    }
-    skein_tasks::agent_task_by_name(&cfg.task.name, cfg.task.difficulty)
+/// The multi-turn task the config names: Ok(None) when it names none, an error when it names
+/// one that cannot be built (reported where the task is loaded).
+fn multi_turn_task(cfg: &TrainConfig) -> anyhow::Result<Option<Box<dyn skein_tasks::AgentTask>>> {
+    crate::trainer::rollout::tasks::multi_turn_task(cfg)
 }
 
 fn is_multi_turn(cfg: &TrainConfig) -> bool {
-    multi_turn_task(cfg).is_some()
+    !matches!(multi_turn_task(cfg), Ok(None))
 }
 
 /// Positions a from-scratch model gets at least (more for multi-turn episodes).
@@ -228,7 +240,7 @@ fn validate_agent(cfg: &TrainConfig, v: &mut Validator) {
             "[]",
         );
     }
-    if let Some(Ok(task)) = multi_turn_task(cfg) {
+    if let Ok(Some(task)) = multi_turn_task(cfg) {
         // A demonstrated message and its stop token must fit in one turn's new tokens.
         let need = task.max_message_chars() + 1;
         v.check(

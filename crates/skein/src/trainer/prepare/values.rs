@@ -64,7 +64,8 @@ mod tests {
     use super::*;
     use crate::model::{Model, ModelConfig};
     use crate::trainer::batch::RowPlan;
-    use crate::trainer::update::critic::{critic_update, ValueLossConfig};
+    use crate::trainer::update::critic::ValueLossConfig;
+    use crate::trainer::update::critic_update;
     use crate::trainer::update::optim::{OptimConfig, Optimizer};
     use crate::trainer::update::ranks::Replicas;
     use tch::Device;

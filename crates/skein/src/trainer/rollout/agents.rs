@@ -5,7 +5,8 @@
 
 use super::dataset::eval_seed;
 use super::episodes::{AgentContext, AgentLimits, EpisodeSpec, TurnFormat};
-use super::{EvalResult, SourceStats, StepContext, StepRollout, Workload, WorkloadState};
+use super::stats::{SourceStats, StepRollout};
+use super::{EvalResult, StepContext, Workload, WorkloadState};
 use crate::engine::SamplingParams;
 use crate::model::Model;
 use crate::trainer::batch::TrainRow;
@@ -229,7 +230,7 @@ impl Workload for Episodes {
         }
     }
 
-    fn data_metrics(&self, _first: bool) -> Vec<(&'static str, f64)> {
+    fn data_metrics(&self, _first: bool) -> Vec<(&'static str, serde_json::Value)> {
         Vec::new()
     }
 }

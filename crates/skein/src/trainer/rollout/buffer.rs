@@ -532,7 +532,7 @@ mod tests {
             let mut dropped = 0;
             for k in 0..6u64 {
                 let out = step(&mut s, &mut buf, 2 * k, &cfg);
-                let staleness_max = crate::trainer::rollout::StepRollout::new(
+                let staleness_max = crate::trainer::rollout::stats::StepRollout::new(
                     out.trajectories.clone(),
                     out.correct.clone(),
                     out.engine,

@@ -9,7 +9,8 @@
 //! queue for the next phase.
 
 use super::prompts::PromptTask;
-use super::{EvalResult, SourceStats, StepContext, StepRollout, Workload, WorkloadState};
+use super::stats::{ExternalStats, SourceStats, StepRollout};
+use super::{EvalResult, StepContext, Workload, WorkloadState};
 use crate::engine::{self, Control, EngineHandle, EngineQueue, Generator, SamplingParams};
 use crate::model::Model;
 use crate::serve::{self, RecordedRollout, RolloutStore, ServeConfig, ServeState, TaskSpec};
@@ -24,29 +25,6 @@ use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
-
-/// What one step's external rollouts did.
-#[derive(Debug, Clone, Default)]
-pub struct ExternalStats {
-    pub calls: usize,
-    /// Rollouts the agents reported as failed.
-    pub agent_failures: usize,
-    /// Rollouts not closed within `agent.rollout_timeout_s`.
-    pub timeouts: usize,
-}
-
-impl ExternalStats {
-    pub fn metrics(&self, rollouts: usize) -> [(&'static str, f64); 3] {
-        [
-            (
-                "agent/calls_mean",
-                self.calls as f64 / rollouts.max(1) as f64,
-            ),
-            ("agent/failed_rollouts", self.agent_failures as f64),
-            ("agent/timed_out_rollouts", self.timeouts as f64),
-        ]
-    }
-}
 
 /// The policy served to external agents, and the single-turn task whose problems they get.
 pub struct External {
@@ -207,7 +185,7 @@ impl Workload for External {
         self.task.state(&Default::default())
     }
 
-    fn data_metrics(&self, first: bool) -> Vec<(&'static str, f64)> {
+    fn data_metrics(&self, first: bool) -> Vec<(&'static str, serde_json::Value)> {
         self.task.data_metrics(first)
     }
 }

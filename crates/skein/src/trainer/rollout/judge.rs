@@ -2,10 +2,10 @@
 //! it finishes (it judges `correct`, and is the reward when no `[reward]` sources are
 //! configured); configured sources only receive the request then and are collected after
 //! generation, so scoring overlaps it. [`answer_prompts`] runs a fixed batch of prompts this
-//! way (evaluation); the training rollout does the same per round in `buffer.rs`.
+//! way (evaluation, `skein eval`); the training rollout does the same per round in
+//! `buffer.rs`.
 
 use super::reward::{failed_status, request, RewardStats, RoundRewards};
-use super::EvalResult;
 use crate::engine::{EngineStats, Finish, GenRequest, Generator, SamplingParams};
 use crate::model::Model;
 use serde::{Deserialize, Serialize};
@@ -220,28 +220,5 @@ pub fn single_turn(
         }],
         reward: judged.reward,
         status: judged.status,
-    }
-}
-
-/// Greedy answers to a held-out batch: the fraction judged correct and the mean reward.
-pub fn evaluate(a: &Answering, batch: &PromptBatch) -> EvalResult {
-    let greedy = SamplingParams {
-        temperature: 0.0,
-        ..a.params.clone()
-    };
-    let r = answer_prompts(
-        &Answering {
-            params: &greedy,
-            version: 0,
-            ..*a
-        },
-        batch,
-        1,
-        "eval",
-    );
-    let n = r.trajectories.len().max(1) as f64;
-    EvalResult {
-        accuracy: r.correct.iter().filter(|&&c| c).count() as f64 / n,
-        mean_reward: r.trajectories.iter().map(|t| t.reward).sum::<f64>() / n,
     }
 }

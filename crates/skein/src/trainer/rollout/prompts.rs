@@ -5,13 +5,15 @@
 
 use super::buffer::{Generation, GroupBuffer, IterationConfig};
 use super::dataset::{eval_seed, prompt_batch, rewarder, Data};
-use super::judge::{evaluate, Answering, PromptBatch};
-use super::{EvalResult, SourceStats, StepContext, StepRollout, Workload, WorkloadState};
+use super::judge::{answer_prompts, Answering, PromptBatch};
+use super::stats::{SourceStats, StepRollout};
+use super::{EvalResult, StepContext, Workload, WorkloadState};
 use crate::engine::SamplingParams;
 use crate::trainer::batch::TrainRow;
 use crate::trainer::config::TrainConfig;
 use crate::trainer::sft::sft_row;
 use anyhow::{Context, Result};
+use serde_json::Value;
 use skein_reward::Rewarder;
 use skein_tasks::{Task, TaskRng};
 use skein_text::Tokenizer;
@@ -71,8 +73,23 @@ impl PromptTask {
         }
     }
 
+    /// Greedy answers to the held-out prompts.
     pub fn evaluate(&self, ctx: &StepContext) -> EvalResult {
-        evaluate(&self.answering(ctx), &self.eval)
+        let greedy = SamplingParams {
+            temperature: 0.0,
+            ..ctx.sampling.clone()
+        };
+        let a = Answering {
+            params: &greedy,
+            version: 0,
+            ..self.answering(ctx)
+        };
+        let r = answer_prompts(&a, &self.eval, 1, "eval");
+        let n = r.trajectories.len().max(1) as f64;
+        EvalResult {
+            accuracy: r.correct.iter().filter(|&&c| c).count() as f64 / n,
+            mean_reward: r.trajectories.iter().map(|t| t.reward).sum::<f64>() / n,
+        }
     }
 
     /// A supervised row: a problem's prompt, then its demonstrated answer and the stop token.
@@ -103,10 +120,10 @@ impl PromptTask {
         }
     }
 
-    pub fn data_metrics(&self, first: bool) -> Vec<(&'static str, f64)> {
+    pub fn data_metrics(&self, first: bool) -> Vec<(&'static str, Value)> {
         match (&self.data, first) {
-            (Some(d), true) => d.counts.metrics().to_vec(),
-            (Some(d), false) => vec![("data/epoch", d.train.epoch() as f64)],
+            (Some(d), true) => d.counts.metrics().map(|(k, v)| (k, v.into())).to_vec(),
+            (Some(d), false) => vec![("data/epoch", d.train.epoch().into())],
             (None, _) => Vec::new(),
         }
     }
@@ -184,7 +201,7 @@ impl Workload for Prompts {
         self.task.state(&self.buffer)
     }
 
-    fn data_metrics(&self, first: bool) -> Vec<(&'static str, f64)> {
+    fn data_metrics(&self, first: bool) -> Vec<(&'static str, Value)> {
         self.task.data_metrics(first)
     }
 }

@@ -6,6 +6,7 @@
 use crate::reward_model::{RewardKind, RewardModel, RewardModelPool};
 use crate::trainer::config::TrainConfig;
 use anyhow::{Context, Result};
+use serde_json::Value;
 use skein_config::Validator;
 use skein_plan::Status;
 use skein_reward::{
@@ -248,18 +249,22 @@ impl RewardStats {
 
     /// The step's reward metrics: the rewarder's counters, the hidden fraction, the wait after
     /// generation, and the step mean of each source's reward and metrics (`score/...`).
-    pub fn metrics(&self, rewarder: &Rewarder) -> Vec<(String, f64)> {
-        let mut m: Vec<(String, f64)> = rewarder.metrics().into_iter().collect();
+    pub fn metrics(&self, rewarder: &Rewarder) -> Vec<(String, Value)> {
+        let mut m: Vec<(String, Value)> = rewarder
+            .metrics()
+            .into_iter()
+            .map(|(k, v)| (k, v.into()))
+            .collect();
         for (k, v) in [
             ("reward/hidden_fraction", self.hidden_fraction()),
             ("reward/step_busy_s", self.busy_s),
             ("time/reward_wait_s", self.wait_s),
-            ("reward/step_failed", self.failed as f64),
         ] {
-            m.push((k.into(), v));
+            m.push((k.into(), v.into()));
         }
+        m.push(("reward/step_failed".into(), self.failed.into()));
         for (k, (s, n)) in &self.parts {
-            m.push((format!("score/{k}"), s / (*n).max(1) as f64));
+            m.push((format!("score/{k}"), (s / (*n).max(1) as f64).into()));
         }
         m
     }

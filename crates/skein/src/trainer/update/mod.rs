@@ -1,6 +1,6 @@
 //! The update of one step: for each epoch and each planned mini-batch, run every rank's rows
 //! in token-bounded micro-batches, sum the gradients, and take one optimizer step — for the
-//! policy ([`ppo_update`]) and, with a critic, for the value model ([`critic::critic_update`]).
+//! policy ([`ppo_update`]) and, with a critic, for the value model ([`critic_update`]).
 //! Each token's loss weight already holds the mini-batch's global counts, so the sum does not
 //! depend on the rank or micro-batch split.
 //!
@@ -18,12 +18,12 @@ pub mod policy_loss;
 pub mod ranks;
 pub mod tensors;
 
-use self::critic::ValueLossConfig;
+use self::critic::{critic_pass, ValueLossConfig};
 use self::optim::{Optimizer, StepStats};
 use self::policy_loss::{policy_loss, LossConfig, TokenBatch};
 use self::ranks::{Job, PassSums, Ranks, RanksOut, Replica};
 use self::tensors::{micro_batches, token_logprobs, MicroBatch};
-use crate::model::Model;
+use crate::model::{Model, ValueModel};
 use crate::trainer::batch::{RowPlan, TrainRow};
 use crate::trainer::prepare::PreparedBatch;
 use anyhow::{Context, Result};
@@ -83,7 +83,7 @@ pub enum PassKind {
         reference_on: bool,
         cfg: UpdateConfig,
     },
-    /// The clipped value loss ([`critic::critic_pass`]).
+    /// The clipped value loss ([`critic_pass`]).
     Critic(ValueLossConfig),
 }
 
@@ -147,6 +147,58 @@ pub fn ppo_update<R: Ranks<Model>>(
     stats.approx_kl = sums.kl / t;
     stats.entropy = sums.entropy / t;
     stats.ref_kl = sums.ref_kl / t;
+    Ok(stats)
+}
+
+/// What the critic's update did.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CriticStats {
+    /// Mean value loss over the applied optimizer steps.
+    pub loss: f64,
+    pub optimizer_steps: usize,
+    /// Mini-batches whose loss or gradient was NaN or infinite: not applied.
+    pub skipped_updates: usize,
+}
+
+impl CriticStats {
+    pub fn metrics(&self) -> [(&'static str, f64); 2] {
+        [
+            ("loss/value", self.loss),
+            ("updates/critic_skipped", self.skipped_updates as f64),
+        ]
+    }
+}
+
+/// Epochs of the clipped value loss over the planned mini-batches (one optimizer step each),
+/// each mini-batch's rank lists run by `ranks` as the policy's are. A mini-batch with a NaN
+/// or infinite loss or gradient is skipped and counted, exactly as the policy's.
+pub fn critic_update<R: Ranks<ValueModel>>(
+    critic: &ValueModel,
+    ranks: &mut R,
+    opt: &mut Optimizer,
+    rows: &[TrainRow],
+    plan: &RowPlan,
+    cfg: &ValueLossConfig,
+) -> Result<CriticStats> {
+    let pass = PassKind::Critic(cfg.clone());
+    ranks.begin(critic, &pass.job(rows, plan)?)?;
+    let mut stats = CriticStats::default();
+    for _ in 0..cfg.epochs {
+        for mini_batch in plan {
+            let (out, step) = mini_batch_step(critic, ranks, opt, mini_batch, |m, r, _| {
+                critic_pass(m, rows, r, cfg)
+            })?;
+            match step {
+                Some(_) => {
+                    stats.loss += out.loss;
+                    stats.optimizer_steps += 1;
+                }
+                None => stats.skipped_updates += 1,
+            }
+        }
+    }
+    ranks.finish(critic)?;
+    stats.loss /= stats.optimizer_steps.max(1) as f64;
     Ok(stats)
 }
 
@@ -239,7 +291,6 @@ pub fn serve_other_rank(dp: &ranks::DataParallel, device: tch::Device) -> Result
 /// each update until rank 0 stops it.
 #[cfg(feature = "mpi")]
 fn serve_rank(group: &ranks::mpi::MpiGroup, device: tch::Device) -> Result<()> {
-    use crate::model::ValueModel;
     use ranks::mpi::Command;
     use ranks::wire::decode_rows;
     let rank = group.rank();
@@ -275,7 +326,7 @@ fn serve_rank(group: &ranks::mpi::MpiGroup, device: tch::Device) -> Result<()> {
                             .as_ref()
                             .context("rank 0 sent a critic update but announced no critic")?;
                         group.serve_update(critic, &plan, cfg.epochs, |m, r, _| {
-                            critic::critic_pass(m, &rows, r, cfg)
+                            critic_pass(m, &rows, r, cfg)
                         })?
                     }
                 }

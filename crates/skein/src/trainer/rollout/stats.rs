@@ -1,0 +1,198 @@
+//! What every rollout source returns for a step ([`StepRollout`]): whole groups of scored
+//! trajectories, and the figures of producing them — the ones every source has (trained
+//! tokens, staleness), counted once here, and each source's own ([`SourceStats`]) — with the
+//! metrics they make.
+
+use super::buffer::PartialStats;
+use super::episodes::AgentStats;
+use crate::engine::EngineStats;
+use serde_json::Value;
+use skein_plan::Trajectory;
+
+/// The step's complete groups, flattened (groups in order, samples in order), and what it took
+/// to produce them.
+pub struct StepRollout {
+    pub trajectories: Vec<Trajectory>,
+    /// Parallel to `trajectories`: whether the task judged the answer correct.
+    pub correct: Vec<bool>,
+    pub engine: EngineStats,
+    pub stats: RolloutStats,
+}
+
+/// Figures of one step's rollout: the ones every source has, and its own.
+#[derive(Debug, Clone, Default)]
+pub struct RolloutStats {
+    /// Loss tokens of the trajectories that train (failed ones excluded).
+    pub trained_tokens: usize,
+    /// Versions between each trained token and the policy at the step's start.
+    pub staleness_mean: f64,
+    pub staleness_max: u64,
+    pub source: SourceStats,
+}
+
+/// What only one kind of source counts.
+#[derive(Debug, Clone)]
+pub enum SourceStats {
+    /// Prompts: partial rollout's counters (when it is on) and the reward sources' figures
+    /// (when `[reward]` is configured).
+    Prompts {
+        partial: Option<PartialStats>,
+        rewards: Option<Vec<(String, Value)>>,
+    },
+    Episodes(AgentStats),
+    External(ExternalStats),
+}
+
+impl Default for SourceStats {
+    fn default() -> Self {
+        SourceStats::Prompts {
+            partial: None,
+            rewards: None,
+        }
+    }
+}
+
+impl StepRollout {
+    /// Counts the trained tokens and their staleness against `version` once, for every source.
+    pub fn new(
+        trajectories: Vec<Trajectory>,
+        correct: Vec<bool>,
+        engine: EngineStats,
+        version: u64,
+        source: SourceStats,
+    ) -> Self {
+        let mut stats = RolloutStats {
+            source,
+            ..RolloutStats::default()
+        };
+        let (mut stale_sum, mut stale_n) = (0u64, 0usize);
+        for t in trajectories.iter().filter(|t| !t.is_failed()) {
+            for x in &t.transitions {
+                stats.trained_tokens += x.loss_tokens();
+                for &v in &x.versions {
+                    let behind = version.saturating_sub(v);
+                    stale_sum += behind;
+                    stale_n += 1;
+                    stats.staleness_max = stats.staleness_max.max(behind);
+                }
+            }
+        }
+        stats.staleness_mean = stale_sum as f64 / stale_n.max(1) as f64;
+        StepRollout {
+            trajectories,
+            correct,
+            engine,
+            stats,
+        }
+    }
+
+    pub fn reward_mean(&self) -> f64 {
+        let n = self.trajectories.len().max(1) as f64;
+        self.trajectories.iter().map(|t| t.reward).sum::<f64>() / n
+    }
+
+    pub fn accuracy(&self) -> f64 {
+        let n = self.trajectories.len().max(1) as f64;
+        self.correct.iter().filter(|&&c| c).count() as f64 / n
+    }
+
+    /// Whether partial rollout produced this step (its off-policy figures are worth logging).
+    pub fn is_partial(&self) -> bool {
+        matches!(
+            self.stats.source,
+            SourceStats::Prompts {
+                partial: Some(_),
+                ..
+            }
+        )
+    }
+
+    /// The rollout's metrics; `rollout_s` is the time it took, `remote` whether a remote
+    /// engine generated it. Parts that are switched off log nothing, so no flat zero curves.
+    pub fn metrics(&self, rollout_s: f64, remote: bool) -> Vec<(String, Value)> {
+        let n = self.trajectories.len().max(1) as f64;
+        let response_len = self
+            .trajectories
+            .iter()
+            .map(|t| {
+                t.transitions
+                    .iter()
+                    .map(|x| x.response.len())
+                    .sum::<usize>() as f64
+            })
+            .sum::<f64>()
+            / n;
+        let s = &self.stats;
+        let mut m: Vec<(String, Value)> = [
+            ("reward/mean", self.reward_mean()),
+            ("reward/accuracy", self.accuracy()),
+            ("response_len/mean", response_len),
+            ("tokens/generated", self.engine.generated_tokens as f64),
+            ("tokens/trained", s.trained_tokens as f64),
+            (
+                "throughput/generated_tokens_per_s",
+                self.engine.generated_tokens as f64 / rollout_s.max(1e-9),
+            ),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.into()))
+        .collect();
+        let floats = |pairs: &[(&str, f64)]| -> Vec<(String, Value)> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), (*v).into()))
+                .collect()
+        };
+        if remote {
+            m.push(("rollout/engine_failed".into(), self.engine.failed.into()));
+        }
+        match &s.source {
+            SourceStats::Prompts { partial, rewards } => {
+                if let Some(p) = partial {
+                    m.extend(floats(&[
+                        ("partial/paused", p.paused as f64),
+                        ("partial/resumed", p.resumed as f64),
+                        ("partial/dropped_stale", p.dropped_stale as f64),
+                        ("partial/budget_hit_fraction", p.budget_hit_fraction()),
+                        ("partial/waiting_groups", p.waiting_groups as f64),
+                        ("partial/rounds", p.rounds as f64),
+                        ("staleness/mean", s.staleness_mean),
+                        ("staleness/max", s.staleness_max as f64),
+                    ]));
+                }
+                m.extend(rewards.iter().flatten().cloned());
+            }
+            SourceStats::Episodes(a) => {
+                m.extend(floats(&a.metrics()));
+                let e = &self.engine;
+                m.push(("agent/prefill_tokens".into(), e.prefill_tokens.into()));
+                m.push(("agent/reused_prefix_tokens".into(), e.reused_tokens.into()));
+            }
+            SourceStats::External(e) => m.extend(floats(&e.metrics(self.trajectories.len()))),
+        }
+        m
+    }
+}
+
+/// What one step's external rollouts did.
+#[derive(Debug, Clone, Default)]
+pub struct ExternalStats {
+    pub calls: usize,
+    /// Rollouts the agents reported as failed.
+    pub agent_failures: usize,
+    /// Rollouts not closed within `agent.rollout_timeout_s`.
+    pub timeouts: usize,
+}
+
+impl ExternalStats {
+    pub fn metrics(&self, rollouts: usize) -> [(&'static str, f64); 3] {
+        [
+            (
+                "agent/calls_mean",
+                self.calls as f64 / rollouts.max(1) as f64,
+            ),
+            ("agent/failed_rollouts", self.agent_failures as f64),
+            ("agent/timed_out_rollouts", self.timeouts as f64),
+        ]
+    }
+}
