@@ -6,7 +6,7 @@ use crate::engine::{Engine, GenRequest, SamplingParams};
 use crate::model::{Model, ModelConfig};
 use crate::trainer::batch::TrainRow;
 use crate::trainer::update::optim::{OptimConfig, Optimizer};
-use crate::trainer::update::policy_loss::{policy_loss, KlEstimator, LossConfig, TokenBatch};
+use crate::trainer::update::policy_loss::{policy_loss, LossConfig, TokenBatch};
 use crate::trainer::update::tensors::{token_logprobs, MicroBatch};
 use anyhow::Result;
 use std::time::Instant;
@@ -104,14 +104,7 @@ fn time_train_steps(model: &Model, a: &BenchArgs) -> Result<Vec<f64>> {
         })
         .collect();
     let refs: Vec<&TrainRow> = rows.iter().collect();
-    let loss_cfg = LossConfig {
-        clip_low: 0.2,
-        clip_high: 0.28,
-        dual_clip: 3.0,
-        kl_coef: 0.0,
-        kl_estimator: KlEstimator::K3,
-        entropy_coef: 0.0,
-    };
+    let loss_cfg = LossConfig::default();
     let mut times = Vec::new();
     for i in 0..=a.iters {
         let t = Instant::now();

@@ -14,7 +14,6 @@ use super::rollout::tasks::Tasks;
 use super::rollout::{EvalResult, StepContext, Workload};
 use super::update::critic::ValueLossConfig;
 use super::update::optim::{OptimConfig, Optimizer};
-use super::update::policy_loss::LossConfig;
 use super::update::ranks::{Backend, DataParallel};
 use super::update::{critic_update, CriticStats};
 use super::update::{serve_other_rank, UpdateConfig};
@@ -131,14 +130,7 @@ pub fn start(cfg: &TrainConfig, resume: bool) -> Result<Started<'_>> {
             mean_reward: s.eval_before_reward,
         },
         None => {
-            let ctx = StepContext {
-                engine: &engine,
-                policy: &policy,
-                version: 0,
-                step: 0,
-                tokenizer: &tokenizer,
-                sampling: &sampling,
-            };
+            let ctx = StepContext::new(&engine, &policy, &tokenizer, &sampling);
             measure_before(workload.as_ref(), &ctx, &mut log)?
         }
     };
@@ -190,29 +182,10 @@ pub fn start(cfg: &TrainConfig, resume: bool) -> Result<Started<'_>> {
 }
 
 impl Trainer<'_> {
-    /// What a rollout or an evaluation at `version` runs with.
-    pub fn context(&self, version: u64, step: usize) -> StepContext<'_> {
-        StepContext {
-            engine: &self.engine,
-            policy: &self.policy,
-            version,
-            step,
-            tokenizer: &self.tokenizer,
-            sampling: &self.sampling,
-        }
-    }
-
     /// One step's rollout from the workload, with the policy at `version`.
     pub fn rollout(&mut self, version: u64, step: usize) -> Result<StepRollout> {
-        let ctx = StepContext {
-            engine: &self.engine,
-            policy: &self.policy,
-            version,
-            step,
-            tokenizer: &self.tokenizer,
-            sampling: &self.sampling,
-        };
-        self.workload.rollout(&ctx)
+        let ctx = StepContext::new(&self.engine, &self.policy, &self.tokenizer, &self.sampling);
+        self.workload.rollout(&ctx.at(version, step))
     }
 
     /// The models preparation runs, at the step's start.
@@ -237,7 +210,8 @@ impl Trainer<'_> {
 
     /// Greedy accuracy and reward on the held-out problems.
     pub fn evaluate(&self) -> EvalResult {
-        self.workload.evaluate(&self.context(0, 0))
+        let ctx = StepContext::new(&self.engine, &self.policy, &self.tokenizer, &self.sampling);
+        self.workload.evaluate(&ctx)
     }
 
     /// Writes `checkpoint-{step}` atomically and drops the ones `trainer.keep_last` lets go.
@@ -386,16 +360,8 @@ fn update_models(
 
 /// The policy update's settings.
 fn update_config(cfg: &TrainConfig, temperature: f64) -> UpdateConfig {
-    let a = &cfg.algorithm;
     UpdateConfig {
-        loss: LossConfig {
-            clip_low: a.clip_low,
-            clip_high: a.clip_high,
-            dual_clip: a.dual_clip,
-            kl_coef: a.kl_coef,
-            kl_estimator: a.kl_estimator,
-            entropy_coef: a.entropy_coef,
-        },
+        loss: cfg.algorithm.loss_config(),
         epochs: cfg.trainer.ppo_epochs,
         micro_batch_tokens: cfg.trainer.micro_batch_tokens,
         temperature,

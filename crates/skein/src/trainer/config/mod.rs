@@ -7,7 +7,7 @@ pub mod validate;
 
 use crate::engine::SamplingParams;
 use crate::trainer::update::optim::OptimConfig;
-use crate::trainer::update::policy_loss::KlEstimator;
+use crate::trainer::update::policy_loss::{KlEstimator, LossConfig};
 use serde::{Deserialize, Serialize};
 use skein_data::Truncation;
 use skein_plan::{LossAggMode, Unit};
@@ -322,18 +322,33 @@ pub struct AlgorithmConfig {
     pub is_cap: f64,
 }
 
+impl AlgorithmConfig {
+    /// The policy loss's settings these keys make.
+    pub fn loss_config(&self) -> LossConfig {
+        LossConfig {
+            clip_low: self.clip_low,
+            clip_high: self.clip_high,
+            dual_clip: self.dual_clip,
+            kl_coef: self.kl_coef,
+            kl_estimator: self.kl_estimator,
+            entropy_coef: self.entropy_coef,
+        }
+    }
+}
+
 impl Default for AlgorithmConfig {
     fn default() -> Self {
+        let loss = LossConfig::default();
         AlgorithmConfig {
             estimator: Estimator::Grpo,
             normalize_std: true,
             drop_equal_reward_groups: false,
-            clip_low: 0.2,
-            clip_high: 0.28,
-            dual_clip: 3.0,
-            kl_coef: 0.0,
-            kl_estimator: KlEstimator::K3,
-            entropy_coef: 0.0,
+            clip_low: loss.clip_low,
+            clip_high: loss.clip_high,
+            dual_clip: loss.dual_clip,
+            kl_coef: loss.kl_coef,
+            kl_estimator: loss.kl_estimator,
+            entropy_coef: loss.entropy_coef,
             loss_agg_mode: LossAggMode::TokenMean,
             gamma: 1.0,
             lambda: 1.0,

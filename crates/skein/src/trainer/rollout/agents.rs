@@ -108,10 +108,7 @@ impl Episodes {
         tokenizer: &Tokenizer,
         params: &SamplingParams,
     ) -> Result<TrainRow> {
-        let eos = *params
-            .stop_token_ids
-            .first()
-            .context("the sampling settings have no stop token")?;
+        let eos = StepContext::stop_token(params)?;
         let rng = &mut self.rng;
         let ctx = AgentContext {
             task: self.task.as_ref(),

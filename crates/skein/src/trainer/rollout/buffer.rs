@@ -8,17 +8,14 @@
 //!
 //! The buffer of groups in flight is plain data (serde), so a checkpoint carries it.
 
-use super::judge::{apply_reward, score_response, single_turn, Sampled};
+use super::judge::{apply_reward, score_response, single_turn, Answering, Sampled};
 use super::reward::{request, RewardStats, RoundRewards};
-use crate::engine::{EngineStats, Finish, GenRequest, Generator, SamplingParams};
-use crate::model::Model;
+use crate::engine::{EngineStats, Finish, GenRequest, SamplingParams};
 use crate::trainer::config::{OnStale, TrainConfig};
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use skein_plan::Trajectory;
-use skein_reward::Rewarder;
-use skein_tasks::{Problem, Task};
-use skein_text::Tokenizer;
+use skein_tasks::Problem;
 
 #[derive(Debug, Clone)]
 pub struct IterationConfig {
@@ -155,18 +152,6 @@ pub struct Iteration {
     pub rewards: RewardStats,
 }
 
-/// What generates and scores one iteration: the engine and the policy at its current version,
-/// the task's checker, the tokenizer, the sampling settings, and any configured reward sources.
-pub struct Generation<'a> {
-    pub engine: &'a Generator,
-    pub policy: &'a Model,
-    pub version: u64,
-    pub task: &'a dyn Task,
-    pub tokenizer: &'a Tokenizer,
-    pub params: &'a SamplingParams,
-    pub rewarder: Option<&'a Rewarder>,
-}
-
 /// Where new prompts come from: a problem and its prompt token ids.
 pub type PromptSource<'a> = dyn FnMut() -> Result<(Problem, Vec<u32>)> + 'a;
 
@@ -180,7 +165,7 @@ impl GroupBuffer {
     /// groups, and returns every group that is complete.
     pub fn collect_step(
         &mut self,
-        r: &Generation,
+        r: &Answering,
         cfg: &IterationConfig,
         next_prompt: &mut PromptSource,
     ) -> Result<Iteration> {
@@ -336,7 +321,7 @@ impl GroupBuffer {
     /// reward sources submitted there and collected once generation is over.
     fn run_round(
         &mut self,
-        r: &Generation,
+        r: &Answering,
         cfg: &IterationConfig,
         requests: Vec<GenRequest>,
     ) -> (EngineStats, RewardStats) {
@@ -388,8 +373,11 @@ impl GroupBuffer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::ModelConfig;
+    use crate::engine::Generator;
+    use crate::model::{Model, ModelConfig};
+    use skein_tasks::Task;
     use skein_tasks::{task_by_name, TaskRng};
+    use skein_text::Tokenizer;
     use std::collections::HashMap;
     use tch::Device;
 
@@ -441,7 +429,7 @@ mod tests {
             Ok((p, ids))
         };
         let engine = Generator::Local(crate::engine::Engine::new(64));
-        let rollout = Generation {
+        let rollout = Answering {
             engine: &engine,
             policy: &s.model,
             version: v,

@@ -28,7 +28,7 @@ pub mod tasks;
 use crate::engine::{Generator, SamplingParams};
 use crate::model::Model;
 use crate::trainer::batch::TrainRow;
-use anyhow::Result;
+use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use skein_text::Tokenizer;
@@ -44,6 +44,42 @@ pub struct StepContext<'a> {
     pub tokenizer: &'a Tokenizer,
     /// The run's sampling settings, stop tokens included.
     pub sampling: &'a SamplingParams,
+}
+
+impl<'a> StepContext<'a> {
+    /// The context of an evaluation (version 0, step 0); [`StepContext::at`] sets both.
+    pub fn new(
+        engine: &'a Generator,
+        policy: &'a Model,
+        tokenizer: &'a Tokenizer,
+        sampling: &'a SamplingParams,
+    ) -> Self {
+        StepContext {
+            engine,
+            policy,
+            version: 0,
+            step: 0,
+            tokenizer,
+            sampling,
+        }
+    }
+
+    pub fn at(self, version: u64, step: usize) -> Self {
+        StepContext {
+            version,
+            step,
+            ..self
+        }
+    }
+
+    /// The first stop token: what ends a demonstrated answer.
+    pub fn stop_token(sampling: &SamplingParams) -> Result<u32> {
+        sampling
+            .stop_token_ids
+            .first()
+            .copied()
+            .context("the sampling settings have no stop token")
+    }
 }
 
 /// Held-out greedy evaluation: the fraction judged correct and the mean reward.

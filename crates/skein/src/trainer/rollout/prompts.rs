@@ -3,7 +3,7 @@
 //! [`PromptTask`] is what every single-turn source shares — the task, its sampler, the
 //! held-out prompts, demonstrations and the reward sources — so external agents reuse it.
 
-use super::buffer::{Generation, GroupBuffer, IterationConfig};
+use super::buffer::{GroupBuffer, IterationConfig};
 use super::dataset::{eval_seed, prompt_batch, rewarder, Data};
 use super::judge::{answer_prompts, Answering, PromptBatch};
 use super::stats::{SourceStats, StepRollout};
@@ -12,7 +12,7 @@ use crate::engine::SamplingParams;
 use crate::trainer::batch::TrainRow;
 use crate::trainer::config::TrainConfig;
 use crate::trainer::sft::sft_row;
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde_json::Value;
 use skein_reward::Rewarder;
 use skein_tasks::{Task, TaskRng};
@@ -98,10 +98,7 @@ impl PromptTask {
         tokenizer: &Tokenizer,
         sampling: &SamplingParams,
     ) -> Result<TrainRow> {
-        let eos = *sampling
-            .stop_token_ids
-            .first()
-            .context("the sampling settings have no stop token")?;
+        let eos = StepContext::stop_token(sampling)?;
         let problem = self.task.sample(&mut self.rng);
         let demo = self.task.demonstration(&problem, &mut self.rng);
         let mut response = tokenizer.encode(&demo, false)?;
@@ -160,7 +157,7 @@ impl Workload for Prompts {
             let ids = ctx.tokenizer.encode(&problem.prompt, false)?;
             Ok((problem, ids))
         };
-        let generation = Generation {
+        let answering = Answering {
             engine: ctx.engine,
             policy: ctx.policy,
             version: ctx.version,
@@ -171,7 +168,7 @@ impl Workload for Prompts {
         };
         let it = self
             .buffer
-            .collect_step(&generation, &self.iteration, &mut next_prompt)?;
+            .collect_step(&answering, &self.iteration, &mut next_prompt)?;
         let source = SourceStats::Prompts {
             partial: self.iteration.token_budget.map(|_| it.stats),
             rewards: rewarder.as_ref().map(|r| it.rewards.metrics(r)),

@@ -334,3 +334,56 @@ fn serve_rank(group: &ranks::mpi::MpiGroup, device: tch::Device) -> Result<()> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ModelConfig;
+    use optim::OptimConfig;
+    use ranks::{fingerprint, Replicas};
+    use tch::Device;
+
+    fn row(returns: f32) -> TrainRow {
+        TrainRow {
+            tokens: vec![1, 2, 3, 4],
+            prompt_len: 2,
+            loss_mask: vec![1, 1],
+            behavior_logp: vec![0.0; 2],
+            advantages: vec![0.0; 2],
+            old_values: vec![0.0; 2],
+            returns: vec![returns; 2],
+            weight: 0.25,
+            ..Default::default()
+        }
+    }
+
+    /// A critic mini-batch whose loss is not finite changes nothing and is counted, as the
+    /// policy's are; a finite one is applied.
+    #[test]
+    fn a_non_finite_critic_loss_is_skipped_and_counted() {
+        let cfg = ModelConfig::tiny_qwen2(16, 32, 1, 2, 2, 64, 32);
+        let policy = Model::random(&cfg, Device::Cpu, 3).unwrap();
+        let critic = ValueModel::from_policy(&policy, Device::Cpu).unwrap();
+        let mut opt = Optimizer::new(&critic.vs, &OptimConfig::default(), 10).unwrap();
+        let mut ranks = Replicas::new(&critic, 1).unwrap();
+        let value_cfg = ValueLossConfig {
+            clip: 10.0,
+            epochs: 1,
+            micro_batch_tokens: 1024,
+        };
+        let plan: RowPlan = vec![vec![vec![0, 1]]];
+        let before = fingerprint(&critic.vs);
+        let rows = [row(f32::NAN), row(1.0)];
+        let s = critic_update(&critic, &mut ranks, &mut opt, &rows, &plan, &value_cfg).unwrap();
+        assert_eq!((s.skipped_updates, s.optimizer_steps), (1, 0), "{s:?}");
+        assert_eq!(s.loss, 0.0, "a skipped mini-batch adds no loss");
+        assert_eq!(fingerprint(&critic.vs), before, "weights changed");
+        assert_eq!(opt.steps_done, 0);
+
+        let rows = [row(-1.0), row(1.0)];
+        let s = critic_update(&critic, &mut ranks, &mut opt, &rows, &plan, &value_cfg).unwrap();
+        assert_eq!((s.skipped_updates, s.optimizer_steps), (0, 1), "{s:?}");
+        assert!(s.loss.is_finite() && s.loss > 0.0, "{s:?}");
+        assert_ne!(fingerprint(&critic.vs), before);
+    }
+}

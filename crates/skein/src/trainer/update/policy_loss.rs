@@ -25,6 +25,20 @@ pub struct LossConfig {
     pub entropy_coef: f64,
 }
 
+impl Default for LossConfig {
+    /// PPO's clip range with clip-higher and dual-clip; no KL or entropy term.
+    fn default() -> Self {
+        LossConfig {
+            clip_low: 0.2,
+            clip_high: 0.28,
+            dual_clip: 3.0,
+            kl_coef: 0.0,
+            kl_estimator: KlEstimator::K3,
+            entropy_coef: 0.0,
+        }
+    }
+}
+
 /// Per-token inputs of one micro-batch, all [rows, time] and aligned with the targets.
 pub struct TokenBatch<'a> {
     pub logp: &'a Tensor,
@@ -120,14 +134,7 @@ mod tests {
     use super::*;
 
     fn cfg() -> LossConfig {
-        LossConfig {
-            clip_low: 0.2,
-            clip_high: 0.28,
-            dual_clip: 3.0,
-            kl_coef: 0.0,
-            kl_estimator: KlEstimator::K3,
-            entropy_coef: 0.0,
-        }
+        LossConfig::default()
     }
 
     fn t(v: &[f32]) -> Tensor {
