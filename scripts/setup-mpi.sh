@@ -2,6 +2,7 @@
 # Installs what the `mpi` feature (data-parallel ranks as MPI processes) builds and runs with:
 # Debian's OpenMPI (mpicc, mpirun, the library) and libclang, which generates the bindings.
 # Idempotent: does nothing when mpicc, mpirun and libclang are already there.
+# With --check it installs nothing and only says, by its exit status, whether they are there.
 set -euo pipefail
 
 have_libclang() {
@@ -11,6 +12,7 @@ have_libclang() {
 if command -v mpicc >/dev/null && command -v mpirun >/dev/null && have_libclang; then
   exit 0
 fi
+[ "${1:-}" = "--check" ] && exit 1
 packages="libopenmpi-dev openmpi-bin libclang-dev"
 if [ "$(id -u)" -eq 0 ]; then
   sudo=""
