@@ -190,8 +190,8 @@ fn problems(
         return Ok((task, problems, source));
     }
     let renderer = Renderer::for_config(cfg)?;
-    let (problems, read) = read_split(cfg, &files, "val", &renderer)?;
-    let (mut problems, fitted) = fit_split(problems, tokenizer, cfg, "val")?;
+    let (problems, read) = read_split(&cfg.data, &files, "val", &renderer)?;
+    let (mut problems, fitted) = fit_split(problems, tokenizer, &cfg.data, "val")?;
     if read.skipped_rows + fitted.filtered_prompts + fitted.truncated_prompts > 0 {
         eprintln!(
             "skein: {} bad rows skipped, {} prompts filtered, {} truncated",

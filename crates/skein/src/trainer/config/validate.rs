@@ -191,7 +191,7 @@ fn is_multi_turn(cfg: &TrainConfig) -> bool {
 /// Positions a from-scratch model gets at least (more for multi-turn episodes).
 fn min_positions(cfg: &TrainConfig) -> usize {
     if is_multi_turn(cfg) {
-        crate::trainer::rollout::agents::MIN_AGENT_POSITIONS
+        crate::trainer::rollout::multi_turn::MIN_AGENT_POSITIONS
     } else {
         0
     }

@@ -76,11 +76,11 @@ pub fn rewarder(
 impl Data {
     pub fn load(cfg: &TrainConfig) -> Result<Data> {
         let renderer = Renderer::for_config(cfg)?;
-        let (train, mut counts) = read_split(cfg, &cfg.data.train_files, "train", &renderer)?;
+        let (train, mut counts) = read_split(&cfg.data, &cfg.data.train_files, "train", &renderer)?;
         let (val, val_counts) = if cfg.data.val_files.is_empty() {
             (Vec::new(), DataCounts::default())
         } else {
-            read_split(cfg, &cfg.data.val_files, "val", &renderer)?
+            read_split(&cfg.data, &cfg.data.val_files, "val", &renderer)?
         };
         counts.add(val_counts);
         let alphabet = alphabet_of(train.iter().chain(&val));
@@ -89,9 +89,9 @@ impl Data {
         } else {
             Tokenizer::from_dir(&cfg.model.path)?
         };
-        let (train, c) = fit_split(train, &tokenizer, cfg, "train")?;
+        let (train, c) = fit_split(train, &tokenizer, &cfg.data, "train")?;
         counts.add(c);
-        let (val, c) = fit_split(val, &tokenizer, cfg, "val")?;
+        let (val, c) = fit_split(val, &tokenizer, &cfg.data, "val")?;
         counts.add(c);
         if train.is_empty() {
             bail!(
@@ -186,14 +186,14 @@ impl Renderer {
 
 /// Reads one split's files and renders its prompts (no length limit yet).
 pub fn read_split(
-    cfg: &TrainConfig,
+    cfg: &DataConfig,
     files: &[String],
     split: &str,
     renderer: &Renderer,
 ) -> Result<(Vec<Problem>, DataCounts)> {
     let paths: Vec<PathBuf> = files.iter().map(PathBuf::from).collect();
     let opts = ReadOptions {
-        skip_bad_rows: cfg.data.skip_bad_rows,
+        skip_bad_rows: cfg.skip_bad_rows,
     };
     let loaded = skein_data::load(&paths, &opts).with_context(|| {
         format!(
@@ -234,10 +234,10 @@ fn problem(row: PromptRow, renderer: &Renderer) -> Result<Problem> {
 pub fn fit_split(
     problems: Vec<Problem>,
     tokenizer: &Tokenizer,
-    cfg: &TrainConfig,
+    cfg: &DataConfig,
     split: &str,
 ) -> Result<(Vec<Problem>, DataCounts)> {
-    let (max, truncation) = (cfg.data.max_prompt_tokens, cfg.data.truncation);
+    let (max, truncation) = (cfg.max_prompt_tokens, cfg.truncation);
     let mut counts = DataCounts::default();
     let mut kept = Vec::with_capacity(problems.len());
     for (i, mut p) in problems.into_iter().enumerate() {

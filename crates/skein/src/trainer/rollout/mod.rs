@@ -4,7 +4,7 @@
 //! | source | workload | file |
 //! | --- | --- | --- |
 //! | single-turn prompts of a built-in task or a dataset, with partial rollout | [`prompts::Prompts`] | `prompts.rs`, `buffer.rs` |
-//! | multi-turn episodes of a built-in environment, run in this process | [`agents::Episodes`] | `agents.rs`, `episodes.rs` |
+//! | multi-turn episodes of a built-in environment, run in this process | [`multi_turn::MultiTurn`] | `multi_turn.rs` (the workload), `episodes.rs` (the agent loop) |
 //! | external agents calling the served policy over HTTP | [`external::External`] | `external.rs` |
 //!
 //! Around them: `tasks.rs` picks the source from the config, `stats.rs` is what every source
@@ -14,12 +14,12 @@
 //! A new source implements [`Workload`] and gets a variant in [`tasks::Tasks`]: the loop, the
 //! batch and the update do not change.
 
-pub mod agents;
 pub mod buffer;
 pub mod dataset;
 pub mod episodes;
 pub mod external;
 pub mod judge;
+pub mod multi_turn;
 pub mod prompts;
 pub mod reward;
 pub mod stats;

@@ -3,9 +3,9 @@
 //! from-scratch model needs the task's alphabet and context), and becomes a [`Workload`] once
 //! it does.
 
-use super::agents::{Episodes, MIN_AGENT_POSITIONS};
 use super::dataset::{task_from_config, Data};
 use super::external::External;
+use super::multi_turn::{MultiTurn, MIN_AGENT_POSITIONS};
 use super::prompts::{PromptTask, Prompts};
 use super::{Workload, WorkloadState};
 use crate::model::Model;
@@ -21,13 +21,13 @@ pub enum Tasks {
         data: Option<Data>,
     },
     /// Episodes of a multi-turn environment.
-    Episodes(Box<dyn AgentTask>),
+    MultiTurn(Box<dyn AgentTask>),
 }
 
 impl Tasks {
     pub fn from_config(cfg: &TrainConfig) -> Result<Self> {
         if let Some(task) = multi_turn_task(cfg)? {
-            return Ok(Tasks::Episodes(task));
+            return Ok(Tasks::MultiTurn(task));
         }
         let (task, data) = task_from_config(cfg)?;
         Ok(Tasks::Prompts { task, data })
@@ -37,14 +37,14 @@ impl Tasks {
     pub fn alphabet(&self) -> &str {
         match self {
             Tasks::Prompts { task, .. } => task.alphabet(),
-            Tasks::Episodes(task) => task.alphabet(),
+            Tasks::MultiTurn(task) => task.alphabet(),
         }
     }
 
     pub fn name(&self) -> &str {
         match self {
             Tasks::Prompts { task, .. } => task.name(),
-            Tasks::Episodes(task) => task.name(),
+            Tasks::MultiTurn(task) => task.name(),
         }
     }
 
@@ -52,7 +52,7 @@ impl Tasks {
     pub fn min_positions(&self) -> usize {
         match self {
             Tasks::Prompts { .. } => 0,
-            Tasks::Episodes(_) => MIN_AGENT_POSITIONS,
+            Tasks::MultiTurn(_) => MIN_AGENT_POSITIONS,
         }
     }
 
@@ -66,7 +66,7 @@ impl Tasks {
     ) -> Result<Box<dyn Workload>> {
         let rng_state = state.map_or(cfg.run.seed, |s| s.task_rng);
         match self {
-            Tasks::Episodes(task) => Ok(Box::new(Episodes::new(
+            Tasks::MultiTurn(task) => Ok(Box::new(MultiTurn::new(
                 cfg, task, tokenizer, policy, rng_state,
             )?)),
             Tasks::Prompts { task, data } => {

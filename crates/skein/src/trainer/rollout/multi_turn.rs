@@ -22,7 +22,7 @@ use std::time::Duration;
 pub const MIN_AGENT_POSITIONS: usize = 256;
 
 /// A multi-turn task with what running it needs.
-pub struct Episodes {
+pub struct MultiTurn {
     pub task: Box<dyn AgentTask>,
     pub format: TurnFormat,
     pub limits: AgentLimits,
@@ -35,7 +35,7 @@ pub struct Episodes {
     samples: usize,
 }
 
-impl Episodes {
+impl MultiTurn {
     /// The policy's context bounds an episode; the chat template is used when the model has
     /// one and is not the built-in character-level model.
     pub fn new(
@@ -74,7 +74,7 @@ impl Episodes {
         let eval = (0..cfg.eval.problems)
             .map(|_| task.sample(&mut eval_rng))
             .collect();
-        Ok(Episodes {
+        Ok(MultiTurn {
             task,
             format,
             limits,
@@ -156,7 +156,7 @@ impl Episodes {
     }
 }
 
-impl Workload for Episodes {
+impl Workload for MultiTurn {
     /// `groups` problems × `samples` episodes each.
     fn rollout(&mut self, ctx: &StepContext) -> Result<StepRollout> {
         let step = ctx.step;
