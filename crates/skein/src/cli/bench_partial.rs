@@ -3,7 +3,7 @@
 //! Reports trained tokens per second and the spread of step times, and draws both runs'
 //! curves in one PNG.
 
-use crate::trainer::run::train;
+use crate::trainer::run::train_overwriting;
 use crate::trainer::TrainConfig;
 use anyhow::{Context, Result};
 use serde_json::{json, Map, Value};
@@ -74,7 +74,7 @@ pub fn run(a: &PartialBenchArgs) -> Result<()> {
         cfg.rollout.partial.token_budget = a.budget;
         cfg.rollout.partial.max_staleness = a.max_staleness;
         eprintln!("skein bench-partial: {name} run");
-        train(&cfg)?;
+        train_overwriting(&cfg)?;
         let records = rl_records(&a.out.join(name))?;
         runs.push((name, figures(&records), records));
     }

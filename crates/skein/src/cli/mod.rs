@@ -45,6 +45,10 @@ enum Command {
         /// --config is given; --set still applies, e.g. more trainer.steps).
         #[arg(long, value_name = "RUN_DIR")]
         resume: Option<PathBuf>,
+        /// Replace the run in `run.dir`: its files are removed first. Without it, a run
+        /// directory that holds another run is refused.
+        #[arg(long, conflicts_with = "resume")]
+        overwrite: bool,
     },
     /// Plan PPO mini-batches for a JSON batch (file or stdin) and print the plan as JSON.
     Plan {
@@ -91,7 +95,8 @@ pub fn main() -> ExitCode {
             overrides,
             print_config,
             resume,
-        } => train::run(config, overrides, print_config, resume),
+            overwrite,
+        } => train::run(config, overrides, print_config, resume, overwrite),
         Command::Plan { input } => return plan::run(input),
         Command::Bench(args) => bench::run(&args),
         Command::BenchPartial(args) => bench_partial::run(&args),

@@ -9,6 +9,7 @@ pub fn run(
     mut overrides: Vec<String>,
     print_config: bool,
     resume: Option<PathBuf>,
+    overwrite: bool,
 ) -> Result<()> {
     let config = config.or_else(|| resume.as_ref().map(|dir| dir.join("config.toml")));
     if let Some(dir) = &resume {
@@ -23,9 +24,10 @@ pub fn run(
         print!("{}", skein_config::to_toml_string(&cfg));
         return Ok(());
     }
-    let summary = match resume {
-        Some(_) => crate::trainer::run::resume(&cfg)?,
-        None => crate::trainer::run::train(&cfg)?,
+    let summary = match (resume, overwrite) {
+        (Some(_), _) => crate::trainer::run::resume(&cfg)?,
+        (None, true) => crate::trainer::run::train_overwriting(&cfg)?,
+        (None, false) => crate::trainer::run::train(&cfg)?,
     };
     if summary.rank > 0 {
         // Another rank of an MPI job: rank 0 reports the run.

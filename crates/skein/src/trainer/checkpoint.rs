@@ -122,36 +122,128 @@ pub fn load_state(dir: &Path) -> Result<TrainerState> {
     serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
 }
 
-/// Restores an optimizer's moments (policy, or the critic's with `critic = true`).
-pub fn load_optimizer(dir: &Path, opt: &mut Optimizer, steps: usize, critic: bool) -> Result<()> {
-    let file = dir.join(if critic {
-        CRITIC_OPTIMIZER_FILE
-    } else {
-        OPTIMIZER_FILE
-    });
-    let state = Tensor::read_safetensors(&file)
-        .with_context(|| format!("reading optimizer state {}", file.display()))?;
-    opt.restore(&state, steps)
-        .with_context(|| format!("restoring {}", file.display()))
+/// Named tensors as a checkpoint stores them.
+pub type Tensors = Vec<(String, Tensor)>;
+
+/// A checkpoint read whole into memory: a resume reads everything before it writes anything.
+pub struct Loaded {
+    pub tokenizer: Tokenizer,
+    pub policy: Model,
+    pub rest: Restore,
 }
 
-pub fn load_reference(dir: &Path, device: tch::Device) -> Result<Model> {
-    Model::load_dir(&dir.join(REFERENCE_DIR), device)
+/// What a resumed run restores beside the policy.
+pub struct Restore {
+    pub dir: PathBuf,
+    pub state: TrainerState,
+    /// The policy's AdamW moments.
+    pub optimizer: Tensors,
+    /// The frozen KL reference, when the run had one.
+    pub reference: Option<Model>,
+    /// The critic's weights and AdamW moments, when the run had one.
+    pub critic: Option<(Tensors, Tensors)>,
 }
 
-pub fn load_critic(dir: &Path, critic: &ValueModel) -> Result<()> {
-    let file = dir.join(CRITIC_FILE);
-    let saved = Tensor::read_safetensors(&file)
-        .with_context(|| format!("reading critic weights {}", file.display()))?;
-    let saved: std::collections::HashMap<String, Tensor> = saved.into_iter().collect();
+impl Loaded {
+    /// Reads every file of the checkpoint at `dir`; any that is missing or damaged is an error
+    /// naming it.
+    pub fn read(dir: &Path, device: tch::Device) -> Result<Loaded> {
+        let state = load_state(dir)?;
+        let tokenizer = Tokenizer::from_dir(dir)?;
+        let policy = Model::load_dir(dir, device)?;
+        let optimizer = read_tensors(&dir.join(OPTIMIZER_FILE))?;
+        let reference_dir = dir.join(REFERENCE_DIR);
+        let reference = reference_dir
+            .is_dir()
+            .then(|| Model::load_dir(&reference_dir, device))
+            .transpose()?;
+        let critic = if dir.join(CRITIC_FILE).exists() {
+            Some((
+                read_tensors(&dir.join(CRITIC_FILE))?,
+                read_tensors(&dir.join(CRITIC_OPTIMIZER_FILE))?,
+            ))
+        } else {
+            None
+        };
+        Ok(Loaded {
+            tokenizer,
+            policy,
+            rest: Restore {
+                dir: dir.to_path_buf(),
+                state,
+                optimizer,
+                reference,
+                critic,
+            },
+        })
+    }
+}
+
+/// The newest checkpoint of `run_dir` that reads whole. A damaged newer one is reported and
+/// passed over, so a resume falls back to the newest intact checkpoint and says so.
+pub fn load_newest(run_dir: &Path, device: tch::Device) -> Result<Loaded> {
+    let all = numbered(run_dir)?;
+    if all.is_empty() {
+        bail!(
+            "nothing to resume in {}: it has no checkpoint-N directory with {} (runs write \
+             them every `trainer.checkpoint_every` steps)",
+            run_dir.display(),
+            STATE_FILE
+        );
+    }
+    let mut damaged = Vec::new();
+    for (_, dir) in all.iter().rev() {
+        match Loaded::read(dir, device) {
+            Ok(loaded) => {
+                if !damaged.is_empty() {
+                    eprintln!(
+                        "skein: resuming from {} instead, the newest intact checkpoint",
+                        dir.display()
+                    );
+                }
+                return Ok(loaded);
+            }
+            Err(e) => {
+                eprintln!("skein: {} cannot be resumed: {e:#}", dir.display());
+                damaged.push(dir.display().to_string());
+            }
+        }
+    }
+    bail!(
+        "no checkpoint in {} can be resumed (damaged: {}); nothing was changed",
+        run_dir.display(),
+        damaged.join(", ")
+    )
+}
+
+/// Copies saved weights into `vs`, every variable by name.
+pub fn copy_into(vs: &tch::nn::VarStore, saved: &Tensors, what: &str) -> Result<()> {
+    let saved: std::collections::HashMap<&str, &Tensor> =
+        saved.iter().map(|(n, t)| (n.as_str(), t)).collect();
     tch::no_grad(|| {
-        for (name, mut var) in critic.vs.variables() {
-            let Some(t) = saved.get(&name) else {
-                bail!("{}: no tensor `{name}`", file.display());
+        for (name, mut var) in vs.variables() {
+            let Some(t) = saved.get(name.as_str()) else {
+                bail!("{what}: no tensor `{name}`");
             };
+            if t.size() != var.size() {
+                bail!(
+                    "{what}: `{name}` has shape {:?}, the model {:?}",
+                    t.size(),
+                    var.size()
+                );
+            }
             var.copy_(t);
         }
         Ok(())
+    })
+}
+
+fn read_tensors(path: &Path) -> Result<Tensors> {
+    Tensor::read_safetensors(path).with_context(|| {
+        format!(
+            "reading {}: the file is missing or damaged (a checkpoint written by skein has it)",
+            path.display()
+        )
     })
 }
 

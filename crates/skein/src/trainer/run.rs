@@ -6,7 +6,7 @@ use super::batch::build_step_batch;
 use super::metrics::{extend, StageTimes, StepReport};
 use super::prepare::prepare;
 use super::rollout::EvalResult;
-use super::setup::{start, Started, Trainer};
+use super::setup::{start, Begin, Started, Trainer};
 use super::update::ranks::{layout, Ranks};
 use super::update::CriticStats;
 use super::update::{ppo_update, UpdateStats};
@@ -34,17 +34,24 @@ pub struct RunSummary {
     pub rank: usize,
 }
 
+/// A new run in `cfg.run.dir`; a directory that holds another run is refused.
 pub fn train(cfg: &TrainConfig) -> Result<RunSummary> {
-    run(cfg, false)
+    run(cfg, Begin::New)
 }
 
-/// Continues the run in `cfg.run.dir` from its newest `checkpoint-N`, exactly where it stopped.
+/// A new run in `cfg.run.dir`, replacing the run there (its files are removed first).
+pub fn train_overwriting(cfg: &TrainConfig) -> Result<RunSummary> {
+    run(cfg, Begin::Overwrite)
+}
+
+/// Continues the run in `cfg.run.dir` from its newest intact `checkpoint-N`, exactly where it
+/// stopped.
 pub fn resume(cfg: &TrainConfig) -> Result<RunSummary> {
-    run(cfg, true)
+    run(cfg, Begin::Resume)
 }
 
-fn run(cfg: &TrainConfig, resume: bool) -> Result<RunSummary> {
-    let mut t = match start(cfg, resume)? {
+fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
+    let mut t = match start(cfg, begin)? {
         Started::Trainer(t) => t,
         Started::OtherRank { rank } => return Ok(RunSummary::other_rank(cfg, rank)),
     };

@@ -1,10 +1,10 @@
-//! Everything built before the first step, in one function: [`start`] checks the config, opens
+//! Everything built before the first step, in one function: [`start`] checks the config and
 //! the run directory, builds or loads the policy, picks the rollout source, warms the policy
 //! up and measures it, and builds the optimizer, reference, critic and data-parallel ranks. A
-//! resumed run reads its checkpoint here and nowhere else.
+//! resumed run reads its checkpoint here and nowhere else, all of it before writing anything.
 
 use super::batch::StepBatchConfig;
-use super::checkpoint::{self, TrainerState};
+use super::checkpoint::{self, Restore, TrainerState};
 use super::config::{EngineKind, TrainConfig};
 use super::metrics::extend;
 use super::prepare::PreparedBatch;
@@ -12,6 +12,7 @@ use super::prepare::{Models, PrepareConfig};
 use super::rollout::stats::StepRollout;
 use super::rollout::tasks::Tasks;
 use super::rollout::{EvalResult, StepContext, Workload};
+use super::run_dir::RunDir;
 use super::update::critic::ValueLossConfig;
 use super::update::optim::{OptimConfig, Optimizer};
 use super::update::ranks::{Backend, DataParallel};
@@ -84,9 +85,20 @@ pub enum Started<'a> {
     OtherRank { rank: usize },
 }
 
-/// Sets a run up; with `resume`, from the newest checkpoint of `run.dir`, exactly where it
-/// stopped.
-pub fn start(cfg: &TrainConfig, resume: bool) -> Result<Started<'_>> {
+/// Sets a run up: new, overwriting, or resumed from the newest intact checkpoint of
+/// `run.dir`, exactly where it stopped.
+/// How a run begins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Begin {
+    /// A new run; a `run.dir` that holds another run is refused.
+    New,
+    /// A new run that first removes another run's files from `run.dir`.
+    Overwrite,
+    /// The run in `run.dir`, from its newest intact checkpoint.
+    Resume,
+}
+
+pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
     super::config::validate::validate(cfg)?;
     let device = cfg.run.start_device()?;
     let dp = DataParallel::start(cfg)?;
@@ -94,18 +106,32 @@ pub fn start(cfg: &TrainConfig, resume: bool) -> Result<Started<'_>> {
         serve_other_rank(&dp, device)?;
         return Ok(Started::OtherRank { rank: dp.rank() });
     }
-    let (dir, mut log, resumed) = open_run_dir(cfg, resume)?;
+    // The run directory, checked before anything is written; a resume reads its whole
+    // checkpoint first.
+    let (run_dir, loaded) = match begin {
+        Begin::Resume => {
+            let dir = RunDir::for_resume(cfg)?;
+            let loaded = checkpoint::load_newest(&dir.path, device)?;
+            (dir, Some(loaded))
+        }
+        Begin::New | Begin::Overwrite => {
+            (RunDir::for_new_run(cfg, begin == Begin::Overwrite)?, None)
+        }
+    };
 
     // The task, the policy and the rollout source.
     let tasks = Tasks::from_config(cfg)?;
     let task_name = tasks.name().to_string();
-    let (tokenizer, policy) = match &resumed {
-        Some((ckpt, _)) => (Tokenizer::from_dir(ckpt)?, Model::load_dir(ckpt, device)?),
-        None => build_policy(cfg, tasks.alphabet(), tasks.min_positions(), device)?,
+    let (tokenizer, policy, restore) = match loaded {
+        Some(l) => (l.tokenizer, l.policy, Some(l.rest)),
+        None => {
+            let (t, p) = build_policy(cfg, tasks.alphabet(), tasks.min_positions(), device)?;
+            (t, p, None)
+        }
     };
     let sampling = sampling_params(cfg, &tokenizer)?;
     let engine = rollout_engine(cfg, &policy)?;
-    let resumed_workload = resumed.as_ref().map(|(_, s)| &s.workload);
+    let resumed_workload = restore.as_ref().map(|r| &r.state.workload);
     let mut workload = tasks.into_workload(cfg, &tokenizer, &policy, resumed_workload)?;
     eprintln!(
         "skein: {} model, {:.2}M parameters, task `{}` (difficulty {}), run directory {}",
@@ -113,32 +139,48 @@ pub fn start(cfg: &TrainConfig, resume: bool) -> Result<Started<'_>> {
         policy.net.config.num_parameters() as f64 / 1e6,
         task_name,
         cfg.task.difficulty,
-        dir.display()
+        run_dir.path.display()
     );
+    let (first_step, rewards) = restore.as_ref().map_or((1, Vec::new()), |r| {
+        (r.state.step + 1, r.state.rewards.clone())
+    });
 
-    // A fresh run warms the policy up on demonstrations; a remote engine then gets its
-    // weights, and the policy is measured before RL.
-    if cfg.sft.steps > 0 && resumed.is_none() {
-        let mut demo = || workload.demonstration(&tokenizer, &sampling);
-        let s = &cfg.sft;
-        sft::warm_up(&policy, s.steps, s.batch_size, s.lr, &mut demo, &mut log)?;
-    }
-    publish_weights(&engine, &policy, &tokenizer, &sampling, &dir)?;
-    let eval_before = match &resumed {
-        Some((_, s)) => EvalResult {
-            accuracy: s.eval_before_accuracy,
-            mean_reward: s.eval_before_reward,
-        },
+    // A fresh run starts writing now: the warm-up on demonstrations, the weights to a remote
+    // engine, the policy measured before RL, then the models the update needs beside it. A
+    // resume restores those models first and writes only once all of its checkpoint is in place.
+    let (log, eval_before, (reference, opt, critic)) = match restore {
         None => {
+            let mut log = run_dir.open(cfg, None)?;
+            if cfg.sft.steps > 0 {
+                let mut demo = || workload.demonstration(&tokenizer, &sampling);
+                let s = &cfg.sft;
+                sft::warm_up(&policy, s.steps, s.batch_size, s.lr, &mut demo, &mut log)?;
+            }
+            publish_weights(&engine, &policy, &tokenizer, &sampling, &run_dir.path)?;
             let ctx = StepContext::new(&engine, &policy, &tokenizer, &sampling);
-            measure_before(workload.as_ref(), &ctx, &mut log)?
+            let eval_before = measure_before(workload.as_ref(), &ctx, &mut log)?;
+            (log, eval_before, update_models(cfg, &policy, None)?)
+        }
+        Some(mut r) => {
+            let models = update_models(cfg, &policy, Some(&mut r))?;
+            let log = run_dir.open(cfg, Some(r.state.metrics_lines))?;
+            publish_weights(&engine, &policy, &tokenizer, &sampling, &run_dir.path)?;
+            eprintln!(
+                "skein: resuming from {} (step {}, {} paused samples in the rollout buffer)",
+                r.dir.display(),
+                r.state.step,
+                r.state.workload.buffer.paused_samples()
+            );
+            let eval_before = EvalResult {
+                accuracy: r.state.eval_before_accuracy,
+                mean_reward: r.state.eval_before_reward,
+            };
+            (log, eval_before, models)
         }
     };
 
-    // The models the update needs beside the policy, then data-parallel ranks beyond the
-    // first for the policy and the critic: built after everything else that draws random
-    // numbers (each step reseeds the generator anyway).
-    let (reference, opt, critic) = update_models(cfg, &policy, resumed.as_ref())?;
+    // Data-parallel ranks beyond the first, for the policy and the critic: built after
+    // everything else that draws random numbers (each step reseeds the generator anyway).
     dp.announce_models(&policy.net.config, critic.is_some())?;
     let policy_ranks = dp.backend(&policy)?;
     let critic = match critic {
@@ -154,16 +196,12 @@ pub fn start(cfg: &TrainConfig, resume: bool) -> Result<Started<'_>> {
         }),
         None => None,
     };
-    let (first_step, rewards) = match &resumed {
-        Some((_, s)) => (s.step + 1, s.rewards.clone()),
-        None => (1, Vec::new()),
-    };
     Ok(Started::Trainer(Box::new(Trainer {
         batch_cfg: StepBatchConfig::from_config(cfg, sampling.max_new_tokens),
         prepare_cfg: PrepareConfig::from_config(cfg, sampling.temperature),
         update_cfg: update_config(cfg, sampling.temperature),
         cfg,
-        dir,
+        dir: run_dir.path,
         log,
         tokenizer,
         policy,
@@ -267,32 +305,6 @@ fn rollout_engine(cfg: &TrainConfig, policy: &Model) -> Result<Generator> {
     })
 }
 
-/// A checkpoint to resume from: its directory and trainer state.
-type Resumed = (PathBuf, TrainerState);
-
-/// The run directory: the resolved config written, the metrics log opened (cut back to the
-/// checkpoint's step on resume), and the checkpoint to resume from.
-fn open_run_dir(cfg: &TrainConfig, resume: bool) -> Result<(PathBuf, MetricsLog, Option<Resumed>)> {
-    let dir = PathBuf::from(&cfg.run.dir);
-    std::fs::create_dir_all(&dir)
-        .with_context(|| format!("creating run directory {}", dir.display()))?;
-    std::fs::write(dir.join("config.toml"), skein_config::to_toml_string(cfg))?;
-    let metrics_path = dir.join("metrics.jsonl");
-    let resumed = if resume {
-        Some(find_checkpoint(&dir)?)
-    } else {
-        None
-    };
-    match &resumed {
-        Some((_, state)) => checkpoint::truncate_lines(&metrics_path, state.metrics_lines)?,
-        None => {
-            let _ = std::fs::remove_file(&metrics_path);
-        }
-    }
-    let log = MetricsLog::create(&metrics_path)?;
-    Ok((dir, log, resumed))
-}
-
 /// Held-out accuracy before RL, logged as step 0 with the data's counts.
 fn measure_before(
     workload: &dyn Workload,
@@ -318,21 +330,30 @@ type UpdateModels = (Option<Model>, Optimizer, Option<(ValueModel, Optimizer)>);
 
 /// The models the update needs beside the policy: the frozen reference (a copy of the
 /// warmed-up policy, or the checkpoint's), the policy's optimizer, and the critic with its
-/// own; moments and critic weights restored on resume.
+/// own; a resume restores the moments, the reference and the critic from `restore`.
 fn update_models(
     cfg: &TrainConfig,
     policy: &Model,
-    resumed: Option<&Resumed>,
+    mut restore: Option<&mut Restore>,
 ) -> Result<UpdateModels> {
     let device = policy.vs.device();
-    let reference = match (resumed, cfg.algorithm.kl_coef > 0.0) {
-        (_, false) => None,
-        (Some((ckpt, _)), true) => Some(checkpoint::load_reference(ckpt, device)?),
-        (None, true) => {
-            let mut r = Model::random(&policy.net.config, device, 0)?;
-            r.copy_from(policy)?;
-            Some(r)
-        }
+    let reference = if cfg.algorithm.kl_coef > 0.0 {
+        Some(match restore.as_deref_mut() {
+            Some(r) => r.reference.take().with_context(|| {
+                format!(
+                    "{} has no reference model (its run trained without a KL term): resume \
+                     with `algorithm.kl_coef = 0`",
+                    r.dir.display()
+                )
+            })?,
+            None => {
+                let mut r = Model::random(&policy.net.config, device, 0)?;
+                r.copy_from(policy)?;
+                r
+            }
+        })
+    } else {
+        None
     };
     let t = &cfg.trainer;
     let total_opt_steps = t.steps * t.ppo_epochs * t.num_mini_batches;
@@ -348,11 +369,20 @@ fn update_models(
     } else {
         None
     };
-    if let Some((ckpt, s)) = resumed {
-        checkpoint::load_optimizer(ckpt, &mut opt, s.optimizer_steps, false)?;
+    if let Some(r) = restore {
+        let at = r.dir.display();
+        opt.restore(&r.optimizer, r.state.optimizer_steps)
+            .with_context(|| format!("restoring the optimizer of {at}"))?;
         if let Some((model, copt)) = &mut critic {
-            checkpoint::load_critic(ckpt, model)?;
-            checkpoint::load_optimizer(ckpt, copt, s.critic_optimizer_steps, true)?;
+            let Some((weights, moments)) = &r.critic else {
+                bail!(
+                    "{at} has no critic (its run trained without `algorithm.estimator = \
+                     \"gae\"`): resume with the estimator it was trained with"
+                );
+            };
+            checkpoint::copy_into(&model.vs, weights, &format!("the critic of {at}"))?;
+            copt.restore(moments, r.state.critic_optimizer_steps)
+                .with_context(|| format!("restoring the critic's optimizer of {at}"))?;
         }
     }
     Ok((reference, opt, critic))
@@ -386,26 +416,6 @@ fn publish_weights(
         .reload(&dir)
         .context("giving the remote engine the new weights (rollout.remote)")?;
     Ok(())
-}
-
-/// The newest resumable checkpoint of a run directory, and its trainer state.
-fn find_checkpoint(dir: &Path) -> Result<(PathBuf, TrainerState)> {
-    let Some((_, ckpt)) = checkpoint::latest(dir)? else {
-        bail!(
-            "nothing to resume in {}: it has no checkpoint-N directory with {} \
-             (runs write them every `trainer.checkpoint_every` steps)",
-            dir.display(),
-            checkpoint::STATE_FILE
-        );
-    };
-    let state = checkpoint::load_state(&ckpt)?;
-    eprintln!(
-        "skein: resuming from {} (step {}, {} paused samples in the rollout buffer)",
-        ckpt.display(),
-        state.step,
-        state.workload.buffer.paused_samples()
-    );
-    Ok((ckpt, state))
 }
 
 /// The policy: a model directory, or a from-scratch model over a character-level tokenizer of

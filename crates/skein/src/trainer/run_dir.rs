@@ -1,0 +1,170 @@
+//! The run directory, kept safe: a new run refuses a directory that holds another run (unless
+//! told to overwrite it, and then clears that run's files first), a resume writes nothing
+//! until its checkpoint has loaded, and every path a run writes is checked before the first
+//! step, so a run that fails never changes a finished run's files.
+
+use super::checkpoint;
+use super::config::TrainConfig;
+use anyhow::{bail, Context, Result};
+use skein_report::MetricsLog;
+use std::path::{Path, PathBuf};
+
+/// Files a run writes at the top of its directory (besides `checkpoint-N/`).
+const RUN_FILES: &[&str] = &[
+    "config.toml",
+    "metrics.jsonl",
+    "plot.png",
+    "checkpoint",
+    "published",
+];
+
+/// What a run may write in `run.dir`, once it has been checked.
+pub struct RunDir {
+    pub path: PathBuf,
+}
+
+impl RunDir {
+    /// The directory of a new run. One that already holds a run is refused, unless `overwrite`:
+    /// then that run's files are removed first (anything else in the directory stays).
+    pub fn for_new_run(cfg: &TrainConfig, overwrite: bool) -> Result<RunDir> {
+        let dir = RunDir::checked(cfg)?;
+        let previous = dir.run_entries()?;
+        if !previous.is_empty() {
+            let names: Vec<String> = previous
+                .iter()
+                .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .collect();
+            if !overwrite {
+                let resumable = names.iter().any(|n| n.starts_with("checkpoint-"));
+                let resume = if resumable {
+                    format!(
+                        "continue it with `skein train --resume {}`, ",
+                        dir.path.display()
+                    )
+                } else {
+                    String::new()
+                };
+                bail!(
+                    "`run.dir` = {} holds another run ({}): {resume}choose another `run.dir`, \
+                     or pass --overwrite to replace it",
+                    dir.path.display(),
+                    names.join(", "),
+                );
+            }
+            eprintln!(
+                "skein: --overwrite: removing the previous run's files from {} ({})",
+                dir.path.display(),
+                names.join(", ")
+            );
+            for p in previous {
+                let removed = if p.is_dir() {
+                    std::fs::remove_dir_all(&p)
+                } else {
+                    std::fs::remove_file(&p)
+                };
+                removed.with_context(|| format!("removing {}", p.display()))?;
+            }
+        }
+        Ok(dir)
+    }
+
+    /// The directory of a run to resume (it must exist; its files are checked, not touched).
+    pub fn for_resume(cfg: &TrainConfig) -> Result<RunDir> {
+        let dir = RunDir::checked(cfg)?;
+        if !dir.path.is_dir() {
+            bail!(
+                "nothing to resume: `run.dir` = {} is not a directory",
+                dir.path.display()
+            );
+        }
+        Ok(dir)
+    }
+
+    fn checked(cfg: &TrainConfig) -> Result<RunDir> {
+        if cfg.run.dir.trim().is_empty() {
+            bail!("`run.dir` is empty: name the directory the run writes to, e.g. runs/my-run");
+        }
+        let dir = RunDir {
+            path: PathBuf::from(&cfg.run.dir),
+        };
+        if dir.path.exists() && !dir.path.is_dir() {
+            bail!(
+                "`run.dir` = {} is a file, not a directory: choose another `run.dir`",
+                dir.path.display()
+            );
+        }
+        dir.check_outputs()?;
+        Ok(dir)
+    }
+
+    /// A previous run's entries: the run files and `checkpoint-N` directories (with their
+    /// `.tmp`/`.old` leftovers of an interrupted write).
+    fn run_entries(&self) -> Result<Vec<PathBuf>> {
+        let mut found = Vec::new();
+        let entries = match std::fs::read_dir(&self.path) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(found),
+            Err(e) => return Err(e).with_context(|| format!("listing {}", self.path.display())),
+        };
+        for entry in entries {
+            let path = entry
+                .with_context(|| format!("listing {}", self.path.display()))?
+                .path();
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if RUN_FILES.contains(&name) || name.starts_with("checkpoint-") {
+                found.push(path);
+            }
+        }
+        found.sort();
+        Ok(found)
+    }
+
+    /// Every path the run writes is of a kind it can write: a directory where a directory goes,
+    /// a file where a file goes (else training would end without its weights or curves).
+    fn check_outputs(&self) -> Result<()> {
+        for name in ["config.toml", "metrics.jsonl", "plot.png"] {
+            let p = self.path.join(name);
+            if p.is_dir() {
+                bail!(
+                    "{} is a directory, but the run writes a file there: move it away first",
+                    p.display()
+                );
+            }
+        }
+        for name in ["checkpoint", "published"] {
+            let p = self.path.join(name);
+            if p.exists() && !p.is_dir() {
+                bail!(
+                    "{} is a file, but the run writes a model directory there: move it away first",
+                    p.display()
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts writing: the resolved config, and the metrics log — new, or cut back to
+    /// `keep_lines` lines (a resumed checkpoint's).
+    pub fn open(&self, cfg: &TrainConfig, keep_lines: Option<usize>) -> Result<MetricsLog> {
+        std::fs::create_dir_all(&self.path)
+            .with_context(|| format!("creating run directory {}", self.path.display()))?;
+        let config = self.path.join("config.toml");
+        std::fs::write(&config, skein_config::to_toml_string(cfg))
+            .with_context(|| format!("writing {}", config.display()))?;
+        let metrics = self.path.join("metrics.jsonl");
+        match keep_lines {
+            Some(lines) => checkpoint::truncate_lines(&metrics, lines)?,
+            None => {
+                if metrics.exists() {
+                    std::fs::remove_file(&metrics)
+                        .with_context(|| format!("removing {}", metrics.display()))?;
+                }
+            }
+        }
+        MetricsLog::create(&metrics)
+    }
+
+    pub fn join(&self, name: impl AsRef<Path>) -> PathBuf {
+        self.path.join(name)
+    }
+}

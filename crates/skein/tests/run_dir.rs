@@ -1,0 +1,186 @@
+//! A finished run's directory is never damaged: a second run refuses it (and `--overwrite`
+//! replaces it on purpose), a resume falls back from a damaged checkpoint to the newest intact
+//! one and, when none is intact, changes nothing, and paths the run cannot write stop it before
+//! the first step. Every case runs the real `skein` binary.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A run of a few seconds: a tiny model, two steps.
+const SMALL: &[&str] = &[
+    "run.threads=1",
+    "model.hidden_size=32",
+    "model.num_layers=1",
+    "model.num_heads=2",
+    "model.num_kv_heads=1",
+    "model.intermediate_size=64",
+    "sft.steps=2",
+    "sft.batch_size=8",
+    "rollout.prompts_per_step=4",
+    "rollout.samples_per_prompt=2",
+    "trainer.steps=2",
+    "trainer.checkpoint_every=1",
+    "eval.problems=4",
+    "eval.every=0",
+];
+
+fn workdir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("skein-run-dir-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// `skein ARGS... train` with the small run's settings and `extra` ones in `dir`; exit code
+/// and stderr.
+fn skein_train(dir: &Path, args: &[&str], extra: &[&str]) -> (i32, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_skein"));
+    cmd.arg("train").args(args);
+    let run_dir = format!("run.dir=\"{}\"", dir.display());
+    for s in SMALL.iter().copied().chain(extra.iter().copied()) {
+        cmd.args(["--set", s]);
+    }
+    if !args.contains(&"--resume") {
+        cmd.args(["--set", &run_dir]);
+    }
+    let out = cmd.output().expect("skein runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+/// Every file below `dir`, with its bytes.
+fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let p = entry.unwrap().path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                out.insert(p.clone(), std::fs::read(&p).unwrap());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn a_second_run_refuses_a_finished_run_and_overwrite_replaces_it() {
+    let dir = workdir("second");
+    let (code, err) = skein_train(&dir, &[], &[]);
+    assert_eq!(code, 0, "{err}");
+    let finished = snapshot(&dir);
+    assert!(finished.contains_key(&dir.join("checkpoint-2/trainer_state.json")));
+
+    // A second run, and one that would fail at once on a bad model: both refused, nothing
+    // changed.
+    let (code, err) = skein_train(&dir, &[], &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("`run.dir`") && err.contains("--resume") && err.contains("--overwrite"),
+        "{err}"
+    );
+    assert!(
+        snapshot(&dir) == finished,
+        "a refused run changed {}",
+        dir.display()
+    );
+    let (code, err) = skein_train(&dir, &[], &["model.path=\"/nonexistent/model\""]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        snapshot(&dir) == finished,
+        "a failed run changed {}",
+        dir.display()
+    );
+
+    // --overwrite replaces the run: the old numbered checkpoints go too.
+    let (code, err) = skein_train(&dir, &["--overwrite"], &["trainer.checkpoint_every=0"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!dir.join("checkpoint-1").exists() && !dir.join("checkpoint-2").exists());
+    assert!(dir.join("checkpoint/model.safetensors").is_file());
+}
+
+#[test]
+fn a_resume_falls_back_from_a_damaged_checkpoint_and_changes_nothing_without_one() {
+    let dir = workdir("resume");
+    let (code, err) = skein_train(&dir, &[], &[]);
+    assert_eq!(code, 0, "{err}");
+    let resume = ["--resume", dir.to_str().unwrap()];
+
+    // The newest checkpoint's optimizer state is damaged: the resume says so and continues
+    // from checkpoint-1, redoing step 2.
+    std::fs::write(
+        dir.join("checkpoint-2/optimizer.safetensors"),
+        b"not tensors",
+    )
+    .unwrap();
+    let (code, err) = skein_train(&dir, &resume, &["trainer.steps=3"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("checkpoint-2 cannot be resumed") && err.contains("optimizer.safetensors"),
+        "{err}"
+    );
+    assert!(err.contains("checkpoint-1 instead"), "{err}");
+
+    // No intact checkpoint: an error, and the run's files stay as they were.
+    for n in 1..=3 {
+        let p = dir.join(format!("checkpoint-{n}/optimizer.safetensors"));
+        if p.exists() {
+            std::fs::write(&p, b"not tensors").unwrap();
+        }
+    }
+    let before = snapshot(&dir);
+    let (code, err) = skein_train(&dir, &resume, &["trainer.steps=4"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("no checkpoint in") && err.contains("can be resumed"),
+        "{err}"
+    );
+    assert!(
+        snapshot(&dir) == before,
+        "a failed resume changed {}",
+        dir.display()
+    );
+}
+
+#[test]
+fn a_resume_that_needs_a_model_the_checkpoint_lacks_names_it() {
+    let dir = workdir("critic");
+    let (code, err) = skein_train(&dir, &[], &[]);
+    assert_eq!(code, 0, "{err}");
+    let before = snapshot(&dir);
+    let resume = ["--resume", dir.to_str().unwrap()];
+    let (code, err) = skein_train(&dir, &resume, &["algorithm.estimator=\"gae\""]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("has no critic"), "{err}");
+    assert!(
+        snapshot(&dir) == before,
+        "a failed resume changed {}",
+        dir.display()
+    );
+}
+
+#[test]
+fn paths_the_run_cannot_write_stop_it_before_the_first_step() {
+    let dir = workdir("outputs");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("checkpoint"), b"a file where the model goes").unwrap();
+    let (code, err) = skein_train(&dir, &[], &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("checkpoint is a file"), "{err}");
+    assert!(!dir.join("metrics.jsonl").exists(), "it started anyway");
+
+    let dir = workdir("plot");
+    std::fs::create_dir_all(dir.join("plot.png")).unwrap();
+    let (code, err) = skein_train(&dir, &[], &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("plot.png is a directory"), "{err}");
+    assert!(!dir.join("metrics.jsonl").exists(), "it started anyway");
+
+    let (code, err) = skein_train(Path::new(""), &[], &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("`run.dir` is empty"), "{err}");
+}
