@@ -1,8 +1,10 @@
 //! `arithmetic`: `17+25=` → `42`.
 //!
-//! Difficulty 1: a + b with a, b in 0..=9. 2: a + b in 0..=99. 3: a ± b in 0..=99 (results may be
-//! negative). 4: three operands in 0..=99 with + - *, evaluated left to right with the usual
-//! precedence. A response is correct when, trimmed, it is exactly the decimal result.
+//! Difficulty 1: a + b with a, b in 0..=9 (100 problems: too few to hold any out). 2: a + b in
+//! 0..=31 (1,024 problems, one in eight held out; the default job's). 3: a + b in 0..=99. 4:
+//! a ± b in 0..=99 (results may be negative). 5: three operands in 0..=99 with + - *,
+//! evaluated left to right with the usual precedence. A response is correct when, trimmed, it
+//! is exactly the decimal result.
 
 use crate::rng::TaskRng;
 use crate::task::{Problem, Score, Task};
@@ -12,15 +14,23 @@ pub struct Arithmetic {
     pub difficulty: u32,
 }
 
-pub const MAX_DIFFICULTY: u32 = 4;
+pub const MAX_DIFFICULTY: u32 = 5;
 
 impl Arithmetic {
+    fn max_operand(&self) -> i64 {
+        match self.difficulty {
+            0 | 1 => 9,
+            2 => 31,
+            _ => 99,
+        }
+    }
+
     fn operands(&self, rng: &mut TaskRng) -> (Vec<i64>, Vec<char>) {
-        let max = if self.difficulty <= 1 { 9 } else { 99 };
-        let n = if self.difficulty >= 4 { 3 } else { 2 };
+        let max = self.max_operand();
+        let n = if self.difficulty >= 5 { 3 } else { 2 };
         let ops: &[char] = match self.difficulty {
-            0..=2 => &['+'],
-            3 => &['+', '-'],
+            0..=3 => &['+'],
+            4 => &['+', '-'],
             _ => &['+', '-', '*'],
         };
         let nums = (0..n).map(|_| rng.range(0, max)).collect();
@@ -99,6 +109,15 @@ impl Task for Arithmetic {
 
     fn max_response_chars(&self) -> usize {
         6
+    }
+
+    fn problem_count(&self) -> Option<u64> {
+        let values = self.max_operand() as u64 + 1;
+        Some(match self.difficulty {
+            0..=3 => values * values,
+            4 => 2 * values * values,
+            _ => values * values * values * 3 * 3,
+        })
     }
 }
 

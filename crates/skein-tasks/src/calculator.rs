@@ -299,6 +299,14 @@ impl AgentTask for Calculator {
         }
     }
 
+    fn problem_count(&self) -> Option<u64> {
+        match self.difficulty {
+            0 | 1 => Some(90 * 90 * 2),
+            2 => Some(900 * 900 * 2),
+            _ => None,
+        }
+    }
+
     fn alphabet(&self) -> &'static str {
         "0123456789+-*()=?\n <>/_{}\":,abcdefghijklmnopqrstuvwxyz"
     }

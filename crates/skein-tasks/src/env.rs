@@ -96,6 +96,11 @@ pub trait AgentTask: Send + Sync {
     fn max_turns(&self) -> usize;
     /// Longest message a demonstration produces, in characters.
     fn max_message_chars(&self) -> usize;
+    /// Distinct problems `sample` can draw (None: too many to matter); a small space is not
+    /// split into training and held-out problems (`crate::split`).
+    fn problem_count(&self) -> Option<u64> {
+        None
+    }
 }
 
 pub const TOOL_OPEN: &str = "<tool_response>";

@@ -155,6 +155,10 @@ impl AgentTask for Guess {
         rng.range(lo + quarter, hi - quarter).to_string()
     }
 
+    fn problem_count(&self) -> Option<u64> {
+        Some(self.n())
+    }
+
     fn alphabet(&self) -> &'static str {
         "0123456789 -?\nseughirlow"
     }

@@ -9,10 +9,12 @@ pub mod env;
 pub mod guess;
 pub mod reverse;
 pub mod rng;
+pub mod split;
 pub mod task;
 
 pub use env::{render_plain, AgentTask, Env, EnvError, EnvMessage, EnvRole, EnvStep, Turn};
 pub use rng::TaskRng;
+pub use split::{draw_in, split_of, splits, Split};
 pub use task::{Problem, Score, Task};
 
 use std::fmt;
@@ -85,7 +87,7 @@ mod tests {
         let e = task_by_name("chess", 1).err().unwrap().to_string();
         assert!(e.contains("`task.name`") && e.contains("arithmetic"), "{e}");
         let e = task_by_name("arithmetic", 9).err().unwrap().to_string();
-        assert!(e.contains("1 to 4"), "{e}");
+        assert!(e.contains("1 to 5"), "{e}");
         assert!(task_by_name("arithmetic", 2).is_ok());
         let e = task_by_name("chess", 1).err().unwrap().to_string();
         assert!(e.contains("reverse, guess, calculator"), "{e}");

@@ -30,4 +30,9 @@ pub trait Task: Send + Sync {
     /// Every character a prompt or a demonstration can contain.
     fn alphabet(&self) -> &'static str;
     fn max_response_chars(&self) -> usize;
+    /// Distinct problems `sample` can draw (None: too many to matter); a small space is not
+    /// split into training and held-out problems (`crate::split`).
+    fn problem_count(&self) -> Option<u64> {
+        None
+    }
 }

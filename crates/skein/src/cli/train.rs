@@ -41,14 +41,25 @@ pub fn run(
         );
         return Ok(());
     }
-    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
-    let k = summary.rewards.len().min(5);
+    let kind = crate::trainer::run::eval_kind(summary.held_out);
+    let accuracy = format!(
+        "{kind} greedy accuracy {:.3} → {:.3}",
+        summary.eval_before.accuracy, summary.eval_after.accuracy
+    );
+    let rewards = &summary.rewards;
+    let training = if rewards.is_empty() {
+        "no RL steps".to_string()
+    } else {
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+        let k = rewards.len().min(5);
+        format!(
+            "training reward {:.3} → {:.3} (mean of the first and last {k} steps)",
+            mean(&rewards[..k]),
+            mean(&rewards[rewards.len() - k..]),
+        )
+    };
     println!(
-        "training reward {:.3} → {:.3} (mean of the first and last {k} steps); held-out greedy accuracy {:.3} → {:.3}; run directory {}",
-        mean(&summary.rewards[..k]),
-        mean(&summary.rewards[summary.rewards.len() - k..]),
-        summary.eval_before.accuracy,
-        summary.eval_after.accuracy,
+        "{training}; {accuracy}; run directory {}",
         summary.dir.display()
     );
     Ok(())

@@ -32,6 +32,8 @@ pub struct RunSummary {
     pub interrupted: bool,
     /// This process's data-parallel rank: anything but 0 only served rank 0's updates.
     pub rank: usize,
+    /// The evaluations were on held-out problems (else on training problems).
+    pub held_out: bool,
 }
 
 /// A new run in `cfg.run.dir`; a directory that holds another run is refused.
@@ -169,6 +171,7 @@ impl RunSummary {
             rewards: Vec::new(),
             interrupted: false,
             rank,
+            held_out: false,
         }
     }
 }
@@ -211,6 +214,7 @@ fn finish(mut t: Trainer, interrupted: bool) -> Result<RunSummary> {
             rewards: t.rewards,
             interrupted: true,
             rank: 0,
+            held_out: t.workload.held_out(),
         });
     }
     let eval_after = t.evaluate();
@@ -222,8 +226,10 @@ fn finish(mut t: Trainer, interrupted: bool) -> Result<RunSummary> {
         ],
     ))?;
     eprintln!(
-        "skein: eval after RL: accuracy {:.3} (before: {:.3})",
-        eval_after.accuracy, t.eval_before.accuracy
+        "skein: eval after RL: {} accuracy {:.3} (before: {:.3})",
+        eval_kind(t.workload.held_out()),
+        eval_after.accuracy,
+        t.eval_before.accuracy
     );
     let ckpt = dir.join("checkpoint");
     checkpoint::save_model_dir(&t.policy, &t.tokenizer, &t.sampling, &ckpt)?;
@@ -240,7 +246,17 @@ fn finish(mut t: Trainer, interrupted: bool) -> Result<RunSummary> {
         rewards: t.rewards,
         interrupted: false,
         rank: 0,
+        held_out: t.workload.held_out(),
     })
+}
+
+/// What the evaluation measured: `held-out`, or `train-set` when its problems can be trained on.
+pub fn eval_kind(held_out: bool) -> &'static str {
+    if held_out {
+        "held-out"
+    } else {
+        "train-set"
+    }
 }
 
 /// Stops a run whose updates kept failing, naming its last good checkpoint.

@@ -65,6 +65,24 @@ pub struct Critic {
 }
 
 impl Critic {
+    fn new(
+        cfg: &TrainConfig,
+        dp: &DataParallel,
+        model: ValueModel,
+        opt: Optimizer,
+    ) -> Result<Self> {
+        Ok(Critic {
+            ranks: dp.backend(&model)?,
+            model,
+            opt,
+            cfg: ValueLossConfig {
+                clip: cfg.algorithm.value_clip,
+                epochs: cfg.trainer.ppo_epochs,
+                micro_batch_tokens: cfg.trainer.micro_batch_tokens,
+            },
+        })
+    }
+
     pub fn update(&mut self, batch: &PreparedBatch) -> Result<CriticStats> {
         critic_update(
             &self.model,
@@ -106,18 +124,7 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
         serve_other_rank(&dp, device)?;
         return Ok(Started::OtherRank { rank: dp.rank() });
     }
-    // The run directory, checked before anything is written; a resume reads its whole
-    // checkpoint first.
-    let (run_dir, loaded) = match begin {
-        Begin::Resume => {
-            let dir = RunDir::for_resume(cfg)?;
-            let loaded = checkpoint::load_newest(&dir.path, device)?;
-            (dir, Some(loaded))
-        }
-        Begin::New | Begin::Overwrite => {
-            (RunDir::for_new_run(cfg, begin == Begin::Overwrite)?, None)
-        }
-    };
+    let (run_dir, loaded) = run_dir_and_checkpoint(cfg, begin, device)?;
 
     // The task, the policy and the rollout source.
     let tasks = Tasks::from_config(cfg)?;
@@ -141,6 +148,9 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
         cfg.task.difficulty,
         run_dir.path.display()
     );
+    if !workload.held_out() {
+        say_train_set_evaluation();
+    }
     let (first_step, rewards) = restore.as_ref().map_or((1, Vec::new()), |r| {
         (r.state.step + 1, r.state.rewards.clone())
     });
@@ -184,16 +194,7 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
     dp.announce_models(&policy.net.config, critic.is_some())?;
     let policy_ranks = dp.backend(&policy)?;
     let critic = match critic {
-        Some((model, opt)) => Some(Critic {
-            ranks: dp.backend(&model)?,
-            model,
-            opt,
-            cfg: ValueLossConfig {
-                clip: cfg.algorithm.value_clip,
-                epochs: cfg.trainer.ppo_epochs,
-                micro_batch_tokens: cfg.trainer.micro_batch_tokens,
-            },
-        }),
+        Some((model, opt)) => Some(Critic::new(cfg, &dp, model, opt)?),
         None => None,
     };
     Ok(Started::Trainer(Box::new(Trainer {
@@ -278,6 +279,33 @@ impl Trainer<'_> {
     }
 }
 
+/// The run directory, checked before anything is written; a resume also reads its whole
+/// checkpoint first.
+fn run_dir_and_checkpoint(
+    cfg: &TrainConfig,
+    begin: Begin,
+    device: Device,
+) -> Result<(RunDir, Option<checkpoint::Loaded>)> {
+    Ok(match begin {
+        Begin::Resume => {
+            let dir = RunDir::for_resume(cfg)?;
+            let loaded = checkpoint::load_newest(&dir.path, device)?;
+            (dir, Some(loaded))
+        }
+        Begin::New => (RunDir::for_new_run(cfg, false)?, None),
+        Begin::Overwrite => (RunDir::for_new_run(cfg, true)?, None),
+    })
+}
+
+fn say_train_set_evaluation() {
+    eprintln!(
+        "skein: evaluation is on problems training also draws (train-set accuracy): the task \
+         has fewer than {} distinct problems to hold some out, or the dataset has no \
+         `data.val_files`",
+        skein_tasks::split::MIN_SPLIT_PROBLEMS
+    );
+}
+
 /// The run's sampling settings, stopping at the tokenizer's end-of-sequence token.
 fn sampling_params(cfg: &TrainConfig, tokenizer: &Tokenizer) -> Result<SamplingParams> {
     let eos = tokenizer
@@ -321,7 +349,8 @@ fn measure_before(
     );
     extend(&mut first, workload.data_metrics(true));
     log.append(&first)?;
-    eprintln!("skein: eval before RL: accuracy {:.3}", e.accuracy);
+    let kind = super::run::eval_kind(workload.held_out());
+    eprintln!("skein: eval before RL: {kind} accuracy {:.3}", e.accuracy);
     Ok(e)
 }
 

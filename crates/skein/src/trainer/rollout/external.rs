@@ -99,7 +99,7 @@ impl Workload for External {
         let (step, version) = (ctx.step, ctx.version);
         let mut specs = Vec::with_capacity(self.groups * self.samples);
         for p in 0..self.groups {
-            let problem = self.task.task.sample(&mut self.task.rng);
+            let problem = self.task.next_problem()?;
             for k in 0..self.samples {
                 specs.push(TaskSpec {
                     rollout_id: format!("s{step}-p{p}-s{k}"),
@@ -187,6 +187,10 @@ impl Workload for External {
 
     fn data_metrics(&self, first: bool) -> Vec<(&'static str, serde_json::Value)> {
         self.task.data_metrics(first)
+    }
+
+    fn held_out(&self) -> bool {
+        self.task.held_out
     }
 }
 

@@ -31,6 +31,7 @@ use crate::trainer::batch::TrainRow;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use skein_tasks::{draw_in, Problem, Split, TaskRng};
 use skein_text::Tokenizer;
 use stats::StepRollout;
 
@@ -117,4 +118,23 @@ pub trait Workload {
     fn state(&self) -> WorkloadState;
     /// Metrics of the data itself: counts from loading (`first`), else per step.
     fn data_metrics(&self, first: bool) -> Vec<(&'static str, Value)>;
+    /// Whether evaluation is on problems training never sees (else on training problems:
+    /// the task is too small to split, or a dataset has no validation files).
+    fn held_out(&self) -> bool;
+}
+
+/// A problem from `sample`: of `split` when the task is split into training and held-out
+/// problems, any problem when it is not.
+pub fn draw(
+    task: &str,
+    split: Option<Split>,
+    rng: &mut TaskRng,
+    mut sample: impl FnMut(&mut TaskRng) -> Problem,
+) -> Result<Problem> {
+    match split {
+        None => Ok(sample(rng)),
+        Some(s) => draw_in(s, rng, sample).with_context(|| {
+            format!("task `{task}` drew no {s:?} problem in a row of tries: its split is broken")
+        }),
+    }
 }

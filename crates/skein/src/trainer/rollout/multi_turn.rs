@@ -6,14 +6,14 @@
 use super::dataset::eval_seed;
 use super::episodes::{AgentContext, AgentLimits, EpisodeSpec, TurnFormat};
 use super::stats::{SourceStats, StepRollout};
-use super::{EvalResult, StepContext, Workload, WorkloadState};
+use super::{draw, EvalResult, StepContext, Workload, WorkloadState};
 use crate::engine::SamplingParams;
 use crate::model::Model;
 use crate::trainer::batch::TrainRow;
 use crate::trainer::config::TrainConfig;
 use crate::trainer::sft::sft_row_masked;
 use anyhow::{bail, Context, Result};
-use skein_tasks::{AgentTask, EnvStep, Problem, TaskRng, Turn};
+use skein_tasks::{splits, AgentTask, EnvStep, Problem, Split, TaskRng, Turn};
 use skein_text::{Message, Tokenizer};
 use std::time::Duration;
 
@@ -28,8 +28,10 @@ pub struct MultiTurn {
     pub limits: AgentLimits,
     runtime: tokio::runtime::Runtime,
     rng: TaskRng,
-    /// Held-out problems, drawn once from a seed training never uses.
+    /// Evaluation problems, drawn once from a seed of their own: held out when `split`.
     eval: Vec<Problem>,
+    /// Training draws only training problems (the task is large enough to split).
+    split: bool,
     /// Groups (problems) and episodes per group of a step.
     groups: usize,
     samples: usize,
@@ -70,11 +72,14 @@ impl MultiTurn {
             .enable_all()
             .build()
             .context("starting the runtime of the agent episodes")?;
+        let split = splits(task.problem_count());
         let mut eval_rng = TaskRng::new(eval_seed(cfg.run.seed));
+        let held = split.then_some(Split::HeldOut);
         let eval = (0..cfg.eval.problems)
-            .map(|_| task.sample(&mut eval_rng))
-            .collect();
+            .map(|_| draw(task.name(), held, &mut eval_rng, |r| task.sample(r)))
+            .collect::<Result<Vec<_>>>()?;
         Ok(MultiTurn {
+            split,
             task,
             format,
             limits,
@@ -117,7 +122,8 @@ impl MultiTurn {
             params,
             limits: &self.limits,
         };
-        let problem = self.task.sample(rng);
+        let train = self.split.then_some(Split::Train);
+        let problem = draw(self.task.name(), train, rng, |r| self.task.sample(r))?;
         let mut tokens = ctx.prompt_ids(&problem)?;
         let prompt_len = tokens.len();
         let mut mask = Vec::new();
@@ -162,7 +168,9 @@ impl Workload for MultiTurn {
         let step = ctx.step;
         let mut specs = Vec::with_capacity(self.groups * self.samples);
         for p in 0..self.groups {
-            let problem = self.task.sample(&mut self.rng);
+            let train = self.split.then_some(Split::Train);
+            let task = self.task.as_ref();
+            let problem = draw(task.name(), train, &mut self.rng, |r| task.sample(r))?;
             for k in 0..self.samples {
                 specs.push(EpisodeSpec {
                     id: format!("s{step}-p{p}-s{k}"),
@@ -229,5 +237,9 @@ impl Workload for MultiTurn {
 
     fn data_metrics(&self, _first: bool) -> Vec<(&'static str, serde_json::Value)> {
         Vec::new()
+    }
+
+    fn held_out(&self) -> bool {
+        self.split
     }
 }

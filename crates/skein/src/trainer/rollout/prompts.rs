@@ -7,7 +7,7 @@ use super::buffer::{GroupBuffer, IterationConfig};
 use super::dataset::{eval_seed, prompt_batch, rewarder, Data};
 use super::judge::{answer_prompts, Answering, PromptBatch};
 use super::stats::{SourceStats, StepRollout};
-use super::{EvalResult, StepContext, Workload, WorkloadState};
+use super::{draw, EvalResult, StepContext, Workload, WorkloadState};
 use crate::engine::SamplingParams;
 use crate::trainer::batch::TrainRow;
 use crate::trainer::config::TrainConfig;
@@ -15,7 +15,7 @@ use crate::trainer::sft::sft_row;
 use anyhow::Result;
 use serde_json::Value;
 use skein_reward::Rewarder;
-use skein_tasks::{Task, TaskRng};
+use skein_tasks::{splits, Problem, Split, Task, TaskRng};
 use skein_text::Tokenizer;
 use tch::Device;
 
@@ -28,6 +28,10 @@ pub struct PromptTask {
     pub eval: PromptBatch,
     /// The `[reward]` sources; None: the task's checker is the reward.
     pub rewarder: Option<Rewarder>,
+    /// Training draws only training problems (the task is split).
+    split: bool,
+    /// Evaluation is on problems training never sees.
+    pub held_out: bool,
 }
 
 impl PromptTask {
@@ -41,14 +45,21 @@ impl PromptTask {
     ) -> Result<Self> {
         let rewarder = rewarder(cfg, data.as_ref(), device)?;
         let seed = eval_seed(cfg.run.seed);
-        let eval = match &data {
-            Some(d) => d.eval_batch(tokenizer, cfg.eval.problems, seed)?,
+        // A built-in task large enough is split; a dataset's held-out rows are its validation
+        // files.
+        let split = data.is_none() && splits(task.problem_count());
+        let (eval, held_out) = match &data {
+            Some(d) => (
+                d.eval_batch(tokenizer, cfg.eval.problems, seed)?,
+                !d.val.is_empty(),
+            ),
             None => {
                 let mut eval_rng = TaskRng::new(seed);
+                let held = split.then_some(Split::HeldOut);
                 let problems = (0..cfg.eval.problems)
-                    .map(|_| task.sample(&mut eval_rng))
-                    .collect();
-                prompt_batch(problems, tokenizer)?
+                    .map(|_| draw(task.name(), held, &mut eval_rng, |r| task.sample(r)))
+                    .collect::<Result<Vec<_>>>()?;
+                (prompt_batch(problems, tokenizer)?, split)
             }
         };
         Ok(PromptTask {
@@ -57,6 +68,8 @@ impl PromptTask {
             rng: TaskRng::new(rng_state),
             eval,
             rewarder,
+            split,
+            held_out,
         })
     }
 
@@ -99,7 +112,7 @@ impl PromptTask {
         sampling: &SamplingParams,
     ) -> Result<TrainRow> {
         let eos = StepContext::stop_token(sampling)?;
-        let problem = self.task.sample(&mut self.rng);
+        let problem = self.next_problem()?;
         let demo = self.task.demonstration(&problem, &mut self.rng);
         let mut response = tokenizer.encode(&demo, false)?;
         response.push(eos);
@@ -107,6 +120,13 @@ impl PromptTask {
             &tokenizer.encode(&problem.prompt, false)?,
             &response,
         ))
+    }
+
+    /// The next training problem.
+    pub fn next_problem(&mut self) -> Result<Problem> {
+        let split = self.split.then_some(Split::Train);
+        let task = self.task.as_ref();
+        draw(task.name(), split, &mut self.rng, |r| task.sample(r))
     }
 
     pub fn state(&self, buffer: &GroupBuffer) -> WorkloadState {
@@ -150,10 +170,12 @@ impl Workload for Prompts {
             task,
             rng,
             rewarder,
+            split,
             ..
         } = &mut self.task;
+        let train = split.then_some(Split::Train);
         let mut next_prompt = || -> Result<_> {
-            let problem = task.sample(rng);
+            let problem = draw(task.name(), train, rng, |r| task.sample(r))?;
             let ids = ctx.tokenizer.encode(&problem.prompt, false)?;
             Ok((problem, ids))
         };
@@ -200,5 +222,9 @@ impl Workload for Prompts {
 
     fn data_metrics(&self, first: bool) -> Vec<(&'static str, Value)> {
         self.task.data_metrics(first)
+    }
+
+    fn held_out(&self) -> bool {
+        self.task.held_out
     }
 }
