@@ -92,3 +92,13 @@ fn train_config_errors_name_the_key_and_print_config_shows_defaults() {
         "{out}"
     );
 }
+
+#[test]
+fn bench_sizes_that_cannot_work_name_their_flag() {
+    for (flag, value) in [("--batch", "0"), ("--heads", "0"), ("--hidden", "250")] {
+        let (code, _, err) = skein(&["bench", flag, value, "--iters", "1"], "");
+        assert_eq!(code, 2, "{flag} {value}: {err}");
+        assert!(err.contains(&format!("`{flag}`")), "{flag} {value}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}

@@ -11,6 +11,37 @@ use crate::trainer::update::tensors::{token_logprobs, MicroBatch};
 use anyhow::Result;
 use std::time::Instant;
 
+/// Sizes of the benchmark model and batch: each at least 1, `hidden` a multiple of `heads`,
+/// `seq` longer than `decode_prompt` (else libtorch is handed tensors it cannot shape).
+fn check(a: &BenchArgs) -> Result<()> {
+    for (flag, value) in [
+        ("--vocab", a.vocab),
+        ("--hidden", a.hidden),
+        ("--layers", a.layers),
+        ("--heads", a.heads),
+        ("--intermediate", a.intermediate),
+        ("--batch", a.batch),
+        ("--seq", a.seq),
+        ("--iters", a.iters),
+        ("--decode-prompt", a.decode_prompt),
+    ] {
+        if value == 0 {
+            anyhow::bail!("invalid value for `{flag}`: must be ≥ 1 (got 0)");
+        }
+    }
+    if !a.hidden.is_multiple_of(a.heads) {
+        anyhow::bail!(
+            "invalid value for `--hidden`: must be a multiple of --heads ({}; got {})",
+            a.heads,
+            a.hidden
+        );
+    }
+    if a.seq < 2 {
+        anyhow::bail!("invalid value for `--seq`: must be ≥ 2 (got {})", a.seq);
+    }
+    Ok(())
+}
+
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
     /// A benchmark other than the training step and decode (e.g. `rewards`).
@@ -42,6 +73,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     if let Some(what) = &a.what {
         return super::bench_rewards::run(what);
     }
+    check(a)?;
     let cfg = ModelConfig::tiny_qwen2(
         a.vocab,
         a.hidden,

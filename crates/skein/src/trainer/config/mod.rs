@@ -74,20 +74,27 @@ pub fn start_device(device: &str, threads: usize) -> anyhow::Result<tch::Device>
     Ok(device)
 }
 
-/// `cpu`, `cuda` (the first GPU, or the CPU without one) or `cuda:N`.
+/// `cpu`, `cuda` (the first GPU) or `cuda:N`: a device this machine has.
 pub fn parse_device(s: &str) -> anyhow::Result<tch::Device> {
-    match s {
-        "cpu" => Ok(tch::Device::Cpu),
-        "cuda" => Ok(tch::Device::cuda_if_available()),
+    let gpus = tch::Cuda::device_count().max(0) as usize;
+    let n = match s {
+        "cpu" => return Ok(tch::Device::Cpu),
+        "cuda" => 0,
         other => match other.strip_prefix("cuda:").and_then(|n| n.parse().ok()) {
-            Some(n) => Ok(tch::Device::Cuda(n)),
+            Some(n) => n,
             None => {
                 anyhow::bail!(
                     "invalid value `{other}` for `run.device` (allowed: cpu, cuda, cuda:N)"
                 )
             }
         },
+    };
+    if n >= gpus {
+        anyhow::bail!(
+            "invalid value `{s}` for `run.device`: this machine has {gpus} CUDA GPU(s); use cpu"
+        );
     }
+    Ok(tch::Device::Cuda(n))
 }
 
 impl Default for RunConfig {

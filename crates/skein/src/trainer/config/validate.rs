@@ -10,9 +10,7 @@ use skein_config::Validator;
 
 pub fn validate(cfg: &TrainConfig) -> Result<()> {
     let mut v = Validator::new();
-    if let Err(e) = cfg.run.device() {
-        v.problem(e.to_string());
-    }
+    validate_run(cfg, &mut v);
     validate_rollout(cfg, &mut v);
     validate_algorithm(cfg, &mut v);
     validate_trainer(cfg, &mut v);
@@ -22,6 +20,38 @@ pub fn validate(cfg: &TrainConfig) -> Result<()> {
     validate_agent(cfg, &mut v);
     Ok(v.finish()?)
 }
+
+/// `[run]` and `[sft]`: a device this machine has, a thread count it can run, and a warm-up
+/// that has rows to train on.
+fn validate_run(cfg: &TrainConfig, v: &mut Validator) {
+    if let Err(e) = cfg.run.device() {
+        v.problem(e.to_string());
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    v.check(
+        cfg.run.threads <= MAX_THREADS_PER_CORE * cores,
+        "run.threads",
+        &format!(
+            "must be at most {} ({MAX_THREADS_PER_CORE} per core of this machine's {cores}; 0 \
+             keeps libtorch's default)",
+            MAX_THREADS_PER_CORE * cores
+        ),
+        cfg.run.threads,
+    );
+    let s = &cfg.sft;
+    if s.steps > 0 {
+        v.at_least("sft.batch_size", s.batch_size, 1).check(
+            s.lr > 0.0 && s.lr.is_finite(),
+            "sft.lr",
+            "must be a finite number > 0",
+            s.lr,
+        );
+    }
+}
+
+/// More libtorch threads than this per core only oversubscribe it (and enough of them
+/// overflow a thread's stack).
+const MAX_THREADS_PER_CORE: usize = 4;
 
 /// `[rollout]`: sizes, sampling, partial rollout and the remote engine.
 fn validate_rollout(cfg: &TrainConfig, v: &mut Validator) {
@@ -157,24 +187,31 @@ fn validate_trainer(cfg: &TrainConfig, v: &mut Validator) {
 fn validate_model(cfg: &TrainConfig, v: &mut Validator) {
     let m = &cfg.model;
     if m.path.is_empty() {
-        v.check(
-            m.num_heads > 0 && m.hidden_size.is_multiple_of(m.num_heads.max(1)),
-            "model.hidden_size",
-            "must be a multiple of model.num_heads",
-            m.hidden_size,
-        )
-        .check(
-            m.num_kv_heads > 0 && m.num_heads.is_multiple_of(m.num_kv_heads.max(1)),
-            "model.num_kv_heads",
-            "must divide model.num_heads",
-            m.num_kv_heads,
-        )
-        .check(
-            m.max_positions.max(min_positions(cfg)) > cfg.rollout.sampling.max_new_tokens,
-            "model.max_positions",
-            "must exceed rollout.sampling.max_new_tokens",
-            m.max_positions,
-        );
+        // Each size names itself when it is zero; the divisibility rules only apply to sizes
+        // that are not, so a zero is never blamed on another key.
+        v.at_least("model.hidden_size", m.hidden_size, 1)
+            .at_least("model.num_layers", m.num_layers, 1)
+            .at_least("model.num_heads", m.num_heads, 1)
+            .at_least("model.num_kv_heads", m.num_kv_heads, 1)
+            .at_least("model.intermediate_size", m.intermediate_size, 1)
+            .check(
+                m.num_heads == 0 || m.hidden_size.is_multiple_of(m.num_heads),
+                "model.hidden_size",
+                "must be a multiple of model.num_heads",
+                m.hidden_size,
+            )
+            .check(
+                m.num_kv_heads == 0 || m.num_heads.is_multiple_of(m.num_kv_heads),
+                "model.num_kv_heads",
+                "must divide model.num_heads",
+                m.num_kv_heads,
+            )
+            .check(
+                m.max_positions.max(min_positions(cfg)) > cfg.rollout.sampling.max_new_tokens,
+                "model.max_positions",
+                "must exceed rollout.sampling.max_new_tokens",
+                m.max_positions,
+            );
     }
 }
 
@@ -374,6 +411,36 @@ mod tests {
         let err = validate(&cfg).unwrap_err().to_string();
         assert!(err.contains("`optim.lr`"), "{err}");
         assert!(err.contains("`run.device`"), "{err}");
+    }
+
+    /// Values that used to reach libtorch and panic are refused, each naming its own key.
+    #[test]
+    fn sizes_devices_and_threads_that_cannot_work_name_their_keys() {
+        let problems = |set: &dyn Fn(&mut TrainConfig)| {
+            let mut cfg = TrainConfig::default();
+            set(&mut cfg);
+            validate(&cfg).unwrap_err().to_string()
+        };
+        let e = problems(&|c| c.sft.batch_size = 0);
+        assert!(e.contains("`sft.batch_size`"), "{e}");
+        let e = problems(&|c| c.model.intermediate_size = 0);
+        assert!(e.contains("`model.intermediate_size`"), "{e}");
+        let e = problems(&|c| c.model.hidden_size = 0);
+        assert!(e.contains("`model.hidden_size`"), "{e}");
+        let e = problems(&|c| c.model.num_heads = 0);
+        assert!(e.contains("`model.num_heads`: must be ≥ 1"), "{e}");
+        assert!(
+            !e.contains("model.hidden_size"),
+            "a zero head count blamed on: {e}"
+        );
+        let e = problems(&|c| c.run.threads = 1 << 20);
+        assert!(e.contains("`run.threads`") && e.contains("per core"), "{e}");
+        if !tch::Cuda::is_available() {
+            let e = problems(&|c| c.run.device = "cuda:0".into());
+            assert!(e.contains("`run.device`") && e.contains("has 0"), "{e}");
+            let e = problems(&|c| c.run.device = "cuda".into());
+            assert!(e.contains("`run.device`") && e.contains("use cpu"), "{e}");
+        }
     }
 
     #[test]
