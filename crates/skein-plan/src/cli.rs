@@ -97,6 +97,20 @@ fn positive(v: i64, field: &str) -> Result<usize, PlanError> {
     Ok(v as usize)
 }
 
+/// Most ranks, and most mini-batches: every rank of every mini-batch gets at least a padding
+/// row, so these sizes are what the plan allocates, whatever the input's size.
+const MAX_SLOTS: i64 = 1 << 16;
+
+/// [`positive`], and at most [`MAX_SLOTS`].
+fn slots(v: i64, field: &str) -> Result<usize, PlanError> {
+    if v > MAX_SLOTS {
+        return Err(bad(format!(
+            "`{field}` must be at most {MAX_SLOTS} (got {v}): every one of them gets rows"
+        )));
+    }
+    positive(v, field)
+}
+
 fn choice<T: Copy>(field: &str, value: &str, allowed: &[(&str, T)]) -> Result<T, PlanError> {
     allowed
         .iter()
@@ -219,10 +233,10 @@ pub fn plan_json(input: &str) -> Result<String, PlanError> {
 }
 
 fn plan_config(inp: &Input) -> Result<PlanConfig, PlanError> {
-    let dp = positive(inp.dp_size, "dp_size")?;
+    let dp = slots(inp.dp_size, "dp_size")?;
     let (num_mini_batches, units_per_mini_batch) =
         match (inp.num_mini_batches, inp.units_per_mini_batch) {
-            (Some(n), None) => (positive(n, "num_mini_batches")?, None),
+            (Some(n), None) => (slots(n, "num_mini_batches")?, None),
             (None, Some(u)) => (1, Some(positive(u, "units_per_mini_batch")?)),
             (None, None) => {
                 return Err(bad(
@@ -236,6 +250,12 @@ fn plan_config(inp: &Input) -> Result<PlanConfig, PlanError> {
                 ))
             }
         };
+    if dp * num_mini_batches > (MAX_SLOTS as usize) * 16 {
+        return Err(bad(format!(
+            "`dp_size` × `num_mini_batches` must be at most {} (got {dp} × {num_mini_batches})",
+            MAX_SLOTS * 16
+        )));
+    }
     let unit = choice(
         "unit",
         &inp.unit,
@@ -243,14 +263,21 @@ fn plan_config(inp: &Input) -> Result<PlanConfig, PlanError> {
     )?;
     let actor = inp
         .actor_mini_batch_size
-        .map(|a| positive(a, "actor_mini_batch_size"))
+        .map(|a| slots(a, "actor_mini_batch_size"))
         .transpose()?;
     let critic = inp
         .critic_mini_batch_size
-        .map(|c| positive(c, "critic_mini_batch_size"))
+        .map(|c| slots(c, "critic_mini_batch_size"))
         .transpose()?;
     let pad_multiple = (actor.is_some() || critic.is_some())
         .then(|| padding_multiple(dp, actor.unwrap_or(1), critic));
+    if let Some(m) = pad_multiple.filter(|&m| m > (MAX_SLOTS as usize) * 16) {
+        return Err(bad(format!(
+            "the rows would be padded to a multiple of {m} (the least common multiple of \
+             `dp_size` and the mini-batch sizes), more than {}: choose sizes that share factors",
+            MAX_SLOTS * 16
+        )));
+    }
     let mut cost = CostModel::default();
     if let Some(c) = &inp.cost {
         for (name, v) in [("linear", c.linear), ("quadratic", c.quadratic)] {
@@ -424,6 +451,10 @@ mod tests {
     fn bad_input_names_the_field() {
         let cases = [
             (OK.replace("\"dp_size\": 2", "\"dp_size\": 0"), "dp_size"),
+            (
+                OK.replace("\"dp_size\": 2", "\"dp_size\": 1000000000"),
+                "`dp_size` must be at most 65536",
+            ),
             (
                 OK.replace(
                     "\"prompt_len\": 10, \"response_len\": 9",

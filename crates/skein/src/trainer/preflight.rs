@@ -66,6 +66,15 @@ pub fn estimate(cfg: &TrainConfig, model: &ModelConfig) -> Vec<Part> {
         bytes: kv,
         lower: "`rollout.max_slots` or `rollout.sampling.max_new_tokens`",
     });
+    // Every sample of a step is held twice, as a trajectory and as a training row: ids,
+    // behavior/old/reference log-probs, versions, masks, advantages, values, weights — about
+    // 64 bytes per token.
+    let samples = (r.prompts_per_step * r.samples_per_prompt) as f64;
+    parts.push(Part {
+        what: "the step's trajectories and training rows",
+        bytes: samples * context * 64.0,
+        lower: "`rollout.prompts_per_step` or `rollout.samples_per_prompt`",
+    });
     // Saved for backward, per token and layer: roughly a dozen hidden-sized tensors and three
     // intermediate-sized ones; plus logits, their log-softmax and its gradient.
     let tokens = cfg.trainer.micro_batch_tokens as f64;
@@ -133,6 +142,16 @@ mod tests {
             .to_string();
         assert!(err.contains("`rollout.max_slots`"), "{err}");
         assert!(err.contains("rollout KV cache"), "{err}");
+    }
+
+    #[test]
+    fn a_huge_rollout_names_its_setting() {
+        let mut cfg = TrainConfig::default();
+        cfg.rollout.prompts_per_step = 100_000_000;
+        let err = check(&estimate(&cfg, &model()), 24.0 * GIB)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`rollout.prompts_per_step`"), "{err}");
     }
 
     #[test]
