@@ -17,7 +17,7 @@ impl Override {
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
         let (key, raw) = text.split_once('=').ok_or_else(|| {
             ConfigError::new(format!(
-                "override `{text}` must look like key=value (e.g. trainer.lr=1e-6)"
+                "override `{text}` must look like key=value (e.g. optim.lr=1e-6)"
             ))
         })?;
         let key = key.trim();
