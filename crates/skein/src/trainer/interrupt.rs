@@ -1,11 +1,19 @@
-//! Ctrl-C during training: the first press lets the current step finish, writes a resumable
-//! checkpoint and exits cleanly; the second exits at once.
+//! Ctrl-C during training, handled from start-up to exit. The handler only counts presses;
+//! the main thread acts on them at safe points, never the signal thread (exiting from it
+//! while the main thread is inside libtorch crashed the process). The first press lets the
+//! current step finish, writes a resumable checkpoint and exits cleanly (during the warm-up,
+//! which has nothing to resume, it stops after the current warm-up step); the second stops
+//! at the end of the current stage of the step (rollout, preparation, update), without a
+//! checkpoint.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Once;
 
 static PRESSES: AtomicUsize = AtomicUsize::new(0);
 static INSTALL: Once = Once::new();
+
+/// The exit status of a run stopped by a second Ctrl-C (128 + SIGINT, as shells report it).
+pub const EXIT_INTERRUPTED: i32 = 130;
 
 /// Installs the handler (once per process; later calls do nothing).
 pub fn install() {
@@ -14,11 +22,10 @@ pub fn install() {
             if PRESSES.fetch_add(1, Ordering::SeqCst) == 0 {
                 eprintln!(
                     "\nskein: interrupt: finishing this step, then writing a checkpoint \
-                     (Ctrl-C again to exit at once)"
+                     (Ctrl-C again to stop sooner, without one)"
                 );
             } else {
-                eprintln!("\nskein: second interrupt: exiting now");
-                std::process::exit(130);
+                eprintln!("\nskein: second interrupt: stopping at the end of this stage");
             }
         });
         if let Err(e) = installed {
@@ -30,4 +37,13 @@ pub fn install() {
 /// Whether Ctrl-C was pressed since the process started.
 pub fn requested() -> bool {
     PRESSES.load(Ordering::SeqCst) > 0
+}
+
+/// A safe point of the main thread: after a second Ctrl-C the process exits here, saying
+/// where it stopped.
+pub fn exit_if_urgent(after: &str) {
+    if PRESSES.load(Ordering::SeqCst) > 1 {
+        eprintln!("skein: stopped after {after} (second interrupt); no checkpoint was written");
+        std::process::exit(EXIT_INTERRUPTED);
+    }
 }

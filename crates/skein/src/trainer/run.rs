@@ -60,7 +60,6 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
     let steps = cfg.trainer.steps;
     let mut skips = SkipStreak::default();
     let mut interrupted = false;
-    interrupt::install();
     let mut progress = StepProgress::new(steps as u64);
 
     for step in t.first_step..=steps {
@@ -74,6 +73,7 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
         // Rollout: whole groups, every trajectory scored.
         let rollout = t.rollout(version, step)?;
         let rollout_s = t0.elapsed().as_secs_f64();
+        interrupt::exit_if_urgent("the rollout");
 
         // Batch and prepare: group advantages, the mini-batch plan, then π_old/π_ref,
         // importance weights and (with a critic) GAE — the advantages are final after this.
@@ -81,6 +81,7 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
         let batch = build_step_batch(&rollout.trajectories, &t.batch_cfg, step as u64)?;
         let batch = prepare(batch, &t.models(), version, &t.prepare_cfg);
         let prepare_s = t1.elapsed().as_secs_f64();
+        interrupt::exit_if_urgent("preparing the batch");
 
         // Update the policy (and the critic), then publish the weights to a remote engine.
         let t2 = Instant::now();
@@ -92,6 +93,7 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
         };
         t.publish()?;
         let update_s = t2.elapsed().as_secs_f64();
+        interrupt::exit_if_urgent("the update");
         skips.count(step, &upd, critic.as_ref());
 
         // Log the step (and, every `eval.every` steps, the held-out accuracy).

@@ -117,6 +117,7 @@ pub enum Begin {
 }
 
 pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
+    super::interrupt::install();
     super::config::validate::validate(cfg)?;
     let device = cfg.run.start_device()?;
     let dp = DataParallel::start(cfg)?;
@@ -169,6 +170,7 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
             publish_weights(&engine, &policy, &tokenizer, &sampling, &run_dir.path)?;
             let ctx = StepContext::new(&engine, &policy, &tokenizer, &sampling);
             let eval_before = measure_before(workload.as_ref(), &ctx, &mut log)?;
+            super::interrupt::exit_if_urgent("the first evaluation");
             (log, eval_before, update_models(cfg, &policy, None)?)
         }
         Some(mut r) => {

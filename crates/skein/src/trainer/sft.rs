@@ -34,6 +34,14 @@ pub fn warm_up(
     let mut opt = Optimizer::new(&policy.vs, &sft_optim_config(lr, steps), steps)?;
     let mut progress = StepProgress::new(steps as u64);
     for step in 1..=steps {
+        if super::interrupt::requested() {
+            progress.finish();
+            anyhow::bail!(
+                "interrupted during the warm-up, after {} of {steps} steps: a run has \
+                 nothing to resume before its first RL step, so start it again",
+                step - 1
+            );
+        }
         let rows = (0..batch_size)
             .map(|_| demo())
             .collect::<Result<Vec<_>>>()?;

@@ -1,0 +1,109 @@
+//! Ctrl-C from start-up to exit, sent as real SIGINTs to the real binary: a second press
+//! stops the run at a safe point (exit status 130) instead of crashing it, and a press during
+//! the warm-up stops it with a message. (A single press during RL, which checkpoints and
+//! resumes, is `tests/resume.rs`.)
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const SMALL: &[&str] = &[
+    "run.threads=1",
+    "model.hidden_size=32",
+    "model.num_layers=1",
+    "model.num_heads=2",
+    "model.num_kv_heads=1",
+    "model.intermediate_size=64",
+    "rollout.prompts_per_step=8",
+    "rollout.samples_per_prompt=4",
+    "eval.problems=8",
+    "eval.every=0",
+];
+
+fn workdir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("skein-interrupt-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn start(dir: &Path, extra: &[&str]) -> Child {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_skein"));
+    cmd.arg("train");
+    let run_dir = format!("run.dir=\"{}\"", dir.display());
+    for s in SMALL.iter().copied().chain(extra.iter().copied()) {
+        cmd.args(["--set", s]);
+    }
+    cmd.args(["--set", &run_dir])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("skein runs")
+}
+
+fn metrics_lines(dir: &Path) -> usize {
+    std::fs::read_to_string(dir.join("metrics.jsonl")).map_or(0, |t| t.lines().count())
+}
+
+fn interrupt(child: &Child) {
+    let sent = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+}
+
+/// Waits (at most two minutes) until `ready`, with the run still going.
+fn wait_for(child: &mut Child, ready: impl Fn() -> bool) {
+    let started = Instant::now();
+    while !ready() {
+        assert!(started.elapsed() < Duration::from_secs(120), "never ready");
+        assert!(child.try_wait().unwrap().is_none(), "the run ended early");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn finish(child: Child) -> (Output, String) {
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out, err)
+}
+
+#[test]
+fn a_second_ctrl_c_stops_at_a_safe_point_and_never_crashes() {
+    for attempt in 0..3 {
+        let dir = workdir(&format!("twice-{attempt}"));
+        let mut child = start(&dir, &["sft.steps=2", "trainer.steps=500"]);
+        // Into the RL steps: the warm-up and the first evaluation are logged by then.
+        wait_for(&mut child, || metrics_lines(&dir) >= 4);
+        interrupt(&child);
+        std::thread::sleep(Duration::from_millis(10 + 30 * attempt));
+        interrupt(&child);
+        let (out, err) = finish(child);
+        // 130 when the second press stopped it; 0 when the first press's step and
+        // checkpoint were done before the second arrived. Never a signal or a panic.
+        let code = out.status.code();
+        assert!(
+            matches!(code, Some(130) | Some(0)),
+            "{:?}: {err}",
+            out.status
+        );
+        assert!(!err.contains("panicked"), "{err}");
+        if code == Some(130) {
+            assert!(err.contains("second interrupt"), "{err}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[test]
+fn ctrl_c_during_the_warm_up_stops_with_a_message() {
+    let dir = workdir("warm-up");
+    let mut child = start(&dir, &["sft.steps=100000", "trainer.steps=2"]);
+    wait_for(&mut child, || metrics_lines(&dir) >= 2);
+    interrupt(&child);
+    let (out, err) = finish(child);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("interrupted during the warm-up"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
