@@ -3,34 +3,28 @@
 //! the warm-up stops it with a message. (A single press during RL, which checkpoints and
 //! resumes, is `tests/resume.rs`.)
 
+mod common;
+
+use common::TINY_RUN;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const SMALL: &[&str] = &[
-    "run.threads=1",
-    "model.hidden_size=32",
-    "model.num_layers=1",
-    "model.num_heads=2",
-    "model.num_kv_heads=1",
-    "model.intermediate_size=64",
     "rollout.prompts_per_step=8",
     "rollout.samples_per_prompt=4",
     "eval.problems=8",
-    "eval.every=0",
 ];
 
 fn workdir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("skein-interrupt-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+    common::workdir("interrupt", name)
 }
 
 fn start(dir: &Path, extra: &[&str]) -> Child {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_skein"));
     cmd.arg("train");
     let run_dir = format!("run.dir=\"{}\"", dir.display());
-    for s in SMALL.iter().copied().chain(extra.iter().copied()) {
+    for s in TINY_RUN.iter().chain(SMALL).chain(extra).copied() {
         cmd.args(["--set", s]);
     }
     cmd.args(["--set", &run_dir])

@@ -3,18 +3,15 @@
 //! one and, when none is intact, changes nothing, and paths the run cannot write stop it before
 //! the first step. Every case runs the real `skein` binary.
 
+mod common;
+
+use common::TINY_RUN;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// A run of a few seconds: a tiny model, two steps.
+/// Two steps of a tiny run, a checkpoint after each.
 const SMALL: &[&str] = &[
-    "run.threads=1",
-    "model.hidden_size=32",
-    "model.num_layers=1",
-    "model.num_heads=2",
-    "model.num_kv_heads=1",
-    "model.intermediate_size=64",
     "sft.steps=2",
     "sft.batch_size=8",
     "rollout.prompts_per_step=4",
@@ -22,13 +19,10 @@ const SMALL: &[&str] = &[
     "trainer.steps=2",
     "trainer.checkpoint_every=1",
     "eval.problems=4",
-    "eval.every=0",
 ];
 
 fn workdir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("skein-run-dir-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+    common::workdir("run-dir", name)
 }
 
 /// `skein ARGS... train` with the small run's settings and `extra` ones in `dir`; exit code
@@ -37,7 +31,7 @@ fn skein_train(dir: &Path, args: &[&str], extra: &[&str]) -> (i32, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_skein"));
     cmd.arg("train").args(args);
     let run_dir = format!("run.dir=\"{}\"", dir.display());
-    for s in SMALL.iter().copied().chain(extra.iter().copied()) {
+    for s in TINY_RUN.iter().chain(SMALL).chain(extra).copied() {
         cmd.args(["--set", s]);
     }
     if !args.contains(&"--resume") {

@@ -25,3 +25,22 @@ pub fn step_metrics(dir: &Path) -> Vec<Value> {
         .filter(|m| m.get("reward/mean").is_some())
         .collect()
 }
+
+/// `--set` overrides of a run that takes a few seconds: a tiny model, one thread, no
+/// evaluation between steps.
+pub const TINY_RUN: &[&str] = &[
+    "run.threads=1",
+    "model.hidden_size=32",
+    "model.num_layers=1",
+    "model.num_heads=2",
+    "model.num_kv_heads=1",
+    "model.intermediate_size=64",
+    "eval.every=0",
+];
+
+/// A fresh, empty temporary directory for a test of `file` named `name`.
+pub fn workdir(file: &str, name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("skein-{file}-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
