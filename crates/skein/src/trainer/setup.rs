@@ -226,7 +226,9 @@ impl Trainer<'_> {
     /// One step's rollout from the workload, with the policy at `version`.
     pub fn rollout(&mut self, version: u64, step: usize) -> Result<StepRollout> {
         let ctx = StepContext::new(&self.engine, &self.policy, &self.tokenizer, &self.sampling);
-        self.workload.rollout(&ctx.at(version, step))
+        let mut rollout = self.workload.rollout(&ctx.at(version, step))?;
+        rollout.fail_longer_than(self.policy.net.max_positions() as usize);
+        Ok(rollout)
     }
 
     /// The models preparation runs, at the step's start.

@@ -45,6 +45,14 @@ pub fn warm_up(
         let rows = (0..batch_size)
             .map(|_| demo())
             .collect::<Result<Vec<_>>>()?;
+        let positions = policy.net.max_positions() as usize;
+        if let Some(long) = rows.iter().find(|r| r.tokens.len() > positions) {
+            anyhow::bail!(
+                "a warm-up demonstration has {} tokens, more than the model's {positions} \
+                 positions: raise `model.max_positions` (or shorten the prompts)",
+                long.tokens.len()
+            );
+        }
         let loss = sft_step(policy, &mut opt, &rows);
         log.append(&skein_report::record(step, [("sft/loss", loss)]))?;
         progress.update(step as u64, &[("sft loss", loss)]);

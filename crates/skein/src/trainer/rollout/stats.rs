@@ -7,7 +7,7 @@ use super::buffer::PartialStats;
 use super::episodes::AgentStats;
 use crate::engine::EngineStats;
 use serde_json::Value;
-use skein_plan::Trajectory;
+use skein_plan::{Status, Trajectory};
 
 /// The step's complete groups, flattened (groups in order, samples in order), and what it took
 /// to produce them.
@@ -84,6 +84,31 @@ impl StepRollout {
             engine,
             stats,
         }
+    }
+
+    /// Fails every trajectory with a row longer than the model's context: it cannot be
+    /// trained on, so it is counted with the failed trajectories rather than crash the update.
+    /// Returns how many.
+    pub fn fail_longer_than(&mut self, max_positions: usize) -> usize {
+        let mut failed = 0;
+        for t in self.trajectories.iter_mut().filter(|t| !t.is_failed()) {
+            let longest = t
+                .transitions
+                .iter()
+                .map(|x| x.prompt.len() + x.response.len())
+                .max()
+                .unwrap_or(0);
+            if longest > max_positions {
+                let tokens: usize = t.transitions.iter().map(|x| x.loss_tokens()).sum();
+                self.stats.trained_tokens = self.stats.trained_tokens.saturating_sub(tokens);
+                t.status = Status::Failed(format!(
+                    "{longest} tokens, more than the model's {max_positions} positions \
+                     (model.max_positions)"
+                ));
+                failed += 1;
+            }
+        }
+        failed
     }
 
     pub fn reward_mean(&self) -> f64 {
@@ -194,5 +219,49 @@ impl ExternalStats {
             ("agent/failed_rollouts", self.agent_failures as f64),
             ("agent/timed_out_rollouts", self.timeouts as f64),
         ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use skein_plan::Transition;
+
+    fn trajectory(prompt: usize, response: usize) -> Trajectory {
+        Trajectory {
+            id: format!("t{prompt}-{response}"),
+            group: "g".into(),
+            transitions: vec![Transition {
+                prompt: vec![1; prompt],
+                response: vec![2; response],
+                loss_mask: vec![1; response],
+                logprobs: vec![0.0; response],
+                versions: vec![0; response],
+                reward: None,
+            }],
+            reward: 1.0,
+            status: Status::Finished,
+        }
+    }
+
+    #[test]
+    fn rows_longer_than_the_context_fail_their_trajectory_and_train_nothing() {
+        let mut r = StepRollout::new(
+            vec![trajectory(60, 4), trajectory(60, 8)],
+            vec![true, true],
+            EngineStats::default(),
+            0,
+            SourceStats::default(),
+        );
+        assert_eq!(r.stats.trained_tokens, 12);
+        assert_eq!(r.fail_longer_than(64), 1);
+        assert!(!r.trajectories[0].is_failed());
+        assert!(r.trajectories[1].is_failed());
+        assert_eq!(r.stats.trained_tokens, 4);
+        assert_eq!(
+            r.fail_longer_than(64),
+            0,
+            "a failed trajectory is not counted twice"
+        );
     }
 }
