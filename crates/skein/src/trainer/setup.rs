@@ -141,14 +141,7 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
     let engine = rollout_engine(cfg, &policy)?;
     let resumed_workload = restore.as_ref().map(|r| &r.state.workload);
     let mut workload = tasks.into_workload(cfg, &tokenizer, &policy, resumed_workload)?;
-    eprintln!(
-        "skein: {} model, {:.2}M parameters, task `{}` (difficulty {}), run directory {}",
-        policy.net.config.model_type,
-        policy.net.config.num_parameters() as f64 / 1e6,
-        task_name,
-        cfg.task.difficulty,
-        run_dir.path.display()
-    );
+    announce(cfg, &policy, &task_name, &run_dir.path);
     if !workload.held_out() {
         say_train_set_evaluation();
     }
@@ -299,6 +292,17 @@ fn run_dir_and_checkpoint(
         Begin::New => (RunDir::for_new_run(cfg, false)?, None),
         Begin::Overwrite => (RunDir::for_new_run(cfg, true)?, None),
     })
+}
+
+/// The run's first line: the model, the task and where the run writes.
+fn announce(cfg: &TrainConfig, policy: &Model, task: &str, dir: &Path) {
+    eprintln!(
+        "skein: {} model, {:.2}M parameters, task `{task}` (difficulty {}), run directory {}",
+        policy.net.config.model_type,
+        policy.net.config.num_parameters() as f64 / 1e6,
+        cfg.task.difficulty,
+        dir.display()
+    );
 }
 
 fn say_train_set_evaluation() {
