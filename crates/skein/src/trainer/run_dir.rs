@@ -7,7 +7,7 @@ use super::checkpoint;
 use super::config::TrainConfig;
 use anyhow::{bail, Context, Result};
 use skein_report::MetricsLog;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Files a run writes at the top of its directory (besides `checkpoint-N/`).
 const RUN_FILES: &[&str] = &[
@@ -162,9 +162,5 @@ impl RunDir {
             }
         }
         MetricsLog::create(&metrics)
-    }
-
-    pub fn join(&self, name: impl AsRef<Path>) -> PathBuf {
-        self.path.join(name)
     }
 }
