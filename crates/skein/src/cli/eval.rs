@@ -6,11 +6,12 @@ use crate::model::Model;
 use crate::trainer::rollout::dataset::{
     eval_seed, fit_split, prompt_batch, read_split, DatasetTask, Renderer,
 };
+use crate::trainer::rollout::evaluation_problems;
 use crate::trainer::rollout::judge::{answer_prompts, Answering};
 use crate::trainer::TrainConfig;
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Map, Value};
-use skein_tasks::{Task, TaskRng};
+use skein_tasks::Task;
 use skein_text::Tokenizer;
 use std::io::Write;
 use std::path::PathBuf;
@@ -35,7 +36,7 @@ pub struct EvalArgs {
     pub n: usize,
     /// Sampling temperature (default: 0, greedy, when --n is 1; else the config's
     /// `rollout.sampling.temperature`).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub temperature: Option<f64>,
     /// The k of pass@k, comma-separated, each at most --n (default: 1 and --n).
     #[arg(long, value_delimiter = ',')]
@@ -48,13 +49,24 @@ pub struct EvalArgs {
     pub out: Option<PathBuf>,
 }
 
+/// Most samples one evaluation answers (problems × --n); each is held in memory to the end.
+const MAX_SAMPLES: usize = 1 << 20;
+
 pub fn run(args: &EvalArgs) -> Result<()> {
-    let (model_dir, cfg) = resolve(args)?;
     let ks = pass_ks(args)?;
+    let (model_dir, cfg) = resolve(args)?;
     let device = cfg.run.start_device()?;
     let tokenizer = Tokenizer::from_dir(&model_dir)?;
     let policy = Model::load_dir(&model_dir, device)?;
     let (task, problems, source) = problems(args, &cfg, &tokenizer)?;
+    if problems.len().saturating_mul(args.n) > MAX_SAMPLES {
+        bail!(
+            "--n {} × {} problems is more than {MAX_SAMPLES} samples, which are held in memory: \
+             lower --n or --problems",
+            args.n,
+            problems.len()
+        );
+    }
     let batch = prompt_batch(problems, &tokenizer)?;
     let eos = *tokenizer
         .eos_token_ids()
@@ -65,6 +77,9 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     } else {
         cfg.rollout.sampling.temperature
     });
+    if !(temperature.is_finite() && temperature >= 0.0) {
+        bail!("--temperature {temperature}: must be a finite number ≥ 0 (0 is greedy)");
+    }
     let params = SamplingParams {
         temperature,
         stop_token_ids: vec![eos],
@@ -154,6 +169,12 @@ fn pass_ks(args: &EvalArgs) -> Result<Vec<usize>> {
     if args.n == 0 {
         bail!("--n must be at least 1");
     }
+    if args.problems == Some(0) {
+        bail!("--problems must be at least 1 (leave it out to evaluate every problem)");
+    }
+    if args.n > MAX_SAMPLES || args.problems.is_some_and(|p| p > MAX_SAMPLES) {
+        bail!("--n and --problems must be at most {MAX_SAMPLES}: samples are held in memory");
+    }
     let mut ks = if args.k.is_empty() {
         vec![1, args.n]
     } else {
@@ -180,11 +201,15 @@ fn problems(
     };
     if files.is_empty() {
         let task = skein_tasks::task_by_name(&cfg.task.name, cfg.task.difficulty)?;
-        let mut rng = TaskRng::new(eval_seed(cfg.run.seed));
         let n = args.problems.unwrap_or(cfg.eval.problems);
-        let problems = (0..n).map(|_| task.sample(&mut rng)).collect();
+        let seed = eval_seed(cfg.run.seed);
+        let (problems, held_out) =
+            evaluation_problems(task.name(), task.problem_count(), n, seed, |r| {
+                task.sample(r)
+            })?;
+        let split = if held_out { "held-out" } else { "train-set" };
         let source = format!(
-            "task {} (difficulty {})",
+            "task {} (difficulty {}, {split} problems)",
             cfg.task.name, cfg.task.difficulty
         );
         return Ok((task, problems, source));

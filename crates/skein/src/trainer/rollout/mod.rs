@@ -31,7 +31,7 @@ use crate::trainer::batch::TrainRow;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use skein_tasks::{draw_in, Problem, Split, TaskRng};
+use skein_tasks::{draw_in, splits, Problem, Split, TaskRng};
 use skein_text::Tokenizer;
 use stats::StepRollout;
 
@@ -137,4 +137,23 @@ pub fn draw(
             format!("task `{task}` drew no {s:?} problem in a row of tries: its split is broken")
         }),
     }
+}
+
+/// A built-in task's `n` evaluation problems, drawn from `seed`: held-out problems when its
+/// space of `problem_count` problems is split (the flag is true), else any problems.
+/// Training, `skein eval` and every source draw them here, so they evaluate the same ones.
+pub fn evaluation_problems(
+    task: &str,
+    problem_count: Option<u64>,
+    n: usize,
+    seed: u64,
+    mut sample: impl FnMut(&mut TaskRng) -> Problem,
+) -> Result<(Vec<Problem>, bool)> {
+    let split = splits(problem_count);
+    let held = split.then_some(Split::HeldOut);
+    let mut rng = TaskRng::new(seed);
+    let problems = (0..n)
+        .map(|_| draw(task, held, &mut rng, &mut sample))
+        .collect::<Result<Vec<_>>>()?;
+    Ok((problems, split))
 }

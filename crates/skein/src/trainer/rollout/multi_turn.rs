@@ -6,14 +6,14 @@
 use super::dataset::eval_seed;
 use super::episodes::{AgentContext, AgentLimits, EpisodeSpec, TurnFormat};
 use super::stats::{SourceStats, StepRollout};
-use super::{draw, EvalResult, StepContext, Workload, WorkloadState};
+use super::{draw, evaluation_problems, EvalResult, StepContext, Workload, WorkloadState};
 use crate::engine::SamplingParams;
 use crate::model::Model;
 use crate::trainer::batch::TrainRow;
 use crate::trainer::config::TrainConfig;
 use crate::trainer::sft::sft_row_masked;
 use anyhow::{bail, Context, Result};
-use skein_tasks::{splits, AgentTask, EnvStep, Problem, Split, TaskRng, Turn};
+use skein_tasks::{AgentTask, EnvStep, Problem, Split, TaskRng, Turn};
 use skein_text::{Message, Tokenizer};
 use std::time::Duration;
 
@@ -72,12 +72,13 @@ impl MultiTurn {
             .enable_all()
             .build()
             .context("starting the runtime of the agent episodes")?;
-        let split = splits(task.problem_count());
-        let mut eval_rng = TaskRng::new(eval_seed(cfg.run.seed));
-        let held = split.then_some(Split::HeldOut);
-        let eval = (0..cfg.eval.problems)
-            .map(|_| draw(task.name(), held, &mut eval_rng, |r| task.sample(r)))
-            .collect::<Result<Vec<_>>>()?;
+        let (eval, split) = evaluation_problems(
+            task.name(),
+            task.problem_count(),
+            cfg.eval.problems,
+            eval_seed(cfg.run.seed),
+            |r| task.sample(r),
+        )?;
         Ok(MultiTurn {
             split,
             task,

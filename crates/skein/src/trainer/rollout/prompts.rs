@@ -7,7 +7,7 @@ use super::buffer::{GroupBuffer, IterationConfig};
 use super::dataset::{eval_seed, prompt_batch, rewarder, Data};
 use super::judge::{answer_prompts, Answering, PromptBatch};
 use super::stats::{SourceStats, StepRollout};
-use super::{draw, EvalResult, StepContext, Workload, WorkloadState};
+use super::{draw, evaluation_problems, EvalResult, StepContext, Workload, WorkloadState};
 use crate::engine::SamplingParams;
 use crate::trainer::batch::TrainRow;
 use crate::trainer::config::TrainConfig;
@@ -54,11 +54,13 @@ impl PromptTask {
                 !d.val.is_empty(),
             ),
             None => {
-                let mut eval_rng = TaskRng::new(seed);
-                let held = split.then_some(Split::HeldOut);
-                let problems = (0..cfg.eval.problems)
-                    .map(|_| draw(task.name(), held, &mut eval_rng, |r| task.sample(r)))
-                    .collect::<Result<Vec<_>>>()?;
+                let (problems, split) = evaluation_problems(
+                    task.name(),
+                    task.problem_count(),
+                    cfg.eval.problems,
+                    seed,
+                    |r| task.sample(r),
+                )?;
                 (prompt_batch(problems, tokenizer)?, split)
             }
         };
