@@ -94,6 +94,10 @@ pub fn from_json(value: &Value) -> Result<PromptRow, String> {
     })
 }
 
+/// The roles of the OpenAI chat format, which chat templates render. Any other role would be
+/// dropped or rejected by the template at training time, after the run has started.
+pub const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
+
 /// A non-empty list of `{role, content}` objects; `field` names it in errors.
 pub fn messages(items: &[Value], field: &str) -> Result<Vec<ChatMessage>, String> {
     if items.is_empty() {
@@ -118,8 +122,11 @@ pub fn messages(items: &[Value], field: &str) -> Result<Vec<ChatMessage>, String
                 )),
             };
             let role = text("role")?;
-            if role.is_empty() {
-                return Err(format!("`{field}[{i}].role` is empty"));
+            if !ROLES.contains(&role.as_str()) {
+                return Err(format!(
+                    "`{field}[{i}].role` is `{role}` (allowed: {})",
+                    ROLES.join(", ")
+                ));
             }
             Ok(ChatMessage {
                 role,
@@ -184,6 +191,10 @@ mod tests {
             (
                 json!({"prompt": [{"role": 1, "content": "x"}], "data_source": "a", "reward_model": {"ground_truth": "1"}}),
                 "`prompt[0].role` must be a string",
+            ),
+            (
+                json!({"prompt": [{"role": "wizard", "content": "x"}], "data_source": "a", "reward_model": {"ground_truth": "1"}}),
+                "`prompt[0].role` is `wizard` (allowed: system, developer, user, assistant, tool)",
             ),
             (
                 json!({"prompt": "x", "reward_model": {"ground_truth": "1"}}),

@@ -2,6 +2,7 @@
 
 pub mod cli;
 pub mod engine;
+pub mod memory;
 pub mod model;
 pub mod reward_model;
 pub mod serve;

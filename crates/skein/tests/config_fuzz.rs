@@ -8,24 +8,7 @@ use skein::trainer::TrainConfig;
 
 /// Every key `--print-config` shows, as `section.key` paths.
 fn keys() -> Vec<String> {
-    let text = skein_config::to_toml_string(&TrainConfig::default());
-    let table: toml::Table = text.parse().expect("the default config is TOML");
-    let mut out = Vec::new();
-    fn walk(prefix: &str, t: &toml::Table, out: &mut Vec<String>) {
-        for (k, v) in t {
-            let path = if prefix.is_empty() {
-                k.clone()
-            } else {
-                format!("{prefix}.{k}")
-            };
-            match v {
-                toml::Value::Table(sub) => walk(&path, sub, out),
-                _ => out.push(path),
-            }
-        }
-    }
-    walk("", &table, &mut out);
-    out
+    skein_config::keys(&TrainConfig::default())
 }
 
 fn value() -> impl Strategy<Value = String> {

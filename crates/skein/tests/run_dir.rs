@@ -178,3 +178,21 @@ fn paths_the_run_cannot_write_stop_it_before_the_first_step() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("`run.dir` is empty"), "{err}");
 }
+
+#[test]
+fn a_resume_that_changes_the_model_or_task_is_refused_and_changes_nothing() {
+    let dir = workdir("fixed");
+    let (code, err) = skein_train(&dir, &[], &[]);
+    assert_eq!(code, 0, "{err}");
+    let before = snapshot(&dir);
+    let resume = ["--resume", dir.to_str().unwrap()];
+    for (set, key) in [
+        ("model.hidden_size=64", "`model.hidden_size`"),
+        ("task.difficulty=2", "`task.difficulty`"),
+    ] {
+        let (code, err) = skein_train(&dir, &resume, &[set]);
+        assert_eq!(code, 2, "{set}: {err}");
+        assert!(err.contains(key) && err.contains("cannot change"), "{err}");
+    }
+    assert!(snapshot(&dir) == before, "a refused resume changed the run");
+}

@@ -52,6 +52,42 @@ pub struct ServeArgs {
     seed: i64,
 }
 
+/// Requests in flight at once; more wait for a permit.
+const MAX_CONCURRENT: usize = 1 << 20;
+
+/// KV-cache slots: far more than one model decodes at once on any device.
+const MAX_SLOTS: usize = 1 << 16;
+
+/// The KV cache of `slots` sequences of `context` tokens fits in the free memory (on the CPU,
+/// where it can be read); else the engine would abort on its first full batch.
+fn check_cache_fits(
+    model: &Model,
+    slots: usize,
+    context: usize,
+    device: tch::Device,
+) -> Result<()> {
+    let c = &model.net.config;
+    let bytes = 2.0
+        * c.num_hidden_layers as f64
+        * slots as f64
+        * context as f64
+        * (c.kv_heads() * c.head_dim()) as f64
+        * 4.0;
+    let free = match device {
+        tch::Device::Cpu => crate::memory::available(),
+        _ => None,
+    };
+    if let Some(free) = free.filter(|&free| bytes > free) {
+        bail!(
+            "--max-slots {slots} with a context of {context} tokens needs a {:.1} GiB KV cache, \
+             but {:.1} GiB of memory is free: lower --max-slots or --context",
+            bytes / crate::memory::GIB,
+            free / crate::memory::GIB
+        );
+    }
+    Ok(())
+}
+
 /// Context of the tiny model served without `--model`.
 const TINY_CONTEXT: usize = 256;
 
@@ -89,6 +125,14 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     if args.max_concurrent == 0 || args.max_slots == 0 || args.default_max_tokens == 0 {
         bail!("--max-concurrent, --max-slots and --default-max-tokens must be at least 1");
     }
+    if args.max_concurrent > MAX_CONCURRENT || args.max_slots > MAX_SLOTS {
+        bail!(
+            "--max-concurrent must be at most {MAX_CONCURRENT} and --max-slots at most \
+             {MAX_SLOTS} (got {} and {})",
+            args.max_concurrent,
+            args.max_slots
+        );
+    }
     let device = crate::trainer::config::parse_device(&args.device)?;
     let (model, tokenizer, default_name) = load(args, device)?;
     let model_context = model.net.max_positions() as usize;
@@ -97,6 +141,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         Some(c) if (2..=model_context).contains(&c) => c,
         Some(c) => bail!("--context {c} must be between 2 and the model's {model_context}"),
     };
+    check_cache_fits(&model, args.max_slots, context, device)?;
     if tokenizer.eos_token_ids().is_empty() {
         eprintln!(
             "skein serve: the tokenizer names no eos token, so completions end only at max_tokens"

@@ -30,15 +30,19 @@ pub struct SftArgs {
     /// tiny character-level model is built from scratch (the `[model]` defaults).
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// Where to write the fine-tuned model.
+    /// Where to write the fine-tuned model: a new directory, or with --overwrite an existing
+    /// model directory to replace (never the --model being fine-tuned).
     #[arg(long)]
     pub out: PathBuf,
+    /// Replace the model directory at --out.
+    #[arg(long)]
+    pub overwrite: bool,
     #[arg(long, default_value_t = 100)]
     pub steps: usize,
     /// Conversations per optimizer step.
     #[arg(long, default_value_t = 16)]
     pub batch_size: usize,
-    #[arg(long, default_value_t = 1e-4)]
+    #[arg(long, default_value_t = 1e-4, allow_negative_numbers = true)]
     pub lr: f64,
     /// Longest conversation in tokens; longer ones are cut at the end (counted).
     #[arg(long, default_value_t = 2048)]
@@ -56,10 +60,30 @@ pub struct SftArgs {
     pub threads: usize,
 }
 
+/// Conversations in one optimizer step: each is a row held in memory with its activations.
+const MAX_BATCH: usize = 1 << 16;
+
 pub fn run(args: &SftArgs) -> Result<()> {
     if args.steps == 0 || args.batch_size == 0 || args.max_tokens < 2 {
         bail!("--steps and --batch-size must be at least 1, --max-tokens at least 2");
     }
+    if args.batch_size > MAX_BATCH {
+        bail!(
+            "--batch-size must be at most {MAX_BATCH} (got {})",
+            args.batch_size
+        );
+    }
+    if args.threads > crate::trainer::config::max_threads() {
+        bail!(
+            "--threads must be at most {} (got {})",
+            crate::trainer::config::max_threads(),
+            args.threads
+        );
+    }
+    if !(args.lr.is_finite() && args.lr > 0.0) {
+        bail!("--lr {}: must be a finite number > 0, e.g. 1e-4", args.lr);
+    }
+    check_out(args)?;
     let device = start_device(&args.device, args.threads)?;
     let opts = ReadOptions {
         skip_bad_rows: args.skip_bad_rows,
@@ -107,7 +131,7 @@ pub fn run(args: &SftArgs) -> Result<()> {
     let mut opt = Optimizer::new(&policy.vs, &ocfg, args.steps)?;
     let mut order = Sampler::new(rows.len(), args.seed, true);
     let mut progress = StepProgress::new(args.steps as u64);
-    let mut losses = Vec::with_capacity(args.steps);
+    let mut losses = Vec::new();
     for step in 1..=args.steps {
         let batch: Vec<TrainRow> = (0..args.batch_size)
             .map(|_| rows[order.next_index()].clone())
@@ -145,6 +169,45 @@ pub fn run(args: &SftArgs) -> Result<()> {
 }
 
 /// A tiny character-level model over the characters of the conversations.
+/// `--out` can take the fine-tuned model, checked before any training: not a file, not the
+/// input model, and not an existing model directory unless `--overwrite` says to replace it.
+fn check_out(args: &SftArgs) -> Result<()> {
+    let out = &args.out;
+    if out.as_os_str().is_empty() {
+        bail!("--out is empty: name the directory the fine-tuned model is written to");
+    }
+    if out.exists() && !out.is_dir() {
+        bail!(
+            "--out {} is a file, but the fine-tuned model is a directory: choose another --out",
+            out.display()
+        );
+    }
+    if let Some(model) = &args.model {
+        let same = match (model.canonicalize(), out.canonicalize()) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => false,
+        };
+        if same {
+            bail!(
+                "--out {} is the --model being fine-tuned: write the result to another directory",
+                out.display()
+            );
+        }
+    }
+    let occupied = out
+        .read_dir()
+        .map(|mut entries| entries.next().is_some())
+        .unwrap_or(false);
+    if occupied && !args.overwrite {
+        bail!(
+            "--out {} already holds files: choose a new directory, or pass --overwrite to \
+             replace its model",
+            out.display()
+        );
+    }
+    Ok(())
+}
+
 fn from_scratch(
     convs: &[Conversation],
     args: &SftArgs,

@@ -1,7 +1,7 @@
 //! `skein train`: a training run (or a resumed one) from a TOML config and `--set` overrides,
 //! and the config loading `skein eval` shares.
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 
 pub fn run(
@@ -20,6 +20,9 @@ pub fn run(
         ));
     }
     let cfg = load_config(config.as_deref(), &overrides)?;
+    if let Some(dir) = &resume {
+        check_fixed_on_resume(dir, &cfg)?;
+    }
     if print_config {
         print!("{}", skein_config::to_toml_string(&cfg));
         return Ok(());
@@ -62,6 +65,33 @@ pub fn run(
         "{training}; {accuracy}; run directory {}",
         summary.dir.display()
     );
+    Ok(())
+}
+
+/// Sections a resume cannot change: the checkpoint's weights fix the model, and its task
+/// state (problems drawn, data position) the task.
+const FIXED_ON_RESUME: [&str; 2] = ["model", "task"];
+
+/// A resume keeps the run's [`FIXED_ON_RESUME`] sections as its `config.toml` has them; a
+/// changed key would be ignored by the checkpoint while the config claims it.
+fn check_fixed_on_resume(dir: &std::path::Path, cfg: &crate::trainer::TrainConfig) -> Result<()> {
+    let Ok(saved) = load_config(Some(&dir.join("config.toml")), &[]) else {
+        // No readable config of the run: the resume itself says what is missing.
+        return Ok(());
+    };
+    let (saved, now) = (serde_json::to_value(&saved)?, serde_json::to_value(cfg)?);
+    for section in FIXED_ON_RESUME {
+        let (Some(a), Some(b)) = (saved[section].as_object(), now[section].as_object()) else {
+            continue;
+        };
+        if let Some((key, was)) = a.iter().find(|(k, v)| b.get(*k) != Some(*v)) {
+            bail!(
+                "`{section}.{key}` cannot change on --resume (the run's checkpoint was made with \
+                 {was}, now {}): start a new run to change it",
+                b.get(key).unwrap_or(&serde_json::Value::Null)
+            );
+        }
+    }
     Ok(())
 }
 

@@ -33,8 +33,12 @@ impl Default for SamplingParams {
 /// The log-prob recorded is that of the temperature-scaled distribution before top-k/top-p
 /// truncation: the same quantity the trainer recomputes (it divides logits by the same
 /// temperature), so the importance ratio of an unchanged policy is exactly 1.
+///
+/// Non-finite logits (a diverged policy) are mapped to finite ones first, so sampling still
+/// returns tokens: the update then sees the non-finite loss and skips it, counted, instead of
+/// the sampler aborting the run.
 pub fn sample(logits: &Tensor, p: &SamplingParams) -> (Tensor, Tensor) {
-    let logits = logits.to_kind(Kind::Float);
+    let logits = logits.to_kind(Kind::Float).nan_to_num(0.0, None, None);
     if p.temperature <= 0.0 {
         let logp = logits.log_softmax(-1, Kind::Float);
         let tokens = logits.argmax(-1, false);

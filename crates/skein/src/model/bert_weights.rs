@@ -21,8 +21,7 @@ impl Weights {
     pub fn read_dir(dir: &Path, device: Device) -> Result<Self> {
         let mut tensors = HashMap::new();
         for file in safetensors_files(dir)? {
-            let read = Tensor::read_safetensors(&file)
-                .with_context(|| format!("reading {}", file.display()))?;
+            let read = crate::model::io::read_safetensors(&file)?;
             tensors.extend(read);
         }
         Ok(Weights {

@@ -8,6 +8,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::path::Path;
 
+/// Most positions a model may have: 16M, beyond the longest context of any released model;
+/// the rotary tables of every position are built up front.
+pub const MAX_POSITIONS: usize = 1 << 24;
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ModelConfig {
     pub model_type: String,
@@ -89,6 +93,12 @@ impl ModelConfig {
                 "num_attention_heads {} is not a multiple of num_key_value_heads {}",
                 self.num_attention_heads,
                 self.kv_heads()
+            );
+        }
+        if self.max_position_embeddings > MAX_POSITIONS {
+            bail!(
+                "max_position_embeddings {} exceeds the {MAX_POSITIONS} positions skein supports",
+                self.max_position_embeddings
             );
         }
         if !self.head_dim().is_multiple_of(2) {
@@ -205,17 +215,32 @@ impl ModelConfig {
     }
 
     pub fn num_parameters(&self) -> usize {
-        let (h, i, hd) = (self.hidden_size, self.intermediate_size, self.head_dim());
-        let (q, kv) = (self.num_attention_heads * hd, self.kv_heads() * hd);
-        let bias = if self.qkv_bias() { q + 2 * kv } else { 0 };
-        let norm = if self.qk_norm() { 2 * hd } else { 0 };
-        let layer = h * q + 2 * h * kv + q * h + bias + norm + 3 * h * i + 2 * h;
-        let head = if self.tie_word_embeddings {
-            0
-        } else {
-            self.vocab_size * h
-        };
-        self.vocab_size * h + self.num_hidden_layers * layer + h + head
+        // In f64, so sizes from a config file cannot overflow; `as` saturates.
+        self.parameter_count() as usize
+    }
+
+    /// The parameter count as a float: exact below 2^53, and never overflowing.
+    pub fn parameter_count(&self) -> f64 {
+        let f = |x: usize| x as f64;
+        let (h, i, hd) = (
+            f(self.hidden_size),
+            f(self.intermediate_size),
+            f(self.head_dim()),
+        );
+        let (q, kv) = (f(self.num_attention_heads) * hd, f(self.kv_heads()) * hd);
+        let bias = if self.qkv_bias() { q + 2.0 * kv } else { 0.0 };
+        let norm = if self.qk_norm() { 2.0 * hd } else { 0.0 };
+        let layer = h * q + 2.0 * h * kv + q * h + bias + norm + 3.0 * h * i + 2.0 * h;
+        let embed = f(self.vocab_size) * h;
+        let head = if self.tie_word_embeddings { 0.0 } else { embed };
+        embed + f(self.num_hidden_layers) * layer + h + head
+    }
+
+    /// Bytes that building this model allocates: its float32 weights and the rotary tables
+    /// (angles, cosines and sines for every position).
+    pub fn build_bytes(&self) -> f64 {
+        let rope = self.max_position_embeddings as f64 * self.head_dim() as f64 * 3.0;
+        (self.parameter_count() + rope) * 4.0
     }
 }
 

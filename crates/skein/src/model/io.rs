@@ -17,6 +17,7 @@ pub struct Model {
 impl Model {
     /// A randomly initialised model (tiny models built from scratch).
     pub fn random(cfg: &ModelConfig, device: Device, seed: i64) -> Result<Self> {
+        ensure_fits(cfg, device)?;
         tch::manual_seed(seed);
         let vs = nn::VarStore::new(device);
         let net = Transformer::new(&vs.root(), cfg)?;
@@ -26,6 +27,7 @@ impl Model {
     /// Loads `config.json` and the safetensors weights of an HF model directory.
     pub fn load_dir(dir: &Path, device: Device) -> Result<Self> {
         let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
+        ensure_fits(&cfg, device).with_context(|| format!("loading {}", dir.display()))?;
         let vs = nn::VarStore::new(device);
         let net = Transformer::new(&vs.root(), &cfg)?;
         let tensors = read_weights(dir)?;
@@ -86,6 +88,27 @@ impl Model {
     }
 }
 
+/// An error, before any allocation, when building `cfg` on the CPU needs more memory than is
+/// free (libtorch would abort the process instead).
+fn ensure_fits(cfg: &ModelConfig, device: Device) -> Result<()> {
+    cfg.validate()?;
+    let free = match device {
+        Device::Cpu => crate::memory::available(),
+        _ => None,
+    };
+    if let Some(free) = free.filter(|&free| cfg.build_bytes() > free) {
+        bail!(
+            "a model of {:.3e} parameters and {} positions needs {:.1} GiB to build, but {:.1} \
+             GiB of memory is free",
+            cfg.parameter_count(),
+            cfg.max_position_embeddings,
+            cfg.build_bytes() / crate::memory::GIB,
+            free / crate::memory::GIB
+        );
+    }
+    Ok(())
+}
+
 fn read_weights(dir: &Path) -> Result<HashMap<String, Tensor>> {
     let single = dir.join("model.safetensors");
     let files: Vec<PathBuf> = if single.exists() {
@@ -108,13 +131,25 @@ fn read_weights(dir: &Path) -> Result<HashMap<String, Tensor>> {
     };
     let mut tensors = HashMap::new();
     for file in files {
-        for (name, t) in Tensor::read_safetensors(&file)
-            .with_context(|| format!("reading {}", file.display()))?
-        {
+        for (name, t) in read_safetensors(&file)? {
             tensors.insert(name, t);
         }
     }
     Ok(tensors)
+}
+
+/// The tensors of one safetensors file; a damaged one is named, with what to do about it.
+pub fn read_safetensors(file: &Path) -> Result<Vec<(String, Tensor)>> {
+    if !file.is_file() {
+        bail!("{}: no such file", file.display());
+    }
+    Tensor::read_safetensors(file).with_context(|| {
+        format!(
+            "reading {}: not a complete safetensors file (damaged or cut short?): copy or \
+             export the model again",
+            file.display()
+        )
+    })
 }
 
 /// Writes through a temporary file and a rename, so a crash never leaves a half-written file.

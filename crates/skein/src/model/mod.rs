@@ -9,7 +9,7 @@ pub mod rope;
 pub mod transformer;
 pub mod value;
 
-pub use config::ModelConfig;
+pub use config::{ModelConfig, MAX_POSITIONS};
 pub use io::Model;
 pub use kv_cache::KvCache;
 pub use transformer::{AttnMode, Transformer};

@@ -17,8 +17,13 @@ pub struct Server {
 
 /// Binds `addr` (port 0: any free port) and serves `state`'s routes until shut down.
 pub async fn bind(addr: &str, state: ServeState) -> Result<Server> {
-    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {
-        format!("binding {addr}: is the port in use? (port 0 picks a free one)")
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+        let hint = match e.kind() {
+            std::io::ErrorKind::AddrInUse => "the port is in use (port 0 picks a free one)",
+            std::io::ErrorKind::PermissionDenied => "ports below 1024 need privileges",
+            _ => "is the host an address of this machine? (127.0.0.1 or 0.0.0.0)",
+        };
+        anyhow::anyhow!("binding {addr}: {hint}: {e}")
     })?;
     let addr = listener.local_addr()?;
     // Responses are small and latency matters more than packet count.

@@ -8,7 +8,7 @@ use crate::model::ModelConfig;
 use anyhow::{bail, Result};
 
 const F32: f64 = 4.0;
-const GIB: f64 = (1u64 << 30) as f64;
+use crate::memory::GIB;
 
 /// One part of the estimate, in bytes, and the settings that size it.
 #[derive(Debug, Clone)]
@@ -113,10 +113,7 @@ pub fn check(parts: &[Part], available: f64) -> Result<()> {
 
 /// Free memory of this machine (MemAvailable), when the system reports it.
 pub fn available_memory() -> Option<f64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024.0)
+    crate::memory::available()
 }
 
 #[cfg(test)]

@@ -56,9 +56,28 @@ pub fn warm_up(
         let loss = sft_step(policy, &mut opt, &rows);
         log.append(&skein_report::record(step, [("sft/loss", loss)]))?;
         progress.update(step as u64, &[("sft loss", loss)]);
+        if !loss.is_finite() {
+            progress.finish();
+            anyhow::bail!("the warm-up's loss is {loss} at step {step}: lower `sft.lr`");
+        }
     }
     progress.finish();
+    // A step so large that the weights overflow leaves the last loss finite.
+    if !weights_finite(policy) {
+        anyhow::bail!("the warm-up left weights that are not finite numbers: lower `sft.lr`");
+    }
     Ok(())
+}
+
+/// Whether every trainable weight of `model` is a finite number.
+fn weights_finite(model: &Model) -> bool {
+    tch::no_grad(|| {
+        model
+            .vs
+            .trainable_variables()
+            .iter()
+            .all(|t| t.isfinite().all().int64_value(&[]) != 0)
+    })
 }
 
 /// A supervised example: the response tokens are the ones the loss trains on.

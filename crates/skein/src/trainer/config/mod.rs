@@ -64,10 +64,27 @@ impl RunConfig {
     }
 }
 
+/// More libtorch threads than this per core only oversubscribe it (and enough of them
+/// overflow a thread's stack).
+pub const MAX_THREADS_PER_CORE: usize = 4;
+
+/// The most libtorch threads a command may ask for on this machine.
+pub fn max_threads() -> usize {
+    MAX_THREADS_PER_CORE * std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 /// The device `device` names, with libtorch set to `threads` threads (0 keeps its default):
 /// the start of every command that computes.
 pub fn start_device(device: &str, threads: usize) -> anyhow::Result<tch::Device> {
     let device = parse_device(device)?;
+    if threads > max_threads() {
+        anyhow::bail!(
+            "{threads} threads: at most {} ({MAX_THREADS_PER_CORE} per core of this machine's {}; \
+             0 keeps libtorch's default)",
+            max_threads(),
+            max_threads() / MAX_THREADS_PER_CORE
+        );
+    }
     if threads > 0 {
         tch::set_num_threads(threads as i32);
     }

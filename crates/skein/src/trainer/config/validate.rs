@@ -14,6 +14,7 @@ pub fn validate(cfg: &TrainConfig) -> Result<()> {
     validate_rollout(cfg, &mut v);
     validate_algorithm(cfg, &mut v);
     validate_trainer(cfg, &mut v);
+    v.in_range("eval.problems", cfg.eval.problems, 0, MAX_EVAL_PROBLEMS);
     validate_model(cfg, &mut v);
     validate_reward(cfg, &mut v);
     validate_data(cfg, &mut v);
@@ -27,31 +28,31 @@ fn validate_run(cfg: &TrainConfig, v: &mut Validator) {
     if let Err(e) = cfg.run.device() {
         v.problem(e.to_string());
     }
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let max = super::max_threads();
     v.check(
-        cfg.run.threads <= MAX_THREADS_PER_CORE * cores,
+        cfg.run.threads <= max,
         "run.threads",
         &format!(
-            "must be at most {} ({MAX_THREADS_PER_CORE} per core of this machine's {cores}; 0 \
-             keeps libtorch's default)",
-            MAX_THREADS_PER_CORE * cores
+            "must be at most {max} ({} per core of this machine's {}; 0 keeps libtorch's default)",
+            super::MAX_THREADS_PER_CORE,
+            max / super::MAX_THREADS_PER_CORE
         ),
         cfg.run.threads,
     );
     let s = &cfg.sft;
     if s.steps > 0 {
-        v.at_least("sft.batch_size", s.batch_size, 1).check(
-            s.lr > 0.0 && s.lr.is_finite(),
-            "sft.lr",
-            "must be a finite number > 0",
-            s.lr,
-        );
+        v.in_range("sft.batch_size", s.batch_size, 1, 1 << 16)
+            .check(
+                s.lr > 0.0 && s.lr.is_finite(),
+                "sft.lr",
+                "must be a finite number > 0",
+                s.lr,
+            );
     }
 }
 
-/// More libtorch threads than this per core only oversubscribe it (and enough of them
-/// overflow a thread's stack).
-const MAX_THREADS_PER_CORE: usize = 4;
+/// Evaluation problems are drawn, tokenized and answered up front, all at once.
+const MAX_EVAL_PROBLEMS: usize = 1 << 20;
 
 /// `[rollout]`: sizes, sampling, partial rollout and the remote engine.
 fn validate_rollout(cfg: &TrainConfig, v: &mut Validator) {
@@ -116,7 +117,7 @@ fn validate_algorithm(cfg: &TrainConfig, v: &mut Validator) {
         "must be in [0, 1)",
         a.clip_low,
     )
-    .at_least("algorithm.clip_high", a.clip_high, 0.0)
+    .in_range("algorithm.clip_high", a.clip_high, 0.0, 1000.0)
     .check(
         a.dual_clip == 0.0 || a.dual_clip > 1.0,
         "algorithm.dual_clip",
@@ -211,7 +212,56 @@ fn validate_model(cfg: &TrainConfig, v: &mut Validator) {
                 "model.max_positions",
                 "must exceed rollout.sampling.max_new_tokens",
                 m.max_positions,
+            )
+            .check(
+                m.num_heads == 0 || (m.hidden_size / m.num_heads).is_multiple_of(2),
+                "model.hidden_size",
+                "÷ model.num_heads must be even (rotary embeddings turn pairs of dimensions)",
+                m.hidden_size,
+            )
+            .check(
+                m.max_positions <= crate::model::MAX_POSITIONS,
+                "model.max_positions",
+                &format!("must be at most {}", crate::model::MAX_POSITIONS),
+                m.max_positions,
             );
+        if m.num_heads > 0 && m.num_kv_heads > 0 {
+            validate_model_memory(m, v);
+        }
+    } else {
+        let dir = std::path::Path::new(&m.path);
+        let problem = if !dir.exists() {
+            Some("no such directory")
+        } else if !dir.is_dir() {
+            Some("is a file, not a model directory (Hugging Face layout)")
+        } else if !dir.join("config.json").is_file() {
+            Some("is not a model directory: it has no config.json")
+        } else {
+            None
+        };
+        v.check(
+            problem.is_none(),
+            "model.path",
+            problem.unwrap_or(""),
+            &m.path,
+        );
+    }
+}
+
+/// A from-scratch model's weights, gradients and two AdamW moments (float32: 16 bytes per
+/// parameter) fit in the memory that is free; else building it would abort the process.
+fn validate_model_memory(m: &super::ModelSection, v: &mut Validator) {
+    let built = m.tiny_config(0, m.max_positions.min(crate::model::MAX_POSITIONS));
+    let bytes = 16.0 * built.parameter_count();
+    if let Some(free) = crate::memory::available().filter(|&free| bytes > free) {
+        v.problem(format!(
+            "`model.hidden_size`, `model.num_layers` and `model.intermediate_size` make a model \
+             of {:.3e} parameters: {:.1} GiB with gradients and AdamW moments, but {:.1} GiB of \
+             memory is free; lower them",
+            built.parameter_count(),
+            bytes / crate::memory::GIB,
+            free / crate::memory::GIB
+        ));
     }
 }
 
@@ -332,7 +382,12 @@ fn validate_data(cfg: &TrainConfig, v: &mut Validator) {
                 "must end in .jsonl, .json or .parquet",
                 f,
             );
-            v.check(path.is_file(), &format!("{key}[{i}]"), "no such file", f);
+            let problem = if path.is_dir() {
+                "is a directory: list the files in it"
+            } else {
+                "no such file"
+            };
+            v.check(path.is_file(), &format!("{key}[{i}]"), problem, f);
         }
     }
 }

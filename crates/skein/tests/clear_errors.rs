@@ -1,0 +1,163 @@
+//! Inputs that used to be accepted silently, crash, or get an error naming nothing: each now
+//! ends in exit status 2 with an error that says what is wrong and what to do, and loses
+//! nothing. Every case runs the real `skein` binary.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn skein(args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_skein"))
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("skein runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+fn refused(args: &[&str], says: &[&str]) {
+    let (code, err) = skein(args);
+    assert_eq!(code, 2, "{args:?}: {err}");
+    for s in says {
+        assert!(err.contains(s), "{args:?}: expected {s:?} in {err}");
+    }
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+/// A tiny model directory, written by a real run with no RL steps.
+fn tiny_model(root: &Path) -> PathBuf {
+    let run = root.join("run");
+    let mut args = vec!["train".to_string()];
+    for s in common::TINY_RUN
+        .iter()
+        .chain(&["sft.steps=1", "trainer.steps=0", "eval.problems=2"])
+    {
+        args.extend(["--set".into(), s.to_string()]);
+    }
+    args.extend(["--set".into(), format!("run.dir=\"{}\"", run.display())]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, err) = skein(&args);
+    assert_eq!(code, 0, "{err}");
+    run.join("checkpoint")
+}
+
+#[test]
+fn eval_and_sft_refuse_values_that_cannot_work() {
+    let root = common::workdir("clear-errors", "eval-sft");
+    let model = tiny_model(&root);
+    let m = model.to_str().unwrap();
+    refused(
+        &["eval", m, "--temperature", "nan"],
+        &["--temperature", "finite"],
+    );
+    refused(&["eval", m, "--temperature", "-1"], &["--temperature"]);
+    refused(&["eval", m, "--problems", "0"], &["--problems"]);
+
+    let chat = root.join("chat.jsonl");
+    std::fs::write(
+        &chat,
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"1+1=\"}, \
+         {\"role\": \"assistant\", \"content\": \"2\"}]}\n\
+         {\"messages\": [{\"role\": \"wizard\", \"content\": \"hi\"}, \
+         {\"role\": \"assistant\", \"content\": \"x\"}]}\n",
+    )
+    .unwrap();
+    let data = chat.to_str().unwrap();
+    let before = std::fs::read(model.join("model.safetensors")).unwrap();
+    let sft = |out: &str, extra: &[&str]| {
+        let mut a = vec![
+            "sft", "--model", m, "--data", data, "--out", out, "--steps", "1",
+        ];
+        a.extend(extra);
+        a.into_iter().map(String::from).collect::<Vec<_>>()
+    };
+    let run = |a: Vec<String>, says: &[&str]| {
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        refused(&a, says)
+    };
+    // An unknown role names the file, its row and the allowed roles.
+    let out = root.join("out");
+    let o = out.to_str().unwrap();
+    run(
+        sft(o, &[]),
+        &["chat.jsonl, row 2", "`wizard`", "allowed: system"],
+    );
+    std::fs::write(
+        &chat,
+        std::fs::read_to_string(&chat)
+            .unwrap()
+            .replace("wizard", "user"),
+    )
+    .unwrap();
+    run(sft(o, &["--lr=-1"]), &["--lr"]);
+    run(sft(m, &[]), &["is the --model being fine-tuned"]);
+    assert_eq!(
+        std::fs::read(model.join("model.safetensors")).unwrap(),
+        before
+    );
+    // An existing directory is replaced only when asked.
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("notes.txt"), "mine").unwrap();
+    run(sft(o, &[]), &["already holds files", "--overwrite"]);
+    let a = sft(o, &["--overwrite"]);
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    let (code, err) = skein(&a);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.join("model.safetensors").is_file());
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+#[test]
+fn paths_and_files_that_cannot_work_are_named() {
+    let root = common::workdir("clear-errors", "paths");
+    std::fs::create_dir_all(root.join("data.jsonl")).unwrap();
+    let dir = root.join("data.jsonl");
+    refused(
+        &["train", "--set", "model.path=\"/no/such/model\""],
+        &["`model.path`", "no such directory"],
+    );
+    refused(
+        &[
+            "train",
+            "--set",
+            &format!("data.train_files=[\"{}\"]", dir.display()),
+        ],
+        &["`data.train_files[0]`", "is a directory"],
+    );
+    // A damaged weights file names itself and says what to do.
+    let model = tiny_model(&root);
+    let weights = model.join("model.safetensors");
+    let bytes = std::fs::read(&weights).unwrap();
+    std::fs::write(&weights, &bytes[..100]).unwrap();
+    refused(
+        &["eval", model.to_str().unwrap()],
+        &["model.safetensors", "damaged", "export the model again"],
+    );
+    // A host that is not an address of this machine is not blamed on the port.
+    let (code, err) = skein(&["serve", "--host", "999.1.1.1", "--port", "0"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("address of this machine") && !err.contains("port is in use"));
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+#[test]
+fn sizes_beyond_the_machine_are_refused_before_anything_is_allocated() {
+    refused(
+        &["train", "--set", "model.hidden_size=1000000000000"],
+        &["`model.hidden_size`", "GiB of memory is free"],
+    );
+    refused(
+        &["train", "--set", "model.max_positions=1000000000000"],
+        &["`model.max_positions`", "at most"],
+    );
+    refused(
+        &["train", "--set", "eval.problems=1000000000000"],
+        &["`eval.problems`"],
+    );
+    refused(&["serve", "--max-slots", "1000000000"], &["--max-slots"]);
+    refused(&["eval", "/nonexistent", "--n", "1000000000000"], &["--n"]);
+}
