@@ -14,6 +14,7 @@ fn config(task: &str, sft_steps: usize) -> TrainConfig {
         .display()
         .to_string();
     cfg.task.name = task.into();
+    cfg.task.difficulty = 1;
     cfg.trainer.steps = 3;
     cfg.rollout.prompts_per_step = 8;
     cfg.rollout.samples_per_prompt = 4;

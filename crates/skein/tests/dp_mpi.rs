@@ -59,6 +59,9 @@ fn settings(dir: &Path, mode: LossAggMode, budget: usize, mini_batches: usize) -
 /// Settings every run here shares: a small rollout, a short eval, one thread, its directory.
 fn small_run(dir: &Path) -> Vec<String> {
     vec![
+        "task.difficulty=1".into(),
+        "sft.steps=25".into(),
+        "sft.lr=2e-3".into(),
         "rollout.prompts_per_step=7".into(),
         "rollout.samples_per_prompt=3".into(),
         "eval.problems=8".into(),

@@ -86,6 +86,7 @@ fn base_config(task: &str, dir: &Path) -> TrainConfig {
     let mut cfg: TrainConfig = skein_config::load(None, "test", &[]).unwrap();
     cfg.run.dir = dir.display().to_string();
     cfg.task.name = task.into();
+    cfg.task.difficulty = 1;
     cfg.trainer.steps = 3;
     cfg.rollout.prompts_per_step = 8;
     cfg.rollout.samples_per_prompt = 4;

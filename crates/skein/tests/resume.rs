@@ -21,6 +21,7 @@ intermediate_size = 128
 max_positions = 64
 [task]
 name = "reverse"
+difficulty = 1
 [sft]
 steps = 5
 batch_size = 16

@@ -34,6 +34,8 @@ num_layers = 2
 num_heads = 2
 num_kv_heads = 1
 intermediate_size = 128
+[task]
+difficulty = 1
 [sft]
 steps = 40
 batch_size = 32

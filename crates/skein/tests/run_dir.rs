@@ -188,7 +188,7 @@ fn a_resume_that_changes_the_model_or_task_is_refused_and_changes_nothing() {
     let resume = ["--resume", dir.to_str().unwrap()];
     for (set, key) in [
         ("model.hidden_size=64", "`model.hidden_size`"),
-        ("task.difficulty=2", "`task.difficulty`"),
+        ("task.difficulty=3", "`task.difficulty`"),
     ] {
         let (code, err) = skein_train(&dir, &resume, &[set]);
         assert_eq!(code, 2, "{set}: {err}");

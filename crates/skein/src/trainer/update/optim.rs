@@ -31,8 +31,10 @@ pub struct OptimConfig {
 
 impl Default for OptimConfig {
     fn default() -> Self {
+        // On the default task, 5e-4 lowered the training reward over 60 steps (0.43 → 0.39);
+        // 2e-4 raises it (0.48 → 0.56).
         OptimConfig {
-            lr: 5e-4,
+            lr: 2e-4,
             weight_decay: 0.0,
             beta1: 0.9,
             beta2: 0.99,
