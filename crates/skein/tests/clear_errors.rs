@@ -158,6 +158,11 @@ fn sizes_beyond_the_machine_are_refused_before_anything_is_allocated() {
         &["train", "--set", "eval.problems=1000000000000"],
         &["`eval.problems`"],
     );
+    // Difficulty 2's longest prompt is "31+31=", 6 tokens, and 8 new tokens need 14 positions.
+    refused(
+        &["train", "--set", "model.max_positions=13"],
+        &["`model.max_positions`", "14 positions"],
+    );
     refused(&["serve", "--max-slots", "1000000000"], &["--max-slots"]);
     refused(&["eval", "/nonexistent", "--n", "1000000000000"], &["--n"]);
 }

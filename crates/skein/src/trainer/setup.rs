@@ -141,6 +141,7 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
     let engine = rollout_engine(cfg, &policy)?;
     let resumed_workload = restore.as_ref().map(|r| &r.state.workload);
     let mut workload = tasks.into_workload(cfg, &tokenizer, &policy, resumed_workload)?;
+    check_context(cfg, workload.as_ref(), &policy)?;
     announce(cfg, &policy, &task_name, &run_dir.path);
     if !workload.held_out() {
         say_train_set_evaluation();
@@ -325,6 +326,26 @@ fn sampling_params(cfg: &TrainConfig, tokenizer: &Tokenizer) -> Result<SamplingP
         stop_token_ids: vec![eos],
         ..cfg.rollout.sampling.clone()
     })
+}
+
+/// The task's prompts and `max_new_tokens` fit in the model's positions; else most
+/// trajectories would fail, every step, from the first.
+fn check_context(cfg: &TrainConfig, workload: &dyn Workload, policy: &Model) -> Result<()> {
+    let positions = policy.net.max_positions() as usize;
+    let (prompt, new) = (
+        workload.longest_prompt(),
+        cfg.rollout.sampling.max_new_tokens,
+    );
+    if prompt > 0 && prompt + new > positions {
+        anyhow::bail!(
+            "the task's prompts reach {prompt} tokens, and with `rollout.sampling.max_new_tokens` \
+             = {new} a sample needs {} positions, more than the model's {positions}: raise \
+             `model.max_positions` (a model built from scratch) or lower \
+             `rollout.sampling.max_new_tokens`",
+            prompt + new
+        );
+    }
+    Ok(())
 }
 
 /// The engine rollouts run on, once the run is known to fit in memory (on the CPU, where

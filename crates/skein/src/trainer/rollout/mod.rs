@@ -121,6 +121,10 @@ pub trait Workload {
     /// Whether evaluation is on problems training never sees (else on training problems:
     /// the task is too small to split, or a dataset has no validation files).
     fn held_out(&self) -> bool;
+    /// The longest prompt in tokens that the start-up check knows of (0: none to check).
+    fn longest_prompt(&self) -> usize {
+        0
+    }
 }
 
 /// A problem from `sample`: of `split` when the task is split into training and held-out

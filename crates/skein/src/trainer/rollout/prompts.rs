@@ -32,7 +32,13 @@ pub struct PromptTask {
     split: bool,
     /// Evaluation is on problems training never sees.
     pub held_out: bool,
+    /// The longest prompt of a built-in task in tokens, over the evaluation problems and
+    /// [`PROMPT_PROBE_DRAWS`] draws; 0 for a dataset, whose rows are checked one by one.
+    longest_prompt: usize,
 }
+
+/// Draws that measure how long a built-in task's prompts get.
+const PROMPT_PROBE_DRAWS: usize = 1024;
 
 impl PromptTask {
     pub fn new(
@@ -64,7 +70,24 @@ impl PromptTask {
                 (prompt_batch(problems, tokenizer)?, split)
             }
         };
+        let longest_prompt = match &data {
+            Some(_) => 0,
+            None => {
+                let mut rng = TaskRng::new(seed ^ 0x5eed);
+                let draws = (0..PROMPT_PROBE_DRAWS)
+                    .map(|_| task.sample(&mut rng))
+                    .collect();
+                let probe = prompt_batch(draws, tokenizer)?;
+                eval.prompt_ids
+                    .iter()
+                    .chain(&probe.prompt_ids)
+                    .map(Vec::len)
+                    .max()
+                    .unwrap_or(0)
+            }
+        };
         Ok(PromptTask {
+            longest_prompt,
             task,
             data,
             rng: TaskRng::new(rng_state),
@@ -228,5 +251,9 @@ impl Workload for Prompts {
 
     fn held_out(&self) -> bool {
         self.task.held_out
+    }
+
+    fn longest_prompt(&self) -> usize {
+        self.task.longest_prompt
     }
 }
