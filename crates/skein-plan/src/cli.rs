@@ -143,32 +143,7 @@ pub fn plan_json(input: &str) -> Result<String, PlanError> {
         .loss_agg_mode
         .parse()
         .map_err(|e| bad(format!("`loss_agg_mode`: {e}")))?;
-    let estimator = choice(
-        "estimator",
-        &inp.estimator,
-        &[
-            (
-                "grpo",
-                Estimator::Grpo {
-                    normalize_std: true,
-                },
-            ),
-            ("dr-grpo", Estimator::DrGrpo),
-            ("rloo", Estimator::Rloo),
-            (
-                "reinforce++",
-                Estimator::ReinforcePP {
-                    group_baseline: false,
-                },
-            ),
-            (
-                "reinforce++-baseline",
-                Estimator::ReinforcePP {
-                    group_baseline: true,
-                },
-            ),
-        ],
-    )?;
+    let estimator = estimator(&inp.estimator)?;
     let merge = choice(
         "row",
         &inp.row,
@@ -230,6 +205,36 @@ pub fn plan_json(input: &str) -> Result<String, PlanError> {
         "failed_trajectories": adv.failed_trajectories,
     });
     serde_json::to_string(&out).map_err(|e| bad(format!("serializing the plan: {e}")))
+}
+
+/// The advantage estimator `name` selects (`skein train`'s names).
+fn estimator(name: &str) -> Result<Estimator, PlanError> {
+    choice(
+        "estimator",
+        name,
+        &[
+            (
+                "grpo",
+                Estimator::Grpo {
+                    normalize_std: true,
+                },
+            ),
+            ("dr-grpo", Estimator::DrGrpo),
+            ("rloo", Estimator::Rloo),
+            (
+                "reinforce++",
+                Estimator::ReinforcePP {
+                    group_baseline: false,
+                },
+            ),
+            (
+                "reinforce++-baseline",
+                Estimator::ReinforcePP {
+                    group_baseline: true,
+                },
+            ),
+        ],
+    )
 }
 
 fn plan_config(inp: &Input) -> Result<PlanConfig, PlanError> {

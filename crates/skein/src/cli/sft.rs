@@ -64,26 +64,7 @@ pub struct SftArgs {
 const MAX_BATCH: usize = 1 << 16;
 
 pub fn run(args: &SftArgs) -> Result<()> {
-    if args.steps == 0 || args.batch_size == 0 || args.max_tokens < 2 {
-        bail!("--steps and --batch-size must be at least 1, --max-tokens at least 2");
-    }
-    if args.batch_size > MAX_BATCH {
-        bail!(
-            "--batch-size must be at most {MAX_BATCH} (got {})",
-            args.batch_size
-        );
-    }
-    if args.threads > crate::trainer::config::max_threads() {
-        bail!(
-            "--threads must be at most {} (got {})",
-            crate::trainer::config::max_threads(),
-            args.threads
-        );
-    }
-    if !(args.lr.is_finite() && args.lr > 0.0) {
-        bail!("--lr {}: must be a finite number > 0, e.g. 1e-4", args.lr);
-    }
-    check_out(args)?;
+    check_args(args)?;
     let device = start_device(&args.device, args.threads)?;
     let opts = ReadOptions {
         skip_bad_rows: args.skip_bad_rows,
@@ -169,6 +150,30 @@ pub fn run(args: &SftArgs) -> Result<()> {
 }
 
 /// A tiny character-level model over the characters of the conversations.
+/// Every flag has a value that can work, checked before anything is read or built.
+fn check_args(args: &SftArgs) -> Result<()> {
+    if args.steps == 0 || args.batch_size == 0 || args.max_tokens < 2 {
+        bail!("--steps and --batch-size must be at least 1, --max-tokens at least 2");
+    }
+    if args.batch_size > MAX_BATCH {
+        bail!(
+            "--batch-size must be at most {MAX_BATCH} (got {})",
+            args.batch_size
+        );
+    }
+    if args.threads > crate::trainer::config::max_threads() {
+        bail!(
+            "--threads must be at most {} (got {})",
+            crate::trainer::config::max_threads(),
+            args.threads
+        );
+    }
+    if !(args.lr.is_finite() && args.lr > 0.0) {
+        bail!("--lr {}: must be a finite number > 0, e.g. 1e-4", args.lr);
+    }
+    check_out(args)
+}
+
 /// `--out` can take the fine-tuned model, checked before any training: not a file, not the
 /// input model, and not an existing model directory unless `--overwrite` says to replace it.
 fn check_out(args: &SftArgs) -> Result<()> {
