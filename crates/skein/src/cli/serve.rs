@@ -66,13 +66,7 @@ fn check_cache_fits(
     context: usize,
     device: tch::Device,
 ) -> Result<()> {
-    let c = &model.net.config;
-    let bytes = 2.0
-        * c.num_hidden_layers as f64
-        * slots as f64
-        * context as f64
-        * (c.kv_heads() * c.head_dim()) as f64
-        * 4.0;
+    let bytes = model.net.config.kv_cache_bytes(slots, context);
     let free = match device {
         tch::Device::Cpu => crate::memory::available(),
         _ => None,

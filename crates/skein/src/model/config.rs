@@ -236,6 +236,13 @@ impl ModelConfig {
         embed + f(self.num_hidden_layers) * layer + h + head
     }
 
+    /// Bytes of a float32 KV cache of `slots` sequences of `context` tokens.
+    pub fn kv_cache_bytes(&self, slots: usize, context: usize) -> f64 {
+        let per_token =
+            2.0 * self.num_hidden_layers as f64 * (self.kv_heads() * self.head_dim()) as f64;
+        per_token * slots as f64 * context as f64 * 4.0
+    }
+
     /// Bytes that building this model allocates: its float32 weights and the rotary tables
     /// (angles, cosines and sines for every position).
     pub fn build_bytes(&self) -> f64 {

@@ -48,22 +48,16 @@ pub fn estimate(cfg: &TrainConfig, model: &ModelConfig) -> Vec<Part> {
         });
     }
     let r = &cfg.rollout;
-    let slots = r.max_slots.min(r.prompts_per_step * r.samples_per_prompt) as f64;
+    let slots = r.max_slots.min(r.prompts_per_step * r.samples_per_prompt);
     let prompt = if cfg.data.train_files.is_empty() {
         64
     } else {
         cfg.data.max_prompt_tokens
     };
-    let context = (prompt + r.sampling.max_new_tokens).min(model.max_position_embeddings) as f64;
-    let kv = model.num_hidden_layers as f64
-        * 2.0
-        * slots
-        * context
-        * (model.kv_heads() * model.head_dim()) as f64
-        * F32;
+    let context = (prompt + r.sampling.max_new_tokens).min(model.max_position_embeddings);
     parts.push(Part {
         what: "rollout KV cache",
-        bytes: kv,
+        bytes: model.kv_cache_bytes(slots, context),
         lower: "`rollout.max_slots` or `rollout.sampling.max_new_tokens`",
     });
     // Every sample of a step is held twice, as a trajectory and as a training row: ids,
@@ -72,7 +66,7 @@ pub fn estimate(cfg: &TrainConfig, model: &ModelConfig) -> Vec<Part> {
     let samples = (r.prompts_per_step * r.samples_per_prompt) as f64;
     parts.push(Part {
         what: "the step's trajectories and training rows",
-        bytes: samples * context * 64.0,
+        bytes: samples * context as f64 * 64.0,
         lower: "`rollout.prompts_per_step` or `rollout.samples_per_prompt`",
     });
     // Saved for backward, per token and layer: roughly a dozen hidden-sized tensors and three
@@ -109,11 +103,6 @@ pub fn check(parts: &[Part], available: f64) -> Result<()> {
         lines.join("\n"),
         sorted[0].lower
     );
-}
-
-/// Free memory of this machine (MemAvailable), when the system reports it.
-pub fn available_memory() -> Option<f64> {
-    crate::memory::available()
 }
 
 #[cfg(test)]
@@ -163,7 +152,7 @@ mod tests {
 
     #[test]
     fn this_machine_reports_its_memory() {
-        let m = available_memory().expect("/proc/meminfo");
+        let m = crate::memory::available().expect("/proc/meminfo");
         assert!(m > 64.0 * 1024.0 * 1024.0);
     }
 }

@@ -352,7 +352,7 @@ fn check_context(cfg: &TrainConfig, workload: &dyn Workload, policy: &Model) -> 
 /// free memory can be read).
 fn rollout_engine(cfg: &TrainConfig, policy: &Model) -> Result<Generator> {
     if policy.vs.device() == Device::Cpu {
-        if let Some(available) = preflight::available_memory() {
+        if let Some(available) = crate::memory::available() {
             preflight::check(&preflight::estimate(cfg, &policy.net.config), available)?;
         }
     }
