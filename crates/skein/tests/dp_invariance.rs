@@ -1,7 +1,9 @@
 //! "The loss does not depend on parallelism", checked on real gradients: one PPO step on a
 //! fixed batch from fixed weights gives the same parameters for dp ∈ {1, 2, 4} (each rank on
 //! its own thread and model replica), for several micro-batch token budgets, with and without
-//! extra padding rows, in every loss-aggregation mode. A companion test shows that
+//! extra padding rows, padded, packed or packed with shared prompts, in every
+//! loss-aggregation mode. The reference computes π_old for every row before the update; the
+//! other cases take the first mini-batch's π_old from its own forward. A companion test shows that
 //! normalising by the rank-local token count (the usual data-parallel mean) fails the same
 //! check.
 //!
@@ -22,6 +24,7 @@ use skein::trainer::batch::{build_step_batch, StepBatch, StepBatchConfig, TrainR
 use skein::trainer::config::OffPolicy;
 use skein::trainer::prepare::{prepare, Models, PrepareConfig};
 use skein::trainer::update::optim::{OptimConfig, Optimizer};
+use skein::trainer::update::pack::Batching;
 use skein::trainer::update::policy_loss::{KlEstimator, LossConfig};
 use skein::trainer::update::ranks::{Ranks, Replicas};
 use skein::trainer::update::{ppo_update, UpdateConfig};
@@ -104,11 +107,33 @@ struct Case {
     dp: usize,
     budget: usize,
     extra_padding: bool,
+    batching: Layout,
+    /// π_old of every row from a pass before the update (else the first mini-batch's comes
+    /// from its own forward).
+    old_pass: bool,
     /// The bug seed 001 fixes: each rank averages over its own loss tokens.
     rank_local: bool,
 }
 
-fn update_config(budget: usize) -> UpdateConfig {
+/// How rows sit in a micro-batch.
+#[derive(Clone, Copy, Debug)]
+enum Layout {
+    Padded,
+    Packed,
+    SharedPrefix,
+}
+
+impl Layout {
+    fn batching(self, budget: usize) -> Batching {
+        Batching {
+            micro_batch_tokens: budget,
+            packing: !matches!(self, Layout::Padded),
+            shared_prefix: matches!(self, Layout::SharedPrefix),
+        }
+    }
+}
+
+fn update_config(budget: usize, layout: Layout) -> UpdateConfig {
     UpdateConfig {
         loss: LossConfig {
             clip_low: 0.2,
@@ -119,7 +144,7 @@ fn update_config(budget: usize) -> UpdateConfig {
             entropy_coef: 0.01,
         },
         epochs: 1,
-        micro_batch_tokens: budget,
+        batching: layout.batching(budget),
         temperature: 1.0,
     }
 }
@@ -212,14 +237,15 @@ fn step(base: &Model, trajs: &[Trajectory], case: Case) -> (Vec<f32>, Vec<usize>
         .iter()
         .map(|r| r.iter().map(|&i| loss_tokens(&batch.rows[i])).sum())
         .collect();
-    let cfg = update_config(case.budget);
+    let cfg = update_config(case.budget, case.batching);
     let models = Models {
         policy: &policy,
         reference: None,
         critic: None,
     };
     let prepare_cfg = PrepareConfig {
-        micro_batch_tokens: case.budget,
+        batching: cfg.batching,
+        epochs: if case.old_pass { 2 } else { 1 },
         temperature: cfg.temperature,
         off_policy: OffPolicy::Tis,
         is_cap: 2.0,
@@ -272,6 +298,8 @@ fn parameters_after_a_step_do_not_depend_on_ranks_micro_batches_or_padding() {
             dp: 1,
             budget: 4096,
             extra_padding: false,
+            batching: Layout::Padded,
+            old_pass: true,
             rank_local: false,
         };
         let (want, _) = step(&base, &trajs, case);
@@ -281,19 +309,23 @@ fn parameters_after_a_step_do_not_depend_on_ranks_micro_batches_or_padding() {
         for dp in [1, 2, 4] {
             for budget in BUDGETS {
                 for extra_padding in [false, true] {
-                    let case = Case {
-                        dp,
-                        budget,
-                        extra_padding,
-                        ..case
-                    };
-                    let (got, _) = step(&base, &trajs, case);
-                    let diff = max_abs_diff(&got, &want);
-                    assert!(
-                        diff <= REL_TOL * moved,
-                        "{case:?}: parameters differ by {diff:e} (step size {moved:e})"
-                    );
-                    worst = worst.max(diff / moved);
+                    for batching in [Layout::Padded, Layout::Packed, Layout::SharedPrefix] {
+                        let case = Case {
+                            dp,
+                            budget,
+                            extra_padding,
+                            batching,
+                            old_pass: false,
+                            ..case
+                        };
+                        let (got, _) = step(&base, &trajs, case);
+                        let diff = max_abs_diff(&got, &want);
+                        assert!(
+                            diff <= REL_TOL * moved,
+                            "{case:?}: parameters differ by {diff:e} (step size {moved:e})"
+                        );
+                        worst = worst.max(diff / moved);
+                    }
                 }
             }
         }
@@ -312,6 +344,8 @@ fn a_rank_local_token_mean_makes_the_step_depend_on_dp() {
         dp,
         budget: 48,
         extra_padding: false,
+        batching: Layout::Padded,
+        old_pass: true,
         rank_local,
     };
     let (right, _) = step(&base, &trajs, case(1, false));

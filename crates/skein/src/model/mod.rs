@@ -12,7 +12,7 @@ pub mod value;
 pub use config::{ModelConfig, MAX_POSITIONS};
 pub use io::Model;
 pub use kv_cache::KvCache;
-pub use transformer::{AttnMode, Transformer};
+pub use transformer::{AttnMode, Span, Spans, Transformer};
 pub use value::ValueModel;
 
 use tch::{nn, Tensor};

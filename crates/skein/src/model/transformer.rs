@@ -35,6 +35,14 @@ pub enum AttnMode<'a> {
     /// A right-padded batch seen whole (training, log-prob recomputation): causal attention
     /// alone keeps every real token away from the padding that follows it.
     Causal,
+    /// Packed lines (several rows, or a shared prefix and its continuations, end to end):
+    /// `mask` [lines, 1, T, T] says which keys each query sees (true: attends), so no row sees
+    /// another; the positions passed with it restart for each row.
+    Masked(&'a Tensor),
+    /// Packed lines whose attention runs span by span (variable-length attention by loop):
+    /// each span only against its own keys, and a shared prefix's. Cheaper than `Masked` on
+    /// wide lines, where a dense mask computes every query against every key.
+    Spans(&'a Spans),
     /// Prefill into a KV cache: like `Causal`, and the new keys/values are stored for `slots`.
     Prefill {
         cache: &'a mut KvCache,
@@ -51,6 +59,95 @@ pub enum AttnMode<'a> {
         span: i64,
         dense: bool,
     },
+}
+
+/// Spans of packed lines, for [`AttnMode::Spans`].
+pub struct Spans {
+    pub lines: Vec<Vec<Span>>,
+    pub width: i64,
+}
+
+/// A run of tokens of one line that attends causally to itself, and to all of `context`.
+pub struct Span {
+    pub col: i64,
+    pub len: i64,
+    /// Start and length of a shared prefix's columns, with the mask [len, context + len]
+    /// (the prefix, then causal over the span).
+    pub context: Option<(i64, i64, Tensor)>,
+}
+
+impl Spans {
+    /// Attention of every span; columns no span covers get zeros. Lines and spans are taken
+    /// apart with one split each (not a slice per span), so the backward joins their
+    /// gradients once instead of adding a full-size tensor per span.
+    fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, gqa: bool) -> Tensor {
+        let (heads, head_dim) = (q.size()[1], q.size()[3]);
+        let zeros = |n: i64| Tensor::zeros([1, heads, n, head_dim], (q.kind(), q.device()));
+        let (qs, ks, vs) = (q.split(1, 0), k.split(1, 0), v.split(1, 0));
+        let lines: Vec<Tensor> = self
+            .lines
+            .iter()
+            .enumerate()
+            .map(|(l, spans)| {
+                // Chunks of the line in column order: spans, and the gaps between them.
+                let mut sizes = Vec::new();
+                // Per span: its chunk, and its shared prefix's chunk.
+                let mut chunk_of: Vec<(usize, Option<usize>)> = Vec::new();
+                let mut at = 0;
+                for s in spans {
+                    if s.col > at {
+                        sizes.push(s.col - at);
+                    }
+                    let context = s.context.as_ref().and_then(|(start, _, _)| {
+                        spans
+                            .iter()
+                            .position(|p| p.col == *start)
+                            .map(|p| chunk_of[p].0)
+                    });
+                    chunk_of.push((sizes.len(), context));
+                    sizes.push(s.len);
+                    at = s.col + s.len;
+                }
+                if at < self.width {
+                    sizes.push(self.width - at);
+                }
+                let q = qs[l].split_with_sizes(&sizes, 2);
+                let k = ks[l].split_with_sizes(&sizes, 2);
+                let v = vs[l].split_with_sizes(&sizes, 2);
+                let mut out: Vec<Tensor> = sizes.iter().map(|&n| zeros(n)).collect();
+                for (s, &(c, context)) in spans.iter().zip(&chunk_of) {
+                    out[c] = match (&s.context, context) {
+                        (Some((_, _, mask)), Some(p)) => {
+                            let kc = Tensor::cat(&[&k[p], &k[c]], 2);
+                            let vc = Tensor::cat(&[&v[p], &v[c]], 2);
+                            Tensor::scaled_dot_product_attention(
+                                &q[c],
+                                &kc,
+                                &vc,
+                                Some(mask),
+                                0.0,
+                                false,
+                                None,
+                                gqa,
+                            )
+                        }
+                        _ => Tensor::scaled_dot_product_attention(
+                            &q[c],
+                            &k[c],
+                            &v[c],
+                            None::<Tensor>,
+                            0.0,
+                            true,
+                            None,
+                            gqa,
+                        ),
+                    };
+                }
+                Tensor::cat(&out, 2)
+            })
+            .collect();
+        Tensor::cat(&lines, 0)
+    }
 }
 
 struct Attention {
@@ -136,6 +233,10 @@ impl Attention {
                 None,
                 gqa,
             ),
+            AttnMode::Masked(mask) => {
+                Tensor::scaled_dot_product_attention(&q, &k, &v, Some(*mask), 0.0, false, None, gqa)
+            }
+            AttnMode::Spans(spans) => spans.attend(&q, &k, &v, gqa),
             AttnMode::Prefill { cache, slots, lens } => {
                 cache.store_prefix(layer, &k, &v, slots, lens);
                 Tensor::scaled_dot_product_attention(

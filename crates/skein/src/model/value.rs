@@ -49,8 +49,12 @@ impl ValueModel {
 
     /// Values [B, T] of every position of a right-padded batch.
     pub fn values(&self, input_ids: &Tensor) -> Tensor {
-        let positions = positions_like(input_ids);
-        let hidden = self.net.hidden(input_ids, &positions, AttnMode::Causal);
+        self.values_at(input_ids, &positions_like(input_ids), AttnMode::Causal)
+    }
+
+    /// Values [B, T] of every position, with explicit positions and attention (packed lines).
+    pub fn values_at(&self, input_ids: &Tensor, positions: &Tensor, mode: AttnMode) -> Tensor {
+        let hidden = self.net.hidden(input_ids, positions, mode);
         self.head.forward(&hidden).squeeze_dim(-1)
     }
 }

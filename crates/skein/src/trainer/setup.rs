@@ -78,7 +78,7 @@ impl Critic {
             cfg: ValueLossConfig {
                 clip: cfg.algorithm.value_clip,
                 epochs: cfg.trainer.ppo_epochs,
-                micro_batch_tokens: cfg.trainer.micro_batch_tokens,
+                batching: cfg.trainer.batching(),
             },
         })
     }
@@ -451,7 +451,7 @@ fn update_config(cfg: &TrainConfig, temperature: f64) -> UpdateConfig {
     UpdateConfig {
         loss: cfg.algorithm.loss_config(),
         epochs: cfg.trainer.ppo_epochs,
-        micro_batch_tokens: cfg.trainer.micro_batch_tokens,
+        batching: cfg.trainer.batching(),
         temperature,
     }
 }

@@ -105,7 +105,7 @@ pub fn sft_row_masked(tokens: Vec<u32>, prompt_len: usize, loss_mask: Vec<u8>) -
 /// One optimizer step on a batch; returns the mean response-token cross-entropy.
 pub fn sft_step(model: &Model, opt: &mut Optimizer, rows: &[TrainRow]) -> f64 {
     let batch: Vec<&TrainRow> = rows.iter().collect();
-    let mb = MicroBatch::new(&batch, model.vs.device());
+    let mb = MicroBatch::padded(&batch, model.vs.device());
     opt.zero_grad();
     let (logp, _) = token_logprobs(&model.net, &mb, 1.0, false);
     let tokens = mb.mask.sum(Kind::Float).clamp_min(1.0);

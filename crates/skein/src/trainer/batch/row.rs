@@ -29,6 +29,22 @@ pub struct TrainRow {
 }
 
 impl TrainRow {
+    /// A row of `tokens` whose response (after `prompt_len`) is all loss tokens, with zero
+    /// advantages and log-probs and loss weight `weight` (for tests of later stages).
+    #[cfg(test)]
+    pub fn sampled(tokens: Vec<u32>, prompt_len: usize, weight: f64) -> TrainRow {
+        let n = tokens.len() - prompt_len;
+        TrainRow {
+            tokens,
+            prompt_len,
+            loss_mask: vec![1; n],
+            behavior_logp: vec![0.0; n],
+            advantages: vec![0.0; n],
+            weight,
+            ..Default::default()
+        }
+    }
+
     /// A planned row: prompt ++ response ids, the sequence advantage on every response token,
     /// loss weight 0 until the plan gives it one. A padding row stays inert: mask 0, weight 0.
     pub fn from_plan_row(r: &skein_plan::Row) -> TrainRow {

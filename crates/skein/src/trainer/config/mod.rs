@@ -7,6 +7,7 @@ pub mod validate;
 
 use crate::engine::SamplingParams;
 use crate::trainer::update::optim::OptimConfig;
+use crate::trainer::update::pack::Batching;
 use crate::trainer::update::policy_loss::{KlEstimator, LossConfig};
 use serde::{Deserialize, Serialize};
 use skein_data::Truncation;
@@ -405,8 +406,16 @@ pub struct TrainerConfig {
     pub dp_backend: DpBackend,
     /// Most padded tokens per micro-batch (gradient accumulation beyond that).
     pub micro_batch_tokens: usize,
-    /// What must stay in one mini-batch: `trajectory` or `group`.
+    /// What must stay in one mini-batch (and on one rank): `trajectory` or `group`. With
+    /// `shared_prefix`, `group` lets every sample of a prompt share its computation;
+    /// `trajectory` is as exact but shares only among the rows that land together.
     pub unit: Unit,
+    /// Rows end to end in a micro-batch (each at its own positions, blind to the others)
+    /// instead of one right-padded row per line: no compute on padding.
+    pub packing: bool,
+    /// With `packing`: rows of a micro-batch with identical prompts (a group's samples)
+    /// compute that prompt once. Exact: prompt tokens carry no loss.
+    pub shared_prefix: bool,
     /// Save a resumable checkpoint (`checkpoint-N`: weights and trainer state) every N steps;
     /// 0 writes only the final model (`checkpoint/`).
     pub checkpoint_every: usize,
@@ -415,6 +424,17 @@ pub struct TrainerConfig {
     /// Updates with a NaN or infinite loss or gradient are skipped and counted; after this
     /// many in a row the run stops (its last checkpoint intact).
     pub max_consecutive_skips: usize,
+}
+
+impl TrainerConfig {
+    /// How rows become micro-batches in every forward of the step.
+    pub fn batching(&self) -> Batching {
+        Batching {
+            micro_batch_tokens: self.micro_batch_tokens,
+            packing: self.packing,
+            shared_prefix: self.packing && self.shared_prefix,
+        }
+    }
 }
 
 impl Default for TrainerConfig {
@@ -426,7 +446,10 @@ impl Default for TrainerConfig {
             dp_size: 1,
             dp_backend: DpBackend::Threads,
             micro_batch_tokens: 8192,
-            unit: Unit::Trajectory,
+            // A group's rows share a mini-batch and a rank, so its prompt is computed once.
+            unit: Unit::Group,
+            packing: true,
+            shared_prefix: true,
             checkpoint_every: 0,
             keep_last: 0,
             max_consecutive_skips: 3,

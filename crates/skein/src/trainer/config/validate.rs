@@ -162,6 +162,13 @@ fn validate_trainer(cfg: &TrainConfig, v: &mut Validator) {
             "mpi",
         )
         .at_least("trainer.micro_batch_tokens", t.micro_batch_tokens, 1)
+        .check(
+            t.packing || !t.shared_prefix,
+            "trainer.shared_prefix",
+            "needs `trainer.packing = true` (a shared prompt and its continuations are packed \
+             into one line); set both, or set `trainer.shared_prefix = false`",
+            t.shared_prefix,
+        )
         .at_least("trainer.max_consecutive_skips", t.max_consecutive_skips, 1)
         .check(
             o.lr > 0.0 && o.lr.is_finite(),

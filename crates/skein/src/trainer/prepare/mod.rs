@@ -11,7 +11,8 @@ use self::offpolicy::{importance_weights, ImportanceStats};
 use crate::model::{Model, ValueModel};
 use crate::trainer::batch::{RowPlan, StepBatch, TrainRow};
 use crate::trainer::config::{OffPolicy, TrainConfig};
-use crate::trainer::update::tensors::{micro_batches, response_values, token_logprobs, MicroBatch};
+use crate::trainer::update::pack::{micro_batches, Batching};
+use crate::trainer::update::tensors::{token_logprobs, MicroBatch};
 
 /// The models a batch is prepared with, all at the step's start.
 pub struct Models<'a> {
@@ -23,7 +24,9 @@ pub struct Models<'a> {
 /// Settings of preparation.
 #[derive(Debug, Clone)]
 pub struct PrepareConfig {
-    pub micro_batch_tokens: usize,
+    pub batching: Batching,
+    /// PPO epochs over the batch: with one, the first mini-batch's rows need no π_old pass.
+    pub epochs: usize,
     /// The sampling temperature: log-probs are of the distribution tokens were sampled from.
     pub temperature: f64,
     pub off_policy: OffPolicy,
@@ -37,7 +40,8 @@ impl PrepareConfig {
     pub fn from_config(cfg: &TrainConfig, temperature: f64) -> Self {
         let a = &cfg.algorithm;
         PrepareConfig {
-            micro_batch_tokens: cfg.trainer.micro_batch_tokens,
+            batching: cfg.trainer.batching(),
+            epochs: cfg.trainer.ppo_epochs,
             temperature,
             off_policy: a.off_policy,
             is_cap: a.is_cap,
@@ -76,22 +80,35 @@ impl PreparedBatch {
 
 /// Fills in what needs the models, in order: π_old/π_ref, importance weights (they need
 /// π_old), values and GAE (the advantages become final).
+///
+/// With one PPO epoch, the first mini-batch is trained on the step-start weights, so its
+/// forward computes π_old itself: its rows (those sampled entirely by this version, whose
+/// importance weights need no π_old) are left without one and the update takes it from that
+/// forward, detached. Every other row gets π_old here.
 pub fn prepare(
     mut batch: StepBatch,
     models: &Models,
     version: u64,
     cfg: &PrepareConfig,
 ) -> PreparedBatch {
+    let mut needs_old = vec![true; batch.rows.len()];
+    if cfg.epochs == 1 {
+        for &i in batch.plan.first().into_iter().flatten().flatten() {
+            let row = &batch.rows[i];
+            needs_old[i] = row.versions.iter().any(|&v| v < version);
+        }
+    }
     recompute_logprobs(
         models.policy,
         models.reference,
         &mut batch.rows,
-        cfg.micro_batch_tokens,
+        &needs_old,
+        &cfg.batching,
         cfg.temperature,
     );
     let importance = importance_weights(&mut batch.rows, version, cfg.off_policy, cfg.is_cap);
     if let Some(critic) = models.critic {
-        values::compute_values(critic, &mut batch.rows, cfg.micro_batch_tokens);
+        values::compute_values(critic, &mut batch.rows, &cfg.batching);
         values::apply_gae(&mut batch.rows, &batch.row_rewards, cfg.gamma, cfg.lambda);
     }
     PreparedBatch {
@@ -101,31 +118,45 @@ pub fn prepare(
     }
 }
 
-/// Fills `old_logp` (and `ref_logp` when a reference is given) of every row with the current
-/// weights, without gradients.
+/// Fills `old_logp` of the rows `needs_old` marks (and `ref_logp` of every row when a
+/// reference is given) with the current weights, without gradients. The others get an empty
+/// `old_logp`: the update takes π_old from its own forward for them.
 pub fn recompute_logprobs(
     policy: &Model,
     reference: Option<&Model>,
     rows: &mut [TrainRow],
-    micro_batch_tokens: usize,
+    needs_old: &[bool],
+    batching: &Batching,
     temperature: f64,
 ) {
-    let all: Vec<usize> = (0..rows.len()).collect();
     let device = policy.vs.device();
+    let logprobs = |model: &Model, rows: &[TrainRow], which: &[usize]| {
+        let mut out = Vec::new();
+        for plan in micro_batches(rows, which, batching) {
+            let mb = MicroBatch::new(rows, &plan, device);
+            let batch: Vec<&TrainRow> = plan.rows.iter().map(|&i| &rows[i]).collect();
+            let (logp, _) = token_logprobs(&model.net, &mb, temperature, false);
+            out.extend(
+                plan.rows
+                    .iter()
+                    .copied()
+                    .zip(mb.response_values(&logp, &batch)),
+            );
+        }
+        out
+    };
     tch::no_grad(|| {
-        for idx in micro_batches(rows, &all, micro_batch_tokens) {
-            let batch: Vec<&TrainRow> = idx.iter().map(|&i| &rows[i]).collect();
-            let mb = MicroBatch::new(&batch, device);
-            let (old, _) = token_logprobs(&policy.net, &mb, temperature, false);
-            let old = response_values(&old, &batch);
-            let refs = reference.map(|m| {
-                response_values(&token_logprobs(&m.net, &mb, temperature, false).0, &batch)
-            });
-            for (k, &i) in idx.iter().enumerate() {
-                rows[i].old_logp = old[k].clone();
-                if let Some(r) = &refs {
-                    rows[i].ref_logp = r[k].clone();
-                }
+        let old: Vec<usize> = (0..rows.len()).filter(|&i| needs_old[i]).collect();
+        for row in rows.iter_mut() {
+            row.old_logp.clear();
+        }
+        for (i, logp) in logprobs(policy, rows, &old) {
+            rows[i].old_logp = logp;
+        }
+        if let Some(reference) = reference {
+            let all: Vec<usize> = (0..rows.len()).collect();
+            for (i, logp) in logprobs(reference, rows, &all) {
+                rows[i].ref_logp = logp;
             }
         }
     });

@@ -3,19 +3,18 @@
 
 use crate::model::ValueModel;
 use crate::trainer::batch::TrainRow;
-use crate::trainer::update::tensors::{micro_batches, response_values, MicroBatch};
+use crate::trainer::update::pack::{micro_batches, Batching};
+use crate::trainer::update::tensors::MicroBatch;
 
 /// Fills every row's `old_values`: V(s) at the position that predicts each response token.
-pub fn compute_values(critic: &ValueModel, rows: &mut [TrainRow], micro_batch_tokens: usize) {
+pub fn compute_values(critic: &ValueModel, rows: &mut [TrainRow], batching: &Batching) {
     let all: Vec<usize> = (0..rows.len()).collect();
     tch::no_grad(|| {
-        for idx in micro_batches(rows, &all, micro_batch_tokens) {
-            let batch: Vec<&TrainRow> = idx.iter().map(|&i| &rows[i]).collect();
-            let mb = MicroBatch::new(&batch, critic.vs.device());
-            let t = mb.input.size()[1];
-            let v = critic.values(&mb.input).narrow(1, 0, t - 1);
-            let per_row = response_values(&v, &batch);
-            for (&i, v) in idx.iter().zip(per_row) {
+        for plan in micro_batches(rows, &all, batching) {
+            let mb = MicroBatch::new(rows, &plan, critic.vs.device());
+            let batch: Vec<&TrainRow> = plan.rows.iter().map(|&i| &rows[i]).collect();
+            let per_row = mb.response_values(&mb.values(critic), &batch);
+            for (&i, v) in plan.rows.iter().zip(per_row) {
                 rows[i].old_values = v;
             }
         }
@@ -72,15 +71,7 @@ mod tests {
 
     fn row(tokens: Vec<u32>, prompt_len: usize) -> TrainRow {
         let n = tokens.len() - prompt_len;
-        TrainRow {
-            tokens,
-            prompt_len,
-            loss_mask: vec![1; n],
-            behavior_logp: vec![0.0; n],
-            advantages: vec![0.0; n],
-            weight: 1.0 / (2 * n) as f64,
-            ..Default::default()
-        }
+        TrainRow::sampled(tokens, prompt_len, 1.0 / (2 * n) as f64)
     }
 
     /// The critic starts at 0 (zero head) and learns the returns of a fixed batch; GAE with
@@ -103,12 +94,12 @@ mod tests {
         let plan: RowPlan = vec![vec![vec![0, 1]]];
         let mut losses = Vec::new();
         for _ in 0..30 {
-            compute_values(&critic, &mut rows, 1024);
+            compute_values(&critic, &mut rows, &Batching::padded(1024));
             apply_gae(&mut rows, &[1.0, -1.0], 1.0, 1.0);
             let cfg = ValueLossConfig {
                 clip: 10.0,
                 epochs: 1,
-                micro_batch_tokens: 1024,
+                batching: Batching::padded(1024),
             };
             let mut one_rank = Replicas::new(&critic, 1).unwrap();
             let stats = critic_update(&critic, &mut one_rank, &mut opt, &rows, &plan, &cfg);

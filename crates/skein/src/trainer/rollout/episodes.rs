@@ -532,6 +532,7 @@ mod tests {
     fn merged_rows_recompute_the_behavior_logprobs() {
         use crate::trainer::batch::{build_step_batch, StepBatchConfig};
         use crate::trainer::prepare::recompute_logprobs;
+        use crate::trainer::update::pack::Batching;
         let task = agent_task_by_name("guess", 1).unwrap().unwrap();
         let tokenizer = Tokenizer::char_level(task.alphabet()).unwrap();
         let (params, limits) = (params(&tokenizer), limits());
@@ -556,9 +557,31 @@ mod tests {
         let batch_cfg = StepBatchConfig::from_config(&cfg, 8);
         let mut batch = build_step_batch(&trajectories, &batch_cfg, 1).unwrap();
         assert_eq!(batch.real_rows, 16, "one merged row per episode");
-        recompute_logprobs(&policy, None, &mut batch.rows, 4096, params.temperature);
+        let needs_old = vec![true; batch.rows.len()];
         let mut checked = 0;
-        for row in &batch.rows {
+        // Padded, packed, and packed with the group's prompt computed once.
+        for (packing, shared_prefix) in [(false, false), (true, false), (true, true)] {
+            let batching = Batching {
+                micro_batch_tokens: 4096,
+                packing,
+                shared_prefix,
+            };
+            let rows = &mut batch.rows;
+            recompute_logprobs(
+                &policy,
+                None,
+                rows,
+                &needs_old,
+                &batching,
+                params.temperature,
+            );
+            check_recomputed(rows, &mut checked);
+        }
+        assert!(checked > 150);
+    }
+
+    fn check_recomputed(rows: &[crate::trainer::batch::TrainRow], checked: &mut usize) {
+        for row in rows {
             for (k, &m) in row.loss_mask.iter().enumerate() {
                 if m == 1 {
                     let (a, b) = (row.old_logp[k], row.behavior_logp[k]);
@@ -566,11 +589,10 @@ mod tests {
                         (a - b).abs() < 1e-4,
                         "token {k}: recomputed {a} vs sampled {b}"
                     );
-                    checked += 1;
+                    *checked += 1;
                 }
             }
         }
-        assert!(checked > 50);
     }
 
     fn chatml() -> ChatTemplate {

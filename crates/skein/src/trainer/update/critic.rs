@@ -3,7 +3,8 @@
 //! the step's start and GAE returns — are filled by `trainer::prepare`; `super::critic_update`
 //! runs it over the planned mini-batches.
 
-use super::tensors::{micro_batches, MicroBatch};
+use super::pack::{micro_batches, Batching};
+use super::tensors::MicroBatch;
 use crate::model::ValueModel;
 use crate::trainer::batch::TrainRow;
 use serde::{Deserialize, Serialize};
@@ -15,7 +16,7 @@ pub struct ValueLossConfig {
     /// Values move at most this far from their rollout-time estimate before the loss clips.
     pub clip: f64,
     pub epochs: usize,
-    pub micro_batch_tokens: usize,
+    pub batching: Batching,
 }
 
 /// One rank's share of a mini-batch of the value loss: forward and backward of its rows in
@@ -27,11 +28,9 @@ pub fn critic_pass(
     cfg: &ValueLossConfig,
 ) -> f64 {
     let mut total = 0.0;
-    for idx in micro_batches(rows, rank_rows, cfg.micro_batch_tokens) {
-        let batch: Vec<&TrainRow> = idx.iter().map(|&i| &rows[i]).collect();
-        let mb = MicroBatch::new(&batch, critic.vs.device());
-        let t = mb.input.size()[1];
-        let v = critic.values(&mb.input).narrow(1, 0, t - 1);
+    for plan in micro_batches(rows, rank_rows, &cfg.batching) {
+        let mb = MicroBatch::new(rows, &plan, critic.vs.device());
+        let v = mb.values(critic);
         let clipped = &mb.old_values + (&v - &mb.old_values).clamp(-cfg.clip, cfg.clip);
         let l1 = (&v - &mb.returns).pow_tensor_scalar(2);
         let l2 = (clipped - &mb.returns).pow_tensor_scalar(2);

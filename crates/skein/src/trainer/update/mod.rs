@@ -6,7 +6,8 @@
 //!
 //! | file | job |
 //! | --- | --- |
-//! | `tensors.rs` | rows → padded tensors of a micro-batch; per-token log-probs |
+//! | `pack.rs` | where rows sit in a micro-batch: padded, packed, or sharing a prompt |
+//! | `tensors.rs` | rows → the tensors of a micro-batch; per-token log-probs |
 //! | `policy_loss.rs` | the clipped surrogate, KL and entropy terms per token |
 //! | `critic.rs` | the clipped value loss and the critic's update |
 //! | `optim.rs` | AdamW with clipping, schedules and non-finite skips |
@@ -14,15 +15,17 @@
 
 pub mod critic;
 pub mod optim;
+pub mod pack;
 pub mod policy_loss;
 pub mod ranks;
 pub mod tensors;
 
 use self::critic::{critic_pass, ValueLossConfig};
 use self::optim::{Optimizer, StepStats};
+use self::pack::{micro_batches, Batching};
 use self::policy_loss::{policy_loss, LossConfig, TokenBatch};
 use self::ranks::{Job, PassSums, Ranks, RanksOut, Replica};
-use self::tensors::{micro_batches, token_logprobs, MicroBatch};
+use self::tensors::{token_logprobs, MicroBatch};
 use crate::model::{Model, ValueModel};
 use crate::trainer::batch::{RowPlan, TrainRow};
 use crate::trainer::prepare::PreparedBatch;
@@ -40,6 +43,9 @@ pub struct UpdateStats {
     pub lr: f64,
     pub optimizer_steps: usize,
     pub micro_batches: usize,
+    /// Token slots the forwards computed, padding and prompts included (against the loss's
+    /// tokens: what packing and shared prompts save).
+    pub computed_tokens: usize,
     /// Mini-batches whose loss or gradient was NaN or infinite: not applied.
     pub skipped_updates: usize,
     /// Seconds ranks spent waiting for the slowest one at the all-reduce: per mini-batch the
@@ -70,7 +76,7 @@ impl UpdateStats {
 pub struct UpdateConfig {
     pub loss: LossConfig,
     pub epochs: usize,
-    pub micro_batch_tokens: usize,
+    pub batching: Batching,
     pub temperature: f64,
 }
 
@@ -141,6 +147,7 @@ pub fn ppo_update<R: Ranks<Model>>(
     let n = stats.optimizer_steps.max(1) as f64;
     let t = if sums.tokens > 0.0 { sums.tokens } else { 1.0 };
     stats.micro_batches = sums.micro_batches;
+    stats.computed_tokens = sums.computed_tokens as usize;
     stats.loss /= n;
     stats.grad_norm = grad_norm / n;
     stats.clip_frac = sums.clipped / t;
@@ -243,14 +250,13 @@ pub fn rank_pass(
 ) -> f64 {
     let device = model.vs.device();
     let mut loss = 0.0;
-    for idx in micro_batches(rows, rank_rows, cfg.micro_batch_tokens) {
-        let batch: Vec<&TrainRow> = idx.iter().map(|&i| &rows[i]).collect();
-        let mb = MicroBatch::new(&batch, device);
+    for plan in micro_batches(rows, rank_rows, &cfg.batching) {
+        let mb = MicroBatch::new(rows, &plan, device);
         let (logp, entropy) = token_logprobs(&model.net, &mb, cfg.temperature, true);
         let out = policy_loss(
             &TokenBatch {
                 logp: &logp,
-                old_logp: &mb.old_logp,
+                old_logp: &mb.old_logp_or(&logp),
                 ref_logp: reference_on.then_some(&mb.ref_logp),
                 entropy: entropy.as_ref(),
                 advantages: &mb.advantages,
@@ -268,6 +274,7 @@ pub fn rank_pass(
         sums.entropy += out.entropy_sum;
         sums.ref_kl += out.ref_kl_sum;
         sums.micro_batches += 1;
+        sums.computed_tokens += mb.computed_tokens as f64;
     }
     loss
 }
@@ -369,7 +376,7 @@ mod tests {
         let value_cfg = ValueLossConfig {
             clip: 10.0,
             epochs: 1,
-            micro_batch_tokens: 1024,
+            batching: Batching::padded(1024),
         };
         let plan: RowPlan = vec![vec![vec![0, 1]]];
         let before = fingerprint(&critic.vs);

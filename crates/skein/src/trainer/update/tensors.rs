@@ -1,84 +1,239 @@
-//! Rows → padded tensors for one micro-batch, and per-token log-probs of the targets.
+//! Rows → the tensors of one micro-batch (laid out by `pack`), and per-token log-probs of the
+//! targets.
 //!
 //! A row is prompt ++ response token ids, exactly as sampled. Position t of the logits predicts
-//! token t+1, so every per-token tensor here is [rows, T-1] and aligned with `input[:, 1:]`.
+//! token t+1, so every per-token tensor here is [lines, T-1] and aligned with `input[:, 1:]`.
 
-use crate::model::Transformer;
+use super::pack::{attention_mask, LineAttention, MicroPlan};
+use crate::model::transformer::positions_like;
+use crate::model::{AttnMode, Span, Spans, Transformer, ValueModel};
 use crate::trainer::batch::TrainRow;
+use std::borrow::Borrow;
 use tch::{Device, Kind, Tensor};
+
+/// How a micro-batch's attention is computed.
+enum Attention {
+    /// One row per line.
+    Causal,
+    /// Packed lines under a dense [lines, 1, T, T] mask.
+    Mask(Tensor),
+    /// Packed lines, span by span.
+    Spans(Spans),
+}
+
+/// The spans of a packed plan: every segment, in column order, with its shared prefix.
+fn span_plan(plan: &MicroPlan, device: Device) -> Spans {
+    let lines = plan
+        .lines
+        .iter()
+        .map(|line| {
+            line.iter()
+                .map(|s| Span {
+                    col: s.col as i64,
+                    len: s.len as i64,
+                    context: s.context.as_ref().map(|c| {
+                        let (n, ctx) = (s.len as i64, c.len() as i64);
+                        let own = Tensor::ones([n, n], (Kind::Bool, device)).tril(0);
+                        let prefix = Tensor::ones([n, ctx], (Kind::Bool, device));
+                        (c.start as i64, ctx, Tensor::cat(&[prefix, own], 1))
+                    }),
+                })
+                .collect()
+        })
+        .collect();
+    Spans {
+        lines,
+        width: plan.width as i64,
+    }
+}
 
 pub struct MicroBatch {
     pub input: Tensor,
+    /// Position of each token in its own row (packed lines restart them); None: 0..T.
+    pub positions: Option<Tensor>,
+    /// Which keys each query reads.
+    attention: Attention,
     pub targets: Tensor,
     pub mask: Tensor,
     pub weights: Tensor,
     pub advantages: Tensor,
     pub behavior_logp: Tensor,
     pub old_logp: Tensor,
+    /// 1 where the row brought its π_old log-prob; 0 where the forward's own detached log-prob
+    /// stands in (rows of a step's first optimizer step, see `trainer::prepare`).
+    pub has_old: Tensor,
     pub ref_logp: Tensor,
     pub old_values: Tensor,
     pub returns: Tensor,
     pub is_weight: Tensor,
+    /// Per row: (line, column) of the position that predicts its first response token.
+    places: Vec<(usize, usize)>,
+    /// Token slots computed (lines × width).
+    pub computed_tokens: usize,
 }
 
 impl MicroBatch {
-    pub fn new(rows: &[&TrainRow], device: Device) -> Self {
-        let b = rows.len();
-        let t = rows
-            .iter()
-            .map(|r| r.tokens.len())
-            .max()
-            .unwrap_or(2)
-            .max(2);
+    /// One right-padded row per line, in the given order.
+    pub fn padded(rows: &[&TrainRow], device: Device) -> Self {
+        let lens: Vec<usize> = rows.iter().map(|r| r.tokens.len()).collect();
+        let plan = MicroPlan::one_per_line((0..rows.len()).collect(), &lens);
+        MicroBatch::new(rows, &plan, device)
+    }
+
+    /// The tensors of micro-batch `plan` over the step's `rows`.
+    pub fn new<R: Borrow<TrainRow>>(rows: &[R], plan: &MicroPlan, device: Device) -> Self {
+        MicroBatch::build(rows, plan, device, plan.attention == LineAttention::Spans)
+    }
+
+    /// As [`MicroBatch::new`], with the attention of a packed plan chosen: span by span
+    /// (`spans`) or under a dense mask.
+    fn build<R: Borrow<TrainRow>>(
+        rows: &[R],
+        plan: &MicroPlan,
+        device: Device,
+        spans: bool,
+    ) -> Self {
+        let (b, t) = (plan.lines.len().max(1), plan.width.max(2));
         let mut input = vec![0i64; b * t];
+        let mut positions = vec![0i64; b * t];
         let n = b * (t - 1);
         let (mut mask, mut weights, mut adv, mut blp) =
             (vec![0f32; n], vec![0f32; n], vec![0f32; n], vec![0f32; n]);
-        let (mut old, mut reference) = (vec![0f32; n], vec![0f32; n]);
+        let (mut old, mut has_old, mut reference) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
         let (mut values, mut returns) = (vec![0f32; n], vec![0f32; n]);
         let mut is_weight = vec![1f32; n];
-        for (i, r) in rows.iter().enumerate() {
-            for (j, &tok) in r.tokens.iter().enumerate() {
-                input[i * t + j] = tok as i64;
-            }
-            for (k, &m) in r.loss_mask.iter().enumerate() {
-                // Response token k sits at position prompt_len + k, predicted from the one before.
-                let at = i * (t - 1) + r.prompt_len + k - 1;
-                let m = m as f32;
-                mask[at] = m;
-                weights[at] = m * r.weight as f32;
-                adv[at] = r.advantages[k];
-                blp[at] = r.behavior_logp[k];
-                old[at] = r.old_logp.get(k).copied().unwrap_or(0.0);
-                reference[at] = r.ref_logp.get(k).copied().unwrap_or(0.0);
-                values[at] = r.old_values.get(k).copied().unwrap_or(0.0);
-                returns[at] = r.returns.get(k).copied().unwrap_or(0.0);
-                is_weight[at] = r.is_weight.get(k).copied().unwrap_or(1.0);
+        let mut places = vec![(0, 0); plan.rows.len()];
+        for (l, line) in plan.lines.iter().enumerate() {
+            for s in line {
+                let r: &TrainRow = rows[plan.rows[s.row]].borrow();
+                for i in 0..s.len {
+                    input[l * t + s.col + i] = r.tokens[s.skip + i] as i64;
+                    positions[l * t + s.col + i] = (s.skip + i) as i64;
+                }
+                if s.prefix {
+                    continue;
+                }
+                // Response token k sits at row position prompt_len + k, predicted from the
+                // one before it.
+                let first = s.col + r.prompt_len - 1 - s.skip;
+                places[s.row] = (l, first);
+                for (k, &m) in r.loss_mask.iter().enumerate() {
+                    let at = l * (t - 1) + first + k;
+                    let m = m as f32;
+                    mask[at] = m;
+                    weights[at] = m * r.weight as f32;
+                    adv[at] = r.advantages[k];
+                    blp[at] = r.behavior_logp[k];
+                    if let Some(&o) = r.old_logp.get(k) {
+                        old[at] = o;
+                        has_old[at] = 1.0;
+                    }
+                    reference[at] = r.ref_logp.get(k).copied().unwrap_or(0.0);
+                    values[at] = r.old_values.get(k).copied().unwrap_or(0.0);
+                    returns[at] = r.returns.get(k).copied().unwrap_or(0.0);
+                    is_weight[at] = r.is_weight.get(k).copied().unwrap_or(1.0);
+                }
             }
         }
         let shape = [b as i64, t as i64 - 1];
         let tensor = |v: &[f32]| Tensor::from_slice(v).view(shape).to_device(device);
-        let input = Tensor::from_slice(&input)
-            .view([b as i64, t as i64])
-            .to_device(device);
+        let ids = |v: &[i64]| {
+            Tensor::from_slice(v)
+                .view([b as i64, t as i64])
+                .to_device(device)
+        };
+        let input = ids(&input);
+        let (positions, attention) = if plan.attention == LineAttention::Causal {
+            (None, Attention::Causal)
+        } else if spans {
+            (
+                Some(ids(&positions)),
+                Attention::Spans(span_plan(plan, device)),
+            )
+        } else {
+            let m = Tensor::from_slice(&attention_mask(plan))
+                .view([b as i64, 1, t as i64, t as i64])
+                .to_device(device);
+            (Some(ids(&positions)), Attention::Mask(m))
+        };
         MicroBatch {
             targets: input.narrow(1, 1, t as i64 - 1),
             input,
+            positions,
+            attention,
             mask: tensor(&mask),
             weights: tensor(&weights),
             advantages: tensor(&adv),
             behavior_logp: tensor(&blp),
             old_logp: tensor(&old),
+            has_old: tensor(&has_old),
             ref_logp: tensor(&reference),
             old_values: tensor(&values),
             returns: tensor(&returns),
             is_weight: tensor(&is_weight),
+            places,
+            computed_tokens: b * t,
         }
+    }
+
+    /// Final hidden states of every position.
+    pub fn hidden(&self, net: &Transformer) -> Tensor {
+        let (positions, mode) = self.attention_mode();
+        net.hidden(&self.input, &positions, mode)
+    }
+
+    fn attention_mode(&self) -> (Tensor, AttnMode<'_>) {
+        let positions = match &self.positions {
+            Some(p) => p.shallow_clone(),
+            None => positions_like(&self.input),
+        };
+        let mode = match &self.attention {
+            Attention::Causal => AttnMode::Causal,
+            Attention::Mask(m) => AttnMode::Masked(m),
+            Attention::Spans(s) => AttnMode::Spans(s),
+        };
+        (positions, mode)
+    }
+
+    /// The critic's values of every position that predicts a target, [lines, T-1].
+    pub fn values(&self, critic: &ValueModel) -> Tensor {
+        let t = self.input.size()[1];
+        let (positions, mode) = self.attention_mode();
+        critic
+            .values_at(&self.input, &positions, mode)
+            .narrow(1, 0, t - 1)
+    }
+
+    /// π_old per token: the row's own where it brought one, else the forward's `logp`
+    /// (detached: π_old is a constant of the loss).
+    pub fn old_logp_or(&self, logp: &Tensor) -> Tensor {
+        self.old_logp
+            .where_self(&self.has_old.gt(0.5), &logp.detach())
+    }
+
+    /// Per-token values of a [lines, T-1] tensor at each row's response positions, by row.
+    pub fn response_values(&self, values: &Tensor, rows: &[&TrainRow]) -> Vec<Vec<f32>> {
+        let flat = Vec::<f32>::try_from(
+            values
+                .to_kind(Kind::Float)
+                .to_device(Device::Cpu)
+                .contiguous()
+                .view([-1]),
+        )
+        .unwrap_or_default();
+        let width = values.size()[1] as usize;
+        rows.iter()
+            .zip(&self.places)
+            .map(|(r, &(line, first))| {
+                let start = line * width + first;
+                flat[start..start + r.loss_mask.len()].to_vec()
+            })
+            .collect()
     }
 }
 
 /// Log-probs of `targets` under the model at `temperature`, and optionally the entropy of each
-/// position's distribution. Both [rows, T-1].
+/// position's distribution. Both [lines, T-1].
 pub fn token_logprobs(
     net: &Transformer,
     mb: &MicroBatch,
@@ -87,7 +242,7 @@ pub fn token_logprobs(
 ) -> (Tensor, Option<Tensor>) {
     let t = mb.input.size()[1];
     let logits = net
-        .forward(&mb.input)
+        .logits(&mb.hidden(net))
         .narrow(1, 0, t - 1)
         .to_kind(Kind::Float);
     let logits = if temperature > 0.0 && temperature != 1.0 {
@@ -104,72 +259,9 @@ pub fn token_logprobs(
     (logp, entropy)
 }
 
-/// Per-token values of a [rows, T-1] tensor at each row's response positions.
-pub fn response_values(values: &Tensor, rows: &[&TrainRow]) -> Vec<Vec<f32>> {
-    let flat = Vec::<f32>::try_from(
-        values
-            .to_kind(Kind::Float)
-            .to_device(Device::Cpu)
-            .contiguous()
-            .view([-1]),
-    )
-    .unwrap_or_default();
-    let width = values.size()[1] as usize;
-    rows.iter()
-        .enumerate()
-        .map(|(i, r)| {
-            let start = i * width + r.prompt_len - 1;
-            flat[start..start + r.loss_mask.len()].to_vec()
-        })
-        .collect()
-}
-
-/// Micro-batches of `indices` into `rows`, shortest rows first, each within `max_tokens`
-/// padded tokens: sorting keeps a long-tail row from padding a batch of short ones. The loss
-/// does not depend on the split (each token's weight holds the global counts), so any order
-/// is sound.
-pub fn micro_batches(rows: &[TrainRow], indices: &[usize], max_tokens: usize) -> Vec<Vec<usize>> {
-    let mut sorted = indices.to_vec();
-    sorted.sort_by_key(|&i| rows[i].tokens.len());
-    let lens: Vec<usize> = sorted.iter().map(|&i| rows[i].tokens.len()).collect();
-    split_by_tokens(&lens, max_tokens)
-        .into_iter()
-        .map(|r| sorted[r].to_vec())
-        .collect()
-}
-
-/// Splits row indices into micro-batches of at most `max_tokens` padded tokens each
-/// (a single longer row still gets a micro-batch of its own).
-pub fn split_by_tokens(lens: &[usize], max_tokens: usize) -> Vec<std::ops::Range<usize>> {
-    let mut out = Vec::new();
-    let mut start = 0;
-    let mut longest = 0;
-    for (i, &len) in lens.iter().enumerate() {
-        let l = longest.max(len);
-        if i > start && l * (i - start + 1) > max_tokens {
-            out.push(start..i);
-            start = i;
-            longest = len;
-        } else {
-            longest = l;
-        }
-    }
-    if start < lens.len() {
-        out.push(start..lens.len());
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn split_respects_the_padded_token_budget() {
-        let parts = split_by_tokens(&[4, 4, 4, 10, 1, 1], 12);
-        assert_eq!(parts, vec![0..3, 3..4, 4..6]);
-        assert!(split_by_tokens(&[], 8).is_empty());
-    }
 
     #[test]
     fn response_tokens_align_with_their_predicting_position() {
@@ -182,7 +274,7 @@ mod tests {
             weight: 0.25,
             ..Default::default()
         };
-        let mb = MicroBatch::new(&[&row], Device::Cpu);
+        let mb = MicroBatch::padded(&[&row], Device::Cpu);
         assert_eq!(
             Vec::<i64>::try_from(mb.targets.view([-1])).unwrap(),
             vec![6, 7, 8]
@@ -200,5 +292,90 @@ mod tests {
             Vec::<f32>::try_from(mb.behavior_logp.view([-1])).unwrap(),
             vec![0.0, -0.5, -0.7]
         );
+    }
+
+    /// The same rows (two groups sharing prompts, rows of other lengths) padded, packed under
+    /// a mask, packed span by span, and sharing prompts both ways: equal log-probs of every
+    /// response token, and equal gradients of a loss over them.
+    #[test]
+    fn every_layout_gives_the_same_logprobs_and_gradients() {
+        use super::super::pack::{micro_batches, Batching};
+        use crate::model::{Model, ModelConfig};
+        let cfg = ModelConfig::tiny_qwen2(16, 32, 2, 2, 1, 64, 64);
+        let model = Model::random(&cfg, Device::Cpu, 5).unwrap();
+        let mut rows = Vec::new();
+        for g in 0..2u32 {
+            let prompt: Vec<u32> = (0..6 + g).map(|i| 1 + (i * 7 + g) % 15).collect();
+            for s in 0..3u32 {
+                let n = 2 + (s * 5 + g) as usize % 7;
+                let mut tokens = prompt.clone();
+                tokens.extend((0..n as u32).map(|i| 1 + (i * 3 + s + g) % 15));
+                rows.push(TrainRow {
+                    tokens,
+                    prompt_len: prompt.len(),
+                    loss_mask: (0..n).map(|k| u8::from(k != 1)).collect(),
+                    behavior_logp: vec![0.0; n],
+                    advantages: vec![0.0; n],
+                    weight: 0.01 * (1 + s) as f64,
+                    ..Default::default()
+                });
+            }
+        }
+        let all: Vec<usize> = (0..rows.len()).collect();
+        let run = |packing, shared_prefix, spans| {
+            let b = Batching {
+                micro_batch_tokens: 4096,
+                packing,
+                shared_prefix,
+            };
+            let plans = micro_batches(&rows, &all, &b);
+            assert_eq!(plans.len(), 1);
+            let p = &plans[0];
+            let mb = MicroBatch::build(&rows, p, Device::Cpu, spans);
+            model
+                .vs
+                .trainable_variables()
+                .iter_mut()
+                .for_each(|t| t.zero_grad());
+            let (logp, _) = token_logprobs(&model.net, &mb, 1.0, false);
+            (&logp * &mb.weights).sum(Kind::Float).backward();
+            let batch: Vec<&TrainRow> = p.rows.iter().map(|&i| &rows[i]).collect();
+            let mut by_row = vec![Vec::new(); rows.len()];
+            for (&i, v) in p.rows.iter().zip(mb.response_values(&logp, &batch)) {
+                by_row[i] = v;
+            }
+            let grads: Vec<f32> = model
+                .vs
+                .trainable_variables()
+                .iter()
+                .flat_map(|t| Vec::<f32>::try_from(t.grad().view([-1])).unwrap())
+                .collect();
+            (by_row, grads)
+        };
+        let (want_logp, want_grad) = run(false, false, false);
+        for (packing, shared, spans) in [
+            (true, false, false),
+            (true, false, true),
+            (true, true, false),
+            (true, true, true),
+        ] {
+            let (logp, grad) = run(packing, shared, spans);
+            for (a, b) in logp.iter().flatten().zip(want_logp.iter().flatten()) {
+                assert!(
+                    (a - b).abs() < 1e-5,
+                    "{packing} {shared} {spans}: {a} vs {b}"
+                );
+            }
+            let worst = grad
+                .iter()
+                .zip(&want_grad)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            let size = want_grad.iter().map(|g| g.abs()).fold(0f32, f32::max);
+            assert!(
+                size > 1e-3 && worst < 1e-5 * size.max(1.0),
+                "{worst} of {size}"
+            );
+        }
     }
 }

@@ -77,6 +77,8 @@ pub struct PassSums {
     pub entropy: f64,
     pub ref_kl: f64,
     pub micro_batches: usize,
+    /// Token slots the forwards computed (padding and prompts included).
+    pub computed_tokens: f64,
 }
 
 impl PassSums {
@@ -87,6 +89,7 @@ impl PassSums {
         self.entropy += o.entropy;
         self.ref_kl += o.ref_kl;
         self.micro_batches += o.micro_batches;
+        self.computed_tokens += o.computed_tokens;
     }
 }
 

@@ -228,6 +228,7 @@ impl MpiGroup {
             s.entropy,
             s.ref_kl,
             s.micro_batches as f64,
+            s.computed_tokens,
             secs,
         ];
         let root = self.world.process_at_rank(0);
@@ -246,8 +247,9 @@ impl MpiGroup {
                     entropy: v[4],
                     ref_kl: v[5],
                     micro_batches: v[6] as usize,
+                    computed_tokens: v[7],
                 };
-                (v[0], sums, v[7])
+                (v[0], sums, v[8])
             })
             .collect()
     }
