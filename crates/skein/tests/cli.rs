@@ -93,6 +93,59 @@ fn train_config_errors_name_the_key_and_print_config_shows_defaults() {
     );
 }
 
+/// The three layouts run in child processes of their own and agree on the loss; sharing the
+/// groups' prompts computes fewer tokens than padding, and the same loss tokens.
+#[test]
+fn bench_train_tokens_compares_the_layouts_on_one_loss() {
+    let args = [
+        "bench",
+        "train-tokens",
+        "--groups",
+        "2",
+        "--samples",
+        "3",
+        "--prompt",
+        "300",
+        "--median-response",
+        "8",
+        "--max-response",
+        "40",
+        "--hidden",
+        "32",
+        "--heads",
+        "2",
+        "--layers",
+        "1",
+        "--iters",
+        "1",
+    ];
+    let (code, out, err) = skein(&args, "");
+    assert_eq!(code, 0, "{out}\n{err}");
+    let row = |name: &str| -> Vec<f64> {
+        let line = out
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("no {name} row in\n{out}"));
+        line.split_whitespace()
+            .skip(1)
+            .map(|v| v.trim_end_matches('x').parse().unwrap())
+            .collect()
+    };
+    let (padded, packed, shared) = (row("padded"), row("packed"), row("shared-prefix"));
+    // loss tokens, computed tokens, update s, speed-up, peak RSS, loss
+    assert_eq!(padded[0], shared[0]);
+    assert_eq!(padded[0], packed[0]);
+    assert!(shared[1] < 0.5 * padded[1], "{out}");
+    assert!(packed[1] <= padded[1], "{out}");
+    for r in [&packed, &shared] {
+        assert!((r[5] - padded[5]).abs() <= 1e-4 * padded[5].abs(), "{out}");
+        assert!(r[4] > 0.0, "peak memory measured: {out}");
+    }
+    let (code, _, err) = skein(&["bench", "train-tokens", "--vocab", "1"], "");
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("`--vocab`"), "{err}");
+}
+
 #[test]
 fn bench_sizes_that_cannot_work_name_their_flag() {
     for (flag, value) in [("--batch", "0"), ("--heads", "0"), ("--hidden", "250")] {

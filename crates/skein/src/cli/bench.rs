@@ -14,32 +14,79 @@ use std::time::Instant;
 /// Sizes of the benchmark model and batch: each at least 1, `hidden` a multiple of `heads`,
 /// `seq` longer than `decode_prompt` (else libtorch is handed tensors it cannot shape).
 fn check(a: &BenchArgs) -> Result<()> {
-    for (flag, value) in [
-        ("--vocab", a.vocab),
-        ("--hidden", a.hidden),
-        ("--layers", a.layers),
-        ("--heads", a.heads),
-        ("--intermediate", a.intermediate),
+    a.model.check()?;
+    at_least_one(&[
         ("--batch", a.batch),
         ("--seq", a.seq),
         ("--iters", a.iters),
         ("--decode-prompt", a.decode_prompt),
-    ] {
-        if value == 0 {
-            anyhow::bail!("invalid value for `{flag}`: must be ≥ 1 (got 0)");
-        }
-    }
-    if !a.hidden.is_multiple_of(a.heads) {
-        anyhow::bail!(
-            "invalid value for `--hidden`: must be a multiple of --heads ({}; got {})",
-            a.heads,
-            a.hidden
-        );
-    }
+    ])?;
     if a.seq < 2 {
         anyhow::bail!("invalid value for `--seq`: must be ≥ 2 (got {})", a.seq);
     }
     Ok(())
+}
+
+/// Errors naming the first flag whose value is 0.
+pub fn at_least_one(flags: &[(&str, usize)]) -> Result<()> {
+    match flags.iter().find(|(_, v)| *v == 0) {
+        Some((flag, _)) => anyhow::bail!("invalid value for `{flag}`: must be ≥ 1 (got 0)"),
+        None => Ok(()),
+    }
+}
+
+/// The shape of a benchmark's random Qwen2-layout model.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ModelShape {
+    #[arg(long, default_value_t = 512)]
+    pub vocab: usize,
+    #[arg(long, default_value_t = 256)]
+    pub hidden: usize,
+    #[arg(long, default_value_t = 4)]
+    pub layers: usize,
+    #[arg(long, default_value_t = 4)]
+    pub heads: usize,
+    #[arg(long, default_value_t = 688)]
+    pub intermediate: usize,
+}
+
+impl ModelShape {
+    /// Each size at least 1 and `hidden` a multiple of `heads`.
+    pub fn check(&self) -> Result<()> {
+        at_least_one(&self.flags())?;
+        if !self.hidden.is_multiple_of(self.heads) {
+            anyhow::bail!(
+                "invalid value for `--hidden`: must be a multiple of --heads ({}; got {})",
+                self.heads,
+                self.hidden
+            );
+        }
+        Ok(())
+    }
+
+    /// The flags and their values (to check them, or to pass them on).
+    pub fn flags(&self) -> [(&'static str, usize); 5] {
+        [
+            ("--vocab", self.vocab),
+            ("--hidden", self.hidden),
+            ("--layers", self.layers),
+            ("--heads", self.heads),
+            ("--intermediate", self.intermediate),
+        ]
+    }
+
+    /// The model's configuration, with room for `positions` tokens.
+    pub fn config(&self, positions: usize) -> ModelConfig {
+        ModelConfig::tiny_qwen2(
+            self.vocab,
+            self.hidden,
+            self.layers,
+            self.heads,
+            self.heads,
+            self.intermediate,
+            positions,
+        )
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -47,16 +94,8 @@ pub struct BenchArgs {
     /// A benchmark other than the training step and decode (e.g. `rewards`).
     #[command(subcommand)]
     what: Option<super::bench_rewards::BenchWhat>,
-    #[arg(long, default_value_t = 512)]
-    vocab: usize,
-    #[arg(long, default_value_t = 256)]
-    hidden: usize,
-    #[arg(long, default_value_t = 4)]
-    layers: usize,
-    #[arg(long, default_value_t = 4)]
-    heads: usize,
-    #[arg(long, default_value_t = 688)]
-    intermediate: usize,
+    #[command(flatten)]
+    model: ModelShape,
     #[arg(long, default_value_t = 8)]
     batch: usize,
     #[arg(long, default_value_t = 256)]
@@ -74,24 +113,17 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         return super::bench_rewards::run(what);
     }
     check(a)?;
-    let cfg = ModelConfig::tiny_qwen2(
-        a.vocab,
-        a.hidden,
-        a.layers,
-        a.heads,
-        a.heads,
-        a.intermediate,
-        a.seq.max(a.decode_prompt + 1),
-    );
+    let cfg = a.model.config(a.seq.max(a.decode_prompt + 1));
+    let m = &a.model;
     let model = Model::random(&cfg, tch::Device::Cpu, 0)?;
     println!(
         "model: {:.2}M parameters (vocab {}, hidden {}, {} layers, {} heads, intermediate {}), {} threads",
         cfg.num_parameters() as f64 / 1e6,
-        a.vocab,
-        a.hidden,
-        a.layers,
-        a.heads,
-        a.intermediate,
+        m.vocab,
+        m.hidden,
+        m.layers,
+        m.heads,
+        m.intermediate,
         tch::get_num_threads()
     );
     let train = median(time_train_steps(&model, a)?);
@@ -118,7 +150,7 @@ fn time_train_steps(model: &Model, a: &BenchArgs) -> Result<Vec<f64>> {
     let rows: Vec<TrainRow> = (0..a.batch)
         .map(|b| {
             let tokens: Vec<u32> = (0..a.seq)
-                .map(|i| ((i * 31 + b * 17) % a.vocab) as u32)
+                .map(|i| ((i * 31 + b * 17) % a.model.vocab) as u32)
                 .collect();
             let n = a.seq - prompt;
             TrainRow {
@@ -140,7 +172,7 @@ fn time_train_steps(model: &Model, a: &BenchArgs) -> Result<Vec<f64>> {
     let mut times = Vec::new();
     for i in 0..=a.iters {
         let t = Instant::now();
-        let mb = MicroBatch::new(&refs, model.vs.device());
+        let mb = MicroBatch::padded(&refs, model.vs.device());
         opt.zero_grad();
         let (logp, _) = token_logprobs(&model.net, &mb, 1.0, false);
         let out = policy_loss(
@@ -173,7 +205,7 @@ fn time_decode(model: &Model, a: &BenchArgs) -> (f64, usize) {
             .map(|b| GenRequest {
                 id: b as u64,
                 prompt: (0..a.decode_prompt)
-                    .map(|i| ((i * 7 + b * 13 + seed) % a.vocab) as u32)
+                    .map(|i| ((i * 7 + b * 13 + seed) % a.model.vocab) as u32)
                     .collect(),
                 resumed: Vec::new(),
                 params: SamplingParams {

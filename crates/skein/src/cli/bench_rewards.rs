@@ -19,6 +19,8 @@ use std::time::Instant;
 pub enum BenchWhat {
     /// Async reward scoring against scoring at the end, with a real reward model.
     Rewards(RewardBenchArgs),
+    /// One PPO update of an agentic batch: padded, packed, and packed with shared prompts.
+    TrainTokens(super::bench_tokens::TokenBenchArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -76,6 +78,7 @@ struct Round {
 pub fn run(what: &BenchWhat) -> Result<()> {
     match what {
         BenchWhat::Rewards(a) => rewards(a),
+        BenchWhat::TrainTokens(a) => super::bench_tokens::run(a),
     }
 }
 

@@ -1,9 +1,11 @@
 //! The `skein` command line, one file per command: `train`, `plan`, `bench` (and `bench
-//! rewards`), `bench-partial`, `eval`, `sft`, `plot`, `serve-reward`, `serve`.
+//! rewards`, `bench train-tokens`), `bench-partial`, `eval`, `sft`, `plot`, `serve-reward`,
+//! `serve`.
 
 mod bench;
 mod bench_partial;
 mod bench_rewards;
+mod bench_tokens;
 mod eval;
 mod plan;
 mod plot;
