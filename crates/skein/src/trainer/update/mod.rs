@@ -64,6 +64,8 @@ impl UpdateStats {
             ("grad_norm", self.grad_norm),
             ("updates/skipped", self.skipped_updates as f64),
             ("lr", self.lr),
+            // Against tokens/trained: what padding and repeated prompts cost.
+            ("tokens/computed", self.computed_tokens as f64),
         ];
         if reference_on {
             m.push(("kl_ref", self.ref_kl));
