@@ -63,63 +63,47 @@ pub enum AttnMode<'a> {
 
 /// Spans of packed lines, for [`AttnMode::Spans`].
 pub struct Spans {
+    /// Per line, its spans end to end from column 0; columns after the last are padding.
     pub lines: Vec<Vec<Span>>,
     pub width: i64,
 }
 
-/// A run of tokens of one line that attends causally to itself, and to all of `context`.
+/// A run of tokens of one line that attends causally to itself, and to all of a shared
+/// prefix.
 pub struct Span {
-    pub col: i64,
     pub len: i64,
-    /// Start and length of a shared prefix's columns, with the mask [len, context + len]
-    /// (the prefix, then causal over the span).
-    pub context: Option<(i64, i64, Tensor)>,
+    /// The prefix: the index of its span in the line, and the mask [len, prefix + len] (the
+    /// prefix, then causal over the span).
+    pub prefix: Option<(usize, Tensor)>,
 }
 
 impl Spans {
-    /// Attention of every span; columns no span covers get zeros. Lines and spans are taken
-    /// apart with one split each (not a slice per span), so the backward joins their
-    /// gradients once instead of adding a full-size tensor per span.
+    /// Attention of every span; padding columns get zeros. Lines and spans are taken apart
+    /// with one split each (not a slice per span), so the backward joins their gradients once
+    /// instead of adding a full-size tensor per span.
     fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, gqa: bool) -> Tensor {
         let (heads, head_dim) = (q.size()[1], q.size()[3]);
-        let zeros = |n: i64| Tensor::zeros([1, heads, n, head_dim], (q.kind(), q.device()));
         let (qs, ks, vs) = (q.split(1, 0), k.split(1, 0), v.split(1, 0));
         let lines: Vec<Tensor> = self
             .lines
             .iter()
             .enumerate()
             .map(|(l, spans)| {
-                // Chunks of the line in column order: spans, and the gaps between them.
-                let mut sizes = Vec::new();
-                // Per span: its chunk, and its shared prefix's chunk.
-                let mut chunk_of: Vec<(usize, Option<usize>)> = Vec::new();
-                let mut at = 0;
-                for s in spans {
-                    if s.col > at {
-                        sizes.push(s.col - at);
-                    }
-                    let context = s.context.as_ref().and_then(|(start, _, _)| {
-                        spans
-                            .iter()
-                            .position(|p| p.col == *start)
-                            .map(|p| chunk_of[p].0)
-                    });
-                    chunk_of.push((sizes.len(), context));
-                    sizes.push(s.len);
-                    at = s.col + s.len;
-                }
-                if at < self.width {
-                    sizes.push(self.width - at);
+                let mut sizes: Vec<i64> = spans.iter().map(|s| s.len).collect();
+                let tail = self.width - sizes.iter().sum::<i64>();
+                if tail > 0 {
+                    sizes.push(tail);
                 }
                 let q = qs[l].split_with_sizes(&sizes, 2);
                 let k = ks[l].split_with_sizes(&sizes, 2);
                 let v = vs[l].split_with_sizes(&sizes, 2);
-                let mut out: Vec<Tensor> = sizes.iter().map(|&n| zeros(n)).collect();
-                for (s, &(c, context)) in spans.iter().zip(&chunk_of) {
-                    out[c] = match (&s.context, context) {
-                        (Some((_, _, mask)), Some(p)) => {
-                            let kc = Tensor::cat(&[&k[p], &k[c]], 2);
-                            let vc = Tensor::cat(&[&v[p], &v[c]], 2);
+                let mut out: Vec<Tensor> = spans
+                    .iter()
+                    .enumerate()
+                    .map(|(c, s)| match &s.prefix {
+                        Some((p, mask)) => {
+                            let kc = Tensor::cat(&[&k[*p], &k[c]], 2);
+                            let vc = Tensor::cat(&[&v[*p], &v[c]], 2);
                             Tensor::scaled_dot_product_attention(
                                 &q[c],
                                 &kc,
@@ -131,7 +115,7 @@ impl Spans {
                                 gqa,
                             )
                         }
-                        _ => Tensor::scaled_dot_product_attention(
+                        None => Tensor::scaled_dot_product_attention(
                             &q[c],
                             &k[c],
                             &v[c],
@@ -141,7 +125,13 @@ impl Spans {
                             None,
                             gqa,
                         ),
-                    };
+                    })
+                    .collect();
+                if tail > 0 {
+                    out.push(Tensor::zeros(
+                        [1, heads, tail, head_dim],
+                        (q[0].kind(), q[0].device()),
+                    ));
                 }
                 Tensor::cat(&out, 2)
             })

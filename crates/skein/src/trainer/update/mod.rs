@@ -276,7 +276,7 @@ pub fn rank_pass(
         sums.entropy += out.entropy_sum;
         sums.ref_kl += out.ref_kl_sum;
         sums.micro_batches += 1;
-        sums.computed_tokens += mb.computed_tokens as f64;
+        sums.computed_tokens += plan.computed_tokens() as f64;
     }
     loss
 }

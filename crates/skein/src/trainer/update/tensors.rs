@@ -21,7 +21,8 @@ enum Attention {
     Spans(Spans),
 }
 
-/// The spans of a packed plan: every segment, in column order, with its shared prefix.
+/// The spans of a packed plan: every segment (placed end to end from column 0), with the
+/// index of its shared prefix's segment and the mask that reads it.
 fn span_plan(plan: &MicroPlan, device: Device) -> Spans {
     let lines = plan
         .lines
@@ -29,13 +30,14 @@ fn span_plan(plan: &MicroPlan, device: Device) -> Spans {
         .map(|line| {
             line.iter()
                 .map(|s| Span {
-                    col: s.col as i64,
                     len: s.len as i64,
-                    context: s.context.as_ref().map(|c| {
+                    prefix: s.context.as_ref().map(|c| {
+                        let at = line.iter().position(|p| p.col == c.start);
+                        let at = at.expect("a shared prefix is a segment of its line");
                         let (n, ctx) = (s.len as i64, c.len() as i64);
                         let own = Tensor::ones([n, n], (Kind::Bool, device)).tril(0);
                         let prefix = Tensor::ones([n, ctx], (Kind::Bool, device));
-                        (c.start as i64, ctx, Tensor::cat(&[prefix, own], 1))
+                        (at, Tensor::cat(&[prefix, own], 1))
                     }),
                 })
                 .collect()
@@ -68,8 +70,6 @@ pub struct MicroBatch {
     pub is_weight: Tensor,
     /// Per row: (line, column) of the position that predicts its first response token.
     places: Vec<(usize, usize)>,
-    /// Token slots computed (lines × width).
-    pub computed_tokens: usize,
 }
 
 impl MicroBatch {
@@ -172,7 +172,6 @@ impl MicroBatch {
             returns: tensor(&returns),
             is_weight: tensor(&is_weight),
             places,
-            computed_tokens: b * t,
         }
     }
 
