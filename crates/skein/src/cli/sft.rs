@@ -149,7 +149,6 @@ pub fn run(args: &SftArgs) -> Result<()> {
     Ok(())
 }
 
-/// A tiny character-level model over the characters of the conversations.
 /// Every flag has a value that can work, checked before anything is read or built.
 fn check_args(args: &SftArgs) -> Result<()> {
     if args.steps == 0 || args.batch_size == 0 || args.max_tokens < 2 {
@@ -213,6 +212,7 @@ fn check_out(args: &SftArgs) -> Result<()> {
     Ok(())
 }
 
+/// A tiny character-level model over the characters of the conversations.
 fn from_scratch(
     convs: &[Conversation],
     args: &SftArgs,
