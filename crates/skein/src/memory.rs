@@ -10,3 +10,12 @@ pub fn available() -> Option<f64> {
     let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024.0)
 }
+
+/// Free memory where `device` allocates, when it can be read: the machine's for the CPU;
+/// none is known for an accelerator.
+pub fn available_on(device: tch::Device) -> Option<f64> {
+    match device {
+        tch::Device::Cpu => available(),
+        _ => None,
+    }
+}

@@ -67,11 +67,7 @@ fn check_cache_fits(
     device: tch::Device,
 ) -> Result<()> {
     let bytes = model.net.config.kv_cache_bytes(slots, context);
-    let free = match device {
-        tch::Device::Cpu => crate::memory::available(),
-        _ => None,
-    };
-    if let Some(free) = free.filter(|&free| bytes > free) {
+    if let Some(free) = crate::memory::available_on(device).filter(|&free| bytes > free) {
         bail!(
             "--max-slots {slots} with a context of {context} tokens needs a {:.1} GiB KV cache, \
              but {:.1} GiB of memory is free: lower --max-slots or --context",

@@ -92,11 +92,7 @@ impl Model {
 /// free (libtorch would abort the process instead).
 fn ensure_fits(cfg: &ModelConfig, device: Device) -> Result<()> {
     cfg.validate()?;
-    let free = match device {
-        Device::Cpu => crate::memory::available(),
-        _ => None,
-    };
-    if let Some(free) = free.filter(|&free| cfg.build_bytes() > free) {
+    if let Some(free) = crate::memory::available_on(device).filter(|&f| cfg.build_bytes() > f) {
         bail!(
             "a model of {:.3e} parameters and {} positions needs {:.1} GiB to build, but {:.1} \
              GiB of memory is free",

@@ -4,11 +4,11 @@
 //! fit stops at once with the setting to lower, not an hour later.
 
 use super::config::TrainConfig;
+use crate::memory::GIB;
 use crate::model::ModelConfig;
 use anyhow::{bail, Result};
 
 const F32: f64 = 4.0;
-use crate::memory::GIB;
 
 /// One part of the estimate, in bytes, and the settings that size it.
 #[derive(Debug, Clone)]

@@ -351,10 +351,8 @@ fn check_context(cfg: &TrainConfig, workload: &dyn Workload, policy: &Model) -> 
 /// The engine rollouts run on, once the run is known to fit in memory (on the CPU, where
 /// free memory can be read).
 fn rollout_engine(cfg: &TrainConfig, policy: &Model) -> Result<Generator> {
-    if policy.vs.device() == Device::Cpu {
-        if let Some(available) = crate::memory::available() {
-            preflight::check(&preflight::estimate(cfg, &policy.net.config), available)?;
-        }
+    if let Some(available) = crate::memory::available_on(policy.vs.device()) {
+        preflight::check(&preflight::estimate(cfg, &policy.net.config), available)?;
     }
     Ok(match cfg.rollout.engine {
         EngineKind::Remote => Generator::Remote(RemoteEngine::new(&cfg.rollout.remote)),
