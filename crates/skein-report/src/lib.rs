@@ -1,10 +1,12 @@
-//! What a user sees of a run: `metrics.jsonl`, a PNG of its curves, and progress bars.
+//! What a user sees of a run: `metrics.jsonl`, a PNG of its curves, progress bars, and the
+//! trajectories each step trained on.
 
 mod font;
 pub mod metrics;
 mod num;
 pub mod plot;
 pub mod progress;
+pub mod trajectories;
 
 pub use metrics::{read_metrics, record, MetricsLog, Record};
 pub use plot::{compare_runs, plot_metrics, plot_run_dir, COMPARE_PANELS, DEFAULT_PANELS};
