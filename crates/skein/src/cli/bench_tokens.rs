@@ -6,7 +6,7 @@
 
 use super::bench::{at_least_one, ModelShape};
 use crate::model::Model;
-use crate::trainer::batch::{StepBatch, TrainRow};
+use crate::trainer::batch::{RowOrigin, StepBatch, TrainRow};
 use crate::trainer::config::OffPolicy;
 use crate::trainer::prepare::{prepare, Models, PrepareConfig};
 use crate::trainer::update::optim::{OptimConfig, Optimizer};
@@ -267,6 +267,12 @@ fn measure(a: &TokenBenchArgs, layout: Layout) -> Result<Outcome> {
             real_rows: rows.len(),
             total_tokens: rows.iter().map(|r| r.tokens.len()).sum(),
             rows: rows.clone(),
+            origins: (0..rows.len())
+                .map(|trajectory| RowOrigin {
+                    trajectory,
+                    transition: None,
+                })
+                .collect(),
             dropped_groups: 0,
             failed_trajectories: 0,
             padding_rows: 0,

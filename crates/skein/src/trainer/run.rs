@@ -115,6 +115,15 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
             },
         };
         t.log_step(report.record(), step)?;
+        let gen_tok_s = rollout.engine.generated_tokens as f64 / rollout_s.max(1e-9);
+        let shown = [
+            ("reward", rollout.reward_mean()),
+            ("acc", rollout.accuracy()),
+            ("gen tok/s", gen_tok_s),
+        ];
+        // Keep the step's trajectories for `skein view`: moved to a writer thread.
+        t.trajectory_log
+            .send(step, version, rollout, batch.into_batch());
 
         // Checkpoint every `trainer.checkpoint_every` steps, and on Ctrl-C.
         let every = cfg.trainer.checkpoint_every;
@@ -122,12 +131,6 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
         if (every > 0 && step % every == 0) || interrupted {
             t.save_checkpoint(step)?;
         }
-        let gen_tok_s = rollout.engine.generated_tokens as f64 / rollout_s.max(1e-9);
-        let shown = [
-            ("reward", rollout.reward_mean()),
-            ("acc", rollout.accuracy()),
-            ("gen tok/s", gen_tok_s),
-        ];
         progress.update(step as u64, &shown);
         if skips.streak >= cfg.trainer.max_consecutive_skips {
             stop_for_skips(&t, step, skips.streak)?;

@@ -16,6 +16,7 @@ const RUN_FILES: &[&str] = &[
     "plot.png",
     "checkpoint",
     "published",
+    "trajectories",
 ];
 
 /// What a run may write in `run.dir`, once it has been checked.
@@ -131,11 +132,11 @@ impl RunDir {
                 );
             }
         }
-        for name in ["checkpoint", "published"] {
+        for name in ["checkpoint", "published", "trajectories"] {
             let p = self.path.join(name);
             if p.exists() && !p.is_dir() {
                 bail!(
-                    "{} is a file, but the run writes a model directory there: move it away first",
+                    "{} is a file, but the run writes a directory there: move it away first",
                     p.display()
                 );
             }

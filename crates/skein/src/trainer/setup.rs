@@ -13,6 +13,7 @@ use super::rollout::stats::StepRollout;
 use super::rollout::tasks::Tasks;
 use super::rollout::{EvalResult, StepContext, Workload};
 use super::run_dir::RunDir;
+use super::trajectory_log::TrajectoryLog;
 use super::update::critic::ValueLossConfig;
 use super::update::optim::{OptimConfig, Optimizer};
 use super::update::ranks::{Backend, DataParallel};
@@ -33,6 +34,8 @@ pub struct Trainer<'a> {
     pub cfg: &'a TrainConfig,
     pub dir: PathBuf,
     pub log: MetricsLog,
+    /// Each step's trajectories, for `skein view` (written while the next step runs).
+    pub trajectory_log: TrajectoryLog,
     pub tokenizer: Tokenizer,
     pub policy: Model,
     /// The run's sampling settings, with the tokenizer's end-of-sequence token as the stop.
@@ -146,6 +149,7 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
     if !workload.held_out() {
         say_train_set_evaluation();
     }
+    let resumed_step = restore.as_ref().map(|r| r.state.step);
     let (first_step, rewards) = restore.as_ref().map_or((1, Vec::new()), |r| {
         (r.state.step + 1, r.state.rewards.clone())
     });
@@ -185,6 +189,9 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
         }
     };
 
+    let trajectory_log =
+        TrajectoryLog::start(&run_dir.path, &cfg.trajectories, &tokenizer, resumed_step)?;
+
     // Data-parallel ranks beyond the first, for the policy and the critic: built after
     // everything else that draws random numbers (each step reseeds the generator anyway).
     dp.announce_models(&policy.net.config, critic.is_some())?;
@@ -200,6 +207,7 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
         cfg,
         dir: run_dir.path,
         log,
+        trajectory_log,
         tokenizer,
         policy,
         sampling,
@@ -253,6 +261,8 @@ impl Trainer<'_> {
 
     /// Writes `checkpoint-{step}` atomically and drops the ones `trainer.keep_last` lets go.
     pub fn save_checkpoint(&self, step: usize) -> Result<()> {
+        // A checkpoint's steps have their trajectories on disk.
+        self.trajectory_log.flush();
         let state = TrainerState {
             step,
             optimizer_steps: self.opt.steps_done,

@@ -66,6 +66,8 @@ impl StepBatchConfig {
 /// critic the advantages are not final yet: `trainer::prepare` replaces them.
 pub struct StepBatch {
     pub rows: Vec<TrainRow>,
+    /// Where each real row (the first `real_rows` of `rows`) comes from.
+    pub origins: Vec<RowOrigin>,
     /// Reward of each row's trajectory on its last transition, 0 elsewhere (GAE input).
     pub row_rewards: Vec<f64>,
     pub plan: RowPlan,
@@ -77,6 +79,14 @@ pub struct StepBatch {
     pub total_tokens: usize,
 }
 
+/// The trajectory (index into the step's trajectories) and transition a row holds (None: all
+/// of the trajectory's transitions, merged into one row).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowOrigin {
+    pub trajectory: usize,
+    pub transition: Option<usize>,
+}
+
 pub fn build_step_batch(
     trajectories: &[plan::Trajectory],
     cfg: &StepBatchConfig,
@@ -86,6 +96,7 @@ pub fn build_step_batch(
     let rows = plan::build_rows(trajectories, &adv.per_trajectory, plan::RowMode::Auto)?;
     let mut batch = StepBatch {
         rows: Vec::new(),
+        origins: Vec::new(),
         row_rewards: Vec::new(),
         plan: Vec::new(),
         dropped_groups: adv.dropped_groups,
@@ -122,6 +133,10 @@ pub fn build_step_batch(
             .row_rewards
             .push(if last { t.reward + own } else { own });
         batch.rows.push(TrainRow::from_plan_row(r));
+        batch.origins.push(RowOrigin {
+            trajectory: r.shape.trajectory,
+            transition: r.shape.transition,
+        });
     }
     for mb in &planned.mini_batches {
         let trajectory_tokens = mb.trajectory_loss_tokens(&shapes);

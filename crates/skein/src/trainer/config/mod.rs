@@ -6,6 +6,7 @@
 pub mod validate;
 
 use crate::engine::SamplingParams;
+use crate::trainer::trajectory_log::TrajectoriesConfig;
 use crate::trainer::update::optim::OptimConfig;
 use crate::trainer::update::pack::Batching;
 use crate::trainer::update::policy_loss::{KlEstimator, LossConfig};
@@ -29,6 +30,8 @@ pub struct TrainConfig {
     pub trainer: TrainerConfig,
     pub optim: OptimConfig,
     pub eval: EvalConfig,
+    /// What each step's trajectory file keeps (`RUN_DIR/trajectories/`, read by `skein view`).
+    pub trajectories: TrajectoriesConfig,
     /// Multi-turn tasks (`task.name = "guess"` or `"calculator"`): episode limits.
     pub agent: AgentConfig,
     /// Reward sources, routes and the reward executor (see crates/skein-reward/README.md).

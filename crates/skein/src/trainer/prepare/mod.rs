@@ -72,6 +72,11 @@ impl PreparedBatch {
         &self.batch
     }
 
+    /// The batch, final advantages included, once the update is done with it.
+    pub fn into_batch(self) -> StepBatch {
+        self.batch
+    }
+
     /// Whether rows carry reference log-probs (a KL term is on).
     pub fn has_reference(&self) -> bool {
         self.reference_on

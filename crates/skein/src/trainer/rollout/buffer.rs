@@ -146,6 +146,8 @@ pub struct Iteration {
     pub trajectories: Vec<Trajectory>,
     /// Parallel to `trajectories`: whether the task judged the answer correct.
     pub correct: Vec<bool>,
+    /// Parallel to `trajectories`: the `data_source` of its problem.
+    pub sources: Vec<String>,
     pub engine: EngineStats,
     pub stats: PartialStats,
     /// Rewards of every sample that finished in this iteration's rounds.
@@ -237,6 +239,7 @@ impl GroupBuffer {
         let mut out = Iteration {
             trajectories: Vec::new(),
             correct: Vec::new(),
+            sources: Vec::new(),
             engine: engine_stats,
             stats,
             rewards,
@@ -250,6 +253,7 @@ impl GroupBuffer {
                 {
                     out.trajectories.push(trajectory);
                     out.correct.push(correct);
+                    out.sources.push(g.problem.data_source.clone());
                 }
             }
         }

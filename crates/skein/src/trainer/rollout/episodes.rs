@@ -8,6 +8,7 @@
 //! turns are never retokenized, so the trainer sees exactly the ids the model saw, and the
 //! planner merges the whole episode into one row.
 
+use super::stats::TrajectoryInfo;
 use crate::engine::{
     self, EngineHandle, EngineStats, Finish, GenOutput, GenRequest, Generator, RemoteEngine,
     SamplingParams,
@@ -75,6 +76,39 @@ pub struct Episode {
     pub cutoff: Option<Cutoff>,
 }
 
+impl Cutoff {
+    /// What cut the episode off, for a reader of its trajectory.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Cutoff::Turns => "the turn limit (agent.max_turns)",
+            Cutoff::Tokens => "the token limit (agent.max_tokens or the model's context)",
+            Cutoff::EnvError => "an environment error",
+            Cutoff::EnvTimeout => "an environment timeout (agent.env_timeout_s)",
+            Cutoff::Other => "a text, template or engine failure",
+        }
+    }
+}
+
+impl Episode {
+    /// Messages answered by a tool.
+    fn tool_calls(&self) -> usize {
+        self.transcript
+            .iter()
+            .filter(|t| t.reply.iter().any(|m| m.role == EnvRole::Tool))
+            .count()
+    }
+
+    /// What the trajectory log shows of the episode beyond its tokens.
+    pub fn info(&self, source: String) -> TrajectoryInfo {
+        TrajectoryInfo {
+            source,
+            turns: TrajectoryInfo::of(&self.trajectory).turns,
+            tool_calls: self.tool_calls(),
+            cutoff: self.cutoff.map(|c| c.describe().to_string()),
+        }
+    }
+}
+
 /// What one batch of episodes did, for the step's metrics.
 #[derive(Debug, Clone, Default)]
 pub struct AgentStats {
@@ -95,11 +129,7 @@ impl AgentStats {
     fn add(&mut self, e: &Episode) {
         self.episodes += 1;
         self.turns += e.trajectory.transitions.len();
-        self.tool_calls += e
-            .transcript
-            .iter()
-            .filter(|t| t.reply.iter().any(|m| m.role == EnvRole::Tool))
-            .count();
+        self.tool_calls += e.tool_calls();
         let ts = &e.trajectory.transitions;
         for w in ts.windows(2) {
             self.inserted_tokens += w[1].prompt.len() - w[0].prompt.len() - w[0].response.len();

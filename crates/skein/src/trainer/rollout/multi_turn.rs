@@ -180,20 +180,31 @@ impl Workload for MultiTurn {
                 });
             }
         }
+        let sources: Vec<String> = specs
+            .iter()
+            .map(|s| s.problem.data_source.clone())
+            .collect();
         let agent = self.context(ctx.tokenizer, ctx.sampling);
         let r = agent.run(ctx.engine, ctx.policy, ctx.version, &self.runtime, specs);
+        let info = r
+            .episodes
+            .iter()
+            .zip(sources)
+            .map(|(e, s)| e.info(s))
+            .collect();
         let (trajectories, correct) = r
             .episodes
             .into_iter()
             .map(|e| (e.trajectory, e.correct))
             .unzip();
-        Ok(StepRollout::new(
+        let rollout = StepRollout::new(
             trajectories,
             correct,
             r.engine,
             ctx.version,
             SourceStats::Episodes(r.stats),
-        ))
+        );
+        Ok(rollout.with_info(info))
     }
 
     /// Greedy episodes of the held-out problems.

@@ -6,7 +6,7 @@
 use super::buffer::{GroupBuffer, IterationConfig};
 use super::dataset::{eval_seed, prompt_batch, rewarder, Data};
 use super::judge::{answer_prompts, Answering, PromptBatch};
-use super::stats::{SourceStats, StepRollout};
+use super::stats::{SourceStats, StepRollout, TrajectoryInfo};
 use super::{draw, evaluation_problems, EvalResult, StepContext, Workload, WorkloadState};
 use crate::engine::SamplingParams;
 use crate::trainer::batch::TrainRow;
@@ -14,6 +14,7 @@ use crate::trainer::config::TrainConfig;
 use crate::trainer::sft::sft_row;
 use anyhow::Result;
 use serde_json::Value;
+use skein_plan::Status;
 use skein_reward::Rewarder;
 use skein_tasks::{splits, Problem, Split, Task, TaskRng};
 use skein_text::Tokenizer;
@@ -220,13 +221,19 @@ impl Workload for Prompts {
             partial: self.iteration.token_budget.map(|_| it.stats),
             rewards: rewarder.as_ref().map(|r| it.rewards.metrics(r)),
         };
-        Ok(StepRollout::new(
-            it.trajectories,
-            it.correct,
-            it.engine,
-            ctx.version,
-            source,
-        ))
+        let info = it
+            .trajectories
+            .iter()
+            .zip(it.sources)
+            .map(|(t, source)| TrajectoryInfo {
+                source,
+                cutoff: (t.status == Status::Truncated)
+                    .then(|| "the response length limit (rollout.max_new_tokens)".into()),
+                ..TrajectoryInfo::of(t)
+            })
+            .collect();
+        let rollout = StepRollout::new(it.trajectories, it.correct, it.engine, ctx.version, source);
+        Ok(rollout.with_info(info))
     }
 
     fn evaluate(&self, ctx: &StepContext) -> EvalResult {

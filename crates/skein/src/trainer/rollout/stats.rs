@@ -15,8 +15,50 @@ pub struct StepRollout {
     pub trajectories: Vec<Trajectory>,
     /// Parallel to `trajectories`: whether the task judged the answer correct.
     pub correct: Vec<bool>,
+    /// Parallel to `trajectories`: what the trajectory log shows of each beyond its tokens.
+    pub info: Vec<TrajectoryInfo>,
     pub engine: EngineStats,
     pub stats: RolloutStats,
+}
+
+/// What a reader of a trajectory wants to know that its tokens do not say.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TrajectoryInfo {
+    /// The task's name, or a dataset row's `data_source`.
+    pub source: String,
+    /// Messages the model wrote.
+    pub turns: usize,
+    /// Of those, the ones a tool answered.
+    pub tool_calls: usize,
+    /// Why a truncated trajectory was cut off.
+    pub cutoff: Option<String>,
+}
+
+impl TrajectoryInfo {
+    /// What the tokens alone tell: a turn is a run of sampled tokens.
+    pub fn of(t: &Trajectory) -> TrajectoryInfo {
+        let turns = t
+            .transitions
+            .iter()
+            .map(|x| {
+                let mut runs = 0;
+                let mut prev = 0;
+                for &m in &x.loss_mask {
+                    if m != 0 && prev == 0 {
+                        runs += 1;
+                    }
+                    prev = m;
+                }
+                runs
+            })
+            .sum();
+        TrajectoryInfo {
+            source: String::new(),
+            turns,
+            tool_calls: 0,
+            cutoff: (t.status == Status::Truncated).then(|| "a length limit".to_string()),
+        }
+    }
 }
 
 /// Figures of one step's rollout: the ones every source has, and its own.
@@ -79,11 +121,19 @@ impl StepRollout {
         }
         stats.staleness_mean = stale_sum as f64 / stale_n.max(1) as f64;
         StepRollout {
+            info: trajectories.iter().map(TrajectoryInfo::of).collect(),
             trajectories,
             correct,
             engine,
             stats,
         }
+    }
+
+    /// Replaces what the tokens alone tell of each trajectory with what its source knows.
+    pub fn with_info(mut self, info: Vec<TrajectoryInfo>) -> Self {
+        debug_assert_eq!(info.len(), self.trajectories.len());
+        self.info = info;
+        self
     }
 
     /// Fails every trajectory with a row longer than the model's context: it cannot be

@@ -1,0 +1,349 @@
+//! Each step's trajectories to `RUN_DIR/trajectories/step-N.jsonl.zst`, off the hot path: the
+//! step hands its rollout and prepared batch over (moved, not copied) and a writer thread
+//! decodes token texts, builds the records ([`skein_report::trajectories`]) and writes them,
+//! while the next step runs.
+
+use super::batch::StepBatch;
+use super::rollout::stats::{StepRollout, TrajectoryInfo};
+use anyhow::{Context, Result};
+use serde::de::{self, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use skein_plan::{Status, Trajectory};
+use skein_report::trajectories::{self, RowRecord, TrajectoryRecord};
+use skein_text::Tokenizer;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::thread::JoinHandle;
+
+/// `[trajectories]`: what a run keeps of each step's trajectories for `skein view`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrajectoriesConfig {
+    /// `"all"`, `"none"`, or a number N: the first N of each step (groups in order, so whole
+    /// groups when N is a multiple of `rollout.samples_per_prompt`).
+    pub keep: Keep,
+}
+
+/// `trajectories.keep`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Keep {
+    #[default]
+    All,
+    First(usize),
+    None,
+}
+
+impl Keep {
+    fn count(self, available: usize) -> usize {
+        match self {
+            Keep::All => available,
+            Keep::First(n) => n.min(available),
+            Keep::None => 0,
+        }
+    }
+}
+
+impl Serialize for Keep {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Keep::All => s.serialize_str("all"),
+            Keep::None => s.serialize_str("none"),
+            Keep::First(n) => s.serialize_u64(*n as u64),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Keep {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Keep, D::Error> {
+        struct KeepVisitor;
+        impl Visitor<'_> for KeepVisitor {
+            type Value = Keep;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("\"all\", \"none\" or a number of trajectories per step")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Keep, E> {
+                match v {
+                    "all" => Ok(Keep::All),
+                    "none" => Ok(Keep::None),
+                    _ => Err(E::invalid_value(de::Unexpected::Str(v), &self)),
+                }
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Keep, E> {
+                Ok(Keep::First(usize::try_from(v).unwrap_or(usize::MAX)))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Keep, E> {
+                match u64::try_from(v) {
+                    Ok(v) => self.visit_u64(v),
+                    Err(_) => Err(E::invalid_value(de::Unexpected::Signed(v), &self)),
+                }
+            }
+        }
+        d.deserialize_any(KeepVisitor)
+    }
+}
+
+/// One step handed to the writer.
+struct StepJob {
+    step: usize,
+    version: u64,
+    trajectories: Vec<Trajectory>,
+    correct: Vec<bool>,
+    info: Vec<TrajectoryInfo>,
+    batch: StepBatch,
+}
+
+enum Job {
+    Step(Box<StepJob>),
+    /// Answered once every step sent before it is on disk.
+    Flush(SyncSender<()>),
+}
+
+/// The writer of a run's trajectory files (nothing at all with `keep = "none"`).
+pub struct TrajectoryLog {
+    keep: Keep,
+    tx: Option<SyncSender<Job>>,
+    writer: Option<JoinHandle<()>>,
+}
+
+impl TrajectoryLog {
+    /// Starts the writer for `run_dir`. A resumed run first removes the files of steps after
+    /// its checkpoint's `resumed_step`: those steps are trained again.
+    pub fn start(
+        run_dir: &Path,
+        cfg: &TrajectoriesConfig,
+        tokenizer: &Tokenizer,
+        resumed_step: Option<usize>,
+    ) -> Result<TrajectoryLog> {
+        if let Some(step) = resumed_step {
+            trajectories::remove_after(run_dir, step)?;
+        }
+        if cfg.keep == Keep::None {
+            return Ok(TrajectoryLog {
+                keep: cfg.keep,
+                tx: None,
+                writer: None,
+            });
+        }
+        let folder = run_dir.join(trajectories::DIR);
+        std::fs::create_dir_all(&folder)
+            .with_context(|| format!("creating {} (trajectories.keep)", folder.display()))?;
+        // Two steps in flight at most: a writer slower than training holds the run back
+        // rather than queueing every step's batch in memory.
+        let (tx, rx) = sync_channel(2);
+        let writer = Writer {
+            dir: run_dir.to_path_buf(),
+            tokenizer: tokenizer.clone(),
+            failed: false,
+        };
+        let writer = std::thread::Builder::new()
+            .name("trajectory-log".into())
+            .spawn(move || writer.run(rx))
+            .context("starting the trajectory writer")?;
+        Ok(TrajectoryLog {
+            keep: cfg.keep,
+            tx: Some(tx),
+            writer: Some(writer),
+        })
+    }
+
+    /// Hands a finished step's trajectories and batch to the writer.
+    pub fn send(&self, step: usize, version: u64, rollout: StepRollout, batch: StepBatch) {
+        let Some(tx) = &self.tx else { return };
+        let n = self.keep.count(rollout.trajectories.len());
+        let mut trajectories = rollout.trajectories;
+        trajectories.truncate(n);
+        let job = StepJob {
+            step,
+            version,
+            trajectories,
+            correct: rollout.correct,
+            info: rollout.info,
+            batch,
+        };
+        // A writer that died has already said why; training goes on without it.
+        let _ = tx.send(Job::Step(Box::new(job)));
+    }
+
+    /// Waits until every step sent so far is on disk (before a checkpoint claims them).
+    pub fn flush(&self) {
+        if let Some(tx) = &self.tx {
+            let (done_tx, done_rx) = sync_channel(1);
+            if tx.send(Job::Flush(done_tx)).is_ok() {
+                let _ = done_rx.recv();
+            }
+        }
+    }
+}
+
+impl Drop for TrajectoryLog {
+    /// Writes what is still queued, then stops the writer.
+    fn drop(&mut self) {
+        self.tx = None;
+        if let Some(w) = self.writer.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+struct Writer {
+    dir: PathBuf,
+    tokenizer: Tokenizer,
+    /// A write failed once: the run was told and goes on; later failures are not repeated.
+    failed: bool,
+}
+
+impl Writer {
+    fn run(mut self, rx: Receiver<Job>) {
+        for job in rx {
+            match job {
+                Job::Step(s) => {
+                    let records = records(&s, &self.tokenizer);
+                    if let Err(e) = trajectories::write_step(&self.dir, s.step, &records) {
+                        if !self.failed {
+                            eprintln!(
+                                "skein: could not write the trajectories of step {} ({e:#}); \
+                                 training goes on, later failures are not reported",
+                                s.step
+                            );
+                            self.failed = true;
+                        }
+                    }
+                }
+                Job::Flush(done) => {
+                    let _ = done.send(());
+                }
+            }
+        }
+    }
+}
+
+/// The records of one step: every kept trajectory with its rows, in rollout order.
+fn records(s: &StepJob, tokenizer: &Tokenizer) -> Vec<TrajectoryRecord> {
+    let batch = &s.batch;
+    // Where each real row trained: (mini-batch, rank).
+    let mut placed = vec![None; batch.rows.len()];
+    for (mb, ranks) in batch.plan.iter().enumerate() {
+        for (rank, rows) in ranks.iter().enumerate() {
+            for &i in rows {
+                placed[i] = Some((mb, rank));
+            }
+        }
+    }
+    let text = |ids: &[u32]| -> Vec<String> {
+        ids.iter()
+            .map(|&id| tokenizer.decode(&[id], false).unwrap_or_default())
+            .collect()
+    };
+    let mut out: Vec<TrajectoryRecord> = s
+        .trajectories
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let info = s
+                .info
+                .get(i)
+                .cloned()
+                .unwrap_or_else(|| TrajectoryInfo::of(t));
+            let (status, reason) = match &t.status {
+                Status::Finished => (trajectories::Status::Finished, None),
+                Status::Truncated => (trajectories::Status::Truncated, info.cutoff.clone()),
+                Status::Failed(why) => (trajectories::Status::Failed, Some(why.clone())),
+            };
+            // A failed trajectory does not train: its transitions are shown as they were.
+            let rows = if t.is_failed() {
+                t.transitions
+                    .iter()
+                    .enumerate()
+                    .map(|(k, x)| RowRecord {
+                        transition: Some(k),
+                        mini_batch: None,
+                        rank: None,
+                        prompt_text: text(&x.prompt),
+                        prompt_ids: x.prompt.clone(),
+                        response_text: text(&x.response),
+                        response_ids: x.response.clone(),
+                        loss_mask: x.loss_mask.clone(),
+                        behavior_logp: x.logprobs.clone(),
+                        versions: x.versions.clone(),
+                        advantages: Vec::new(),
+                        is_weight: Vec::new(),
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            TrajectoryRecord {
+                step: s.step,
+                policy_version: s.version,
+                id: t.id.clone(),
+                group: t.group.clone(),
+                source: info.source,
+                status,
+                reason,
+                reward: t.reward,
+                correct: s.correct.get(i).copied().unwrap_or(false),
+                turns: info.turns,
+                tool_calls: info.tool_calls,
+                turn_rewards: t.transitions.iter().map(|x| x.reward).collect(),
+                rows,
+            }
+        })
+        .collect();
+    // The trained rows, each under its trajectory (padding rows have no origin).
+    for (i, origin) in batch.origins.iter().enumerate() {
+        let Some(record) = out.get_mut(origin.trajectory) else {
+            continue;
+        };
+        let r = &batch.rows[i];
+        let (mini_batch, rank) = placed[i].unzip();
+        record.rows.push(RowRecord {
+            transition: origin.transition,
+            mini_batch,
+            rank,
+            prompt_text: text(&r.tokens[..r.prompt_len]),
+            prompt_ids: r.tokens[..r.prompt_len].to_vec(),
+            response_text: text(&r.tokens[r.prompt_len..]),
+            response_ids: r.tokens[r.prompt_len..].to_vec(),
+            loss_mask: r.loss_mask.clone(),
+            behavior_logp: r.behavior_logp.clone(),
+            versions: r.versions.clone(),
+            advantages: r.advantages.clone(),
+            is_weight: r.is_weight.clone(),
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keep_reads_words_and_counts_and_names_the_allowed_values() {
+        let keep = |s: &str| -> Result<Keep, String> {
+            toml::from_str::<TrajectoriesConfig>(s)
+                .map(|c| c.keep)
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(keep("keep = \"all\"").unwrap(), Keep::All);
+        assert_eq!(keep("keep = \"none\"").unwrap(), Keep::None);
+        assert_eq!(keep("keep = 16").unwrap(), Keep::First(16));
+        assert_eq!(keep("").unwrap(), Keep::All);
+        for bad in ["keep = \"some\"", "keep = -1", "keep = 2.5"] {
+            let err = keep(bad).unwrap_err();
+            assert!(
+                err.contains("\"all\", \"none\" or a number of trajectories per step"),
+                "{bad}: {err}"
+            );
+        }
+        assert_eq!(Keep::First(3).count(10), 3);
+        assert_eq!(Keep::First(30).count(10), 10);
+        assert_eq!(Keep::None.count(10), 0);
+        let round = toml::to_string(&TrajectoriesConfig {
+            keep: Keep::First(4),
+        })
+        .unwrap();
+        assert_eq!(keep(&round).unwrap(), Keep::First(4));
+    }
+}

@@ -1,0 +1,123 @@
+//! End to end: a run keeps each step's trajectories in `trajectories/step-N.jsonl.zst`, token
+//! for token as trained (mask, advantages, mini-batch and rank), `trajectories.keep` bounds
+//! them, and a resumed run replaces what the interrupted one wrote past its checkpoint.
+
+mod common;
+use common::{step_metrics, workdir, TINY_RUN};
+use skein::trainer::run::{resume, train};
+use skein::trainer::trajectory_log::Keep;
+use skein::trainer::TrainConfig;
+use skein_report::trajectories::{list_steps, read_step, step_path, write_step, Status};
+use std::path::Path;
+
+fn config(name: &str) -> TrainConfig {
+    let tiny: Vec<String> = TINY_RUN.iter().map(|s| s.to_string()).collect();
+    let mut cfg: TrainConfig = skein_config::load(None, "test", &tiny).unwrap();
+    cfg.run.dir = workdir("trajectories", name).display().to_string();
+    cfg.task.name = "guess".into();
+    cfg.task.difficulty = 1;
+    cfg.trainer.steps = 2;
+    cfg.trainer.num_mini_batches = 2;
+    cfg.rollout.prompts_per_step = 4;
+    cfg.rollout.samples_per_prompt = 4;
+    cfg.sft.steps = 20;
+    cfg.sft.batch_size = 16;
+    cfg.eval.problems = 4;
+    cfg
+}
+
+fn steps_on_disk(dir: &Path) -> Vec<usize> {
+    list_steps(dir).unwrap().into_iter().map(|s| s.0).collect()
+}
+
+#[test]
+fn every_trajectory_of_every_step_is_kept_as_trained() {
+    let cfg = config("all");
+    let run = train(&cfg).expect("run");
+    assert_eq!(steps_on_disk(&run.dir), [1, 2]);
+    let metrics = step_metrics(&run.dir);
+    for (step, m) in (1..=2).zip(&metrics) {
+        let records = read_step(&step_path(&run.dir, step)).unwrap();
+        assert_eq!(records.len(), 16, "step {step}");
+        let turns: usize = records.iter().map(|r| r.turns).sum();
+        let turns_mean = m["agent/turns_mean"].as_f64().unwrap();
+        assert!(
+            (turns as f64 / 16.0 - turns_mean).abs() < 1e-9,
+            "{turns} vs {m}"
+        );
+        let mut mini_batches = std::collections::BTreeSet::new();
+        for r in &records {
+            // A policy version per optimizer step: two mini-batches a step.
+            assert_eq!((r.step, r.policy_version), (step, 2 * (step as u64 - 1)));
+            assert_eq!(r.source, "guess");
+            assert_ne!(r.status, Status::Failed, "{r:?}");
+            // A guessing episode is one merged row: turns with the game's answers between them.
+            assert_eq!(r.rows.len(), 1, "{}", r.id);
+            let row = &r.rows[0];
+            let n = row.response_ids.len();
+            assert_eq!(row.response_text.len(), n);
+            assert_eq!(row.prompt_text.len(), row.prompt_ids.len());
+            for per_token in [
+                row.loss_mask.len(),
+                row.behavior_logp.len(),
+                row.versions.len(),
+            ] {
+                assert_eq!(per_token, n);
+            }
+            assert_eq!(row.advantages.len(), n);
+            if r.turns > 1 {
+                assert!(row.loss_mask.contains(&0), "no inserted reply in {}", r.id);
+            }
+            // Every sampled token of a trajectory carries its advantage (one per sequence).
+            let adv = row.advantages[0];
+            assert!(row.advantages.iter().all(|&a| a == adv));
+            mini_batches.insert(row.mini_batch.expect("trained rows have a mini-batch"));
+            assert_eq!(row.rank, Some(0));
+        }
+        assert_eq!(mini_batches.len(), 2, "two mini-batches planned");
+        // The samples of a group are compared with each other: GRPO's advantages sum to ~0.
+        let group: Vec<_> = records
+            .iter()
+            .filter(|r| r.group == records[0].group)
+            .collect();
+        assert_eq!(group.len(), 4);
+        let sum: f32 = group.iter().map(|r| r.rows[0].advantages[0]).sum();
+        assert!(sum.abs() < 1e-3, "{sum}");
+    }
+}
+
+#[test]
+fn keep_bounds_the_trajectories_of_a_step() {
+    let mut cfg = config("keep");
+    cfg.trajectories.keep = Keep::First(4);
+    let run = train(&cfg).expect("run");
+    for step in [1, 2] {
+        let records = read_step(&step_path(&run.dir, step)).unwrap();
+        // The first group, whole.
+        assert_eq!(records.len(), 4);
+        assert!(records.iter().all(|r| r.group == records[0].group));
+    }
+    let mut cfg = config("none");
+    cfg.trajectories.keep = Keep::None;
+    let run = train(&cfg).expect("run");
+    assert!(!run.dir.join("trajectories").exists());
+}
+
+#[test]
+fn a_resumed_run_replaces_the_steps_past_its_checkpoint() {
+    let mut cfg = config("resume");
+    cfg.trainer.steps = 3;
+    cfg.trainer.checkpoint_every = 2;
+    let run = train(&cfg).expect("run");
+    assert_eq!(steps_on_disk(&run.dir), [1, 2, 3]);
+    let kept = std::fs::read(step_path(&run.dir, 2)).unwrap();
+    // What a run that died after step 7 (checkpointed at 2) would have left behind.
+    let stale = read_step(&step_path(&run.dir, 3)).unwrap();
+    write_step(&run.dir, 7, &stale).unwrap();
+    cfg.trainer.steps = 4;
+    resume(&cfg).expect("resume");
+    assert_eq!(steps_on_disk(&run.dir), [1, 2, 3, 4]);
+    assert_eq!(std::fs::read(step_path(&run.dir, 2)).unwrap(), kept);
+    let step4 = read_step(&step_path(&run.dir, 4)).unwrap();
+    assert!(step4.iter().all(|r| r.step == 4 && r.policy_version == 6));
+}
