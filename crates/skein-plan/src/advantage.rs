@@ -17,9 +17,22 @@ pub enum Estimator {
     ReinforcePP { group_baseline: bool },
 }
 
+/// Who gets credit for a trajectory's outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum Credit {
+    /// Every turn gets the trajectory's advantage.
+    #[default]
+    Trajectory,
+    /// Each turn gets its own: the discounted return from that turn on (its own reward, the
+    /// later turns' rewards, and the final score at the last turn, `gamma` per turn), against
+    /// the returns of the same turn index in the group ([`turn_advantages`]).
+    Turn { gamma: f64 },
+}
+
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdvantageConfig {
     pub estimator: Estimator,
+    pub credit: Credit,
     /// DAPO dynamic sampling: drop groups whose rewards are all equal (they carry no learning
     /// signal under a group baseline). A group of one (e.g. its siblings failed) is all-equal
     /// too, and is dropped.
@@ -33,6 +46,7 @@ impl Default for AdvantageConfig {
             estimator: Estimator::Grpo {
                 normalize_std: true,
             },
+            credit: Credit::Trajectory,
             drop_equal_reward_groups: false,
             eps: 1e-6,
         }
@@ -43,6 +57,9 @@ impl Default for AdvantageConfig {
 pub struct AdvantageResult {
     /// One per trajectory; None = excluded (failed, or its group was dropped).
     pub per_trajectory: Vec<Option<f64>>,
+    /// One per transition of each trajectory (None = excluded, as above): the trajectory's
+    /// advantage on every turn, or each turn's own with [`Credit::Turn`].
+    pub per_turn: Vec<Option<Vec<f64>>>,
     pub dropped_groups: usize,
     pub dropped_trajectories: usize,
     pub failed_trajectories: usize,
@@ -70,6 +87,7 @@ pub fn compute_advantages(trajs: &[Trajectory], cfg: &AdvantageConfig) -> Advant
         groups[g].push(i);
     }
     let mut kept = Vec::new();
+    let mut kept_groups = Vec::new();
     for members in groups {
         let rewards: Vec<f64> = members.iter().map(|&i| trajs[i].reward).collect();
         let all_equal = rewards.iter().all(|&r| r == rewards[0]);
@@ -106,11 +124,122 @@ pub fn compute_advantages(trajs: &[Trajectory], cfg: &AdvantageConfig) -> Advant
             out.per_trajectory[i] = Some(a);
             kept.push(i);
         }
+        kept_groups.push(members);
     }
+    // Per-turn credit falls back on the trajectory's advantage before REINFORCE++ whitens it
+    // (the turns are whitened on their own).
+    let turns = match cfg.credit {
+        Credit::Turn { gamma } => Some(turn_advantages(trajs, &kept_groups, &out, cfg, gamma)),
+        Credit::Trajectory => None,
+    };
     if let Estimator::ReinforcePP { .. } = cfg.estimator {
         whiten(&mut out.per_trajectory, &kept, cfg.eps);
     }
+    out.per_turn = turns.unwrap_or_else(|| {
+        trajs
+            .iter()
+            .zip(&out.per_trajectory)
+            .map(|(t, a)| a.map(|a| vec![a; t.transitions.len()]))
+            .collect()
+    });
     out
+}
+
+/// The discounted return from each turn on: its own reward plus the later turns', and the
+/// final score at the last turn, `gamma` per turn.
+pub fn turn_returns(t: &Trajectory, gamma: f64) -> Vec<f64> {
+    let n = t.transitions.len();
+    let mut returns = vec![0.0; n];
+    let mut running = 0.0;
+    for k in (0..n).rev() {
+        let last = if k + 1 == n { t.reward } else { 0.0 };
+        running = t.transitions[k].reward.unwrap_or(0.0) + last + gamma * running;
+        returns[k] = running;
+    }
+    returns
+}
+
+/// Per-turn advantages of the kept groups. Each turn's return is compared with the returns of
+/// the same turn index in its group: an early turn is compared with early turns, so a turn
+/// that leads to a quicker success stands out, where pooling all turns of a group would favour
+/// late turns merely for being late. A turn index fewer than two trajectories of the group
+/// reached has nothing to be compared with, and takes its trajectory's own advantage
+/// (`whole`, before any whitening). REINFORCE++ whitens the turns over the whole batch.
+fn turn_advantages(
+    trajs: &[Trajectory],
+    groups: &[Vec<usize>],
+    whole: &AdvantageResult,
+    cfg: &AdvantageConfig,
+    gamma: f64,
+) -> Vec<Option<Vec<f64>>> {
+    let mut out: Vec<Option<Vec<f64>>> = vec![None; trajs.len()];
+    for members in groups {
+        let returns: Vec<Vec<f64>> = members
+            .iter()
+            .map(|&i| turn_returns(&trajs[i], gamma))
+            .collect();
+        for (&i, g) in members.iter().zip(&returns) {
+            let adv = g
+                .iter()
+                .enumerate()
+                .map(|(k, &r)| {
+                    let m = Moments::of(returns.iter().filter_map(|g| g.get(k).copied()));
+                    if m.n < 2 {
+                        return whole.per_trajectory[i].unwrap_or(0.0);
+                    }
+                    match cfg.estimator {
+                        Estimator::Grpo {
+                            normalize_std: true,
+                        } => (r - m.mean) / (m.std + cfg.eps),
+                        Estimator::Grpo {
+                            normalize_std: false,
+                        }
+                        | Estimator::DrGrpo => r - m.mean,
+                        Estimator::Rloo => (r - m.mean) * m.n as f64 / (m.n - 1) as f64,
+                        Estimator::ReinforcePP {
+                            group_baseline: true,
+                        } => r - m.mean,
+                        Estimator::ReinforcePP {
+                            group_baseline: false,
+                        } => r,
+                    }
+                })
+                .collect();
+            out[i] = Some(adv);
+        }
+    }
+    if let Estimator::ReinforcePP { .. } = cfg.estimator {
+        let all = Moments::of(out.iter().flatten().flatten().copied());
+        if all.n < 2 {
+            out.iter_mut().flatten().flatten().for_each(|a| *a = 0.0);
+        } else {
+            for a in out.iter_mut().flatten().flatten() {
+                *a = (*a - all.mean) / (all.std + cfg.eps);
+            }
+        }
+    }
+    out
+}
+
+/// Count, mean and sample standard deviation (0 for fewer than two values).
+#[derive(Debug, Clone, Copy)]
+struct Moments {
+    n: usize,
+    mean: f64,
+    std: f64,
+}
+
+impl Moments {
+    fn of(values: impl Iterator<Item = f64> + Clone) -> Moments {
+        let n = values.clone().count();
+        let mean = values.clone().sum::<f64>() / n.max(1) as f64;
+        let var = values.map(|v| (v - mean).powi(2)).sum::<f64>() / (n.max(2) - 1) as f64;
+        Moments {
+            n,
+            mean,
+            std: if n > 1 { var.sqrt() } else { 0.0 },
+        }
+    }
 }
 
 fn whiten(values: &mut [Option<f64>], idx: &[usize], eps: f64) {
@@ -175,6 +304,45 @@ mod tests {
             reward,
             status,
         }
+    }
+
+    /// Two guessing episodes of one secret: A wins on its second message, B never does and
+    /// plays a third. Turn credit separates their turns by index; B's third turn, which no
+    /// other episode reached, takes B's own episode advantage.
+    #[test]
+    fn turn_credit_compares_each_turn_with_the_same_turn_of_the_group() {
+        let turn = |reward: Option<f64>| Transition {
+            prompt: vec![1],
+            response: vec![2],
+            loss_mask: vec![1],
+            logprobs: vec![0.0],
+            versions: vec![0],
+            reward,
+        };
+        let a = Trajectory {
+            transitions: vec![turn(None), turn(None)],
+            ..traj("a", "g", 1.0, Status::Finished)
+        };
+        let b = Trajectory {
+            transitions: vec![turn(None), turn(Some(0.2)), turn(None)],
+            ..traj("b", "g", 0.0, Status::Truncated)
+        };
+        assert_eq!(turn_returns(&a, 0.5), vec![0.5, 1.0]);
+        assert_eq!(turn_returns(&b, 0.5), vec![0.1, 0.2, 0.0]);
+        let cfg = AdvantageConfig {
+            estimator: Estimator::DrGrpo,
+            credit: Credit::Turn { gamma: 0.5 },
+            ..Default::default()
+        };
+        let r = compute_advantages(&[a, b], &cfg);
+        let close = |x: &[f64], y: &[f64]| x.iter().zip(y).all(|(p, q)| (p - q).abs() < 1e-12);
+        assert_eq!(r.per_trajectory, vec![Some(0.5), Some(-0.5)]);
+        let (ta, tb) = (
+            r.per_turn[0].as_ref().unwrap(),
+            r.per_turn[1].as_ref().unwrap(),
+        );
+        assert!(close(ta, &[0.2, 0.4]), "{ta:?}");
+        assert!(close(tb, &[-0.2, -0.4, -0.5]), "{tb:?}");
     }
 
     #[test]

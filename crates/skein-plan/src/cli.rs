@@ -155,7 +155,7 @@ pub fn plan_json(input: &str) -> Result<String, PlanError> {
         &AdvantageConfig {
             estimator,
             drop_equal_reward_groups: inp.drop_equal_reward_groups,
-            eps: 1e-6,
+            ..Default::default()
         },
     );
     let rows = row_shapes(&inp.trajectories, &adv.per_trajectory, merge)?;

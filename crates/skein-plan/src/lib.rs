@@ -49,7 +49,9 @@ pub mod planner;
 mod rng;
 pub mod rows;
 
-pub use advantage::{compute_advantages, gae, AdvantageConfig, AdvantageResult, Estimator};
+pub use advantage::{
+    compute_advantages, gae, turn_returns, AdvantageConfig, AdvantageResult, Credit, Estimator,
+};
 pub use data::{Status, Trajectory, Transition};
 pub use error::PlanError;
 pub use loss::{rank_contribution, row_token_weight, LossAggMode, RowLoss};
@@ -60,4 +62,4 @@ pub use padding::{padding_multiple, PaddingId, PaddingIds, PADDING_ROW_TOKENS};
 pub use planner::{
     plan, plan_with_ids, CostModel, GlobalCounts, MiniBatch, Plan, PlanConfig, Slot, Unit,
 };
-pub use rows::{build_rows, Row, RowMode, RowShape, PADDING_TOKEN};
+pub use rows::{build_rows, build_turn_rows, Row, RowMode, RowShape, PADDING_TOKEN};

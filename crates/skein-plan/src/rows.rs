@@ -44,8 +44,9 @@ pub struct Row {
     pub loss_mask: Vec<u8>,
     pub logprobs: Vec<f32>,
     pub versions: Vec<u64>,
-    /// The trajectory's sequence-level advantage, broadcast to its loss tokens.
-    pub advantage: f64,
+    /// Per response token: the advantage of the turn that sampled it (the trajectory's, unless
+    /// credit is per turn); 0 on inserted tokens.
+    pub advantages: Vec<f64>,
     /// Some for a synthetic padding row (the `is_padding` flag, with the row's fresh id).
     pub padding: Option<PaddingId>,
 }
@@ -73,7 +74,7 @@ impl Row {
             loss_mask: vec![0],
             logprobs: vec![0.0],
             versions: vec![0],
-            advantage: 0.0,
+            advantages: vec![0.0],
             padding: Some(id),
         }
     }
@@ -81,21 +82,32 @@ impl Row {
     pub fn is_padding(&self) -> bool {
         self.padding.is_some()
     }
-
-    /// The sequence advantage on every loss-masked response token, 0 on inserted tokens.
-    pub fn token_advantages(&self) -> Vec<f64> {
-        self.loss_mask
-            .iter()
-            .map(|&m| if m != 0 { self.advantage } else { 0.0 })
-            .collect()
-    }
 }
 
-/// Rows of every trajectory that has an advantage (`advantages[i]` is None for excluded ones).
-/// Group indices follow first appearance of each group id.
+/// Rows of every trajectory that has an advantage (`advantages[i]` is None for excluded ones),
+/// the same on each of its turns. Group indices follow first appearance of each group id.
 pub fn build_rows(
     trajs: &[Trajectory],
     advantages: &[Option<f64>],
+    mode: RowMode,
+) -> Result<Vec<Row>, PlanError> {
+    let per_turn: Vec<Option<Vec<f64>>> = trajs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let a = advantages.get(i).copied().flatten()?;
+            Some(vec![a; t.transitions.len()])
+        })
+        .collect();
+    build_turn_rows(trajs, &per_turn, mode)
+}
+
+/// Rows of every trajectory with advantages (`per_turn[i]`: one per transition, None for
+/// excluded trajectories): each sampled token carries its own turn's advantage, in a merged
+/// row as in a row per transition.
+pub fn build_turn_rows(
+    trajs: &[Trajectory],
+    per_turn: &[Option<Vec<f64>>],
     mode: RowMode,
 ) -> Result<Vec<Row>, PlanError> {
     let mut groups = std::collections::HashMap::new();
@@ -103,10 +115,18 @@ pub fn build_rows(
     for (ti, t) in trajs.iter().enumerate() {
         let next = groups.len();
         let group = *groups.entry(t.group.as_str()).or_insert(next);
-        let Some(advantage) = advantages.get(ti).copied().flatten() else {
+        let Some(turns) = per_turn.get(ti).and_then(|a| a.as_ref()) else {
             continue;
         };
         t.validate()?;
+        if turns.len() != t.transitions.len() {
+            return err(format!(
+                "trajectory `{}` has {} transitions but {} turn advantages",
+                t.id,
+                t.transitions.len(),
+                turns.len()
+            ));
+        }
         let merge_it = match mode {
             RowMode::Transition => false,
             RowMode::Trajectory => true,
@@ -129,15 +149,23 @@ pub fn build_rows(
                         loss_mask: tr.loss_mask.clone(),
                         logprobs: tr.logprobs.clone(),
                         versions: tr.versions.clone(),
-                        advantage,
+                        advantages: on_sampled(&tr.loss_mask, turns[k]),
                         padding: None,
                     });
                 }
             }
-            true => rows.push(merge(t, ti, group, advantage)?),
+            true => rows.push(merge(t, ti, group, turns)?),
         }
     }
     Ok(rows)
+}
+
+/// `advantage` on each sampled token of a mask, 0 on inserted ones.
+fn on_sampled(loss_mask: &[u8], advantage: f64) -> Vec<f64> {
+    loss_mask
+        .iter()
+        .map(|&m| if m != 0 { advantage } else { 0.0 })
+        .collect()
 }
 
 /// Whether every prompt of `t` starts with the context before it (previous prompt + response).
@@ -153,11 +181,11 @@ fn extends(t: &Trajectory) -> bool {
 /// One sequence for a whole trajectory: the first prompt, then each response followed by the
 /// tokens inserted before the next turn (loss mask 0). Fails if a prompt does not extend the
 /// context it follows.
-fn merge(t: &Trajectory, ti: usize, group: usize, advantage: f64) -> Result<Row, PlanError> {
+fn merge(t: &Trajectory, ti: usize, group: usize, turns: &[f64]) -> Result<Row, PlanError> {
     let first = &t.transitions[0];
     let mut context = first.prompt.clone();
-    let (mut response, mut mask, mut logprobs, mut versions) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut response, mut mask, mut logprobs, mut versions, mut advantages) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for (k, tr) in t.transitions.iter().enumerate() {
         if !tr.prompt.starts_with(&context) {
             return err(format!(
@@ -170,6 +198,8 @@ fn merge(t: &Trajectory, ti: usize, group: usize, advantage: f64) -> Result<Row,
         mask.extend(std::iter::repeat_n(0u8, inserted.len()));
         logprobs.extend(std::iter::repeat_n(0f32, inserted.len()));
         versions.extend(std::iter::repeat_n(0u64, inserted.len()));
+        advantages.extend(std::iter::repeat_n(0.0, inserted.len()));
+        advantages.extend(on_sampled(&tr.loss_mask, turns[k]));
         response.extend_from_slice(&tr.response);
         mask.extend_from_slice(&tr.loss_mask);
         logprobs.extend_from_slice(&tr.logprobs);
@@ -192,7 +222,7 @@ fn merge(t: &Trajectory, ti: usize, group: usize, advantage: f64) -> Result<Row,
         loss_mask: mask,
         logprobs,
         versions,
-        advantage,
+        advantages,
         padding: None,
     })
 }
@@ -259,7 +289,7 @@ mod tests {
         let merged = build_rows(std::slice::from_ref(&t), &[Some(0.5)], RowMode::Trajectory)
             .unwrap()
             .remove(0);
-        assert_eq!(merged.token_advantages(), vec![0.5, 0.5, 0.0, 0.5]);
+        assert_eq!(merged.advantages, vec![0.5, 0.5, 0.0, 0.5]);
         assert!(!merged.is_padding());
         let mut ids = crate::padding::PaddingIds::default();
         let (a, b) = (Row::padding(ids.next_id()), Row::padding(ids.next_id()));
@@ -268,7 +298,7 @@ mod tests {
             (a.prompt.len(), a.response.len(), a.shape.loss_tokens),
             (1, 1, 0)
         );
-        assert_eq!(a.token_advantages(), vec![0.0]);
+        assert_eq!(a.advantages, vec![0.0]);
     }
 
     #[test]

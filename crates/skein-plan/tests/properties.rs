@@ -300,7 +300,10 @@ fn arb_trajectories() -> impl Strategy<Value = Vec<Trajectory>> {
             0usize..4,
             0u8..3,
             prop::sample::select(vec![0u8, 0, 0, 1, 2]),
-            prop::collection::vec((0usize..5, 0usize..40, 0usize..6), 1..4),
+            prop::collection::vec(
+                (0usize..5, 0usize..40, 0usize..6, prop::option::of(0u8..3)),
+                1..4,
+            ),
         ),
         1..24,
     )
@@ -310,7 +313,7 @@ fn arb_trajectories() -> impl Strategy<Value = Vec<Trajectory>> {
             .map(|(i, (group, reward, status, turns))| {
                 let mut context: Vec<u32> = vec![1, 2, 3];
                 let mut transitions = Vec::new();
-                for (k, (inserted, response, masked_out)) in turns.into_iter().enumerate() {
+                for (k, (inserted, response, masked_out, own)) in turns.into_iter().enumerate() {
                     context.extend((0..inserted as u32).map(|x| 1000 + x));
                     let resp: Vec<u32> = (0..response as u32).map(|x| 7 * x + k as u32).collect();
                     let mask: Vec<u8> = (0..response).map(|j| u8::from(j >= masked_out)).collect();
@@ -320,7 +323,7 @@ fn arb_trajectories() -> impl Strategy<Value = Vec<Trajectory>> {
                         loss_mask: mask,
                         logprobs: vec![-0.5; response],
                         versions: vec![k as u64; response],
-                        reward: None,
+                        reward: own.map(|r| r as f64 * 0.5),
                     });
                     context.extend(resp);
                 }
@@ -338,6 +341,14 @@ fn arb_trajectories() -> impl Strategy<Value = Vec<Trajectory>> {
             })
             .collect()
     })
+}
+
+fn arb_credit() -> impl Strategy<Value = Credit> {
+    prop::sample::select(vec![
+        Credit::Trajectory,
+        Credit::Turn { gamma: 1.0 },
+        Credit::Turn { gamma: 0.9 },
+    ])
 }
 
 fn arb_estimator() -> impl Strategy<Value = Estimator> {
@@ -370,6 +381,7 @@ proptest! {
         mut trajs in arb_trajectories(),
         all_failed in prop::bool::weighted(0.15),
         estimator in arb_estimator(),
+        credit in arb_credit(),
         drop in any::<bool>(),
         merge in any::<bool>(),
         cfg in arb_cfg(),
@@ -379,7 +391,7 @@ proptest! {
                 t.status = Status::Failed("sandbox timeout".into());
             }
         }
-        let adv = compute_advantages(&trajs, &AdvantageConfig { estimator, drop_equal_reward_groups: drop, eps: 1e-6 });
+        let adv = compute_advantages(&trajs, &AdvantageConfig { estimator, credit, drop_equal_reward_groups: drop, eps: 1e-6 });
         let failed = trajs.iter().filter(|t| t.is_failed()).count();
         prop_assert_eq!(adv.failed_trajectories, failed);
         for (t, a) in trajs.iter().zip(&adv.per_trajectory) {
@@ -392,7 +404,7 @@ proptest! {
             prop_assert!(trajs.iter().zip(&adv.per_trajectory).all(|(t, a)| t.is_failed() || a.is_some()));
         }
         let mode = if merge { RowMode::Trajectory } else { RowMode::Transition };
-        let rows = build_rows(&trajs, &adv.per_trajectory, mode).unwrap();
+        let rows = build_turn_rows(&trajs, &adv.per_turn, mode).unwrap();
         let live = adv.per_trajectory.iter().filter(|a| a.is_some()).count();
         let expected_rows: usize = trajs.iter().zip(&adv.per_trajectory)
             .filter(|(_, a)| a.is_some())
@@ -401,7 +413,27 @@ proptest! {
         prop_assert_eq!(rows.len(), expected_rows);
         for r in &rows {
             let t = &trajs[r.shape.trajectory];
-            prop_assert_eq!(Some(r.advantage), adv.per_trajectory[r.shape.trajectory]);
+            // Each sampled token carries its own turn's advantage, inserted tokens none.
+            let turns = adv.per_turn[r.shape.trajectory].as_ref().expect("a live trajectory");
+            prop_assert_eq!(turns.len(), t.transitions.len());
+            if credit == Credit::Trajectory {
+                let a = adv.per_trajectory[r.shape.trajectory].unwrap();
+                prop_assert!(turns.iter().all(|&x| x == a));
+            }
+            let segments: Vec<usize> = match r.shape.transition {
+                Some(k) => vec![k],
+                None => (0..t.transitions.len()).collect(),
+            };
+            let mut want = Vec::new();
+            for (j, k) in segments.iter().enumerate() {
+                let x = &t.transitions[*k];
+                if j > 0 {
+                    let prev = &t.transitions[k - 1];
+                    want.extend(std::iter::repeat_n(0.0, x.prompt.len() - prev.prompt.len() - prev.response.len()));
+                }
+                want.extend(x.loss_mask.iter().map(|&m| if m != 0 { turns[*k] } else { 0.0 }));
+            }
+            prop_assert_eq!(&r.advantages, &want);
             prop_assert!(!r.is_padding());
             if merge {
                 // Token-exact: the merged row is the last turn's full context.
@@ -459,6 +491,51 @@ proptest! {
             match (adv.per_trajectory[i], again.per_trajectory[j]) {
                 (Some(a), Some(b)) => prop_assert!((a - b).abs() < 1e-9),
                 (a, b) => prop_assert_eq!(a, b),
+            }
+        }
+    }
+
+    /// Turn credit: each turn's advantage is its discounted return against the same turn index
+    /// of its group, so group baselines centre every turn index that two or more trajectories
+    /// reached; one-turn trajectories without turn rewards get exactly the trajectory credit.
+    #[test]
+    fn turn_credit_centres_each_turn_index(trajs in arb_trajectories(), estimator in arb_estimator(), gamma in 0.5f64..=1.0) {
+        let turn = AdvantageConfig { estimator, credit: Credit::Turn { gamma }, ..Default::default() };
+        let adv = compute_advantages(&trajs, &turn);
+        if matches!(estimator, Estimator::DrGrpo | Estimator::Grpo { .. } | Estimator::Rloo) {
+            let mut by_index: HashMap<(&str, usize), Vec<f64>> = HashMap::new();
+            for (t, a) in trajs.iter().zip(&adv.per_turn) {
+                for (k, &x) in a.iter().flatten().enumerate() {
+                    by_index.entry((t.group.as_str(), k)).or_default().push(x);
+                }
+            }
+            for (key, xs) in &by_index {
+                if xs.len() >= 2 {
+                    prop_assert!(xs.iter().sum::<f64>().abs() < 1e-6, "{:?}: {:?}", key, xs);
+                }
+            }
+        }
+        for t in &trajs {
+            let g = turn_returns(t, gamma);
+            let last = t.transitions.len() - 1;
+            let own = |k: usize| t.transitions[k].reward.unwrap_or(0.0);
+            prop_assert!((g[last] - own(last) - t.reward).abs() < 1e-12);
+            for k in 0..last {
+                prop_assert!((g[k] - own(k) - gamma * g[k + 1]).abs() < 1e-9);
+            }
+        }
+        let single: Vec<Trajectory> = trajs.iter().map(|t| {
+            let mut t = t.clone();
+            t.transitions.truncate(1);
+            t.transitions[0].reward = None;
+            t
+        }).collect();
+        let by_turn = compute_advantages(&single, &turn);
+        let whole = compute_advantages(&single, &AdvantageConfig { estimator, ..Default::default() });
+        for (a, b) in by_turn.per_turn.iter().zip(&whole.per_trajectory) {
+            match (a, b) {
+                (Some(a), Some(b)) => prop_assert!((a[0] - b).abs() < 1e-9, "{} vs {}", a[0], b),
+                (a, b) => prop_assert_eq!(a.is_some(), b.is_some()),
             }
         }
     }

@@ -4,6 +4,7 @@
 
 mod common;
 use common::{step_metrics, workdir, TINY_RUN};
+use skein::trainer::config::CreditMode;
 use skein::trainer::run::{resume, train};
 use skein::trainer::trajectory_log::Keep;
 use skein::trainer::TrainConfig;
@@ -68,9 +69,11 @@ fn every_trajectory_of_every_step_is_kept_as_trained() {
             if r.turns > 1 {
                 assert!(row.loss_mask.contains(&0), "no inserted reply in {}", r.id);
             }
-            // Every sampled token of a trajectory carries its advantage (one per sequence).
+            // Every sampled token carries the trajectory's advantage, inserted ones none.
             let adv = row.advantages[0];
-            assert!(row.advantages.iter().all(|&a| a == adv));
+            for (&m, &a) in row.loss_mask.iter().zip(&row.advantages) {
+                assert_eq!(a, if m == 1 { adv } else { 0.0 }, "{}", r.id);
+            }
             mini_batches.insert(row.mini_batch.expect("trained rows have a mini-batch"));
             assert_eq!(row.rank, Some(0));
         }
@@ -82,6 +85,7 @@ fn every_trajectory_of_every_step_is_kept_as_trained() {
             .collect();
         assert_eq!(group.len(), 4);
         let sum: f32 = group.iter().map(|r| r.rows[0].advantages[0]).sum();
+        // (The first response token is sampled: a reply comes only after a message.)
         assert!(sum.abs() < 1e-3, "{sum}");
     }
 }
@@ -120,4 +124,51 @@ fn a_resumed_run_replaces_the_steps_past_its_checkpoint() {
     assert_eq!(std::fs::read(step_path(&run.dir, 2)).unwrap(), kept);
     let step4 = read_step(&step_path(&run.dir, 4)).unwrap();
     assert!(step4.iter().all(|r| r.step == 4 && r.policy_version == 6));
+}
+
+/// `algorithm.credit = "turn"`: the turns of one episode train with different advantages, in
+/// one merged row (so in one mini-batch), and the step logs the advantages per turn index.
+#[test]
+fn turn_credit_gives_the_turns_of_an_episode_their_own_advantages() {
+    let mut cfg = config("turn-credit");
+    // Enough of a model and warm-up that some episodes win and others do not.
+    cfg.model.hidden_size = 64;
+    cfg.model.num_layers = 2;
+    cfg.sft.steps = 60;
+    cfg.sft.lr = 3e-3;
+    cfg.algorithm.credit = CreditMode::Turn;
+    cfg.algorithm.turn_gamma = 0.5;
+    let run = train(&cfg).expect("run");
+    let metrics = step_metrics(&run.dir);
+    for m in &metrics {
+        assert!(
+            m["credit/turn1/adv_mean"].as_f64().unwrap().abs() < 1e-6,
+            "{m}"
+        );
+        let positive = m["credit/positive_turn_fraction"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&positive), "{m}");
+    }
+    let mut distinct = 0;
+    for step in [1, 2] {
+        for r in read_step(&step_path(&run.dir, step)).unwrap() {
+            let row = &r.rows[0];
+            // The advantage of each turn: a run of sampled tokens shares one value.
+            let mut turns: Vec<f32> = Vec::new();
+            let mut prev = 0;
+            for (&m, &a) in row.loss_mask.iter().zip(&row.advantages) {
+                match (m, prev) {
+                    (1, 0) => turns.push(a),
+                    (1, _) => assert_eq!(Some(&a), turns.last(), "{}", r.id),
+                    _ => assert_eq!(a, 0.0, "inserted tokens train with no advantage"),
+                }
+                prev = m;
+            }
+            assert_eq!(turns.len(), r.turns, "{}", r.id);
+            distinct += usize::from(turns.windows(2).any(|w| w[0] != w[1]));
+        }
+    }
+    assert!(
+        distinct > 0,
+        "no episode had turns with different advantages"
+    );
 }

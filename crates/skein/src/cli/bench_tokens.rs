@@ -276,6 +276,7 @@ fn measure(a: &TokenBenchArgs, layout: Layout) -> Result<Outcome> {
             dropped_groups: 0,
             failed_trajectories: 0,
             padding_rows: 0,
+            turn_metrics: Vec::new(),
         };
         let batch = prepare(batch, &models, 0, &prepare_cfg);
         let t = Instant::now();

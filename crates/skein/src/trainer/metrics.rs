@@ -55,6 +55,7 @@ impl StepReport<'_> {
         extend(&mut m, self.update.metrics(self.batch.has_reference()));
         extend(&mut m, [("policy_version", self.policy_version as f64)]);
         extend(&mut m, batch.metrics());
+        extend(&mut m, batch.turn_metrics.iter().cloned());
         extend(
             &mut m,
             [

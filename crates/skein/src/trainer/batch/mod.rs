@@ -8,7 +8,7 @@ mod row;
 
 pub use row::TrainRow;
 
-use crate::trainer::config::{Estimator, TrainConfig};
+use crate::trainer::config::{CreditMode, Estimator, TrainConfig};
 use anyhow::Result;
 use skein_plan as plan;
 
@@ -49,6 +49,12 @@ impl StepBatchConfig {
         StepBatchConfig {
             advantage: plan::AdvantageConfig {
                 estimator,
+                credit: match a.credit {
+                    CreditMode::Trajectory => plan::Credit::Trajectory,
+                    CreditMode::Turn => plan::Credit::Turn {
+                        gamma: a.turn_gamma,
+                    },
+                },
                 drop_equal_reward_groups: a.drop_equal_reward_groups,
                 ..Default::default()
             },
@@ -77,6 +83,8 @@ pub struct StepBatch {
     pub real_rows: usize,
     /// Tokens of all rows, padding included (throughput only).
     pub total_tokens: usize,
+    /// With per-turn credit: advantages by turn index and the turns' own rewards.
+    pub turn_metrics: Vec<(String, f64)>,
 }
 
 /// The trajectory (index into the step's trajectories) and transition a row holds (None: all
@@ -93,7 +101,7 @@ pub fn build_step_batch(
     seed: u64,
 ) -> Result<StepBatch> {
     let adv = plan::compute_advantages(trajectories, &cfg.advantage);
-    let rows = plan::build_rows(trajectories, &adv.per_trajectory, plan::RowMode::Auto)?;
+    let rows = plan::build_turn_rows(trajectories, &adv.per_turn, plan::RowMode::Auto)?;
     let mut batch = StepBatch {
         rows: Vec::new(),
         origins: Vec::new(),
@@ -104,6 +112,10 @@ pub fn build_step_batch(
         padding_rows: 0,
         real_rows: rows.len(),
         total_tokens: 0,
+        turn_metrics: match cfg.advantage.credit {
+            plan::Credit::Turn { .. } => turn_metrics(trajectories, &adv.per_turn),
+            plan::Credit::Trajectory => Vec::new(),
+        },
     };
     if rows.is_empty() {
         // Nothing to learn from this step (every group dropped or failed): no update, counted.
@@ -172,6 +184,52 @@ pub fn build_step_batch(
     }
     batch.total_tokens = batch.rows.iter().map(|r| r.tokens.len()).sum();
     Ok(batch)
+}
+
+/// Turn indices whose advantages are logged one by one (later turns are in the totals only).
+const LOGGED_TURNS: usize = 8;
+
+/// Per-turn credit at a glance: advantage mean and std per turn index (`credit/turn1/…`), the
+/// share of turns with a positive advantage, and the mean of the turns' own rewards.
+fn turn_metrics(
+    trajectories: &[plan::Trajectory],
+    per_turn: &[Option<Vec<f64>>],
+) -> Vec<(String, f64)> {
+    let mut by_index: Vec<Vec<f64>> = vec![Vec::new(); LOGGED_TURNS];
+    let (mut turns, mut positive) = (0usize, 0usize);
+    for a in per_turn.iter().flatten() {
+        for (k, &x) in a.iter().enumerate() {
+            if let Some(v) = by_index.get_mut(k) {
+                v.push(x);
+            }
+            turns += 1;
+            positive += usize::from(x > 0.0);
+        }
+    }
+    let mut out = Vec::new();
+    for (k, xs) in by_index.iter().enumerate().filter(|(_, xs)| !xs.is_empty()) {
+        let n = xs.len() as f64;
+        let mean = xs.iter().sum::<f64>() / n;
+        let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n;
+        out.push((format!("credit/turn{}/adv_mean", k + 1), mean));
+        out.push((format!("credit/turn{}/adv_std", k + 1), var.sqrt()));
+    }
+    out.push((
+        "credit/positive_turn_fraction".into(),
+        positive as f64 / turns.max(1) as f64,
+    ));
+    let own: Vec<f64> = trajectories
+        .iter()
+        .filter(|t| !t.is_failed())
+        .flat_map(|t| t.transitions.iter().filter_map(|x| x.reward))
+        .collect();
+    if !own.is_empty() {
+        out.push((
+            "reward/turn_mean".into(),
+            own.iter().sum::<f64>() / own.len() as f64,
+        ));
+    }
+    out
 }
 
 impl StepBatch {

@@ -45,15 +45,15 @@ impl TrainRow {
         }
     }
 
-    /// A planned row: prompt ++ response ids, the sequence advantage on every response token,
-    /// loss weight 0 until the plan gives it one. A padding row stays inert: mask 0, weight 0.
+    /// A planned row: prompt ++ response ids, each sampled token its turn's advantage, loss
+    /// weight 0 until the plan gives it one. A padding row stays inert: mask 0, weight 0.
     pub fn from_plan_row(r: &skein_plan::Row) -> TrainRow {
         TrainRow {
             tokens: r.prompt.iter().chain(&r.response).copied().collect(),
             prompt_len: r.prompt.len(),
             loss_mask: r.loss_mask.clone(),
             behavior_logp: r.logprobs.clone(),
-            advantages: vec![r.advantage as f32; r.response.len()],
+            advantages: r.advantages.iter().map(|&a| a as f32).collect(),
             versions: r.versions.clone(),
             weight: 0.0,
             ..Default::default()

@@ -328,6 +328,12 @@ pub struct AlgorithmConfig {
     pub normalize_std: bool,
     /// DAPO dynamic sampling: drop groups whose rewards are all equal (counted).
     pub drop_equal_reward_groups: bool,
+    /// Who gets credit for an episode's outcome: `trajectory` (every turn the episode's
+    /// advantage) or `turn` (each turn its own: the return from that turn on, discounted by
+    /// `turn_gamma` per turn, against the same turn index of its group).
+    pub credit: CreditMode,
+    /// The per-turn discount of `credit = "turn"`, in (0, 1].
+    pub turn_gamma: f64,
     pub clip_low: f64,
     pub clip_high: f64,
     /// Dual-clip constant (> 1); 0 disables.
@@ -375,6 +381,8 @@ impl Default for AlgorithmConfig {
             estimator: Estimator::Grpo,
             normalize_std: true,
             drop_equal_reward_groups: false,
+            credit: CreditMode::Trajectory,
+            turn_gamma: 0.9,
             clip_low: loss.clip_low,
             clip_high: loss.clip_high,
             dual_clip: loss.dual_clip,
@@ -573,6 +581,16 @@ impl Estimator {
     pub fn needs_critic(self) -> bool {
         self == Estimator::Gae
     }
+}
+
+/// `algorithm.credit`: who gets credit for an episode's outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CreditMode {
+    /// Every turn gets the trajectory's advantage.
+    Trajectory,
+    /// Each turn gets its own advantage from its discounted return.
+    Turn,
 }
 
 /// `algorithm.off_policy`: the correction for tokens an older policy sampled.

@@ -4,7 +4,7 @@
 //! Keys with a fixed set of values are enums and checked when the config is read; this checks
 //! ranges, combinations and paths.
 
-use super::{AgentKind, DpBackend, EngineKind, TrainConfig};
+use super::{AgentKind, CreditMode, DpBackend, EngineKind, TrainConfig};
 use anyhow::Result;
 use skein_config::Validator;
 
@@ -123,6 +123,20 @@ fn validate_algorithm(cfg: &TrainConfig, v: &mut Validator) {
         "algorithm.dual_clip",
         "must be 0 (off) or > 1",
         a.dual_clip,
+    )
+    .check(
+        a.turn_gamma > 0.0 && a.turn_gamma <= 1.0,
+        "algorithm.turn_gamma",
+        "must be in (0, 1]",
+        a.turn_gamma,
+    )
+    .check(
+        a.credit == CreditMode::Trajectory || !a.estimator.needs_critic(),
+        "algorithm.credit",
+        "\"turn\" works with the group estimators (grpo, dr-grpo, rloo, reinforce++, \
+         reinforce++-baseline); with `gae` the critic's per-token values already assign credit, \
+         so use credit = \"trajectory\"",
+        "turn",
     )
     .in_range("algorithm.gamma", a.gamma, 0.0, 1.0)
     .in_range("algorithm.lambda", a.lambda, 0.0, 1.0)
@@ -503,6 +517,30 @@ mod tests {
             let e = problems(&|c| c.run.device = "cuda".into());
             assert!(e.contains("`run.device`") && e.contains("use cpu"), "{e}");
         }
+    }
+
+    #[test]
+    fn turn_credit_names_its_values_and_refuses_the_critic() {
+        let err = load(&["algorithm.credit=\"step\""])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("`algorithm.credit`") && err.contains("trajectory, turn"),
+            "{err}"
+        );
+        let mut cfg = TrainConfig::default();
+        cfg.algorithm.credit = CreditMode::Turn;
+        assert!(validate(&cfg).is_ok());
+        cfg.algorithm.turn_gamma = 0.0;
+        let err = validate(&cfg).unwrap_err().to_string();
+        assert!(err.contains("`algorithm.turn_gamma`"), "{err}");
+        cfg.algorithm.turn_gamma = 1.0;
+        cfg.algorithm.estimator = super::super::Estimator::Gae;
+        let err = validate(&cfg).unwrap_err().to_string();
+        assert!(
+            err.contains("`algorithm.credit`") && err.contains("gae"),
+            "{err}"
+        );
     }
 
     #[test]
