@@ -1,11 +1,12 @@
-//! What a user sees of a run: `metrics.jsonl`, a PNG of its curves, progress bars, and the
-//! trajectories each step trained on.
+//! What a user sees of a run: `metrics.jsonl` (and TensorBoard event files), a PNG of its
+//! curves, progress bars, and the trajectories each step trained on.
 
 mod font;
 pub mod metrics;
 mod num;
 pub mod plot;
 pub mod progress;
+pub mod tensorboard;
 pub mod trajectories;
 
 pub use metrics::{read_metrics, record, MetricsLog, Record};

@@ -1,5 +1,7 @@
-//! `metrics.jsonl`: one JSON object per line, flushed as written so a crash loses nothing.
+//! `metrics.jsonl`: one JSON object per line, flushed as written so a crash loses nothing;
+//! optionally mirrored to TensorBoard event files.
 
+use crate::tensorboard::EventWriter;
 use anyhow::{Context, Result};
 use serde_json::{Map, Value};
 use std::fs::{File, OpenOptions};
@@ -10,10 +12,12 @@ use std::path::{Path, PathBuf};
 /// value, usually with a `step`.
 pub type Record = Map<String, Value>;
 
-/// Appends records to a `metrics.jsonl`, one JSON object per line.
+/// Appends records to a `metrics.jsonl`, one JSON object per line, and to the event file of
+/// [`MetricsLog::with_tensorboard`] when there is one.
 pub struct MetricsLog {
     file: File,
     path: PathBuf,
+    tensorboard: Option<EventWriter>,
 }
 
 impl MetricsLog {
@@ -27,17 +31,31 @@ impl MetricsLog {
         Ok(MetricsLog {
             file,
             path: path.to_path_buf(),
+            tensorboard: None,
         })
     }
 
-    /// Writes `record` as one line and flushes it, so a crash loses at most the step in flight.
+    /// Also writes every record to a TensorBoard event file in `dir`, rebuilt first from the
+    /// records the log already holds, so the two always show the same steps.
+    pub fn with_tensorboard(mut self, dir: &Path) -> Result<Self> {
+        let records = read_metrics(&self.path)?;
+        self.tensorboard = Some(EventWriter::rebuild(dir, &records)?);
+        Ok(self)
+    }
+
+    /// Writes `record` as one line and flushes it, so a crash loses at most the step in flight;
+    /// then the same to TensorBoard.
     pub fn append(&mut self, record: &Record) -> Result<()> {
         let mut line = serde_json::to_string(record)?;
         line.push('\n');
         self.file
             .write_all(line.as_bytes())
             .and_then(|_| self.file.flush())
-            .with_context(|| format!("writing {}", self.path.display()))
+            .with_context(|| format!("writing {}", self.path.display()))?;
+        match &mut self.tensorboard {
+            Some(tb) => tb.append(record),
+            None => Ok(()),
+        }
     }
 
     pub fn path(&self) -> &Path {
