@@ -4,15 +4,16 @@
 //! step, so a run that fails never changes a finished run's files.
 
 use super::checkpoint;
-use super::config::TrainConfig;
+use super::config::{Tracking, TrainConfig};
 use anyhow::{bail, Context, Result};
-use skein_report::MetricsLog;
+use skein_report::{tensorboard, MetricsLog};
 use std::path::PathBuf;
 
 /// Files a run writes at the top of its directory (besides `checkpoint-N/`).
 const RUN_FILES: &[&str] = &[
     "config.toml",
     "metrics.jsonl",
+    tensorboard::DIR,
     "plot.png",
     "checkpoint",
     "published",
@@ -141,11 +142,21 @@ impl RunDir {
                 );
             }
         }
+        let p = self.path.join(tensorboard::DIR);
+        if p.exists() && !p.is_dir() {
+            bail!(
+                "{} is a file, but the run writes TensorBoard event files in a directory there: \
+                 move it away first",
+                p.display()
+            );
+        }
         Ok(())
     }
 
     /// Starts writing: the resolved config, and the metrics log — new, or cut back to
-    /// `keep_lines` lines (a resumed checkpoint's).
+    /// `keep_lines` lines (a resumed checkpoint's) — with its TensorBoard events rebuilt to
+    /// match. A resume that no longer tracks TensorBoard removes the old events, which would
+    /// show the steps it discards.
     pub fn open(&self, cfg: &TrainConfig, keep_lines: Option<usize>) -> Result<MetricsLog> {
         std::fs::create_dir_all(&self.path)
             .with_context(|| format!("creating run directory {}", self.path.display()))?;
@@ -162,6 +173,20 @@ impl RunDir {
                 }
             }
         }
-        MetricsLog::create(&metrics)
+        let log = MetricsLog::create(&metrics)?;
+        let events = self.path.join(tensorboard::DIR);
+        if cfg.run.tracking.contains(&Tracking::Tensorboard) {
+            return log.with_tensorboard(&events);
+        }
+        if events.exists() {
+            eprintln!(
+                "skein: removing {}: `run.tracking` has no \"tensorboard\", and its events \
+                 would show the steps this resume discards",
+                events.display()
+            );
+            std::fs::remove_dir_all(&events)
+                .with_context(|| format!("removing {}", events.display()))?;
+        }
+        Ok(log)
     }
 }

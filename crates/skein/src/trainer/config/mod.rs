@@ -47,13 +47,17 @@ pub struct TrainConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RunConfig {
-    /// Run directory: resolved config, metrics.jsonl, plot.png, checkpoints.
+    /// Run directory: resolved config, metrics.jsonl (and tensorboard/), plot.png, checkpoints.
     pub dir: String,
     pub seed: u64,
     /// `cpu`, `cuda` or `cuda:N` (read with [`RunConfig::device`]).
     pub device: String,
     /// Threads libtorch may use (0 = its default).
     pub threads: usize,
+    /// Where the metrics go: `jsonl` (`metrics.jsonl`) and `tensorboard` (event files in
+    /// `tensorboard/`, for `tensorboard --logdir`). `jsonl` must be listed: resume, plot.png
+    /// and `skein plot` read metrics.jsonl, so every run writes it.
+    pub tracking: Vec<Tracking>,
 }
 
 impl RunConfig {
@@ -125,6 +129,7 @@ impl Default for RunConfig {
             seed: 0,
             device: "cpu".into(),
             threads: 0,
+            tracking: vec![Tracking::Jsonl],
         }
     }
 }
@@ -536,6 +541,16 @@ impl Default for AgentConfig {
             rollout_timeout_s: 300.0,
         }
     }
+}
+
+/// `run.tracking`: a place every metrics record is written to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tracking {
+    /// `RUN_DIR/metrics.jsonl`, one JSON object per line.
+    Jsonl,
+    /// TensorBoard event files in `RUN_DIR/tensorboard/`.
+    Tensorboard,
 }
 
 /// `rollout.engine`: where rollouts are generated.

@@ -4,7 +4,7 @@
 //! Keys with a fixed set of values are enums and checked when the config is read; this checks
 //! ranges, combinations and paths.
 
-use super::{AgentKind, CreditMode, DpBackend, EngineKind, TrainConfig};
+use super::{AgentKind, CreditMode, DpBackend, EngineKind, Tracking, TrainConfig};
 use anyhow::Result;
 use skein_config::Validator;
 
@@ -22,12 +22,19 @@ pub fn validate(cfg: &TrainConfig) -> Result<()> {
     Ok(v.finish()?)
 }
 
-/// `[run]` and `[sft]`: a device this machine has, a thread count it can run, and a warm-up
-/// that has rows to train on.
+/// `[run]` and `[sft]`: a device this machine has, a thread count it can run, metrics.jsonl
+/// among the trackers, and a warm-up that has rows to train on.
 fn validate_run(cfg: &TrainConfig, v: &mut Validator) {
     if let Err(e) = cfg.run.device() {
         v.problem(e.to_string());
     }
+    v.check(
+        cfg.run.tracking.contains(&Tracking::Jsonl),
+        "run.tracking",
+        "must list \"jsonl\": resume, plot.png and `skein plot` read metrics.jsonl, so every \
+         run writes it (allowed: jsonl, tensorboard; e.g. [\"jsonl\", \"tensorboard\"])",
+        serde_json::to_string(&cfg.run.tracking).unwrap_or_default(),
+    );
     let max = super::max_threads();
     v.check(
         cfg.run.threads <= max,
@@ -541,6 +548,29 @@ mod tests {
             err.contains("`algorithm.credit`") && err.contains("gae"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn tracking_names_its_values_and_keeps_jsonl() {
+        let err = load(&["run.tracking=[\"jsonl\", \"wandb\"]"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("`run.tracking[1]`: `wandb` (allowed: jsonl, tensorboard)"),
+            "{err}"
+        );
+        let cfg = load(&["run.tracking=[\"jsonl\", \"tensorboard\"]"]).unwrap();
+        assert_eq!(cfg.run.tracking, [Tracking::Jsonl, Tracking::Tensorboard]);
+        assert!(validate(&cfg).is_ok());
+        for tracking in ["[\"tensorboard\"]", "[]"] {
+            let cfg = load(&[&format!("run.tracking={tracking}")]).unwrap();
+            let err = validate(&cfg).unwrap_err().to_string();
+            assert!(
+                err.contains("`run.tracking`: must list \"jsonl\"")
+                    && err.contains(&format!("(got {tracking})")),
+                "{err}"
+            );
+        }
     }
 
     #[test]
