@@ -4,7 +4,7 @@
 # and libclang are installed: `make test` after `make train` compiles only the tests, not the
 # trainer again. `make train` installs MPI when it can (root or sudo) and otherwise builds
 # without it (data-parallel ranks then run as threads only).
-.PHONY: setup setup-reward-model setup-agent-client setup-mpi try-setup-mpi train test
+.PHONY: setup setup-reward-model setup-agent-client setup-tensorboard setup-mpi try-setup-mpi train test
 # `--features skein/mpi` once MPI is installed; expanded when a recipe runs, after its setup.
 FEATURES = $(shell ./scripts/setup-mpi.sh --check && echo --features skein/mpi)
 setup:
@@ -18,10 +18,13 @@ setup-reward-model: setup
 # The serve tests run scripts/example_agent.py, which uses the official `openai` client.
 setup-agent-client: setup
 	@./scripts/setup-agent-client.sh
+# The tracking test reads a run's event files back with the `tensorboard` package.
+setup-tensorboard: setup
+	@./scripts/setup-tensorboard.sh
 # The tests build the `mpi` feature and run two-process jobs with mpirun (Debian's OpenMPI).
 setup-mpi:
 	@./scripts/setup-mpi.sh
 try-setup-mpi:
 	@./scripts/setup-mpi.sh || echo "skein setup: building without MPI" >&2
-test: setup setup-reward-model setup-agent-client setup-mpi
+test: setup setup-reward-model setup-agent-client setup-tensorboard setup-mpi
 	cargo test --workspace --release --features skein/mpi

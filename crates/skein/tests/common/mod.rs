@@ -6,10 +6,15 @@ use std::path::Path;
 
 /// The Python interpreter that has the `openai` package, if any.
 pub fn python_with_openai() -> Option<String> {
+    python_with("openai")
+}
+
+/// The Python interpreter (the project's .venv first) that can import `module`, if any.
+pub fn python_with(module: &str) -> Option<String> {
     let venv = concat!(env!("CARGO_MANIFEST_DIR"), "/../../.venv/bin/python");
     [venv, "python3"].into_iter().map(String::from).find(|py| {
         std::process::Command::new(py)
-            .args(["-c", "import openai"])
+            .args(["-c", &format!("import {module}")])
             .stderr(std::process::Stdio::null())
             .status()
             .is_ok_and(|s| s.success())
