@@ -6,7 +6,7 @@
 use super::checkpoint;
 use super::config::{Tracking, TrainConfig};
 use anyhow::{bail, Context, Result};
-use skein_report::{tensorboard, MetricsLog};
+use skein_report::{tensorboard, trajectories, MetricsLog};
 use std::path::PathBuf;
 
 /// Files a run writes at the top of its directory (besides `checkpoint-N/`).
@@ -17,7 +17,7 @@ const RUN_FILES: &[&str] = &[
     "plot.png",
     "checkpoint",
     "published",
-    "trajectories",
+    trajectories::DIR,
 ];
 
 /// What a run may write in `run.dir`, once it has been checked.
@@ -133,7 +133,7 @@ impl RunDir {
                 );
             }
         }
-        for name in ["checkpoint", "published", "trajectories"] {
+        for name in ["checkpoint", "published", trajectories::DIR] {
             let p = self.path.join(name);
             if p.exists() && !p.is_dir() {
                 bail!(
