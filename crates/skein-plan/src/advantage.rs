@@ -29,10 +29,21 @@ pub enum Credit {
     Turn { gamma: f64 },
 }
 
+/// GiGPO's step-level groups: within a group, the turns taken in the same environment state
+/// ([`crate::Transition::state`]) are compared with each other by their returns (discounted
+/// by `gamma` per turn), and `weight` times that step-relative advantage is added to each
+/// turn's own. A state only one turn of the group was in adds nothing.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepGroups {
+    pub weight: f64,
+    pub gamma: f64,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdvantageConfig {
     pub estimator: Estimator,
     pub credit: Credit,
+    pub step_groups: Option<StepGroups>,
     /// DAPO dynamic sampling: drop groups whose rewards are all equal (they carry no learning
     /// signal under a group baseline). A group of one (e.g. its siblings failed) is all-equal
     /// too, and is dropped.
@@ -47,6 +58,7 @@ impl Default for AdvantageConfig {
                 normalize_std: true,
             },
             credit: Credit::Trajectory,
+            step_groups: None,
             drop_equal_reward_groups: false,
             eps: 1e-6,
         }
@@ -60,6 +72,9 @@ pub struct AdvantageResult {
     /// One per transition of each trajectory (None = excluded, as above): the trajectory's
     /// advantage on every turn, or each turn's own with [`Credit::Turn`].
     pub per_turn: Vec<Option<Vec<f64>>>,
+    /// With [`StepGroups`]: states shared by two or more turns of a group, and those turns.
+    pub step_groups: usize,
+    pub step_group_turns: usize,
     pub dropped_groups: usize,
     pub dropped_trajectories: usize,
     pub failed_trajectories: usize,
@@ -142,7 +157,49 @@ pub fn compute_advantages(trajs: &[Trajectory], cfg: &AdvantageConfig) -> Advant
             .map(|(t, a)| a.map(|a| vec![a; t.transitions.len()]))
             .collect()
     });
+    if let Some(steps) = cfg.step_groups {
+        add_step_advantages(trajs, &kept_groups, &mut out, cfg, steps);
+    }
     out
+}
+
+/// Adds `weight` × the step-relative advantage to each turn that shares its state with other
+/// turns of its group: the turn's return against theirs, centred (and scaled by their
+/// standard deviation under GRPO with `normalize_std`).
+fn add_step_advantages(
+    trajs: &[Trajectory],
+    groups: &[Vec<usize>],
+    out: &mut AdvantageResult,
+    cfg: &AdvantageConfig,
+    steps: StepGroups,
+) {
+    for members in groups {
+        let mut by_state: HashMap<&str, Vec<(usize, usize, f64)>> = HashMap::new();
+        for &i in members {
+            let returns = turn_returns(&trajs[i], steps.gamma);
+            for (k, x) in trajs[i].transitions.iter().enumerate() {
+                if let Some(state) = &x.state {
+                    by_state.entry(state).or_default().push((i, k, returns[k]));
+                }
+            }
+        }
+        for turns in by_state.values().filter(|t| t.len() >= 2) {
+            let m = Moments::of(turns.iter().map(|t| t.2));
+            out.step_groups += 1;
+            out.step_group_turns += turns.len();
+            for &(i, k, r) in turns {
+                let a = match cfg.estimator {
+                    Estimator::Grpo {
+                        normalize_std: true,
+                    } => (r - m.mean) / (m.std + cfg.eps),
+                    _ => r - m.mean,
+                };
+                if let Some(Some(adv)) = out.per_turn.get_mut(i) {
+                    adv[k] += steps.weight * a;
+                }
+            }
+        }
+    }
 }
 
 /// The discounted return from each turn on: its own reward plus the later turns', and the
@@ -300,9 +357,22 @@ mod tests {
                 logprobs: vec![0.0],
                 versions: vec![0],
                 reward: None,
+                state: None,
             }],
             reward,
             status,
+        }
+    }
+
+    fn one_token_turn(reward: Option<f64>, state: Option<String>) -> Transition {
+        Transition {
+            prompt: vec![1],
+            response: vec![2],
+            loss_mask: vec![1],
+            logprobs: vec![0.0],
+            versions: vec![0],
+            reward,
+            state,
         }
     }
 
@@ -311,14 +381,7 @@ mod tests {
     /// other episode reached, takes B's own episode advantage.
     #[test]
     fn turn_credit_compares_each_turn_with_the_same_turn_of_the_group() {
-        let turn = |reward: Option<f64>| Transition {
-            prompt: vec![1],
-            response: vec![2],
-            loss_mask: vec![1],
-            logprobs: vec![0.0],
-            versions: vec![0],
-            reward,
-        };
+        let turn = |reward: Option<f64>| one_token_turn(reward, None);
         let a = Trajectory {
             transitions: vec![turn(None), turn(None)],
             ..traj("a", "g", 1.0, Status::Finished)
@@ -343,6 +406,34 @@ mod tests {
         );
         assert!(close(ta, &[0.2, 0.4]), "{ta:?}");
         assert!(close(tb, &[-0.2, -0.4, -0.5]), "{tb:?}");
+    }
+
+    /// Step groups: both episodes guessed first in the same (empty) state; A's first guess led
+    /// to a win, B's to a loss, so A's first turn gains and B's loses, in addition to their
+    /// episode advantages. Second turns were in different states and gain nothing.
+    #[test]
+    fn step_groups_compare_turns_taken_in_the_same_state() {
+        let turn = |state: &str| one_token_turn(None, Some(state.into()));
+        let a = Trajectory {
+            transitions: vec![turn(""), turn("lower")],
+            ..traj("a", "g", 1.0, Status::Finished)
+        };
+        let b = Trajectory {
+            transitions: vec![turn(""), turn("higher")],
+            ..traj("b", "g", 0.0, Status::Finished)
+        };
+        let cfg = AdvantageConfig {
+            estimator: Estimator::DrGrpo,
+            step_groups: Some(StepGroups {
+                weight: 0.5,
+                gamma: 1.0,
+            }),
+            ..Default::default()
+        };
+        let r = compute_advantages(&[a, b], &cfg);
+        assert_eq!((r.step_groups, r.step_group_turns), (1, 2));
+        assert_eq!(r.per_turn[0], Some(vec![0.5 + 0.25, 0.5]));
+        assert_eq!(r.per_turn[1], Some(vec![-0.5 - 0.25, -0.5]));
     }
 
     #[test]

@@ -18,6 +18,11 @@ pub struct Transition {
     pub versions: Vec<u64>,
     /// Optional per-transition reward.
     pub reward: Option<f64>,
+    /// The environment's state when the model wrote this turn, if the environment names one
+    /// (the guessing game: the replies so far). Turns of one group taken in the same state
+    /// form a step group ([`crate::StepGroups`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
 }
 
 impl Transition {

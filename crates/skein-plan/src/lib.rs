@@ -51,6 +51,7 @@ pub mod rows;
 
 pub use advantage::{
     compute_advantages, gae, turn_returns, AdvantageConfig, AdvantageResult, Credit, Estimator,
+    StepGroups,
 };
 pub use data::{Status, Trajectory, Transition};
 pub use error::PlanError;

@@ -152,6 +152,7 @@ mod tests {
                 logprobs: vec![0.0; response],
                 versions: vec![0; response],
                 reward: None,
+                state: None,
             }],
             reward,
             status,

@@ -241,6 +241,7 @@ mod tests {
             logprobs: vec![-1.0; n],
             versions: vec![3; n],
             reward: None,
+            state: None,
         }
     }
 

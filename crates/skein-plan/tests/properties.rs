@@ -301,7 +301,13 @@ fn arb_trajectories() -> impl Strategy<Value = Vec<Trajectory>> {
             0u8..3,
             prop::sample::select(vec![0u8, 0, 0, 1, 2]),
             prop::collection::vec(
-                (0usize..5, 0usize..40, 0usize..6, prop::option::of(0u8..3)),
+                (
+                    0usize..5,
+                    0usize..40,
+                    0usize..6,
+                    prop::option::of(0u8..3),
+                    prop::option::of(0u8..2),
+                ),
                 1..4,
             ),
         ),
@@ -313,7 +319,9 @@ fn arb_trajectories() -> impl Strategy<Value = Vec<Trajectory>> {
             .map(|(i, (group, reward, status, turns))| {
                 let mut context: Vec<u32> = vec![1, 2, 3];
                 let mut transitions = Vec::new();
-                for (k, (inserted, response, masked_out, own)) in turns.into_iter().enumerate() {
+                for (k, (inserted, response, masked_out, own, state)) in
+                    turns.into_iter().enumerate()
+                {
                     context.extend((0..inserted as u32).map(|x| 1000 + x));
                     let resp: Vec<u32> = (0..response as u32).map(|x| 7 * x + k as u32).collect();
                     let mask: Vec<u8> = (0..response).map(|j| u8::from(j >= masked_out)).collect();
@@ -324,6 +332,7 @@ fn arb_trajectories() -> impl Strategy<Value = Vec<Trajectory>> {
                         logprobs: vec![-0.5; response],
                         versions: vec![k as u64; response],
                         reward: own.map(|r| r as f64 * 0.5),
+                        state: state.map(|s| format!("turn {k}, state {s}")),
                     });
                     context.extend(resp);
                 }
@@ -382,6 +391,7 @@ proptest! {
         all_failed in prop::bool::weighted(0.15),
         estimator in arb_estimator(),
         credit in arb_credit(),
+        steps in prop::option::of((0.0f64..2.0, 0.5f64..=1.0)),
         drop in any::<bool>(),
         merge in any::<bool>(),
         cfg in arb_cfg(),
@@ -391,7 +401,8 @@ proptest! {
                 t.status = Status::Failed("sandbox timeout".into());
             }
         }
-        let adv = compute_advantages(&trajs, &AdvantageConfig { estimator, credit, drop_equal_reward_groups: drop, eps: 1e-6 });
+        let step_groups = steps.map(|(weight, gamma)| StepGroups { weight, gamma });
+        let adv = compute_advantages(&trajs, &AdvantageConfig { estimator, credit, step_groups, drop_equal_reward_groups: drop, eps: 1e-6 });
         let failed = trajs.iter().filter(|t| t.is_failed()).count();
         prop_assert_eq!(adv.failed_trajectories, failed);
         for (t, a) in trajs.iter().zip(&adv.per_trajectory) {
@@ -416,7 +427,7 @@ proptest! {
             // Each sampled token carries its own turn's advantage, inserted tokens none.
             let turns = adv.per_turn[r.shape.trajectory].as_ref().expect("a live trajectory");
             prop_assert_eq!(turns.len(), t.transitions.len());
-            if credit == Credit::Trajectory {
+            if credit == Credit::Trajectory && step_groups.is_none() {
                 let a = adv.per_trajectory[r.shape.trajectory].unwrap();
                 prop_assert!(turns.iter().all(|&x| x == a));
             }
@@ -538,5 +549,38 @@ proptest! {
                 (a, b) => prop_assert_eq!(a.is_some(), b.is_some()),
             }
         }
+    }
+
+    /// Step groups add a step-relative advantage that is centred within each state of a group:
+    /// per state, the turns' additions sum to zero, and turns without a state gain nothing.
+    #[test]
+    fn step_groups_add_advantages_centred_per_state(trajs in arb_trajectories(), estimator in arb_estimator(), weight in 0.1f64..2.0) {
+        let plain = AdvantageConfig { estimator, ..Default::default() };
+        let steps = AdvantageConfig { step_groups: Some(StepGroups { weight, gamma: 0.9 }), ..plain };
+        let (a, b) = (compute_advantages(&trajs, &plain), compute_advantages(&trajs, &steps));
+        let mut by_state: HashMap<(&str, &str), f64> = HashMap::new();
+        let mut counted = HashMap::<(&str, &str), usize>::new();
+        for (i, t) in trajs.iter().enumerate() {
+            let (Some(x), Some(y)) = (&a.per_turn[i], &b.per_turn[i]) else {
+                prop_assert_eq!(a.per_turn[i].is_some(), b.per_turn[i].is_some());
+                continue;
+            };
+            for (k, tr) in t.transitions.iter().enumerate() {
+                let added = y[k] - x[k];
+                match &tr.state {
+                    Some(s) => {
+                        *by_state.entry((t.group.as_str(), s.as_str())).or_default() += added;
+                        *counted.entry((t.group.as_str(), s.as_str())).or_default() += 1;
+                    }
+                    None => prop_assert_eq!(added, 0.0),
+                }
+            }
+        }
+        for (key, sum) in &by_state {
+            prop_assert!(sum.abs() < 1e-6, "{:?}: {}", key, sum);
+        }
+        let shared = counted.values().filter(|&&n| n >= 2);
+        prop_assert_eq!(b.step_groups, shared.clone().count());
+        prop_assert_eq!(b.step_group_turns, shared.sum::<usize>());
     }
 }

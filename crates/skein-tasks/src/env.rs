@@ -65,6 +65,13 @@ impl std::error::Error for EnvError {}
 /// never panics, whatever the text.
 pub trait Env: Send {
     fn step(&mut self, message: &str) -> Result<EnvStep, EnvError>;
+
+    /// The state the next message will be written in, as a key: two episodes of one problem
+    /// with the same key are in the same state (for step-level credit, `algorithm.
+    /// step_group_weight`). None: the environment does not name its states.
+    fn state_key(&self) -> Option<String> {
+        None
+    }
 }
 
 /// One turn of a transcript: what the model said and what the environment answered.

@@ -56,6 +56,9 @@ struct GuessEnv {
     turns: usize,
     formatted: bool,
     done: bool,
+    /// Each message so far with its reply (`8>` for "higher", `12<`, `?` for no guess): what
+    /// the player knows, and so the state the next guess is made in.
+    history: String,
 }
 
 impl Env for GuessEnv {
@@ -67,6 +70,7 @@ impl Env for GuessEnv {
         let reply = match parse_guess(message).filter(|g| (1..=self.n).contains(g)) {
             None => {
                 self.formatted = false;
+                self.history.push_str("? ");
                 format!("1-{}?", self.n)
             }
             Some(g) if g == self.secret => {
@@ -77,13 +81,23 @@ impl Env for GuessEnv {
                     formatted: self.formatted,
                 }));
             }
-            Some(g) if g < self.secret => HIGHER.into(),
-            Some(_) => LOWER.into(),
+            Some(g) if g < self.secret => {
+                self.history.push_str(&format!("{g}> "));
+                HIGHER.into()
+            }
+            Some(g) => {
+                self.history.push_str(&format!("{g}< "));
+                LOWER.into()
+            }
         };
         Ok(EnvStep::Continue {
             messages: vec![EnvMessage::user(reply)],
             reward: None,
         })
+    }
+
+    fn state_key(&self) -> Option<String> {
+        Some(self.history.clone())
     }
 }
 
@@ -112,6 +126,7 @@ impl AgentTask for Guess {
             turns: 0,
             formatted: true,
             done: false,
+            history: String::new(),
         })
     }
 
@@ -275,6 +290,21 @@ mod tests {
         assert!(score.correct && !score.formatted);
         assert_eq!(score.reward, MIN_REWARD);
         assert!(env.step("5").is_err(), "no step after the end");
+    }
+
+    #[test]
+    fn the_state_is_what_the_player_knows() {
+        let task = Guess { difficulty: 1 };
+        let p = problem(&task, 5);
+        let (mut a, mut b) = (task.start(&p), task.start(&p));
+        assert_eq!(a.state_key(), Some(String::new()));
+        a.step("8").unwrap();
+        b.step("8").unwrap();
+        assert_eq!(a.state_key(), b.state_key());
+        a.step("2").unwrap();
+        b.step("x").unwrap();
+        assert_eq!(a.state_key().as_deref(), Some("8< 2> "));
+        assert_eq!(b.state_key().as_deref(), Some("8< ? "));
     }
 
     #[test]

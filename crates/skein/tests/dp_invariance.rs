@@ -85,6 +85,7 @@ fn trajectories() -> Vec<Trajectory> {
                     logprobs: (0..n).map(|k| -1.0 - 0.1 * k as f32).collect(),
                     versions: vec![0; n],
                     reward: None,
+                    state: None,
                 });
                 context.extend(&response);
                 context.extend([2, 3]);

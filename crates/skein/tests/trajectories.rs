@@ -126,8 +126,9 @@ fn a_resumed_run_replaces_the_steps_past_its_checkpoint() {
     assert!(step4.iter().all(|r| r.step == 4 && r.policy_version == 6));
 }
 
-/// `algorithm.credit = "turn"`: the turns of one episode train with different advantages, in
-/// one merged row (so in one mini-batch), and the step logs the advantages per turn index.
+/// `algorithm.credit = "turn"` with step groups: the turns of one episode train with different
+/// advantages, in one merged row (so in one mini-batch), and the step logs the advantages per
+/// turn index and the step groups it found.
 #[test]
 fn turn_credit_gives_the_turns_of_an_episode_their_own_advantages() {
     let mut cfg = config("turn-credit");

@@ -55,6 +55,10 @@ impl StepBatchConfig {
                         gamma: a.turn_gamma,
                     },
                 },
+                step_groups: (a.step_group_weight > 0.0).then_some(plan::StepGroups {
+                    weight: a.step_group_weight,
+                    gamma: a.turn_gamma,
+                }),
                 drop_equal_reward_groups: a.drop_equal_reward_groups,
                 ..Default::default()
             },
@@ -112,9 +116,9 @@ pub fn build_step_batch(
         padding_rows: 0,
         real_rows: rows.len(),
         total_tokens: 0,
-        turn_metrics: match cfg.advantage.credit {
-            plan::Credit::Turn { .. } => turn_metrics(trajectories, &adv.per_turn),
-            plan::Credit::Trajectory => Vec::new(),
+        turn_metrics: match (cfg.advantage.credit, cfg.advantage.step_groups) {
+            (plan::Credit::Trajectory, None) => Vec::new(),
+            _ => turn_metrics(trajectories, &adv),
         },
     };
     if rows.is_empty() {
@@ -190,11 +194,13 @@ pub fn build_step_batch(
 const LOGGED_TURNS: usize = 8;
 
 /// Per-turn credit at a glance: advantage mean and std per turn index (`credit/turn1/…`), the
-/// share of turns with a positive advantage, and the mean of the turns' own rewards.
+/// share of turns with a positive advantage, the mean of the turns' own rewards, and the step
+/// groups found.
 fn turn_metrics(
     trajectories: &[plan::Trajectory],
-    per_turn: &[Option<Vec<f64>>],
+    adv: &plan::AdvantageResult,
 ) -> Vec<(String, f64)> {
+    let per_turn = &adv.per_turn;
     let mut by_index: Vec<Vec<f64>> = vec![Vec::new(); LOGGED_TURNS];
     let (mut turns, mut positive) = (0usize, 0usize);
     for a in per_turn.iter().flatten() {
@@ -217,6 +223,11 @@ fn turn_metrics(
     out.push((
         "credit/positive_turn_fraction".into(),
         positive as f64 / turns.max(1) as f64,
+    ));
+    out.push(("credit/step_groups".into(), adv.step_groups as f64));
+    out.push((
+        "credit/step_group_turns".into(),
+        adv.step_group_turns as f64,
     ));
     let own: Vec<f64> = trajectories
         .iter()

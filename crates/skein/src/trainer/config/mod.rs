@@ -337,8 +337,12 @@ pub struct AlgorithmConfig {
     /// advantage) or `turn` (each turn its own: the return from that turn on, discounted by
     /// `turn_gamma` per turn, against the same turn index of its group).
     pub credit: CreditMode,
-    /// The per-turn discount of `credit = "turn"`, in (0, 1].
+    /// The per-turn discount of `credit = "turn"` and of step groups, in (0, 1].
     pub turn_gamma: f64,
+    /// GiGPO's step groups (0: off): turns of a group taken in the same environment state
+    /// (an environment that names its states, like `guess`) are compared with each other by
+    /// their returns, and this weight times that step-relative advantage is added to each.
+    pub step_group_weight: f64,
     pub clip_low: f64,
     pub clip_high: f64,
     /// Dual-clip constant (> 1); 0 disables.
@@ -388,6 +392,7 @@ impl Default for AlgorithmConfig {
             drop_equal_reward_groups: false,
             credit: CreditMode::Trajectory,
             turn_gamma: 0.9,
+            step_group_weight: 0.0,
             clip_low: loss.clip_low,
             clip_high: loss.clip_high,
             dual_clip: loss.dual_clip,

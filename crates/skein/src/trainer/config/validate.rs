@@ -138,11 +138,18 @@ fn validate_algorithm(cfg: &TrainConfig, v: &mut Validator) {
         a.turn_gamma,
     )
     .check(
-        a.credit == CreditMode::Trajectory || !a.estimator.needs_critic(),
+        a.step_group_weight >= 0.0 && a.step_group_weight.is_finite(),
+        "algorithm.step_group_weight",
+        "must be a finite number >= 0 (0: no step groups)",
+        a.step_group_weight,
+    )
+    .check(
+        (a.credit == CreditMode::Trajectory && a.step_group_weight == 0.0)
+            || !a.estimator.needs_critic(),
         "algorithm.credit",
-        "\"turn\" works with the group estimators (grpo, dr-grpo, rloo, reinforce++, \
-         reinforce++-baseline); with `gae` the critic's per-token values already assign credit, \
-         so use credit = \"trajectory\"",
+        "\"turn\" and step groups work with the group estimators (grpo, dr-grpo, rloo, \
+         reinforce++, reinforce++-baseline); with `gae` the critic's per-token values already \
+         assign credit, so use credit = \"trajectory\" and step_group_weight = 0",
         "turn",
     )
     .in_range("algorithm.gamma", a.gamma, 0.0, 1.0)
@@ -542,6 +549,10 @@ mod tests {
         let err = validate(&cfg).unwrap_err().to_string();
         assert!(err.contains("`algorithm.turn_gamma`"), "{err}");
         cfg.algorithm.turn_gamma = 1.0;
+        cfg.algorithm.step_group_weight = -1.0;
+        let err = validate(&cfg).unwrap_err().to_string();
+        assert!(err.contains("`algorithm.step_group_weight`"), "{err}");
+        cfg.algorithm.step_group_weight = 0.5;
         cfg.algorithm.estimator = super::super::Estimator::Gae;
         let err = validate(&cfg).unwrap_err().to_string();
         assert!(

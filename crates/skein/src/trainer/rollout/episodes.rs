@@ -294,6 +294,7 @@ impl AgentContext<'_> {
                 budget: None,
                 session: self.limits.reuse_prefix.then_some(session),
             };
+            let state = env.state_key();
             let out = handle.generate(req).await.map_err(|e| (Cutoff::Other, e))?;
             let n = out.tokens.len();
             run.transitions.push(Transition {
@@ -303,6 +304,7 @@ impl AgentContext<'_> {
                 logprobs: out.logprobs,
                 versions: out.versions,
                 reward: None,
+                state,
             });
             context.extend_from_slice(&out.tokens);
             if out.finish != Finish::Stop && context.len() >= self.limits.max_tokens {

@@ -206,6 +206,7 @@ pub fn trajectory(r: RecordedRollout) -> (Trajectory, bool) {
             logprobs: c.logprobs,
             versions: c.versions,
             reward: None,
+            state: None,
         })
         .collect();
     let status = match (&r.error, transitions.is_empty()) {

@@ -217,6 +217,7 @@ pub fn single_turn(
             logprobs: sampled.logprobs,
             versions: sampled.versions,
             reward: None,
+            state: None,
         }],
         reward: judged.reward,
         status: judged.status,

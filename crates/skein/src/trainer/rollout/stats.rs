@@ -288,6 +288,7 @@ mod tests {
                 logprobs: vec![0.0; response],
                 versions: vec![0; response],
                 reward: None,
+                state: None,
             }],
             reward: 1.0,
             status: Status::Finished,
