@@ -9,6 +9,7 @@ pub mod config;
 mod error;
 pub mod executor;
 pub mod functions;
+pub mod lines;
 pub mod math;
 pub mod remote;
 mod request;

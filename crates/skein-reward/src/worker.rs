@@ -1,27 +1,21 @@
 //! Reward worker processes: a long-lived command speaking JSON lines on stdin/stdout, one
 //! request object per line in, one answer line out, in order.
 //!
-//! Each process has a writer and a reader thread, so the caller only ever waits on channels
-//! with a deadline: a worker that hangs, stops reading, or floods its output can never block a
-//! caller past the timeout. A worker that dies (exit, EOF, broken pipe) fails the request it
-//! held and is started again for the next; a request that times out fails alone, and its
-//! worker is killed (with its whole process group) and restarted.
+//! Each process is a [`crate::lines::LineProcess`]: a writer and a reader thread, so the caller
+//! only ever waits on channels with a deadline, and a worker that hangs, stops reading, or
+//! floods its output can never block a caller past the timeout. A worker that dies (exit, EOF,
+//! broken pipe) fails the request it held and is started again for the next; a request that
+//! times out fails alone, and its worker is killed (with its whole process group) and
+//! restarted.
 
+use crate::lines::{LineError, LineProcess};
 use crate::request::clip;
 use crate::{BatchScorer, RewardError, RewardOutput, RewardRequest, WireResponse};
 use serde::{Deserialize, Serialize};
 use skein_config::Validator;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
-
-/// Longest answer line accepted from a worker; longer means it is not speaking the protocol.
-const MAX_LINE_BYTES: u64 = 16 << 20;
-/// How long a worker gets to exit by itself once its stdin is closed.
-const EXIT_GRACE: Duration = Duration::from_millis(500);
+use std::time::Duration;
 
 /// A worker source as written in the config.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -66,143 +60,17 @@ impl WorkerConfig {
     }
 }
 
-enum Event {
-    Line(String),
-    Closed(String),
-}
-
-/// One running worker process and its two pipe threads.
-struct Process {
-    child: Child,
-    /// Whether it has answered anything yet (until then it may still be starting up).
-    answered: bool,
-    to_stdin: Sender<String>,
-    from_stdout: Receiver<Event>,
-}
+/// One running worker process (see [`crate::lines`]).
+struct Process(LineProcess);
 
 impl Process {
     fn spawn(command: &[String], label: &str) -> Result<Process, RewardError> {
-        let spawn_err = |detail: String| RewardError::WorkerSpawn {
-            command: label.to_string(),
-            detail,
-        };
-        let (program, args) = command
-            .split_first()
-            .ok_or_else(|| spawn_err("the command is empty".into()))?;
-        let mut cmd = Command::new(program);
-        cmd.args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        #[cfg(unix)]
-        {
-            use std::os::unix::process::CommandExt;
-            // Its own process group, so a timeout kills what a wrapper script started, too.
-            cmd.process_group(0);
-        }
-        let mut child = cmd.spawn().map_err(|e| spawn_err(e.to_string()))?;
-        let (stdin, stdout) = match (child.stdin.take(), child.stdout.take()) {
-            (Some(i), Some(o)) => (i, o),
-            _ => {
-                kill(&mut child);
-                return Err(spawn_err("its stdin/stdout pipes were not created".into()));
-            }
-        };
-        let (to_stdin, lines_in) = channel();
-        let (lines_out, from_stdout) = channel();
-        let threads = std::thread::Builder::new()
-            .name("skein-reward-worker-in".into())
-            .spawn(move || write_lines(stdin, lines_in))
-            .and_then(|_| {
-                std::thread::Builder::new()
-                    .name("skein-reward-worker-out".into())
-                    .spawn(move || read_lines(stdout, lines_out))
-            });
-        if let Err(e) = threads {
-            kill(&mut child);
-            return Err(spawn_err(format!("cannot start its pipe threads: {e}")));
-        }
-        Ok(Process {
-            child,
-            answered: false,
-            to_stdin,
-            from_stdout,
-        })
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        // Closing stdin (the writer thread ends when this sender goes) asks the worker to exit.
-        let (dead, _) = channel();
-        self.to_stdin = dead;
-        let deadline = Instant::now() + EXIT_GRACE;
-        while Instant::now() < deadline {
-            match self.child.try_wait() {
-                Ok(Some(_)) => return,
-                Ok(None) => std::thread::sleep(Duration::from_millis(5)),
-                Err(_) => break,
-            }
-        }
-        kill(&mut self.child);
-    }
-}
-
-/// Kills the child's process group (or the child alone where there are no groups) and reaps it.
-fn kill(child: &mut Child) {
-    #[cfg(unix)]
-    {
-        if let Ok(pid) = libc::pid_t::try_from(child.id()) {
-            // SAFETY: kill(2) with a negative pid signals the process group we created for this
-            // child; it touches no memory of ours.
-            unsafe {
-                libc::kill(-pid, libc::SIGKILL);
-            }
-        }
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-}
-
-fn write_lines(mut stdin: ChildStdin, lines: Receiver<String>) {
-    for line in lines {
-        if stdin.write_all(line.as_bytes()).is_err() || stdin.flush().is_err() {
-            return; // Broken pipe: the reader sees the worker go and reports it.
-        }
-    }
-}
-
-fn read_lines(stdout: ChildStdout, events: Sender<Event>) {
-    let mut reader = BufReader::new(stdout);
-    loop {
-        let mut buf = Vec::new();
-        let n = match (&mut reader)
-            .take(MAX_LINE_BYTES)
-            .read_until(b'\n', &mut buf)
-        {
-            Ok(n) => n,
-            Err(e) => {
-                let _ = events.send(Event::Closed(format!("reading its stdout failed: {e}")));
-                return;
-            }
-        };
-        if n == 0 {
-            let _ = events.send(Event::Closed("its stdout closed".into()));
-            return;
-        }
-        if !buf.ends_with(b"\n") && n as u64 >= MAX_LINE_BYTES {
-            let _ = events.send(Event::Closed(format!(
-                "it wrote a line longer than {MAX_LINE_BYTES} bytes"
-            )));
-            return;
-        }
-        let line = String::from_utf8_lossy(&buf).trim().to_string();
-        if line.is_empty() {
-            continue;
-        }
-        if events.send(Event::Line(line)).is_err() {
-            return;
-        }
+        LineProcess::spawn(command, "skein-reward-worker")
+            .map(Process)
+            .map_err(|detail| RewardError::WorkerSpawn {
+                command: label.to_string(),
+                detail,
+            })
     }
 }
 
@@ -288,7 +156,7 @@ impl WorkerPool {
             match serde_json::to_string(req) {
                 Ok(line) => {
                     // A failed send means the writer saw a broken pipe; the reader reports it.
-                    let _ = proc.to_stdin.send(line + "\n");
+                    proc.0.send(line + "\n");
                 }
                 Err(e) => {
                     // Cannot happen for these types; answered without sending anything.
@@ -302,31 +170,22 @@ impl WorkerPool {
         }
         // The worker answers in order; each answer gets `timeout` from the one before it.
         for req in batch {
-            let allowed = if proc.answered {
+            let allowed = if proc.0.answered() {
                 self.timeout
             } else {
                 self.timeout + self.start_timeout
             };
-            let event = proc.from_stdout.recv_timeout(allowed);
-            proc.answered |= matches!(event, Ok(Event::Line(_)));
-            let answer = match event {
-                Ok(Event::Line(line)) => WireResponse::parse(&line, &self.label)
+            let answer = match proc.0.recv(allowed) {
+                Ok(line) => WireResponse::parse(&line, &self.label)
                     .and_then(|w| w.into_result(&req.id, &self.label)),
-                Ok(Event::Closed(detail)) => {
+                Err(LineError::Closed(detail)) => {
                     self.crashes.fetch_add(1, Ordering::Relaxed);
                     Err(RewardError::WorkerCrashed {
                         command: self.label.clone(),
                         detail,
                     })
                 }
-                Err(RecvTimeoutError::Disconnected) => {
-                    self.crashes.fetch_add(1, Ordering::Relaxed);
-                    Err(RewardError::WorkerCrashed {
-                        command: self.label.clone(),
-                        detail: "its output thread ended".into(),
-                    })
-                }
-                Err(RecvTimeoutError::Timeout) => {
+                Err(LineError::Timeout) => {
                     self.timeouts.fetch_add(1, Ordering::Relaxed);
                     Err(RewardError::Timeout {
                         source: self.label.clone(),
