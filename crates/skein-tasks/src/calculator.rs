@@ -192,7 +192,7 @@ struct CalculatorEnv {
 impl Env for CalculatorEnv {
     fn step(&mut self, message: &str) -> Result<EnvStep, EnvError> {
         if self.done {
-            return Err(EnvError("calculator: step after the episode ended".into()));
+            return Err(EnvError::new("calculator: step after the episode ended"));
         }
         let replies: Vec<String> = match parse_tool_calls(message) {
             Err(_) => vec![ERR_CALL.into()],
@@ -307,7 +307,7 @@ impl AgentTask for Calculator {
         }
     }
 
-    fn alphabet(&self) -> &'static str {
+    fn alphabet(&self) -> &str {
         "0123456789+-*()=?\n <>/_{}\":,abcdefghijklmnopqrstuvwxyz"
     }
 

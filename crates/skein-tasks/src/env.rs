@@ -48,22 +48,53 @@ pub enum EnvStep {
     Done(Score),
 }
 
-/// A misuse of an environment by its caller (a step after the end); model output never causes
-/// one.
+/// Why an environment could not answer: a misuse by its caller (a step after the end), the
+/// environment's own failure, or (`worker_failed`) the failure of a process it runs in. Model
+/// output never causes one in a built-in environment.
 #[derive(Debug, Clone, PartialEq)]
-pub struct EnvError(pub String);
+pub struct EnvError {
+    pub message: String,
+    /// The process hosting the environment crashed, hung or broke its protocol: the
+    /// environment itself may be fine, and its episode is lost.
+    pub worker_failed: bool,
+}
+
+impl EnvError {
+    pub fn new(message: impl Into<String>) -> Self {
+        EnvError {
+            message: message.into(),
+            worker_failed: false,
+        }
+    }
+
+    /// The failure of the process hosting the environment.
+    pub fn worker(message: impl Into<String>) -> Self {
+        EnvError {
+            message: message.into(),
+            worker_failed: true,
+        }
+    }
+}
 
 impl fmt::Display for EnvError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.message)
     }
 }
 
 impl std::error::Error for EnvError {}
 
-/// One episode. `step` receives the model's message (decoded text, stop token removed) and
-/// never panics, whatever the text.
+/// One episode. `open` comes first, then `step` receives each model message (decoded text,
+/// stop token removed) and never panics, whatever the text.
 pub trait Env: Send {
+    /// Begins the episode, before the model's first message: the text of its first prompt
+    /// when the environment writes it, None when it is the problem's own (`Problem::prompt`,
+    /// which a built-in task knows when it samples). An environment in another process
+    /// starts its episode here and may fail to. May block.
+    fn open(&mut self) -> Result<Option<String>, EnvError> {
+        Ok(None)
+    }
+
     fn step(&mut self, message: &str) -> Result<EnvStep, EnvError>;
 
     /// The state the next message will be written in, as a key: two episodes of one problem
@@ -98,7 +129,7 @@ pub trait AgentTask: Send + Sync {
     ) -> String;
     /// Every character a prompt, a demonstration or an environment message can contain,
     /// `render_plain`'s wrappers included (for a character-level tokenizer built from it).
-    fn alphabet(&self) -> &'static str;
+    fn alphabet(&self) -> &str;
     /// Turns an episode may take before it is cut off (counted as truncated, reward 0).
     fn max_turns(&self) -> usize;
     /// Longest message a demonstration produces, in characters.
@@ -107,6 +138,23 @@ pub trait AgentTask: Send + Sync {
     /// split into training and held-out problems (`crate::split`).
     fn problem_count(&self) -> Option<u64> {
         None
+    }
+
+    /// `demonstration_turn`, for a task that may fail to demonstrate (its environment runs
+    /// elsewhere). May block.
+    fn demonstrate(
+        &self,
+        problem: &Problem,
+        transcript: &[Turn],
+        rng: &mut TaskRng,
+    ) -> Result<String, EnvError> {
+        Ok(self.demonstration_turn(problem, transcript, rng))
+    }
+
+    /// Counters of the machinery behind the environment (e.g. worker restarts), totals since
+    /// the start; the rollout logs how much each grew in a step. Built-in tasks have none.
+    fn counters(&self) -> Vec<(&'static str, f64)> {
+        Vec::new()
     }
 }
 

@@ -64,7 +64,7 @@ struct GuessEnv {
 impl Env for GuessEnv {
     fn step(&mut self, message: &str) -> Result<EnvStep, EnvError> {
         if self.done {
-            return Err(EnvError("guess: step after the episode ended".into()));
+            return Err(EnvError::new("guess: step after the episode ended"));
         }
         self.turns += 1;
         let reply = match parse_guess(message).filter(|g| (1..=self.n).contains(g)) {
@@ -174,7 +174,7 @@ impl AgentTask for Guess {
         Some(self.n())
     }
 
-    fn alphabet(&self) -> &'static str {
+    fn alphabet(&self) -> &str {
         "0123456789 -?\nseughirlow"
     }
 

@@ -16,7 +16,9 @@ use crate::engine::{
 use crate::model::Model;
 use anyhow::{bail, Context, Result};
 use skein_plan::{Status, Trajectory, Transition};
-use skein_tasks::{render_plain, AgentTask, Env, EnvMessage, EnvRole, EnvStep, Problem, Turn};
+use skein_tasks::{
+    render_plain, AgentTask, Env, EnvError, EnvMessage, EnvRole, EnvStep, Problem, Turn,
+};
 use skein_text::{ChatTemplate, Message, Tokenizer};
 use std::time::Duration;
 
@@ -63,6 +65,9 @@ pub enum Cutoff {
     EnvError,
     /// The environment took longer than `env_timeout`.
     EnvTimeout,
+    /// The process hosting the environment crashed, broke its protocol, or was restarted
+    /// under the episode (an environment worker).
+    EnvWorker,
     /// Text or template trouble (a message that does not decode, a reply that does not
     /// render); or the engine stopped.
     Other,
@@ -84,6 +89,7 @@ impl Cutoff {
             Cutoff::Tokens => "the token limit (agent.max_tokens or the model's context)",
             Cutoff::EnvError => "an environment error",
             Cutoff::EnvTimeout => "an environment timeout (agent.env_timeout_s)",
+            Cutoff::EnvWorker => "its environment worker's failure",
             Cutoff::Other => "a text, template or engine failure",
         }
     }
@@ -118,11 +124,15 @@ pub struct AgentStats {
     pub token_limit: usize,
     pub env_errors: usize,
     pub env_timeouts: usize,
+    pub env_worker_failures: usize,
     pub other_failures: usize,
     /// Tokens inserted between turns (environment replies; never trained on).
     pub inserted_tokens: usize,
     /// Calls of tools (messages answered with a tool message).
     pub tool_calls: usize,
+    /// How much each of the task's own counters (`AgentTask::counters`) grew; None for a
+    /// task without any (a built-in one), which logs no worker metrics.
+    pub task_counters: Option<Vec<(&'static str, f64)>>,
 }
 
 impl AgentStats {
@@ -139,6 +149,7 @@ impl AgentStats {
             Some(Cutoff::Tokens) => self.token_limit += 1,
             Some(Cutoff::EnvError) => self.env_errors += 1,
             Some(Cutoff::EnvTimeout) => self.env_timeouts += 1,
+            Some(Cutoff::EnvWorker) => self.env_worker_failures += 1,
             Some(Cutoff::Other) => self.other_failures += 1,
             None => {}
         }
@@ -148,8 +159,8 @@ impl AgentStats {
         self.turns as f64 / self.episodes.max(1) as f64
     }
 
-    pub fn metrics(&self) -> [(&'static str, f64); 7] {
-        [
+    pub fn metrics(&self) -> Vec<(&'static str, f64)> {
+        let mut m = vec![
             ("agent/turns_mean", self.turns_mean()),
             ("agent/turn_limit", self.turn_limit as f64),
             ("agent/token_limit", self.token_limit as f64),
@@ -157,7 +168,12 @@ impl AgentStats {
             ("agent/env_timeouts", self.env_timeouts as f64),
             ("agent/tool_calls", self.tool_calls as f64),
             ("agent/inserted_tokens", self.inserted_tokens as f64),
-        ]
+        ];
+        if let Some(counters) = &self.task_counters {
+            m.push(("agent/env_worker_failures", self.env_worker_failures as f64));
+            m.extend(counters.iter().cloned());
+        }
+        m
     }
 }
 
@@ -175,11 +191,11 @@ pub struct EpisodeSpec {
 }
 
 impl AgentContext<'_> {
-    /// The first prompt's token ids.
-    pub fn prompt_ids(&self, problem: &Problem) -> Result<Vec<u32>> {
+    /// The first prompt's token ids, from its text.
+    pub fn prompt_ids(&self, prompt: &str) -> Result<Vec<u32>> {
         let text = match self.format {
-            TurnFormat::Plain => problem.prompt.clone(),
-            TurnFormat::Chat(t) => t.render(&[Message::user(&problem.prompt)], None, true)?,
+            TurnFormat::Plain => prompt.to_string(),
+            TurnFormat::Chat(t) => t.render(&[Message::user(prompt)], None, true)?,
         };
         self.tokenizer.encode(&text, false)
     }
@@ -274,9 +290,16 @@ impl AgentContext<'_> {
         run: &mut EpisodeRun,
     ) -> std::result::Result<Outcome, (Cutoff, String)> {
         let other = |e: anyhow::Error| (Cutoff::Other, format!("{e:#}"));
-        let mut context = self.prompt_ids(problem).map_err(other)?;
-        let mut messages = vec![Message::user(&problem.prompt)];
-        let mut env: Box<dyn Env> = self.task.start(problem);
+        let mut env = self.task.start(problem);
+        let (mut env, opened) = self
+            .blocking_env_call(move || {
+                let prompt = env.open()?;
+                Ok((env, prompt))
+            })
+            .await?;
+        let prompt = opened.unwrap_or_else(|| problem.prompt.clone());
+        let mut context = self.prompt_ids(&prompt).map_err(other)?;
+        let mut messages = vec![Message::user(&prompt)];
         let stop = &self.params.stop_token_ids;
         for _ in 0..self.limits.max_turns {
             let room = self.limits.max_tokens.saturating_sub(context.len());
@@ -355,11 +378,21 @@ impl AgentContext<'_> {
         mut env: Box<dyn Env>,
         message: String,
     ) -> std::result::Result<(Box<dyn Env>, EnvStep), (Cutoff, String)> {
+        self.blocking_env_call(move || {
+            let step = env.step(&message)?;
+            Ok((env, step))
+        })
+        .await
+    }
+
+    /// Runs `call` (an environment's work, which may block) on a blocking thread under
+    /// `env_timeout`; its failure, panic or lateness is the episode's cut-off.
+    async fn blocking_env_call<T: Send + 'static>(
+        &self,
+        call: impl FnOnce() -> std::result::Result<T, EnvError> + Send + 'static,
+    ) -> std::result::Result<T, (Cutoff, String)> {
         let timeout = self.limits.env_timeout;
-        let call = tokio::task::spawn_blocking(move || {
-            let r = env.step(&message);
-            (env, r)
-        });
+        let call = tokio::task::spawn_blocking(call);
         match tokio::time::timeout(timeout, call).await {
             Err(_) => Err((
                 Cutoff::EnvTimeout,
@@ -369,8 +402,9 @@ impl AgentContext<'_> {
                 ),
             )),
             Ok(Err(_)) => Err((Cutoff::EnvError, "the environment panicked".into())),
-            Ok(Ok((_, Err(e)))) => Err((Cutoff::EnvError, format!("environment error: {e}"))),
-            Ok(Ok((env, Ok(step)))) => Ok((env, step)),
+            Ok(Ok(Err(e))) if e.worker_failed => Err((Cutoff::EnvWorker, e.message)),
+            Ok(Ok(Err(e))) => Err((Cutoff::EnvError, format!("environment error: {e}"))),
+            Ok(Ok(Ok(v))) => Ok(v),
         }
     }
 
@@ -457,7 +491,7 @@ mod tests {
     use super::*;
     use crate::engine::Engine;
     use crate::model::ModelConfig;
-    use skein_tasks::{agent_task_by_name, EnvError, Score, TaskRng};
+    use skein_tasks::{agent_task_by_name, Score, TaskRng};
     use tch::Device;
 
     fn runtime() -> tokio::runtime::Runtime {
@@ -532,7 +566,7 @@ mod tests {
             for e in &r.episodes {
                 let ts = &e.trajectory.transitions;
                 let problem = &problems[&e.trajectory.id];
-                assert_eq!(ts[0].prompt, ctx.prompt_ids(problem).unwrap());
+                assert_eq!(ts[0].prompt, ctx.prompt_ids(&problem.prompt).unwrap());
                 let mut messages = vec![Message::user(&problem.prompt)];
                 for (k, w) in ts.windows(2).enumerate() {
                     let turn = &e.transcript[k];
@@ -657,7 +691,7 @@ mod tests {
         impl Env for FlakyEnv {
             fn step(&mut self, _: &str) -> Result<EnvStep, EnvError> {
                 match self.0 {
-                    0 => Err(EnvError("the simulator crashed".into())),
+                    0 => Err(EnvError::new("the simulator crashed")),
                     1 => {
                         std::thread::sleep(Duration::from_secs(3));
                         Ok(EnvStep::Done(Score {
@@ -692,7 +726,7 @@ mod tests {
             fn demonstration_turn(&self, _: &Problem, _: &[Turn], _: &mut TaskRng) -> String {
                 "1".into()
             }
-            fn alphabet(&self) -> &'static str {
+            fn alphabet(&self) -> &str {
                 "0123456789"
             }
             fn max_turns(&self) -> usize {

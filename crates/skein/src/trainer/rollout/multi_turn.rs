@@ -13,13 +13,21 @@ use crate::trainer::batch::TrainRow;
 use crate::trainer::config::TrainConfig;
 use crate::trainer::sft::sft_row_masked;
 use anyhow::{bail, Context, Result};
-use skein_tasks::{AgentTask, EnvStep, Problem, Split, TaskRng, Turn};
+use skein_tasks::{AgentTask, EnvError, EnvStep, Problem, Split, TaskRng, Turn};
 use skein_text::{Message, Tokenizer};
 use std::time::Duration;
 
 /// Context a from-scratch model gets for a multi-turn task at least (episodes are longer than
 /// single answers; positions cost nothing until used).
 pub const MIN_AGENT_POSITIONS: usize = 256;
+
+/// Demonstration episodes drawn for one warm-up row when their worker process fails.
+const DEMONSTRATION_TRIES: usize = 3;
+
+fn worker_failed(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<EnvError>()
+        .is_some_and(|e| e.worker_failed)
+}
 
 /// A multi-turn task with what running it needs.
 pub struct MultiTurn {
@@ -125,14 +133,15 @@ impl MultiTurn {
         };
         let train = self.split.then_some(Split::Train);
         let problem = draw(self.task.name(), train, rng, |r| self.task.sample(r))?;
-        let mut tokens = ctx.prompt_ids(&problem)?;
+        let mut env = self.task.start(&problem);
+        let prompt = env.open()?.unwrap_or_else(|| problem.prompt.clone());
+        let mut tokens = ctx.prompt_ids(&prompt)?;
         let prompt_len = tokens.len();
         let mut mask = Vec::new();
-        let mut env = self.task.start(&problem);
-        let mut messages = vec![Message::user(&problem.prompt)];
+        let mut messages = vec![Message::user(&prompt)];
         let mut transcript: Vec<Turn> = Vec::new();
         for _ in 0..self.limits.max_turns {
-            let message = self.task.demonstration_turn(&problem, &transcript, rng);
+            let message = self.task.demonstrate(&problem, &transcript, rng)?;
             let mut ids = tokenizer.encode(&message, false)?;
             ids.push(eos);
             mask.extend(std::iter::repeat_n(1u8, ids.len()));
@@ -185,7 +194,13 @@ impl Workload for MultiTurn {
             .map(|s| s.problem.data_source.clone())
             .collect();
         let agent = self.context(ctx.tokenizer, ctx.sampling);
-        let r = agent.run(ctx.engine, ctx.policy, ctx.version, &self.runtime, specs);
+        let counters_before = self.task.counters();
+        let mut r = agent.run(ctx.engine, ctx.policy, ctx.version, &self.runtime, specs);
+        if !counters_before.is_empty() {
+            let grown = self.task.counters().into_iter().zip(&counters_before);
+            r.stats.task_counters =
+                Some(grown.map(|((k, now), (_, was))| (k, now - was)).collect());
+        }
         let info = r
             .episodes
             .iter()
@@ -232,12 +247,23 @@ impl Workload for MultiTurn {
         }
     }
 
+    /// A demonstration episode; one whose worker process failed (an environment worker) is
+    /// drawn again, a few times, before the warm-up gives up.
     fn demonstration(
         &mut self,
         tokenizer: &Tokenizer,
         sampling: &SamplingParams,
     ) -> Result<TrainRow> {
-        self.demonstration_row(tokenizer, sampling)
+        let mut tries = 1;
+        loop {
+            match self.demonstration_row(tokenizer, sampling) {
+                Err(e) if tries < DEMONSTRATION_TRIES && worker_failed(&e) => {
+                    eprintln!("skein: a demonstration episode failed, drawing another: {e:#}");
+                    tries += 1;
+                }
+                r => return r,
+            }
+        }
     }
 
     fn state(&self) -> WorkloadState {
