@@ -37,17 +37,29 @@ pub struct LineProcess {
     answered: bool,
     to_stdin: Sender<String>,
     from_stdout: Receiver<Event>,
+    /// Give it [`EXIT_GRACE`] to exit on its own when dropped (not when killed).
+    grace: bool,
 }
 
 impl LineProcess {
     /// Starts `command` (program and arguments) with piped stdin/stdout and inherited stderr;
     /// `thread_name` names its pipe threads. The error is a one-line reason.
     pub fn spawn(command: &[String], thread_name: &str) -> Result<LineProcess, String> {
+        Self::spawn_with_env(command, thread_name, &[])
+    }
+
+    /// [`LineProcess::spawn`] with extra environment variables.
+    pub fn spawn_with_env(
+        command: &[String],
+        thread_name: &str,
+        env: &[(&str, String)],
+    ) -> Result<LineProcess, String> {
         let (program, args) = command
             .split_first()
             .ok_or_else(|| "the command is empty".to_string())?;
         let mut cmd = Command::new(program);
         cmd.args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
@@ -84,6 +96,7 @@ impl LineProcess {
             answered: false,
             to_stdin,
             from_stdout,
+            grace: true,
         })
     }
 
@@ -97,6 +110,17 @@ impl LineProcess {
     /// get no answer). Once the process is dropped, sending on it does nothing.
     pub fn sender(&self) -> Sender<String> {
         self.to_stdin.clone()
+    }
+
+    /// Kills the process group now, without the grace a drop gives (for a process that
+    /// misbehaved).
+    pub fn kill(mut self) {
+        self.grace = false;
+    }
+
+    /// Whether the process has not exited (it may still be about to).
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
     }
 
     /// Whether the process has written a line yet.
@@ -126,7 +150,12 @@ impl Drop for LineProcess {
         // Closing stdin (the writer thread ends when every sender is gone) asks it to exit.
         let (dead, _) = channel();
         self.to_stdin = dead;
-        let deadline = Instant::now() + EXIT_GRACE;
+        let deadline = Instant::now()
+            + if self.grace {
+                EXIT_GRACE
+            } else {
+                Duration::ZERO
+            };
         while Instant::now() < deadline {
             match self.child.try_wait() {
                 Ok(Some(_)) => return,
@@ -224,6 +253,11 @@ mod tests {
             Err(LineError::Closed(d)) => assert!(d.contains("stdout closed"), "{d}"),
             other => panic!("{other:?}"),
         }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while p.running() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(!p.running());
         let e = LineProcess::spawn(&["/nonexistent/worker".to_string()], "t").err();
         assert!(e.is_some());
         assert!(LineProcess::spawn(&[], "t").is_err());

@@ -32,7 +32,8 @@ pub struct TrainConfig {
     pub eval: EvalConfig,
     /// What each step's trajectory file keeps (`RUN_DIR/trajectories/`, read by `skein view`).
     pub trajectories: TrajectoriesConfig,
-    /// Multi-turn tasks (`task.name = "guess"` or `"calculator"`): episode limits.
+    /// Multi-turn tasks (`task.name = "guess"` or `"calculator"`, or an environment worker):
+    /// who runs the episodes, and their limits.
     pub agent: AgentConfig,
     /// Reward sources, routes and the reward executor (see crates/skein-reward/README.md).
     /// Absent: the task's own program scores every response, inline.
@@ -500,18 +501,25 @@ impl Default for EvalConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct AgentConfig {
     /// `builtin`: multi-turn tasks run in this process (`task.name = "guess"` or
-    /// `"calculator"`). `external`: the policy is served over an OpenAI-compatible API and
-    /// external agents take the task's problems at `GET /tasks/next`, call the model through
-    /// each rollout's own URL and post its reward; the trainer learns from what they recorded.
+    /// `"calculator"`). `env-worker`: this process runs the episodes of an environment that
+    /// lives in worker processes (`command`, started `workers` times) speaking JSON lines
+    /// (see README, "Python environments"); `task.name` is not used. `external`: the policy is
+    /// served over an OpenAI-compatible API and external agents take the task's problems at
+    /// `GET /tasks/next`, call the model through each rollout's own URL and post its reward;
+    /// the trainer learns from what they recorded.
     pub kind: AgentKind,
     /// Messages an episode may take before it is cut off (0: the task's own limit).
     pub max_turns: usize,
     /// Most tokens of an episode, first prompt and inserted replies included (0: the model's
     /// context; a from-scratch model gets at least 256 positions for a multi-turn task).
     pub max_tokens: usize,
-    /// Longest an environment may take to answer one message, in seconds; past it that
-    /// episode fails (counted as `agent/env_timeouts`) and the others go on.
+    /// Longest an environment may take to answer one message (or, for an environment worker,
+    /// any request), in seconds; past it that episode fails (counted as `agent/env_timeouts`)
+    /// and the others go on. A worker that hangs is killed and started again.
     pub env_timeout_s: f64,
+    /// Environment workers: extra time a newly started worker process gets for its first
+    /// answer (imports, loading data), in seconds.
+    pub start_timeout_s: f64,
     /// Keep each episode's keys/values in its engine slot between turns, so a turn feeds only
     /// the inserted tokens (false: prefill the whole context every turn, to compare).
     pub reuse_prefix: bool,
@@ -523,8 +531,12 @@ pub struct AgentConfig {
     /// External agents: the agent program and its arguments, started `workers` times; `{server}`
     /// and `{api_key}` in them are replaced (also given as SKEIN_SERVER and SKEIN_API_KEY), e.g.
     /// [".venv/bin/python", "scripts/example_agent.py", "--server", "{server}"].
+    /// Environment workers: the worker program and its arguments, e.g.
+    /// ["python3", "scripts/env_worker_example.py"].
     pub command: Vec<String>,
     /// External agents: processes of `command` to start (0: start them yourself).
+    /// Environment workers: processes of `command` to run (at least 1); each hosts many
+    /// episodes at once.
     pub workers: usize,
     /// External agents: a rollout not closed this many seconds after its step handed it out
     /// fails (counted as `agent/timed_out_rollouts`).
@@ -538,6 +550,7 @@ impl Default for AgentConfig {
             max_turns: 0,
             max_tokens: 0,
             env_timeout_s: 10.0,
+            start_timeout_s: 30.0,
             reuse_prefix: true,
             listen: "127.0.0.1:0".into(),
             api_key: String::new(),
@@ -639,6 +652,9 @@ pub enum DpBackend {
 pub enum AgentKind {
     /// This process (multi-turn tasks' environments), or plain prompts for single-turn tasks.
     Builtin,
+    /// This process runs the episodes; the environment lives in worker processes.
+    #[serde(rename = "env-worker")]
+    EnvWorker,
     /// Programs outside calling the served policy over an OpenAI-compatible API.
     External,
 }

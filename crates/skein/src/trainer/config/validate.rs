@@ -307,7 +307,7 @@ fn multi_turn_task(cfg: &TrainConfig) -> anyhow::Result<Option<Box<dyn skein_tas
 }
 
 fn is_multi_turn(cfg: &TrainConfig) -> bool {
-    !matches!(multi_turn_task(cfg), Ok(None))
+    cfg.agent.kind == AgentKind::EnvWorker || !matches!(multi_turn_task(cfg), Ok(None))
 }
 
 /// Positions a from-scratch model gets at least (more for multi-turn episodes).
@@ -362,6 +362,9 @@ fn validate_agent(cfg: &TrainConfig, v: &mut Validator) {
             "[]",
         );
     }
+    if a.kind == AgentKind::EnvWorker {
+        validate_env_worker(cfg, v);
+    }
     if let Ok(Some(task)) = multi_turn_task(cfg) {
         // A demonstrated message and its stop token must fit in one turn's new tokens.
         let need = task.max_message_chars() + 1;
@@ -388,6 +391,84 @@ fn validate_agent(cfg: &TrainConfig, v: &mut Validator) {
             "reward",
             "is not used by a multi-turn task (its environment scores each episode): remove the section",
             "[reward]",
+        );
+    }
+}
+
+/// Most environment worker processes (each is a process of its own).
+const MAX_ENV_WORKERS: usize = 1024;
+
+/// `agent.kind = "env-worker"`: a command that can start, and a run shape it fits. What the
+/// worker itself says (its alphabet, limits, demonstrations) is checked once it answers, at
+/// start-up.
+fn validate_env_worker(cfg: &TrainConfig, v: &mut Validator) {
+    let a = &cfg.agent;
+    check_command(
+        "agent.command",
+        &a.command,
+        "the environment worker's program and arguments, e.g. [\"python3\",          \"scripts/env_worker_example.py\"]",
+        v,
+    );
+    v.in_range("agent.workers", a.workers, 1, MAX_ENV_WORKERS)
+        .check(
+            a.start_timeout_s > 0.0 && a.start_timeout_s.is_finite(),
+            "agent.start_timeout_s",
+            "must be a finite number of seconds > 0",
+            a.start_timeout_s,
+        )
+        .check(
+            cfg.data.train_files.is_empty(),
+            "data.train_files",
+            "must be empty with agent.kind = \"env-worker\" (the environment makes its own \
+             problems)",
+            format!("{:?}", cfg.data.train_files),
+        );
+}
+
+/// Script files a command's arguments may name: an argument ending in one of these (and not
+/// an option) must be a file.
+const SCRIPT_EXTENSIONS: &[&str] = &["py", "sh", "js", "mjs", "rb", "pl", "lua", "jl", "r"];
+
+/// A command this run starts: a program that exists (a path to a file, or a name found on
+/// PATH), and every argument that names a script a file that exists (relative paths are from
+/// the directory skein runs in).
+pub fn check_command(key: &str, command: &[String], example: &str, v: &mut Validator) {
+    let Some(program) = command.first().filter(|p| !p.trim().is_empty()) else {
+        v.check(
+            false,
+            key,
+            &format!("must name {example}"),
+            format!("{command:?}"),
+        );
+        return;
+    };
+    let on_path = |name: &str| {
+        std::env::var_os("PATH")
+            .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(name).is_file()))
+    };
+    let found = if program.contains('/') {
+        std::path::Path::new(program).is_file()
+    } else {
+        on_path(program)
+    };
+    v.check(
+        found,
+        key,
+        "names a program that does not exist (a path to a file, or a name on PATH)",
+        program,
+    );
+    for (i, arg) in command.iter().enumerate().skip(1) {
+        let path = std::path::Path::new(arg);
+        let script = !arg.starts_with('-')
+            && path
+                .extension()
+                .and_then(|e| e.to_str())
+                .is_some_and(|e| SCRIPT_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str()));
+        v.check(
+            !script || path.is_file(),
+            &format!("{key}[{i}]"),
+            "no such file (relative paths are from the directory skein runs in)",
+            arg,
         );
     }
 }
@@ -602,6 +683,44 @@ mod tests {
             let err = checked.unwrap_err().to_string();
             assert!(err.contains("--features mpi"), "{err}");
         }
+    }
+
+    /// An environment worker's command is checked before anything starts: the program, and
+    /// scripts among its arguments, must exist.
+    #[test]
+    fn env_worker_keys_are_checked_before_start() {
+        let err = load(&["agent.kind=\"worker\""]).unwrap_err().to_string();
+        assert!(
+            err.contains("`agent.kind`") && err.contains("env-worker"),
+            "{err}"
+        );
+        let cfg = load(&["agent.kind=\"env-worker\""]).unwrap();
+        assert_eq!(cfg.agent.kind, AgentKind::EnvWorker);
+        let err = validate(&cfg).unwrap_err().to_string();
+        assert!(err.contains("`agent.command`: must name"), "{err}");
+        assert!(err.contains("`agent.workers`"), "{err}");
+        let mut cfg = cfg;
+        cfg.agent.workers = 2;
+        cfg.agent.command = vec!["sh".into(), "-x".into(), "/nonexistent/env.py".into()];
+        cfg.agent.start_timeout_s = 0.0;
+        cfg.data.train_files = vec!["train.jsonl".into()];
+        cfg.rollout.partial.enabled = true;
+        let err = validate(&cfg).unwrap_err().to_string();
+        for key in [
+            "`agent.command[2]`: no such file",
+            "`agent.start_timeout_s`",
+            "`data.train_files`: must be empty with agent.kind = \"env-worker\"",
+            "`rollout.partial.enabled`",
+        ] {
+            assert!(err.contains(key), "missing {key:?} in {err}");
+        }
+        assert!(!err.contains("`agent.command`:"), "sh exists: {err}");
+        cfg.agent.command = vec!["no-such-program-anywhere".into()];
+        let err = validate(&cfg).unwrap_err().to_string();
+        assert!(
+            err.contains("`agent.command`") && err.contains("PATH"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! | --- | --- | --- |
 //! | single-turn prompts of a built-in task or a dataset, with partial rollout | [`prompts::Prompts`] | `prompts.rs`, `buffer.rs` |
 //! | multi-turn episodes of a built-in environment, run in this process | [`multi_turn::MultiTurn`] | `multi_turn.rs` (the workload), `episodes.rs` (the agent loop) |
+//! | multi-turn episodes of an environment in worker processes, run by the same loop | [`multi_turn::MultiTurn`] | `env_worker/` (the task, its process pool and protocol) |
 //! | external agents calling the served policy over HTTP | [`external::External`] | `external.rs` |
 //!
 //! Around them: `tasks.rs` picks the source from the config, `stats.rs` is what every source
@@ -16,6 +17,7 @@
 
 pub mod buffer;
 pub mod dataset;
+pub mod env_worker;
 pub mod episodes;
 pub mod external;
 pub mod judge;

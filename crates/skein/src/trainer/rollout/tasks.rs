@@ -1,9 +1,10 @@
 //! What a run trains on, chosen once from the config: single-turn prompts (a built-in task or
-//! a dataset) or a multi-turn environment. The choice is made before the policy exists (a
-//! from-scratch model needs the task's alphabet and context), and becomes a [`Workload`] once
-//! it does.
+//! a dataset) or a multi-turn environment (built in, or in environment workers). The choice is
+//! made before the policy exists (a from-scratch model needs the task's alphabet and context),
+//! and becomes a [`Workload`] once it does.
 
 use super::dataset::{task_from_config, Data};
+use super::env_worker::WorkerTask;
 use super::external::External;
 use super::multi_turn::{MultiTurn, MIN_AGENT_POSITIONS};
 use super::prompts::{PromptTask, Prompts};
@@ -26,6 +27,9 @@ pub enum Tasks {
 
 impl Tasks {
     pub fn from_config(cfg: &TrainConfig) -> Result<Self> {
+        if cfg.agent.kind == AgentKind::EnvWorker {
+            return Ok(Tasks::MultiTurn(Box::new(WorkerTask::start(cfg)?)));
+        }
         if let Some(task) = multi_turn_task(cfg)? {
             return Ok(Tasks::MultiTurn(task));
         }
@@ -79,7 +83,8 @@ impl Tasks {
                     AgentKind::External => {
                         Ok(Box::new(External::start(cfg, prompts, tokenizer, policy)?))
                     }
-                    AgentKind::Builtin => {
+                    // An environment worker is always multi-turn (above).
+                    AgentKind::Builtin | AgentKind::EnvWorker => {
                         let buffer = state.map(|s| s.buffer.clone()).unwrap_or_default();
                         Ok(Box::new(Prompts::new(cfg, prompts, buffer)))
                     }
@@ -89,9 +94,10 @@ impl Tasks {
     }
 }
 
-/// The multi-turn task `task.name` names, if it is one (a dataset is always single-turn).
+/// The built-in multi-turn task `task.name` names, if it is one (a dataset is always
+/// single-turn; an environment worker replaces `task.name`).
 pub fn multi_turn_task(cfg: &TrainConfig) -> Result<Option<Box<dyn AgentTask>>> {
-    if !cfg.data.train_files.is_empty() {
+    if !cfg.data.train_files.is_empty() || cfg.agent.kind == AgentKind::EnvWorker {
         return Ok(None);
     }
     Ok(skein_tasks::agent_task_by_name(&cfg.task.name, cfg.task.difficulty).transpose()?)

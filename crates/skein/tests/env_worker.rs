@@ -1,0 +1,157 @@
+//! End to end: an environment written in Python (`agent.kind = "env-worker"`,
+//! `scripts/env_worker_example.py`, the guessing game) trains through the built-in agent loop,
+//! warm-up on its demonstrations included; a worker process that crashes or hangs fails only
+//! the episodes it hosted, counted, and the run completes.
+
+mod common;
+use common::step_metrics;
+use serde_json::Value;
+use skein::trainer::config::AgentKind;
+use skein::trainer::run::train;
+use skein::trainer::TrainConfig;
+
+/// The repository's Python, else the system's.
+fn python() -> String {
+    let venv = concat!(env!("CARGO_MANIFEST_DIR"), "/../../.venv/bin/python");
+    if std::path::Path::new(venv).is_file() {
+        venv.into()
+    } else {
+        "python3".into()
+    }
+}
+
+const SCRIPT: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../scripts/env_worker_example.py"
+);
+
+fn config(name: &str, args: &[&str]) -> TrainConfig {
+    let mut cfg: TrainConfig = skein_config::load(None, "test", &[]).unwrap();
+    cfg.run.dir = common::workdir("env-worker", name).display().to_string();
+    cfg.run.threads = 1;
+    cfg.agent.kind = AgentKind::EnvWorker;
+    cfg.agent.command = [python(), SCRIPT.into()]
+        .into_iter()
+        .chain(args.iter().map(|s| s.to_string()))
+        .collect();
+    cfg.agent.workers = WORKERS;
+    cfg.trainer.steps = 3;
+    cfg.rollout.prompts_per_step = 8;
+    cfg.rollout.samples_per_prompt = 4;
+    cfg.sft.steps = 0;
+    cfg.sft.batch_size = 32;
+    cfg.eval.problems = 16;
+    cfg.eval.every = 0;
+    cfg.model.hidden_size = 64;
+    cfg.model.num_layers = 2;
+    cfg.model.num_heads = 2;
+    cfg.model.num_kv_heads = 1;
+    cfg.model.intermediate_size = 128;
+    cfg
+}
+
+const WORKERS: usize = 4;
+const EPISODES: f64 = 32.0;
+
+fn num(m: &Value, key: &str) -> f64 {
+    m[key].as_f64().unwrap_or_else(|| panic!("no {key} in {m}"))
+}
+
+#[test]
+fn a_python_environment_trains_through_the_built_in_loop() {
+    let mut cfg = config("trains", &[]);
+    cfg.sft.steps = 30;
+    let run = train(&cfg).expect("a run on the Python guessing game");
+    let steps = step_metrics(&run.dir);
+    assert_eq!(steps.len(), 3);
+    for m in &steps {
+        // Several messages per episode with the game's replies between them, token-exact
+        // (one merged row per episode), none failed, no worker trouble.
+        assert!(num(m, "agent/turns_mean") > 1.5, "{m}");
+        assert!(num(m, "agent/inserted_tokens") > 0.0, "{m}");
+        assert_eq!(num(m, "batch/rows"), EPISODES, "{m}");
+        assert_eq!(num(m, "batch/failed_trajectories"), 0.0, "{m}");
+        for k in [
+            "agent/env_worker_failures",
+            "agent/env_worker_restarts",
+            "agent/env_errors",
+            "agent/env_timeouts",
+        ] {
+            assert_eq!(num(m, k), 0.0, "{k}: {m}");
+        }
+        assert!(num(m, "loss/policy").is_finite());
+        assert!(num(m, "agent/reused_prefix_tokens") > 0.0, "KV reuse: {m}");
+    }
+    // Warmed up on the worker's demonstrations, the policy finds secrets.
+    let reward: f64 = steps.iter().map(|m| num(m, "reward/mean")).sum();
+    assert!(reward > 0.0, "no reward in any step: {steps:?}");
+    assert_eq!(run.rewards.len(), 3);
+}
+
+/// Every failed episode is one the worker failed (counted as a worker failure or a
+/// timeout); no step loses more than the episodes one process hosts (a quarter of them);
+/// some steps lose some; the run completes.
+fn check_faults(steps: &[Value], timeouts_expected: bool) {
+    assert_eq!(steps.len(), 3, "the run completes");
+    let (mut failed, mut timeouts, mut restarts) = (0.0, 0.0, 0.0);
+    for m in steps {
+        let f = num(m, "batch/failed_trajectories");
+        assert_eq!(
+            f,
+            num(m, "agent/env_worker_failures") + num(m, "agent/env_timeouts"),
+            "{m}"
+        );
+        assert_eq!(num(m, "agent/env_errors"), 0.0, "{m}");
+        assert!(
+            f <= EPISODES / WORKERS as f64,
+            "more than one process's episodes: {m}"
+        );
+        assert!(num(m, "loss/policy").is_finite(), "{m}");
+        failed += f;
+        timeouts += num(m, "agent/env_timeouts");
+        restarts += num(m, "agent/env_worker_restarts");
+    }
+    assert!(failed > 0.0, "no episode failed: {steps:?}");
+    assert!(restarts > 0.0, "the worker was not restarted: {steps:?}");
+    assert_eq!(timeouts > 0.0, timeouts_expected, "{steps:?}");
+}
+
+#[test]
+fn a_crashing_worker_fails_only_its_episodes() {
+    let cfg = config("crash", &["--crash-every", "10", "--fault-worker", "0"]);
+    let run = train(&cfg).expect("the run goes on past crashes");
+    check_faults(&step_metrics(&run.dir), false);
+}
+
+#[test]
+fn a_hanging_worker_fails_only_its_episodes() {
+    let mut cfg = config("hang", &["--hang-every", "10", "--fault-worker", "0"]);
+    cfg.agent.env_timeout_s = 0.5;
+    let run = train(&cfg).expect("the run goes on past hangs");
+    check_faults(&step_metrics(&run.dir), true);
+}
+
+#[test]
+fn a_missing_script_is_a_config_error_naming_agent_command() {
+    let mut cfg = config("missing", &[]);
+    cfg.agent.command = vec![python(), "/nonexistent/env_worker.py".into()];
+    let Err(e) = train(&cfg) else {
+        panic!("a missing program or script was not refused")
+    };
+    let e = e.to_string();
+    assert!(
+        e.contains("`agent.command[1]`") && e.contains("/nonexistent/env_worker.py"),
+        "{e}"
+    );
+    cfg.agent.command = vec!["/nonexistent/python".into(), SCRIPT.into()];
+    cfg.agent.workers = 0;
+    let Err(e) = train(&cfg) else {
+        panic!("a missing program or script was not refused")
+    };
+    let e = e.to_string();
+    assert!(
+        e.contains("`agent.command`") && e.contains("does not exist"),
+        "{e}"
+    );
+    assert!(e.contains("`agent.workers`"), "{e}");
+}
