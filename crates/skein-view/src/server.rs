@@ -1,0 +1,334 @@
+//! Binding the viewer to an address and serving it until stopped.
+
+use crate::routes::router;
+use crate::runs::Runs;
+use anyhow::{Context, Result};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use tokio::sync::oneshot;
+
+/// A viewer serving in the caller's tokio runtime.
+pub struct Server {
+    addr: SocketAddr,
+    stop: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+/// Binds `addr` (port 0: any free port) and serves the runs of `dirs`.
+pub async fn bind(addr: &str, dirs: &[PathBuf]) -> Result<Server> {
+    let runs = Arc::new(Runs::open(dirs)?);
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+        let hint = match e.kind() {
+            std::io::ErrorKind::AddrInUse => "the port is in use (port 0 picks a free one)",
+            std::io::ErrorKind::PermissionDenied => "ports below 1024 need privileges",
+            _ => "is the host an address of this machine? (127.0.0.1 or 0.0.0.0)",
+        };
+        anyhow::anyhow!("binding {addr}: {hint}: {e}")
+    })?;
+    let addr = listener.local_addr()?;
+    let (stop, stopped) = oneshot::channel::<()>();
+    let app = router(runs);
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    Ok(Server { addr, stop, task })
+}
+
+impl Server {
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The page's address.
+    pub fn url(&self) -> String {
+        format!("http://{}/", self.addr)
+    }
+
+    /// Stops accepting, lets requests in flight finish, and returns.
+    pub async fn shutdown(self) -> Result<()> {
+        let _ = self.stop.send(());
+        self.task.await.context("the viewer's task failed")??;
+        Ok(())
+    }
+
+    /// Serves until the listener fails (or forever).
+    pub async fn wait(self) -> Result<()> {
+        let _keep_running = self.stop;
+        self.task.await.context("the viewer's task failed")??;
+        Ok(())
+    }
+}
+
+/// Serves the runs of `dirs` on `host:port` until the process ends, on a small runtime of its
+/// own; `ready` is given the page's address once it accepts connections.
+pub fn serve(dirs: &[PathBuf], host: &str, port: u16, ready: impl FnOnce(&str)) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the viewer's runtime")?;
+    // An IPv6 host needs brackets to be an address with a port.
+    let addr = if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    runtime.block_on(async move {
+        let server = bind(&addr, dirs).await?;
+        ready(&server.url());
+        server.wait().await
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixture;
+    use serde_json::Value;
+    use std::io::{Read, Write};
+
+    fn tmp(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("skein-view-{}-{name}", std::process::id()));
+        std::fs::remove_dir_all(&dir).ok();
+        dir
+    }
+
+    /// A viewer of `dirs` on a free loopback port, on a runtime the test keeps.
+    fn start(dirs: &[PathBuf]) -> (tokio::runtime::Runtime, Server) {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let server = rt.block_on(bind("127.0.0.1:0", dirs)).unwrap();
+        (rt, server)
+    }
+
+    /// A plain HTTP/1.1 GET: status, content type and body.
+    fn get(server: &Server, path: &str) -> (u16, String, String) {
+        let mut tcp = std::net::TcpStream::connect(server.addr()).unwrap();
+        write!(
+            tcp,
+            "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut reply = String::new();
+        tcp.read_to_string(&mut reply).unwrap();
+        let (head, body) = reply.split_once("\r\n\r\n").unwrap();
+        let status = head[9..12].parse().unwrap();
+        let content_type = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-type: "))
+            .unwrap_or("")
+            .to_string();
+        (status, content_type, body.to_string())
+    }
+
+    fn get_json(server: &Server, path: &str) -> (u16, Value) {
+        let (status, content_type, body) = get(server, path);
+        assert_eq!(content_type, "application/json", "{path}: {body}");
+        (status, serde_json::from_str(&body).unwrap())
+    }
+
+    #[test]
+    fn serves_one_self_contained_page() {
+        let dir = tmp("page");
+        fixture::write_run(&dir, 1).unwrap();
+        let (_rt, server) = start(std::slice::from_ref(&dir));
+        let (status, content_type, body) = get(&server, "/");
+        assert_eq!(status, 200);
+        assert_eq!(content_type, "text/html; charset=utf-8");
+        for part in [
+            "id=\"legend\"",
+            "id=\"traj-table\"",
+            "id=\"group-view\"",
+            "/api/step",
+        ] {
+            assert!(body.contains(part), "the page lacks {part}");
+        }
+        // Nothing fetched from elsewhere: the page works offline.
+        for external in ["<script src", "<link ", "@import", "//cdn", "https://"] {
+            assert!(!body.contains(external), "the page loads {external}");
+        }
+        assert_eq!(get_json(&server, "/nothing").0, 404);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn apis_give_metrics_steps_summaries_records_and_groups() {
+        let (a, b) = (tmp("api-a"), tmp("api-b"));
+        let counts = fixture::write_run(&a, 2).unwrap();
+        fixture::write_run(&b, 3).unwrap();
+        let (_rt, server) = start(&[a.clone(), b.clone()]);
+
+        let (_, runs) = get_json(&server, "/api/runs");
+        let names: Vec<&str> = runs["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names.len(), 2);
+        assert!(names[0].ends_with("api-a") && names[1].ends_with("api-b"));
+
+        let (status, m) = get_json(&server, "/api/metrics?run=1");
+        assert_eq!(status, 200);
+        let keys = m["metrics"]["keys"].as_array().unwrap();
+        assert!(keys.contains(&"reward/mean".into()) && !keys.contains(&"step".into()));
+        assert_eq!(m["metrics"]["records"].as_array().unwrap().len(), 3);
+
+        assert_eq!(
+            get_json(&server, "/api/steps?run=0").1["steps"],
+            serde_json::json!([1, 2])
+        );
+
+        let (_, step) = get_json(&server, "/api/step?run=0&step=2");
+        let list = step["trajectories"].as_array().unwrap();
+        assert_eq!(list.len(), counts[1]);
+        let failed: Vec<&Value> = list.iter().filter(|t| t["status"] == "failed").collect();
+        assert_eq!(failed.len(), 1);
+        assert_eq!(failed[0]["reason"], fixture::FAILED_REASON);
+        // It did not train: no advantage, nothing trained.
+        assert_eq!(failed[0]["advantage"], Value::Null);
+        assert_eq!(failed[0]["trained"], 0);
+
+        let (status, t) = get_json(&server, "/api/trajectory?run=0&step=2&id=s2-tools-0");
+        assert_eq!(status, 200);
+        assert_eq!(t["trajectory"]["id"], "s2-tools-0");
+        let kinds: Vec<&str> = t["marks"][0]["segments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["kind"].as_str().unwrap())
+            .collect();
+        assert_eq!(kinds, ["model", "tool", "model"]);
+        assert_eq!(t["marks"][0]["tool_calls"], serde_json::json!([[3, 6]]));
+        // Its call was sampled two versions back, but step 2's policy is only version 1.
+        assert_eq!(t["summary"]["max_staleness"], 1);
+
+        let (_, g) = get_json(&server, "/api/group?run=0&step=2&group=s2-p0");
+        let members = g["trajectories"].as_array().unwrap();
+        assert_eq!(members.len(), 4);
+        let rewards: Vec<f64> = members
+            .iter()
+            .map(|s| s["trajectory"]["reward"].as_f64().unwrap())
+            .collect();
+        assert_eq!(rewards, [1.0, 0.0, 1.0, 0.0]);
+        // The advantages of a group are what GRPO compared: above the mean up, below down.
+        let adv: Vec<f64> = members
+            .iter()
+            .map(|s| s["summary"]["advantage"].as_f64().unwrap())
+            .collect();
+        assert!(adv[0] > 0.0 && adv[1] < 0.0, "{adv:?}");
+        for d in [a, b] {
+            std::fs::remove_dir_all(&d).ok();
+        }
+    }
+
+    #[test]
+    fn bad_requests_and_bad_files_are_json_errors_naming_what() {
+        let dir = tmp("errors");
+        fixture::write_run(&dir, 2).unwrap();
+        let (_rt, server) = start(std::slice::from_ref(&dir));
+        let cases = [
+            ("/api/steps?run=3", 404, "no run 3"),
+            ("/api/steps", 400, "missing `run`"),
+            ("/api/step?run=0&step=x", 400, "`step` must be a number"),
+            ("/api/step?run=0&step=9", 404, "no trajectories of step 9"),
+            (
+                "/api/trajectory?run=0&step=1&id=nope",
+                404,
+                "no trajectory \"nope\"",
+            ),
+            (
+                "/api/group?run=0&step=1&group=nope",
+                404,
+                "no group \"nope\"",
+            ),
+        ];
+        for (path, status, message) in cases {
+            let (got, body) = get_json(&server, path);
+            assert_eq!(got, status, "{path}: {body}");
+            let error = body["error"].as_str().unwrap();
+            assert!(error.contains(message), "{path}: {error}");
+        }
+
+        // A damaged step file: the error names the file and the line.
+        let path = skein_report::trajectories::step_path(&dir, 1);
+        let mut records = fixture::step_records(1);
+        records.truncate(1);
+        let good = serde_json::to_string(&records[0]).unwrap();
+        let text = format!("{good}\n{{\"id\": \"half a record\"}}\n");
+        std::fs::write(&path, zstd_bytes(&text)).unwrap();
+        let (status, body) = get_json(&server, "/api/step?run=0&step=1");
+        assert_eq!(status, 500);
+        let error = body["error"].as_str().unwrap();
+        assert!(
+            error.contains("step-1.jsonl.zst:2: not a trajectory record"),
+            "{error}"
+        );
+        // The other step still reads.
+        assert_eq!(get_json(&server, "/api/step?run=0&step=2").0, 200);
+
+        // A bad line of metrics.jsonl, likewise.
+        let metrics = dir.join("metrics.jsonl");
+        let mut text = std::fs::read_to_string(&metrics).unwrap();
+        text.push_str("{\"step\": 3, \"reward/mean\": \n");
+        std::fs::write(&metrics, text).unwrap();
+        let (status, body) = get_json(&server, "/api/metrics?run=0");
+        assert_eq!(status, 500);
+        assert!(
+            body["error"].as_str().unwrap().contains("metrics.jsonl:3"),
+            "{body}"
+        );
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    fn zstd_bytes(text: &str) -> Vec<u8> {
+        zstd::encode_all(text.as_bytes(), 1).unwrap()
+    }
+
+    #[test]
+    fn a_step_rewritten_while_serving_is_read_again() {
+        let dir = tmp("reread");
+        fixture::write_run(&dir, 1).unwrap();
+        let (_rt, server) = start(std::slice::from_ref(&dir));
+        let count = |s: &Server| {
+            get_json(s, "/api/step?run=0&step=1").1["trajectories"]
+                .as_array()
+                .unwrap()
+                .len()
+        };
+        let all = count(&server);
+        let mut records = fixture::step_records(1);
+        records.truncate(3);
+        skein_report::trajectories::write_step(&dir, 1, &records).unwrap();
+        assert_eq!((all, count(&server)), (10, 3));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn directories_that_are_not_runs_are_refused() {
+        let empty = tmp("empty");
+        std::fs::create_dir_all(&empty).unwrap();
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let err = |dirs: &[PathBuf]| {
+            format!(
+                "{:#}",
+                rt.block_on(bind("127.0.0.1:0", dirs)).err().unwrap()
+            )
+        };
+        assert!(
+            err(std::slice::from_ref(&empty)).contains("neither metrics.jsonl nor trajectories/")
+        );
+        let missing = empty.join("missing");
+        assert!(err(&[missing]).contains("missing: not a directory"));
+        assert!(err(&[]).contains("no run directory"));
+        std::fs::remove_dir_all(&empty).ok();
+    }
+}
