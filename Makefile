@@ -4,7 +4,7 @@
 # and libclang are installed: `make test` after `make train` compiles only the tests, not the
 # trainer again. `make train` installs MPI when it can (root or sudo) and otherwise builds
 # without it (data-parallel ranks then run as threads only).
-.PHONY: setup setup-reward-model setup-agent-client setup-tensorboard setup-mpi try-setup-mpi train test
+.PHONY: setup setup-reward-model setup-agent-client setup-tensorboard setup-mpi try-setup-mpi setup-chromium train test
 # `--features skein/mpi` once MPI is installed; expanded when a recipe runs, after its setup.
 FEATURES = $(shell ./scripts/setup-mpi.sh --check && echo --features skein/mpi)
 setup:
@@ -26,5 +26,8 @@ setup-mpi:
 	@./scripts/setup-mpi.sh
 try-setup-mpi:
 	@./scripts/setup-mpi.sh || echo "skein setup: building without MPI" >&2
-test: setup setup-reward-model setup-agent-client setup-tensorboard setup-mpi
+# The `skein view` test loads its page in headless Chromium (Debian's `chromium`).
+setup-chromium:
+	@./scripts/setup-chromium.sh
+test: setup setup-reward-model setup-agent-client setup-tensorboard setup-mpi setup-chromium
 	cargo test --workspace --release --features skein/mpi

@@ -1,6 +1,6 @@
 //! The `skein` command line, one file per command: `train`, `plan`, `bench` (and `bench
 //! rewards`, `bench train-tokens`), `bench-partial`, `eval`, `sft`, `plot`, `serve-reward`,
-//! `serve`.
+//! `serve`, `view`.
 
 mod bench;
 mod bench_partial;
@@ -13,6 +13,7 @@ mod serve;
 mod serve_reward;
 mod sft;
 mod train;
+mod view;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -87,6 +88,10 @@ enum Command {
     /// Serve a model over an OpenAI-compatible HTTP API and record the token-exact rollouts of
     /// agents that call it (`/rollouts/{id}/v1`). No arguments: a random tiny model.
     Serve(serve::ServeArgs),
+    /// Read runs in a browser: their curves, each step's trajectories (sortable, filterable),
+    /// one trajectory token by token coloured by mask, advantage, staleness or importance
+    /// weight, and its group side by side. Serves one local page and prints its address.
+    View(view::ViewArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -104,6 +109,7 @@ pub fn main() -> ExitCode {
         Command::BenchPartial(args) => bench_partial::run(&args),
         Command::ServeReward(args) => serve_reward::run(&args),
         Command::Serve(args) => serve::run(&args),
+        Command::View(args) => view::run(&args),
         Command::Eval(args) => eval::run(&args),
         Command::Sft(args) => sft::run(&args),
         Command::Plot {

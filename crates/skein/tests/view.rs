@@ -1,0 +1,438 @@
+//! `skein view` in a real browser: the binary serves the directory of a finished `skein train`
+//! run, headless Chromium loads the page and runs its script, and the DOM it leaves must show
+//! the step's trajectories (as many as the step file holds), the colour legend, a failed
+//! trajectory's reason, a multi-turn episode's turns and environment replies, the curves of
+//! every run given, and a damaged file's error naming its file and line. A screenshot of the
+//! multi-turn view is taken too; `SKEIN_VIEW_SCREENSHOT=docs/view.png` (a path from the
+//! repository root) keeps it, which is how the README's picture is made.
+//!
+//! Chromium comes from Debian's `chromium` package (`scripts/setup-chromium.sh`, which `make
+//! test` runs); without it these tests fail, saying so.
+
+mod common;
+
+use skein_report::trajectories::{list_steps, read_step, Status, TrajectoryRecord};
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long Chromium's virtual clock may run the page's script (ms): the page is done long
+/// before, but fetches and rendering count against it.
+const SCRIPT_BUDGET_MS: &str = "15000";
+const BROWSER_TIMEOUT: Duration = Duration::from_secs(90);
+
+fn chromium() -> &'static str {
+    let found = Command::new("chromium")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        found,
+        "`chromium` is not installed: run scripts/setup-chromium.sh (make test does)"
+    );
+    "chromium"
+}
+
+/// A `skein view` process, stopped when dropped.
+struct Viewer {
+    child: Child,
+    url: String,
+}
+
+impl Viewer {
+    fn start(dirs: &[&Path]) -> Viewer {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_skein"))
+            .arg("view")
+            .args(dirs)
+            .args(["--port", "0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("skein view starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        if line.is_empty() {
+            let mut err = String::new();
+            child.stderr.take().unwrap().read_to_string(&mut err).ok();
+            panic!("skein view printed no address: {err}");
+        }
+        let url = line.trim().to_string();
+        assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+        Viewer { child, url }
+    }
+}
+
+impl Drop for Viewer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs headless Chromium on `url` with `args` (`--dump-dom`, `--screenshot=...`) and returns
+/// its stdout.
+fn browse(url: &str, args: &[String], profile: &Path) -> String {
+    let mut child = Command::new(chromium())
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--hide-scrollbars",
+            &format!("--user-data-dir={}", profile.display()),
+            &format!("--virtual-time-budget={SCRIPT_BUDGET_MS}"),
+        ])
+        .args(args)
+        .arg(url)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("chromium starts");
+    // Read stdout on a thread: a large DOM would fill the pipe before Chromium exits.
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        stdout.read_to_string(&mut s).map(|_| s)
+    });
+    let deadline = Instant::now() + BROWSER_TIMEOUT;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("chromium took more than {BROWSER_TIMEOUT:?} on {url}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).ok();
+    assert!(
+        status.success(),
+        "chromium failed ({status}) on {url}:\n{err}"
+    );
+    reader.join().unwrap().unwrap()
+}
+
+/// The DOM of `url` once the page's script is done with it.
+fn dom(url: &str, profile: &Path) -> String {
+    let dom = browse(url, &["--dump-dom".into()], profile);
+    assert!(
+        dom.contains("data-ready=\"1\""),
+        "the page's script did not finish on {url}:\n{dom}"
+    );
+    dom
+}
+
+/// The text of the element with `id` (its first child text; enough for the page's own ids).
+fn text_of<'a>(dom: &'a str, id: &str) -> &'a str {
+    let at = dom
+        .find(&format!("id=\"{id}\""))
+        .unwrap_or_else(|| panic!("no #{id} in the page"));
+    let start = at + dom[at..].find('>').unwrap() + 1;
+    let end = start + dom[start..].find('<').unwrap();
+    &dom[start..end]
+}
+
+/// `text` as it appears in HTML text: `&`, `<` and `>` escaped.
+fn html(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+fn workdir(name: &str) -> PathBuf {
+    common::workdir("view", name)
+}
+
+/// A reward worker that refuses some responses (those whose length is a multiple of 3), so
+/// a real run has failed trajectories, with the trainer's reason, beside trained ones.
+const PICKY_WORKER: &str = r#"
+import json, sys
+for line in sys.stdin:
+    r = json.loads(line)
+    text = r["response"]
+    if len(text) % 3 == 0:
+        out = {"id": r["id"], "error": f"refused {text!r}: {len(text)} characters, a multiple of 3"}
+    else:
+        out = {"id": r["id"], "reward": float(text.strip() == r.get("ground_truth", "").strip())}
+    print(json.dumps(out), flush=True)
+"#;
+
+/// `skein train` in `dir` with a tiny model, two steps of 4 prompts × 4 samples, `config`
+/// (TOML) and `extra` settings; a few seconds.
+fn train(dir: &Path, config: &str, extra: &[&str]) {
+    std::fs::create_dir_all(dir).unwrap();
+    let config_path = dir.with_extension("toml");
+    std::fs::write(&config_path, config).unwrap();
+    let run_dir = format!("run.dir=\"{}\"", dir.display());
+    let small = [
+        "sft.batch_size=16",
+        "sft.lr=3e-3",
+        "trainer.steps=2",
+        "rollout.prompts_per_step=4",
+        "rollout.samples_per_prompt=4",
+        "eval.problems=4",
+        run_dir.as_str(),
+    ];
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_skein"));
+    cmd.args(["train", "--overwrite", "--config"])
+        .arg(&config_path);
+    for s in common::TINY_RUN.iter().chain(&small).chain(extra) {
+        cmd.args(["--set", s]);
+    }
+    let out = cmd.output().expect("skein train starts");
+    assert!(
+        out.status.success(),
+        "skein train failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The steps of a run's trajectory files, each with its records.
+fn steps_of(run: &Path) -> Vec<(usize, Vec<TrajectoryRecord>)> {
+    let steps: Vec<_> = list_steps(run)
+        .unwrap()
+        .into_iter()
+        .map(|(s, path)| (s, read_step(&path).unwrap()))
+        .collect();
+    assert_eq!(steps.len(), 2, "a trajectory file per step");
+    steps
+}
+
+#[test]
+fn the_page_shows_a_steps_trajectories_the_legend_and_a_failed_reason() {
+    let root = workdir("arithmetic");
+    let worker = root.join("picky.py");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(&worker, PICKY_WORKER).unwrap();
+    let run = root.join("run");
+    let config = format!(
+        "[reward.sources.picky]\nkind = \"worker\"\ncommand = [\"python3\", \"{}\"]\n\
+         [reward.default_route]\nsources = [\"picky\"]\n",
+        worker.display()
+    );
+    train(&run, &config, &["task.difficulty=1", "sft.steps=40"]);
+    // The newest step with a failed trajectory, and its first one.
+    let (step, records) = steps_of(&run)
+        .into_iter()
+        .rfind(|(_, r)| r.iter().any(|t| t.status == Status::Failed))
+        .expect("the worker refuses some responses: a step has a failed trajectory");
+    let failed = records.iter().find(|t| t.status == Status::Failed).unwrap();
+    let reason = failed
+        .reason
+        .as_deref()
+        .expect("a failed trajectory says why");
+    assert!(reason.contains("a multiple of 3"), "{reason}");
+
+    let viewer = Viewer::start(&[&run]);
+    let url = format!("{}?step={step}&id={}", viewer.url, failed.id);
+    let dom = dom(&url, &root.join("profile"));
+
+    // Every trajectory of the step is a row of the table, and the page says how many.
+    assert_eq!(
+        dom.matches("<tr class=\"traj").count(),
+        records.len(),
+        "table rows"
+    );
+    let count = text_of(&dom, "traj-count");
+    assert_eq!(
+        count,
+        format!("{0} of {0} trajectories of step {step}", records.len())
+    );
+    // The failed trajectory is open: its reason shows in its own view (and in the table).
+    let detail = &dom[dom.find("id=\"traj-view\"").unwrap()..dom.find("id=\"group\"").unwrap()];
+    assert!(
+        detail.contains(&format!("<span class=\"reason\">{}</span>", html(reason))),
+        "the failed trajectory's reason is not shown: {reason}"
+    );
+    assert!(text_of(&dom, "detail-id").starts_with(&failed.id));
+    // The colour legend of the default mode, and the marks of turns and replies.
+    let legend = &dom[dom.find("id=\"legend\"").unwrap()..dom.find("id=\"traj-view\"").unwrap()];
+    for part in [
+        "sampled and trained (mask 1)",
+        "inserted by the environment or a tool (mask 0)",
+        "turn boundary",
+        "environment reply",
+    ] {
+        assert!(legend.contains(part), "the legend lacks {part:?}");
+    }
+    // Every token of the open trajectory is drawn, with its hover title.
+    let tokens: usize = failed
+        .rows
+        .iter()
+        .map(|r| r.prompt_ids.len() + r.response_ids.len())
+        .sum();
+    assert_eq!(
+        detail.matches("<span class=\"tok").count(),
+        tokens,
+        "tokens drawn"
+    );
+    assert!(detail.contains(&format!(
+        "title=\"id {} · log-prob ",
+        failed.rows[0].response_ids[0]
+    )));
+    // Its group side by side: one card per sample of its prompt.
+    let group = records.iter().filter(|t| t.group == failed.group).count();
+    assert_eq!(dom.matches("class=\"sample").count(), group, "group cards");
+    // Nothing went wrong on the way.
+    assert!(
+        dom.contains("<div id=\"error\" hidden=\"\"></div>"),
+        "{dom}"
+    );
+    drop(viewer);
+    std::fs::remove_dir_all(&root).ok();
+}
+
+#[test]
+fn a_multi_turn_episode_shows_its_turns_and_the_environments_replies() {
+    let root = workdir("guess");
+    let run = root.join("run");
+    train(
+        &run,
+        "",
+        &[
+            "task.name=\"guess\"",
+            "task.difficulty=1",
+            "sft.steps=80",
+            "rollout.sampling.max_new_tokens=40",
+            "agent.max_turns=16",
+        ],
+    );
+    // The last step's finished episode with the most turns (at most 6, to fit a screenshot).
+    let (step, records) = steps_of(&run).pop().unwrap();
+    let shown = records
+        .iter()
+        .filter(|t| t.status == Status::Finished && t.turns <= 6)
+        .max_by_key(|t| t.turns)
+        .expect("a finished episode");
+    assert!(
+        shown.turns >= 2,
+        "no multi-turn episode finished: {records:?}"
+    );
+    let row = &shown.rows[0];
+    // Runs of inserted tokens are the environment's replies.
+    let replies = row
+        .loss_mask
+        .iter()
+        .enumerate()
+        .filter(|&(i, &m)| m == 0 && (i == 0 || row.loss_mask[i - 1] != 0))
+        .count();
+    assert!(replies >= 1);
+
+    let viewer = Viewer::start(&[&run]);
+    let url = format!("{}?step={step}&id={}&mode=advantage", viewer.url, shown.id);
+    let dom = dom(&url, &root.join("profile"));
+    let detail = &dom[dom.find("id=\"traj-view\"").unwrap()..dom.find("id=\"group\"").unwrap()];
+    assert_eq!(
+        detail.matches("class=\"tag tag-env\"").count(),
+        replies,
+        "env replies"
+    );
+    // A model turn after each reply (the last reply may end the episode).
+    let turns = detail.matches("class=\"tag tag-turn\"").count();
+    assert!(
+        turns == replies || turns + 1 == replies,
+        "{turns} turn marks, {replies} replies"
+    );
+    // The advantage colours are on, with their legend.
+    let legend = &dom[dom.find("id=\"legend\"").unwrap()..dom.find("id=\"traj-view\"").unwrap()];
+    assert!(legend.contains("advantage from −"), "{legend}");
+    let group = records.iter().filter(|t| t.group == shown.group).count();
+    assert_eq!(dom.matches("class=\"sample").count(), group, "group cards");
+    assert!(
+        dom.contains("<div id=\"error\" hidden=\"\"></div>"),
+        "{dom}"
+    );
+
+    // The README's picture: this view, in a browser window.
+    let png = root.join("view.png");
+    browse(
+        &url,
+        &[
+            format!("--screenshot={}", png.display()),
+            "--window-size=1400,1500".into(),
+        ],
+        &root.join("profile"),
+    );
+    let bytes = std::fs::read(&png).expect("chromium wrote the screenshot");
+    assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n") && bytes.len() > 20_000);
+    if let Some(keep) = std::env::var_os("SKEIN_VIEW_SCREENSHOT") {
+        let keep = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../..")
+            .join(keep);
+        std::fs::copy(&png, &keep).unwrap();
+        eprintln!("screenshot: {}", keep.display());
+    }
+    drop(viewer);
+    std::fs::remove_dir_all(&root).ok();
+}
+
+#[test]
+fn several_runs_overlay_their_curves_and_a_damaged_file_names_its_line() {
+    let root = workdir("two");
+    let (a, b) = (root.join("dp1"), root.join("dp2"));
+    // Made-up runs: what is checked here is the drawing of several runs and of a damaged
+    // file, which a real run does not produce.
+    skein_view::fixture::write_run(&a, 3).unwrap();
+    skein_view::fixture::write_run(&b, 2).unwrap();
+    // Step 2 of the second run is damaged: not zstd at all.
+    let path = skein_report::trajectories::step_path(&b, 2);
+    std::fs::write(&path, "{\"step\": 2}\n").unwrap();
+
+    let viewer = Viewer::start(&[&a, &b]);
+    let dom = dom(&format!("{}?run=1", viewer.url), &root.join("profile"));
+    // The default panels that the runs have (reward/mean, time/step_s), each with a line per run.
+    let charts = dom.matches("<svg class=\"chart\"").count();
+    assert_eq!(charts, 2, "charts");
+    assert_eq!(
+        dom.matches("<polyline").count(),
+        2 * charts,
+        "one line per run"
+    );
+    for name in ["dp1", "dp2"] {
+        assert!(text_of(&dom, "run-names").contains(name));
+    }
+    // Every metric can be picked.
+    for key in ["reward/mean", "loss/policy", "batch/failed_trajectories"] {
+        assert!(
+            dom.contains(&format!("value=\"{key}\"")),
+            "no {key} to pick"
+        );
+    }
+    // Run 1 opens on its newest step, which is damaged: the page says where.
+    let error = text_of(&dom, "error");
+    assert!(error.contains("step-2.jsonl.zst:1: unreadable"), "{error}");
+    drop(viewer);
+    std::fs::remove_dir_all(&root).ok();
+}
+
+#[test]
+fn a_directory_that_is_not_a_run_is_refused_at_once() {
+    let root = workdir("not-a-run");
+    std::fs::create_dir_all(&root).unwrap();
+    for (dir, message) in [
+        (root.clone(), "neither metrics.jsonl nor trajectories/"),
+        (root.join("missing"), "missing: not a directory"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_skein"))
+            .arg("view")
+            .arg(&dir)
+            .args(["--port", "0"])
+            .output()
+            .expect("skein view starts");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains(message), "{err}");
+        assert!(
+            out.stdout.is_empty(),
+            "no address printed for a refused directory"
+        );
+    }
+    std::fs::remove_dir_all(&root).ok();
+}
