@@ -145,11 +145,7 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
     let resumed_workload = restore.as_ref().map(|r| &r.state.workload);
     let mut workload = tasks.into_workload(cfg, &tokenizer, &policy, resumed_workload)?;
     check_context(cfg, workload.as_ref(), &policy)?;
-    announce(cfg, &policy, &task_name, &run_dir.path);
-    if !workload.held_out() {
-        say_train_set_evaluation();
-    }
-    let resumed_step = restore.as_ref().map(|r| r.state.step);
+    announce(cfg, &policy, &task_name, &run_dir.path, workload.held_out());
     let (first_step, rewards) = restore.as_ref().map_or((1, Vec::new()), |r| {
         (r.state.step + 1, r.state.rewards.clone())
     });
@@ -190,7 +186,7 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
     };
 
     let trajectory_log =
-        TrajectoryLog::start(&run_dir.path, &cfg.trajectories, &tokenizer, resumed_step)?;
+        TrajectoryLog::start(&run_dir.path, &cfg.trajectories, &tokenizer, first_step)?;
 
     // Data-parallel ranks beyond the first, for the policy and the critic: built after
     // everything else that draws random numbers (each step reseeds the generator anyway).
@@ -306,7 +302,8 @@ fn run_dir_and_checkpoint(
 }
 
 /// The run's first line: the model, the task and where the run writes.
-fn announce(cfg: &TrainConfig, policy: &Model, task: &str, dir: &Path) {
+/// Says what is trained where, and when the evaluation cannot be on held-out problems.
+fn announce(cfg: &TrainConfig, policy: &Model, task: &str, dir: &Path, held_out: bool) {
     eprintln!(
         "skein: {} model, {:.2}M parameters, task `{task}` (difficulty {}), run directory {}",
         policy.net.config.model_type,
@@ -314,15 +311,14 @@ fn announce(cfg: &TrainConfig, policy: &Model, task: &str, dir: &Path) {
         cfg.task.difficulty,
         dir.display()
     );
-}
-
-fn say_train_set_evaluation() {
-    eprintln!(
-        "skein: evaluation is on problems training also draws (train-set accuracy): the task \
-         has fewer than {} distinct problems to hold some out, or the dataset has no \
-         `data.val_files`",
-        skein_tasks::split::MIN_SPLIT_PROBLEMS
-    );
+    if !held_out {
+        eprintln!(
+            "skein: evaluation is on problems training also draws (train-set accuracy): the \
+             task has fewer than {} distinct problems to hold some out, or the dataset has no \
+             `data.val_files`",
+            skein_tasks::split::MIN_SPLIT_PROBLEMS
+        );
+    }
 }
 
 /// The run's sampling settings, stopping at the tokenizer's end-of-sequence token.

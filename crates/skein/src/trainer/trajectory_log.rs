@@ -107,17 +107,15 @@ pub struct TrajectoryLog {
 }
 
 impl TrajectoryLog {
-    /// Starts the writer for `run_dir`. A resumed run first removes the files of steps after
-    /// its checkpoint's `resumed_step`: those steps are trained again.
+    /// Starts the writer for a run whose next step is `first_step`. Files of that step and
+    /// later ones are removed first: a resumed run trains those steps again.
     pub fn start(
         run_dir: &Path,
         cfg: &TrajectoriesConfig,
         tokenizer: &Tokenizer,
-        resumed_step: Option<usize>,
+        first_step: usize,
     ) -> Result<TrajectoryLog> {
-        if let Some(step) = resumed_step {
-            trajectories::remove_after(run_dir, step)?;
-        }
+        trajectories::remove_after(run_dir, first_step.saturating_sub(1))?;
         if cfg.keep == Keep::None {
             return Ok(TrajectoryLog {
                 keep: cfg.keep,
