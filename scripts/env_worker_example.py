@@ -14,9 +14,10 @@ answer):
     {"op": "info"}
       -> {"name", "alphabet", "max_turns", "max_message_chars", "problems", "demonstrations"}
     {"op": "reset", "episode": ID, "task": {"seed": N, "split": "train" | "eval"}}
-      -> {"messages": [{"role": "user", "content": "guess 1-16"}]}
+      -> {"messages": [{"role": "user", "content": "guess 1-16"}], "state": ""}
     {"op": "step", "episode": ID, "message": "8"}
-      -> {"messages": [{"role": "user", "content": "higher"}], "reward": null, "done": false}
+      -> {"messages": [{"role": "user", "content": "higher"}], "reward": null, "done": false,
+          "state": "8> "}
       or {"done": true, "reward": 1.0, "correct": true, "formatted": true}
     {"op": "demonstrate", "task": {...}, "transcript": [{"message", "reply"}, ...], "seed": N}
       -> {"message": "8"}
@@ -24,7 +25,9 @@ answer):
 
 Any request may be answered {"error": "..."}: that episode fails and the others go on. A
 reset must be deterministic in its seed: the episodes of a group share one seed, and are
-compared with each other. Print diagnostics to stderr, never to stdout. Exit when stdin closes.
+compared with each other. "state" is optional: a key naming the state the next message is
+written in (here the guesses and replies so far); episodes of a group in the same state are
+compared turn by turn with `algorithm.step_group_weight`. Print diagnostics to stderr, never to stdout. Exit when stdin closes.
 
 The game (the same as skein's built-in `guess`): the secret is uniform in 1..=N (N = 16, 64,
 256 at difficulty 1, 2, 3); each message is a number; the answer is `higher` or `lower`, or
@@ -90,8 +93,9 @@ class Game:
         return random.Random(int(task["seed"])).randint(1, self.n)
 
     def reset(self, episode, task):
-        self.episodes[episode] = {"secret": self.secret(task), "turns": 0, "formatted": True}
-        return {"messages": [user(f"guess 1-{self.n}")]}
+        self.episodes[episode] = {"secret": self.secret(task), "turns": 0, "formatted": True,
+                                  "history": ""}
+        return {"messages": [user(f"guess 1-{self.n}")], "state": ""}
 
     def step(self, episode, message):
         state = self.episodes.get(episode)
@@ -101,13 +105,17 @@ class Game:
         guess = parse_guess(message)
         if guess is None or not 1 <= guess <= self.n:
             state["formatted"] = False
-            return {"messages": [user(f"1-{self.n}?")], "reward": None, "done": False}
+            state["history"] += "? "
+            return {"messages": [user(f"1-{self.n}?")], "reward": None, "done": False,
+                    "state": state["history"]}
         if guess == state["secret"]:
             del self.episodes[episode]
             return {"done": True, "reward": reward_for(state["turns"]), "correct": True,
                     "formatted": state["formatted"]}
         reply = "higher" if guess < state["secret"] else "lower"
-        return {"messages": [user(reply)], "reward": None, "done": False}
+        state["history"] += f"{guess}{'>' if reply == 'higher' else '<'} "
+        return {"messages": [user(reply)], "reward": None, "done": False,
+                "state": state["history"]}
 
     def demonstrate(self, transcript, seed):
         """Binary search: the midpoint half the time, else a point of the middle half."""

@@ -158,6 +158,7 @@ impl AgentTask for WorkerTask {
             task: self.task_of(problem),
             home: None,
             done: false,
+            state: None,
         })
     }
 
@@ -220,6 +221,8 @@ struct WorkerEnv {
     home: Option<(Home, Sender<String>)>,
     /// The worker said `done` (and forgot the episode).
     done: bool,
+    /// The state its last answer named, if the worker names states.
+    state: Option<String>,
 }
 
 impl WorkerEnv {
@@ -244,6 +247,8 @@ impl Env for WorkerEnv {
         self.home = Some((home, stdin));
         let messages = protocol::reset_answer(&fields)
             .map_err(|e| self.pool.shape_error(home, "reset", &e))?;
+        self.state = protocol::state_answer(&fields)
+            .map_err(|e| self.pool.shape_error(home, "reset", &e))?;
         Ok(Some(render_plain(&messages)))
     }
 
@@ -259,8 +264,14 @@ impl Env for WorkerEnv {
             .call_home(home, &protocol::step(&self.id, message))?;
         let step = protocol::step_answer(&a.fields)
             .map_err(|e| self.pool.shape_error(home, "step", &e))?;
+        self.state = protocol::state_answer(&a.fields)
+            .map_err(|e| self.pool.shape_error(home, "step", &e))?;
         self.done = matches!(step, EnvStep::Done(_));
         Ok(step)
+    }
+
+    fn state_key(&self) -> Option<String> {
+        self.state.clone()
     }
 }
 
@@ -383,6 +394,34 @@ mod tests {
         assert!(wins >= 50, "{wins} of 60 demonstrations won");
         assert!(replies > 60, "too few replies compared: {replies}");
         assert_eq!(task.pool.restarts(), 0);
+    }
+
+    /// The worker names its states as the built-in game does: the guesses and replies so far.
+    #[test]
+    fn the_python_game_names_its_states_like_the_built_in_one() {
+        let task = WorkerTask::start(&config(&[])).unwrap();
+        let mut rng = TaskRng::new(9);
+        let mut checked = 0;
+        for _ in 0..8 {
+            let problem = task.sample(&mut rng);
+            let mut env = task.start(&problem);
+            env.open().unwrap();
+            assert_eq!(env.state_key().as_deref(), Some(""));
+            let mut want = String::new();
+            for message in ["8", "x", "12"] {
+                let EnvStep::Continue { messages, .. } = env.step(message).unwrap() else {
+                    break;
+                };
+                want.push_str(&match messages[0].content.as_str() {
+                    "higher" => format!("{message}> "),
+                    "lower" => format!("{message}< "),
+                    _ => "? ".into(),
+                });
+                assert_eq!(env.state_key(), Some(want.clone()));
+                checked += 1;
+            }
+        }
+        assert!(checked >= 16, "{checked}");
     }
 
     /// A worker that crashes fails the episodes it held, naming itself; it is started again

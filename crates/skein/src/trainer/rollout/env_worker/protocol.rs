@@ -155,6 +155,16 @@ pub fn step_answer(answer: &Map<String, Value>) -> Result<EnvStep, String> {
     }))
 }
 
+/// The optional `"state"` of a `reset` or `step` answer: the key of the state the next
+/// message is written in (for step groups).
+pub fn state_answer(answer: &Map<String, Value>) -> Result<Option<String>, String> {
+    match answer.get("state") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(other) => Err(format!("its \"state\" is {other}, not text or null")),
+    }
+}
+
 /// The message of a `demonstrate` answer.
 pub fn demonstrate_answer(answer: &Map<String, Value>) -> Result<String, String> {
     match answer.get("message") {
@@ -192,6 +202,16 @@ mod tests {
             let e = Info::parse(bad).unwrap_err();
             assert!(e.contains(says), "{key}: {e}");
         }
+    }
+
+    #[test]
+    fn states_are_optional_text() {
+        let state = |v: Value| state_answer(v.as_object().unwrap());
+        assert_eq!(state(json!({})), Ok(None));
+        assert_eq!(state(json!({"state": null})), Ok(None));
+        assert_eq!(state(json!({"state": "8> "})), Ok(Some("8> ".into())));
+        let err = state(json!({"state": 3})).unwrap_err();
+        assert!(err.contains("\"state\" is 3"), "{err}");
     }
 
     #[test]
