@@ -70,7 +70,7 @@ pub fn run(
 
 /// Sections a resume cannot change: the checkpoint's weights fix the model, and its task
 /// state (problems drawn, data position) the task.
-const FIXED_ON_RESUME: [&str; 2] = ["model", "task"];
+const FIXED_ON_RESUME: [&str; 3] = ["model", "task", "lora"];
 
 /// A resume keeps the run's [`FIXED_ON_RESUME`] sections as its `config.toml` has them; a
 /// changed key would be ignored by the checkpoint while the config claims it.

@@ -161,13 +161,7 @@ impl Engine {
         let capacity = capacity.clamp(1, net.max_positions());
         let cfg = &net.config;
         let slots = self.max_slots.min(max_requests.max(1));
-        let kind = model
-            .vs
-            .variables()
-            .values()
-            .next()
-            .map(|t| t.kind())
-            .unwrap_or(Kind::Float);
+        let kind = net.kind();
         let mut cache: Option<KvCache> = None;
         let mut pending: VecDeque<GenRequest> = VecDeque::new();
         let mut running: Vec<Option<Running>> = (0..slots).map(|_| None).collect();

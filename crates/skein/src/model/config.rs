@@ -243,11 +243,11 @@ impl ModelConfig {
         per_token * slots as f64 * context as f64 * 4.0
     }
 
-    /// Bytes that building this model allocates: its float32 weights and the rotary tables
-    /// (angles, cosines and sines for every position).
-    pub fn build_bytes(&self) -> f64 {
+    /// Bytes that building this model allocates: its weights (`weight_bytes` each) and the
+    /// float32 rotary tables (angles, cosines and sines for every position).
+    pub fn build_bytes(&self, weight_bytes: f64) -> f64 {
         let rope = self.max_position_embeddings as f64 * self.head_dim() as f64 * 3.0;
-        (self.parameter_count() + rope) * 4.0
+        self.parameter_count() * weight_bytes + rope * 4.0
     }
 }
 

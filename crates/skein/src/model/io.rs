@@ -2,6 +2,7 @@
 //! with `model.safetensors.index.json`). Written so HF transformers and vLLM load the result.
 
 use super::config::ModelConfig;
+use super::options::ModelOptions;
 use super::transformer::Transformer;
 use anyhow::{bail, Context, Result};
 use std::collections::{BTreeSet, HashMap};
@@ -12,58 +13,131 @@ use tch::{nn, Device, Kind, Tensor};
 pub struct Model {
     pub vs: nn::VarStore,
     pub net: Transformer,
+    /// The dtype and adapters it was built with (replicas are built the same way).
+    pub options: ModelOptions,
 }
 
 impl Model {
     /// A randomly initialised model (tiny models built from scratch).
     pub fn random(cfg: &ModelConfig, device: Device, seed: i64) -> Result<Self> {
-        ensure_fits(cfg, device)?;
+        Model::random_with(cfg, &ModelOptions::default(), device, seed)
+    }
+
+    /// [`Model::random`] with `options`: the weights drawn in their dtype (no float32 copy
+    /// first), then adapters on the frozen base.
+    pub fn random_with(
+        cfg: &ModelConfig,
+        options: &ModelOptions,
+        device: Device,
+        seed: i64,
+    ) -> Result<Self> {
+        ensure_fits(cfg, options, device)?;
         tch::manual_seed(seed);
-        let vs = nn::VarStore::new(device);
-        let net = Transformer::new(&vs.root(), cfg)?;
-        Ok(Model { vs, net })
+        let (vs, net) = build(cfg, options, device)?;
+        Ok(Model::with_adapters(vs, net, options))
     }
 
     /// Loads `config.json` and the safetensors weights of an HF model directory.
     pub fn load_dir(dir: &Path, device: Device) -> Result<Self> {
-        let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
-        ensure_fits(&cfg, device).with_context(|| format!("loading {}", dir.display()))?;
-        let vs = nn::VarStore::new(device);
-        let net = Transformer::new(&vs.root(), &cfg)?;
-        let tensors = read_weights(dir)?;
-        let mut variables = vs.variables();
-        tch::no_grad(|| -> Result<()> {
-            for (name, var) in variables.iter_mut() {
-                let Some(t) = tensors.get(name) else {
-                    bail!("{}: the checkpoint has no tensor `{name}`", dir.display());
-                };
-                if t.size() != var.size() {
-                    bail!(
-                        "{}: tensor `{name}` has shape {:?}, the config implies {:?}",
-                        dir.display(),
-                        t.size(),
-                        var.size()
-                    );
-                }
-                var.copy_(&t.to_kind(var.kind()));
-            }
-            Ok(())
-        })?;
-        Ok(Model { vs, net })
+        Model::load_dir_with(dir, &ModelOptions::default(), device)
     }
 
-    /// Writes `config.json` and `model.safetensors` into `dir` (created if missing).
+    /// [`Model::load_dir`] with `options`: the weights in their dtype, then adapters (fresh:
+    /// [`Model::load_adapter`] reads trained ones).
+    pub fn load_dir_with(dir: &Path, options: &ModelOptions, device: Device) -> Result<Self> {
+        let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
+        ensure_fits(&cfg, options, device).with_context(|| format!("loading {}", dir.display()))?;
+        let (vs, net) = build(&cfg, options, device)?;
+        let tensors = read_weights(dir)?;
+        copy_named(&vs.variables(), &tensors, &dir.display().to_string())?;
+        Ok(Model::with_adapters(vs, net, options))
+    }
+
+    /// Freezes the base and attaches adapters when `options` asks for LoRA.
+    fn with_adapters(vs: nn::VarStore, net: Transformer, options: &ModelOptions) -> Self {
+        let mut model = Model {
+            vs,
+            net,
+            options: ModelOptions::default(),
+        };
+        model.options.dtype = options.dtype;
+        model.attach_adapters(&options.lora);
+        model
+    }
+
+    /// A model whose every weight trained (float32, no adapters) becomes a frozen base in
+    /// `options.dtype` with fresh adapters: how a model built from scratch, warmed up in
+    /// full, goes on with LoRA.
+    pub fn adapt(&mut self, options: &ModelOptions) -> Result<()> {
+        if self.options.lora.enabled() {
+            bail!("the model already has LoRA adapters");
+        }
+        options.check(self.vs.device())?;
+        tch::no_grad(|| self.vs.set_kind(options.dtype.kind()));
+        self.options.dtype = options.dtype;
+        self.attach_adapters(&options.lora);
+        Ok(())
+    }
+
+    fn attach_adapters(&mut self, lora: &super::LoraConfig) {
+        if lora.enabled() {
+            self.vs.freeze();
+            self.net.attach_adapters(&self.vs.root(), lora);
+            self.options.lora = lora.clone();
+        }
+    }
+
+    /// Writes `config.json` and `model.safetensors` into `dir` (created if missing): the
+    /// weights the model computes with, adapters merged in, so any loader of Hugging Face
+    /// directories gets this policy.
     pub fn save_dir(&self, dir: &Path) -> Result<()> {
+        self.write_dir(dir, true)
+    }
+
+    /// [`Model::save_dir`] of the frozen base alone (what adapters are trained on).
+    pub fn save_base_dir(&self, dir: &Path) -> Result<()> {
+        self.write_dir(dir, false)
+    }
+
+    fn write_dir(&self, dir: &Path, merged: bool) -> Result<()> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let config = serde_json::to_string_pretty(&self.net.config)?;
         write_atomic(&dir.join("config.json"), config.as_bytes())?;
-        let mut named: Vec<(String, Tensor)> = self.vs.variables().into_iter().collect();
-        named.sort_by(|a, b| a.0.cmp(&b.0));
+        let all: HashMap<String, Tensor> = self.vs.variables();
+        let scale = self.options.lora.scale();
+        let named: Vec<(String, Tensor)> = super::sorted_variables(&self.vs)
+            .into_iter()
+            .filter(|(name, _)| !super::lora::is_adapter(name))
+            .map(|(name, w)| {
+                let pair = super::lora::adapter_names(&name)
+                    .and_then(|(a, b)| Some((all.get(&a)?, all.get(&b)?)));
+                let w = match pair {
+                    Some((a, b)) if merged => tch::no_grad(|| {
+                        (w.to_kind(Kind::Float) + b.matmul(a) * scale).to_kind(w.kind())
+                    }),
+                    _ => w,
+                };
+                (name, w)
+            })
+            .collect();
         let tmp = dir.join("model.safetensors.tmp");
         Tensor::write_safetensors(&named, &tmp)
             .with_context(|| format!("writing {}", tmp.display()))?;
         std::fs::rename(&tmp, dir.join("model.safetensors"))?;
         Ok(())
+    }
+
+    /// The model with LoRA's frozen base alone: the same tensors, shared, not copied (an
+    /// empty var store, so nothing of it trains or is saved twice).
+    pub fn base_only(&self) -> Model {
+        Model {
+            vs: nn::VarStore::new(self.vs.device()),
+            net: self.net.base_only(),
+            options: ModelOptions {
+                lora: Default::default(),
+                ..self.options.clone()
+            },
+        }
     }
 
     /// Copies every parameter of `other` (same architecture) into this model.
@@ -90,19 +164,62 @@ impl Model {
 
 /// An error, before any allocation, when building `cfg` on the CPU needs more memory than is
 /// free (libtorch would abort the process instead).
-fn ensure_fits(cfg: &ModelConfig, device: Device) -> Result<()> {
+fn ensure_fits(cfg: &ModelConfig, options: &ModelOptions, device: Device) -> Result<()> {
     cfg.validate()?;
-    if let Some(free) = crate::memory::available_on(device).filter(|&f| cfg.build_bytes() > f) {
+    options.check(device)?;
+    let bytes = cfg.build_bytes(options.dtype.bytes());
+    if let Some(free) = crate::memory::available_on(device).filter(|&f| bytes > f) {
         bail!(
             "a model of {:.3e} parameters and {} positions needs {:.1} GiB to build, but {:.1} \
              GiB of memory is free",
             cfg.parameter_count(),
             cfg.max_position_embeddings,
-            cfg.build_bytes() / crate::memory::GIB,
+            bytes / crate::memory::GIB,
             free / crate::memory::GIB
         );
     }
     Ok(())
+}
+
+/// A var store and its module, every variable created in `options.dtype`.
+fn build(
+    cfg: &ModelConfig,
+    options: &ModelOptions,
+    device: Device,
+) -> Result<(nn::VarStore, Transformer)> {
+    let mut vs = nn::VarStore::new(device);
+    // On an empty store this only sets the kind new variables are created in.
+    vs.set_kind(options.dtype.kind());
+    let net = Transformer::new(&vs.root(), cfg)?;
+    Ok((vs, net))
+}
+
+/// Copies `tensors` into the same-named `variables` (cast to each variable's dtype); a
+/// missing or misshapen tensor is an error naming `source`.
+pub fn copy_named(
+    variables: &HashMap<String, Tensor>,
+    tensors: &HashMap<String, Tensor>,
+    source: &str,
+) -> Result<()> {
+    tch::no_grad(|| {
+        for (name, var) in variables {
+            if super::lora::is_adapter(name) {
+                continue;
+            }
+            let Some(t) = tensors.get(name) else {
+                bail!("{source}: the checkpoint has no tensor `{name}`");
+            };
+            if t.size() != var.size() {
+                bail!(
+                    "{source}: tensor `{name}` has shape {:?}, the config implies {:?}",
+                    t.size(),
+                    var.size()
+                );
+            }
+            var.shallow_clone().copy_(&t.to_kind(var.kind()));
+        }
+        Ok(())
+    })
 }
 
 fn read_weights(dir: &Path) -> Result<HashMap<String, Tensor>> {

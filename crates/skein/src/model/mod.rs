@@ -5,6 +5,9 @@ pub mod bert;
 pub mod config;
 pub mod io;
 pub mod kv_cache;
+pub mod lora;
+pub mod options;
+pub mod peft;
 pub mod rope;
 pub mod transformer;
 pub mod value;
@@ -12,6 +15,8 @@ pub mod value;
 pub use config::{ModelConfig, MAX_POSITIONS};
 pub use io::Model;
 pub use kv_cache::KvCache;
+pub use lora::LoraConfig;
+pub use options::{Dtype, ModelOptions};
 pub use transformer::{AttnMode, Span, Spans, Transformer};
 pub use value::ValueModel;
 

@@ -37,6 +37,14 @@ impl Rope {
         self.cos.size()[0]
     }
 
+    /// The same tables, shared.
+    pub fn shared(&self) -> Self {
+        Rope {
+            cos: self.cos.shallow_clone(),
+            sin: self.sin.shallow_clone(),
+        }
+    }
+
     /// Tables for `positions` [B, T] as [B, 1, T, head_dim], ready to broadcast over heads.
     pub fn tables(&self, positions: &Tensor, kind: Kind) -> (Tensor, Tensor) {
         let (b, t) = positions.size2().expect("positions are [batch, time]");

@@ -4,6 +4,7 @@
 
 use super::config::ModelConfig;
 use super::kv_cache::KvCache;
+use super::lora::{LoraConfig, Projection};
 use super::rope::{self, Rope};
 use anyhow::Result;
 use tch::nn::{self, Module};
@@ -15,6 +16,13 @@ struct RmsNorm {
 }
 
 impl RmsNorm {
+    fn shared(&self) -> Self {
+        RmsNorm {
+            weight: self.weight.shallow_clone(),
+            eps: self.eps,
+        }
+    }
+
     fn new(p: nn::Path, dim: usize, eps: f64) -> Self {
         RmsNorm {
             weight: p.ones("weight", &[dim as i64]),
@@ -141,10 +149,10 @@ impl Spans {
 }
 
 struct Attention {
-    q: nn::Linear,
-    k: nn::Linear,
-    v: nn::Linear,
-    o: nn::Linear,
+    q: Projection,
+    k: Projection,
+    v: Projection,
+    o: Projection,
     q_norm: Option<RmsNorm>,
     k_norm: Option<RmsNorm>,
     heads: i64,
@@ -156,23 +164,16 @@ impl Attention {
     fn new(p: nn::Path, cfg: &ModelConfig) -> Self {
         let (h, hd) = (cfg.hidden_size as i64, cfg.head_dim() as i64);
         let (heads, kv_heads) = (cfg.num_attention_heads as i64, cfg.kv_heads() as i64);
-        let with_bias = nn::LinearConfig {
-            bias: cfg.qkv_bias(),
-            ..Default::default()
-        };
-        let no_bias = nn::LinearConfig {
-            bias: false,
-            ..Default::default()
-        };
+        let bias = cfg.qkv_bias();
         let norm = |name: &str| {
             cfg.qk_norm()
                 .then(|| RmsNorm::new(&p / name, hd as usize, cfg.rms_norm_eps))
         };
         Attention {
-            q: nn::linear(&p / "q_proj", h, heads * hd, with_bias),
-            k: nn::linear(&p / "k_proj", h, kv_heads * hd, with_bias),
-            v: nn::linear(&p / "v_proj", h, kv_heads * hd, with_bias),
-            o: nn::linear(&p / "o_proj", heads * hd, h, no_bias),
+            q: Projection::new(&p / "q_proj", h, heads * hd, bias),
+            k: Projection::new(&p / "k_proj", h, kv_heads * hd, bias),
+            v: Projection::new(&p / "v_proj", h, kv_heads * hd, bias),
+            o: Projection::new(&p / "o_proj", heads * hd, h, false),
             q_norm: norm("q_norm"),
             k_norm: norm("k_norm"),
             heads,
@@ -181,7 +182,28 @@ impl Attention {
         }
     }
 
-    fn project(&self, lin: &nn::Linear, norm: &Option<RmsNorm>, x: &Tensor, heads: i64) -> Tensor {
+    fn projections(&mut self) -> [(&'static str, &mut Projection); 4] {
+        [
+            ("q_proj", &mut self.q),
+            ("k_proj", &mut self.k),
+            ("v_proj", &mut self.v),
+            ("o_proj", &mut self.o),
+        ]
+    }
+
+    fn base_only(&self) -> Self {
+        Attention {
+            q: self.q.base_only(),
+            k: self.k.base_only(),
+            v: self.v.base_only(),
+            o: self.o.base_only(),
+            q_norm: self.q_norm.as_ref().map(RmsNorm::shared),
+            k_norm: self.k_norm.as_ref().map(RmsNorm::shared),
+            ..*self
+        }
+    }
+
+    fn project(&self, lin: &Projection, norm: &Option<RmsNorm>, x: &Tensor, heads: i64) -> Tensor {
         let (b, t, _) = x.size3().expect("hidden states are [batch, time, hidden]");
         let y = lin.forward(x).view([b, t, heads, self.head_dim]);
         let y = match norm {
@@ -270,22 +292,34 @@ impl Attention {
 }
 
 struct Mlp {
-    gate: nn::Linear,
-    up: nn::Linear,
-    down: nn::Linear,
+    gate: Projection,
+    up: Projection,
+    down: Projection,
 }
 
 impl Mlp {
     fn new(p: nn::Path, cfg: &ModelConfig) -> Self {
         let (h, i) = (cfg.hidden_size as i64, cfg.intermediate_size as i64);
-        let c = nn::LinearConfig {
-            bias: false,
-            ..Default::default()
-        };
         Mlp {
-            gate: nn::linear(&p / "gate_proj", h, i, c),
-            up: nn::linear(&p / "up_proj", h, i, c),
-            down: nn::linear(&p / "down_proj", i, h, c),
+            gate: Projection::new(&p / "gate_proj", h, i, false),
+            up: Projection::new(&p / "up_proj", h, i, false),
+            down: Projection::new(&p / "down_proj", i, h, false),
+        }
+    }
+
+    fn projections(&mut self) -> [(&'static str, &mut Projection); 3] {
+        [
+            ("gate_proj", &mut self.gate),
+            ("up_proj", &mut self.up),
+            ("down_proj", &mut self.down),
+        ]
+    }
+
+    fn base_only(&self) -> Self {
+        Mlp {
+            gate: self.gate.base_only(),
+            up: self.up.base_only(),
+            down: self.down.base_only(),
         }
     }
 
@@ -360,6 +394,62 @@ impl Transformer {
 
     pub fn max_positions(&self) -> i64 {
         self.rope.max_positions()
+    }
+
+    /// The dtype of the weights and of the hidden states (adapters aside).
+    pub fn kind(&self) -> Kind {
+        self.embed.kind()
+    }
+
+    /// Gives the projections `cfg.targets` of every layer a LoRA adapter under `root` (the
+    /// root the model was built under).
+    pub fn attach_adapters(&mut self, root: &nn::Path, cfg: &LoraConfig) {
+        for (i, block) in self.blocks.iter_mut().enumerate() {
+            let layer = root / "model" / "layers" / i;
+            let attn = block.attn.projections().map(|(n, p)| ("self_attn", n, p));
+            let mlp = block.mlp.projections().map(|(n, p)| ("mlp", n, p));
+            for (part, name, proj) in attn.into_iter().chain(mlp) {
+                if cfg.targets.iter().any(|t| t == name) {
+                    proj.attach(&layer / part / name, cfg);
+                }
+            }
+        }
+    }
+
+    /// Folds every adapter into its base weight and restarts it from zero.
+    pub fn merge_adapters(&mut self) {
+        for block in &mut self.blocks {
+            let attn = block.attn.projections().map(|(_, p)| p);
+            let mlp = block.mlp.projections().map(|(_, p)| p);
+            for proj in attn.into_iter().chain(mlp) {
+                proj.merge();
+            }
+        }
+    }
+
+    /// The same frozen weights (shared, not copied) with no adapters: the LoRA policy's KL
+    /// reference.
+    pub fn base_only(&self) -> Self {
+        Transformer {
+            config: self.config.clone(),
+            embed: self.embed.shallow_clone(),
+            blocks: self
+                .blocks
+                .iter()
+                .map(|b| Block {
+                    input_norm: b.input_norm.shared(),
+                    attn: b.attn.base_only(),
+                    post_norm: b.post_norm.shared(),
+                    mlp: b.mlp.base_only(),
+                })
+                .collect(),
+            norm: self.norm.shared(),
+            lm_head: self.lm_head.as_ref().map(|h| nn::Linear {
+                ws: h.ws.shallow_clone(),
+                bs: h.bs.as_ref().map(Tensor::shallow_clone),
+            }),
+            rope: self.rope.shared(),
+        }
     }
 
     /// Final hidden states [B, T, hidden] for `input_ids` [B, T] at `positions` [B, T].

@@ -10,7 +10,7 @@
 use super::rollout::WorkloadState;
 use super::update::optim::Optimizer;
 use crate::engine::SamplingParams;
-use crate::model::{Model, ValueModel};
+use crate::model::{Model, ModelOptions, ValueModel};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use skein_text::Tokenizer;
@@ -21,6 +21,10 @@ use tch::Tensor;
 pub const STATE_FILE: &str = "trainer_state.json";
 const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 const REFERENCE_DIR: &str = "reference";
+/// With LoRA: the frozen base the adapters train on, and the adapters in PEFT's layout (the
+/// checkpoint's own model files hold the two merged, for anything that loads the policy).
+pub const BASE_DIR: &str = "base";
+pub const ADAPTER_DIR: &str = "adapter";
 const CRITIC_FILE: &str = "critic.safetensors";
 const CRITIC_OPTIMIZER_FILE: &str = "critic_optimizer.safetensors";
 
@@ -77,13 +81,29 @@ pub fn save_model_dir(
     Ok(())
 }
 
+/// [`save_model_dir`], and with LoRA the frozen base (`base/`) and the adapters in PEFT's
+/// layout (`adapter/`) beside the merged model.
+pub fn save_policy_dir(
+    policy: &Model,
+    tokenizer: &Tokenizer,
+    sampling: &SamplingParams,
+    dir: &Path,
+) -> Result<()> {
+    save_model_dir(policy, tokenizer, sampling, dir)?;
+    if policy.options.lora.enabled() {
+        policy.save_base_dir(&dir.join(BASE_DIR))?;
+        policy.save_adapter(&dir.join(ADAPTER_DIR), BASE_DIR)?;
+    }
+    Ok(())
+}
+
 /// Writes a resumable checkpoint at `dir`, atomically.
 pub fn save(dir: &Path, s: &Snapshot) -> Result<()> {
     let tmp = dir.with_extension("tmp");
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).with_context(|| format!("removing {}", tmp.display()))?;
     }
-    save_model_dir(s.policy, s.tokenizer, s.sampling, &tmp)?;
+    save_policy_dir(s.policy, s.tokenizer, s.sampling, &tmp)?;
     write_tensors(&s.optimizer.state(), &tmp.join(OPTIMIZER_FILE))?;
     if let Some(reference) = s.reference {
         reference.save_dir(&tmp.join(REFERENCE_DIR))?;
@@ -147,10 +167,10 @@ pub struct Restore {
 impl Loaded {
     /// Reads every file of the checkpoint at `dir`; any that is missing or damaged is an error
     /// naming it.
-    pub fn read(dir: &Path, device: tch::Device) -> Result<Loaded> {
+    pub fn read(dir: &Path, device: tch::Device, options: &ModelOptions) -> Result<Loaded> {
         let state = load_state(dir)?;
         let tokenizer = Tokenizer::from_dir(dir)?;
-        let policy = Model::load_dir(dir, device)?;
+        let policy = read_policy(dir, device, options)?;
         let optimizer = read_tensors(&dir.join(OPTIMIZER_FILE))?;
         let reference_dir = dir.join(REFERENCE_DIR);
         let reference = reference_dir
@@ -179,9 +199,32 @@ impl Loaded {
     }
 }
 
+/// The policy of a checkpoint: its model files, or with LoRA its base and adapters.
+fn read_policy(dir: &Path, device: tch::Device, options: &ModelOptions) -> Result<Model> {
+    let (base, adapter) = (dir.join(BASE_DIR), dir.join(ADAPTER_DIR));
+    match (options.lora.enabled(), base.is_dir()) {
+        (false, false) => Model::load_dir_with(dir, options, device),
+        (true, true) => {
+            let policy = Model::load_dir_with(&base, options, device)?;
+            policy.load_adapter(&adapter)?;
+            Ok(policy)
+        }
+        (true, false) => bail!(
+            "{} has no LoRA base and adapters (its run trained every weight): resume with \
+             `lora.rank = 0`",
+            dir.display()
+        ),
+        (false, true) => bail!(
+            "{} holds LoRA adapters (its run trained with `lora.rank` > 0): resume with the \
+             run's [lora] settings",
+            dir.display()
+        ),
+    }
+}
+
 /// The newest checkpoint of `run_dir` that reads whole. A damaged newer one is reported and
 /// passed over, so a resume falls back to the newest intact checkpoint and says so.
-pub fn load_newest(run_dir: &Path, device: tch::Device) -> Result<Loaded> {
+pub fn load_newest(run_dir: &Path, device: tch::Device, options: &ModelOptions) -> Result<Loaded> {
     let all = numbered(run_dir)?;
     if all.is_empty() {
         bail!(
@@ -193,7 +236,7 @@ pub fn load_newest(run_dir: &Path, device: tch::Device) -> Result<Loaded> {
     }
     let mut damaged = Vec::new();
     for (_, dir) in all.iter().rev() {
-        match Loaded::read(dir, device) {
+        match Loaded::read(dir, device, options) {
             Ok(loaded) => {
                 if !damaged.is_empty() {
                     eprintln!(

@@ -237,7 +237,7 @@ fn finish(mut t: Trainer, interrupted: bool) -> Result<RunSummary> {
         t.eval_before.accuracy
     );
     let ckpt = dir.join("checkpoint");
-    checkpoint::save_model_dir(&t.policy, &t.tokenizer, &t.sampling, &ckpt)?;
+    checkpoint::save_policy_dir(&t.policy, &t.tokenizer, &t.sampling, &ckpt)?;
     let plot = skein_report::plot_run_dir(&dir, None)?;
     eprintln!(
         "skein: checkpoint {} (HF layout), curves {}",

@@ -133,7 +133,7 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
     // The task, the policy and the rollout source.
     let tasks = Tasks::from_config(cfg)?;
     let task_name = tasks.name().to_string();
-    let (tokenizer, policy, restore) = match loaded {
+    let (tokenizer, mut policy, restore) = match loaded {
         Some(l) => (l.tokenizer, l.policy, Some(l.rest)),
         None => {
             let (t, p) = build_policy(cfg, tasks.alphabet(), tasks.min_positions(), device)?;
@@ -161,6 +161,7 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
                 let s = &cfg.sft;
                 sft::warm_up(&policy, s.steps, s.batch_size, s.lr, &mut demo, &mut log)?;
             }
+            lora_after_warm_up(cfg, &mut policy)?;
             publish_weights(&engine, &policy, &tokenizer, &sampling, &run_dir.path)?;
             let ctx = StepContext::new(&engine, &policy, &tokenizer, &sampling);
             let eval_before = measure_before(workload.as_ref(), &ctx, &mut log)?;
@@ -190,7 +191,7 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
 
     // Data-parallel ranks beyond the first, for the policy and the critic: built after
     // everything else that draws random numbers (each step reseeds the generator anyway).
-    dp.announce_models(&policy.net.config, critic.is_some())?;
+    dp.announce_models(&policy.net.config, &policy.options, critic.is_some())?;
     let policy_ranks = dp.backend(&policy)?;
     let critic = match critic {
         Some((model, opt)) => Some(Critic::new(cfg, &dp, model, opt)?),
@@ -274,7 +275,8 @@ impl Trainer<'_> {
             tokenizer: &self.tokenizer,
             sampling: &self.sampling,
             optimizer: &self.opt,
-            reference: self.reference.as_ref(),
+            // LoRA's reference is the policy's base, saved with the policy.
+            reference: self.reference.as_ref().filter(|_| !self.cfg.lora.enabled()),
             critic: self.critic.as_ref().map(|c| (&c.model, &c.opt)),
             state: &state,
         };
@@ -293,7 +295,7 @@ fn run_dir_and_checkpoint(
     Ok(match begin {
         Begin::Resume => {
             let dir = RunDir::for_resume(cfg)?;
-            let loaded = checkpoint::load_newest(&dir.path, device)?;
+            let loaded = checkpoint::load_newest(&dir.path, device, &cfg.model_options())?;
             (dir, Some(loaded))
         }
         Begin::New => (RunDir::for_new_run(cfg, false)?, None),
@@ -399,7 +401,10 @@ fn update_models(
     mut restore: Option<&mut Restore>,
 ) -> Result<UpdateModels> {
     let device = policy.vs.device();
-    let reference = if cfg.algorithm.kl_coef > 0.0 {
+    let reference = if cfg.algorithm.kl_coef > 0.0 && cfg.lora.enabled() {
+        // The frozen base is the reference: no second copy of the model.
+        Some(policy.base_only())
+    } else if cfg.algorithm.kl_coef > 0.0 {
         Some(match restore.as_deref_mut() {
             Some(r) => r.reference.take().with_context(|| {
                 format!(
@@ -480,6 +485,18 @@ fn publish_weights(
     Ok(())
 }
 
+/// RL's adapters, and its KL reference, start from the warmed-up model: a model built from
+/// scratch (nothing pretrained for an adapter to adapt) trained every weight in the warm-up
+/// and gets its adapters now; a loaded one trained its adapters, which fold into its base.
+fn lora_after_warm_up(cfg: &TrainConfig, policy: &mut Model) -> Result<()> {
+    if cfg.model.path.is_empty() {
+        policy.adapt(&cfg.model_options())
+    } else {
+        policy.merge_adapters();
+        Ok(())
+    }
+}
+
 /// The policy: a model directory, or a from-scratch model over a character-level tokenizer of
 /// the task's `alphabet` with at least `min_positions` positions.
 fn build_policy(
@@ -494,11 +511,13 @@ fn build_policy(
             tokenizer.vocab_size(),
             cfg.model.max_positions.max(min_positions),
         );
+        // Trained in full by the warm-up; LoRA's adapters come after it.
         let model = Model::random(&mc, device, cfg.run.seed as i64)?;
         Ok((tokenizer, model))
     } else {
         let path = Path::new(&cfg.model.path);
         let tokenizer = Tokenizer::from_dir(path)?;
-        Ok((tokenizer, Model::load_dir(path, device)?))
+        let model = Model::load_dir_with(path, &cfg.model_options(), device)?;
+        Ok((tokenizer, model))
     }
 }

@@ -28,6 +28,8 @@ pub struct TrainConfig {
     pub rollout: RolloutConfig,
     pub algorithm: AlgorithmConfig,
     pub trainer: TrainerConfig,
+    /// LoRA adapters on a frozen base (`lora.rank` > 0) instead of training every weight.
+    pub lora: crate::model::LoraConfig,
     pub optim: OptimConfig,
     pub eval: EvalConfig,
     /// What each step's trajectory file keeps (`RUN_DIR/trajectories/`, read by `skein view`).
@@ -146,6 +148,20 @@ pub struct ModelSection {
     pub num_kv_heads: usize,
     pub intermediate_size: usize,
     pub max_positions: usize,
+    /// Dtype of the frozen weights and of the forward: "float32", "bfloat16", or "float16"
+    /// (CUDA only). Anything but float32 needs LoRA (`lora.rank` > 0): adapters, optimizer
+    /// moments, the loss and the log-softmax stay float32.
+    pub dtype: crate::model::Dtype,
+}
+
+impl TrainConfig {
+    /// How the policy's weights are held: `model.dtype` and `[lora]`.
+    pub fn model_options(&self) -> crate::model::ModelOptions {
+        crate::model::ModelOptions {
+            dtype: self.model.dtype,
+            lora: self.lora.clone(),
+        }
+    }
 }
 
 impl ModelSection {
@@ -177,6 +193,7 @@ impl Default for ModelSection {
             num_kv_heads: 2,
             intermediate_size: 512,
             max_positions: 64,
+            dtype: Default::default(),
         }
     }
 }

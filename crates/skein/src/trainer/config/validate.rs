@@ -222,6 +222,10 @@ fn validate_trainer(cfg: &TrainConfig, v: &mut Validator) {
 /// `[model]` of a from-scratch model: shapes that fit together and room for a response.
 fn validate_model(cfg: &TrainConfig, v: &mut Validator) {
     let m = &cfg.model;
+    let device = cfg.run.device().unwrap_or(tch::Device::Cpu);
+    if let Err(e) = cfg.model_options().check(device) {
+        v.problem(e.to_string());
+    }
     if m.path.is_empty() {
         // Each size names itself when it is zero; the divisibility rules only apply to sizes
         // that are not, so a zero is never blamed on another key.

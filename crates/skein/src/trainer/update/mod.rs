@@ -308,8 +308,12 @@ fn serve_rank(group: &ranks::mpi::MpiGroup, device: tch::Device) -> Result<()> {
         let (command, payload) = group.receive_command()?;
         match command {
             Command::Stop => return Ok(()),
-            Command::Models { config, critic } => {
-                let policy = Model::random(&config, device, 0)
+            Command::Models {
+                config,
+                options,
+                critic,
+            } => {
+                let policy = Model::random_with(&config, &options, device, 0)
                     .with_context(|| format!("rank {rank}: building the policy"))?;
                 let critic = critic
                     .then(|| ValueModel::new(&config, device))

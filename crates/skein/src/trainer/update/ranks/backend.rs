@@ -3,7 +3,7 @@
 //! whole training loop) or a rank that only serves updates.
 
 use super::{Job, PassSums, Ranks, RanksOut, Replica, Replicas};
-use crate::model::ModelConfig;
+use crate::model::{ModelConfig, ModelOptions};
 use crate::trainer::config::{DpBackend, TrainConfig};
 use anyhow::Result;
 
@@ -50,14 +50,19 @@ impl DataParallel {
     /// Tells an MPI job's other ranks the shapes of the models this run trains (they build
     /// their copies from it); nothing to do for thread ranks. Once, on rank 0, before the
     /// first update.
-    pub fn announce_models(&self, config: &ModelConfig, critic: bool) -> Result<()> {
+    pub fn announce_models(
+        &self,
+        config: &ModelConfig,
+        options: &ModelOptions,
+        critic: bool,
+    ) -> Result<()> {
         match self {
             DataParallel::Threads { .. } => {
-                let _ = (config, critic);
+                let _ = (config, options, critic);
                 Ok(())
             }
             #[cfg(feature = "mpi")]
-            DataParallel::Mpi(group) => group.announce_models(config, critic),
+            DataParallel::Mpi(group) => group.announce_models(config, options, critic),
         }
     }
 

@@ -44,7 +44,7 @@ impl Replica for Model {
         &mut self.vs
     }
     fn same_shape(&self, device: Device) -> Result<Self> {
-        Model::random(&self.net.config, device, 0)
+        Model::random_with(&self.net.config, &self.options, device, 0)
     }
 }
 

@@ -14,7 +14,7 @@ use super::wire::encode_rows;
 use super::{
     check_plan, fingerprint, tensor_bytes, zero_grads, Job, PassSums, Ranks, RanksOut, Replica,
 };
-use crate::model::ModelConfig;
+use crate::model::{ModelConfig, ModelOptions};
 use crate::trainer::batch::RowPlan;
 use anyhow::{bail, Context, Result};
 use mpi::collective::SystemOperation;
@@ -46,6 +46,7 @@ pub enum Command {
     /// The shapes of the models this run trains.
     Models {
         config: Box<ModelConfig>,
+        options: ModelOptions,
         critic: bool,
     },
     /// The pass's settings as the update encoded them (see `update::PassKind`).
@@ -89,9 +90,15 @@ impl MpiGroup {
     }
 
     /// Rank 0 tells every other rank the shapes of the models it trains.
-    pub fn announce_models(&self, config: &ModelConfig, critic: bool) -> Result<()> {
+    pub fn announce_models(
+        &self,
+        config: &ModelConfig,
+        options: &ModelOptions,
+        critic: bool,
+    ) -> Result<()> {
         let models = Command::Models {
             config: Box::new(config.clone()),
+            options: options.clone(),
             critic,
         };
         self.send_command(&models, &[])
@@ -141,9 +148,15 @@ impl MpiGroup {
         }
     }
 
-    /// Every rank gets rank 0's weights, bit for bit.
-    fn broadcast_weights(&self, vs: &nn::VarStore) {
-        let mut vars = crate::model::sorted_variables(vs);
+    /// Every rank gets rank 0's weights, bit for bit: all of them, or (between mini-batches,
+    /// where only an optimizer step changed them) the trainable ones, so a frozen LoRA base
+    /// crosses once per update.
+    fn broadcast_weights(&self, vs: &nn::VarStore, all: bool) {
+        let mut vars = if all {
+            crate::model::sorted_variables(vs)
+        } else {
+            crate::model::sorted_trainable(vs)
+        };
         let mut buf = if self.is_root() {
             vars.iter().flat_map(|(_, t)| tensor_bytes(t)).collect()
         } else {
@@ -283,7 +296,7 @@ impl MpiGroup {
         M: Replica,
         F: Fn(&M, &[usize], &mut PassSums) -> f64,
     {
-        self.broadcast_weights(model.vars());
+        self.broadcast_weights(model.vars(), true);
         let rank = self.rank();
         for _ in 0..epochs {
             for mini_batch in plan {
@@ -297,7 +310,7 @@ impl MpiGroup {
                 let secs = t.elapsed().as_secs_f64();
                 self.reduce_grads(model.vars());
                 self.gather_stats(loss, &sums, secs);
-                self.broadcast_weights(model.vars());
+                self.broadcast_weights(model.vars(), false);
             }
         }
         self.check_in_sync(model.vars())
@@ -342,7 +355,7 @@ impl<M: Replica> Ranks<M> for MpiRanks {
         };
         self.group.send_command(&update, &encode_rows(job.rows))?;
         self.group.in_update.set(true);
-        self.group.broadcast_weights(model.vars());
+        self.group.broadcast_weights(model.vars(), true);
         Ok(())
     }
 
@@ -361,7 +374,7 @@ impl<M: Replica> Ranks<M> for MpiRanks {
     }
 
     fn sync(&mut self, model: &M) -> Result<()> {
-        self.group.broadcast_weights(model.vars());
+        self.group.broadcast_weights(model.vars(), false);
         Ok(())
     }
 

@@ -108,10 +108,19 @@ impl<M: Replica> Ranks<M> for Replicas<M> {
         Ok(RanksOut::from_ranks(results))
     }
 
+    /// Copies the trainable weights: only an optimizer step changed anything since `new`.
     fn sync(&mut self, model: &M) -> Result<()> {
-        for m in &mut self.models {
-            m.vars_mut().copy(model.vars())?;
-        }
+        let src = crate::model::sorted_trainable(model.vars());
+        tch::no_grad(|| {
+            for m in &mut self.models {
+                for ((_, mut dst), (_, s)) in crate::model::sorted_trainable(m.vars())
+                    .into_iter()
+                    .zip(&src)
+                {
+                    dst.copy_(s);
+                }
+            }
+        });
         Ok(())
     }
 

@@ -1,0 +1,344 @@
+//! LoRA: a trainable low-rank update `scale · B·A` beside a frozen projection `W`, so a
+//! model trains `rank · (in + out)` numbers per projection instead of `in · out`, and needs
+//! gradients and optimizer moments for those alone.
+//!
+//! Names follow PEFT: the adapter of `model.layers.0.self_attn.q_proj` is
+//! `model.layers.0.self_attn.q_proj.lora_A.weight` [rank, in] and `….lora_B.weight`
+//! [out, rank], with `scale = alpha / rank`. `B` starts at zero, so a fresh adapter leaves the
+//! model exactly as it was; the base alone (adapters off) is the KL reference.
+
+use anyhow::{bail, Result};
+use serde::{Deserialize, Serialize};
+use tch::nn::{self, Module};
+use tch::{Kind, Tensor};
+
+/// The projections LoRA can adapt, by their Hugging Face names.
+pub const TARGETS: [&str; 7] = [
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+];
+
+/// `[lora]`: which projections get adapters, and their shape.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoraConfig {
+    /// Rank of each adapter; 0 trains every weight instead (full fine-tuning).
+    pub rank: usize,
+    /// The update is scaled by `alpha / rank`.
+    pub alpha: f64,
+    /// Dropout on an adapter's input during training (PEFT's `lora_dropout`).
+    pub dropout: f64,
+    /// Projections that get an adapter, among q/k/v/o_proj and gate/up/down_proj.
+    pub targets: Vec<String>,
+}
+
+impl Default for LoraConfig {
+    fn default() -> Self {
+        LoraConfig {
+            rank: 0,
+            alpha: 16.0,
+            dropout: 0.0,
+            targets: TARGETS.iter().map(|t| t.to_string()).collect(),
+        }
+    }
+}
+
+impl LoraConfig {
+    pub fn enabled(&self) -> bool {
+        self.rank > 0
+    }
+
+    pub fn scale(&self) -> f64 {
+        self.alpha / self.rank as f64
+    }
+
+    /// An error naming the key for values LoRA cannot use.
+    pub fn check(&self) -> Result<()> {
+        if let Some(t) = self.targets.iter().find(|t| !TARGETS.contains(&t.as_str())) {
+            bail!(
+                "`lora.targets` has `{t}`: allowed are {}",
+                TARGETS.join(", ")
+            );
+        }
+        if self.enabled() && self.targets.is_empty() {
+            bail!(
+                "`lora.targets` is empty: name at least one of {}",
+                TARGETS.join(", ")
+            );
+        }
+        if !(self.alpha.is_finite() && self.alpha > 0.0) {
+            bail!("`lora.alpha` must be a positive number, not {}", self.alpha);
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            bail!("`lora.dropout` must be in [0, 1), not {}", self.dropout);
+        }
+        Ok(())
+    }
+}
+
+/// The trainable pair of one projection, in float32 whatever the base's dtype.
+struct Adapter {
+    a: Tensor,
+    b: Tensor,
+    scale: f64,
+    dropout: f64,
+}
+
+/// A linear projection of the decoder, with an optional adapter.
+pub struct Projection {
+    base: nn::Linear,
+    adapter: Option<Adapter>,
+}
+
+impl Projection {
+    /// `nn::linear` under `p` (same names and initialisation), no adapter yet.
+    pub fn new(p: nn::Path, input: i64, output: i64, bias: bool) -> Self {
+        let c = nn::LinearConfig {
+            bias,
+            ..Default::default()
+        };
+        Projection {
+            base: nn::linear(p, input, output, c),
+            adapter: None,
+        }
+    }
+
+    /// Gives the projection an adapter under `p` (the projection's own path): `A` drawn as
+    /// PEFT draws it (Kaiming-uniform, bound 1/√in), `B` zero.
+    pub fn attach(&mut self, p: nn::Path, cfg: &LoraConfig) {
+        let (output, input) = self.base.ws.size2().expect("a projection weight is 2-d");
+        let (rank, device) = (cfg.rank as i64, p.device());
+        let bound = 1.0 / (input as f64).sqrt();
+        let a = Tensor::zeros([rank, input], (Kind::Float, device)).uniform_(-bound, bound);
+        let b = Tensor::zeros([output, rank], (Kind::Float, device));
+        self.adapter = Some(Adapter {
+            a: (&p / "lora_A").add("weight", a, true),
+            b: (&p / "lora_B").add("weight", b, true),
+            scale: cfg.scale(),
+            dropout: cfg.dropout,
+        });
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        let y = self.base.forward(x);
+        let Some(ad) = &self.adapter else {
+            return y;
+        };
+        let at = ad.a.tr();
+        // A view records gradients only while autograd is on: dropout applies while training,
+        // not while sampling or recomputing log-probs.
+        let training = at.requires_grad();
+        let xf = x.to_kind(Kind::Float);
+        let xf = if ad.dropout > 0.0 && training {
+            xf.dropout(ad.dropout, true)
+        } else {
+            xf
+        };
+        let delta = xf.matmul(&at).matmul(&ad.b.tr()) * ad.scale;
+        let kind = y.kind();
+        y + delta.to_kind(kind)
+    }
+
+    /// The same frozen weights (shared, not copied) without the adapter.
+    pub fn base_only(&self) -> Self {
+        Projection {
+            base: nn::Linear {
+                ws: self.base.ws.shallow_clone(),
+                bs: self.base.bs.as_ref().map(Tensor::shallow_clone),
+            },
+            adapter: None,
+        }
+    }
+
+    /// Folds the adapter into the base weight (`W += scale · B·A`, rounded to `W`'s dtype) and
+    /// starts the adapter again from zero, so the model computes what it did before.
+    pub fn merge(&mut self) {
+        let Some(ad) = &mut self.adapter else {
+            return;
+        };
+        tch::no_grad(|| {
+            let delta = ad.b.matmul(&ad.a) * ad.scale;
+            let _ = self.base.ws.g_add_(&delta.to_kind(self.base.ws.kind()));
+            let _ = ad.b.zero_();
+        });
+    }
+}
+
+/// Whether a variable name is an adapter's (`….lora_A.weight`, `….lora_B.weight`).
+pub fn is_adapter(name: &str) -> bool {
+    name.contains(".lora_A.") || name.contains(".lora_B.")
+}
+
+/// The adapter variables of a projection weight `….q_proj.weight`: (`lora_A`, `lora_B`).
+pub fn adapter_names(weight: &str) -> Option<(String, String)> {
+    let projection = weight.strip_suffix(".weight")?;
+    Some((
+        format!("{projection}.lora_A.weight"),
+        format!("{projection}.lora_B.weight"),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Dtype, Model, ModelConfig, ModelOptions};
+    use tch::Device;
+
+    fn lora(rank: usize) -> ModelOptions {
+        ModelOptions {
+            lora: LoraConfig {
+                rank,
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    fn config() -> ModelConfig {
+        ModelConfig::tiny_qwen2(40, 32, 2, 4, 2, 64, 32)
+    }
+
+    fn ids() -> Tensor {
+        Tensor::from_slice(&[3i64, 7, 1, 9, 22, 5, 30, 2]).view([2, 4])
+    }
+
+    /// Gives every adapter's `B` random values, so adapters change the output.
+    fn perturb(model: &Model) {
+        tch::no_grad(|| {
+            for (name, mut t) in model.vs.variables() {
+                if name.contains(".lora_B.") {
+                    t.copy_(&(t.randn_like() * 0.05));
+                }
+            }
+        });
+    }
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+        (a - b).abs().max().double_value(&[])
+    }
+
+    #[test]
+    fn only_adapters_train_and_fresh_ones_change_nothing() {
+        let adapted = Model::random_with(&config(), &lora(4), Device::Cpu, 1).unwrap();
+        // Copied, not drawn from the same seed: tests share libtorch's generator.
+        let mut plain = Model::random(&config(), Device::Cpu, 1).unwrap();
+        plain.vs.copy(&adapted.vs).unwrap();
+        let trainable = crate::model::sorted_trainable(&adapted.vs);
+        // 2 layers × 7 projections × (A, B).
+        assert_eq!(trainable.len(), 28);
+        assert!(
+            trainable.iter().all(|(n, _)| is_adapter(n)),
+            "{trainable:?}"
+        );
+        let x = ids();
+        assert!(max_diff(&plain.net.forward(&x), &adapted.net.forward(&x)) == 0.0);
+
+        perturb(&adapted);
+        adapted.net.forward(&x).sum(Kind::Float).backward();
+        for (name, t) in adapted.vs.variables() {
+            assert_eq!(t.grad().defined(), is_adapter(&name), "{name}");
+        }
+    }
+
+    #[test]
+    fn the_base_view_is_the_model_without_adapters_and_shares_its_weights() {
+        let adapted = Model::random_with(&config(), &lora(4), Device::Cpu, 2).unwrap();
+        let before = adapted.net.forward(&ids());
+        perturb(&adapted);
+        let base = adapted.base_only();
+        assert!(max_diff(&base.net.forward(&ids()), &before) == 0.0);
+        assert!(max_diff(&adapted.net.forward(&ids()), &before) > 1e-4);
+        assert!(base.vs.variables().is_empty(), "nothing is copied");
+    }
+
+    #[test]
+    fn merged_files_and_peft_adapters_reproduce_the_adapted_model() {
+        let dir = std::env::temp_dir().join(format!("skein-lora-{}", std::process::id()));
+        let mut adapted = Model::random_with(&config(), &lora(4), Device::Cpu, 3).unwrap();
+        perturb(&adapted);
+        let want = adapted.net.forward(&ids());
+
+        adapted.save_dir(&dir.join("merged")).unwrap();
+        let merged = Model::load_dir(&dir.join("merged"), Device::Cpu).unwrap();
+        assert!(max_diff(&merged.net.forward(&ids()), &want) < 1e-5);
+
+        adapted.save_base_dir(&dir.join("base")).unwrap();
+        adapted.save_adapter(&dir.join("adapter"), "base").unwrap();
+        let again = Model::load_dir_with(&dir.join("base"), &lora(4), Device::Cpu).unwrap();
+        again.load_adapter(&dir.join("adapter")).unwrap();
+        assert!(max_diff(&again.net.forward(&ids()), &want) == 0.0);
+        let wrong = Model::load_dir_with(&dir.join("base"), &lora(8), Device::Cpu).unwrap();
+        let err = wrong.load_adapter(&dir.join("adapter")).unwrap_err();
+        assert!(err.to_string().contains("rank 4"), "{err}");
+
+        adapted.merge_adapters();
+        assert!(max_diff(&adapted.net.forward(&ids()), &want) < 1e-5);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// bfloat16 weights hold half the bytes and keep float32 adapters; the log-probs they give
+    /// stay close to float32's (printed: the agreement the README quotes).
+    #[test]
+    fn a_bfloat16_base_keeps_float32_adapters_and_close_log_probs() {
+        let f32_model = Model::random_with(&config(), &lora(4), Device::Cpu, 4).unwrap();
+        perturb(&f32_model);
+        let bf16 = ModelOptions {
+            dtype: Dtype::Bfloat16,
+            ..lora(4)
+        };
+        let mut bf16_model = Model::random_with(&config(), &bf16, Device::Cpu, 9).unwrap();
+        tch::no_grad(|| bf16_model.vs.copy(&f32_model.vs)).unwrap();
+        for (name, t) in bf16_model.vs.variables() {
+            let want = if is_adapter(&name) {
+                Kind::Float
+            } else {
+                Kind::BFloat16
+            };
+            assert_eq!(t.kind(), want, "{name}");
+        }
+        let logp = |m: &Model| {
+            m.net
+                .forward(&ids())
+                .to_kind(Kind::Float)
+                .log_softmax(-1, Kind::Float)
+        };
+        let d = (logp(&bf16_model) - logp(&f32_model)).abs();
+        let (max, mean) = (
+            d.max().double_value(&[]),
+            d.mean(Kind::Float).double_value(&[]),
+        );
+        println!("bfloat16 vs float32 log-probs: max |Δ| {max:.4}, mean |Δ| {mean:.5}");
+        assert!(max < 0.1 && mean < 0.02, "max {max}, mean {mean}");
+    }
+
+    #[test]
+    fn bad_settings_name_their_key() {
+        let mut cfg = LoraConfig {
+            rank: 8,
+            targets: vec!["q_proj".into(), "lm_head".into()],
+            ..Default::default()
+        };
+        assert!(cfg
+            .check()
+            .unwrap_err()
+            .to_string()
+            .contains("`lora.targets` has `lm_head`"));
+        cfg.targets = vec![];
+        assert!(cfg
+            .check()
+            .unwrap_err()
+            .to_string()
+            .contains("`lora.targets` is empty"));
+        let bf16_full = ModelOptions {
+            dtype: Dtype::Bfloat16,
+            ..Default::default()
+        };
+        let err = bf16_full.check(Device::Cpu).unwrap_err().to_string();
+        assert!(err.contains("`lora.rank`"), "{err}");
+    }
+}

@@ -1,0 +1,73 @@
+//! How a model's weights are held: their dtype, and whether LoRA adapters train on a frozen
+//! base. Replicas of a model (data-parallel ranks) are built with the same options.
+
+use super::lora::LoraConfig;
+use anyhow::{bail, Result};
+use serde::{Deserialize, Serialize};
+use tch::{Device, Kind};
+
+/// `model.dtype`: the dtype of the frozen weights and of the forward.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    #[default]
+    Float32,
+    Bfloat16,
+    Float16,
+}
+
+impl Dtype {
+    pub fn kind(self) -> Kind {
+        match self {
+            Dtype::Float32 => Kind::Float,
+            Dtype::Bfloat16 => Kind::BFloat16,
+            Dtype::Float16 => Kind::Half,
+        }
+    }
+
+    pub fn bytes(self) -> f64 {
+        match self {
+            Dtype::Float32 => 4.0,
+            Dtype::Bfloat16 | Dtype::Float16 => 2.0,
+        }
+    }
+}
+
+/// The options a model is built with.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ModelOptions {
+    pub dtype: Dtype,
+    pub lora: LoraConfig,
+}
+
+impl ModelOptions {
+    /// An error naming the key for a combination that cannot train.
+    pub fn check(&self, device: Device) -> Result<()> {
+        self.lora.check()?;
+        if self.dtype != Dtype::Float32 && !self.lora.enabled() {
+            bail!(
+                "`model.dtype = \"{}\"` holds frozen weights in low precision, and full \
+                 fine-tuning freezes none: set `lora.rank` (e.g. 16) to train adapters on a \
+                 low-precision base, or keep `model.dtype = \"float32\"`",
+                self.dtype.name()
+            );
+        }
+        if self.dtype == Dtype::Float16 && device == Device::Cpu {
+            bail!(
+                "`model.dtype = \"float16\"` needs a CUDA device (`run.device`): the CPU has \
+                 no fast float16 kernels; use \"bfloat16\" on the CPU"
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Dtype {
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::Float32 => "float32",
+            Dtype::Bfloat16 => "bfloat16",
+            Dtype::Float16 => "float16",
+        }
+    }
+}

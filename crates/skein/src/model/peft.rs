@@ -1,0 +1,118 @@
+//! LoRA adapters in PEFT's layout: `adapter_config.json` and `adapter_model.safetensors`
+//! with PEFT's key names (`base_model.model.` + the variable's name), so
+//! `PeftModel.from_pretrained(base, dir)` loads what skein trained, and skein loads PEFT's.
+
+use super::io::{read_safetensors, write_atomic, Model};
+use super::lora::{is_adapter, LoraConfig};
+use anyhow::{bail, Context, Result};
+use serde_json::json;
+use std::collections::HashMap;
+use std::path::Path;
+use tch::Tensor;
+
+pub const CONFIG_FILE: &str = "adapter_config.json";
+pub const WEIGHTS_FILE: &str = "adapter_model.safetensors";
+const PREFIX: &str = "base_model.model.";
+
+/// PEFT's `adapter_config.json` for `cfg`, on the base model at `base`.
+fn config_json(cfg: &LoraConfig, base: &str) -> serde_json::Value {
+    json!({
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base,
+        "r": cfg.rank,
+        "lora_alpha": cfg.alpha,
+        "lora_dropout": cfg.dropout,
+        "target_modules": cfg.targets,
+        "bias": "none",
+        "fan_in_fan_out": false,
+        "inference_mode": true,
+        "init_lora_weights": true,
+        "use_rslora": false,
+        "use_dora": false,
+        "modules_to_save": null,
+        "layers_to_transform": null,
+        "layers_pattern": null,
+        "rank_pattern": {},
+        "alpha_pattern": {},
+        "revision": null
+    })
+}
+
+impl Model {
+    /// Writes the adapters into `dir` in PEFT's layout; `base` names the base model directory
+    /// for `adapter_config.json`.
+    pub fn save_adapter(&self, dir: &Path, base: &str) -> Result<()> {
+        let lora = &self.options.lora;
+        if !lora.enabled() {
+            bail!("the model has no LoRA adapters to save (`lora.rank` is 0)");
+        }
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let config = serde_json::to_string_pretty(&config_json(lora, base))?;
+        write_atomic(&dir.join(CONFIG_FILE), config.as_bytes())?;
+        let named: Vec<(String, Tensor)> = super::sorted_variables(&self.vs)
+            .into_iter()
+            .filter(|(name, _)| is_adapter(name))
+            .map(|(name, t)| (format!("{PREFIX}{name}"), t))
+            .collect();
+        let tmp = dir.join(format!("{WEIGHTS_FILE}.tmp"));
+        Tensor::write_safetensors(&named, &tmp)
+            .with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, dir.join(WEIGHTS_FILE))?;
+        Ok(())
+    }
+
+    /// Reads adapters saved by [`Model::save_adapter`] (or by PEFT) into this model, whose
+    /// LoRA settings must match the adapter's rank and targets.
+    pub fn load_adapter(&self, dir: &Path) -> Result<()> {
+        let config_path = dir.join(CONFIG_FILE);
+        let text = std::fs::read_to_string(&config_path)
+            .with_context(|| format!("reading {}", config_path.display()))?;
+        let saved: serde_json::Value = serde_json::from_str(&text)
+            .with_context(|| format!("parsing {}", config_path.display()))?;
+        let lora = &self.options.lora;
+        if saved["r"].as_u64() != Some(lora.rank as u64) {
+            bail!(
+                "{}: the adapter has rank {}, the run `lora.rank = {}`: use the rank it was \
+                 trained with",
+                config_path.display(),
+                saved["r"],
+                lora.rank
+            );
+        }
+        let tensors: HashMap<String, Tensor> = read_safetensors(&dir.join(WEIGHTS_FILE))?
+            .into_iter()
+            .map(|(name, t)| (name.trim_start_matches(PREFIX).to_string(), t))
+            .collect();
+        let source = dir.join(WEIGHTS_FILE).display().to_string();
+        tch::no_grad(|| {
+            for (name, var) in self.vs.variables() {
+                if !is_adapter(&name) {
+                    continue;
+                }
+                let Some(t) = tensors.get(&name) else {
+                    bail!(
+                        "{source}: no tensor `{PREFIX}{name}` (was the adapter trained with \
+                         other `lora.targets`?)"
+                    );
+                };
+                if t.size() != var.size() {
+                    bail!(
+                        "{source}: `{name}` has shape {:?}, the model {:?}",
+                        t.size(),
+                        var.size()
+                    );
+                }
+                var.shallow_clone().copy_(&t.to_kind(var.kind()));
+            }
+            Ok(())
+        })
+    }
+
+    /// Folds the adapters into the base weights and restarts them from zero: the model
+    /// computes what it did, with the update in its base (`skein export --merge`, and after
+    /// a LoRA warm-up, so RL's adapters and KL reference start from the warmed-up model).
+    pub fn merge_adapters(&mut self) {
+        self.net.merge_adapters();
+    }
+}
