@@ -49,7 +49,7 @@ impl Model {
         ensure_fits(&cfg, options, device).with_context(|| format!("loading {}", dir.display()))?;
         let (vs, net) = build(&cfg, options, device)?;
         let tensors = read_weights(dir)?;
-        copy_named(&vs.variables(), &tensors, &dir.display().to_string())?;
+        copy_named(&vs.variables(), &tensors, &dir.display().to_string(), false)?;
         Ok(Model::with_adapters(vs, net, options))
     }
 
@@ -194,20 +194,22 @@ fn build(
     Ok((vs, net))
 }
 
-/// Copies `tensors` into the same-named `variables` (cast to each variable's dtype); a
-/// missing or misshapen tensor is an error naming `source`.
+/// Copies `tensors` into the same-named `variables` that `adapters` selects (adapter
+/// variables, or base ones), cast to each variable's dtype; a missing or misshapen tensor is
+/// an error naming `source`.
 pub fn copy_named(
     variables: &HashMap<String, Tensor>,
     tensors: &HashMap<String, Tensor>,
     source: &str,
+    adapters: bool,
 ) -> Result<()> {
     tch::no_grad(|| {
         for (name, var) in variables {
-            if super::lora::is_adapter(name) {
+            if super::lora::is_adapter(name) != adapters {
                 continue;
             }
             let Some(t) = tensors.get(name) else {
-                bail!("{source}: the checkpoint has no tensor `{name}`");
+                bail!("{source}: no tensor `{name}` (was it saved from a model of this shape?)");
             };
             if t.size() != var.size() {
                 bail!(

@@ -2,7 +2,7 @@
 //! with PEFT's key names (`base_model.model.` + the variable's name), so
 //! `PeftModel.from_pretrained(base, dir)` loads what skein trained, and skein loads PEFT's.
 
-use super::io::{read_safetensors, write_atomic, Model};
+use super::io::{copy_named, read_safetensors, write_atomic, Model};
 use super::lora::{is_adapter, LoraConfig};
 use anyhow::{bail, Context, Result};
 use serde_json::json;
@@ -85,28 +85,7 @@ impl Model {
             .map(|(name, t)| (name.trim_start_matches(PREFIX).to_string(), t))
             .collect();
         let source = dir.join(WEIGHTS_FILE).display().to_string();
-        tch::no_grad(|| {
-            for (name, var) in self.vs.variables() {
-                if !is_adapter(&name) {
-                    continue;
-                }
-                let Some(t) = tensors.get(&name) else {
-                    bail!(
-                        "{source}: no tensor `{PREFIX}{name}` (was the adapter trained with \
-                         other `lora.targets`?)"
-                    );
-                };
-                if t.size() != var.size() {
-                    bail!(
-                        "{source}: `{name}` has shape {:?}, the model {:?}",
-                        t.size(),
-                        var.size()
-                    );
-                }
-                var.shallow_clone().copy_(&t.to_kind(var.kind()));
-            }
-            Ok(())
-        })
+        copy_named(&self.vs.variables(), &tensors, &source, true)
     }
 
     /// Folds the adapters into the base weights and restarts them from zero: the model
