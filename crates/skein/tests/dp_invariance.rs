@@ -19,7 +19,7 @@
 //! match the dp 1 result within 1e-4 of the largest parameter change: rounding measured here
 //! stays below 1e-5 of it, while the rank-local bug moves parameters by over 1e-1 of it.
 
-use skein::model::{Model, ModelConfig};
+use skein::model::{LoraConfig, Model, ModelConfig, ModelOptions};
 use skein::trainer::batch::{build_step_batch, StepBatch, StepBatchConfig, TrainRow};
 use skein::trainer::config::OffPolicy;
 use skein::trainer::prepare::{prepare, Models, PrepareConfig};
@@ -49,7 +49,8 @@ fn model_config() -> ModelConfig {
 
 fn copy_of(base: &Model) -> Model {
     let _guard = BUILD.lock().unwrap_or_else(|e| e.into_inner());
-    let mut m = Model::random(&model_config(), Device::Cpu, 0).expect("tiny model");
+    let mut m =
+        Model::random_with(&model_config(), &base.options, Device::Cpu, 0).expect("tiny model");
     m.copy_from(base).expect("same shapes");
     m
 }
@@ -262,6 +263,12 @@ fn step(base: &Model, trajs: &[Trajectory], case: Case) -> (Vec<f32>, Vec<usize>
     let mut opt = Optimizer::new(&policy.vs, &optim(), 2).expect("optimizer");
     let stats = ppo_update(&policy, &mut replicas, &mut opt, &batch, &cfg).expect("update");
     assert_eq!(stats.optimizer_steps, 2, "{case:?}: {stats:?}");
+    // Only trainable weights (with LoRA, the adapters) have gradients, on every rank.
+    for m in std::iter::once(&policy).chain(replicas.models()) {
+        for (name, t) in m.vs.variables() {
+            assert_eq!(t.grad().defined(), t.requires_grad(), "{case:?}: {name}");
+        }
+    }
     // Replicas are bit-identical to rank 0 after the step: same checksum, same bits.
     let params = flat(&policy);
     for (r, m) in replicas.models().iter().enumerate() {
@@ -372,5 +379,80 @@ fn a_rank_local_token_mean_makes_the_step_depend_on_dp() {
         // The correct weights at the same layout pass.
         let (ok, _) = step(&base, &trajs, case(dp, false));
         assert!(max_abs_diff(&ok, &right) <= REL_TOL * moved);
+    }
+}
+
+/// With LoRA the same holds for the adapters, which alone move: the frozen base is bit for bit
+/// what it was, on every rank.
+#[test]
+fn lora_adapters_step_alike_for_any_layout_and_the_base_stays_frozen() {
+    tch::set_num_threads(1);
+    let base = {
+        let _guard = BUILD.lock().unwrap_or_else(|e| e.into_inner());
+        let options = ModelOptions {
+            lora: LoraConfig {
+                rank: 2,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        Model::random_with(&model_config(), &options, Device::Cpu, 99).expect("tiny model")
+    };
+    // Adapters that have trained already: with B = 0, A's gradient would be zero.
+    tch::no_grad(|| {
+        for (name, mut t) in base.vs.variables() {
+            if name.contains(".lora_B.") {
+                t.copy_(&(t.randn_like() * 0.1));
+            }
+        }
+    });
+    // Which entries of `flat` belong to the frozen base.
+    let mut vars: Vec<(String, Tensor)> = base.vs.variables().into_iter().collect();
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    let frozen: Vec<bool> = vars
+        .iter()
+        .flat_map(|(n, t)| std::iter::repeat_n(!n.contains(".lora_"), t.numel()))
+        .collect();
+    let base_bits = |p: &[f32]| -> Vec<u32> {
+        p.iter()
+            .zip(&frozen)
+            .filter(|(_, f)| **f)
+            .map(|(x, _)| x.to_bits())
+            .collect()
+    };
+    let start = flat(&base);
+    let trajs = trajectories();
+    let case = Case {
+        mode: LossAggMode::TokenMean,
+        dp: 1,
+        budget: 4096,
+        extra_padding: false,
+        batching: Layout::Padded,
+        old_pass: true,
+        rank_local: false,
+    };
+    let (want, _) = step(&base, &trajs, case);
+    let moved = max_abs_diff(&want, &start);
+    assert!(moved > 1e-3, "the step barely moved ({moved:e})");
+    for dp in [1, 2, 4] {
+        for batching in [Layout::Padded, Layout::Packed, Layout::SharedPrefix] {
+            let case = Case {
+                dp,
+                budget: 48,
+                batching,
+                old_pass: false,
+                ..case
+            };
+            let (got, _) = step(&base, &trajs, case);
+            let diff = max_abs_diff(&got, &want);
+            assert!(
+                diff <= REL_TOL * moved,
+                "{case:?}: {diff:e} (step {moved:e})"
+            );
+            assert!(
+                base_bits(&got) == base_bits(&start),
+                "{case:?}: the base moved"
+            );
+        }
     }
 }
