@@ -92,22 +92,29 @@ fn rl_steps(dir: &Path) -> Vec<serde_json::Map<String, Value>> {
         .collect()
 }
 
-#[test]
-fn a_killed_run_resumes_exactly() {
-    let whole = run_dir("whole");
-    let cfg = write_config(&whole);
-    let set_dir = format!("run.dir={}", whole.display());
-    let status = skein(&["train", "--config", &cfg, "--set", &set_dir])
-        .status()
-        .unwrap();
-    assert!(status.success());
+/// A whole run, and the same run killed (SIGKILL) after a checkpoint and resumed; `sets` are
+/// extra `--set`s for both. Returns both directories and the step the resume started from.
+fn whole_and_resumed(name: &str, sets: &[&str]) -> (PathBuf, PathBuf, usize) {
+    let run = |dir: &Path| {
+        let cfg = write_config(dir);
+        let mut args = vec![
+            "train".to_string(),
+            "--config".into(),
+            cfg,
+            "--set".into(),
+            format!("run.dir={}", dir.display()),
+        ];
+        for s in sets {
+            args.extend(["--set".to_string(), s.to_string()]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        skein(&args)
+    };
+    let whole = run_dir(&format!("{name}-whole"));
+    assert!(run(&whole).status().unwrap().success());
 
-    let cut = run_dir("cut");
-    let cfg = write_config(&cut);
-    let set_dir = format!("run.dir={}", cut.display());
-    let mut child = skein(&["train", "--config", &cfg, "--set", &set_dir])
-        .spawn()
-        .unwrap();
+    let cut = run_dir(&format!("{name}-cut"));
+    let mut child = run(&cut).spawn().unwrap();
     let started = Instant::now();
     while !cut.join("checkpoint-3/trainer_state.json").exists() {
         assert!(
@@ -127,6 +134,31 @@ fn a_killed_run_resumes_exactly() {
     } else {
         3
     };
+    let cut_str = cut.display().to_string();
+    let status = skein(&["train", "--resume", &cut_str]).status().unwrap();
+    assert!(status.success());
+    (whole, cut, from)
+}
+
+/// Every [`EXACT`] metric of every step is the same in both runs.
+fn assert_same_steps(whole: &Path, cut: &Path) {
+    let (a, b) = (rl_steps(whole), rl_steps(cut));
+    assert_eq!(a.len(), 8);
+    assert_eq!(
+        b.len(),
+        8,
+        "metrics.jsonl keeps the checkpoint's steps and gets the rest once"
+    );
+    for (x, y) in a.iter().zip(&b) {
+        for key in EXACT {
+            assert_eq!(x.get(*key), y.get(*key), "step {}: `{key}`", x["step"]);
+        }
+    }
+}
+
+#[test]
+fn a_killed_run_resumes_exactly() {
+    let (whole, cut, from) = whole_and_resumed("full", &[]);
     let state: Value = serde_json::from_str(
         &std::fs::read_to_string(cut.join(format!("checkpoint-{from}/trainer_state.json")))
             .unwrap(),
@@ -140,23 +172,8 @@ fn a_killed_run_resumes_exactly() {
         .filter(|s| s.get("Paused").is_some())
         .count();
     assert!(paused > 0, "the checkpoint should carry paused samples");
-
-    let cut_str = cut.display().to_string();
-    let status = skein(&["train", "--resume", &cut_str]).status().unwrap();
-    assert!(status.success());
-
-    let (a, b) = (rl_steps(&whole), rl_steps(&cut));
-    assert_eq!(a.len(), 8);
-    assert_eq!(
-        b.len(),
-        8,
-        "metrics.jsonl keeps steps 1-3 and gets 4-8 once"
-    );
-    for (x, y) in a.iter().zip(&b) {
-        for key in EXACT {
-            assert_eq!(x.get(*key), y.get(*key), "step {}: `{key}`", x["step"]);
-        }
-    }
+    assert_same_steps(&whole, &cut);
+    let b = rl_steps(&cut);
     // The buffer came back: the first resumed step continued the checkpoint's paused samples.
     assert_eq!(b[from]["partial/resumed"], Value::from(paused as f64));
     // keep_last = 2: only the two newest numbered checkpoints remain.
@@ -171,6 +188,22 @@ fn a_killed_run_resumes_exactly() {
         })
         .count();
     assert!(numbered <= 2, "{numbered} numbered checkpoints");
+    let _ = std::fs::remove_dir_all(&whole);
+    let _ = std::fs::remove_dir_all(&cut);
+}
+
+/// A LoRA run on a bfloat16 base resumes exactly too: the checkpoint's base and adapters
+/// come back bit for bit, with the adapters' moments, and the reference is the base again.
+#[test]
+fn a_killed_lora_run_on_a_bfloat16_base_resumes_exactly() {
+    let sets = ["lora.rank=4", "model.dtype=\"bfloat16\"", "optim.lr=1e-3"];
+    let (whole, cut, from) = whole_and_resumed("lora", &sets);
+    assert!(cut
+        .join(format!(
+            "checkpoint-{from}/adapter/adapter_model.safetensors"
+        ))
+        .is_file());
+    assert_same_steps(&whole, &cut);
     let _ = std::fs::remove_dir_all(&whole);
     let _ = std::fs::remove_dir_all(&cut);
 }
