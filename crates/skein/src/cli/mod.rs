@@ -1,12 +1,13 @@
 //! The `skein` command line, one file per command: `train`, `plan`, `bench` (and `bench
 //! rewards`, `bench train-tokens`), `bench-partial`, `eval`, `sft`, `plot`, `serve-reward`,
-//! `serve`, `view`.
+//! `serve`, `view`, `export`.
 
 mod bench;
 mod bench_partial;
 mod bench_rewards;
 mod bench_tokens;
 mod eval;
+mod export;
 mod plan;
 mod plot;
 mod serve;
@@ -92,6 +93,9 @@ enum Command {
     /// one trajectory token by token coloured by mask, advantage, staleness or importance
     /// weight, and its group side by side. Serves one local page and prints its address.
     View(view::ViewArgs),
+    /// Fold a LoRA adapter (PEFT's layout) into its base model and write a plain Hugging Face
+    /// model directory: `skein export --merge --adapter RUN_DIR/checkpoint/adapter OUT`.
+    Export(export::ExportArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -110,6 +114,7 @@ pub fn main() -> ExitCode {
         Command::ServeReward(args) => serve_reward::run(&args),
         Command::Serve(args) => serve::run(&args),
         Command::View(args) => view::run(&args),
+        Command::Export(args) => export::run(&args),
         Command::Eval(args) => eval::run(&args),
         Command::Sft(args) => sft::run(&args),
         Command::Plot {

@@ -39,6 +39,41 @@ fn config_json(cfg: &LoraConfig, base: &str) -> serde_json::Value {
     })
 }
 
+/// The LoRA settings an adapter directory was saved with (its `adapter_config.json`).
+pub fn read_config(dir: &Path) -> Result<LoraConfig> {
+    let path = dir.join(CONFIG_FILE);
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let saved: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let field = |key: &str| {
+        saved
+            .get(key)
+            .filter(|v| !v.is_null())
+            .with_context(|| format!("{}: no `{key}`", path.display()))
+    };
+    let targets = match field("target_modules")? {
+        serde_json::Value::String(one) => vec![one.clone()],
+        list => serde_json::from_value(list.clone())
+            .with_context(|| format!("{}: `target_modules` is not a list", path.display()))?,
+    };
+    let cfg = LoraConfig {
+        rank: field("r")?.as_u64().unwrap_or(0) as usize,
+        alpha: field("lora_alpha")?.as_f64().unwrap_or(0.0),
+        dropout: saved["lora_dropout"].as_f64().unwrap_or(0.0),
+        targets,
+    };
+    if !cfg.enabled() || saved["use_dora"] == true || saved["use_rslora"] == true {
+        bail!(
+            "{}: not a plain LoRA adapter skein can apply (r > 0, no DoRA, no rsLoRA)",
+            path.display()
+        );
+    }
+    cfg.check()
+        .with_context(|| format!("{}: unsupported settings", path.display()))?;
+    Ok(cfg)
+}
+
 impl Model {
     /// Writes the adapters into `dir` in PEFT's layout; `base` names the base model directory
     /// for `adapter_config.json`.

@@ -67,6 +67,15 @@ pub fn save_model_dir(
     dir: &Path,
 ) -> Result<()> {
     policy.save_dir(dir)?;
+    save_tokenizer_files(tokenizer, sampling, dir)
+}
+
+/// The tokenizer and generation config of an HF model directory.
+fn save_tokenizer_files(
+    tokenizer: &Tokenizer,
+    sampling: &SamplingParams,
+    dir: &Path,
+) -> Result<()> {
     tokenizer.save_dir(dir)?;
     let generation = skein_text::GenerationConfig {
         eos_token_id: Some(skein_text::TokenIds::Many(sampling.stop_token_ids.clone())),
@@ -91,7 +100,9 @@ pub fn save_policy_dir(
 ) -> Result<()> {
     save_model_dir(policy, tokenizer, sampling, dir)?;
     if policy.options.lora.enabled() {
-        policy.save_base_dir(&dir.join(BASE_DIR))?;
+        let base = dir.join(BASE_DIR);
+        policy.save_base_dir(&base)?;
+        save_tokenizer_files(tokenizer, sampling, &base)?;
         policy.save_adapter(&dir.join(ADAPTER_DIR), BASE_DIR)?;
     }
     Ok(())
