@@ -2,6 +2,7 @@
 //! Hugging Face model directories.
 
 pub mod bert;
+pub mod checkpoint;
 pub mod config;
 pub mod io;
 pub mod kv_cache;
@@ -12,6 +13,7 @@ pub mod rope;
 pub mod transformer;
 pub mod value;
 
+pub use checkpoint::Recompute;
 pub use config::{ModelConfig, MAX_POSITIONS};
 pub use io::Model;
 pub use kv_cache::KvCache;

@@ -454,17 +454,52 @@ impl Transformer {
 
     /// Final hidden states [B, T, hidden] for `input_ids` [B, T] at `positions` [B, T].
     pub fn hidden(&self, input_ids: &Tensor, positions: &Tensor, mut mode: AttnMode) -> Tensor {
-        let mut x = self.embed.embedding_lookup(input_ids);
-        let (cos, sin) = self.rope.tables(positions, x.kind());
-        for (i, block) in self.blocks.iter().enumerate() {
-            let a = block
-                .attn
-                .forward(&block.input_norm.forward(&x), &cos, &sin, i, &mut mode);
-            // Out of place on purpose: `+=` on a tensor autograd has saved breaks backward.
-            x = a + &x;
-            x = &x + block.mlp.forward(&block.post_norm.forward(&x));
+        let mut x = self.embed_tokens(input_ids);
+        let (cos, sin) = self.rope_tables(positions, x.kind());
+        for i in 0..self.layers() {
+            x = self.block_forward(i, &x, &cos, &sin, &mut mode);
         }
-        self.norm.forward(&x)
+        self.final_norm(&x)
+    }
+
+    /// Decoder layers (blocks).
+    pub(super) fn layers(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Token embeddings [B, T, hidden]: the first layer's input.
+    pub(super) fn embed_tokens(&self, input_ids: &Tensor) -> Tensor {
+        self.embed.embedding_lookup(input_ids)
+    }
+
+    /// The rotary tables of `positions`, shared by every layer of one forward.
+    pub(super) fn rope_tables(&self, positions: &Tensor, kind: Kind) -> (Tensor, Tensor) {
+        self.rope.tables(positions, kind)
+    }
+
+    /// Decoder layer `i` on its input `x`: the residual stream after its attention and MLP.
+    /// One function for the forward and for the recomputation of activation checkpointing
+    /// (`super::checkpoint`), so both compute exactly the same thing.
+    pub(super) fn block_forward(
+        &self,
+        i: usize,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        mode: &mut AttnMode,
+    ) -> Tensor {
+        let block = &self.blocks[i];
+        let a = block
+            .attn
+            .forward(&block.input_norm.forward(x), cos, sin, i, mode);
+        // Out of place on purpose: `+=` on a tensor autograd has saved breaks backward.
+        let x = a + x;
+        &x + block.mlp.forward(&block.post_norm.forward(&x))
+    }
+
+    /// The norm after the last layer.
+    pub(super) fn final_norm(&self, x: &Tensor) -> Tensor {
+        self.norm.forward(x)
     }
 
     /// Vocabulary logits for hidden states.
