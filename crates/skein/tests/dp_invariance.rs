@@ -148,6 +148,7 @@ fn update_config(budget: usize, layout: Layout) -> UpdateConfig {
         epochs: 1,
         batching: layout.batching(budget),
         temperature: 1.0,
+        activation_checkpointing: false,
     }
 }
 

@@ -238,6 +238,7 @@ fn measure(a: &TokenBenchArgs, layout: Layout) -> Result<Outcome> {
         epochs: 1,
         batching,
         temperature: 1.0,
+        activation_checkpointing: false,
     };
     let optim = OptimConfig {
         lr: 1e-9,

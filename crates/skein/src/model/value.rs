@@ -54,7 +54,11 @@ impl ValueModel {
 
     /// Values [B, T] of every position, with explicit positions and attention (packed lines).
     pub fn values_at(&self, input_ids: &Tensor, positions: &Tensor, mode: AttnMode) -> Tensor {
-        let hidden = self.net.hidden(input_ids, positions, mode);
-        self.head.forward(&hidden).squeeze_dim(-1)
+        self.score(&self.net.hidden(input_ids, positions, mode))
+    }
+
+    /// Values [B, T] of final hidden states [B, T, hidden] (from any forward of `net`).
+    pub fn score(&self, hidden: &Tensor) -> Tensor {
+        self.head.forward(hidden).squeeze_dim(-1)
     }
 }

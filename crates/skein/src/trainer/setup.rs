@@ -82,6 +82,7 @@ impl Critic {
                 clip: cfg.algorithm.value_clip,
                 epochs: cfg.trainer.ppo_epochs,
                 batching: cfg.trainer.batching(),
+                activation_checkpointing: cfg.trainer.activation_checkpointing,
             },
         })
     }
@@ -462,6 +463,7 @@ fn update_config(cfg: &TrainConfig, temperature: f64) -> UpdateConfig {
         epochs: cfg.trainer.ppo_epochs,
         batching: cfg.trainer.batching(),
         temperature,
+        activation_checkpointing: cfg.trainer.activation_checkpointing,
     }
 }
 

@@ -463,6 +463,12 @@ pub struct TrainerConfig {
     /// Updates with a NaN or infinite loss or gradient are skipped and counted; after this
     /// many in a row the run stops (its last checkpoint intact).
     pub max_consecutive_skips: usize,
+    /// Keep only each decoder layer's input during the update's forward and compute the layer
+    /// again during the backward: the memory of every layer's activations (the largest part
+    /// of a long batch's) for one extra forward of each layer, about a third more compute.
+    /// Gradients are unchanged. The log-prob and value forwards that have no backward do not
+    /// use it.
+    pub activation_checkpointing: bool,
 }
 
 impl TrainerConfig {
@@ -492,6 +498,7 @@ impl Default for TrainerConfig {
             checkpoint_every: 0,
             keep_last: 0,
             max_consecutive_skips: 3,
+            activation_checkpointing: false,
         }
     }
 }

@@ -100,6 +100,7 @@ mod tests {
                 clip: 10.0,
                 epochs: 1,
                 batching: Batching::padded(1024),
+                activation_checkpointing: false,
             };
             let mut one_rank = Replicas::new(&critic, 1).unwrap();
             let stats = critic_update(&critic, &mut one_rank, &mut opt, &rows, &plan, &cfg);

@@ -17,6 +17,9 @@ pub struct ValueLossConfig {
     pub clip: f64,
     pub epochs: usize,
     pub batching: Batching,
+    /// Keep only each layer's input in the forward and run the layers again in the backward
+    /// (`trainer.activation_checkpointing`).
+    pub activation_checkpointing: bool,
 }
 
 /// One rank's share of a mini-batch of the value loss: forward and backward of its rows in
@@ -30,12 +33,15 @@ pub fn critic_pass(
     let mut total = 0.0;
     for plan in micro_batches(rows, rank_rows, &cfg.batching) {
         let mb = MicroBatch::new(rows, &plan, critic.vs.device());
-        let v = mb.values(critic);
+        let (v, recompute) = mb.train_values(critic, cfg.activation_checkpointing);
         let clipped = &mb.old_values + (&v - &mb.old_values).clamp(-cfg.clip, cfg.clip);
         let l1 = (&v - &mb.returns).pow_tensor_scalar(2);
         let l2 = (clipped - &mb.returns).pow_tensor_scalar(2);
         let loss = (l1.maximum(&l2) * 0.5 * &mb.weights).sum(Kind::Float);
         loss.backward();
+        if let Some(recompute) = recompute {
+            recompute.backward();
+        }
         total += loss.double_value(&[]);
     }
     total

@@ -25,7 +25,7 @@ use self::optim::{Optimizer, StepStats};
 use self::pack::{micro_batches, Batching};
 use self::policy_loss::{policy_loss, LossConfig, TokenBatch};
 use self::ranks::{Job, PassSums, Ranks, RanksOut, Replica};
-use self::tensors::{token_logprobs, MicroBatch};
+use self::tensors::{logprobs_of_hidden, MicroBatch};
 use crate::model::{Model, ValueModel};
 use crate::trainer::batch::{RowPlan, TrainRow};
 use crate::trainer::prepare::PreparedBatch;
@@ -80,6 +80,9 @@ pub struct UpdateConfig {
     pub epochs: usize,
     pub batching: Batching,
     pub temperature: f64,
+    /// Keep only each layer's input in the forward and run the layers again in the backward
+    /// (`trainer.activation_checkpointing`).
+    pub activation_checkpointing: bool,
 }
 
 /// The per-rank pass of an update, with its settings: what the other ranks of an MPI job are
@@ -254,7 +257,8 @@ pub fn rank_pass(
     let mut loss = 0.0;
     for plan in micro_batches(rows, rank_rows, &cfg.batching) {
         let mb = MicroBatch::new(rows, &plan, device);
-        let (logp, entropy) = token_logprobs(&model.net, &mb, cfg.temperature, true);
+        let (hidden, recompute) = mb.train_hidden(&model.net, cfg.activation_checkpointing);
+        let (logp, entropy) = logprobs_of_hidden(&model.net, &mb, &hidden, cfg.temperature, true);
         let out = policy_loss(
             &TokenBatch {
                 logp: &logp,
@@ -269,6 +273,9 @@ pub fn rank_pass(
             &cfg.loss,
         );
         out.loss.backward();
+        if let Some(recompute) = recompute {
+            recompute.backward();
+        }
         loss += out.loss.double_value(&[]);
         sums.tokens += out.tokens;
         sums.clipped += out.clipped_tokens;
@@ -370,6 +377,118 @@ mod tests {
         }
     }
 
+    /// Rows of two prompts, three continuations each, of several lengths, with advantages.
+    fn group_rows() -> Vec<TrainRow> {
+        let mut rows = Vec::new();
+        for g in 0..2u32 {
+            let prompt: Vec<u32> = (0..5 + g).map(|i| 1 + (i * 7 + g) % 15).collect();
+            for s in 0..3u32 {
+                let n = 2 + (s * 5 + g) as usize % 6;
+                let mut tokens = prompt.clone();
+                tokens.extend((0..n as u32).map(|i| 1 + (i * 3 + s + g) % 15));
+                rows.push(TrainRow {
+                    tokens,
+                    prompt_len: prompt.len(),
+                    loss_mask: vec![1; n],
+                    behavior_logp: vec![0.0; n],
+                    advantages: vec![s as f32 - 1.0 + 0.1 * g as f32; n],
+                    old_values: vec![0.0; n],
+                    returns: vec![0.5 - g as f32; n],
+                    weight: 0.05,
+                    ..Default::default()
+                });
+            }
+        }
+        rows
+    }
+
+    /// Every trainable parameter's gradient after `pass` from zero, flattened in name order
+    /// (none for a parameter the pass does not use: the critic's LM head).
+    fn gradients<F: FnOnce()>(vs: &tch::nn::VarStore, pass: F) -> Vec<f32> {
+        for mut v in vs.trainable_variables() {
+            v.zero_grad();
+        }
+        pass();
+        crate::model::sorted_trainable(vs)
+            .iter()
+            .map(|(_, v)| v.grad())
+            .filter(|g| g.defined())
+            .flat_map(|g| Vec::<f32>::try_from(g.view([-1])).unwrap())
+            .collect()
+    }
+
+    fn assert_close(got: &[f32], want: &[f32], what: &str) {
+        assert_eq!(got.len(), want.len(), "{what}");
+        let worst = got
+            .iter()
+            .zip(want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        let size = want.iter().map(|g| g.abs()).fold(0f32, f32::max);
+        assert!(
+            size > 1e-4 && worst <= 1e-5 * size,
+            "{what}: {worst} of {size}"
+        );
+    }
+
+    /// The policy's and the critic's passes give the same gradients with activation
+    /// checkpointing as without, padded and packed with shared prompts, with the embedding
+    /// tied to the LM head (its gradient from both the head and the layers' recomputation)
+    /// and untied.
+    #[test]
+    fn activation_checkpointing_keeps_the_gradients() {
+        let rows = group_rows();
+        let all: Vec<usize> = (0..rows.len()).collect();
+        for tied in [true, false] {
+            let mut cfg = ModelConfig::tiny_qwen2(16, 32, 2, 4, 2, 64, 64);
+            cfg.tie_word_embeddings = tied;
+            let policy = Model::random(&cfg, Device::Cpu, 9).unwrap();
+            let critic = ValueModel::from_policy(&policy, Device::Cpu).unwrap();
+            // A non-zero head, so the critic's gradient reaches its layers.
+            let mut head = critic.vs.variables()["score.weight"].shallow_clone();
+            let _ = tch::no_grad(|| head.fill_(0.1));
+            for batching in [
+                Batching::padded(4096),
+                Batching {
+                    micro_batch_tokens: 4096,
+                    packing: true,
+                    shared_prefix: true,
+                },
+            ] {
+                let policy_grads = |checkpoint| {
+                    let cfg = UpdateConfig {
+                        loss: policy_loss::LossConfig {
+                            entropy_coef: 0.01,
+                            ..Default::default()
+                        },
+                        epochs: 1,
+                        batching,
+                        temperature: 0.9,
+                        activation_checkpointing: checkpoint,
+                    };
+                    gradients(&policy.vs, || {
+                        rank_pass(&policy, false, &rows, &all, &cfg, &mut PassSums::default());
+                    })
+                };
+                let what = format!("policy, tied {tied}, {batching:?}");
+                assert_close(&policy_grads(true), &policy_grads(false), &what);
+                let critic_grads = |checkpoint| {
+                    let cfg = ValueLossConfig {
+                        clip: 10.0,
+                        epochs: 1,
+                        batching,
+                        activation_checkpointing: checkpoint,
+                    };
+                    gradients(&critic.vs, || {
+                        critic_pass(&critic, &rows, &all, &cfg);
+                    })
+                };
+                let what = format!("critic, tied {tied}, {batching:?}");
+                assert_close(&critic_grads(true), &critic_grads(false), &what);
+            }
+        }
+    }
+
     /// A critic mini-batch whose loss is not finite changes nothing and is counted, as the
     /// policy's are; a finite one is applied.
     #[test]
@@ -383,6 +502,7 @@ mod tests {
             clip: 10.0,
             epochs: 1,
             batching: Batching::padded(1024),
+            activation_checkpointing: false,
         };
         let plan: RowPlan = vec![vec![vec![0, 1]]];
         let before = fingerprint(&critic.vs);

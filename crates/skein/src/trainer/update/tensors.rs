@@ -6,7 +6,7 @@
 
 use super::pack::{attention_mask, LineAttention, MicroPlan};
 use crate::model::transformer::positions_like;
-use crate::model::{AttnMode, Span, Spans, Transformer, ValueModel};
+use crate::model::{AttnMode, Recompute, Span, Spans, Transformer, ValueModel};
 use crate::trainer::batch::TrainRow;
 use std::borrow::Borrow;
 use tch::{Device, Kind, Tensor};
@@ -181,6 +181,23 @@ impl MicroBatch {
         net.hidden(&self.input, &positions, mode)
     }
 
+    /// [`MicroBatch::hidden`] for a forward that trains: with `checkpoint` (activation
+    /// checkpointing), only each layer's input is kept, and the returned [`Recompute`] must run
+    /// its backward after the loss's; without, there is none and the loss's backward is all.
+    pub fn train_hidden<'a>(
+        &'a self,
+        net: &'a Transformer,
+        checkpoint: bool,
+    ) -> (Tensor, Option<Recompute<'a>>) {
+        let (positions, mode) = self.attention_mode();
+        if checkpoint {
+            let (hidden, recompute) = net.hidden_checkpointed(&self.input, &positions, mode);
+            (hidden, Some(recompute))
+        } else {
+            (net.hidden(&self.input, &positions, mode), None)
+        }
+    }
+
     fn attention_mode(&self) -> (Tensor, AttnMode<'_>) {
         let positions = match &self.positions {
             Some(p) => p.shallow_clone(),
@@ -201,6 +218,18 @@ impl MicroBatch {
         critic
             .values_at(&self.input, &positions, mode)
             .narrow(1, 0, t - 1)
+    }
+
+    /// [`MicroBatch::values`] for the value loss's forward, with activation checkpointing
+    /// as [`MicroBatch::train_hidden`].
+    pub fn train_values<'a>(
+        &'a self,
+        critic: &'a ValueModel,
+        checkpoint: bool,
+    ) -> (Tensor, Option<Recompute<'a>>) {
+        let t = self.input.size()[1];
+        let (hidden, recompute) = self.train_hidden(&critic.net, checkpoint);
+        (critic.score(&hidden).narrow(1, 0, t - 1), recompute)
     }
 
     /// π_old per token: the row's own where it brought one, else the forward's `logp`
@@ -239,11 +268,20 @@ pub fn token_logprobs(
     temperature: f64,
     with_entropy: bool,
 ) -> (Tensor, Option<Tensor>) {
+    logprobs_of_hidden(net, mb, &mb.hidden(net), temperature, with_entropy)
+}
+
+/// [`token_logprobs`] from the micro-batch's final hidden states, however they were computed
+/// (e.g. [`MicroBatch::train_hidden`]).
+pub fn logprobs_of_hidden(
+    net: &Transformer,
+    mb: &MicroBatch,
+    hidden: &Tensor,
+    temperature: f64,
+    with_entropy: bool,
+) -> (Tensor, Option<Tensor>) {
     let t = mb.input.size()[1];
-    let logits = net
-        .logits(&mb.hidden(net))
-        .narrow(1, 0, t - 1)
-        .to_kind(Kind::Float);
+    let logits = net.logits(hidden).narrow(1, 0, t - 1).to_kind(Kind::Float);
     let logits = if temperature > 0.0 && temperature != 1.0 {
         logits / temperature
     } else {
