@@ -166,3 +166,61 @@ fn sizes_beyond_the_machine_are_refused_before_anything_is_allocated() {
     refused(&["serve", "--max-slots", "1000000000"], &["--max-slots"]);
     refused(&["eval", "/nonexistent", "--n", "1000000000000"], &["--n"]);
 }
+
+/// LoRA, low-precision weights and checkpointing: settings that cannot train name their key
+/// and the way out, before anything runs.
+#[test]
+fn lora_and_precision_settings_that_cannot_train_are_refused() {
+    let train = |sets: &[&str], says: &[&str]| {
+        let mut args = vec!["train"];
+        for s in sets {
+            args.extend(["--set", s]);
+        }
+        refused(&args, says);
+    };
+    train(
+        &["model.dtype=\"bfloat16\""],
+        &["model.dtype", "`lora.rank`"],
+    );
+    train(&["model.dtype=\"int8\""], &["model.dtype", "bfloat16"]);
+    train(
+        &["lora.rank=8", "lora.targets=[\"q_proj\", \"lm_head\"]"],
+        &["`lora.targets` has `lm_head`", "q_proj"],
+    );
+    train(&["lora.rank=8", "lora.alpha=0"], &["`lora.alpha`"]);
+    train(
+        &[
+            "lora.rank=8",
+            "lora.dropout=0.1",
+            "trainer.activation_checkpointing=true",
+        ],
+        &["trainer.activation_checkpointing", "`lora.dropout = 0`"],
+    );
+    train(
+        &["lora.rank=8", "model.dtype=\"float16\""],
+        &["float16", "CUDA", "bfloat16"],
+    );
+}
+
+/// `skein export --merge` names what it cannot use.
+#[test]
+fn export_names_a_missing_adapter_or_base() {
+    let root = common::workdir("clear-errors", "export");
+    std::fs::create_dir_all(&root).unwrap();
+    let out = root.join("out");
+    let (o, r) = (out.to_str().unwrap(), root.to_str().unwrap());
+    refused(
+        &["export", "--merge", "--adapter", r, o],
+        &["adapter_config.json"],
+    );
+    std::fs::write(
+        root.join("adapter_config.json"),
+        r#"{"r": 4, "lora_alpha": 8, "target_modules": ["q_proj"], "base_model_name_or_path": "nowhere"}"#,
+    )
+    .unwrap();
+    refused(
+        &["export", "--merge", "--adapter", r, o],
+        &["nowhere", "--base"],
+    );
+    assert!(!out.exists(), "nothing is written");
+}
