@@ -98,7 +98,10 @@ fn base_config(task: &str, dir: &Path) -> TrainConfig {
 
 /// A from-scratch model directory for `task`, with the tokenizer the trainer would build.
 fn initial_model(task: &str) -> PathBuf {
-    let dir = temp_dir(&format!("{task}-init"));
+    // Tests run at once: each gets a directory of its own.
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let dir = temp_dir(&format!("{task}-init-{n}"));
     let mut cfg = base_config(task, &dir);
     cfg.trainer.steps = 1;
     cfg.rollout.prompts_per_step = 1;
@@ -109,14 +112,40 @@ fn initial_model(task: &str) -> PathBuf {
 
 #[test]
 fn a_remote_engine_generates_with_the_weights_the_trainer_publishes() {
+    trains_on_a_server(None);
+}
+
+/// With LoRA, the server gets the frozen base once and then only the adapters.
+#[test]
+fn a_remote_engine_applies_the_lora_adapters_the_trainer_publishes() {
+    let dir = trains_on_a_server(Some(4));
+    let published = dir.join("published");
+    assert!(published
+        .join("adapter/adapter_model.safetensors")
+        .is_file());
+    assert!(published.join("base/model.safetensors").is_file());
+    assert!(
+        !published.join("model.safetensors").exists(),
+        "no whole model per step"
+    );
+}
+
+/// Trains 3 steps on a `skein serve` engine (LoRA of `lora_rank`, publishing adapters, when
+/// given), then checks the server holds the trained weights. Returns the run directory.
+fn trains_on_a_server(lora_rank: Option<usize>) -> PathBuf {
     let init = initial_model("arithmetic");
     let server = Server::start(&init);
-    let dir = temp_dir("arithmetic-run");
+    let dir = temp_dir(&format!("arithmetic-run-{lora_rank:?}"));
     let mut cfg = base_config("arithmetic", &dir);
     cfg.model.path = init.display().to_string();
     cfg.sft.steps = 10;
     cfg.rollout.engine = skein::trainer::config::EngineKind::Remote;
     cfg.rollout.remote.url = server.url.clone();
+    if let Some(rank) = lora_rank {
+        cfg.lora.rank = rank;
+        cfg.optim.lr = 1e-2;
+        cfg.rollout.remote.publish = skein::engine::Publish::Adapter;
+    }
     train(&cfg).expect("training with a remote engine");
 
     let steps = steps(&dir);
@@ -162,6 +191,7 @@ fn a_remote_engine_generates_with_the_weights_the_trainer_publishes() {
         |o| local = o.tokens,
     );
     assert_eq!(remote, local);
+    dir
 }
 
 /// The agent loop's model calls go to the remote engine too.

@@ -35,7 +35,9 @@ pub fn run(args: &ExportArgs) -> Result<()> {
     let lora = peft::read_config(&args.adapter)?;
     let base = match &args.base {
         Some(b) => b.clone(),
-        None => default_base(&args.adapter)?,
+        None => {
+            peft::base_of(&args.adapter).context("give the base model directory with --base DIR")?
+        }
     };
     let options = ModelOptions {
         lora,
@@ -54,25 +56,6 @@ pub fn run(args: &ExportArgs) -> Result<()> {
         args.out.display()
     );
     Ok(())
-}
-
-/// The adapter's `base_model_name_or_path` as a directory beside the adapter.
-fn default_base(adapter: &Path) -> Result<PathBuf> {
-    let path = adapter.join(peft::CONFIG_FILE);
-    let text =
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let cfg: serde_json::Value = serde_json::from_str(&text)?;
-    let named = cfg["base_model_name_or_path"].as_str().unwrap_or_default();
-    let parent = adapter.parent().unwrap_or(Path::new("."));
-    let dir = parent.join(named);
-    if named.is_empty() || !dir.join("config.json").is_file() {
-        bail!(
-            "{}: its base `{named}` is not a model directory beside the adapter; give it with \
-             --base DIR",
-            path.display()
-        );
-    }
-    Ok(dir)
 }
 
 /// Everything of the base directory but its weights and config (the tokenizer, generation

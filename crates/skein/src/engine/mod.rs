@@ -9,7 +9,7 @@ pub mod sampling;
 
 pub use continuous::{Engine, EngineStats, Feed, Finish, GenOutput, GenRequest};
 pub use handle::{channel, Control, EngineGone, EngineHandle, EngineQueue};
-pub use remote::{RemoteEngine, RemoteEngineConfig};
+pub use remote::{Publish, RemoteEngine, RemoteEngineConfig};
 
 use crate::model::Model;
 

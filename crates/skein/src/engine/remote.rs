@@ -26,6 +26,19 @@ pub struct RemoteEngineConfig {
     pub timeout_ms: u64,
     /// Completions in flight at once.
     pub concurrency: usize,
+    /// What the trainer gives the server after each step: the whole model ("merged"), or
+    /// with LoRA only the adapters ("adapter": megabytes instead of the model; the server
+    /// loads the frozen base once).
+    pub publish: Publish,
+}
+
+/// See [`RemoteEngineConfig::publish`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Publish {
+    #[default]
+    Merged,
+    Adapter,
 }
 
 impl Default for RemoteEngineConfig {
@@ -36,6 +49,7 @@ impl Default for RemoteEngineConfig {
             api_key: String::new(),
             timeout_ms: 120_000,
             concurrency: 64,
+            publish: Publish::Merged,
         }
     }
 }
@@ -182,6 +196,11 @@ impl RemoteEngine {
         });
         stats.failed = errors;
         stats
+    }
+
+    /// Whether the server gets adapters only (`publish = "adapter"`).
+    pub fn publishes_adapters(&self) -> bool {
+        self.cfg.publish == Publish::Adapter
     }
 
     /// Asks the server to load the weights in `dir`; returns the server's new version.

@@ -7,7 +7,7 @@ use super::lora::{is_adapter, LoraConfig};
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use tch::Tensor;
 
 pub const CONFIG_FILE: &str = "adapter_config.json";
@@ -72,6 +72,25 @@ pub fn read_config(dir: &Path) -> Result<LoraConfig> {
     cfg.check()
         .with_context(|| format!("{}: unsupported settings", path.display()))?;
     Ok(cfg)
+}
+
+/// The base model directory an adapter names (`base_model_name_or_path`: absolute, or
+/// relative to the adapter's parent, as in a checkpoint's `adapter/` and `base/`).
+pub fn base_of(adapter: &Path) -> Result<PathBuf> {
+    let path = adapter.join(CONFIG_FILE);
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let cfg: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let named = cfg["base_model_name_or_path"].as_str().unwrap_or_default();
+    let dir = adapter.parent().unwrap_or(Path::new(".")).join(named);
+    if named.is_empty() || !dir.join("config.json").is_file() {
+        bail!(
+            "{}: its base model `{named}` is not a model directory on this machine",
+            path.display()
+        );
+    }
+    Ok(dir)
 }
 
 impl Model {

@@ -2,9 +2,9 @@
 //! submit, and between phases loads new weights when asked (`POST /v1/reload`).
 
 use crate::engine::{Control, Engine, EngineQueue};
-use crate::model::Model;
+use crate::model::{peft, Model, ModelOptions};
 use anyhow::{bail, Result};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -19,6 +19,8 @@ pub fn spawn_engine_thread(
     capacity: i64,
     version: Arc<AtomicU64>,
 ) -> std::io::Result<JoinHandle<()>> {
+    // The base directory of the adapters last loaded, if any.
+    let mut base = None;
     std::thread::Builder::new()
         .name("skein-engine".into())
         .spawn(move || loop {
@@ -27,7 +29,7 @@ pub fn spawn_engine_thread(
                 None => return,
                 Some(Control::EndPhase) => {}
                 Some(Control::Reload { dir, reply }) => {
-                    let answer = reload(&mut model, &dir)
+                    let answer = reload(&mut model, &mut base, &dir)
                         .map(|()| version.fetch_add(1, Ordering::SeqCst) + 1)
                         .map_err(|e| format!("{e:#}"));
                     // The caller may have gone: the weights are loaded all the same.
@@ -38,9 +40,42 @@ pub fn spawn_engine_thread(
 }
 
 /// Replaces the weights with those of the HF directory `dir`, which must describe a model of
-/// the same vocabulary (the tokenizer stays).
-fn reload(model: &mut Model, dir: &Path) -> Result<()> {
+/// the same vocabulary (the tokenizer stays). A LoRA adapter directory (PEFT's layout) is
+/// applied to the base it names: loaded once, then only the adapters change.
+fn reload(model: &mut Model, base: &mut Option<BaseId>, dir: &Path) -> Result<()> {
+    if dir.join(peft::CONFIG_FILE).is_file() {
+        return reload_adapter(model, base, dir);
+    }
     let fresh = Model::load_dir(dir, model.vs.device())?;
+    replace(model, fresh, dir)?;
+    *base = None;
+    Ok(())
+}
+
+/// A base directory as last loaded: its path and when its weights were written (a new run
+/// may write another base at the same path).
+type BaseId = (PathBuf, Option<std::time::SystemTime>);
+
+fn reload_adapter(model: &mut Model, base: &mut Option<BaseId>, dir: &Path) -> Result<()> {
+    let lora = peft::read_config(dir)?;
+    let named = peft::base_of(dir)?;
+    let written = std::fs::metadata(named.join("model.safetensors"))
+        .and_then(|m| m.modified())
+        .ok();
+    let id = (named.clone(), written);
+    if base.as_ref() != Some(&id) || model.options.lora != lora {
+        let options = ModelOptions {
+            lora,
+            ..Default::default()
+        };
+        let fresh = Model::load_dir_with(&named, &options, model.vs.device())?;
+        replace(model, fresh, &named)?;
+        *base = Some(id);
+    }
+    model.load_adapter(dir)
+}
+
+fn replace(model: &mut Model, fresh: Model, dir: &Path) -> Result<()> {
     let (had, has) = (model.net.config.vocab_size, fresh.net.config.vocab_size);
     if had != has {
         bail!(

@@ -479,8 +479,19 @@ fn publish_weights(
     let Generator::Remote(remote) = engine else {
         return Ok(());
     };
-    let dir = run_dir.join("published");
-    checkpoint::save_model_dir(policy, tokenizer, sampling, &dir)?;
+    let mut dir = run_dir.join("published");
+    if remote.publishes_adapters() {
+        // The frozen base once, then only the adapters, which name it.
+        let base = dir.join(checkpoint::BASE_DIR);
+        if !base.join("config.json").is_file() {
+            policy.save_base_dir(&base)?;
+        }
+        let base = base.canonicalize()?.display().to_string();
+        dir = dir.join(checkpoint::ADAPTER_DIR);
+        policy.save_adapter(&dir, &base)?;
+    } else {
+        checkpoint::save_model_dir(policy, tokenizer, sampling, &dir)?;
+    }
     remote
         .reload(&dir)
         .context("giving the remote engine the new weights (rollout.remote)")?;

@@ -64,6 +64,13 @@ const MAX_EVAL_PROBLEMS: usize = 1 << 20;
 /// `[rollout]`: sizes, sampling, partial rollout and the remote engine.
 fn validate_rollout(cfg: &TrainConfig, v: &mut Validator) {
     let (r, s, t) = (&cfg.rollout, &cfg.rollout.sampling, &cfg.trainer);
+    v.check(
+        r.remote.publish != crate::engine::Publish::Adapter || cfg.lora.enabled(),
+        "rollout.remote.publish",
+        "\"adapter\" publishes LoRA adapters, and `lora.rank` is 0: set `lora.rank` or publish \
+         \"merged\"",
+        "adapter",
+    );
     v.at_least("rollout.prompts_per_step", r.prompts_per_step, 1)
         .at_least("rollout.samples_per_prompt", r.samples_per_prompt, 1)
         .at_least("rollout.max_slots", r.max_slots, 1)
