@@ -39,13 +39,19 @@ fn config_json(cfg: &LoraConfig, base: &str) -> serde_json::Value {
     })
 }
 
-/// The LoRA settings an adapter directory was saved with (its `adapter_config.json`).
-pub fn read_config(dir: &Path) -> Result<LoraConfig> {
+/// An adapter directory's `adapter_config.json`: its path and its contents.
+fn config_of(dir: &Path) -> Result<(PathBuf, serde_json::Value)> {
     let path = dir.join(CONFIG_FILE);
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let saved: serde_json::Value =
+    let json =
         serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    Ok((path, json))
+}
+
+/// The LoRA settings an adapter directory was saved with (its `adapter_config.json`).
+pub fn read_config(dir: &Path) -> Result<LoraConfig> {
+    let (path, saved) = config_of(dir)?;
     let field = |key: &str| {
         saved
             .get(key)
@@ -77,11 +83,7 @@ pub fn read_config(dir: &Path) -> Result<LoraConfig> {
 /// The base model directory an adapter names (`base_model_name_or_path`: absolute, or
 /// relative to the adapter's parent, as in a checkpoint's `adapter/` and `base/`).
 pub fn base_of(adapter: &Path) -> Result<PathBuf> {
-    let path = adapter.join(CONFIG_FILE);
-    let text =
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let cfg: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let (path, cfg) = config_of(adapter)?;
     let named = cfg["base_model_name_or_path"].as_str().unwrap_or_default();
     let dir = adapter.parent().unwrap_or(Path::new(".")).join(named);
     if named.is_empty() || !dir.join("config.json").is_file() {
@@ -119,19 +121,21 @@ impl Model {
     /// Reads adapters saved by [`Model::save_adapter`] (or by PEFT) into this model, whose
     /// LoRA settings must match the adapter's rank and targets.
     pub fn load_adapter(&self, dir: &Path) -> Result<()> {
-        let config_path = dir.join(CONFIG_FILE);
-        let text = std::fs::read_to_string(&config_path)
-            .with_context(|| format!("reading {}", config_path.display()))?;
-        let saved: serde_json::Value = serde_json::from_str(&text)
-            .with_context(|| format!("parsing {}", config_path.display()))?;
-        let lora = &self.options.lora;
-        if saved["r"].as_u64() != Some(lora.rank as u64) {
+        let (saved, lora) = (read_config(dir)?, &self.options.lora);
+        let sorted = |t: &[String]| -> Vec<String> {
+            let mut t = t.to_vec();
+            t.sort();
+            t
+        };
+        if saved.rank != lora.rank || sorted(&saved.targets) != sorted(&lora.targets) {
             bail!(
-                "{}: the adapter has rank {}, the run `lora.rank = {}`: use the rank it was \
-                 trained with",
-                config_path.display(),
-                saved["r"],
-                lora.rank
+                "{}: the adapter has rank {} on {:?}, the model rank {} on {:?}: use the \
+                 `lora.rank` and `lora.targets` it was trained with",
+                dir.display(),
+                saved.rank,
+                saved.targets,
+                lora.rank,
+                lora.targets
             );
         }
         let tensors: HashMap<String, Tensor> = read_safetensors(&dir.join(WEIGHTS_FILE))?
