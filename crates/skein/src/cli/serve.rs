@@ -66,7 +66,8 @@ fn check_cache_fits(
     context: usize,
     device: tch::Device,
 ) -> Result<()> {
-    let bytes = model.net.config.kv_cache_bytes(slots, context);
+    let element = model.options.dtype.bytes();
+    let bytes = model.net.config.kv_cache_bytes(slots, context, element);
     if let Some(free) = crate::memory::available_on(device).filter(|&free| bytes > free) {
         bail!(
             "--max-slots {slots} with a context of {context} tokens needs a {:.1} GiB KV cache, \

@@ -214,6 +214,72 @@ impl ModelConfig {
         }
     }
 
+    /// Qwen2.5-0.5B's configuration (its `config.json`), for benchmarks of a model of real
+    /// shape built with random weights: the 0.5B model is the smallest whose memory has the
+    /// proportions of the larger ones (a vocabulary-sized head, GQA, a wide MLP).
+    pub fn qwen2_5_0_5b() -> Self {
+        let mut cfg = ModelConfig::tiny_qwen2(151_936, 896, 24, 14, 2, 4864, 32_768);
+        cfg.rope_theta = Some(1_000_000.0);
+        cfg.rms_norm_eps = 1e-6;
+        cfg.tie_word_embeddings = true;
+        for (key, value) in [
+            ("torch_dtype", Value::from("bfloat16")),
+            ("bos_token_id", Value::from(151_643)),
+            ("eos_token_id", Value::from(151_643)),
+            ("use_sliding_window", Value::from(false)),
+            ("sliding_window", Value::from(32_768)),
+            ("max_window_layers", Value::from(21)),
+            ("attention_dropout", Value::from(0.0)),
+            ("initializer_range", Value::from(0.02)),
+        ] {
+            cfg.extra.insert(key.into(), value);
+        }
+        cfg
+    }
+
+    /// Every projection of a layer LoRA can adapt: its name, input and output width.
+    pub fn projection_shapes(&self) -> [(&'static str, usize, usize); 7] {
+        let (h, i) = (self.hidden_size, self.intermediate_size);
+        let q = self.num_attention_heads * self.head_dim();
+        let kv = self.kv_heads() * self.head_dim();
+        [
+            ("q_proj", h, q),
+            ("k_proj", h, kv),
+            ("v_proj", h, kv),
+            ("o_proj", q, h),
+            ("gate_proj", h, i),
+            ("up_proj", h, i),
+            ("down_proj", i, h),
+        ]
+    }
+
+    /// Parameters LoRA adds (`rank · (in + out)` per adapted projection and layer); 0 when
+    /// `lora.rank` is 0.
+    pub fn adapter_count(&self, lora: &super::LoraConfig) -> f64 {
+        let per_layer: f64 = self
+            .projection_shapes()
+            .iter()
+            .filter(|(name, _, _)| lora.targets.iter().any(|t| t == name))
+            .map(|&(_, input, output)| (input + output) as f64)
+            .sum();
+        lora.rank as f64 * per_layer * self.num_hidden_layers as f64
+    }
+
+    /// Elements of the largest trainable tensor: an adapter's `A` or `B` with LoRA, else the
+    /// embedding (or the LM head, which has its shape).
+    pub fn largest_trainable(&self, lora: &super::LoraConfig) -> f64 {
+        if !lora.enabled() {
+            let matrices = self.projection_shapes().map(|(_, i, o)| (i * o) as f64);
+            let embed = (self.vocab_size * self.hidden_size) as f64;
+            return matrices.into_iter().fold(embed, f64::max);
+        }
+        self.projection_shapes()
+            .iter()
+            .filter(|(name, _, _)| lora.targets.iter().any(|t| t == name))
+            .map(|&(_, input, output)| (lora.rank * input.max(output)) as f64)
+            .fold(0.0, f64::max)
+    }
+
     pub fn num_parameters(&self) -> usize {
         // In f64, so sizes from a config file cannot overflow; `as` saturates.
         self.parameter_count() as usize
@@ -236,11 +302,12 @@ impl ModelConfig {
         embed + f(self.num_hidden_layers) * layer + h + head
     }
 
-    /// Bytes of a float32 KV cache of `slots` sequences of `context` tokens.
-    pub fn kv_cache_bytes(&self, slots: usize, context: usize) -> f64 {
+    /// Bytes of a KV cache of `slots` sequences of `context` tokens, `element_bytes` per
+    /// number (the cache is in the model's dtype).
+    pub fn kv_cache_bytes(&self, slots: usize, context: usize, element_bytes: f64) -> f64 {
         let per_token =
             2.0 * self.num_hidden_layers as f64 * (self.kv_heads() * self.head_dim()) as f64;
-        per_token * slots as f64 * context as f64 * 4.0
+        per_token * slots as f64 * context as f64 * element_bytes
     }
 
     /// Bytes that building this model allocates: its weights (`weight_bytes` each) and the
@@ -268,6 +335,27 @@ mod tests {
         assert_eq!(cfg.head_dim(), 4);
         let back = serde_json::to_value(&cfg).unwrap();
         assert_eq!(back["foo"], 1, "unknown keys survive a round trip");
+    }
+
+    /// The published figure: 494,032,768 parameters (0.49B), 0.36B of them outside the
+    /// embedding; LoRA rank 16 on every projection adds 8.8M.
+    #[test]
+    fn qwen2_5_0_5b_has_the_published_parameter_count() {
+        let cfg = ModelConfig::qwen2_5_0_5b();
+        cfg.validate().unwrap();
+        assert_eq!(cfg.num_parameters(), 494_032_768);
+        assert!(cfg.qkv_bias() && cfg.tie_word_embeddings);
+        assert_eq!((cfg.head_dim(), cfg.rope_theta()), (64, 1e6));
+        let lora = crate::model::LoraConfig {
+            rank: 16,
+            ..Default::default()
+        };
+        assert_eq!(cfg.adapter_count(&lora), 8_798_208.0);
+        assert_eq!(cfg.largest_trainable(&lora), 16.0 * 4864.0);
+        assert_eq!(
+            cfg.largest_trainable(&Default::default()),
+            151_936.0 * 896.0
+        );
     }
 
     #[test]
