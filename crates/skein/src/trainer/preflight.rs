@@ -1,14 +1,38 @@
-//! A memory estimate before the first step: parameters, gradients and AdamW moments (policy,
-//! critic), the frozen reference, the KV cache of the rollout engine, and the activations of
-//! one micro-batch — checked against the memory the machine has free, so a run that cannot
-//! fit stops at once with the setting to lower, not an hour later.
+//! A memory estimate before the first step, checked against the memory the machine has free,
+//! so a run that cannot fit stops at once with the setting to lower, not an hour later.
+//!
+//! The estimate is built from pieces that `skein bench memory` also calls with its own model
+//! and micro-batch, so the figure it sets beside a measured peak is the trainer's own:
+//!
+//! - the policy: frozen base weights in `model.dtype`, and the trainable parameters (all of
+//!   them, or LoRA's adapters alone) in float32 with gradients and two AdamW moments;
+//! - one micro-batch: what autograd keeps per layer (dtype-aware; with activation
+//!   checkpointing only each layer's input, plus one layer recomputed), and the logits with
+//!   their float32 log-softmax and gradients, vocabulary-sized per token;
+//! - the AdamW step's temporaries, where they outgrow the micro-batch's freed memory;
+//! - the process and libtorch themselves;
+//! - beside the update: the reference, the critic, other thread ranks, the rollout KV cache and
+//!   the step's rows.
 
-use super::config::TrainConfig;
+use super::config::{DpBackend, TrainConfig};
 use crate::memory::GIB;
-use crate::model::ModelConfig;
+use crate::model::{Dtype, ModelConfig, ModelOptions};
 use anyhow::{bail, Result};
+use tch::Device;
 
 const F32: f64 = 4.0;
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// Resident memory of the skein binary once libtorch has initialised, before any model is
+/// built: the pages of libtorch and its kernel libraries that the first operations touch,
+/// the allocator's arenas and the threads' stacks. `skein bench memory` measures it in every
+/// child (its "RSS at start" column): 117 MiB with libtorch 2.13 on a 2-core x86-64 machine.
+pub const PROCESS_BYTES: f64 = 120.0 * MIB;
+
+/// What a CUDA device holds before the first tensor: the CUDA context and libtorch's kernel
+/// images. Not measured on this project's machines; the half GiB is the usual size of a
+/// libtorch CUDA 12 context with lazy module loading.
+pub const CUDA_CONTEXT_BYTES: f64 = 0.5 * GIB;
 
 /// One part of the estimate, in bytes, and the settings that size it.
 #[derive(Debug, Clone)]
@@ -18,35 +42,258 @@ pub struct Part {
     pub lower: &'static str,
 }
 
-pub fn estimate(cfg: &TrainConfig, model: &ModelConfig) -> Vec<Part> {
-    let params = model.num_parameters() as f64 * F32;
-    let mut parts = vec![Part {
-        what: "policy weights, gradients and AdamW moments",
-        bytes: 4.0 * params,
-        lower: "the model size (`model.*`, or a smaller `model.path`)",
-    }];
-    // MPI ranks are other processes (often other machines): only thread ranks live here.
-    if cfg.trainer.dp_size > 1 && cfg.trainer.dp_backend == super::config::DpBackend::Threads {
-        parts.push(Part {
-            what: "weights and gradients of the other data-parallel ranks",
-            bytes: 2.0 * params * (cfg.trainer.dp_size - 1) as f64,
-            lower: "`trainer.dp_size`",
-        });
+/// Sum of the parts, in bytes.
+pub fn total(parts: &[Part]) -> f64 {
+    parts.iter().map(|p| p.bytes).sum()
+}
+
+/// What sizes one update's memory beside the model's shape.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpdateShape {
+    /// The dtype of the frozen weights and of the forward, and LoRA.
+    pub options: ModelOptions,
+    /// Token slots of one micro-batch (lines × width, padding included).
+    pub micro_batch_tokens: usize,
+    /// Each layer keeps only its input and is recomputed in the backward.
+    pub checkpointing: bool,
+}
+
+impl UpdateShape {
+    /// The update of a training run.
+    pub fn of(cfg: &TrainConfig) -> Self {
+        UpdateShape {
+            options: cfg.model_options(),
+            micro_batch_tokens: cfg.trainer.micro_batch_tokens,
+            checkpointing: cfg.trainer.activation_checkpointing,
+        }
     }
-    if cfg.algorithm.kl_coef > 0.0 {
+}
+
+/// Parameters that train: every one, or only LoRA's adapters.
+fn trainable_count(model: &ModelConfig, options: &ModelOptions) -> f64 {
+    if options.lora.enabled() {
+        model.adapter_count(&options.lora)
+    } else {
+        model.parameter_count()
+    }
+}
+
+/// The policy's weights: the frozen base (LoRA only: without it every weight trains) and the
+/// float32 trainable parameters with their gradients and two AdamW moments. Both include the
+/// rotary tables every model builds.
+pub fn policy_parts(model: &ModelConfig, options: &ModelOptions) -> Vec<Part> {
+    let trainable = trainable_count(model, options);
+    let rope = model.build_bytes(0.0);
+    if !options.lora.enabled() {
+        return vec![Part {
+            what: "policy weights, gradients and AdamW moments (float32)",
+            bytes: 4.0 * F32 * trainable + rope,
+            lower: "the model size (`model.*`, or a smaller `model.path`), or train LoRA \
+                    adapters (`lora.rank`)",
+        }];
+    }
+    vec![
+        Part {
+            what: "frozen base weights (`model.dtype`)",
+            bytes: model.build_bytes(options.dtype.bytes()),
+            lower: "`model.dtype` (\"bfloat16\" halves float32)",
+        },
+        Part {
+            what: "LoRA adapters, gradients and AdamW moments (float32)",
+            bytes: 4.0 * F32 * trainable,
+            lower: "`lora.rank` or `lora.targets`",
+        },
+    ]
+}
+
+/// Bytes autograd keeps per token for one decoder layer.
+///
+/// In the forward's dtype: both RMSNorms' normalised and scaled outputs (the projections'
+/// inputs); q and k as projected, rotated half and rotated; v; attention's output and the
+/// contiguous copy `o_proj` reads; the MLP's gate, its SiLU, up and their product. In float32:
+/// the residual stream at both norms, which square it in float32. Each adapter keeps its
+/// rank-sized intermediate, and a float32 copy of its input when the base is not float32.
+pub fn layer_bytes_per_token(model: &ModelConfig, options: &ModelOptions) -> f64 {
+    let b = options.dtype.bytes();
+    let (h, i) = (model.hidden_size as f64, model.intermediate_size as f64);
+    let q = (model.num_attention_heads * model.head_dim()) as f64;
+    let kv = (model.kv_heads() * model.head_dim()) as f64;
+    let kept = b * (4.0 * h + 5.0 * q + 5.0 * kv + 4.0 * i);
+    let norms = 2.0 * F32 * h;
+    let lora = &options.lora;
+    let adapters: f64 = if lora.enabled() {
+        let copy = options.dtype != Dtype::Float32;
+        model
+            .projection_shapes()
+            .iter()
+            .filter(|(name, _, _)| lora.targets.iter().any(|t| t == name))
+            .map(|&(_, input, _)| F32 * (lora.rank as f64 + if copy { input as f64 } else { 0.0 }))
+            .sum()
+    } else {
+        0.0
+    };
+    kept + norms + adapters
+}
+
+/// Bytes per token of the logits and what the loss derives from them: the head's output in
+/// the forward's dtype (and its float32 copy below float32), the float32 log-softmax and its
+/// exponent (the entropy's probabilities), and in the backward their gradients — about six
+/// float32 vocabulary-sized rows at the peak.
+pub fn logits_bytes_per_token(model: &ModelConfig, dtype: Dtype) -> f64 {
+    let v = model.vocab_size as f64;
+    let head = if dtype == Dtype::Float32 {
+        0.0
+    } else {
+        dtype.bytes() * v
+    };
+    6.0 * F32 * v + head
+}
+
+/// The activations and logits of one micro-batch, alive from its forward to its backward.
+pub fn micro_batch_parts(model: &ModelConfig, shape: &UpdateShape) -> Vec<Part> {
+    let tokens = shape.micro_batch_tokens as f64;
+    let layers = model.num_hidden_layers as f64;
+    let layer = layer_bytes_per_token(model, &shape.options);
+    let per_token = if shape.checkpointing {
+        // Each layer's input and the last one's output, and one layer at a time recomputed,
+        // with the gradients of its activations.
+        (layers + 1.0) * shape.options.dtype.bytes() * model.hidden_size as f64 + 2.0 * layer
+    } else {
+        layers * layer
+    };
+    vec![
+        Part {
+            what: "activations of one micro-batch",
+            bytes: tokens * per_token,
+            lower: "`trainer.micro_batch_tokens`, or turn on \
+                    `trainer.activation_checkpointing`",
+        },
+        Part {
+            what: "logits, float32 log-softmax and gradients of one micro-batch",
+            bytes: tokens * logits_bytes_per_token(model, shape.options.dtype),
+            lower: "`trainer.micro_batch_tokens`",
+        },
+    ]
+}
+
+/// The AdamW step's temporaries beyond the memory the logits gave back: the step works one
+/// tensor at a time and holds about four float32 copies of it (the clipped gradient, the
+/// squared one, the denominator and the update), so the largest trainable tensor sizes them
+/// (`largest` elements). The activations' memory is not given back by then: their many small
+/// blocks stay with the allocator (glibc's arenas, CUDA's cache) and cannot hold a tensor of
+/// the embedding's size, while the logits' few large ones do go back.
+pub fn optimizer_step_part(largest: f64, logits: f64) -> Option<Part> {
+    let bytes = 4.0 * F32 * largest - logits;
+    (bytes > 0.0).then_some(Part {
+        what: "AdamW step's temporaries beyond the logits' memory",
+        bytes,
+        lower: "the largest trained tensor: the embedding in full fine-tuning (`lora.rank` \
+                trains adapters alone)",
+    })
+}
+
+/// The process and libtorch (on the CPU), or the CUDA context (on a GPU).
+pub fn runtime_part(device: Device) -> Part {
+    match device {
+        Device::Cpu => Part {
+            what: "the process and libtorch",
+            bytes: PROCESS_BYTES,
+            lower: "nothing: a fixed cost",
+        },
+        _ => Part {
+            what: "the CUDA context and libtorch's kernels",
+            bytes: CUDA_CONTEXT_BYTES,
+            lower: "nothing: a fixed cost",
+        },
+    }
+}
+
+/// One update's memory: the process, the policy, one micro-batch and the optimizer step (what
+/// `skein bench memory` measures). `critic`: a float32 critic also trains (its largest tensor
+/// may size the optimizer step).
+pub fn update_parts(
+    model: &ModelConfig,
+    shape: &UpdateShape,
+    device: Device,
+    critic: bool,
+) -> Vec<Part> {
+    let mut parts = vec![runtime_part(device)];
+    parts.extend(policy_parts(model, &shape.options));
+    let micro = micro_batch_parts(model, shape);
+    let logits = micro.last().map_or(0.0, |p| p.bytes);
+    parts.extend(micro);
+    let mut largest = model.largest_trainable(&shape.options.lora);
+    if critic {
+        largest = largest.max(model.largest_trainable(&Default::default()));
+    }
+    parts.extend(optimizer_step_part(largest, logits));
+    parts
+}
+
+/// The estimate of a training run on `device`: one update's memory, and the reference, the
+/// critic, the other thread ranks (on the CPU, where they share the memory), the rollout KV
+/// cache and (in host memory) the step's trajectories and rows.
+pub fn estimate(cfg: &TrainConfig, model: &ModelConfig, device: Device) -> Vec<Part> {
+    let shape = UpdateShape::of(cfg);
+    let critic = cfg.algorithm.estimator.needs_critic();
+    let mut parts = update_parts(model, &shape, device, critic);
+    let params = model.parameter_count() * F32;
+    if cfg.algorithm.kl_coef > 0.0 && !shape.options.lora.enabled() {
         parts.push(Part {
-            what: "frozen reference model",
+            what: "frozen reference model (float32)",
             bytes: params,
-            lower: "`algorithm.kl_coef` (0 needs no reference)",
+            lower: "`algorithm.kl_coef` (0 needs no reference), or LoRA (`lora.rank`): its \
+                    frozen base is the reference",
         });
     }
-    if cfg.algorithm.estimator.needs_critic() {
+    if critic {
         parts.push(Part {
-            what: "critic weights, gradients and moments",
+            what: "critic weights, gradients and moments (float32)",
             bytes: 4.0 * params,
             lower: "`algorithm.estimator` (a critic-free estimator such as grpo)",
         });
     }
+    parts.extend(other_ranks_part(cfg, model, &shape, device));
+    parts.extend(rollout_parts(cfg, model, device));
+    parts
+}
+
+/// Thread ranks beyond the first, on the CPU: each a replica (frozen base, trainable weights
+/// and gradients; the critic's too) running a micro-batch of its own at the same time. MPI
+/// ranks are other processes, and on GPUs each rank has a device of its own.
+fn other_ranks_part(
+    cfg: &TrainConfig,
+    model: &ModelConfig,
+    shape: &UpdateShape,
+    device: Device,
+) -> Option<Part> {
+    let t = &cfg.trainer;
+    if t.dp_size <= 1 || t.dp_backend != DpBackend::Threads || device != Device::Cpu {
+        return None;
+    }
+    let options = &shape.options;
+    let trainable = 2.0 * F32 * trainable_count(model, options);
+    let base = if options.lora.enabled() {
+        model.build_bytes(options.dtype.bytes())
+    } else {
+        model.build_bytes(0.0)
+    };
+    let critic = if cfg.algorithm.estimator.needs_critic() {
+        2.0 * F32 * model.parameter_count()
+    } else {
+        0.0
+    };
+    let replica = base + trainable + critic + total(&micro_batch_parts(model, shape));
+    Some(Part {
+        what: "replicas and micro-batches of the other data-parallel ranks",
+        bytes: replica * (t.dp_size - 1) as f64,
+        lower: "`trainer.dp_size`",
+    })
+}
+
+/// The rollout's KV cache (in the model's dtype), and the step's samples, held twice (as
+/// trajectories and as training rows) in host memory.
+fn rollout_parts(cfg: &TrainConfig, model: &ModelConfig, device: Device) -> Vec<Part> {
     let r = &cfg.rollout;
     let slots = r.max_slots.min(r.prompts_per_step * r.samples_per_prompt);
     let prompt = if cfg.data.train_files.is_empty() {
@@ -55,37 +302,27 @@ pub fn estimate(cfg: &TrainConfig, model: &ModelConfig) -> Vec<Part> {
         cfg.data.max_prompt_tokens
     };
     let context = (prompt + r.sampling.max_new_tokens).min(model.max_position_embeddings);
-    parts.push(Part {
+    let mut parts = vec![Part {
         what: "rollout KV cache",
-        bytes: model.kv_cache_bytes(slots, context),
+        bytes: model.kv_cache_bytes(slots, context, cfg.model.dtype.bytes()),
         lower: "`rollout.max_slots` or `rollout.sampling.max_new_tokens`",
-    });
-    // Every sample of a step is held twice, as a trajectory and as a training row: ids,
-    // behavior/old/reference log-probs, versions, masks, advantages, values, weights — about
-    // 64 bytes per token.
-    let samples = (r.prompts_per_step * r.samples_per_prompt) as f64;
-    parts.push(Part {
-        what: "the step's trajectories and training rows",
-        bytes: samples * context as f64 * 64.0,
-        lower: "`rollout.prompts_per_step` or `rollout.samples_per_prompt`",
-    });
-    // Saved for backward, per token and layer: roughly a dozen hidden-sized tensors and three
-    // intermediate-sized ones; plus logits, their log-softmax and its gradient.
-    let tokens = cfg.trainer.micro_batch_tokens as f64;
-    let per_layer = 12.0 * model.hidden_size as f64 + 3.0 * model.intermediate_size as f64;
-    let activations =
-        tokens * F32 * (per_layer * model.num_hidden_layers as f64 + 3.0 * model.vocab_size as f64);
-    parts.push(Part {
-        what: "activations of one micro-batch",
-        bytes: activations,
-        lower: "`trainer.micro_batch_tokens`",
-    });
+    }];
+    if device == Device::Cpu {
+        // Ids, behavior/old/reference log-probs, versions, masks, advantages, values,
+        // weights: about 64 bytes per token.
+        let samples = (r.prompts_per_step * r.samples_per_prompt) as f64;
+        parts.push(Part {
+            what: "the step's trajectories and training rows",
+            bytes: samples * context as f64 * 64.0,
+            lower: "`rollout.prompts_per_step` or `rollout.samples_per_prompt`",
+        });
+    }
     parts
 }
 
 /// An error naming the largest part's settings when the estimate exceeds `available` bytes.
 pub fn check(parts: &[Part], available: f64) -> Result<()> {
-    let total: f64 = parts.iter().map(|p| p.bytes).sum();
+    let total = total(parts);
     if total <= available {
         return Ok(());
     }
@@ -108,22 +345,47 @@ pub fn check(parts: &[Part], available: f64) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::LoraConfig;
 
     fn model() -> ModelConfig {
         ModelConfig::tiny_qwen2(32, 192, 4, 4, 2, 512, 64)
     }
 
+    fn cpu(cfg: &TrainConfig, model: &ModelConfig) -> Vec<Part> {
+        estimate(cfg, model, Device::Cpu)
+    }
+
+    fn part(parts: &[Part], what: &str) -> f64 {
+        parts
+            .iter()
+            .filter(|p| p.what.starts_with(what))
+            .map(|p| p.bytes)
+            .sum()
+    }
+
+    /// A config with LoRA rank 16 on every projection, and `dtype` weights.
+    fn lora(dtype: Dtype) -> TrainConfig {
+        let mut cfg = TrainConfig {
+            lora: LoraConfig {
+                rank: 16,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        cfg.model.dtype = dtype;
+        cfg
+    }
+
     #[test]
     fn the_default_run_fits_and_a_huge_cache_names_its_settings() {
         let mut cfg = TrainConfig::default();
-        let parts = estimate(&cfg, &model());
-        let total: f64 = parts.iter().map(|p| p.bytes).sum();
-        assert!(total < 2.0 * GIB, "{total}");
+        let parts = cpu(&cfg, &model());
+        assert!(total(&parts) < 2.0 * GIB, "{}", total(&parts));
         assert!(check(&parts, 16.0 * GIB).is_ok());
 
         cfg.rollout.prompts_per_step = 1 << 14;
         cfg.rollout.max_slots = 1 << 20;
-        let err = check(&estimate(&cfg, &model()), 16.0 * GIB)
+        let err = check(&cpu(&cfg, &model()), 16.0 * GIB)
             .unwrap_err()
             .to_string();
         assert!(err.contains("`rollout.max_slots`"), "{err}");
@@ -134,7 +396,7 @@ mod tests {
     fn a_huge_rollout_names_its_setting() {
         let mut cfg = TrainConfig::default();
         cfg.rollout.prompts_per_step = 100_000_000;
-        let err = check(&estimate(&cfg, &model()), 24.0 * GIB)
+        let err = check(&cpu(&cfg, &model()), 24.0 * GIB)
             .unwrap_err()
             .to_string();
         assert!(err.contains("`rollout.prompts_per_step`"), "{err}");
@@ -144,10 +406,76 @@ mod tests {
     fn a_huge_micro_batch_names_its_setting() {
         let mut cfg = TrainConfig::default();
         cfg.trainer.micro_batch_tokens = 1 << 26;
-        let err = check(&estimate(&cfg, &model()), 8.0 * GIB)
+        let err = check(&cpu(&cfg, &model()), 8.0 * GIB)
             .unwrap_err()
             .to_string();
         assert!(err.contains("`trainer.micro_batch_tokens`"), "{err}");
+    }
+
+    /// On Qwen2.5-0.5B's shape with a KL term and micro-batches of 256 tokens: LoRA drops the
+    /// trainable state to the adapters' and the reference to nothing (the base is it), and
+    /// bfloat16 halves the base.
+    #[test]
+    fn lora_and_bfloat16_shrink_the_estimate() {
+        let qwen = ModelConfig::qwen2_5_0_5b();
+        let mut full = TrainConfig::default();
+        full.algorithm.kl_coef = 0.01;
+        let mut adapters = lora(Dtype::Float32);
+        adapters.algorithm.kl_coef = 0.01;
+        let mut bf16 = lora(Dtype::Bfloat16);
+        bf16.algorithm.kl_coef = 0.01;
+        for cfg in [&mut full, &mut adapters, &mut bf16] {
+            cfg.trainer.micro_batch_tokens = 256;
+        }
+        let (full, adapters, bf16) = (cpu(&full, &qwen), cpu(&adapters, &qwen), cpu(&bf16, &qwen));
+        assert!(total(&adapters) < 0.5 * total(&full));
+        assert!(total(&bf16) < total(&adapters));
+        assert!(part(&full, "frozen reference") > 0.0);
+        assert_eq!(part(&adapters, "frozen reference"), 0.0);
+        let base = |p: &[Part]| part(p, "frozen base");
+        let ratio = base(&bf16) / base(&adapters);
+        assert!((ratio - 0.5).abs() < 0.01, "{ratio}");
+        // rank · (in + out) per projection and layer, float32, with gradients and two moments.
+        assert_eq!(part(&bf16, "LoRA adapters"), 16.0 * 8_798_208.0);
+        assert!(part(&bf16, "activations") < part(&adapters, "activations"));
+    }
+
+    #[test]
+    fn checkpointing_shrinks_the_activations_alone() {
+        let qwen = ModelConfig::qwen2_5_0_5b();
+        let mut shape = UpdateShape::of(&lora(Dtype::Bfloat16));
+        let plain = update_parts(&qwen, &shape, Device::Cpu, false);
+        shape.checkpointing = true;
+        let ckpt = update_parts(&qwen, &shape, Device::Cpu, false);
+        let (a, b) = (part(&plain, "activations"), part(&ckpt, "activations"));
+        assert!(b < a / 4.0, "{b} against {a}");
+        assert_eq!(
+            total(&plain) - a,
+            total(&ckpt) - b,
+            "only the activations change"
+        );
+    }
+
+    /// Every part is positive, and the total is their sum with each piece where it belongs:
+    /// the host's parts only on the CPU.
+    #[test]
+    fn the_parts_sum_to_the_total() {
+        let qwen = ModelConfig::qwen2_5_0_5b();
+        let mut cfg = TrainConfig::default();
+        cfg.algorithm.kl_coef = 0.01;
+        let parts = cpu(&cfg, &qwen);
+        assert!(parts.iter().all(|p| p.bytes > 0.0), "{parts:?}");
+        let sum: f64 = parts.iter().map(|p| p.bytes).sum();
+        assert_eq!(total(&parts), sum);
+        let params = qwen.parameter_count();
+        let rope = qwen.build_bytes(0.0);
+        assert_eq!(part(&parts, "policy weights"), 16.0 * params + rope);
+        assert_eq!(part(&parts, "frozen reference"), 4.0 * params);
+        assert_eq!(part(&parts, "the process"), PROCESS_BYTES);
+        let gpu = estimate(&cfg, &qwen, Device::Cuda(0));
+        assert_eq!(part(&gpu, "the step's trajectories"), 0.0);
+        assert_eq!(part(&gpu, "the CUDA context"), CUDA_CONTEXT_BYTES);
+        assert!(part(&parts, "the step's trajectories") > 0.0);
     }
 
     #[test]

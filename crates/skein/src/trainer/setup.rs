@@ -360,8 +360,10 @@ fn check_context(cfg: &TrainConfig, workload: &dyn Workload, policy: &Model) -> 
 /// The engine rollouts run on, once the run is known to fit in memory (on the CPU, where
 /// free memory can be read).
 fn rollout_engine(cfg: &TrainConfig, policy: &Model) -> Result<Generator> {
-    if let Some(available) = crate::memory::available_on(policy.vs.device()) {
-        preflight::check(&preflight::estimate(cfg, &policy.net.config), available)?;
+    let device = policy.vs.device();
+    if let Some(available) = crate::memory::available_on(device) {
+        let parts = preflight::estimate(cfg, &policy.net.config, device);
+        preflight::check(&parts, available)?;
     }
     Ok(match cfg.rollout.engine {
         EngineKind::Remote => Generator::Remote(RemoteEngine::new(&cfg.rollout.remote)),
