@@ -21,6 +21,10 @@ pub enum BenchWhat {
     Rewards(RewardBenchArgs),
     /// One PPO update of an agentic batch: padded, packed, and packed with shared prompts.
     TrainTokens(super::bench_tokens::TokenBenchArgs),
+    /// Peak memory and step time of one GRPO update on Qwen2.5-0.5B's shape: full float32,
+    /// LoRA, LoRA on a bfloat16 base, and with activation checkpointing, beside the
+    /// preflight's estimate of each.
+    Memory(super::bench_memory::MemoryBenchArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -79,6 +83,7 @@ pub fn run(what: &BenchWhat) -> Result<()> {
     match what {
         BenchWhat::Rewards(a) => rewards(a),
         BenchWhat::TrainTokens(a) => super::bench_tokens::run(a),
+        BenchWhat::Memory(a) => super::bench_memory::run(a),
     }
 }
 

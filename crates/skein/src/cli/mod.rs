@@ -1,8 +1,9 @@
-//! The `skein` command line, one file per command: `train`, `plan`, `bench` (and `bench
-//! rewards`, `bench train-tokens`), `bench-partial`, `eval`, `sft`, `plot`, `serve-reward`,
-//! `serve`, `view`, `export`.
+//! The `skein` command line, one file per command: `train`, `plan`, `bench`
+//! (and `bench rewards`, `bench train-tokens`, `bench memory`), `bench-partial`, `eval`,
+//! `sft`, `plot`, `serve-reward`, `serve`, `view`, `export`.
 
 mod bench;
+mod bench_memory;
 mod bench_partial;
 mod bench_rewards;
 mod bench_tokens;
