@@ -1,5 +1,6 @@
-//! `skein bench memory`, run for real as a subprocess.
+//! `skein bench memory` and `skein plan-memory`, run for real as subprocesses.
 
+use std::path::PathBuf;
 use std::process::Command;
 
 fn skein(args: &[&str]) -> (i32, String, String) {
@@ -73,4 +74,91 @@ fn bench_memory_measures_four_setups_and_lora_stays_below_full() {
         err.contains("bench memory: full float32"),
         "progress on stderr: {err}"
     );
+}
+
+/// A Qwen2.5-7B `config.json` (no weights) in a fresh directory of the test `name`.
+fn qwen7b_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("skein-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = r#"{
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+        "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+        "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
+        "tie_word_embeddings": false, "rope_theta": 1000000.0, "rms_norm_eps": 1e-06,
+        "max_position_embeddings": 32768, "torch_dtype": "bfloat16"
+    }"#;
+    std::fs::write(dir.join("config.json"), config).unwrap();
+    dir
+}
+
+/// Qwen2.5-7B planned from its config alone, micro-batches of 2048 tokens: full float32
+/// fine-tuning does not fit an 80 GiB GPU (its weights, gradients and moments alone take
+/// 114 GiB), LoRA on a bfloat16 base does; a directory and its config.json plan alike.
+#[test]
+fn plan_memory_fits_qwen_7b_on_80_gib_with_lora_and_bfloat16_only() {
+    let dir = qwen7b_dir("plan-7b");
+    let file = dir.join("config.json");
+    let (code, full, err) = skein(&[
+        "plan-memory",
+        "--model",
+        file.to_str().unwrap(),
+        "--device",
+        "cuda:80GiB",
+        "--set",
+        "trainer.micro_batch_tokens=2048",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(full.contains("7.62B parameters"), "{full}");
+    assert!(
+        full.contains("policy weights, gradients and AdamW moments"),
+        "{full}"
+    );
+    assert!(
+        full.lines().any(|l| l.starts_with("does not fit")),
+        "{full}"
+    );
+
+    let (code, lora, err) = skein(&[
+        "plan-memory",
+        "--model",
+        dir.to_str().unwrap(),
+        "--device",
+        "cuda:80GiB",
+        "--set",
+        "lora.rank=16",
+        "--set",
+        "model.dtype=bfloat16",
+        "--set",
+        "trainer.micro_batch_tokens=2048",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(lora.contains("frozen base weights"), "{lora}");
+    assert!(lora.lines().any(|l| l.starts_with("fits")), "{lora}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn plan_memory_errors_name_the_flag_and_the_allowed_values() {
+    let (code, _, err) = skein(&["plan-memory", "--device", "gpu"]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("`--device`") && err.contains("cuda:80GiB"),
+        "{err}"
+    );
+
+    let (code, _, err) = skein(&["plan-memory"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--model"), "{err}");
+
+    let dir = qwen7b_dir("plan-errors");
+    let (code, _, err) = skein(&[
+        "plan-memory",
+        "--model",
+        dir.to_str().unwrap(),
+        "--set",
+        "model.dtype=bfloat16",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("`lora.rank`"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

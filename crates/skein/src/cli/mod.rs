@@ -1,4 +1,4 @@
-//! The `skein` command line, one file per command: `train`, `plan`, `bench`
+//! The `skein` command line, one file per command: `train`, `plan`, `plan-memory`, `bench`
 //! (and `bench rewards`, `bench train-tokens`, `bench memory`), `bench-partial`, `eval`,
 //! `sft`, `plot`, `serve-reward`, `serve`, `view`, `export`.
 
@@ -10,6 +10,7 @@ mod bench_tokens;
 mod eval;
 mod export;
 mod plan;
+mod plan_memory;
 mod plot;
 mod serve;
 mod serve_reward;
@@ -60,6 +61,9 @@ enum Command {
         /// Input file; `-` or nothing reads stdin.
         input: Option<PathBuf>,
     },
+    /// The memory a training config needs on a device, part by part, and whether it fits:
+    /// a model directory or just its config.json, `--set` as `train` takes it.
+    PlanMemory(plan_memory::PlanMemoryArgs),
     /// Measure training-step time and decode throughput of a model size.
     Bench(bench::BenchArgs),
     /// Train the long-tail `reverse` task twice, synchronous then with partial rollout, and
@@ -110,6 +114,7 @@ pub fn main() -> ExitCode {
             overwrite,
         } => train::run(config, overrides, print_config, resume, overwrite),
         Command::Plan { input } => return plan::run(input),
+        Command::PlanMemory(args) => plan_memory::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::BenchPartial(args) => bench_partial::run(&args),
         Command::ServeReward(args) => serve_reward::run(&args),
