@@ -165,8 +165,11 @@ pub fn micro_batch_parts(model: &ModelConfig, shape: &UpdateShape) -> Vec<Part> 
         Part {
             what: "activations of one micro-batch",
             bytes: tokens * per_token,
-            lower: "`trainer.micro_batch_tokens`, or turn on \
-                    `trainer.activation_checkpointing`",
+            lower: if shape.checkpointing {
+                "`trainer.micro_batch_tokens`"
+            } else {
+                "`trainer.micro_batch_tokens`, or turn on `trainer.activation_checkpointing`"
+            },
         },
         Part {
             what: "logits, float32 log-softmax and gradients of one micro-batch",
@@ -453,6 +456,15 @@ mod tests {
             total(&plain) - a,
             total(&ckpt) - b,
             "only the activations change"
+        );
+        let advice = |parts: &[Part]| {
+            let p = parts.iter().find(|p| p.what.starts_with("activations"));
+            p.map(|p| p.lower).unwrap_or_default()
+        };
+        assert!(advice(&plain).contains("activation_checkpointing"));
+        assert!(
+            !advice(&ckpt).contains("activation_checkpointing"),
+            "checkpointing is on already"
         );
     }
 
