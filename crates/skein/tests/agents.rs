@@ -54,6 +54,31 @@ fn the_calculator_task_trains_with_tool_calls() {
         assert_eq!(m["batch/rows"].as_f64(), Some(32.0), "{m}");
         assert_eq!(m["batch/failed_trajectories"].as_f64(), Some(0.0));
         assert!(m["agent/turns_mean"].as_f64().unwrap() >= 1.0);
+        // Tool calls per episode: the count over the step's 32 episodes.
+        let per_episode = m["agent/tool_calls"].as_f64().unwrap() / 32.0;
+        assert_eq!(
+            m["agent/tool_calls_mean"].as_f64(),
+            Some(per_episode),
+            "{m}"
+        );
+    }
+    // The greedy evaluations before and after RL say how the agent went about it: no episode
+    // takes more than the task's 3 turns.
+    let evals: Vec<serde_json::Value> = std::fs::read_to_string(run.dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|m: &serde_json::Value| m.get("eval/accuracy").is_some())
+        .collect();
+    assert_eq!(evals.len(), 2, "{evals:?}");
+    for e in &evals {
+        let turns = e["eval/turns_mean"].as_f64().unwrap();
+        assert!((1.0..=3.0).contains(&turns), "{e}");
+        assert!(e["eval/tool_calls_mean"].as_f64().unwrap() >= 0.0, "{e}");
+        match e.get("eval/solved_turns_mean") {
+            Some(t) => assert!((1.0..=3.0).contains(&t.as_f64().unwrap()), "{e}"),
+            None => assert_eq!(e["eval/accuracy"].as_f64(), Some(0.0), "{e}"),
+        }
     }
     assert!(run.dir.join("plot.png").is_file());
 }

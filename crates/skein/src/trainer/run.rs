@@ -188,12 +188,7 @@ impl Trainer<'_> {
         extend(&mut m, self.workload.data_metrics(false));
         let every = self.cfg.eval.every;
         if every > 0 && step.is_multiple_of(every) && step != self.cfg.trainer.steps {
-            let e = self.evaluate();
-            let eval = [
-                ("eval/accuracy", e.accuracy),
-                ("eval/reward", e.mean_reward),
-            ];
-            extend(&mut m, eval);
+            extend(&mut m, self.evaluate().metrics());
         }
         self.log.append(&m)
     }
@@ -223,13 +218,9 @@ fn finish(mut t: Trainer, interrupted: bool) -> Result<RunSummary> {
         });
     }
     let eval_after = t.evaluate();
-    t.log.append(&record(
-        t.cfg.trainer.steps,
-        [
-            ("eval/accuracy", eval_after.accuracy),
-            ("eval/reward", eval_after.mean_reward),
-        ],
-    ))?;
+    let mut last = record(t.cfg.trainer.steps, []);
+    extend(&mut last, eval_after.metrics());
+    t.log.append(&last)?;
     eprintln!(
         "skein: eval after RL: {} accuracy {:.3} (before: {:.3})",
         eval_kind(t.workload.held_out()),

@@ -182,6 +182,7 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
             let eval_before = EvalResult {
                 accuracy: r.state.eval_before_accuracy,
                 mean_reward: r.state.eval_before_reward,
+                agent: None,
             };
             (log, eval_before, models)
         }
@@ -378,13 +379,8 @@ fn measure_before(
     log: &mut MetricsLog,
 ) -> Result<EvalResult> {
     let e = workload.evaluate(ctx);
-    let mut first = record(
-        0,
-        [
-            ("eval/accuracy", e.accuracy),
-            ("eval/reward", e.mean_reward),
-        ],
-    );
+    let mut first = record(0, []);
+    extend(&mut first, e.metrics());
     extend(&mut first, workload.data_metrics(true));
     log.append(&first)?;
     let kind = super::run::eval_kind(workload.held_out());

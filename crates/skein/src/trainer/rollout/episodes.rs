@@ -120,6 +120,9 @@ impl Episode {
 pub struct AgentStats {
     pub episodes: usize,
     pub turns: usize,
+    /// Episodes solved, and their turns.
+    pub solved: usize,
+    pub solved_turns: usize,
     pub turn_limit: usize,
     pub token_limit: usize,
     pub env_errors: usize,
@@ -139,6 +142,10 @@ impl AgentStats {
     fn add(&mut self, e: &Episode) {
         self.episodes += 1;
         self.turns += e.trajectory.transitions.len();
+        if e.correct {
+            self.solved += 1;
+            self.solved_turns += e.trajectory.transitions.len();
+        }
         self.tool_calls += e.tool_calls();
         let ts = &e.trajectory.transitions;
         for w in ts.windows(2) {
@@ -160,8 +167,10 @@ impl AgentStats {
     }
 
     pub fn metrics(&self) -> Vec<(&'static str, f64)> {
+        let per_episode = |n: usize| n as f64 / self.episodes.max(1) as f64;
         let mut m = vec![
             ("agent/turns_mean", self.turns_mean()),
+            ("agent/tool_calls_mean", per_episode(self.tool_calls)),
             ("agent/turn_limit", self.turn_limit as f64),
             ("agent/token_limit", self.token_limit as f64),
             ("agent/env_errors", self.env_errors as f64),
@@ -169,6 +178,10 @@ impl AgentStats {
             ("agent/tool_calls", self.tool_calls as f64),
             ("agent/inserted_tokens", self.inserted_tokens as f64),
         ];
+        if self.solved > 0 {
+            let turns = self.solved_turns as f64 / self.solved as f64;
+            m.push(("agent/solved_turns_mean", turns));
+        }
         if let Some(counters) = &self.task_counters {
             m.push(("agent/env_worker_failures", self.env_worker_failures as f64));
             m.extend(counters.iter().cloned());

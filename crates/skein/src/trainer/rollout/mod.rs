@@ -90,6 +90,37 @@ impl<'a> StepContext<'a> {
 pub struct EvalResult {
     pub accuracy: f64,
     pub mean_reward: f64,
+    /// How the greedy agent went about it, for multi-turn tasks.
+    pub agent: Option<AgentEval>,
+}
+
+/// How many turns and tool calls the greedy agent's episodes took.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AgentEval {
+    pub turns_mean: f64,
+    /// Turns of the episodes it solved (NaN when it solved none): an agent that learns finds
+    /// the answer sooner, which the mean over all episodes hides behind the failed ones.
+    pub solved_turns_mean: f64,
+    /// Tool calls per episode.
+    pub tool_calls_mean: f64,
+}
+
+impl EvalResult {
+    /// The `eval/…` metrics of this evaluation.
+    pub fn metrics(&self) -> Vec<(&'static str, f64)> {
+        let mut m = vec![
+            ("eval/accuracy", self.accuracy),
+            ("eval/reward", self.mean_reward),
+        ];
+        if let Some(a) = &self.agent {
+            m.push(("eval/turns_mean", a.turns_mean));
+            if a.solved_turns_mean.is_finite() {
+                m.push(("eval/solved_turns_mean", a.solved_turns_mean));
+            }
+            m.push(("eval/tool_calls_mean", a.tool_calls_mean));
+        }
+        m
+    }
 }
 
 /// What a source carries from step to step: saved in every checkpoint and restored on resume.

@@ -4,9 +4,11 @@
 //! (`episodes.rs` runs them).
 
 use super::dataset::eval_seed;
-use super::episodes::{AgentContext, AgentLimits, EpisodeSpec, TurnFormat};
+use super::episodes::{AgentContext, AgentLimits, Episode, EpisodeSpec, TurnFormat};
 use super::stats::{SourceStats, StepRollout};
-use super::{draw, evaluation_problems, EvalResult, StepContext, Workload, WorkloadState};
+use super::{
+    draw, evaluation_problems, AgentEval, EvalResult, StepContext, Workload, WorkloadState,
+};
 use crate::engine::SamplingParams;
 use crate::model::Model;
 use crate::trainer::batch::TrainRow;
@@ -241,9 +243,16 @@ impl Workload for MultiTurn {
         let agent = self.context(ctx.tokenizer, &greedy);
         let r = agent.run(ctx.engine, ctx.policy, 0, &self.runtime, specs);
         let n = r.episodes.len().max(1) as f64;
+        let turns = |e: &Episode| e.trajectory.transitions.len() as f64;
+        let solved: Vec<f64> = r.episodes.iter().filter(|e| e.correct).map(turns).collect();
         EvalResult {
-            accuracy: r.episodes.iter().filter(|e| e.correct).count() as f64 / n,
+            accuracy: solved.len() as f64 / n,
             mean_reward: r.episodes.iter().map(|e| e.trajectory.reward).sum::<f64>() / n,
+            agent: Some(AgentEval {
+                turns_mean: r.episodes.iter().map(turns).sum::<f64>() / n,
+                solved_turns_mean: solved.iter().sum::<f64>() / solved.len() as f64,
+                tool_calls_mean: r.stats.tool_calls as f64 / n,
+            }),
         }
     }
 

@@ -128,6 +128,7 @@ impl PromptTask {
         EvalResult {
             accuracy: r.correct.iter().filter(|&&c| c).count() as f64 / n,
             mean_reward: r.trajectories.iter().map(|t| t.reward).sum::<f64>() / n,
+            agent: None,
         }
     }
 
