@@ -3,6 +3,7 @@
 //! `sft`, `plot`, `serve-reward`, `serve`, `view`, `export`.
 
 mod bench;
+mod bench_agents;
 mod bench_memory;
 mod bench_partial;
 mod bench_rewards;
@@ -69,6 +70,10 @@ enum Command {
     /// Train the long-tail `reverse` task twice, synchronous then with partial rollout, and
     /// compare trained tokens per second, step-time spread and reward curves (one PNG).
     BenchPartial(bench_partial::PartialBenchArgs),
+    /// The multi-turn learning runs of `configs/`: the calculator agent, and the guessing
+    /// game under each credit mode; greedy success, turns and tool calls before and after RL
+    /// in one table, and their curves as PNGs.
+    BenchAgents(bench_agents::AgentsBenchArgs),
     /// Accuracy and pass@k of a model (or a run's checkpoint) on prompt files, the run's
     /// validation split, or the built-in task: greedy, or sampled with --n.
     Eval(eval::EvalArgs),
@@ -117,6 +122,7 @@ pub fn main() -> ExitCode {
         Command::PlanMemory(args) => plan_memory::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::BenchPartial(args) => bench_partial::run(&args),
+        Command::BenchAgents(args) => bench_agents::run(&args),
         Command::ServeReward(args) => serve_reward::run(&args),
         Command::Serve(args) => serve::run(&args),
         Command::View(args) => view::run(&args),
