@@ -202,16 +202,25 @@ fn add_step_advantages(
     }
 }
 
+/// What each turn of `t` earned: its own reward ([`crate::Transition::reward`], None = 0),
+/// plus the final score on the last turn.
+pub fn turn_rewards(t: &Trajectory) -> Vec<f64> {
+    let n = t.transitions.len();
+    t.transitions
+        .iter()
+        .enumerate()
+        .map(|(k, x)| x.reward.unwrap_or(0.0) + if k + 1 == n { t.reward } else { 0.0 })
+        .collect()
+}
+
 /// The discounted return from each turn on: its own reward plus the later turns', and the
 /// final score at the last turn, `gamma` per turn.
 pub fn turn_returns(t: &Trajectory, gamma: f64) -> Vec<f64> {
-    let n = t.transitions.len();
-    let mut returns = vec![0.0; n];
+    let mut returns = turn_rewards(t);
     let mut running = 0.0;
-    for k in (0..n).rev() {
-        let last = if k + 1 == n { t.reward } else { 0.0 };
-        running = t.transitions[k].reward.unwrap_or(0.0) + last + gamma * running;
-        returns[k] = running;
+    for r in returns.iter_mut().rev() {
+        running = *r + gamma * running;
+        *r = running;
     }
     returns
 }

@@ -8,7 +8,8 @@
 //! The invariants, where each is kept, and where it is tested:
 //! - advantages are computed on whole groups before any reordering, dropping or padding;
 //!   failed trajectories are excluded and counted, never scored 0 (`advantage`; its unit
-//!   tests);
+//!   tests); with a critic, turn-level GAE estimates each trajectory whole from its turns,
+//!   wherever its rows are (`turn_gae`; `turn_gae_is_per_trajectory_in_both_layouts`);
 //! - rows are made of stored token ids only; a merged trajectory row requires each prompt to
 //!   extend the previous context token for token, else an error names the trajectory and
 //!   transition (`rows`; its unit tests);
@@ -48,10 +49,11 @@ pub mod padding;
 pub mod planner;
 mod rng;
 pub mod rows;
+pub mod turn_gae;
 
 pub use advantage::{
-    compute_advantages, gae, turn_returns, AdvantageConfig, AdvantageResult, Credit, Estimator,
-    StepGroups,
+    compute_advantages, gae, turn_returns, turn_rewards, AdvantageConfig, AdvantageResult, Credit,
+    Estimator, StepGroups,
 };
 pub use data::{Status, Trajectory, Transition};
 pub use error::PlanError;
@@ -64,3 +66,6 @@ pub use planner::{
     plan, plan_with_ids, CostModel, GlobalCounts, MiniBatch, Plan, PlanConfig, Slot, Unit,
 };
 pub use rows::{build_rows, build_turn_rows, Row, RowMode, RowShape, PADDING_TOKEN};
+pub use turn_gae::{
+    turn_gae, turn_gae_rows, turn_places, turn_value_mask, turn_value_position, TurnGae, TurnPlace,
+};

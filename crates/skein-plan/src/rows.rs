@@ -4,6 +4,7 @@
 use crate::data::Trajectory;
 use crate::error::{err, PlanError};
 use crate::padding::PaddingId;
+use std::ops::Range;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RowMode {
@@ -47,6 +48,10 @@ pub struct Row {
     /// Per response token: the advantage of the turn that sampled it (the trajectory's, unless
     /// credit is per turn); 0 on inserted tokens.
     pub advantages: Vec<f64>,
+    /// Where the response of each transition the row holds lies in the row's response, in
+    /// transition order: the whole response for a row per transition, one span per turn for a
+    /// merged row (the tokens inserted between turns are in none). Empty for a padding row.
+    pub turn_spans: Vec<Range<usize>>,
     /// Some for a synthetic padding row (the `is_padding` flag, with the row's fresh id).
     pub padding: Option<PaddingId>,
 }
@@ -75,6 +80,7 @@ impl Row {
             logprobs: vec![0.0],
             versions: vec![0],
             advantages: vec![0.0],
+            turn_spans: Vec::new(),
             padding: Some(id),
         }
     }
@@ -150,6 +156,7 @@ pub fn build_turn_rows(
                         logprobs: tr.logprobs.clone(),
                         versions: tr.versions.clone(),
                         advantages: on_sampled(&tr.loss_mask, turns[k]),
+                        turn_spans: std::iter::once(0..tr.response.len()).collect(),
                         padding: None,
                     });
                 }
@@ -186,6 +193,7 @@ fn merge(t: &Trajectory, ti: usize, group: usize, turns: &[f64]) -> Result<Row, 
     let mut context = first.prompt.clone();
     let (mut response, mut mask, mut logprobs, mut versions, mut advantages) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut turn_spans = Vec::with_capacity(t.transitions.len());
     for (k, tr) in t.transitions.iter().enumerate() {
         if !tr.prompt.starts_with(&context) {
             return err(format!(
@@ -200,6 +208,7 @@ fn merge(t: &Trajectory, ti: usize, group: usize, turns: &[f64]) -> Result<Row, 
         versions.extend(std::iter::repeat_n(0u64, inserted.len()));
         advantages.extend(std::iter::repeat_n(0.0, inserted.len()));
         advantages.extend(on_sampled(&tr.loss_mask, turns[k]));
+        turn_spans.push(response.len()..response.len() + tr.response.len());
         response.extend_from_slice(&tr.response);
         mask.extend_from_slice(&tr.loss_mask);
         logprobs.extend_from_slice(&tr.logprobs);
@@ -223,6 +232,7 @@ fn merge(t: &Trajectory, ti: usize, group: usize, turns: &[f64]) -> Result<Row, 
         logprobs,
         versions,
         advantages,
+        turn_spans,
         padding: None,
     })
 }
@@ -261,10 +271,12 @@ mod tests {
         assert_eq!(rows[0].prompt, vec![1, 2]);
         assert_eq!(rows[0].response, vec![3, 4, 9, 9, 5]);
         assert_eq!(rows[0].loss_mask, vec![1, 1, 0, 0, 1]);
+        assert_eq!(rows[0].turn_spans, vec![0..2, 4..5]);
         assert_eq!(rows[0].shape.loss_tokens, 3);
         let per_turn =
             build_rows(std::slice::from_ref(&t), &[Some(0.5)], RowMode::Transition).unwrap();
         assert_eq!(per_turn.len(), 2);
+        assert_eq!(per_turn[1].turn_spans, vec![0..1]);
         let mut bad = t.clone();
         bad.transitions[1].prompt = vec![1, 7, 3, 4];
         let e = build_rows(&[bad.clone()], &[Some(0.5)], RowMode::Trajectory)

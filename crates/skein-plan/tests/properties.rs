@@ -584,3 +584,152 @@ proptest! {
         prop_assert_eq!(b.step_group_turns, shared.sum::<usize>());
     }
 }
+
+/// A critic's value at response token `j` of turn `k` of trajectory `i`: the same in every row
+/// layout (inserted tokens get 100, which no turn may read).
+fn value_at(i: usize, k: usize, j: usize, seed: u64) -> f64 {
+    ((i * 31 + k * 7 + j * 3) as u64 + seed % 13) as f64 % 17.0 / 8.0 - 1.0
+}
+
+/// Turn-level GAE of `rows` built from `trajs`, with [`value_at`] as the critic.
+fn turn_gae_of(
+    trajs: &[Trajectory],
+    rows: &[Row],
+    gamma: f64,
+    lambda: f64,
+    seed: u64,
+) -> (Vec<Vec<TurnPlace>>, Vec<Vec<f64>>, TurnGae) {
+    let places = turn_places(trajs, rows).unwrap();
+    let values: Vec<Vec<f64>> = rows
+        .iter()
+        .map(|r| {
+            let mut v = vec![100.0; r.response.len()];
+            let first = r.shape.transition.unwrap_or(0);
+            for (j, span) in r.turn_spans.iter().enumerate() {
+                for (x, at) in span.clone().enumerate() {
+                    v[at] = value_at(r.shape.trajectory, first + j, x, seed);
+                }
+            }
+            v
+        })
+        .collect();
+    let masks: Vec<&[u8]> = rows.iter().map(|r| &r.loss_mask[..]).collect();
+    let vals: Vec<&[f64]> = values.iter().map(|v| &v[..]).collect();
+    let out = turn_gae_rows(&places, &masks, &vals, gamma, lambda);
+    (places, values, out)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    /// Turn-level GAE (a critic with per-turn credit), on merged rows and on rows per turn in
+    /// any order: each turn's advantage is on every token it sampled and nowhere else; both
+    /// layouts give every turn the same advantage; the value is read and trained at the turn's
+    /// first sampled token only; λ = 1 gives each turn its discounted return minus its value
+    /// and λ = 0 its one-turn TD error; and the planner keeps a trajectory's rows, whichever
+    /// layout, in one mini-batch.
+    #[test]
+    fn turn_gae_is_per_trajectory_in_both_layouts(
+        trajs in arb_trajectories(),
+        gamma in 0.5f64..=1.0,
+        lambda in prop::sample::select(vec![0.0, 0.5, 0.95, 1.0]),
+        seed in any::<u64>(),
+        cfg in arb_cfg(),
+    ) {
+        let group = compute_advantages(&trajs, &AdvantageConfig::default());
+        let merged = build_turn_rows(&trajs, &group.per_turn, RowMode::Trajectory).unwrap();
+        let mut split = build_turn_rows(&trajs, &group.per_turn, RowMode::Transition).unwrap();
+        split.reverse();
+        let mut per_layout = Vec::new();
+        for rows in [&merged, &split] {
+            let (places, values, g) = turn_gae_of(&trajs, rows, gamma, lambda, seed);
+            // Each place is its turn's response, token for token.
+            for (ti, turns) in places.iter().enumerate() {
+                for (k, p) in turns.iter().enumerate() {
+                    let x = &trajs[ti].transitions[k];
+                    prop_assert_eq!(&rows[p.row].response[p.span.clone()], &x.response[..]);
+                    prop_assert_eq!(&rows[p.row].loss_mask[p.span.clone()], &x.loss_mask[..]);
+                }
+            }
+            // Every token a turn sampled carries the turn's advantage; every other token 0.
+            let mut want: Vec<Vec<f64>> = rows.iter().map(|r| vec![0.0; r.response.len()]).collect();
+            for (turns, adv) in places.iter().zip(&g.per_turn) {
+                for (p, &a) in turns.iter().zip(adv) {
+                    for x in p.span.clone().filter(|&x| rows[p.row].loss_mask[x] != 0) {
+                        want[p.row][x] = a;
+                    }
+                }
+            }
+            prop_assert_eq!(&g.advantages, &want);
+            // The value loss trains one position per turn that sampled a token; elsewhere the
+            // return is the old value.
+            for (i, r) in rows.iter().enumerate() {
+                let vm = turn_value_mask(&r.loss_mask, &r.turn_spans);
+                let sampled = r.turn_spans.iter().filter(|s| std::ops::Range::clone(s).any(|x| r.loss_mask[x] != 0)).count();
+                prop_assert_eq!(vm.iter().filter(|&&m| m != 0).count(), sampled);
+                for (x, &m) in vm.iter().enumerate() {
+                    if m == 0 {
+                        prop_assert_eq!(g.returns[i][x], values[i][x]);
+                    }
+                }
+            }
+            for (ti, (turns, adv)) in places.iter().zip(&g.per_turn).enumerate() {
+                if turns.is_empty() {
+                    prop_assert!(adv.is_empty());
+                    prop_assert!(group.per_turn[ti].is_none(), "only an excluded trajectory has no rows");
+                    continue;
+                }
+                let t = &trajs[ti];
+                let value = |k: usize| turn_value_position(&rows[turns[k].row].loss_mask, &turns[k].span)
+                    .map(|x| values[turns[k].row][x]);
+                let returns = turn_returns(t, gamma);
+                let rewards = turn_rewards(t);
+                for k in 0..turns.len() {
+                    let Some(v) = value(k) else {
+                        // No sampled token, no value: the turn passes the later credit on.
+                        let later = adv.get(k + 1).map_or(0.0, |a| gamma * lambda * a);
+                        prop_assert!((adv[k] - later).abs() < 1e-9);
+                        continue;
+                    };
+                    let at = turn_value_position(&rows[turns[k].row].loss_mask, &turns[k].span).unwrap();
+                    prop_assert!((g.returns[turns[k].row][at] - (adv[k] + v)).abs() < 1e-9);
+                    if lambda == 1.0 {
+                        prop_assert!((adv[k] - (returns[k] - v)).abs() < 1e-9, "turn {}: {} vs {} - {}", k, adv[k], returns[k], v);
+                    }
+                    let next = if k + 1 == turns.len() { Some(0.0) } else { value(k + 1) };
+                    if let (0.0, Some(next)) = (lambda, next) {
+                        prop_assert!((adv[k] - (rewards[k] + gamma * next - v)).abs() < 1e-9);
+                    }
+                }
+            }
+            per_layout.push(g.per_turn);
+        }
+        prop_assert_eq!(per_layout[0].len(), per_layout[1].len());
+        for (a, b) in per_layout[0].iter().zip(&per_layout[1]) {
+            prop_assert_eq!(a.len(), b.len());
+            for (x, y) in a.iter().zip(b) {
+                prop_assert!((x - y).abs() < 1e-12, "{} vs {}", x, y);
+            }
+        }
+        // The planner keeps each trajectory's rows in one mini-batch, in both layouts.
+        for rows in [&merged, &split] {
+            let shapes: Vec<RowShape> = rows.iter().map(|r| r.shape).collect();
+            let Ok(p) = plan(&shapes, &cfg) else {
+                prop_assert!(rows.is_empty());
+                continue;
+            };
+            let mut mini_batch_of = HashMap::new();
+            for (m, mb) in p.mini_batches.iter().enumerate() {
+                for slot in mb.ranks.iter().flatten() {
+                    if let Slot::Real(i) = slot {
+                        mini_batch_of.insert(*i, m);
+                    }
+                }
+            }
+            for turns in turn_places(&trajs, rows).unwrap() {
+                let mbs: HashSet<usize> = turns.iter().map(|p| mini_batch_of[&p.row]).collect();
+                prop_assert!(mbs.len() <= 1, "a trajectory's turns in mini-batches {:?}", mbs);
+            }
+        }
+    }
+}
