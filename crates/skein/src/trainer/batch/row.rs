@@ -20,6 +20,12 @@ pub struct TrainRow {
     /// Critic path: values at the step's start, and GAE returns, per response token.
     pub old_values: Vec<f32>,
     pub returns: Vec<f32>,
+    /// Critic path: per response token, 1 where the value loss trains. Empty: every loss token,
+    /// weighted by `weight` (token-level GAE gives every one a target). Turn-level GAE sets one
+    /// position per turn, each weighing `value_weight`.
+    pub value_mask: Vec<u8>,
+    /// The value loss's weight of each position of `value_mask` (global counts included).
+    pub value_weight: f64,
     /// Policy version that sampled each response token.
     pub versions: Vec<u64>,
     /// Importance weight of each response token against its behavior policy (1 when empty).

@@ -1,7 +1,9 @@
-//! The critic's loss (PPO with a critic): the clipped value loss of one rank's rows,
-//! aggregated with the same global-count weights as the policy loss. Its inputs — values at
-//! the step's start and GAE returns — are filled by `trainer::prepare`; `super::critic_update`
-//! runs it over the planned mini-batches.
+//! The critic's loss (PPO with a critic): the clipped value loss of one rank's rows, at the
+//! positions that have a value target — every loss token with token-level GAE, aggregated with
+//! the same global-count weights as the policy loss; one position per turn with turn-level GAE
+//! ([`TrainRow::value_mask`], a mean over the mini-batch's turns). Its inputs — values at the
+//! step's start and GAE returns — are filled by `trainer::prepare`; `super::critic_update` runs
+//! it over the planned mini-batches.
 
 use super::pack::{micro_batches, Batching};
 use super::tensors::MicroBatch;
@@ -37,7 +39,7 @@ pub fn critic_pass(
         let clipped = &mb.old_values + (&v - &mb.old_values).clamp(-cfg.clip, cfg.clip);
         let l1 = (&v - &mb.returns).pow_tensor_scalar(2);
         let l2 = (clipped - &mb.returns).pow_tensor_scalar(2);
-        let loss = (l1.maximum(&l2) * 0.5 * &mb.weights).sum(Kind::Float);
+        let loss = (l1.maximum(&l2) * 0.5 * &mb.value_weights).sum(Kind::Float);
         loss.backward();
         if let Some(recompute) = recompute {
             recompute.backward();

@@ -58,6 +58,9 @@ pub struct MicroBatch {
     pub targets: Tensor,
     pub mask: Tensor,
     pub weights: Tensor,
+    /// The value loss's weight of each position: the loss weights, or where a row names the
+    /// positions its value loss trains ([`TrainRow::value_mask`]), those only.
+    pub value_weights: Tensor,
     pub advantages: Tensor,
     pub behavior_logp: Tensor,
     pub old_logp: Tensor,
@@ -100,7 +103,8 @@ impl MicroBatch {
         let (mut mask, mut weights, mut adv, mut blp) =
             (vec![0f32; n], vec![0f32; n], vec![0f32; n], vec![0f32; n]);
         let (mut old, mut has_old, mut reference) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
-        let (mut values, mut returns) = (vec![0f32; n], vec![0f32; n]);
+        let (mut values, mut returns, mut value_weights) =
+            (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
         let mut is_weight = vec![1f32; n];
         let mut places = vec![(0, 0); plan.rows.len()];
         for (l, line) in plan.lines.iter().enumerate() {
@@ -122,6 +126,11 @@ impl MicroBatch {
                     let m = m as f32;
                     mask[at] = m;
                     weights[at] = m * r.weight as f32;
+                    value_weights[at] = match r.value_mask.get(k) {
+                        None if r.value_mask.is_empty() => weights[at],
+                        Some(&v) if v != 0 => r.value_weight as f32,
+                        _ => 0.0,
+                    };
                     adv[at] = r.advantages[k];
                     blp[at] = r.behavior_logp[k];
                     if let Some(&o) = r.old_logp.get(k) {
@@ -163,6 +172,7 @@ impl MicroBatch {
             attention,
             mask: tensor(&mask),
             weights: tensor(&weights),
+            value_weights: tensor(&value_weights),
             advantages: tensor(&adv),
             behavior_logp: tensor(&blp),
             old_logp: tensor(&old),
@@ -329,6 +339,29 @@ mod tests {
             Vec::<f32>::try_from(mb.behavior_logp.view([-1])).unwrap(),
             vec![0.0, -0.5, -0.7]
         );
+    }
+
+    /// The value loss weighs every loss token by the row's weight, unless the row names the
+    /// positions that have a value target: then those only, by the row's value weight.
+    #[test]
+    fn the_value_loss_weighs_only_the_positions_with_a_target() {
+        let mut row = TrainRow {
+            tokens: vec![5, 6, 7, 8, 9],
+            prompt_len: 2,
+            loss_mask: vec![1, 0, 1],
+            behavior_logp: vec![0.0; 3],
+            advantages: vec![0.0; 3],
+            weight: 0.25,
+            ..Default::default()
+        };
+        let weights = |row: &TrainRow| {
+            let mb = MicroBatch::padded(&[row], Device::Cpu);
+            Vec::<f32>::try_from(mb.value_weights.view([-1])).unwrap()
+        };
+        assert_eq!(weights(&row), vec![0.0, 0.25, 0.0, 0.25]);
+        row.value_mask = vec![0, 0, 1];
+        row.value_weight = 0.5;
+        assert_eq!(weights(&row), vec![0.0, 0.0, 0.0, 0.5]);
     }
 
     /// The same rows (two groups sharing prompts, rows of other lengths) padded, packed under

@@ -28,6 +28,8 @@ pub fn encode_rows(rows: &[TrainRow]) -> Vec<u8> {
         }
         w.f32s(&r.is_weight);
         w.u64(r.weight.to_bits());
+        w.bytes(&r.value_mask);
+        w.u64(r.value_weight.to_bits());
     }
     w.0
 }
@@ -48,6 +50,8 @@ pub fn decode_rows(bytes: &[u8]) -> Result<Vec<TrainRow>> {
         let versions = (0..r.len()?).map(|_| r.u64()).collect::<Result<_>>()?;
         let is_weight = r.f32s()?;
         let weight = f64::from_bits(r.u64()?);
+        let value_mask = r.bytes()?.to_vec();
+        let value_weight = f64::from_bits(r.u64()?);
         rows.push(TrainRow {
             tokens,
             prompt_len,
@@ -61,6 +65,8 @@ pub fn decode_rows(bytes: &[u8]) -> Result<Vec<TrainRow>> {
             versions,
             is_weight,
             weight,
+            value_mask,
+            value_weight,
         });
     }
     if r.at != bytes.len() {
@@ -153,6 +159,8 @@ mod tests {
             versions: vec![7, 7, u64::MAX],
             is_weight: vec![f32::NAN, 1.0, 0.5],
             weight: 1.0 / 3.0,
+            value_mask: vec![1, 0, 0],
+            value_weight: 0.1,
         }
     }
 
