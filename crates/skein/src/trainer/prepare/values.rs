@@ -22,8 +22,7 @@ pub fn compute_values(critic: &ValueModel, rows: &mut [TrainRow], batching: &Bat
 }
 
 /// GAE over each row's response tokens with the row's reward on its last token, then
-/// advantages whitened over all loss tokens of real rows (padding rows have weight 0 and are
-/// skipped, so they cannot shift the mean).
+/// advantages whitened ([`whiten`]).
 pub fn apply_gae(rows: &mut [TrainRow], rewards: &[f64], gamma: f64, lambda: f64) {
     for (row, &reward) in rows.iter_mut().zip(rewards) {
         let n = row.loss_mask.len();
@@ -36,6 +35,14 @@ pub fn apply_gae(rows: &mut [TrainRow], rewards: &[f64], gamma: f64, lambda: f64
         row.advantages = adv.iter().map(|&a| a as f32).collect();
         row.returns = ret.iter().map(|&x| x as f32).collect();
     }
+    whiten(rows);
+}
+
+/// Whitens the advantages of the loss tokens of real rows over those tokens (padding rows have
+/// weight 0 and are skipped, so they cannot shift the mean); every other token's advantage is
+/// 0, as on the rows of the group estimators. Returns the mean and the scale it used, None
+/// when there are fewer than two loss tokens to whiten over.
+pub fn whiten(rows: &mut [TrainRow]) -> Option<(f64, f64)> {
     let real = |r: &&TrainRow| r.weight > 0.0;
     let (mut sum, mut sq, mut n) = (0.0f64, 0.0f64, 0.0f64);
     for r in rows.iter().filter(real) {
@@ -47,15 +54,20 @@ pub fn apply_gae(rows: &mut [TrainRow], rewards: &[f64], gamma: f64, lambda: f64
             }
         }
     }
-    if n > 1.0 {
+    let scale = (n > 1.0).then(|| {
         let mean = sum / n;
-        let std = (sq / n - mean * mean).max(0.0).sqrt() + 1e-6;
-        for r in rows.iter_mut() {
-            for a in r.advantages.iter_mut() {
-                *a = ((*a as f64 - mean) / std) as f32;
-            }
+        (mean, (sq / n - mean * mean).max(0.0).sqrt() + 1e-6)
+    });
+    for r in rows.iter_mut() {
+        for (a, &m) in r.advantages.iter_mut().zip(&r.loss_mask) {
+            *a = match (m, scale) {
+                (0, _) => 0.0,
+                (_, Some((mean, std))) => ((*a as f64 - mean) / std) as f32,
+                (_, None) => *a,
+            };
         }
     }
+    scale
 }
 
 #[cfg(test)]
@@ -72,6 +84,30 @@ mod tests {
     fn row(tokens: Vec<u32>, prompt_len: usize) -> TrainRow {
         let n = tokens.len() - prompt_len;
         TrainRow::sampled(tokens, prompt_len, 1.0 / (2 * n) as f64)
+    }
+
+    /// Whitening is over the loss tokens of real rows; inserted tokens and padding rows keep
+    /// an advantage of 0 and shift nothing.
+    #[test]
+    fn whitening_leaves_tokens_outside_the_loss_at_zero() {
+        let mut rows = vec![
+            TrainRow {
+                loss_mask: vec![1, 0, 1],
+                advantages: vec![1.0, 5.0, 3.0],
+                weight: 0.5,
+                ..Default::default()
+            },
+            TrainRow {
+                loss_mask: vec![0],
+                advantages: vec![9.0],
+                ..Default::default()
+            },
+        ];
+        let (mean, std) = whiten(&mut rows).unwrap();
+        assert!((mean - 2.0).abs() < 1e-12 && (std - 1.0).abs() < 1e-5);
+        let a = &rows[0].advantages;
+        assert!((a[0] + 1.0).abs() < 1e-5 && a[1] == 0.0 && (a[2] - 1.0).abs() < 1e-5);
+        assert_eq!(rows[1].advantages, vec![0.0]);
     }
 
     /// The critic starts at 0 (zero head) and learns the returns of a fixed batch; GAE with
