@@ -225,7 +225,7 @@ fn step(base: &Model, trajs: &[Trajectory], case: Case) -> (Vec<f32>, Vec<usize>
         unit: Unit::Trajectory,
         loss_agg: case.mode,
         horizon: HORIZON,
-        critic: false,
+        critic: None,
     };
     let mut batch = build_step_batch(trajs, &batch_cfg, 11).expect("the batch plans");
     assert_eq!(batch.plan.len(), 2);
@@ -254,6 +254,7 @@ fn step(base: &Model, trajs: &[Trajectory], case: Case) -> (Vec<f32>, Vec<usize>
         is_cap: 2.0,
         gamma: 1.0,
         lambda: 1.0,
+        turn_gamma: None,
     };
     let batch = prepare(batch, &models, 0, &prepare_cfg);
     let mut replicas = {

@@ -172,42 +172,49 @@ fn two_mpi_processes_take_the_same_step_as_one() {
     }
 }
 
-/// Two steps of PPO with a critic (`gae`), two mini-batches each: the MPI ranks' policy and
-/// critic match the thread ranks' byte for byte.
+/// Two steps of PPO with a critic (`gae`), two mini-batches each, with GAE per token and per
+/// turn (whose value loss trains one position per turn, named by the rows sent to the ranks):
+/// the MPI ranks' policy and critic match the thread ranks' byte for byte.
 #[test]
 fn mpi_ranks_give_exactly_what_thread_ranks_give() {
-    let settings = |dir: &Path| -> Vec<String> {
-        [
-            "trainer.steps=2".to_string(),
-            "trainer.checkpoint_every=2".into(),
-            "trainer.dp_size=2".into(),
-            "algorithm.estimator=\"gae\"".into(),
-        ]
-        .into_iter()
-        .chain(small_run(dir))
-        .flat_map(|s| ["--set".to_string(), s])
-        .collect()
-    };
-    let threads = tmp("threads2");
-    run(
-        Command::new(skein()).arg("train").args(settings(&threads)),
-        "skein train (dp 2 on threads)",
-    );
-    let mpi = tmp("mpi2-gae");
-    run(
-        mpirun(2)
-            .args([skein(), "train"])
-            .args(settings(&mpi))
-            .args(["--set", "trainer.dp_backend=\"mpi\""]),
-        "mpirun -np 2 skein train (dp 2, gae)",
-    );
-    for file in ["model.safetensors", "critic.safetensors"] {
-        let read = |dir: &Path| std::fs::read(dir.join("checkpoint-2").join(file)).unwrap();
-        assert!(read(&threads) == read(&mpi), "{file} differs");
-    }
-    assert_eq!(common::step_metrics(&mpi).len(), 2);
-    for dir in [threads, mpi] {
-        let _ = std::fs::remove_dir_all(dir);
+    for credit in ["trajectory", "turn"] {
+        let settings = |dir: &Path| -> Vec<String> {
+            [
+                "trainer.steps=2".to_string(),
+                "trainer.checkpoint_every=2".into(),
+                "trainer.dp_size=2".into(),
+                "algorithm.estimator=\"gae\"".into(),
+                format!("algorithm.credit=\"{credit}\""),
+            ]
+            .into_iter()
+            .chain(small_run(dir))
+            .flat_map(|s| ["--set".to_string(), s])
+            .collect()
+        };
+        let threads = tmp(&format!("threads2-{credit}"));
+        run(
+            Command::new(skein()).arg("train").args(settings(&threads)),
+            &format!("skein train (dp 2 on threads, credit {credit})"),
+        );
+        let mpi = tmp(&format!("mpi2-gae-{credit}"));
+        run(
+            mpirun(2)
+                .args([skein(), "train"])
+                .args(settings(&mpi))
+                .args(["--set", "trainer.dp_backend=\"mpi\""]),
+            &format!("mpirun -np 2 skein train (dp 2, gae, credit {credit})"),
+        );
+        for file in ["model.safetensors", "critic.safetensors"] {
+            let read = |dir: &Path| std::fs::read(dir.join("checkpoint-2").join(file)).unwrap();
+            assert!(
+                read(&threads) == read(&mpi),
+                "{file} differs (credit {credit})"
+            );
+        }
+        assert_eq!(common::step_metrics(&mpi).len(), 2);
+        for dir in [threads, mpi] {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 

@@ -1,10 +1,11 @@
 //! End to end: a run keeps each step's trajectories in `trajectories/step-N.jsonl.zst`, token
 //! for token as trained (mask, advantages, mini-batch and rank), `trajectories.keep` bounds
-//! them, and a resumed run replaces what the interrupted one wrote past its checkpoint.
+//! them, and a resumed run replaces what the interrupted one wrote past its checkpoint. Credit
+//! per turn, with a group estimator and with a critic (turn-level GAE), is read back from them.
 
 mod common;
 use common::{step_metrics, workdir, TINY_RUN};
-use skein::trainer::config::CreditMode;
+use skein::trainer::config::{CreditMode, Estimator};
 use skein::trainer::run::{resume, train};
 use skein::trainer::trajectory_log::Keep;
 use skein::trainer::TrainConfig;
@@ -152,19 +153,63 @@ fn turn_credit_gives_the_turns_of_an_episode_their_own_advantages() {
     let mut distinct = 0;
     for step in [1, 2] {
         for r in read_step(&step_path(&run.dir, step)).unwrap() {
-            let row = &r.rows[0];
-            // The advantage of each turn: a run of sampled tokens shares one value.
-            let mut turns: Vec<f32> = Vec::new();
-            let mut prev = 0;
-            for (&m, &a) in row.loss_mask.iter().zip(&row.advantages) {
-                match (m, prev) {
-                    (1, 0) => turns.push(a),
-                    (1, _) => assert_eq!(Some(&a), turns.last(), "{}", r.id),
-                    _ => assert_eq!(a, 0.0, "inserted tokens train with no advantage"),
-                }
-                prev = m;
-            }
-            assert_eq!(turns.len(), r.turns, "{}", r.id);
+            let turns = turn_advantages(&r);
+            distinct += usize::from(turns.windows(2).any(|w| w[0] != w[1]));
+        }
+    }
+    assert!(
+        distinct > 0,
+        "no episode had turns with different advantages"
+    );
+}
+
+/// The advantage of each turn of a merged episode row: a run of sampled tokens shares one
+/// value, inserted tokens have none. Returns them, one per turn.
+fn turn_advantages(r: &skein_report::trajectories::TrajectoryRecord) -> Vec<f32> {
+    let row = &r.rows[0];
+    let mut turns: Vec<f32> = Vec::new();
+    let mut prev = 0;
+    for (&m, &a) in row.loss_mask.iter().zip(&row.advantages) {
+        match (m, prev) {
+            (1, 0) => turns.push(a),
+            (1, _) => assert_eq!(Some(&a), turns.last(), "{}", r.id),
+            _ => assert_eq!(a, 0.0, "inserted tokens train with no advantage"),
+        }
+        prev = m;
+    }
+    assert_eq!(turns.len(), r.turns, "{}", r.id);
+    turns
+}
+
+/// A critic with per-turn credit: turn-level GAE gives every token of a turn that turn's
+/// advantage, the turns of an episode differ, and the critic trains with a finite loss.
+#[test]
+fn turn_level_gae_gives_each_turn_one_advantage() {
+    let mut cfg = config("turn-gae");
+    // Enough of a model and warm-up that some episodes win: a reward to estimate.
+    cfg.model.hidden_size = 64;
+    cfg.model.num_layers = 2;
+    cfg.sft.steps = 60;
+    cfg.sft.lr = 3e-3;
+    cfg.algorithm.estimator = Estimator::Gae;
+    cfg.algorithm.credit = CreditMode::Turn;
+    let run = train(&cfg).expect("run");
+    let metrics = step_metrics(&run.dir);
+    assert_eq!(metrics.len(), 2);
+    for m in &metrics {
+        let value_loss = m["loss/value"].as_f64().unwrap();
+        assert!(value_loss.is_finite() && value_loss > 0.0, "{m}");
+        assert!(
+            m["credit/turn1/adv_mean"].as_f64().unwrap().is_finite(),
+            "{m}"
+        );
+        let positive = m["credit/positive_turn_fraction"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&positive), "{m}");
+    }
+    let mut distinct = 0;
+    for step in [1, 2] {
+        for r in read_step(&step_path(&run.dir, step)).unwrap() {
+            let turns = turn_advantages(&r);
             distinct += usize::from(turns.windows(2).any(|w| w[0] != w[1]));
         }
     }

@@ -254,6 +254,7 @@ fn measure(a: &TokenBenchArgs, layout: Layout) -> Result<Outcome> {
         is_cap: 2.0,
         gamma: 1.0,
         lambda: 1.0,
+        turn_gamma: None,
     };
     let models = Models {
         policy: &policy,
@@ -277,6 +278,7 @@ fn measure(a: &TokenBenchArgs, layout: Layout) -> Result<Outcome> {
             dropped_groups: 0,
             failed_trajectories: 0,
             padding_rows: 0,
+            turns: Vec::new(),
             turn_metrics: Vec::new(),
         };
         let batch = prepare(batch, &models, 0, &prepare_cfg);

@@ -24,8 +24,11 @@ pub struct StepBatchConfig {
     pub loss_agg: plan::LossAggMode,
     /// The constant of `seq-mean-token-sum-norm` (the response-length budget).
     pub horizon: usize,
-    /// PPO with a critic: sequence advantages are replaced by GAE later.
-    pub critic: bool,
+    /// PPO with a critic: the group advantages are placeholders that `trainer::prepare`
+    /// replaces by GAE, one step per token (`Trajectory`) or one per turn (`Turn`: each row
+    /// then names the one position per turn its value loss trains, and the batch where each
+    /// trajectory's turns lie).
+    pub critic: Option<CreditMode>,
 }
 
 impl StepBatchConfig {
@@ -49,11 +52,12 @@ impl StepBatchConfig {
         StepBatchConfig {
             advantage: plan::AdvantageConfig {
                 estimator,
+                // With a critic, credit per turn is GAE's, not the group estimators'.
                 credit: match a.credit {
-                    CreditMode::Trajectory => plan::Credit::Trajectory,
-                    CreditMode::Turn => plan::Credit::Turn {
+                    CreditMode::Turn if !a.estimator.needs_critic() => plan::Credit::Turn {
                         gamma: a.turn_gamma,
                     },
+                    _ => plan::Credit::Trajectory,
                 },
                 step_groups: (a.step_group_weight > 0.0).then_some(plan::StepGroups {
                     weight: a.step_group_weight,
@@ -67,7 +71,7 @@ impl StepBatchConfig {
             unit: cfg.trainer.unit,
             loss_agg: a.loss_agg_mode,
             horizon: max_new_tokens,
-            critic: a.estimator.needs_critic(),
+            critic: a.estimator.needs_critic().then_some(a.credit),
         }
     }
 }
@@ -80,6 +84,9 @@ pub struct StepBatch {
     pub origins: Vec<RowOrigin>,
     /// Reward of each row's trajectory on its last transition, 0 elsewhere (GAE input).
     pub row_rewards: Vec<f64>,
+    /// With turn-level GAE: each trajectory's turns (indexed like the step's trajectories, in
+    /// turn order) where they lie in `rows`, with what each earned. Empty otherwise.
+    pub turns: Vec<Vec<plan::TurnPlace>>,
     pub plan: RowPlan,
     pub dropped_groups: usize,
     pub failed_trajectories: usize,
@@ -87,7 +94,8 @@ pub struct StepBatch {
     pub real_rows: usize,
     /// Tokens of all rows, padding included (throughput only).
     pub total_tokens: usize,
-    /// With per-turn credit: advantages by turn index and the turns' own rewards.
+    /// With per-turn credit: advantages by turn index and the turns' own rewards (with a
+    /// critic, `trainer::prepare` adds the advantages once GAE has made them).
     pub turn_metrics: Vec<(String, f64)>,
 }
 
@@ -106,19 +114,29 @@ pub fn build_step_batch(
 ) -> Result<StepBatch> {
     let adv = plan::compute_advantages(trajectories, &cfg.advantage);
     let rows = plan::build_turn_rows(trajectories, &adv.per_turn, plan::RowMode::Auto)?;
+    let turn_gae = cfg.critic == Some(CreditMode::Turn);
+    let per_turn = turn_gae
+        || cfg.advantage.step_groups.is_some()
+        || matches!(cfg.advantage.credit, plan::Credit::Turn { .. });
     let mut batch = StepBatch {
         rows: Vec::new(),
         origins: Vec::new(),
         row_rewards: Vec::new(),
+        turns: if turn_gae {
+            plan::turn_places(trajectories, &rows)?
+        } else {
+            Vec::new()
+        },
         plan: Vec::new(),
         dropped_groups: adv.dropped_groups,
         failed_trajectories: adv.failed_trajectories,
         padding_rows: 0,
         real_rows: rows.len(),
         total_tokens: 0,
-        turn_metrics: match (cfg.advantage.credit, cfg.advantage.step_groups) {
-            (plan::Credit::Trajectory, None) => Vec::new(),
-            _ => turn_metrics(trajectories, &adv),
+        turn_metrics: if per_turn {
+            turn_metrics(trajectories, &adv, cfg.critic.is_none())
+        } else {
+            Vec::new()
         },
     };
     if rows.is_empty() {
@@ -148,7 +166,11 @@ pub fn build_step_batch(
         batch
             .row_rewards
             .push(if last { t.reward + own } else { own });
-        batch.rows.push(TrainRow::from_plan_row(r));
+        let mut row = TrainRow::from_plan_row(r);
+        if turn_gae {
+            row.value_mask = plan::turn_value_mask(&r.loss_mask, &r.turn_spans);
+        }
+        batch.rows.push(row);
         batch.origins.push(RowOrigin {
             trajectory: r.shape.trajectory,
             transition: r.shape.transition,
@@ -156,6 +178,18 @@ pub fn build_step_batch(
     }
     for mb in &planned.mini_batches {
         let trajectory_tokens = mb.trajectory_loss_tokens(&shapes);
+        // Turn-level GAE's value loss: a mean over the mini-batch's turns that have a target.
+        let value_targets: usize = mb
+            .ranks
+            .iter()
+            .flatten()
+            .filter_map(|slot| match slot {
+                plan::Slot::Real(i) => Some(batch.rows[*i].value_mask.iter()),
+                plan::Slot::Padding(_) => None,
+            })
+            .flatten()
+            .filter(|&&m| m != 0)
+            .count();
         let mut ranks = Vec::with_capacity(mb.ranks.len());
         for rank in &mb.ranks {
             let mut idx = Vec::with_capacity(rank.len());
@@ -170,6 +204,9 @@ pub fn build_step_batch(
                             &mb.counts,
                             cfg.horizon,
                         );
+                        if value_targets > 0 {
+                            batch.rows[*i].value_weight = 1.0 / value_targets as f64;
+                        }
                         idx.push(*i);
                     }
                     plan::Slot::Padding(id) => {
@@ -193,17 +230,44 @@ pub fn build_step_batch(
 /// Turn indices whose advantages are logged one by one (later turns are in the totals only).
 const LOGGED_TURNS: usize = 8;
 
-/// Per-turn credit at a glance: advantage mean and std per turn index (`credit/turn1/…`), the
-/// share of turns with a positive advantage, the mean of the turns' own rewards, and the step
-/// groups found.
+/// Per-turn credit at a glance: the advantages by turn index ([`credit_metrics`]; left to
+/// `trainer::prepare` with a critic, whose GAE makes them), the mean of the turns' own rewards,
+/// and the step groups found.
 fn turn_metrics(
     trajectories: &[plan::Trajectory],
     adv: &plan::AdvantageResult,
+    advantages: bool,
 ) -> Vec<(String, f64)> {
-    let per_turn = &adv.per_turn;
+    let mut out = Vec::new();
+    if advantages {
+        out = credit_metrics(adv.per_turn.iter().flatten());
+    }
+    out.push(("credit/step_groups".into(), adv.step_groups as f64));
+    out.push((
+        "credit/step_group_turns".into(),
+        adv.step_group_turns as f64,
+    ));
+    let own: Vec<f64> = trajectories
+        .iter()
+        .filter(|t| !t.is_failed())
+        .flat_map(|t| t.transitions.iter().filter_map(|x| x.reward))
+        .collect();
+    if !own.is_empty() {
+        out.push((
+            "reward/turn_mean".into(),
+            own.iter().sum::<f64>() / own.len() as f64,
+        ));
+    }
+    out
+}
+
+/// The advantages of each trajectory's turns by turn index: mean and std per index
+/// (`credit/turn1/…`, the first [`LOGGED_TURNS`]), and the share of turns with a positive
+/// advantage.
+pub fn credit_metrics<'a>(per_turn: impl Iterator<Item = &'a Vec<f64>>) -> Vec<(String, f64)> {
     let mut by_index: Vec<Vec<f64>> = vec![Vec::new(); LOGGED_TURNS];
     let (mut turns, mut positive) = (0usize, 0usize);
-    for a in per_turn.iter().flatten() {
+    for a in per_turn {
         for (k, &x) in a.iter().enumerate() {
             if let Some(v) = by_index.get_mut(k) {
                 v.push(x);
@@ -224,22 +288,6 @@ fn turn_metrics(
         "credit/positive_turn_fraction".into(),
         positive as f64 / turns.max(1) as f64,
     ));
-    out.push(("credit/step_groups".into(), adv.step_groups as f64));
-    out.push((
-        "credit/step_group_turns".into(),
-        adv.step_group_turns as f64,
-    ));
-    let own: Vec<f64> = trajectories
-        .iter()
-        .filter(|t| !t.is_failed())
-        .flat_map(|t| t.transitions.iter().filter_map(|x| x.reward))
-        .collect();
-    if !own.is_empty() {
-        out.push((
-            "reward/turn_mean".into(),
-            own.iter().sum::<f64>() / own.len() as f64,
-        ));
-    }
     out
 }
 
@@ -252,5 +300,68 @@ impl StepBatch {
             ("batch/padding_rows", self.padding_rows as f64),
             ("batch/rows", self.real_rows as f64),
         ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use plan::{Status, Trajectory, Transition};
+
+    fn turn(prompt: Vec<u32>, response: Vec<u32>) -> Transition {
+        let n = response.len();
+        Transition {
+            prompt,
+            response,
+            loss_mask: vec![1; n],
+            logprobs: vec![0.0; n],
+            versions: vec![0; n],
+            reward: None,
+            state: None,
+        }
+    }
+
+    /// Turn-level GAE: a token-exact episode of two turns (one merged row) and one whose
+    /// second prompt does not extend the first (a row per turn). Each row names one value
+    /// position per turn, its first sampled token, and the value loss is a mean over the
+    /// mini-batch's four turns.
+    #[test]
+    fn turn_level_gae_marks_one_value_target_per_turn() {
+        let merged = Trajectory {
+            id: "a".into(),
+            group: "g".into(),
+            transitions: vec![
+                turn(vec![1, 2], vec![3, 4]),
+                turn(vec![1, 2, 3, 4, 9], vec![5]),
+            ],
+            reward: 1.0,
+            status: Status::Finished,
+        };
+        let split = Trajectory {
+            id: "b".into(),
+            transitions: vec![turn(vec![1, 2], vec![6]), turn(vec![7], vec![8, 8])],
+            reward: 0.0,
+            ..merged.clone()
+        };
+        let mut cfg = crate::trainer::TrainConfig::default();
+        cfg.algorithm.estimator = Estimator::Gae;
+        cfg.algorithm.credit = CreditMode::Turn;
+        let batch_cfg = StepBatchConfig::from_config(&cfg, 8);
+        assert_eq!(batch_cfg.critic, Some(CreditMode::Turn));
+        let trajs = [merged, split];
+        let batch = build_step_batch(&trajs, &batch_cfg, 1).unwrap();
+        assert_eq!(batch.real_rows, 3);
+        let masks: Vec<&[u8]> = batch.rows[..3].iter().map(|r| &r.value_mask[..]).collect();
+        assert_eq!(masks, vec![&[1, 0, 0, 1][..], &[1], &[1, 0]]);
+        assert!(batch.rows[..3].iter().all(|r| r.value_weight == 0.25));
+        assert_eq!(batch.turns.len(), 2);
+        let rows_of = |t: usize| batch.turns[t].iter().map(|p| p.row).collect::<Vec<_>>();
+        assert_eq!((rows_of(0), rows_of(1)), (vec![0, 0], vec![1, 2]));
+        let rewards: Vec<f64> = batch.turns[0].iter().map(|p| p.reward).collect();
+        assert_eq!(rewards, vec![0.0, 1.0]);
+        // Token-level GAE trains every loss token, as before.
+        cfg.algorithm.credit = CreditMode::Trajectory;
+        let batch = build_step_batch(&trajs, &StepBatchConfig::from_config(&cfg, 8), 1).unwrap();
+        assert!(batch.turns.is_empty() && batch.rows.iter().all(|r| r.value_mask.is_empty()));
     }
 }

@@ -352,14 +352,19 @@ pub struct AlgorithmConfig {
     /// DAPO dynamic sampling: drop groups whose rewards are all equal (counted).
     pub drop_equal_reward_groups: bool,
     /// Who gets credit for an episode's outcome: `trajectory` (every turn the episode's
-    /// advantage) or `turn` (each turn its own: the return from that turn on, discounted by
-    /// `turn_gamma` per turn, against the same turn index of its group).
+    /// advantage; with `gae`, GAE over the tokens) or `turn` (each turn its own: with a group
+    /// estimator, the return from that turn on, discounted by `turn_gamma` per turn, against
+    /// the same turn index of its group; with `gae`, turn-level GAE: one step per turn, the
+    /// critic's value read at the turn's first sampled token, `turn_gamma` per turn and
+    /// `lambda` across turns, the value loss trained at that one position per turn).
     pub credit: CreditMode,
-    /// The per-turn discount of `credit = "turn"` and of step groups, in (0, 1].
+    /// The per-turn discount of `credit = "turn"` (turn-level GAE included) and of step
+    /// groups, in (0, 1].
     pub turn_gamma: f64,
     /// GiGPO's step groups (0: off): turns of a group taken in the same environment state
     /// (an environment that names its states, like `guess`) are compared with each other by
     /// their returns, and this weight times that step-relative advantage is added to each.
+    /// Group estimators only (with `gae` the critic's advantages replace the group ones).
     pub step_group_weight: f64,
     pub clip_low: f64,
     pub clip_high: f64,
@@ -372,7 +377,8 @@ pub struct AlgorithmConfig {
     /// `token-mean`, `seq-mean-token-sum`, `seq-mean-token-mean`, `seq-mean-token-sum-norm`
     /// or `trajectory-mean`.
     pub loss_agg_mode: LossAggMode,
-    /// GAE discount and λ (critic path).
+    /// GAE discount per token and λ (critic path). With `credit = "turn"`, GAE steps per turn:
+    /// `turn_gamma` discounts and `lambda` mixes across turns, and `gamma` is unused.
     pub gamma: f64,
     pub lambda: f64,
     /// Clip range of the value loss around the old values (critic path).
@@ -644,9 +650,10 @@ impl Estimator {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CreditMode {
-    /// Every turn gets the trajectory's advantage.
+    /// Every turn gets the trajectory's advantage (with a critic: GAE over the tokens).
     Trajectory,
-    /// Each turn gets its own advantage from its discounted return.
+    /// Each turn gets its own advantage from its discounted return (with a critic:
+    /// turn-level GAE).
     Turn,
 }
 

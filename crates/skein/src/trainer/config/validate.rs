@@ -4,7 +4,7 @@
 //! Keys with a fixed set of values are enums and checked when the config is read; this checks
 //! ranges, combinations and paths.
 
-use super::{AgentKind, CreditMode, DpBackend, EngineKind, Tracking, TrainConfig};
+use super::{AgentKind, DpBackend, EngineKind, Tracking, TrainConfig};
 use anyhow::Result;
 use skein_config::Validator;
 
@@ -151,13 +151,12 @@ fn validate_algorithm(cfg: &TrainConfig, v: &mut Validator) {
         a.step_group_weight,
     )
     .check(
-        (a.credit == CreditMode::Trajectory && a.step_group_weight == 0.0)
-            || !a.estimator.needs_critic(),
-        "algorithm.credit",
-        "\"turn\" and step groups work with the group estimators (grpo, dr-grpo, rloo, \
-         reinforce++, reinforce++-baseline); with `gae` the critic's per-token values already \
-         assign credit, so use credit = \"trajectory\" and step_group_weight = 0",
-        "turn",
+        a.step_group_weight == 0.0 || !a.estimator.needs_critic(),
+        "algorithm.step_group_weight",
+        "step groups add to the group estimators' advantages (grpo, dr-grpo, rloo, \
+         reinforce++, reinforce++-baseline); with `gae` the critic's advantages replace those, \
+         so use 0 (for credit per turn with a critic, set credit = \"turn\": turn-level GAE)",
+        a.step_group_weight,
     )
     .in_range("algorithm.gamma", a.gamma, 0.0, 1.0)
     .in_range("algorithm.lambda", a.lambda, 0.0, 1.0)
@@ -577,6 +576,7 @@ fn validate_reward(cfg: &TrainConfig, v: &mut Validator) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::CreditMode;
     use super::*;
 
     /// The config as `--set` overrides make it.
@@ -634,7 +634,7 @@ mod tests {
     }
 
     #[test]
-    fn turn_credit_names_its_values_and_refuses_the_critic() {
+    fn turn_credit_names_its_values_and_step_groups_refuse_the_critic() {
         let err = load(&["algorithm.credit=\"step\""])
             .unwrap_err()
             .to_string();
@@ -653,12 +653,16 @@ mod tests {
         let err = validate(&cfg).unwrap_err().to_string();
         assert!(err.contains("`algorithm.step_group_weight`"), "{err}");
         cfg.algorithm.step_group_weight = 0.5;
+        assert!(validate(&cfg).is_ok());
         cfg.algorithm.estimator = super::super::Estimator::Gae;
         let err = validate(&cfg).unwrap_err().to_string();
         assert!(
-            err.contains("`algorithm.credit`") && err.contains("gae"),
+            err.contains("`algorithm.step_group_weight`") && err.contains("gae"),
             "{err}"
         );
+        // Credit per turn with a critic is turn-level GAE.
+        cfg.algorithm.step_group_weight = 0.0;
+        assert!(validate(&cfg).is_ok());
     }
 
     #[test]

@@ -10,7 +10,7 @@ pub mod values;
 use self::offpolicy::{importance_weights, ImportanceStats};
 use crate::model::{Model, ValueModel};
 use crate::trainer::batch::{RowPlan, StepBatch, TrainRow};
-use crate::trainer::config::{OffPolicy, TrainConfig};
+use crate::trainer::config::{CreditMode, OffPolicy, TrainConfig};
 use crate::trainer::update::pack::{micro_batches, Batching};
 use crate::trainer::update::tensors::{token_logprobs, MicroBatch};
 
@@ -34,6 +34,9 @@ pub struct PrepareConfig {
     /// GAE discount and λ (critic path).
     pub gamma: f64,
     pub lambda: f64,
+    /// Turn-level GAE (critic path, `credit = "turn"`): one step per turn, discounted by this
+    /// per turn (λ as above). None: one step per token, discounted by `gamma`.
+    pub turn_gamma: Option<f64>,
 }
 
 impl PrepareConfig {
@@ -47,6 +50,8 @@ impl PrepareConfig {
             is_cap: a.is_cap,
             gamma: a.gamma,
             lambda: a.lambda,
+            turn_gamma: (a.estimator.needs_critic() && a.credit == CreditMode::Turn)
+                .then_some(a.turn_gamma),
         }
     }
 }
@@ -114,7 +119,15 @@ pub fn prepare(
     let importance = importance_weights(&mut batch.rows, version, cfg.off_policy, cfg.is_cap);
     if let Some(critic) = models.critic {
         values::compute_values(critic, &mut batch.rows, &cfg.batching);
-        values::apply_gae(&mut batch.rows, &batch.row_rewards, cfg.gamma, cfg.lambda);
+        match cfg.turn_gamma {
+            None => values::apply_gae(&mut batch.rows, &batch.row_rewards, cfg.gamma, cfg.lambda),
+            Some(gamma) => {
+                let per_turn =
+                    values::apply_turn_gae(&mut batch.rows, &batch.turns, gamma, cfg.lambda);
+                let credit = crate::trainer::batch::credit_metrics(per_turn.iter());
+                batch.turn_metrics.splice(0..0, credit);
+            }
+        }
     }
     PreparedBatch {
         batch,

@@ -1,5 +1,6 @@
 //! Values for every response token (the critic at the step's start) and GAE advantages and
-//! returns from them: the critic path's part of preparing a batch.
+//! returns from them, one step per token or one per turn (`credit = "turn"`): the critic
+//! path's part of preparing a batch.
 
 use crate::model::ValueModel;
 use crate::trainer::batch::TrainRow;
@@ -36,6 +37,38 @@ pub fn apply_gae(rows: &mut [TrainRow], rewards: &[f64], gamma: f64, lambda: f64
         row.returns = ret.iter().map(|&x| x as f32).collect();
     }
     whiten(rows);
+}
+
+/// Turn-level GAE ([`skein_plan::turn_gae_rows`]) of each trajectory's turns (`turns`, where
+/// they lie in `rows`): each turn's value is the critic's at its first sampled token, its
+/// advantage goes on every token it sampled and its return is the value target at that one
+/// position (the rows' `value_mask`, set when the batch was built). The advantages are then
+/// whitened as token-level GAE's ([`whiten`]). Returns each trajectory's turn advantages as
+/// trained (whitened).
+pub fn apply_turn_gae(
+    rows: &mut [TrainRow],
+    turns: &[Vec<skein_plan::TurnPlace>],
+    gamma: f64,
+    lambda: f64,
+) -> Vec<Vec<f64>> {
+    let values: Vec<Vec<f64>> = rows
+        .iter()
+        .map(|r| r.old_values.iter().map(|&v| v as f64).collect())
+        .collect();
+    let masks: Vec<&[u8]> = rows.iter().map(|r| &r.loss_mask[..]).collect();
+    let values: Vec<&[f64]> = values.iter().map(|v| &v[..]).collect();
+    let gae = skein_plan::turn_gae_rows(turns, &masks, &values, gamma, lambda);
+    for (row, (adv, ret)) in rows.iter_mut().zip(gae.advantages.iter().zip(&gae.returns)) {
+        row.advantages = adv.iter().map(|&a| a as f32).collect();
+        row.returns = ret.iter().map(|&x| x as f32).collect();
+    }
+    let mut per_turn = gae.per_turn;
+    if let Some((mean, std)) = whiten(rows) {
+        for a in per_turn.iter_mut().flatten() {
+            *a = (*a - mean) / std;
+        }
+    }
+    per_turn
 }
 
 /// Whitens the advantages of the loss tokens of real rows over those tokens (padding rows have
@@ -108,6 +141,38 @@ mod tests {
         let a = &rows[0].advantages;
         assert!((a[0] + 1.0).abs() < 1e-5 && a[1] == 0.0 && (a[2] - 1.0).abs() < 1e-5);
         assert_eq!(rows[1].advantages, vec![0.0]);
+    }
+
+    /// Turn-level GAE on a merged row of two turns (the numbers of
+    /// `skein_plan::turn_gae`'s tests): values read at each turn's first sampled token, the
+    /// turn's advantage on its tokens (whitened: 0.9 and 0.7 around 0.8 become ±1), its return
+    /// at that one position, the old value elsewhere.
+    #[test]
+    fn turn_level_gae_fills_each_turn_and_its_one_target() {
+        let mut rows = vec![TrainRow {
+            loss_mask: vec![1, 1, 0, 1, 1],
+            old_values: vec![0.1, 0.7, 0.9, 0.3, 0.8],
+            weight: 0.1,
+            ..Default::default()
+        }];
+        let place = |span, reward| skein_plan::TurnPlace {
+            row: 0,
+            span,
+            reward,
+        };
+        let turns = vec![vec![place(0..2, 0.5), place(3..5, 1.0)]];
+        let per_turn = apply_turn_gae(&mut rows, &turns, 0.5, 1.0);
+        let close = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-4);
+        assert!(
+            close(&rows[0].advantages, &[1.0, 1.0, 0.0, -1.0, -1.0]),
+            "{rows:?}"
+        );
+        assert!(
+            close(&rows[0].returns, &[1.0, 0.7, 0.9, 1.0, 0.8]),
+            "{rows:?}"
+        );
+        assert_eq!(per_turn.len(), 1);
+        assert!((per_turn[0][0] - 1.0).abs() < 1e-4 && (per_turn[0][1] + 1.0).abs() < 1e-4);
     }
 
     /// The critic starts at 0 (zero head) and learns the returns of a fixed batch; GAE with
