@@ -65,7 +65,9 @@ pub use padding::{padding_multiple, PaddingId, PaddingIds, PADDING_ROW_TOKENS};
 pub use planner::{
     plan, plan_with_ids, CostModel, GlobalCounts, MiniBatch, Plan, PlanConfig, Slot, Unit,
 };
-pub use rows::{build_rows, build_turn_rows, Row, RowMode, RowShape, PADDING_TOKEN};
+pub use rows::{
+    build_rows, build_turn_rows, extends_token_for_token, Row, RowMode, RowShape, PADDING_TOKEN,
+};
 pub use turn_gae::{
     turn_gae, turn_gae_rows, turn_places, turn_value_mask, turn_value_position, TurnGae, TurnPlace,
 };

@@ -13,7 +13,8 @@ pub enum RowMode {
     /// One row per trajectory; an error if a prompt does not extend the previous context.
     Trajectory,
     /// One row per trajectory whose prompts extend token for token (token-exact multi-turn
-    /// rollouts: the shared context is computed once), one row per transition otherwise.
+    /// rollouts: the shared context is computed once), one row per transition otherwise
+    /// (step-wise histories, whose later prompts re-render earlier turns).
     Auto,
 }
 
@@ -136,7 +137,7 @@ pub fn build_turn_rows(
         let merge_it = match mode {
             RowMode::Transition => false,
             RowMode::Trajectory => true,
-            RowMode::Auto => t.transitions.len() > 1 && extends(t),
+            RowMode::Auto => t.transitions.len() > 1 && extends_token_for_token(t),
         };
         match merge_it {
             false => {
@@ -175,8 +176,11 @@ fn on_sampled(loss_mask: &[u8], advantage: f64) -> Vec<f64> {
         .collect()
 }
 
-/// Whether every prompt of `t` starts with the context before it (previous prompt + response).
-fn extends(t: &Trajectory) -> bool {
+/// Whether every prompt of `t` starts with the context before it (previous prompt + response):
+/// an append-only history, which `RowMode::Auto` merges into one row. A trajectory whose later
+/// prompt is a fresh rendering of the history (a chat template that drops earlier reasoning or
+/// tool output) is step-wise: one row per turn. A single turn extends trivially.
+pub fn extends_token_for_token(t: &Trajectory) -> bool {
     t.transitions.windows(2).all(|w| {
         let (a, b) = (&w[0], &w[1]);
         b.prompt.len() >= a.prompt.len() + a.response.len()
