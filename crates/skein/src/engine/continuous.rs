@@ -20,7 +20,9 @@ pub struct GenRequest {
     /// A conversation this request continues (a multi-turn episode). When it finishes, its
     /// slot keeps the keys/values of its context; the session's next request, if its prompt
     /// extends that context token for token, feeds only the new tokens instead of prefilling
-    /// everything again. Parked slots are given up whenever a new request needs one.
+    /// everything again, and if it departs from it (a step-wise turn: the history rendered
+    /// afresh), keeps the prefix they share when that is at least half the prompt, else
+    /// prefills afresh. Parked slots are given up whenever a new request needs one.
     pub session: Option<u64>,
 }
 
@@ -70,13 +72,12 @@ struct Running {
     forced: VecDeque<u32>,
 }
 
-/// A finished session's slot: its context is in the cache up to `next_pos` (exclusive);
-/// `last`, the final sampled token, is not fed yet.
+/// A finished session's slot: its context is in the cache up to `next_pos` (exclusive); the
+/// context's last token, the final sampled one, is not fed yet.
 struct Parked {
     session: u64,
     context: Vec<u32>,
     next_pos: i64,
-    last: u32,
     /// The finished request's engine id: requests are numbered as they arrive, so the
     /// smallest is the longest idle, given up first.
     since: u64,
@@ -451,7 +452,6 @@ impl Engine {
                             session,
                             context,
                             next_pos: done.next_pos,
-                            last: done.last,
                             since: done.req.id,
                         });
                     }
@@ -482,23 +482,18 @@ fn admit(
         });
         if let Some(slot) = reuse {
             let p = parked[slot].take().expect("found above");
-            let total = req.prompt.len() + req.resumed.len();
-            let extends = req.resumed.is_empty()
-                && req.prompt.len() > p.context.len()
-                && req.prompt.starts_with(&p.context)
-                && (total + req.params.max_new_tokens) as i64 <= capacity;
-            if extends {
-                stats.reused_tokens += p.context.len();
+            if let Some(Reuse { kept, shared }) = reuse_of(&p, &req, capacity) {
+                stats.reused_tokens += shared;
                 running[slot] = Some(Running {
                     out: GenOutput::empty(req.id, Finish::Length),
-                    forced: req.prompt[p.context.len()..].iter().copied().collect(),
-                    next_pos: p.next_pos,
-                    last: p.last,
+                    forced: req.prompt[kept + 1..].iter().copied().collect(),
+                    next_pos: kept as i64,
+                    last: req.prompt[kept],
                     req,
                 });
                 continue;
             }
-            // The conversation changed: its slot is free for anyone, this request included.
+            // Too little in common: its slot is free for anyone, this request included.
         }
         let taken = |s: usize| admitted.iter().any(|(t, _)| *t == s);
         let free = (0..running.len())
@@ -521,6 +516,43 @@ fn admit(
     }
     *pending = waiting;
     admitted
+}
+
+/// What a session's request keeps of its parked slot.
+struct Reuse {
+    /// Leading prompt tokens whose keys/values stay in the cache; the rest of the prompt is fed
+    /// from position `kept` on.
+    kept: usize,
+    /// Prompt tokens the slot's context already had (`kept`, or one more: the context's last
+    /// sampled token, which the cache does not hold yet), so not prefilled again.
+    shared: usize,
+}
+
+/// Whether `req` continues in the parked slot `p`, and from where. A prompt that extends the
+/// slot's context (an append-only conversation) always does: only its new tokens are fed. A
+/// prompt that departs from it (a template that re-renders earlier turns, e.g. without their
+/// reasoning) keeps the longest prefix the two share, if that is at least as long as what is
+/// left to feed — feeding goes one token per decode step, a fresh prefill does it all at once.
+/// Keys/values past the kept prefix are stale but never read: each position is written before
+/// it is attended to, and a decode step attends to positions up to its own only.
+fn reuse_of(p: &Parked, req: &GenRequest, capacity: i64) -> Option<Reuse> {
+    let n = req.prompt.len();
+    if !req.resumed.is_empty() || n == 0 || (n + req.params.max_new_tokens) as i64 > capacity {
+        return None;
+    }
+    let shared = p
+        .context
+        .iter()
+        .zip(&req.prompt)
+        .take_while(|(a, b)| a == b)
+        .count();
+    // At least one prompt token is fed, so that the request samples from its own last one.
+    let kept = shared.min(p.next_pos.max(0) as usize).min(n - 1);
+    let extends = shared == p.context.len() && n > shared;
+    (kept > 0 && (extends || kept >= n - kept)).then_some(Reuse {
+        kept,
+        shared: shared.min(n - 1),
+    })
 }
 
 /// Admitted requests grouped by context length (shortest first; a bucket's longest context
@@ -739,6 +771,64 @@ mod tests {
         assert_eq!(b.tokens, fresh[0].tokens);
         for (x, y) in b.logprobs.iter().zip(&fresh[0].logprobs) {
             assert!((x - y).abs() < 1e-4, "{x} vs {y}");
+        }
+    }
+
+    /// A step-wise turn: the session's next prompt departs from its context (the history was
+    /// rendered afresh, e.g. without the reasoning the model just wrote). Departing late, the
+    /// slot keeps the shared prefix and feeds the rest; departing early, it is prefilled afresh.
+    /// Either way the tokens and log-probs are those of the new prompt prefilled from scratch,
+    /// and the turn after continues in the slot again.
+    #[test]
+    fn a_session_whose_prompt_departs_from_its_context_gets_the_new_prompts_logprobs() {
+        let model = tiny();
+        let turn = |prompt: Vec<u32>, session| GenRequest {
+            id: 0,
+            prompt,
+            resumed: vec![],
+            params: greedy(4),
+            budget: None,
+            session,
+        };
+        let first: Vec<u32> = (1..=12).collect();
+        // (where the second prompt departs, prompt tokens the slot saves)
+        for (depart, reused) in [(10usize, 10usize), (2, 0)] {
+            let engine = Engine::new(2);
+            let (handle, mut queue) = crate::engine::channel();
+            let fp = first.clone();
+            let (outs, stats) = std::thread::scope(|s| {
+                let h = handle.clone();
+                let episode = s.spawn(move || {
+                    let a = h.generate_blocking(turn(fp.clone(), Some(5))).unwrap();
+                    let mut second = fp[..depart].to_vec();
+                    second.extend(std::iter::repeat_n(30, 3));
+                    if depart < 5 {
+                        second.extend(std::iter::repeat_n(31, 12));
+                    }
+                    let b = h.generate_blocking(turn(second.clone(), Some(5))).unwrap();
+                    let mut third = second.clone();
+                    third.extend(&b.tokens);
+                    third.extend([21, 22]);
+                    let c = h.generate_blocking(turn(third.clone(), Some(5))).unwrap();
+                    (a, (second, b), (third, c))
+                });
+                drop(handle);
+                let (stats, _) = queue.run_phase(&engine, &model, 0, 64);
+                (episode.join().unwrap(), stats)
+            });
+            let (_, (second, b), (third, c)) = outs;
+            assert_eq!(
+                stats.reused_tokens,
+                reused + second.len() + b.tokens.len(),
+                "departing at {depart}"
+            );
+            for (prompt, out) in [(second, b), (third, c)] {
+                let fresh = run(&Engine::new(1), &model, vec![turn(prompt, None)]);
+                assert_eq!(out.tokens, fresh[0].tokens, "departing at {depart}");
+                for (x, y) in out.logprobs.iter().zip(&fresh[0].logprobs) {
+                    assert!((x - y).abs() < 1e-4, "departing at {depart}: {x} vs {y}");
+                }
+            }
         }
     }
 
