@@ -3,10 +3,16 @@
 //! timeout), and appends the environment's reply as tokens. All episodes share one engine loop,
 //! so their model calls are batched together whatever turn each one is at.
 //!
-//! Token-exact continuation: the prompt of turn k+1 is the prompt of turn k, then the tokens the
-//! model sampled, then the tokens of the inserted messages (tokenized once, loss mask 0). Earlier
-//! turns are never retokenized, so the trainer sees exactly the ids the model saw, and the
-//! planner merges the whole episode into one row.
+//! What the model sees at each turn: without a chat template, the prompt of turn k+1 is the
+//! prompt of turn k, then the tokens the model sampled, then the environment's reply rendered as
+//! plain text (tokenized once, loss mask 0). With a chat template it is the template's rendering
+//! of the whole conversation so far, tokenized — exactly what the model would be given at
+//! inference. When that rendering extends the previous prompt and the sampled ids token for
+//! token (an append-only template such as ChatML), the planner merges the episode into one row;
+//! when it does not (a template that drops earlier reasoning, as Qwen3's does, or sampled ids
+//! that are not the tokenization of their own text), the episode is step-wise: each turn is a
+//! row of its own, with its own prompt. Either way a transition keeps the ids the engine sampled
+//! with their log-probs; they are never retokenized.
 
 use super::stats::TrajectoryInfo;
 use crate::engine::{
@@ -15,7 +21,7 @@ use crate::engine::{
 };
 use crate::model::Model;
 use anyhow::{bail, Context, Result};
-use skein_plan::{Status, Trajectory, Transition};
+use skein_plan::{extends_token_for_token, Status, Trajectory, Transition};
 use skein_tasks::{
     render_plain, AgentTask, Env, EnvError, EnvMessage, EnvRole, EnvStep, Problem, Turn,
 };
@@ -38,10 +44,11 @@ pub struct AgentLimits {
 /// How environment messages become the text inserted between turns.
 pub enum TurnFormat {
     /// Plain text (`render_plain`), for models without a chat template (the built-in
-    /// character-level model): the first prompt is the problem's text.
+    /// character-level model): the first prompt is the problem's text, and each reply is
+    /// appended to the context.
     Plain,
     /// The model's chat template: the first prompt is the problem as a user message, and each
-    /// reply is the template's rendering of the new messages after the model's turn.
+    /// later prompt the template's rendering of the whole conversation.
     Chat(Box<ChatTemplate>),
 }
 
@@ -129,8 +136,15 @@ pub struct AgentStats {
     pub env_timeouts: usize,
     pub env_worker_failures: usize,
     pub other_failures: usize,
-    /// Tokens inserted between turns (environment replies; never trained on).
+    /// Tokens inserted between turns (environment replies; never trained on): each later
+    /// prompt's tokens past what it shares with the context before it.
     pub inserted_tokens: usize,
+    /// Episodes whose every prompt extends the context before it (one merged row; an episode
+    /// of one turn counts here).
+    pub merged: usize,
+    /// Episodes with a prompt that does not (a template that re-renders earlier turns): one
+    /// row per turn.
+    pub stepwise: usize,
     /// Calls of tools (messages answered with a tool message).
     pub tool_calls: usize,
     /// How much each of the task's own counters (`AgentTask::counters`) grew; None for a
@@ -139,6 +153,14 @@ pub struct AgentStats {
 }
 
 impl AgentStats {
+    fn of(episodes: &[Episode]) -> Self {
+        let mut stats = AgentStats::default();
+        for e in episodes {
+            stats.add(e);
+        }
+        stats
+    }
+
     fn add(&mut self, e: &Episode) {
         self.episodes += 1;
         self.turns += e.trajectory.transitions.len();
@@ -149,7 +171,17 @@ impl AgentStats {
         self.tool_calls += e.tool_calls();
         let ts = &e.trajectory.transitions;
         for w in ts.windows(2) {
-            self.inserted_tokens += w[1].prompt.len() - w[0].prompt.len() - w[0].response.len();
+            let context = w[0].prompt.iter().chain(&w[0].response);
+            let shared = context
+                .zip(&w[1].prompt)
+                .take_while(|(a, b)| a == b)
+                .count();
+            self.inserted_tokens += w[1].prompt.len() - shared;
+        }
+        if extends_token_for_token(&e.trajectory) {
+            self.merged += 1;
+        } else {
+            self.stepwise += 1;
         }
         match e.cutoff {
             Some(Cutoff::Turns) => self.turn_limit += 1,
@@ -177,6 +209,8 @@ impl AgentStats {
             ("agent/env_timeouts", self.env_timeouts as f64),
             ("agent/tool_calls", self.tool_calls as f64),
             ("agent/inserted_tokens", self.inserted_tokens as f64),
+            ("agent/merged_trajectories", self.merged as f64),
+            ("agent/stepwise_trajectories", self.stepwise as f64),
         ];
         if self.solved > 0 {
             let turns = self.solved_turns as f64 / self.solved as f64;
@@ -224,28 +258,20 @@ impl AgentContext<'_> {
         runtime: &tokio::runtime::Runtime,
         specs: Vec<EpisodeSpec>,
     ) -> EpisodeBatch {
-        let play_all = |caller: Caller| {
-            // Each episode is a session of the engine: its slot keeps the context between turns.
-            let runs = specs.into_iter().enumerate().map(|(i, spec)| {
-                let c = caller.clone();
-                async move { self.episode(c, spec, i as u64).await }
-            });
-            let all = runtime.block_on(futures_util::future::join_all(runs));
-            drop(caller);
-            all
-        };
         let (episodes, engine_stats) = match generator {
             Generator::Local(engine) => {
                 let (handle, mut queue) = engine::channel();
                 let capacity = self.limits.max_tokens as i64;
                 std::thread::scope(|s| {
-                    let episodes = s.spawn(move || play_all(Caller::Local(handle)));
+                    let episodes =
+                        s.spawn(move || self.play_all(Caller::Local(handle), runtime, specs));
                     let (stats, _) = queue.run_phase(engine, policy, version, capacity);
                     (episodes.join().unwrap_or_default(), stats)
                 })
             }
             Generator::Remote(remote) => {
-                let episodes = play_all(Caller::Remote(remote.clone(), version));
+                let episodes =
+                    self.play_all(Caller::Remote(remote.clone(), version), runtime, specs);
                 let generated = episodes
                     .iter()
                     .flat_map(|e| &e.trajectory.transitions)
@@ -258,15 +284,27 @@ impl AgentContext<'_> {
                 (episodes, stats)
             }
         };
-        let mut stats = AgentStats::default();
-        for e in &episodes {
-            stats.add(e);
-        }
         EpisodeBatch {
+            stats: AgentStats::of(&episodes),
             episodes,
             engine: engine_stats,
-            stats,
         }
+    }
+
+    /// Plays every episode on `runtime`, their model calls going to `caller`; returns when all
+    /// have ended (and drops the caller, which ends an embedded engine's phase).
+    fn play_all(
+        &self,
+        caller: Caller,
+        runtime: &tokio::runtime::Runtime,
+        specs: Vec<EpisodeSpec>,
+    ) -> Vec<Episode> {
+        // Each episode is a session of the engine: its slot keeps the context between turns.
+        let runs = specs.into_iter().enumerate().map(|(i, spec)| {
+            let c = caller.clone();
+            async move { self.episode(c, spec, i as u64).await }
+        });
+        runtime.block_on(futures_util::future::join_all(runs))
     }
 
     async fn episode(&self, handle: Caller, spec: EpisodeSpec, session: u64) -> Episode {
@@ -370,10 +408,9 @@ impl AgentContext<'_> {
                     if let Some(t) = run.transitions.last_mut() {
                         t.reward = reward;
                     }
-                    let inserted = self
-                        .inserted_text(&mut messages, &text, &reply)
+                    context = self
+                        .next_prompt(&mut messages, context, &text, &reply)
                         .map_err(other)?;
-                    context.extend(self.tokenizer.encode(&inserted, false).map_err(other)?);
                     run.transcript.push(Turn {
                         message: text,
                         reply,
@@ -421,9 +458,36 @@ impl AgentContext<'_> {
         }
     }
 
-    /// The text inserted after the model's `message`: the reply rendered on its own (plain),
-    /// or the chat template's delta, from the end of the model's turn (its stop token) to the
-    /// opening of the next assistant turn.
+    /// The prompt of the turn after the model's `message` and the environment's `reply`.
+    /// Plain: `context` (the last prompt and the sampled ids), then the reply rendered on its
+    /// own. Chat: the template's rendering of the whole conversation (`messages`, which grows
+    /// by the message and the reply) with the assistant opener, tokenized. It starts with
+    /// `context` when the template is append-only and the sampled ids are the tokenization of
+    /// their text, and otherwise is a step-wise turn (see the module's comment).
+    pub(crate) fn next_prompt(
+        &self,
+        messages: &mut Vec<Message>,
+        context: Vec<u32>,
+        message: &str,
+        reply: &[EnvMessage],
+    ) -> Result<Vec<u32>> {
+        match self.format {
+            TurnFormat::Plain => {
+                let mut next = context;
+                next.extend(self.tokenizer.encode(&render_plain(reply), false)?);
+                Ok(next)
+            }
+            TurnFormat::Chat(template) => {
+                push_turn(messages, message, reply);
+                let text = template.render(messages, None, true)?;
+                self.tokenizer.encode(&text, false)
+            }
+        }
+    }
+
+    /// The text inserted after the model's `message`, for a demonstration row built as one
+    /// sequence: the reply rendered on its own (plain), or the chat template's delta, from the
+    /// end of the model's turn (its stop token) to the opening of the next assistant turn.
     pub(crate) fn inserted_text(
         &self,
         messages: &mut Vec<Message>,
@@ -436,23 +500,34 @@ impl AgentContext<'_> {
         };
         messages.push(Message::assistant(message));
         let before = template.render(messages, None, false)?;
-        messages.extend(reply.iter().map(|m| match m.role {
-            EnvRole::User => Message::user(&m.content),
-            EnvRole::Tool => Message::tool(&m.content, None),
-        }));
+        messages.extend(reply.iter().map(reply_message));
         let after = template.render(messages, None, true)?;
         chat_delta(&before, &after, template.eos_token())
     }
 }
 
+/// Appends the model's message and the environment's reply to a conversation.
+fn push_turn(messages: &mut Vec<Message>, message: &str, reply: &[EnvMessage]) {
+    messages.push(Message::assistant(message));
+    messages.extend(reply.iter().map(reply_message));
+}
+
+fn reply_message(m: &EnvMessage) -> Message {
+    match m.role {
+        EnvRole::User => Message::user(&m.content),
+        EnvRole::Tool => Message::tool(&m.content, None),
+    }
+}
+
 /// The text after the end of the model's turn in `before` (its stop token, `eos`) through the
 /// end of `after`. Fails when `after` does not extend `before` (a template that rewrites earlier
-/// turns cannot be continued token for token).
+/// turns cannot be continued token for token, so a demonstration cannot be one sequence).
 pub fn chat_delta(before: &str, after: &str, eos: &str) -> Result<String> {
     let Some(new) = after.strip_prefix(before) else {
         bail!(
-            "the chat template renders earlier turns differently once a reply follows, so the \
-             conversation cannot continue token for token"
+            "the chat template renders earlier turns differently once a reply follows (it drops \
+             earlier reasoning or tool output), so a demonstration episode cannot be one \
+             sequence for the supervised warm-up: set sft.steps = 0"
         );
     };
     let turn_end = if eos.is_empty() {
@@ -472,6 +547,9 @@ enum Caller {
     Local(EngineHandle),
     /// A remote engine, and the trainer's version its weights are.
     Remote(RemoteEngine, u64),
+    /// Answers from a script instead of a model.
+    #[cfg(test)]
+    Scripted(std::sync::Arc<dyn Fn(&GenRequest) -> GenOutput + Send + Sync>),
 }
 
 impl Caller {
@@ -485,6 +563,8 @@ impl Caller {
                     .map_err(|e| e.to_string())?
                     .map_err(|e| format!("remote engine: {e:#}"))
             }
+            #[cfg(test)]
+            Caller::Scripted(answer) => Ok(answer(&req)),
         }
     }
 }
@@ -548,10 +628,13 @@ mod tests {
         }
     }
 
-    /// The ids the model saw at each turn are exactly the previous turn's ids, then what it
-    /// sampled, then the tokens of the environment's reply: nothing is ever retokenized.
+    /// The ids the model saw at each turn: without a template, the previous turn's ids, then
+    /// what it sampled, then the tokens of the environment's reply; with ChatML, the template's
+    /// rendering of the conversation, which extends the previous context token for token
+    /// whenever the sampled ids are the tokenization of their own text. Each transition keeps
+    /// the sampled ids, and the counters say which episodes merge.
     #[test]
-    fn each_turn_extends_the_last_token_for_token() {
+    fn each_turn_is_the_rendered_history_and_append_only_turns_extend_the_last() {
         for format in [TurnFormat::Plain, TurnFormat::Chat(Box::new(chatml()))] {
             let task = agent_task_by_name("guess", 1).unwrap().unwrap();
             let tokenizer = Tokenizer::char_level(task.alphabet()).unwrap();
@@ -575,7 +658,7 @@ mod tests {
                 &runtime(),
                 specs,
             );
-            let mut multi_turn = 0;
+            let (mut multi_turn, mut extended, mut merged) = (0, 0, 0);
             for e in &r.episodes {
                 let ts = &e.trajectory.transitions;
                 let problem = &problems[&e.trajectory.id];
@@ -583,25 +666,48 @@ mod tests {
                 let mut messages = vec![Message::user(&problem.prompt)];
                 for (k, w) in ts.windows(2).enumerate() {
                     let turn = &e.transcript[k];
-                    let inserted = ctx
-                        .inserted_text(&mut messages, &turn.message, &turn.reply)
-                        .unwrap();
-                    let mut want = w[0].prompt.clone();
-                    want.extend(&w[0].response);
-                    want.extend(tokenizer.encode(&inserted, false).unwrap());
-                    assert_eq!(
-                        w[1].prompt,
-                        want,
-                        "episode {}, turn {}",
-                        e.trajectory.id,
-                        k + 1
+                    let mut context = w[0].prompt.clone();
+                    context.extend(&w[0].response);
+                    let want = match &format {
+                        TurnFormat::Plain => {
+                            let mut want = context.clone();
+                            let reply = render_plain(&turn.reply);
+                            want.extend(tokenizer.encode(&reply, false).unwrap());
+                            want
+                        }
+                        TurnFormat::Chat(t) => {
+                            push_turn(&mut messages, &turn.message, &turn.reply);
+                            let text = t.render(&messages, None, true).unwrap();
+                            tokenizer.encode(&text, false).unwrap()
+                        }
+                    };
+                    let at = format!("episode {}, turn {}", e.trajectory.id, k + 1);
+                    assert_eq!(w[1].prompt, want, "{at}");
+                    // Sampled ids that decode to text which encodes back to them (no special
+                    // token but the stop token) are extended token for token.
+                    let text = tokenizer.decode(&w[0].response, true).unwrap();
+                    let mut plain = tokenizer.encode(&text, false).unwrap();
+                    plain.extend(
+                        w[0].response
+                            .last()
+                            .filter(|t| params.stop_token_ids.contains(t)),
                     );
+                    if plain == w[0].response {
+                        assert!(w[1].prompt.starts_with(&context), "{at}");
+                        extended += 1;
+                    }
                     assert!(w[1].versions.iter().all(|&v| v == 2));
                     multi_turn += 1;
                 }
+                merged += usize::from(extends_token_for_token(&e.trajectory));
             }
             assert!(multi_turn > 10, "too few multi-turn episodes to check");
+            assert!(extended > 5, "too few append-only turns to check");
             assert_eq!(r.stats.episodes, 24);
+            assert_eq!((r.stats.merged, r.stats.stepwise), (merged, 24 - merged));
+            if let TurnFormat::Plain = format {
+                assert_eq!(r.stats.merged, 24, "plain text only ever appends");
+            }
         }
     }
 
@@ -670,6 +776,321 @@ mod tests {
                     );
                     *checked += 1;
                 }
+            }
+        }
+    }
+
+    /// Trains step-wise rows as the engine scored them: a template that re-renders earlier
+    /// turns makes most episodes step-wise (one row per turn, each with its own prompt, the
+    /// engine's session keeping only what the prompts share), and the recomputed log-probs of
+    /// every sampled token equal its behavior log-prob, padded, packed and with shared prefixes.
+    #[test]
+    fn stepwise_rows_recompute_the_behavior_logprobs() {
+        use crate::trainer::batch::{build_step_batch, StepBatchConfig};
+        use crate::trainer::prepare::recompute_logprobs;
+        use crate::trainer::update::pack::Batching;
+        let task = agent_task_by_name("guess", 1).unwrap().unwrap();
+        let tokenizer = Tokenizer::char_level(&format!("{}|", task.alphabet())).unwrap();
+        let format = TurnFormat::Chat(Box::new(marker_template()));
+        let (params, limits) = (params(&tokenizer), limits());
+        let ctx = AgentContext {
+            task: task.as_ref(),
+            tokenizer: &tokenizer,
+            format: &format,
+            params: &params,
+            limits: &limits,
+        };
+        let policy = model(&tokenizer);
+        let r = ctx.run(
+            &Generator::Local(Engine::new(16)),
+            &policy,
+            0,
+            &runtime(),
+            specs(task.as_ref(), 16),
+        );
+        assert!(r.stats.stepwise >= 4, "{:?}", r.stats);
+        assert!(
+            r.engine.reused_tokens > 0,
+            "sessions kept their shared prefixes"
+        );
+        let trajectories: Vec<Trajectory> = r.episodes.into_iter().map(|e| e.trajectory).collect();
+        let mut cfg = crate::trainer::TrainConfig::default();
+        cfg.algorithm.normalize_std = false;
+        let batch_cfg = StepBatchConfig::from_config(&cfg, 8);
+        let mut batch = build_step_batch(&trajectories, &batch_cfg, 1).unwrap();
+        let per_turn = batch.origins.iter().filter(|o| o.transition.is_some());
+        assert!(per_turn.count() >= 8, "too few step-wise rows to check");
+        let needs_old = vec![true; batch.rows.len()];
+        let mut checked = 0;
+        for (packing, shared_prefix) in [(false, false), (true, false), (true, true)] {
+            let batching = Batching {
+                micro_batch_tokens: 4096,
+                packing,
+                shared_prefix,
+            };
+            let rows = &mut batch.rows;
+            recompute_logprobs(
+                &policy,
+                None,
+                rows,
+                &needs_old,
+                &batching,
+                params.temperature,
+            );
+            check_recomputed(rows, &mut checked);
+        }
+        assert!(checked > 150);
+    }
+
+    /// ChatML except that an assistant message a reply follows is shown with only what it
+    /// wrote after its last `|`: a one-character stand-in for a reasoning model's `</think>`,
+    /// which a random character-level model writes often.
+    fn marker_template() -> ChatTemplate {
+        let source = r#"{%- set ns = namespace(last_reply=-1) %}
+{%- for m in messages %}{%- if m.role != 'assistant' %}{%- set ns.last_reply = loop.index0 %}{%- endif %}{%- endfor %}
+{%- for m in messages %}
+{%- set content = m.content %}
+{%- if m.role == 'assistant' and loop.index0 < ns.last_reply %}{%- set content = content.split('|')[-1] %}{%- endif %}
+{{- '<|im_start|>' + m.role + '\n' + content + '<|im_end|>\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"#;
+        ChatTemplate::new(source, None, Some("<|im_end|>")).unwrap()
+    }
+
+    /// What `scripts/make_think_template_fixture.py` recorded with transformers: a
+    /// conversation, and for each of its assistant messages the ids `apply_chat_template` gives
+    /// the history before it, under a Qwen3-style template that drops earlier reasoning
+    /// (`think`, the tokenizer's own) and under plain ChatML (`chatml`).
+    #[derive(serde::Deserialize)]
+    struct ThinkFixture {
+        messages: Vec<Message>,
+        chatml_template: String,
+        turns: std::collections::HashMap<String, Vec<RecordedTurn>>,
+    }
+
+    #[derive(Clone, serde::Deserialize)]
+    struct RecordedTurn {
+        prompt_ids: Vec<u32>,
+        completion_ids: Vec<u32>,
+    }
+
+    fn think_fixture() -> (Tokenizer, ThinkFixture) {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/think-template");
+        let text = std::fs::read_to_string(dir.join("expected.json")).unwrap();
+        (
+            Tokenizer::from_dir(&dir).unwrap(),
+            serde_json::from_str(&text).unwrap(),
+        )
+    }
+
+    /// The fixture's conversation as an environment: each assistant message must be the
+    /// scripted one, and is answered with the messages after it; the last one ends the episode
+    /// with the problem's ground truth as its reward.
+    struct Conversation(Vec<Message>);
+
+    struct ConversationEnv {
+        messages: Vec<Message>,
+        next: usize,
+        reward: f64,
+    }
+
+    impl Env for ConversationEnv {
+        fn step(&mut self, message: &str) -> Result<EnvStep, EnvError> {
+            let want = &self.messages[self.next].content;
+            if message != want {
+                return Err(EnvError::new(format!("said {message:?}, not {want:?}")));
+            }
+            self.next += 1;
+            let mut reply = Vec::new();
+            let is_reply = |m: &&Message| m.role != "assistant";
+            while let Some(m) = self.messages.get(self.next).filter(is_reply) {
+                reply.push(match m.role.as_str() {
+                    "tool" => EnvMessage::tool(&m.content),
+                    _ => EnvMessage::user(&m.content),
+                });
+                self.next += 1;
+            }
+            if reply.is_empty() {
+                return Ok(EnvStep::Done(Score {
+                    reward: self.reward,
+                    correct: true,
+                    formatted: true,
+                }));
+            }
+            Ok(EnvStep::Continue {
+                messages: reply,
+                reward: None,
+            })
+        }
+    }
+
+    impl AgentTask for Conversation {
+        fn name(&self) -> &str {
+            "conversation"
+        }
+        fn sample(&self, _: &mut TaskRng) -> Problem {
+            unreachable!("the test writes its problems")
+        }
+        fn start(&self, p: &Problem) -> Box<dyn Env> {
+            Box::new(ConversationEnv {
+                messages: self.0.clone(),
+                next: 1,
+                reward: p.ground_truth.parse().unwrap(),
+            })
+        }
+        fn demonstration_turn(&self, _: &Problem, _: &[Turn], _: &mut TaskRng) -> String {
+            unreachable!("no warm-up here")
+        }
+        fn alphabet(&self) -> &str {
+            ""
+        }
+        fn max_turns(&self) -> usize {
+            6
+        }
+        fn max_message_chars(&self) -> usize {
+            200
+        }
+    }
+
+    /// Plays the fixture's conversation through the agent loop, the model's messages sampled
+    /// from a script (turn k of every episode samples the recorded ids of message k, with
+    /// made-up log-probs): the ids the model is given at each turn are exactly transformers'
+    /// rendering of the history, each transition keeps the sampled ids and log-probs, and the
+    /// planner keeps a row per turn of a step-wise episode, all in one mini-batch. Under the
+    /// reasoning-dropping template every episode is step-wise; under ChatML every one merges.
+    #[test]
+    fn a_reasoning_template_gives_stepwise_turns_of_exactly_what_transformers_renders() {
+        use crate::trainer::batch::{build_step_batch, StepBatchConfig};
+        use std::sync::{Arc, Mutex};
+        let (tokenizer, fixture) = think_fixture();
+        let think = tokenizer.chat_template().unwrap().unwrap();
+        let chatml = ChatTemplate::new(&fixture.chatml_template, None, Some("<|im_end|>")).unwrap();
+        let task = Conversation(fixture.messages.clone());
+        let params = params(&tokenizer);
+        let limits = AgentLimits {
+            max_tokens: 1000,
+            ..limits()
+        };
+        let logprob = |turn: usize, j: usize| -0.5 - turn as f32 - 0.01 * j as f32;
+        for (name, template, stepwise) in [("think", think, true), ("chatml", chatml, false)] {
+            let recorded = Arc::new(fixture.turns[name].clone());
+            let format = TurnFormat::Chat(Box::new(template));
+            let ctx = AgentContext {
+                task: &task,
+                tokenizer: &tokenizer,
+                format: &format,
+                params: &params,
+                limits: &limits,
+            };
+            // The prompts the "model" was given: (episode, turn, ids).
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let turns = Mutex::new(std::collections::HashMap::new());
+            let (rec, log) = (recorded.clone(), seen.clone());
+            let answer = move |req: &GenRequest| {
+                let session = req.session.expect("each episode is an engine session");
+                let mut turns = turns.lock().unwrap();
+                let k: &mut usize = turns.entry(session).or_default();
+                log.lock().unwrap().push((session, *k, req.prompt.clone()));
+                let tokens = rec[*k].completion_ids.clone();
+                let out = GenOutput {
+                    id: req.id,
+                    logprobs: (0..tokens.len()).map(|j| logprob(*k, j)).collect(),
+                    versions: vec![7; tokens.len()],
+                    tokens,
+                    finish: Finish::Stop,
+                };
+                *k += 1;
+                out
+            };
+            let specs = (0..4)
+                .map(|i| EpisodeSpec {
+                    id: format!("e{i}"),
+                    group: format!("g{}", i / 2),
+                    problem: Problem {
+                        prompt: fixture.messages[0].content.clone(),
+                        ground_truth: i.to_string(),
+                        data_source: "conversation".into(),
+                        meta: serde_json::Value::Null,
+                    },
+                })
+                .collect();
+            let episodes = ctx.play_all(Caller::Scripted(Arc::new(answer)), &runtime(), specs);
+            let seen = seen.lock().unwrap();
+            assert_eq!(seen.len(), 4 * recorded.len(), "{name}");
+            for (session, k, prompt) in seen.iter() {
+                assert_eq!(
+                    *prompt, recorded[*k].prompt_ids,
+                    "{name}: episode {session}, turn {k}: the prompt is not transformers' rendering"
+                );
+            }
+            for e in &episodes {
+                assert_eq!(e.trajectory.status, Status::Finished, "{name}");
+                let ts = &e.trajectory.transitions;
+                assert_eq!(ts.len(), recorded.len());
+                for (k, (t, want)) in ts.iter().zip(recorded.iter()).enumerate() {
+                    assert_eq!(t.prompt, want.prompt_ids, "{name}, turn {k}");
+                    assert_eq!(t.response, want.completion_ids, "{name}, turn {k}");
+                    let lp: Vec<f32> = (0..t.response.len()).map(|j| logprob(k, j)).collect();
+                    assert_eq!(t.logprobs, lp);
+                    assert!(t.versions.iter().all(|&v| v == 7));
+                }
+                assert_eq!(extends_token_for_token(&e.trajectory), !stepwise, "{name}");
+            }
+            let stats = AgentStats::of(&episodes);
+            let (merged, split) = if stepwise { (0, 4) } else { (4, 0) };
+            assert_eq!((stats.merged, stats.stepwise), (merged, split), "{name}");
+            let m: std::collections::HashMap<_, _> = stats.metrics().into_iter().collect();
+            assert_eq!(m["agent/merged_trajectories"], merged as f64);
+            assert_eq!(m["agent/stepwise_trajectories"], split as f64);
+
+            // Rows: one per turn (step-wise) or one per episode, whole in one mini-batch.
+            let trajectories: Vec<Trajectory> =
+                episodes.into_iter().map(|e| e.trajectory).collect();
+            let mut cfg = crate::trainer::TrainConfig::default();
+            cfg.trainer.num_mini_batches = 2;
+            let batch_cfg = StepBatchConfig::from_config(&cfg, 64);
+            let batch = build_step_batch(&trajectories, &batch_cfg, 3).unwrap();
+            let rows_each = if stepwise { recorded.len() } else { 1 };
+            assert_eq!(batch.real_rows, 4 * rows_each, "{name}");
+            for (i, o) in batch.origins.iter().enumerate() {
+                let row = &batch.rows[i];
+                let sampled: Vec<f32> = row
+                    .loss_mask
+                    .iter()
+                    .zip(&row.behavior_logp)
+                    .filter(|(&m, _)| m == 1)
+                    .map(|(_, &lp)| lp)
+                    .collect();
+                let turns = match o.transition {
+                    Some(k) => k..k + 1,
+                    None => 0..recorded.len(),
+                };
+                let want_lp: Vec<f32> = turns
+                    .clone()
+                    .flat_map(|k| (0..recorded[k].completion_ids.len()).map(move |j| logprob(k, j)))
+                    .collect();
+                assert_eq!(sampled, want_lp, "{name}: row {i}");
+                let last = &recorded[turns.end - 1];
+                let mut tokens = last.prompt_ids.clone();
+                tokens.extend(&last.completion_ids);
+                assert_eq!(row.tokens, tokens, "{name}: row {i}");
+                assert_eq!(o.transition.is_some(), stepwise, "{name}: row {i}");
+            }
+            for t in 0..4 {
+                let holding: Vec<usize> = (0..batch.plan.len())
+                    .filter(|&mb| {
+                        batch.plan[mb]
+                            .iter()
+                            .flatten()
+                            .any(|&r| r < batch.real_rows && batch.origins[r].trajectory == t)
+                    })
+                    .collect();
+                assert_eq!(
+                    holding.len(),
+                    1,
+                    "{name}: trajectory {t} in mini-batches {holding:?}"
+                );
             }
         }
     }
