@@ -155,7 +155,7 @@ impl Workload for External {
         let (mut trajectories, mut correct) = (Vec::with_capacity(n), Vec::with_capacity(n));
         for r in recorded {
             let (t, ok) = trajectory(r);
-            stats.calls += t.transitions.len();
+            stats.add(&t);
             trajectories.push(t);
             correct.push(ok);
         }
@@ -194,7 +194,10 @@ impl Workload for External {
     }
 }
 
-/// A recorded rollout as a trajectory: one transition per call, exactly as generated.
+/// A recorded rollout as a trajectory: one transition per call, exactly as generated. Calls
+/// whose prompts extend the previous call's prompt and completion merge into one row; an agent
+/// whose later prompt renders the history afresh (a template that drops earlier reasoning, a
+/// trimmed context, a sub-agent's own conversation) trains step-wise, a row per call.
 pub fn trajectory(r: RecordedRollout) -> (Trajectory, bool) {
     let transitions: Vec<Transition> = r
         .calls
@@ -249,6 +252,100 @@ impl Drop for External {
         for w in &mut self.workers {
             let _ = w.kill();
             let _ = w.wait();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::serve::RecordedCall;
+    use crate::trainer::batch::{build_step_batch, StepBatchConfig};
+
+    fn call(prompt: &[u32], completion: &[u32], logprob: f32) -> RecordedCall {
+        RecordedCall {
+            prompt_ids: prompt.to_vec(),
+            completion_ids: completion.to_vec(),
+            logprobs: vec![logprob; completion.len()],
+            versions: vec![4; completion.len()],
+            finish: "stop".into(),
+        }
+    }
+
+    /// An agent whose second call does not extend its first (the history was rendered without
+    /// the first answer's reasoning, ids 7 8) trains step-wise: the rollout is not failed, each
+    /// call is its own row with its own prompt and behavior log-probs, both rows in one
+    /// mini-batch, and it is counted as step-wise; one whose second call extends the first
+    /// merges and is counted as merged.
+    #[test]
+    fn a_later_call_that_does_not_extend_the_first_trains_as_stepwise_rows() {
+        let rollout = |id: &str, group: &str, calls, reward| RecordedRollout {
+            rollout_id: id.into(),
+            group: group.into(),
+            calls,
+            reward,
+            correct: None,
+            error: None,
+        };
+        let stepwise = |id, reward| {
+            let first = call(&[1, 2, 3], &[7, 8, 9, 2], -0.5);
+            let second = call(&[1, 2, 3, 9, 2, 5, 6, 3], &[4, 2], -0.25);
+            rollout(id, "g0", vec![first, second], reward)
+        };
+        let merged = |id, reward| {
+            let first = call(&[1, 2, 3], &[7, 8, 9, 2], -0.5);
+            let second = call(&[1, 2, 3, 7, 8, 9, 2, 5, 6, 3], &[4, 2], -0.25);
+            rollout(id, "g1", vec![first, second], reward)
+        };
+        let recorded = [
+            stepwise("a", 1.0),
+            stepwise("b", 0.0),
+            merged("c", 1.0),
+            merged("d", 0.0),
+        ];
+        let mut stats = ExternalStats::default();
+        let trajectories: Vec<Trajectory> = recorded
+            .into_iter()
+            .map(|r| {
+                let (t, _) = trajectory(r);
+                assert_eq!(t.status, Status::Finished);
+                stats.add(&t);
+                t
+            })
+            .collect();
+        assert_eq!((stats.calls, stats.merged, stats.stepwise), (8, 2, 2));
+        let m: HashMap<_, _> = stats.metrics(4).into_iter().collect();
+        assert_eq!(m["agent/stepwise_trajectories"], 2.0);
+        assert_eq!(m["agent/merged_trajectories"], 2.0);
+
+        let mut cfg = TrainConfig::default();
+        cfg.trainer.num_mini_batches = 2;
+        let batch =
+            build_step_batch(&trajectories, &StepBatchConfig::from_config(&cfg, 8), 5).unwrap();
+        assert_eq!(batch.failed_trajectories, 0);
+        // Two rows each for the step-wise rollouts, one for each merged one.
+        assert_eq!(batch.real_rows, 6);
+        for (i, o) in batch.origins.iter().enumerate() {
+            let row = &batch.rows[i];
+            let t = &trajectories[o.trajectory];
+            match o.transition {
+                Some(k) => {
+                    assert!(o.trajectory < 2, "only the step-wise rollouts split");
+                    let x = &t.transitions[k];
+                    assert_eq!(row.tokens[..row.prompt_len], x.prompt[..]);
+                    assert_eq!(row.tokens[row.prompt_len..], x.response[..]);
+                    assert_eq!(row.behavior_logp, x.logprobs);
+                }
+                None => assert!(o.trajectory >= 2, "the append-only rollouts merge"),
+            }
+            let mini_batches: Vec<usize> = (0..batch.plan.len())
+                .filter(|&mb| {
+                    batch.plan[mb].iter().flatten().any(|&r| {
+                        r < batch.real_rows && batch.origins[r].trajectory == o.trajectory
+                    })
+                })
+                .collect();
+            assert_eq!(mini_batches.len(), 1, "rollout {} is split", t.id);
         }
     }
 }

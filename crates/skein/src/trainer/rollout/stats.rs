@@ -257,10 +257,25 @@ pub struct ExternalStats {
     pub agent_failures: usize,
     /// Rollouts not closed within `agent.rollout_timeout_s`.
     pub timeouts: usize,
+    /// Rollouts whose every call's prompt extends the previous call's prompt and completion
+    /// (one merged row; a rollout of one call counts here).
+    pub merged: usize,
+    /// Rollouts with a call that does not (a history rendered afresh): one row per call.
+    pub stepwise: usize,
 }
 
 impl ExternalStats {
-    pub fn metrics(&self, rollouts: usize) -> [(&'static str, f64); 3] {
+    /// Counts a recorded rollout's calls and how it becomes rows.
+    pub fn add(&mut self, t: &Trajectory) {
+        self.calls += t.transitions.len();
+        if skein_plan::extends_token_for_token(t) {
+            self.merged += 1;
+        } else {
+            self.stepwise += 1;
+        }
+    }
+
+    pub fn metrics(&self, rollouts: usize) -> [(&'static str, f64); 5] {
         [
             (
                 "agent/calls_mean",
@@ -268,6 +283,8 @@ impl ExternalStats {
             ),
             ("agent/failed_rollouts", self.agent_failures as f64),
             ("agent/timed_out_rollouts", self.timeouts as f64),
+            ("agent/merged_trajectories", self.merged as f64),
+            ("agent/stepwise_trajectories", self.stepwise as f64),
         ]
     }
 }
