@@ -152,44 +152,11 @@ pub fn build_step_batch(
         ..Default::default()
     };
     let planned = plan::plan(&shapes, &plan_cfg)?;
-    for r in &rows {
-        let t = &trajectories[r.shape.trajectory];
-        let last = r
-            .shape
-            .transition
-            .is_none_or(|k| k + 1 == t.transitions.len());
-        let own = r
-            .shape
-            .transition
-            .and_then(|k| t.transitions[k].reward)
-            .unwrap_or(0.0);
-        batch
-            .row_rewards
-            .push(if last { t.reward + own } else { own });
-        let mut row = TrainRow::from_plan_row(r);
-        if turn_gae {
-            row.value_mask = plan::turn_value_mask(&r.loss_mask, &r.turn_spans);
-        }
-        batch.rows.push(row);
-        batch.origins.push(RowOrigin {
-            trajectory: r.shape.trajectory,
-            transition: r.shape.transition,
-        });
-    }
+    push_real_rows(&mut batch, trajectories, &rows, turn_gae);
     for mb in &planned.mini_batches {
         let trajectory_tokens = mb.trajectory_loss_tokens(&shapes);
         // Turn-level GAE's value loss: a mean over the mini-batch's turns that have a target.
-        let value_targets: usize = mb
-            .ranks
-            .iter()
-            .flatten()
-            .filter_map(|slot| match slot {
-                plan::Slot::Real(i) => Some(batch.rows[*i].value_mask.iter()),
-                plan::Slot::Padding(_) => None,
-            })
-            .flatten()
-            .filter(|&&m| m != 0)
-            .count();
+        let value_targets = value_targets(mb, &batch.rows);
         let mut ranks = Vec::with_capacity(mb.ranks.len());
         for rank in &mb.ranks {
             let mut idx = Vec::with_capacity(rank.len());
@@ -225,6 +192,54 @@ pub fn build_step_batch(
     }
     batch.total_tokens = batch.rows.iter().map(|r| r.tokens.len()).sum();
     Ok(batch)
+}
+
+/// The step's real rows in plan order, each with its reward (the trajectory's score on its
+/// last row, plus the turn's own) and, for turn-level GAE, its value targets.
+fn push_real_rows(
+    batch: &mut StepBatch,
+    trajectories: &[plan::Trajectory],
+    rows: &[plan::Row],
+    turn_gae: bool,
+) {
+    for r in rows {
+        let t = &trajectories[r.shape.trajectory];
+        let last = r
+            .shape
+            .transition
+            .is_none_or(|k| k + 1 == t.transitions.len());
+        let own = r
+            .shape
+            .transition
+            .and_then(|k| t.transitions[k].reward)
+            .unwrap_or(0.0);
+        batch
+            .row_rewards
+            .push(if last { t.reward + own } else { own });
+        let mut row = TrainRow::from_plan_row(r);
+        if turn_gae {
+            row.value_mask = plan::turn_value_mask(&r.loss_mask, &r.turn_spans);
+        }
+        batch.rows.push(row);
+        batch.origins.push(RowOrigin {
+            trajectory: r.shape.trajectory,
+            transition: r.shape.transition,
+        });
+    }
+}
+
+/// Positions with a value target in a mini-batch's real rows.
+fn value_targets(mb: &plan::MiniBatch, rows: &[TrainRow]) -> usize {
+    mb.ranks
+        .iter()
+        .flatten()
+        .filter_map(|slot| match slot {
+            plan::Slot::Real(i) => Some(rows[*i].value_mask.iter()),
+            plan::Slot::Padding(_) => None,
+        })
+        .flatten()
+        .filter(|&&m| m != 0)
+        .count()
 }
 
 /// Turn indices whose advantages are logged one by one (later turns are in the totals only).
