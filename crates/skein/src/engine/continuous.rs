@@ -85,6 +85,8 @@ struct Parked {
 
 #[derive(Debug, Default, Clone, Copy)]
 pub struct EngineStats {
+    /// Context tokens run through the model at admission; a context that several requests of
+    /// one admission share (a group's samples) counts once.
     pub prefill_tokens: usize,
     pub decode_steps: usize,
     pub generated_tokens: usize,
@@ -261,33 +263,51 @@ impl Engine {
                 c
             })
             .collect();
+        // The samples of a group arrive together with one context: each distinct context runs
+        // once, and its keys/values are copied to the slots of the others.
+        let (distinct, source) = distinct_contexts(&contexts);
         let t = contexts.iter().map(Vec::len).max().unwrap_or(1).max(1);
-        let mut ids = vec![0i64; contexts.len() * t];
-        for (b, c) in contexts.iter().enumerate() {
-            for (j, &tok) in c.iter().enumerate() {
+        let mut ids = vec![0i64; distinct.len() * t];
+        for (b, &c) in distinct.iter().enumerate() {
+            for (j, &tok) in contexts[c].iter().enumerate() {
                 ids[b * t + j] = tok as i64;
             }
         }
         let input = Tensor::from_slice(&ids)
-            .view([contexts.len() as i64, t as i64])
+            .view([distinct.len() as i64, t as i64])
             .to_device(device);
         let positions = crate::model::transformer::positions_like(&input);
         let slots: Vec<i64> = admitted.iter().map(|(s, _)| *s as i64).collect();
         let lens: Vec<i64> = contexts.iter().map(|c| c.len() as i64).collect();
+        let first_slots: Vec<i64> = distinct.iter().map(|&c| slots[c]).collect();
         let hidden = model.net.hidden(
             &input,
             &positions,
             AttnMode::Prefill {
                 cache,
-                slots: &slots,
-                lens: &lens,
+                slots: &Tensor::from_slice(&first_slots).to_device(device),
             },
         );
-        let last =
-            Tensor::from_slice(&lens.iter().map(|l| l - 1).collect::<Vec<_>>()).to_device(device);
-        let rows = Tensor::arange(contexts.len() as i64, (Kind::Int64, device));
+        let last = Tensor::from_slice(&distinct.iter().map(|&c| lens[c] - 1).collect::<Vec<_>>())
+            .to_device(device);
+        let rows = Tensor::arange(distinct.len() as i64, (Kind::Int64, device));
         let h_last = hidden.index(&[Some(rows), Some(last)]);
-        let logits = model.net.logits(&h_last);
+        let mut logits = model.net.logits(&h_last);
+        if distinct.len() < contexts.len() {
+            let (from, to): (Vec<i64>, Vec<i64>) = source
+                .iter()
+                .zip(&slots)
+                .filter(|(&d, &slot)| first_slots[d] != slot)
+                .map(|(&d, &slot)| (first_slots[d], slot))
+                .unzip();
+            cache.copy_slots(
+                &Tensor::from_slice(&from).to_device(device),
+                &Tensor::from_slice(&to).to_device(device),
+                t as i64,
+            );
+            let source: Vec<i64> = source.iter().map(|&d| d as i64).collect();
+            logits = logits.index_select(0, &Tensor::from_slice(&source).to_device(device));
+        }
         let states: Vec<Running> = admitted
             .into_iter()
             .zip(&lens)
@@ -313,7 +333,7 @@ impl Engine {
             parked,
             on_finish,
         );
-        lens.iter().sum::<i64>() as usize
+        distinct.iter().map(|&c| lens[c]).sum::<i64>() as usize
     }
 
     /// One decode step for every running sequence.
@@ -572,6 +592,24 @@ fn length_buckets(mut admitted: Vec<(usize, GenRequest)>) -> Vec<Vec<(usize, Gen
     buckets
 }
 
+/// The first index of each distinct context, and for every context the position of its own in
+/// that list.
+fn distinct_contexts(contexts: &[Vec<u32>]) -> (Vec<usize>, Vec<usize>) {
+    let mut first: std::collections::HashMap<&[u32], usize> = std::collections::HashMap::new();
+    let mut distinct = Vec::new();
+    let source = contexts
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            *first.entry(c.as_slice()).or_insert_with(|| {
+                distinct.push(i);
+                distinct.len() - 1
+            })
+        })
+        .collect();
+    (distinct, source)
+}
+
 fn same_sampling(a: &SamplingParams, b: &SamplingParams) -> bool {
     a.temperature == b.temperature && a.top_p == b.top_p && a.top_k == b.top_k
 }
@@ -729,6 +767,46 @@ mod tests {
         for (i, n) in [(0u64, 40usize), (1, 3), (2, 5), (3, 70)] {
             let alone = run(&Engine::new(1), &model, vec![req(i, n)]);
             assert_eq!(mixed[i as usize].tokens, alone[0].tokens);
+        }
+    }
+
+    /// A group's samples share one context: it is prefilled once, copied to every sample's
+    /// slot, and each sample then generates exactly what it would alone.
+    #[test]
+    fn requests_with_one_context_share_its_prefill() {
+        let req = |id: u64, prompt: Vec<u32>| GenRequest {
+            id,
+            prompt,
+            resumed: vec![],
+            params: greedy(5),
+            budget: None,
+            session: None,
+        };
+        let prompts = [
+            vec![3, 1, 4, 1, 5],
+            vec![2, 7, 1],
+            vec![3, 1, 4, 1, 5],
+            vec![2, 7, 1],
+        ];
+        let mut reqs: Vec<GenRequest> = Vec::new();
+        for (i, p) in prompts.iter().cycle().take(8).enumerate() {
+            reqs.push(req(i as u64, p.clone()));
+        }
+        let model = tiny();
+        let mut outs = Vec::new();
+        let stats = Engine::new(8).generate(&model, 0, reqs, |o| outs.push(o));
+        outs.sort_by_key(|o| o.id);
+        assert_eq!(stats.prefill_tokens, 5 + 3, "each distinct context once");
+        for (i, out) in outs.iter().enumerate() {
+            let alone = run(
+                &Engine::new(1),
+                &model,
+                vec![req(0, prompts[i % 4].clone())],
+            );
+            assert_eq!(out.tokens, alone[0].tokens, "request {i}");
+            for (a, b) in out.logprobs.iter().zip(&alone[0].logprobs) {
+                assert!((a - b).abs() < 1e-5, "request {i}: {a} vs {b}");
+            }
         }
     }
 

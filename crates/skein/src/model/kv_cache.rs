@@ -33,24 +33,25 @@ impl KvCache {
         self.capacity
     }
 
-    /// Stores the first `lens[b]` positions of a prefilled batch ([B, kv_heads, T, head_dim])
-    /// into `slots[b]`.
-    pub fn store_prefix(
-        &mut self,
-        layer: usize,
-        k: &Tensor,
-        v: &Tensor,
-        slots: &[i64],
-        lens: &[i64],
-    ) {
-        for (b, (&slot, &len)) in slots.iter().zip(lens).enumerate() {
-            let b = b as i64;
-            for (cache, new) in [(&self.keys[layer], k), (&self.values[layer], v)] {
-                cache
-                    .get(slot)
-                    .narrow(0, 0, len)
-                    .copy_(&new.get(b).narrow(1, 0, len).transpose(0, 1));
-            }
+    /// Stores a prefilled batch's keys and values ([B, kv_heads, T, head_dim]) into `slots`
+    /// (one index per row), in one copy per tensor. A row shorter than T leaves keys past its
+    /// length in its slot; they are never read: each position is written before it is attended
+    /// to, and a decode step attends to positions up to its own only.
+    pub fn store_prefix(&mut self, layer: usize, k: &Tensor, v: &Tensor, slots: &Tensor) {
+        let t = k.size()[2];
+        for (cache, new) in [(&self.keys[layer], k), (&self.values[layer], v)] {
+            let _ = cache
+                .narrow(1, 0, t)
+                .index_copy_(0, slots, &new.transpose(1, 2));
+        }
+    }
+
+    /// Copies the first `len` positions of slot `from[i]` into slot `to[i]`, in every layer:
+    /// sequences with the same context share one prefill.
+    pub fn copy_slots(&mut self, from: &Tensor, to: &Tensor, len: i64) {
+        for cache in self.keys.iter().chain(&self.values) {
+            let mut head = cache.narrow(1, 0, len);
+            let _ = head.index_copy_(0, to, &head.index_select(0, from));
         }
     }
 

@@ -54,8 +54,7 @@ pub enum AttnMode<'a> {
     /// Prefill into a KV cache: like `Causal`, and the new keys/values are stored for `slots`.
     Prefill {
         cache: &'a mut KvCache,
-        slots: &'a [i64],
-        lens: &'a [i64],
+        slots: &'a Tensor,
     },
     /// One new token per sequence: appended at `positions` of `slots`, attending to the cache.
     /// `mask` comes from `kv_cache::decode_mask`; `dense` says the slots are exactly 0..A.
@@ -249,8 +248,8 @@ impl Attention {
                 Tensor::scaled_dot_product_attention(&q, &k, &v, Some(*mask), 0.0, false, None, gqa)
             }
             AttnMode::Spans(spans) => spans.attend(&q, &k, &v, gqa),
-            AttnMode::Prefill { cache, slots, lens } => {
-                cache.store_prefix(layer, &k, &v, slots, lens);
+            AttnMode::Prefill { cache, slots } => {
+                cache.store_prefix(layer, &k, &v, slots);
                 Tensor::scaled_dot_product_attention(
                     &q,
                     &k,
