@@ -10,6 +10,9 @@
 //!   The prompt's last token stays in each remainder because its logit predicts the first
 //!   response token, which differs between rows.
 //!
+//! Every layout feeds a row's tokens but its last ([`input_len`]): the last token's logit would
+//! predict what comes after the row, which nothing trains.
+//!
 //! Prompt tokens carry no loss, so none of this changes a loss or a gradient beyond float
 //! round-off; only the tokens computed change.
 
@@ -17,6 +20,12 @@ use crate::trainer::batch::TrainRow;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::ops::Range;
+
+/// Tokens of `row` the forward reads: all but the last, whose logit predicts nothing the row
+/// holds. Position i of them predicts token i + 1.
+pub fn input_len(row: &TrainRow) -> usize {
+    row.tokens.len().saturating_sub(1).max(1)
+}
 
 /// How rows become micro-batches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -118,8 +127,8 @@ pub fn micro_batches(rows: &[TrainRow], indices: &[usize], b: &Batching) -> Vec<
 /// Shortest rows first, so a long-tail row does not pad a micro-batch of short ones.
 fn padded(rows: &[TrainRow], indices: &[usize], budget: usize) -> Vec<MicroPlan> {
     let mut sorted = indices.to_vec();
-    sorted.sort_by_key(|&i| rows[i].tokens.len());
-    let lens: Vec<usize> = sorted.iter().map(|&i| rows[i].tokens.len()).collect();
+    sorted.sort_by_key(|&i| input_len(&rows[i]));
+    let lens: Vec<usize> = sorted.iter().map(|&i| input_len(&rows[i])).collect();
     split_by_tokens(&lens, budget)
         .into_iter()
         .map(|range| MicroPlan::one_per_line(sorted[range.clone()].to_vec(), &lens[range]))
@@ -174,7 +183,7 @@ impl Unit {
         let tokens = shared
             + members
                 .iter()
-                .map(|&i| rows[i].tokens.len() - shared)
+                .map(|&i| input_len(&rows[i]) - shared)
                 .sum::<usize>();
         Unit {
             rows: members,
@@ -192,7 +201,7 @@ fn units(rows: &[TrainRow], indices: &[usize], share: bool, budget: usize) -> Ve
     let mut out = Vec::new();
     for &i in indices {
         let r = &rows[i];
-        if share && r.prompt_len >= 2 && r.prompt_len <= r.tokens.len() {
+        if share && r.prompt_len >= 2 && r.prompt_len < r.tokens.len() {
             let prompt = &r.tokens[..r.prompt_len];
             by_prompt
                 .entry(prompt)
@@ -215,7 +224,7 @@ fn units(rows: &[TrainRow], indices: &[usize], share: bool, budget: usize) -> Ve
         let mut part: Vec<usize> = Vec::new();
         let mut tokens = shared;
         for i in members {
-            let more = rows[i].tokens.len() - shared;
+            let more = input_len(&rows[i]) - shared;
             if !part.is_empty() && tokens + more > budget {
                 out.push(Unit::new(rows, std::mem::take(&mut part), shared));
                 tokens = shared;
@@ -306,7 +315,7 @@ fn place(
         col - unit.shared..col
     });
     for &i in &unit.rows {
-        let len = rows[i].tokens.len() - unit.shared;
+        let len = input_len(&rows[i]) - unit.shared;
         line.push(Segment {
             row: plan_rows.len(),
             skip: unit.shared,
@@ -391,9 +400,9 @@ mod tests {
                     assert!(s.col >= end, "overlap in {line:?}");
                     end = s.col + s.len;
                     let r = &rows[p.rows[s.row]];
-                    assert!(s.skip + s.len <= r.tokens.len());
+                    assert!(s.skip + s.len <= input_len(r));
                     if !s.prefix {
-                        assert_eq!(s.skip + s.len, r.tokens.len(), "a row's place ends it");
+                        assert_eq!(s.skip + s.len, input_len(r), "a row's place ends it");
                     }
                 }
                 assert!(end <= p.width);
@@ -438,23 +447,23 @@ mod tests {
         let plans = micro_batches(&rows, &[0, 1, 2], &b);
         assert_eq!(plans.len(), 1);
         let p = &plans[0];
-        // Shared unit: prefix [1, 2] + [3, 7, 8] + [3, 9] = 7 tokens; the lone row is 3.
-        assert_eq!(p.width, 7);
+        // Rows are fed without their last token. Shared unit: prefix [1, 2] + [3, 7] + [3]
+        // = 5 tokens; the lone row is [4, 5].
+        assert_eq!(p.width, 5);
         assert_eq!(p.lines.len(), 2);
         let line = &p.lines[0];
         assert!(line[0].prefix && line[0].len == 2);
-        assert_eq!((line[1].skip, line[1].col, line[1].len), (2, 2, 3));
-        assert_eq!((line[2].skip, line[2].col, line[2].len), (2, 5, 2));
+        assert_eq!((line[1].skip, line[1].col, line[1].len), (2, 2, 2));
+        assert_eq!((line[2].skip, line[2].col, line[2].len), (2, 4, 1));
         assert_eq!(line[2].context, Some(0..2));
         let mask = attention_mask(p);
-        let at = |l: usize, q: usize, k: usize| mask[l * 49 + q * 7 + k];
-        // The second row's tokens see the prefix and themselves, never the first row's.
-        assert!(at(0, 5, 0) && at(0, 5, 1) && at(0, 5, 5) && !at(0, 5, 2) && !at(0, 5, 4));
-        assert!(at(0, 6, 5) && !at(0, 6, 3));
+        let at = |l: usize, q: usize, k: usize| mask[l * 25 + q * 5 + k];
+        // The second row's token sees the prefix and itself, never the first row's.
+        assert!(at(0, 4, 0) && at(0, 4, 1) && at(0, 4, 4) && !at(0, 4, 2) && !at(0, 4, 3));
         // Within the first row's segment: causal.
         assert!(at(0, 3, 2) && !at(0, 2, 3));
         // The unused tail of the second line reads only itself.
-        assert!(at(1, 5, 5) && !at(1, 5, 0));
+        assert!(at(1, 3, 3) && !at(1, 3, 0));
     }
 
     /// A group bigger than the budget is split, each part carrying the prefix again.
@@ -471,8 +480,8 @@ mod tests {
         };
         let plans = micro_batches(&rows, &all, &b);
         check_plan(&rows, &all, &plans, 12);
-        // Prefix 3 + 3 per row: three rows fit in 12.
+        // Prefix 3 + 2 per row (fed without its last token): four rows fit in 12.
         assert_eq!(plans.len(), 2, "{plans:?}");
-        assert!(plans.iter().all(|p| p.width == 12));
+        assert_eq!(plans[0].width, 11);
     }
 }

@@ -1,10 +1,12 @@
 //! Rows → the tensors of one micro-batch (laid out by `pack`), and per-token log-probs of the
 //! targets.
 //!
-//! A row is prompt ++ response token ids, exactly as sampled. Position t of the logits predicts
-//! token t+1, so every per-token tensor here is [lines, T-1] and aligned with `input[:, 1:]`.
+//! A row is prompt ++ response token ids, exactly as sampled, and is fed without its last token
+//! ([`input_len`]). The logit at a token's column predicts the row's next token, so every
+//! per-token tensor here is [lines, T], aligned with `input`, and `targets` holds the next
+//! tokens.
 
-use super::pack::{attention_mask, LineAttention, MicroPlan};
+use super::pack::{attention_mask, input_len, LineAttention, MicroPlan};
 use crate::model::transformer::positions_like;
 use crate::model::{AttnMode, Recompute, Span, Spans, Transformer, ValueModel};
 use crate::trainer::batch::TrainRow;
@@ -78,7 +80,7 @@ pub struct MicroBatch {
 impl MicroBatch {
     /// One right-padded row per line, in the given order.
     pub fn padded(rows: &[&TrainRow], device: Device) -> Self {
-        let lens: Vec<usize> = rows.iter().map(|r| r.tokens.len()).collect();
+        let lens: Vec<usize> = rows.iter().map(|r| input_len(r)).collect();
         let plan = MicroPlan::one_per_line((0..rows.len()).collect(), &lens);
         MicroBatch::new(rows, &plan, device)
     }
@@ -96,10 +98,9 @@ impl MicroBatch {
         device: Device,
         spans: bool,
     ) -> Self {
-        let (b, t) = (plan.lines.len().max(1), plan.width.max(2));
-        let mut input = vec![0i64; b * t];
-        let mut positions = vec![0i64; b * t];
-        let n = b * (t - 1);
+        let (b, t) = (plan.lines.len().max(1), plan.width.max(1));
+        let n = b * t;
+        let (mut input, mut targets, mut positions) = (vec![0i64; n], vec![0i64; n], vec![0i64; n]);
         let (mut mask, mut weights, mut adv, mut blp) =
             (vec![0f32; n], vec![0f32; n], vec![0f32; n], vec![0f32; n]);
         let (mut old, mut has_old, mut reference) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
@@ -111,8 +112,10 @@ impl MicroBatch {
             for s in line {
                 let r: &TrainRow = rows[plan.rows[s.row]].borrow();
                 for i in 0..s.len {
-                    input[l * t + s.col + i] = r.tokens[s.skip + i] as i64;
-                    positions[l * t + s.col + i] = (s.skip + i) as i64;
+                    let (at, k) = (l * t + s.col + i, s.skip + i);
+                    input[at] = r.tokens[k] as i64;
+                    targets[at] = r.tokens.get(k + 1).map_or(0, |&x| x as i64);
+                    positions[at] = k as i64;
                 }
                 if s.prefix {
                     continue;
@@ -122,7 +125,7 @@ impl MicroBatch {
                 let first = s.col + r.prompt_len - 1 - s.skip;
                 places[s.row] = (l, first);
                 for (k, &m) in r.loss_mask.iter().enumerate() {
-                    let at = l * (t - 1) + first + k;
+                    let at = l * t + first + k;
                     let m = m as f32;
                     mask[at] = m;
                     weights[at] = m * r.weight as f32;
@@ -144,13 +147,9 @@ impl MicroBatch {
                 }
             }
         }
-        let shape = [b as i64, t as i64 - 1];
+        let shape = [b as i64, t as i64];
         let tensor = |v: &[f32]| Tensor::from_slice(v).view(shape).to_device(device);
-        let ids = |v: &[i64]| {
-            Tensor::from_slice(v)
-                .view([b as i64, t as i64])
-                .to_device(device)
-        };
+        let ids = |v: &[i64]| Tensor::from_slice(v).view(shape).to_device(device);
         let input = ids(&input);
         let (positions, attention) = if plan.attention == LineAttention::Causal {
             (None, Attention::Causal)
@@ -166,7 +165,7 @@ impl MicroBatch {
             (Some(ids(&positions)), Attention::Mask(m))
         };
         MicroBatch {
-            targets: input.narrow(1, 1, t as i64 - 1),
+            targets: ids(&targets),
             input,
             positions,
             attention,
@@ -221,13 +220,10 @@ impl MicroBatch {
         (positions, mode)
     }
 
-    /// The critic's values of every position that predicts a target, [lines, T-1].
+    /// The critic's values of every position, [lines, T].
     pub fn values(&self, critic: &ValueModel) -> Tensor {
-        let t = self.input.size()[1];
         let (positions, mode) = self.attention_mode();
-        critic
-            .values_at(&self.input, &positions, mode)
-            .narrow(1, 0, t - 1)
+        critic.values_at(&self.input, &positions, mode)
     }
 
     /// [`MicroBatch::values`] for the value loss's forward, with activation checkpointing
@@ -237,9 +233,8 @@ impl MicroBatch {
         critic: &'a ValueModel,
         checkpoint: bool,
     ) -> (Tensor, Option<Recompute<'a>>) {
-        let t = self.input.size()[1];
         let (hidden, recompute) = self.train_hidden(&critic.net, checkpoint);
-        (critic.score(&hidden).narrow(1, 0, t - 1), recompute)
+        (critic.score(&hidden), recompute)
     }
 
     /// π_old per token: the row's own where it brought one, else the forward's `logp`
@@ -249,7 +244,7 @@ impl MicroBatch {
             .where_self(&self.has_old.gt(0.5), &logp.detach())
     }
 
-    /// Per-token values of a [lines, T-1] tensor at each row's response positions, by row.
+    /// Per-token values of a [lines, T] tensor at each row's response positions, by row.
     pub fn response_values(&self, values: &Tensor, rows: &[&TrainRow]) -> Vec<Vec<f32>> {
         let flat = Vec::<f32>::try_from(
             values
@@ -271,7 +266,7 @@ impl MicroBatch {
 }
 
 /// Log-probs of `targets` under the model at `temperature`, and optionally the entropy of each
-/// position's distribution. Both [lines, T-1].
+/// position's distribution. Both [lines, T].
 pub fn token_logprobs(
     net: &Transformer,
     mb: &MicroBatch,
@@ -290,8 +285,7 @@ pub fn logprobs_of_hidden(
     temperature: f64,
     with_entropy: bool,
 ) -> (Tensor, Option<Tensor>) {
-    let t = mb.input.size()[1];
-    let logits = net.logits(hidden).narrow(1, 0, t - 1).to_kind(Kind::Float);
+    let logits = net.logits(hidden).to_kind(Kind::Float);
     let logits = if temperature > 0.0 && temperature != 1.0 {
         logits / temperature
     } else {
@@ -423,6 +417,19 @@ mod tests {
             (by_row, grads)
         };
         let (want_logp, want_grad) = run(false, false, false);
+        // The padded reference against a plain forward of each whole row.
+        for (r, got) in rows.iter().zip(&want_logp) {
+            let ids: Vec<i64> = r.tokens.iter().map(|&t| t as i64).collect();
+            let input = Tensor::from_slice(&ids).view([1, -1]);
+            let logp = tch::no_grad(|| model.net.forward(&input))
+                .log_softmax(-1, Kind::Float)
+                .get(0);
+            for (k, got) in got.iter().enumerate() {
+                let at = r.prompt_len + k - 1;
+                let want = logp.double_value(&[at as i64, ids[at + 1]]);
+                assert!((want - *got as f64).abs() < 1e-5, "{want} vs {got}");
+            }
+        }
         for (packing, shared, spans) in [
             (true, false, false),
             (true, false, true),
