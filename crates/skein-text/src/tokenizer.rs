@@ -271,6 +271,14 @@ impl Tokenizer {
         self.bos_id
     }
 
+    /// Whether this is the built-in character-level tokenizer ([`Tokenizer::char_level`]), also
+    /// when loaded back from a checkpoint: it is the one whose template is skein's char-level
+    /// ChatML.
+    pub fn is_char_level(&self) -> bool {
+        self.template_file.is_none()
+            && self.config.get("chat_template").and_then(Value::as_str) == Some(CHAR_CHAT_TEMPLATE)
+    }
+
     /// The chat template (chat_template.jinja over tokenizer_config.json's `chat_template`),
     /// with this tokenizer's bos/eos strings; `None` when there is none.
     pub fn chat_template(&self) -> Result<Option<ChatTemplate>> {
@@ -379,6 +387,7 @@ mod tests {
         assert_eq!(back.eos_token_ids(), &[4]);
         assert_eq!(back.pad_token_id(), Some(0));
         assert!(back.chat_template().unwrap().is_some());
+        assert!(tok.is_char_level() && back.is_char_level());
         let file_only = Tokenizer::from_file(dir.path().join(TOKENIZER_FILE)).unwrap();
         assert_eq!(
             file_only.encode("cab", false).unwrap(),
@@ -416,6 +425,10 @@ mod tests {
         std::fs::write(dir.path().join(TEMPLATE_FILE), "[{{ eos_token }}]").unwrap();
         let tok = Tokenizer::from_dir(dir.path()).unwrap();
         assert_eq!(tok.eos_token_ids(), &[2]);
+        assert!(
+            !tok.is_char_level(),
+            "a template of its own: not the built-in tokenizer"
+        );
         let t = tok.chat_template().unwrap().unwrap();
         assert_eq!(t.render(&[], None, false).unwrap(), "[<|endoftext|>]");
     }

@@ -96,4 +96,23 @@ fn the_guessing_game_trains_over_several_turns() {
         assert!(m["loss/policy"].as_f64().unwrap().is_finite());
     }
     assert!(run.eval_after.accuracy >= 0.0 && run.rewards.len() == 3);
+
+    // The checkpoint, loaded back through `model.path`, plays as it did at the end of the run:
+    // a built-in model keeps the plain turns it learned, though its tokenizer carries ChatML.
+    let mut again = config("guess", 0);
+    again.run.dir = format!("{}-reloaded", run.dir.display());
+    again.model.path = run.dir.join("checkpoint").display().to_string();
+    again.trainer.steps = 0;
+    let reloaded = train(&again).expect("run from the checkpoint");
+    eprintln!(
+        "after RL {:?}; reloaded {:?}",
+        run.eval_after, reloaded.eval_before
+    );
+    assert!(run.eval_after.accuracy > 0.0, "{:?}", run.eval_after);
+    assert_eq!(reloaded.eval_before.accuracy, run.eval_after.accuracy);
+    assert_eq!(
+        reloaded.eval_before.metrics(),
+        run.eval_after.metrics(),
+        "the same episodes, turn for turn"
+    );
 }

@@ -150,8 +150,8 @@ pub fn prompt_batch(problems: Vec<Problem>, tokenizer: &Tokenizer) -> Result<Pro
 }
 
 /// How chat messages become prompt text: the model's chat template (with the assistant turn
-/// opened), or, for a model built from scratch or without a template, the message contents
-/// joined by newlines.
+/// opened), or, for a built-in character-level model (from scratch or loaded back) or one
+/// without a template, the message contents joined by newlines.
 pub struct Renderer(Option<ChatTemplate>);
 
 impl Renderer {
@@ -162,8 +162,13 @@ impl Renderer {
         Renderer::for_model(Path::new(&cfg.model.path))
     }
 
+    /// A built-in model saved and loaded back renders as it was trained: without a template.
     pub fn for_model(dir: &Path) -> Result<Renderer> {
-        Ok(Renderer(Tokenizer::from_dir(dir)?.chat_template()?))
+        let tokenizer = Tokenizer::from_dir(dir)?;
+        if tokenizer.is_char_level() {
+            return Ok(Renderer(None));
+        }
+        Ok(Renderer(tokenizer.chat_template()?))
     }
 
     pub fn render(&self, messages: &[skein_data::ChatMessage]) -> Result<String> {

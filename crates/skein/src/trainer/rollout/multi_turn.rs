@@ -59,8 +59,10 @@ impl MultiTurn {
     ) -> Result<Self> {
         let max_positions = policy.net.max_positions() as usize;
         let a = &cfg.agent;
-        let format = match (cfg.model.path.is_empty(), tokenizer.chat_template()?) {
-            (false, Some(t)) => TurnFormat::Chat(Box::new(t)),
+        // Decided by the tokenizer, not by where the model came from: a built-in model saved
+        // and loaded back through `model.path` must see the plain turns it was trained on.
+        let format = match tokenizer.chat_template()? {
+            Some(t) if !tokenizer.is_char_level() => TurnFormat::Chat(Box::new(t)),
             _ => TurnFormat::Plain,
         };
         let max_tokens = match a.max_tokens {
