@@ -173,18 +173,7 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
             let models = update_models(cfg, &policy, Some(&mut r))?;
             let log = run_dir.open(cfg, Some(r.state.metrics_lines))?;
             publish_weights(&engine, &policy, &tokenizer, &sampling, &run_dir.path)?;
-            eprintln!(
-                "skein: resuming from {} (step {}, {} paused samples in the rollout buffer)",
-                r.dir.display(),
-                r.state.step,
-                r.state.workload.buffer.paused_samples()
-            );
-            let eval_before = EvalResult {
-                accuracy: r.state.eval_before_accuracy,
-                mean_reward: r.state.eval_before_reward,
-                agent: None,
-            };
-            (log, eval_before, models)
+            (log, announce_resume(&r), models)
         }
     };
 
@@ -221,6 +210,22 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
         rewards,
         _dp: dp,
     })))
+}
+
+/// Says where a resumed run picks up, and returns its evaluation before RL (kept in the
+/// checkpoint: the run measured it once, at its start).
+fn announce_resume(r: &Restore) -> EvalResult {
+    eprintln!(
+        "skein: resuming from {} (step {}, {} paused samples in the rollout buffer)",
+        r.dir.display(),
+        r.state.step,
+        r.state.workload.buffer.paused_samples()
+    );
+    EvalResult {
+        accuracy: r.state.eval_before_accuracy,
+        mean_reward: r.state.eval_before_reward,
+        agent: None,
+    }
 }
 
 impl Trainer<'_> {
