@@ -716,8 +716,6 @@ mod tests {
     #[test]
     fn merged_rows_recompute_the_behavior_logprobs() {
         use crate::trainer::batch::{build_step_batch, StepBatchConfig};
-        use crate::trainer::prepare::recompute_logprobs;
-        use crate::trainer::update::pack::Batching;
         let task = agent_task_by_name("guess", 1).unwrap().unwrap();
         let tokenizer = Tokenizer::char_level(task.alphabet()).unwrap();
         let (params, limits) = (params(&tokenizer), limits());
@@ -742,42 +740,41 @@ mod tests {
         let batch_cfg = StepBatchConfig::from_config(&cfg, 8);
         let mut batch = build_step_batch(&trajectories, &batch_cfg, 1).unwrap();
         assert_eq!(batch.real_rows, 16, "one merged row per episode");
-        let needs_old = vec![true; batch.rows.len()];
+        recomputed_logprobs_are_the_behavior_ones(&policy, &mut batch.rows, params.temperature);
+    }
+
+    /// Recomputes every row's log-probs padded, packed, and packed with shared prompts, and
+    /// checks each sampled token's against the behavior log-prob the engine recorded.
+    fn recomputed_logprobs_are_the_behavior_ones(
+        policy: &Model,
+        rows: &mut [crate::trainer::batch::TrainRow],
+        temperature: f64,
+    ) {
+        use crate::trainer::prepare::recompute_logprobs;
+        use crate::trainer::update::pack::Batching;
+        let needs_old = vec![true; rows.len()];
         let mut checked = 0;
-        // Padded, packed, and packed with the group's prompt computed once.
         for (packing, shared_prefix) in [(false, false), (true, false), (true, true)] {
             let batching = Batching {
                 micro_batch_tokens: 4096,
                 packing,
                 shared_prefix,
             };
-            let rows = &mut batch.rows;
-            recompute_logprobs(
-                &policy,
-                None,
-                rows,
-                &needs_old,
-                &batching,
-                params.temperature,
-            );
-            check_recomputed(rows, &mut checked);
-        }
-        assert!(checked > 150);
-    }
-
-    fn check_recomputed(rows: &[crate::trainer::batch::TrainRow], checked: &mut usize) {
-        for row in rows {
-            for (k, &m) in row.loss_mask.iter().enumerate() {
-                if m == 1 {
-                    let (a, b) = (row.old_logp[k], row.behavior_logp[k]);
-                    assert!(
-                        (a - b).abs() < 1e-4,
-                        "token {k}: recomputed {a} vs sampled {b}"
-                    );
-                    *checked += 1;
+            recompute_logprobs(policy, None, rows, &needs_old, &batching, temperature);
+            for row in rows.iter() {
+                for (k, &m) in row.loss_mask.iter().enumerate() {
+                    if m == 1 {
+                        let (a, b) = (row.old_logp[k], row.behavior_logp[k]);
+                        assert!(
+                            (a - b).abs() < 1e-4,
+                            "token {k}: recomputed {a} vs sampled {b}"
+                        );
+                        checked += 1;
+                    }
                 }
             }
         }
+        assert!(checked > 150);
     }
 
     /// Trains step-wise rows as the engine scored them: a template that re-renders earlier
@@ -787,8 +784,6 @@ mod tests {
     #[test]
     fn stepwise_rows_recompute_the_behavior_logprobs() {
         use crate::trainer::batch::{build_step_batch, StepBatchConfig};
-        use crate::trainer::prepare::recompute_logprobs;
-        use crate::trainer::update::pack::Batching;
         let task = agent_task_by_name("guess", 1).unwrap().unwrap();
         let tokenizer = Tokenizer::char_level(&format!("{}|", task.alphabet())).unwrap();
         let format = TurnFormat::Chat(Box::new(marker_template()));
@@ -820,26 +815,7 @@ mod tests {
         let mut batch = build_step_batch(&trajectories, &batch_cfg, 1).unwrap();
         let per_turn = batch.origins.iter().filter(|o| o.transition.is_some());
         assert!(per_turn.count() >= 8, "too few step-wise rows to check");
-        let needs_old = vec![true; batch.rows.len()];
-        let mut checked = 0;
-        for (packing, shared_prefix) in [(false, false), (true, false), (true, true)] {
-            let batching = Batching {
-                micro_batch_tokens: 4096,
-                packing,
-                shared_prefix,
-            };
-            let rows = &mut batch.rows;
-            recompute_logprobs(
-                &policy,
-                None,
-                rows,
-                &needs_old,
-                &batching,
-                params.temperature,
-            );
-            check_recomputed(rows, &mut checked);
-        }
-        assert!(checked > 150);
+        recomputed_logprobs_are_the_behavior_ones(&policy, &mut batch.rows, params.temperature);
     }
 
     /// ChatML except that an assistant message a reply follows is shown with only what it
