@@ -127,18 +127,24 @@ fn a_resumed_run_replaces_the_steps_past_its_checkpoint() {
     assert!(step4.iter().all(|r| r.step == 4 && r.policy_version == 6));
 }
 
-/// `algorithm.credit = "turn"` with step groups: the turns of one episode train with different
-/// advantages, in one merged row (so in one mini-batch), and the step logs the advantages per
-/// turn index and the step groups it found.
-#[test]
-fn turn_credit_gives_the_turns_of_an_episode_their_own_advantages() {
-    let mut cfg = config("turn-credit");
-    // Enough of a model and warm-up that some episodes win and others do not.
+/// Per-turn credit on a model and warm-up large enough that some episodes win and others do
+/// not, so the turns have rewards to tell apart.
+fn turn_credit_config(name: &str) -> TrainConfig {
+    let mut cfg = config(name);
     cfg.model.hidden_size = 64;
     cfg.model.num_layers = 2;
     cfg.sft.steps = 60;
     cfg.sft.lr = 3e-3;
     cfg.algorithm.credit = CreditMode::Turn;
+    cfg
+}
+
+/// `algorithm.credit = "turn"` with step groups: the turns of one episode train with different
+/// advantages, in one merged row (so in one mini-batch), and the step logs the advantages per
+/// turn index and the step groups it found.
+#[test]
+fn turn_credit_gives_the_turns_of_an_episode_their_own_advantages() {
+    let mut cfg = turn_credit_config("turn-credit");
     cfg.algorithm.turn_gamma = 0.5;
     let run = train(&cfg).expect("run");
     let metrics = step_metrics(&run.dir);
@@ -185,14 +191,8 @@ fn turn_advantages(r: &skein_report::trajectories::TrajectoryRecord) -> Vec<f32>
 /// advantage, the turns of an episode differ, and the critic trains with a finite loss.
 #[test]
 fn turn_level_gae_gives_each_turn_one_advantage() {
-    let mut cfg = config("turn-gae");
-    // Enough of a model and warm-up that some episodes win: a reward to estimate.
-    cfg.model.hidden_size = 64;
-    cfg.model.num_layers = 2;
-    cfg.sft.steps = 60;
-    cfg.sft.lr = 3e-3;
+    let mut cfg = turn_credit_config("turn-gae");
     cfg.algorithm.estimator = Estimator::Gae;
-    cfg.algorithm.credit = CreditMode::Turn;
     let run = train(&cfg).expect("run");
     let metrics = step_metrics(&run.dir);
     assert_eq!(metrics.len(), 2);
