@@ -143,7 +143,9 @@ TOOL_CHAT = {
 }
 
 
-def build_bpe(out_dir):
+def byte_level_bpe(corpus, vocab_size):
+    """A byte-level BPE tokenizer in Qwen2's layout (its split regex, then bytes), with
+    SPECIALS, trained on `corpus`."""
     tok = tokenizers.Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -153,12 +155,17 @@ def build_bpe(out_dir):
     )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=400,
+        vocab_size=vocab_size,
         special_tokens=SPECIALS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(CORPUS * 3, trainer=trainer)
+    tok.train_from_iterator(corpus, trainer=trainer)
+    return tok
+
+
+def build_bpe(out_dir):
+    tok = byte_level_bpe(CORPUS * 3, 400)
     os.makedirs(out_dir, exist_ok=True)
     tok.save(os.path.join(out_dir, "tokenizer.json"))
     config = {

@@ -38,16 +38,15 @@ import sys
 
 import tokenizers
 import transformers
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken
 from transformers import AutoTokenizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from check_tokenizer_roundtrip import SPLIT_REGEX, write_json  # noqa: E402
+from check_tokenizer_roundtrip import byte_level_bpe, write_json  # noqa: E402
 
 OUT = os.path.join(HERE, "..", "crates", "skein", "tests", "fixtures", "think-template")
 
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Added tokens that decode as text, as in Qwen3's tokenizer.
 TAGS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 
@@ -104,22 +103,8 @@ MESSAGES = [
 
 
 def build_tokenizer():
-    tok = tokenizers.Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(SPLIT_REGEX), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=SPECIALS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
     corpus = [m["content"] for m in MESSAGES] + ["user assistant system tool"]
-    tok.train_from_iterator(corpus * 3, trainer=trainer)
+    tok = byte_level_bpe(corpus * 3, 300)
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAGS])
     os.makedirs(OUT, exist_ok=True)
     tok.save(os.path.join(OUT, "tokenizer.json"))
