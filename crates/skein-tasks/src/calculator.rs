@@ -299,6 +299,11 @@ impl AgentTask for Calculator {
         }
     }
 
+    /// The value written out at once, as if computed in the head.
+    fn direct_answer(&self, problem: &Problem) -> Option<String> {
+        Some(problem.ground_truth.trim().to_string())
+    }
+
     fn problem_count(&self) -> Option<u64> {
         match self.difficulty {
             0 | 1 => Some(90 * 90 * 2),
@@ -457,6 +462,24 @@ mod tests {
             }
             if d == 1 {
                 assert!(longest <= 160, "{longest} characters");
+            }
+        }
+    }
+
+    #[test]
+    fn a_direct_answer_ends_the_episode_correct_without_a_tool_call() {
+        for d in 1..=MAX_DIFFICULTY {
+            let task = Calculator { difficulty: d };
+            let mut rng = TaskRng::new(d as u64);
+            for _ in 0..100 {
+                let p = task.sample(&mut rng);
+                let answer = task.direct_answer(&p).unwrap();
+                assert!(parse_tool_calls(&answer).unwrap().is_empty(), "{answer}");
+                match task.start(&p).step(&answer).unwrap() {
+                    EnvStep::Done(s) => assert!(s.correct && s.formatted, "{answer}"),
+                    other => panic!("{answer}: {other:?}"),
+                }
+                assert!(answer.chars().all(|c| task.alphabet().contains(c)));
             }
         }
     }

@@ -127,6 +127,12 @@ pub trait AgentTask: Send + Sync {
         transcript: &[Turn],
         rng: &mut TaskRng,
     ) -> String;
+    /// The final answer given at once, without the task's tools, for warm-up demonstrations
+    /// that leave it to RL to find when a tool pays (`sft.direct_share`). None: the task has
+    /// no tools to go without, or no answer the model could give without them.
+    fn direct_answer(&self, _problem: &Problem) -> Option<String> {
+        None
+    }
     /// Every character a prompt, a demonstration or an environment message can contain,
     /// `render_plain`'s wrappers included (for a character-level tokenizer built from it).
     fn alphabet(&self) -> &str;

@@ -41,6 +41,9 @@ fn the_calculator_task_trains_with_tool_calls() {
     cfg.model.num_kv_heads = 2;
     cfg.model.intermediate_size = 256;
     cfg.sft.lr = 3e-3;
+    // A second warm-up stage in which half the demonstrations answer without the tool.
+    cfg.sft.direct_steps = 10;
+    cfg.sft.direct_share = 0.5;
     let run = train(&cfg).expect("calculator run");
     let steps = step_metrics(&run.dir);
     assert_eq!(steps.len(), 3);
@@ -71,6 +74,15 @@ fn the_calculator_task_trains_with_tool_calls() {
         .filter(|m: &serde_json::Value| m.get("eval/accuracy").is_some())
         .collect();
     assert_eq!(evals.len(), 2, "{evals:?}");
+    // Both warm-up stages are logged, the second numbered on from the first.
+    let sft_steps: Vec<u64> = std::fs::read_to_string(run.dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|m| m.get("sft/loss").is_some())
+        .map(|m| m["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sft_steps, (1..=90).collect::<Vec<u64>>());
     for e in &evals {
         let turns = e["eval/turns_mean"].as_f64().unwrap();
         assert!((1.0..=3.0).contains(&turns), "{e}");

@@ -157,11 +157,14 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
     let (log, eval_before, (reference, opt, critic)) = match restore {
         None => {
             let mut log = run_dir.open(cfg, None)?;
-            if cfg.sft.steps > 0 {
-                let mut demo = || workload.demonstration(&tokenizer, &sampling);
-                let s = &cfg.sft;
-                sft::warm_up(&policy, s.steps, s.batch_size, s.lr, &mut demo, &mut log)?;
-            }
+            warm_up(
+                cfg,
+                &policy,
+                workload.as_mut(),
+                &tokenizer,
+                &sampling,
+                &mut log,
+            )?;
             lora_after_warm_up(cfg, &mut policy)?;
             publish_weights(&engine, &policy, &tokenizer, &sampling, &run_dir.path)?;
             let ctx = StepContext::new(&engine, &policy, &tokenizer, &sampling);
@@ -511,6 +514,36 @@ fn lora_after_warm_up(cfg: &TrainConfig, policy: &mut Model) -> Result<()> {
         policy.merge_adapters();
         Ok(())
     }
+}
+
+/// The supervised warm-up on the task's demonstrations: `sft.steps`, then the
+/// `sft.direct_steps` in which a share of them answer without tools.
+fn warm_up(
+    cfg: &TrainConfig,
+    policy: &Model,
+    workload: &mut dyn Workload,
+    tokenizer: &Tokenizer,
+    sampling: &SamplingParams,
+    log: &mut MetricsLog,
+) -> Result<()> {
+    let s = &cfg.sft;
+    let stages = [
+        (s.steps, s.lr, 0.0),
+        (s.direct_steps, s.direct_lr, s.direct_share),
+    ];
+    let mut first = 1;
+    for (steps, lr, share) in stages.into_iter().filter(|&(steps, ..)| steps > 0) {
+        let mut demo = || workload.demonstration(tokenizer, sampling, share);
+        let stage = sft::Stage {
+            steps,
+            batch_size: s.batch_size,
+            lr,
+            first,
+        };
+        sft::warm_up(policy, &stage, &mut demo, log)?;
+        first += steps;
+    }
+    Ok(())
 }
 
 /// The policy: a model directory, or a from-scratch model over a character-level tokenizer of

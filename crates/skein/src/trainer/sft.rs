@@ -22,25 +22,38 @@ pub fn sft_optim_config(lr: f64, steps: usize) -> OptimConfig {
     }
 }
 
-/// Supervised warm-up: `steps` batches of `batch_size` demonstrations, each batch one
-/// optimizer step, the loss logged as `sft/loss`.
+/// A stage of the supervised warm-up: `steps` batches of `batch_size` demonstrations under
+/// an optimizer and schedule of its own, logged from step `first`.
+pub struct Stage {
+    pub steps: usize,
+    pub batch_size: usize,
+    pub lr: f64,
+    pub first: usize,
+}
+
+/// Supervised warm-up: the stage's batches, each one optimizer step, the loss logged as
+/// `sft/loss`.
 pub fn warm_up(
     policy: &Model,
-    steps: usize,
-    batch_size: usize,
-    lr: f64,
+    stage: &Stage,
     demo: &mut dyn FnMut() -> Result<TrainRow>,
     log: &mut MetricsLog,
 ) -> Result<()> {
+    let Stage {
+        steps,
+        batch_size,
+        lr,
+        first,
+    } = *stage;
     let mut opt = Optimizer::new(&policy.vs, &sft_optim_config(lr, steps), steps)?;
     let mut progress = StepProgress::new(steps as u64);
     for step in 1..=steps {
         if super::interrupt::requested() {
             progress.finish();
             anyhow::bail!(
-                "interrupted during the warm-up, after {} of {steps} steps: a run has \
-                 nothing to resume before its first RL step, so start it again",
-                step - 1
+                "interrupted after {} warm-up steps: a run has nothing to resume before its \
+                 first RL step, so start it again",
+                first + step - 2
             );
         }
         let rows = (0..batch_size)
@@ -55,11 +68,12 @@ pub fn warm_up(
             );
         }
         let loss = sft_step(policy, &mut opt, &rows);
-        log.append(&skein_report::record(step, [("sft/loss", loss)]))?;
+        let logged = first + step - 1;
+        log.append(&skein_report::record(logged, [("sft/loss", loss)]))?;
         progress.update(step as u64, &[("sft loss", loss)]);
         if !loss.is_finite() {
             progress.finish();
-            anyhow::bail!("the warm-up's loss is {loss} at step {step}: lower `sft.lr`");
+            anyhow::bail!("the warm-up's loss is {loss} at step {logged}: lower `sft.lr`");
         }
     }
     progress.finish();

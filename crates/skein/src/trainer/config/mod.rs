@@ -261,6 +261,16 @@ pub struct SftConfig {
     pub steps: usize,
     pub batch_size: usize,
     pub lr: f64,
+    /// Steps of a second warm-up stage, after `steps`, in which a share `direct_share` of the
+    /// demonstrations answer at once, without the task's tools (`calculator`): a policy that
+    /// has learned to use a tool is taught to often go without it, and RL has to find out
+    /// again when the tool pays.
+    pub direct_steps: usize,
+    pub direct_share: f64,
+    /// The stage's peak learning rate (a schedule of its own), below `lr`: it fine-tunes a
+    /// policy that has learned the task, and a step as large as the first stage's unlearns
+    /// some of it.
+    pub direct_lr: f64,
 }
 
 impl Default for SftConfig {
@@ -271,6 +281,9 @@ impl Default for SftConfig {
             steps: 400,
             batch_size: 64,
             lr: 3e-3,
+            direct_steps: 0,
+            direct_share: 0.0,
+            direct_lr: 1e-3,
         }
     }
 }

@@ -47,14 +47,35 @@ fn validate_run(cfg: &TrainConfig, v: &mut Validator) {
         cfg.run.threads,
     );
     let s = &cfg.sft;
-    if s.steps > 0 {
+    if s.steps + s.direct_steps > 0 {
         v.in_range("sft.batch_size", s.batch_size, 1, 1 << 16)
             .check(
                 s.lr > 0.0 && s.lr.is_finite(),
                 "sft.lr",
                 "must be a finite number > 0",
                 s.lr,
+            )
+            .check(
+                s.direct_steps == 0 || (s.direct_lr > 0.0 && s.direct_lr.is_finite()),
+                "sft.direct_lr",
+                "must be a finite number > 0",
+                s.direct_lr,
+            )
+            .check(
+                (0.0..=1.0).contains(&s.direct_share),
+                "sft.direct_share",
+                "must be a share from 0 to 1",
+                s.direct_share,
             );
+    }
+    if s.direct_share > 0.0 {
+        v.check(
+            s.direct_steps > 0,
+            "sft.direct_steps",
+            "is 0, so `sft.direct_share` has no stage to act in: give the stage steps \
+             (e.g. 200), or set `sft.direct_share = 0`",
+            s.direct_steps,
+        );
     }
 }
 
@@ -613,6 +634,15 @@ mod tests {
         };
         let e = problems(&|c| c.sft.batch_size = 0);
         assert!(e.contains("`sft.batch_size`"), "{e}");
+        for share in [-0.1, 1.5, f64::NAN] {
+            let e = problems(&|c| c.sft.direct_share = share);
+            assert!(
+                e.contains("`sft.direct_share`: must be a share from 0 to 1"),
+                "{e}"
+            );
+        }
+        let e = problems(&|c| c.sft.direct_share = 0.5);
+        assert!(e.contains("`sft.direct_steps`: is 0"), "{e}");
         let e = problems(&|c| c.model.intermediate_size = 0);
         assert!(e.contains("`model.intermediate_size`"), "{e}");
         let e = problems(&|c| c.model.hidden_size = 0);

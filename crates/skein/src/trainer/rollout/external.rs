@@ -177,6 +177,7 @@ impl Workload for External {
         &mut self,
         tokenizer: &Tokenizer,
         sampling: &SamplingParams,
+        _direct_share: f64,
     ) -> Result<TrainRow> {
         self.task.demonstration(tokenizer, sampling)
     }

@@ -141,11 +141,14 @@ pub trait Workload {
     fn rollout(&mut self, ctx: &StepContext) -> Result<StepRollout>;
     /// Greedy answers to the held-out problems (drawn once, at start-up).
     fn evaluate(&self, ctx: &StepContext) -> EvalResult;
-    /// A supervised row of a demonstrated solution, for the warm-up.
+    /// A supervised row of a demonstrated solution, for the warm-up; with probability
+    /// `direct_share` one that answers at once, without tools (a multi-turn task with tools;
+    /// the config refuses a share for any other, see `Tasks::from_config`).
     fn demonstration(
         &mut self,
         tokenizer: &Tokenizer,
         sampling: &SamplingParams,
+        direct_share: f64,
     ) -> Result<TrainRow>;
     /// What a checkpoint must keep to continue exactly.
     fn state(&self) -> WorkloadState;

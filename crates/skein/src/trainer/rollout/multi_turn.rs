@@ -125,6 +125,7 @@ impl MultiTurn {
         &mut self,
         tokenizer: &Tokenizer,
         params: &SamplingParams,
+        direct_share: f64,
     ) -> Result<TrainRow> {
         let eos = StepContext::stop_token(params)?;
         let rng = &mut self.rng;
@@ -144,8 +145,13 @@ impl MultiTurn {
         let mut mask = Vec::new();
         let mut messages = vec![Message::user(&prompt)];
         let mut transcript: Vec<Turn> = Vec::new();
+        // Drawn only when asked for, so a run without it keeps its stream of problems.
+        let direct = direct_share > 0.0 && rng.f64() < direct_share;
         for _ in 0..self.limits.max_turns {
-            let message = self.task.demonstrate(&problem, &transcript, rng)?;
+            let message = match self.task.direct_answer(&problem) {
+                Some(answer) if direct => answer,
+                _ => self.task.demonstrate(&problem, &transcript, rng)?,
+            };
             let mut ids = tokenizer.encode(&message, false)?;
             ids.push(eos);
             mask.extend(std::iter::repeat_n(1u8, ids.len()));
@@ -264,10 +270,11 @@ impl Workload for MultiTurn {
         &mut self,
         tokenizer: &Tokenizer,
         sampling: &SamplingParams,
+        direct_share: f64,
     ) -> Result<TrainRow> {
         let mut tries = 1;
         loop {
-            match self.demonstration_row(tokenizer, sampling) {
+            match self.demonstration_row(tokenizer, sampling, direct_share) {
                 Err(e) if tries < DEMONSTRATION_TRIES && worker_failed(&e) => {
                     eprintln!("skein: a demonstration episode failed, drawing another: {e:#}");
                     tries += 1;

@@ -245,6 +245,7 @@ impl Workload for Prompts {
         &mut self,
         tokenizer: &Tokenizer,
         sampling: &SamplingParams,
+        _direct_share: f64,
     ) -> Result<TrainRow> {
         self.task.demonstration(tokenizer, sampling)
     }

@@ -12,7 +12,7 @@ use super::{Workload, WorkloadState};
 use crate::model::Model;
 use crate::trainer::config::{AgentKind, TrainConfig};
 use anyhow::Result;
-use skein_tasks::{AgentTask, Task};
+use skein_tasks::{AgentTask, Task, TaskRng};
 use skein_text::Tokenizer;
 
 pub enum Tasks {
@@ -30,11 +30,36 @@ impl Tasks {
         if cfg.agent.kind == AgentKind::EnvWorker {
             return Ok(Tasks::MultiTurn(Box::new(WorkerTask::start(cfg)?)));
         }
-        if let Some(task) = multi_turn_task(cfg)? {
-            return Ok(Tasks::MultiTurn(task));
+        let tasks = match multi_turn_task(cfg)? {
+            Some(task) => Tasks::MultiTurn(task),
+            None => {
+                let (task, data) = task_from_config(cfg)?;
+                Tasks::Prompts { task, data }
+            }
+        };
+        tasks.check_direct_share(cfg)?;
+        Ok(tasks)
+    }
+
+    /// `sft.direct_share` needs demonstrations that can go without a tool.
+    fn check_direct_share(&self, cfg: &TrainConfig) -> Result<()> {
+        if cfg.sft.direct_share == 0.0 || cfg.sft.direct_steps == 0 {
+            return Ok(());
         }
-        let (task, data) = task_from_config(cfg)?;
-        Ok(Tasks::Prompts { task, data })
+        let direct = match self {
+            Tasks::MultiTurn(task) => {
+                let problem = task.sample(&mut TaskRng::new(cfg.run.seed));
+                task.direct_answer(&problem).is_some()
+            }
+            Tasks::Prompts { .. } => false,
+        };
+        anyhow::ensure!(
+            direct,
+            "`sft.direct_share` is {}, but the demonstrations of `{}` have no answer without              tools (a multi-turn task with tools has, e.g. `calculator`): set it to 0",
+            cfg.sft.direct_share,
+            self.name()
+        );
+        Ok(())
     }
 
     /// Every character the task's text uses: the vocabulary of a from-scratch model.
@@ -101,4 +126,71 @@ pub fn multi_turn_task(cfg: &TrainConfig) -> Result<Option<Box<dyn AgentTask>>> 
         return Ok(None);
     }
     Ok(skein_tasks::agent_task_by_name(&cfg.task.name, cfg.task.difficulty).transpose()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::SamplingParams;
+    use tch::Device;
+
+    fn config(task: &str, direct_share: f64) -> TrainConfig {
+        let mut cfg = TrainConfig::default();
+        cfg.task.name = task.into();
+        cfg.task.difficulty = 1;
+        cfg.sft.direct_steps = 100;
+        cfg.sft.direct_share = direct_share;
+        cfg
+    }
+
+    /// How many of `n` demonstration rows of `calculator` answer at once under
+    /// `sft.direct_share`. A row that calls the tool holds the tool's reply, which carries no
+    /// loss.
+    fn direct_rows(direct_share: f64, n: usize) -> usize {
+        let cfg = config("calculator", direct_share);
+        let tasks = Tasks::from_config(&cfg).unwrap();
+        let tokenizer = Tokenizer::char_level(tasks.alphabet()).unwrap();
+        let mc = cfg.model.tiny_config(tokenizer.vocab_size(), 256);
+        let policy = Model::random(&mc, Device::Cpu, 0).unwrap();
+        let mut workload = tasks
+            .into_workload(&cfg, &tokenizer, &policy, None)
+            .unwrap();
+        let sampling = SamplingParams {
+            stop_token_ids: tokenizer.eos_token_ids().to_vec(),
+            ..SamplingParams::default()
+        };
+        (0..n)
+            .filter(|_| {
+                let row = workload
+                    .demonstration(&tokenizer, &sampling, direct_share)
+                    .unwrap();
+                let text = tokenizer.decode(&row.tokens, true).unwrap();
+                let direct = row.loss_mask.iter().all(|&m| m == 1);
+                assert_eq!(direct, !text.contains("<tool_call>"), "{text}");
+                direct
+            })
+            .count()
+    }
+
+    #[test]
+    fn a_direct_share_of_calculator_demonstrations_answers_without_the_tool() {
+        assert_eq!(direct_rows(0.0, 64), 0);
+        assert_eq!(direct_rows(1.0, 64), 64);
+        let half = direct_rows(0.5, 200);
+        // Binomial(200, 0.5): 100 ± 7 (one standard deviation).
+        assert!((70..=130).contains(&half), "{half} of 200");
+    }
+
+    #[test]
+    fn a_direct_share_needs_a_task_that_can_answer_without_tools() {
+        for task in ["arithmetic", "guess"] {
+            let e = Tasks::from_config(&config(task, 0.5)).err().unwrap();
+            let e = format!("{e:#}");
+            assert!(e.contains("`sft.direct_share`") && e.contains(task), "{e}");
+        }
+        // Without its stage the share has nothing to act on.
+        let mut cfg = config("arithmetic", 0.5);
+        cfg.sft.direct_steps = 0;
+        assert!(Tasks::from_config(&cfg).is_ok());
+    }
 }
