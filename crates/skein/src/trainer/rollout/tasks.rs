@@ -55,7 +55,8 @@ impl Tasks {
         };
         anyhow::ensure!(
             direct,
-            "`sft.direct_share` is {}, but the demonstrations of `{}` have no answer without              tools (a multi-turn task with tools has, e.g. `calculator`): set it to 0",
+            "`sft.direct_share` is {}, but the demonstrations of `{}` have no answer without \
+             tools (only a multi-turn task with tools has them, such as `calculator`): set it to 0",
             cfg.sft.direct_share,
             self.name()
         );
