@@ -51,8 +51,8 @@ pub fn warm_up(
         if super::interrupt::requested() {
             progress.finish();
             anyhow::bail!(
-                "interrupted after {} warm-up steps: a run has nothing to resume before its \
-                 first RL step, so start it again",
+                "interrupted during the warm-up, after {} of its steps: a run has nothing \
+                 to resume before its first RL step, so start it again",
                 first + step - 2
             );
         }
