@@ -145,12 +145,15 @@ impl MultiTurn {
         let mut mask = Vec::new();
         let mut messages = vec![Message::user(&prompt)];
         let mut transcript: Vec<Turn> = Vec::new();
-        // Drawn only when asked for, so a run without it keeps its stream of problems.
-        let direct = direct_share > 0.0 && rng.f64() < direct_share;
+        // The first message, when this demonstration answers at once. The coin is drawn only
+        // when a share is asked for, so a run without one keeps its stream of problems.
+        let mut direct = (direct_share > 0.0 && rng.f64() < direct_share)
+            .then(|| self.task.direct_answer(&problem))
+            .flatten();
         for _ in 0..self.limits.max_turns {
-            let message = match self.task.direct_answer(&problem) {
-                Some(answer) if direct => answer,
-                _ => self.task.demonstrate(&problem, &transcript, rng)?,
+            let message = match direct.take() {
+                Some(answer) => answer,
+                None => self.task.demonstrate(&problem, &transcript, rng)?,
             };
             let mut ids = tokenizer.encode(&message, false)?;
             ids.push(eos);
