@@ -13,7 +13,8 @@ fi
 echo "skein setup: installing libtorch (PyPI torch==$TORCH_VERSION) into .venv — first run only, a few minutes" >&2
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install --quiet --disable-pip-version-check "torch==$TORCH_VERSION"
-site=$(.venv/bin/python -c 'import os, torch; print(os.path.dirname(torch.__file__))')
+# Found without importing torch: the import warns that NumPy is missing (skein needs no NumPy).
+site=$(.venv/bin/python -c 'import importlib.util, os; print(os.path.dirname(importlib.util.find_spec("torch").origin))')
 ln -sfn "$site" .venv/torch
 echo "$TORCH_VERSION" > .venv/torch.version
 echo "skein setup: libtorch ready at $site" >&2
