@@ -4,6 +4,7 @@
 //! resumed run reads its checkpoint here and nowhere else, all of it before writing anything.
 
 use super::batch::StepBatchConfig;
+use super::batch::TrainRow;
 use super::checkpoint::{self, Restore, TrainerState};
 use super::config::{EngineKind, TrainConfig};
 use super::metrics::extend;
@@ -157,14 +158,15 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
     let (log, eval_before, (reference, opt, critic)) = match restore {
         None => {
             let mut log = run_dir.open(cfg, None)?;
-            warm_up(
-                cfg,
-                &policy,
-                workload.as_mut(),
-                &tokenizer,
-                &sampling,
-                &mut log,
-            )?;
+            let mut demos = TaskDemonstrations {
+                workload: workload.as_mut(),
+                engine: &engine,
+                tokenizer: &tokenizer,
+                sampling: &sampling,
+                run_dir: &run_dir.path,
+                direct_share: 0.0,
+            };
+            warm_up(cfg, &policy, &mut demos, &mut log)?;
             lora_after_warm_up(cfg, &mut policy)?;
             publish_weights(&engine, &policy, &tokenizer, &sampling, &run_dir.path)?;
             let ctx = StepContext::new(&engine, &policy, &tokenizer, &sampling);
@@ -521,9 +523,7 @@ fn lora_after_warm_up(cfg: &TrainConfig, policy: &mut Model) -> Result<()> {
 fn warm_up(
     cfg: &TrainConfig,
     policy: &Model,
-    workload: &mut dyn Workload,
-    tokenizer: &Tokenizer,
-    sampling: &SamplingParams,
+    demos: &mut TaskDemonstrations,
     log: &mut MetricsLog,
 ) -> Result<()> {
     let s = &cfg.sft;
@@ -533,17 +533,55 @@ fn warm_up(
     ];
     let mut first = 1;
     for (steps, lr, share) in stages.into_iter().filter(|&(steps, ..)| steps > 0) {
-        let mut demo = || workload.demonstration(tokenizer, sampling, share);
+        demos.direct_share = share;
         let stage = sft::Stage {
             steps,
             batch_size: s.batch_size,
             lr,
             first,
+            eval_every: s.eval_every,
+            weight_decay: s.weight_decay,
         };
-        sft::warm_up(policy, &stage, &mut demo, log)?;
+        match s.demonstrations {
+            0 => sft::warm_up(policy, &stage, demos, log)?,
+            n => {
+                let mut pool = sft::Pool::new(demos, n, cfg.run.seed ^ 0xdede);
+                sft::warm_up(policy, &stage, &mut pool, log)?
+            }
+        }
         first += steps;
     }
     Ok(())
+}
+
+/// The task's demonstrations, and its held-out evaluation, for the warm-up.
+struct TaskDemonstrations<'a> {
+    workload: &'a mut dyn Workload,
+    engine: &'a Generator,
+    tokenizer: &'a Tokenizer,
+    sampling: &'a SamplingParams,
+    run_dir: &'a Path,
+    direct_share: f64,
+}
+
+impl sft::Demonstrations for TaskDemonstrations<'_> {
+    fn next(&mut self) -> Result<TrainRow> {
+        self.workload
+            .demonstration(self.tokenizer, self.sampling, self.direct_share)
+    }
+
+    fn evaluate(&mut self, policy: &Model) -> Result<f64> {
+        // A remote engine answers with the weights it was last given.
+        publish_weights(
+            self.engine,
+            policy,
+            self.tokenizer,
+            self.sampling,
+            self.run_dir,
+        )?;
+        let ctx = StepContext::new(self.engine, policy, self.tokenizer, self.sampling);
+        Ok(self.workload.evaluate(&ctx).accuracy)
+    }
 }
 
 /// The policy: a model directory, or a from-scratch model over a character-level tokenizer of

@@ -9,6 +9,7 @@ use super::update::tensors::{token_logprobs, MicroBatch};
 use crate::model::Model;
 use anyhow::Result;
 use skein_report::{MetricsLog, StepProgress};
+use skein_tasks::TaskRng;
 use tch::{Kind, Tensor};
 
 /// The optimizer of a supervised run: `lr` after a warm-up of a tenth of the steps, then a
@@ -29,14 +30,78 @@ pub struct Stage {
     pub batch_size: usize,
     pub lr: f64,
     pub first: usize,
+    /// Evaluate every this many steps (0: never).
+    pub eval_every: usize,
+    /// AdamW's decoupled weight decay.
+    pub weight_decay: f64,
+}
+
+/// Where a warm-up gets its rows, and how it measures the policy on the way.
+pub trait Demonstrations {
+    /// The next supervised row.
+    fn next(&mut self) -> Result<TrainRow>;
+    /// The policy's held-out greedy accuracy now.
+    fn evaluate(&mut self, policy: &Model) -> Result<f64>;
+}
+
+/// A warm-up set of fixed size, as a set of written solutions is: the first `size` rows of
+/// `inner`, then the same rows again, in a new seeded order each pass. RL still draws every
+/// training problem; only the warm-up is limited to these.
+pub struct Pool<'a> {
+    inner: &'a mut dyn Demonstrations,
+    size: usize,
+    rows: Vec<TrainRow>,
+    order: Vec<usize>,
+    at: usize,
+    rng: TaskRng,
+}
+
+impl<'a> Pool<'a> {
+    pub fn new(inner: &'a mut dyn Demonstrations, size: usize, seed: u64) -> Self {
+        Pool {
+            inner,
+            size,
+            rows: Vec::new(),
+            order: Vec::new(),
+            at: 0,
+            rng: TaskRng::new(seed),
+        }
+    }
+}
+
+impl Demonstrations for Pool<'_> {
+    fn next(&mut self) -> Result<TrainRow> {
+        if self.rows.len() < self.size {
+            let row = self.inner.next()?;
+            self.rows.push(row.clone());
+            return Ok(row);
+        }
+        if self.at == self.order.len() {
+            // Fisher–Yates: every pass visits each row once.
+            self.order = (0..self.rows.len()).collect();
+            for i in (1..self.order.len()).rev() {
+                let j = self.rng.below(i as u64 + 1) as usize;
+                self.order.swap(i, j);
+            }
+            self.at = 0;
+        }
+        let row = self.rows[self.order[self.at]].clone();
+        self.at += 1;
+        Ok(row)
+    }
+
+    fn evaluate(&mut self, policy: &Model) -> Result<f64> {
+        self.inner.evaluate(policy)
+    }
 }
 
 /// Supervised warm-up: the stage's batches, each one optimizer step, the loss logged as
-/// `sft/loss`.
+/// `sft/loss`; every `eval_every` steps (and at the stage's last) the held-out accuracy as
+/// `sft/eval_accuracy`, so the warm-up's own learning curve shows where it levels off.
 pub fn warm_up(
     policy: &Model,
     stage: &Stage,
-    demo: &mut dyn FnMut() -> Result<TrainRow>,
+    demos: &mut dyn Demonstrations,
     log: &mut MetricsLog,
 ) -> Result<()> {
     let Stage {
@@ -44,8 +109,14 @@ pub fn warm_up(
         batch_size,
         lr,
         first,
+        eval_every,
+        weight_decay,
     } = *stage;
-    let mut opt = Optimizer::new(&policy.vs, &sft_optim_config(lr, steps), steps)?;
+    let ocfg = OptimConfig {
+        weight_decay,
+        ..sft_optim_config(lr, steps)
+    };
+    let mut opt = Optimizer::new(&policy.vs, &ocfg, steps)?;
     let mut progress = StepProgress::new(steps as u64);
     for step in 1..=steps {
         if super::interrupt::requested() {
@@ -57,7 +128,7 @@ pub fn warm_up(
             );
         }
         let rows = (0..batch_size)
-            .map(|_| demo())
+            .map(|_| demos.next())
             .collect::<Result<Vec<_>>>()?;
         let positions = policy.net.max_positions() as usize;
         if let Some(long) = rows.iter().find(|r| r.tokens.len() > positions) {
@@ -69,7 +140,12 @@ pub fn warm_up(
         }
         let loss = sft_step(policy, &mut opt, &rows);
         let logged = first + step - 1;
-        log.append(&skein_report::record(logged, [("sft/loss", loss)]))?;
+        let mut record = skein_report::record(logged, [("sft/loss", loss)]);
+        if eval_every > 0 && (step % eval_every == 0 || step == steps) {
+            let accuracy = demos.evaluate(policy)?;
+            super::metrics::extend(&mut record, [("sft/eval_accuracy", accuracy)]);
+        }
+        log.append(&record)?;
         progress.update(step as u64, &[("sft loss", loss)]);
         if !loss.is_finite() {
             progress.finish();
@@ -192,6 +268,78 @@ mod tests {
             "a random model starts near ln(16) ≈ 2.77, got {first}"
         );
         assert!(last < 0.1, "loss after 40 steps: {last}");
+    }
+
+    /// Rows numbered by their first token; evaluations answer the step count so far.
+    struct Numbered {
+        drawn: u32,
+        evaluations: usize,
+    }
+
+    impl Demonstrations for Numbered {
+        fn next(&mut self) -> Result<TrainRow> {
+            self.drawn += 1;
+            Ok(sft_row(&[self.drawn % 16, 1], &[2, 3]))
+        }
+
+        fn evaluate(&mut self, _: &Model) -> Result<f64> {
+            self.evaluations += 1;
+            Ok(self.evaluations as f64)
+        }
+    }
+
+    /// A pool draws its rows once, then visits each of them once per pass.
+    #[test]
+    fn a_pool_draws_its_rows_once_and_repeats_them_every_pass() {
+        let mut inner = Numbered {
+            drawn: 0,
+            evaluations: 0,
+        };
+        let mut pool = Pool::new(&mut inner, 5, 7);
+        let firsts: Vec<u32> = (0..23).map(|_| pool.next().unwrap().tokens[0]).collect();
+        assert_eq!(&firsts[..5], &[1, 2, 3, 4, 5]);
+        for pass in firsts[5..].chunks(5).filter(|c| c.len() == 5) {
+            let mut sorted = pass.to_vec();
+            sorted.sort();
+            assert_eq!(sorted, vec![1, 2, 3, 4, 5], "{firsts:?}");
+        }
+        // Passes come in new orders.
+        assert_ne!(&firsts[5..10], &firsts[10..15]);
+        drop(pool);
+        assert_eq!(inner.drawn, 5);
+    }
+
+    /// The warm-up evaluates every `eval_every` steps and at its last, on those steps' records.
+    #[test]
+    fn the_warm_up_logs_held_out_accuracy_every_eval_every_steps() {
+        let cfg = ModelConfig::tiny_qwen2(16, 32, 1, 2, 2, 64, 32);
+        let model = Model::random(&cfg, Device::Cpu, 1).unwrap();
+        let dir = std::env::temp_dir().join(format!("skein-sft-eval-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("metrics.jsonl");
+        let mut log = MetricsLog::create(&path).unwrap();
+        let mut demos = Numbered {
+            drawn: 0,
+            evaluations: 0,
+        };
+        let stage = Stage {
+            steps: 7,
+            batch_size: 2,
+            lr: 1e-3,
+            first: 11,
+            eval_every: 3,
+            weight_decay: 0.1,
+        };
+        warm_up(&model, &stage, &mut demos, &mut log).unwrap();
+        drop(log);
+        let records = skein_report::read_metrics(&path).unwrap();
+        let evaluated: Vec<(u64, f64)> = records
+            .iter()
+            .filter_map(|r| Some((r["step"].as_u64()?, r.get("sft/eval_accuracy")?.as_f64()?)))
+            .collect();
+        assert_eq!(evaluated, vec![(13, 1.0), (16, 2.0), (17, 3.0)]);
+        assert_eq!(records.len(), 7);
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     /// Rows of like length stay padded; a batch of short answers beside one long one is packed,

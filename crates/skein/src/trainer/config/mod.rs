@@ -271,6 +271,15 @@ pub struct SftConfig {
     /// policy that has learned the task, and a step as large as the first stage's unlearns
     /// some of it.
     pub direct_lr: f64,
+    /// Demonstrations the warm-up has (0: a new one for every row): drawn once from the
+    /// training problems and visited again in a new order each pass, as a set of written
+    /// solutions is, while RL draws every training problem with the reward program alone.
+    pub demonstrations: usize,
+    /// AdamW's decoupled weight decay in the warm-up.
+    pub weight_decay: f64,
+    /// Evaluate held-out greedy accuracy every N warm-up steps and at the end of each stage
+    /// (`sft/eval_accuracy`; 0: only once, before RL).
+    pub eval_every: usize,
 }
 
 impl Default for SftConfig {
@@ -284,6 +293,9 @@ impl Default for SftConfig {
             direct_steps: 0,
             direct_share: 0.0,
             direct_lr: 1e-3,
+            demonstrations: 0,
+            weight_decay: 0.0,
+            eval_every: 100,
         }
     }
 }

@@ -66,7 +66,15 @@ fn validate_run(cfg: &TrainConfig, v: &mut Validator) {
                 "sft.direct_share",
                 "must be a share from 0 to 1",
                 s.direct_share,
-            );
+            )
+            .check(
+                s.weight_decay >= 0.0 && s.weight_decay.is_finite(),
+                "sft.weight_decay",
+                "must be a finite number ≥ 0",
+                s.weight_decay,
+            )
+            // The warm-up keeps its demonstrations in memory.
+            .in_range("sft.demonstrations", s.demonstrations, 0, 1 << 20);
     }
     if s.direct_share > 0.0 {
         v.check(
@@ -634,6 +642,10 @@ mod tests {
         };
         let e = problems(&|c| c.sft.batch_size = 0);
         assert!(e.contains("`sft.batch_size`"), "{e}");
+        let e = problems(&|c| c.sft.weight_decay = f64::NAN);
+        assert!(e.contains("`sft.weight_decay`"), "{e}");
+        let e = problems(&|c| c.sft.demonstrations = usize::MAX);
+        assert!(e.contains("`sft.demonstrations`"), "{e}");
         for share in [-0.1, 1.5, f64::NAN] {
             let e = problems(&|c| c.sft.direct_share = share);
             assert!(
