@@ -25,12 +25,16 @@ const COLOURS: [RGBColor; 6] = [
     RGBColor(140, 86, 75),
 ];
 
-/// The panels drawn by default; each shows those of its metrics a run has.
+/// The panels drawn by default; each shows those of its metrics a run has. The warm-up's
+/// (`sft/…`, against warm-up steps) come first, then RL's (against RL steps), held-out
+/// accuracy leading each.
 pub const DEFAULT_PANELS: &[&str] = &[
-    "reward/mean|reward/accuracy|eval/accuracy",
+    "sft/eval_accuracy",
+    "sft/loss",
+    "eval/accuracy",
+    "reward/mean|reward/accuracy",
     "loss/policy",
     "loss/value",
-    "sft/loss",
     "kl|approx_kl|kl_ref",
     "entropy",
     "grad_norm",
@@ -200,7 +204,7 @@ fn draw_panel(
         .configure_mesh()
         .x_labels(6)
         .y_labels(6)
-        .x_desc(x_key)
+        .x_desc(x_desc(panel, x_key))
         .x_label_formatter(&|v| num::tick(*v, x_step))
         .y_label_formatter(&|v| num::tick(*v, y_step))
         .label_style((FONT, 12))
@@ -233,6 +237,18 @@ fn draw_panel(
             .draw()?;
     }
     Ok(())
+}
+
+/// The x axis's name: a run logs its warm-up (`sft/…` metrics) and its RL steps with their own
+/// step numbers, so a panel says which it counts.
+fn x_desc(panel: &[Series], x_key: &str) -> String {
+    if x_key != "step" {
+        x_key.to_string()
+    } else if panel.iter().all(|s| s.key.starts_with("sft/")) {
+        "warm-up step".into()
+    } else {
+        "RL step".into()
+    }
 }
 
 /// The legend goes in the corner with the fewest points under it, so it hides little data.
@@ -299,7 +315,17 @@ pub fn plot_run_dir(dir: &Path, keys: Option<&[&str]>) -> Result<PathBuf> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| dir.display().to_string());
-    let title = format!("skein run {name}  ({} steps logged)", records.len());
+    let warm_up = records
+        .iter()
+        .filter(|r| r.contains_key("sft/loss"))
+        .count();
+    let rl = records
+        .iter()
+        .filter(|r| !r.contains_key("sft/loss"))
+        .filter_map(|r| r.get("step")?.as_u64())
+        .max()
+        .unwrap_or(0);
+    let title = format!("skein run {name}  ({warm_up} warm-up steps, {rl} RL steps)");
     plot_metrics(
         &records,
         keys.unwrap_or(DEFAULT_PANELS),
@@ -497,6 +523,20 @@ mod tests {
         let (w, h, _) = decode(&out);
         assert_eq!((w, h), (2 * PANEL_W, TITLE_H + PANEL_H));
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// The warm-up and RL number their steps apart: each panel names the count it is against.
+    #[test]
+    fn warm_up_panels_count_warm_up_steps_and_the_rest_rl_steps() {
+        let s = |k: &str| Series {
+            key: k.into(),
+            points: vec![(1.0, 1.0)],
+        };
+        let warm_up = [s("sft/loss"), s("sft/eval_accuracy")];
+        assert_eq!(x_desc(&warm_up, "step"), "warm-up step");
+        assert_eq!(x_desc(&[s("eval/accuracy")], "step"), "RL step");
+        assert_eq!(x_desc(&[s("sft/loss"), s("entropy")], "step"), "RL step");
+        assert_eq!(x_desc(&warm_up, "time"), "time");
     }
 
     #[test]
