@@ -45,26 +45,24 @@ pub fn run(
         return Ok(());
     }
     let kind = crate::trainer::run::eval_kind(summary.held_out);
-    let accuracy = format!(
-        "{kind} greedy accuracy {:.3} → {:.3}",
-        summary.eval_before.accuracy, summary.eval_after.accuracy
-    );
     let rewards = &summary.rewards;
-    let training = if rewards.is_empty() {
-        "no RL steps".to_string()
-    } else {
+    if !rewards.is_empty() {
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
         let k = rewards.len().min(5);
-        format!(
-            "training reward {:.3} → {:.3} (mean of the first and last {k} steps)",
+        println!(
+            "training reward          {:.3} → {:.3} (mean of the first and last {k} RL steps)",
             mean(&rewards[..k]),
             mean(&rewards[rewards.len() - k..]),
-        )
-    };
+        );
+    }
     println!(
-        "{training}; {accuracy}; run directory {}",
-        summary.dir.display()
+        "{kind} greedy accuracy {:.3} → {:.3} (after the warm-up → after RL)",
+        summary.eval_before.accuracy, summary.eval_after.accuracy
     );
+    // What to look at next: the curves, then what the policy actually said.
+    let dir = summary.dir.display();
+    println!("curves                   {dir}/plot.png");
+    println!("trajectories             skein view {dir}");
     Ok(())
 }
 
