@@ -274,6 +274,7 @@ pub struct SftConfig {
     /// Demonstrations the warm-up has (0: a new one for every row): drawn once from the
     /// training problems and visited again in a new order each pass, as a set of written
     /// solutions is, while RL draws every training problem with the reward program alone.
+    /// For a single-turn task the set is the same for every `run.seed`.
     pub demonstrations: usize,
     /// AdamW's decoupled weight decay in the warm-up.
     pub weight_decay: f64,

@@ -36,7 +36,13 @@ pub struct PromptTask {
     /// The longest prompt of a built-in task in tokens, over the evaluation problems and
     /// [`PROMPT_PROBE_DRAWS`] draws; 0 for a dataset, whose rows are checked one by one.
     longest_prompt: usize,
+    /// With `sft.demonstrations`: the warm-up's problems come from a stream of their own,
+    /// the same for every `run.seed`, as a dataset of written solutions is.
+    warm_up_rng: Option<TaskRng>,
 }
+
+/// The seed of the warm-up's fixed set of problems (`sft.demonstrations`).
+const WARM_UP_SET_SEED: u64 = 0x0005_e70f_de30;
 
 /// Draws that measure how long a built-in task's prompts get.
 const PROMPT_PROBE_DRAWS: usize = 1024;
@@ -89,6 +95,7 @@ impl PromptTask {
         };
         Ok(PromptTask {
             longest_prompt,
+            warm_up_rng: (cfg.sft.demonstrations > 0).then(|| TaskRng::new(WARM_UP_SET_SEED)),
             task,
             data,
             rng: TaskRng::new(rng_state),
@@ -139,7 +146,14 @@ impl PromptTask {
         sampling: &SamplingParams,
     ) -> Result<TrainRow> {
         let eos = StepContext::stop_token(sampling)?;
-        let problem = self.next_problem()?;
+        let problem = match &mut self.warm_up_rng {
+            Some(rng) => {
+                let task = self.task.as_ref();
+                let split = self.split.then_some(Split::Train);
+                draw(task.name(), split, rng, |r| task.sample(r))?
+            }
+            None => self.next_problem()?,
+        };
         let demo = self.task.demonstration(&problem, &mut self.rng);
         let mut response = tokenizer.encode(&demo, false)?;
         response.push(eos);

@@ -182,6 +182,39 @@ mod tests {
         assert!((70..=130).contains(&half), "{half} of 200");
     }
 
+    /// The first `n` warm-up prompts of `arithmetic` for `seed`, with `sft.demonstrations`.
+    fn warm_up_prompts(seed: u64, demonstrations: usize, n: usize) -> Vec<Vec<u32>> {
+        let mut cfg = TrainConfig::default();
+        cfg.run.seed = seed;
+        cfg.task.difficulty = 3;
+        cfg.sft.demonstrations = demonstrations;
+        let tasks = Tasks::from_config(&cfg).unwrap();
+        let tokenizer = Tokenizer::char_level(tasks.alphabet()).unwrap();
+        let mc = cfg.model.tiny_config(tokenizer.vocab_size(), 64);
+        let policy = Model::random(&mc, Device::Cpu, 0).unwrap();
+        let mut workload = tasks
+            .into_workload(&cfg, &tokenizer, &policy, None)
+            .unwrap();
+        let sampling = SamplingParams {
+            stop_token_ids: tokenizer.eos_token_ids().to_vec(),
+            ..SamplingParams::default()
+        };
+        (0..n)
+            .map(|_| {
+                let row = workload.demonstration(&tokenizer, &sampling, 0.0).unwrap();
+                row.tokens[..row.prompt_len].to_vec()
+            })
+            .collect()
+    }
+
+    /// A fixed set of demonstrations is a dataset: the same problems whatever the seed. Without
+    /// one, each seed draws its own.
+    #[test]
+    fn the_warm_up_set_is_the_same_for_every_seed() {
+        assert_eq!(warm_up_prompts(0, 50, 20), warm_up_prompts(7, 50, 20));
+        assert_ne!(warm_up_prompts(0, 0, 20), warm_up_prompts(7, 0, 20));
+    }
+
     #[test]
     fn a_direct_share_needs_a_task_that_can_answer_without_tools() {
         for task in ["arithmetic", "guess"] {
