@@ -163,7 +163,6 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
                 engine: &engine,
                 tokenizer: &tokenizer,
                 sampling: &sampling,
-                run_dir: &run_dir.path,
                 direct_share: 0.0,
             };
             warm_up(cfg, &policy, &mut demos, &mut log)?;
@@ -539,7 +538,11 @@ fn warm_up(
             batch_size: s.batch_size,
             lr,
             first,
-            eval_every: s.eval_every,
+            // A remote engine has the policy's weights only once the warm-up is over.
+            eval_every: match demos.engine {
+                Generator::Local(_) => s.eval_every,
+                Generator::Remote(_) => 0,
+            },
             weight_decay: s.weight_decay,
         };
         match s.demonstrations {
@@ -560,7 +563,6 @@ struct TaskDemonstrations<'a> {
     engine: &'a Generator,
     tokenizer: &'a Tokenizer,
     sampling: &'a SamplingParams,
-    run_dir: &'a Path,
     direct_share: f64,
 }
 
@@ -571,14 +573,6 @@ impl sft::Demonstrations for TaskDemonstrations<'_> {
     }
 
     fn evaluate(&mut self, policy: &Model) -> Result<f64> {
-        // A remote engine answers with the weights it was last given.
-        publish_weights(
-            self.engine,
-            policy,
-            self.tokenizer,
-            self.sampling,
-            self.run_dir,
-        )?;
         let ctx = StepContext::new(self.engine, policy, self.tokenizer, self.sampling);
         Ok(self.workload.evaluate(&ctx).accuracy)
     }
