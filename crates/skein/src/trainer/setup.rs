@@ -531,7 +531,11 @@ fn warm_up(
         (s.direct_steps, s.direct_lr, s.direct_share),
     ];
     let mut first = 1;
-    for (steps, lr, share) in stages.into_iter().filter(|&(steps, ..)| steps > 0) {
+    let last = stages.iter().rposition(|&(steps, ..)| steps > 0);
+    for (i, (steps, lr, share)) in stages.into_iter().enumerate() {
+        if steps == 0 {
+            continue;
+        }
         demos.direct_share = share;
         let stage = sft::Stage {
             steps,
@@ -543,6 +547,7 @@ fn warm_up(
                 Generator::Local(_) => s.eval_every,
                 Generator::Remote(_) => 0,
             },
+            eval_last: Some(i) != last,
             weight_decay: s.weight_decay,
         };
         match s.demonstrations {

@@ -32,6 +32,9 @@ pub struct Stage {
     pub first: usize,
     /// Evaluate every this many steps (0: never).
     pub eval_every: usize,
+    /// Also evaluate at the stage's last step (not for the warm-up's last stage: the run
+    /// measures the policy before RL right after it).
+    pub eval_last: bool,
     /// AdamW's decoupled weight decay.
     pub weight_decay: f64,
 }
@@ -96,8 +99,8 @@ impl Demonstrations for Pool<'_> {
 }
 
 /// Supervised warm-up: the stage's batches, each one optimizer step, the loss logged as
-/// `sft/loss`; every `eval_every` steps (and at the stage's last) the held-out accuracy as
-/// `sft/eval_accuracy`, so the warm-up's own learning curve shows where it levels off.
+/// `sft/loss`; every `eval_every` steps the held-out accuracy as `sft/eval_accuracy`, so the
+/// warm-up's own learning curve shows where it levels off.
 pub fn warm_up(
     policy: &Model,
     stage: &Stage,
@@ -110,6 +113,7 @@ pub fn warm_up(
         lr,
         first,
         eval_every,
+        eval_last,
         weight_decay,
     } = *stage;
     let ocfg = OptimConfig {
@@ -141,7 +145,11 @@ pub fn warm_up(
         let loss = sft_step(policy, &mut opt, &rows);
         let logged = first + step - 1;
         let mut record = skein_report::record(logged, [("sft/loss", loss)]);
-        if eval_every > 0 && (step % eval_every == 0 || step == steps) {
+        let evaluate = match step == steps {
+            true => eval_last,
+            false => step % eval_every == 0,
+        };
+        if eval_every > 0 && evaluate {
             let accuracy = demos.evaluate(policy)?;
             super::metrics::extend(&mut record, [("sft/eval_accuracy", accuracy)]);
         }
@@ -309,12 +317,21 @@ mod tests {
         assert_eq!(inner.drawn, 5);
     }
 
-    /// The warm-up evaluates every `eval_every` steps and at its last, on those steps' records.
+    /// The warm-up evaluates every `eval_every` steps and, unless the run measures it right
+    /// after, at its last, on those steps' records.
     #[test]
     fn the_warm_up_logs_held_out_accuracy_every_eval_every_steps() {
+        assert_eq!(evaluated_steps(true), vec![(13, 1.0), (16, 2.0), (17, 3.0)]);
+        assert_eq!(evaluated_steps(false), vec![(13, 1.0), (16, 2.0)]);
+    }
+
+    /// (step, accuracy) of the evaluations a 7-step stage logged from step 11 makes with
+    /// `eval_every` 3.
+    fn evaluated_steps(eval_last: bool) -> Vec<(u64, f64)> {
         let cfg = ModelConfig::tiny_qwen2(16, 32, 1, 2, 2, 64, 32);
         let model = Model::random(&cfg, Device::Cpu, 1).unwrap();
-        let dir = std::env::temp_dir().join(format!("skein-sft-eval-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("skein-sft-eval-{}-{eval_last}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("metrics.jsonl");
         let mut log = MetricsLog::create(&path).unwrap();
@@ -328,6 +345,7 @@ mod tests {
             lr: 1e-3,
             first: 11,
             eval_every: 3,
+            eval_last,
             weight_decay: 0.1,
         };
         warm_up(&model, &stage, &mut demos, &mut log).unwrap();
@@ -337,9 +355,9 @@ mod tests {
             .iter()
             .filter_map(|r| Some((r["step"].as_u64()?, r.get("sft/eval_accuracy")?.as_f64()?)))
             .collect();
-        assert_eq!(evaluated, vec![(13, 1.0), (16, 2.0), (17, 3.0)]);
         assert_eq!(records.len(), 7);
         std::fs::remove_dir_all(&dir).ok();
+        evaluated
     }
 
     /// Rows of like length stay padded; a batch of short answers beside one long one is packed,

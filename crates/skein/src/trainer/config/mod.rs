@@ -278,8 +278,9 @@ pub struct SftConfig {
     pub demonstrations: usize,
     /// AdamW's decoupled weight decay in the warm-up.
     pub weight_decay: f64,
-    /// Evaluate held-out greedy accuracy every N warm-up steps and at the end of each stage
-    /// (`sft/eval_accuracy`; 0: only once, before RL). With the local engine: a remote one
+    /// Evaluate held-out greedy accuracy every N warm-up steps, and at the end of a stage that
+    /// another follows (`sft/eval_accuracy`; the warm-up's end is the evaluation before RL;
+    /// 0: only that one). With the local engine: a remote one
     /// is given the policy's weights once the warm-up is over.
     pub eval_every: usize,
 }
