@@ -145,11 +145,12 @@ pub fn warm_up(
         let loss = sft_step(policy, &mut opt, &rows);
         let logged = first + step - 1;
         let mut record = skein_report::record(logged, [("sft/loss", loss)]);
-        let evaluate = match step == steps {
-            true => eval_last,
-            false => step % eval_every == 0,
-        };
-        if eval_every > 0 && evaluate {
+        let evaluate = eval_every > 0
+            && match step == steps {
+                true => eval_last,
+                false => step.is_multiple_of(eval_every),
+            };
+        if evaluate {
             let accuracy = demos.evaluate(policy)?;
             super::metrics::extend(&mut record, [("sft/eval_accuracy", accuracy)]);
         }
@@ -321,17 +322,22 @@ mod tests {
     /// after, at its last, on those steps' records.
     #[test]
     fn the_warm_up_logs_held_out_accuracy_every_eval_every_steps() {
-        assert_eq!(evaluated_steps(true), vec![(13, 1.0), (16, 2.0), (17, 3.0)]);
-        assert_eq!(evaluated_steps(false), vec![(13, 1.0), (16, 2.0)]);
+        assert_eq!(
+            evaluated_steps(3, true),
+            vec![(13, 1.0), (16, 2.0), (17, 3.0)]
+        );
+        assert_eq!(evaluated_steps(3, false), vec![(13, 1.0), (16, 2.0)]);
+        assert_eq!(evaluated_steps(0, true), vec![]);
     }
 
-    /// (step, accuracy) of the evaluations a 7-step stage logged from step 11 makes with
-    /// `eval_every` 3.
-    fn evaluated_steps(eval_last: bool) -> Vec<(u64, f64)> {
+    /// (step, accuracy) of the evaluations a 7-step stage logged from step 11 makes.
+    fn evaluated_steps(eval_every: usize, eval_last: bool) -> Vec<(u64, f64)> {
         let cfg = ModelConfig::tiny_qwen2(16, 32, 1, 2, 2, 64, 32);
         let model = Model::random(&cfg, Device::Cpu, 1).unwrap();
-        let dir =
-            std::env::temp_dir().join(format!("skein-sft-eval-{}-{eval_last}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!(
+            "skein-sft-eval-{}-{eval_every}-{eval_last}",
+            std::process::id()
+        ));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("metrics.jsonl");
         let mut log = MetricsLog::create(&path).unwrap();
@@ -344,7 +350,7 @@ mod tests {
             batch_size: 2,
             lr: 1e-3,
             first: 11,
-            eval_every: 3,
+            eval_every,
             eval_last,
             weight_decay: 0.1,
         };
