@@ -144,22 +144,30 @@ mod tests {
         cfg
     }
 
-    /// How many of `n` demonstration rows of `calculator` answer at once under
-    /// `sft.direct_share`. A row that calls the tool holds the tool's reply, which carries no
-    /// loss.
-    fn direct_rows(direct_share: f64, n: usize) -> usize {
-        let cfg = config("calculator", direct_share);
-        let tasks = Tasks::from_config(&cfg).unwrap();
+    /// The workload `cfg` makes for a random model of `positions` positions, with its tokenizer
+    /// and sampling settings that stop at its end-of-sequence token.
+    fn workload_of(
+        cfg: &TrainConfig,
+        positions: usize,
+    ) -> (Tokenizer, Box<dyn Workload>, SamplingParams) {
+        let tasks = Tasks::from_config(cfg).unwrap();
         let tokenizer = Tokenizer::char_level(tasks.alphabet()).unwrap();
-        let mc = cfg.model.tiny_config(tokenizer.vocab_size(), 256);
+        let mc = cfg.model.tiny_config(tokenizer.vocab_size(), positions);
         let policy = Model::random(&mc, Device::Cpu, 0).unwrap();
-        let mut workload = tasks
-            .into_workload(&cfg, &tokenizer, &policy, None)
-            .unwrap();
+        let workload = tasks.into_workload(cfg, &tokenizer, &policy, None).unwrap();
         let sampling = SamplingParams {
             stop_token_ids: tokenizer.eos_token_ids().to_vec(),
             ..SamplingParams::default()
         };
+        (tokenizer, workload, sampling)
+    }
+
+    /// How many of `n` demonstration rows of `calculator` answer at once under
+    /// `sft.direct_share`. A row that calls the tool holds the tool's reply, which carries no
+    /// loss.
+    fn direct_rows(direct_share: f64, n: usize) -> usize {
+        let (tokenizer, mut workload, sampling) =
+            workload_of(&config("calculator", direct_share), 256);
         (0..n)
             .filter(|_| {
                 let row = workload
@@ -188,17 +196,7 @@ mod tests {
         cfg.run.seed = seed;
         cfg.task.difficulty = 3;
         cfg.sft.demonstrations = demonstrations;
-        let tasks = Tasks::from_config(&cfg).unwrap();
-        let tokenizer = Tokenizer::char_level(tasks.alphabet()).unwrap();
-        let mc = cfg.model.tiny_config(tokenizer.vocab_size(), 64);
-        let policy = Model::random(&mc, Device::Cpu, 0).unwrap();
-        let mut workload = tasks
-            .into_workload(&cfg, &tokenizer, &policy, None)
-            .unwrap();
-        let sampling = SamplingParams {
-            stop_token_ids: tokenizer.eos_token_ids().to_vec(),
-            ..SamplingParams::default()
-        };
+        let (tokenizer, mut workload, sampling) = workload_of(&cfg, 64);
         (0..n)
             .map(|_| {
                 let row = workload.demonstration(&tokenizer, &sampling, 0.0).unwrap();
