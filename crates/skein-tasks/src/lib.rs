@@ -42,12 +42,44 @@ fn check_difficulty(name: &str, difficulty: u32, max: u32) -> Result<(), TaskErr
     }
 }
 
-/// The built-in single-turn task called `name` at `difficulty`.
+/// The built-in single-turn task called `name` at `difficulty`, with correct demonstrations.
 pub fn task_by_name(name: &str, difficulty: u32) -> Result<Box<dyn Task>, TaskError> {
+    task_with_teacher(name, difficulty, Some(0.0))
+}
+
+/// The built-in single-turn task called `name` at `difficulty`, its demonstrations written by a
+/// teacher who drops each carry with probability `dropped_carries` (`task.dropped_carries`;
+/// None: [`arithmetic::DEFAULT_DROPPED_CARRIES`] for the additions, no carries elsewhere).
+pub fn task_with_teacher(
+    name: &str,
+    difficulty: u32,
+    dropped_carries: Option<f64>,
+) -> Result<Box<dyn Task>, TaskError> {
+    let additions = name == "arithmetic" && difficulty <= arithmetic::MAX_CARRY_DIFFICULTY;
+    let dropped_carries = match dropped_carries {
+        None if additions => arithmetic::DEFAULT_DROPPED_CARRIES,
+        None => 0.0,
+        Some(p) if !(0.0..=1.0).contains(&p) => {
+            return Err(TaskError(format!(
+                "invalid value {p} for `task.dropped_carries` (allowed: 0 to 1)"
+            )))
+        }
+        Some(p) if p > 0.0 && !additions => {
+            return Err(TaskError(format!(
+                "`task.dropped_carries` = {p} applies only to task `arithmetic` at difficulty 1 \
+                 to {} (additions), not `{name}` at difficulty {difficulty}: remove it",
+                arithmetic::MAX_CARRY_DIFFICULTY
+            )))
+        }
+        Some(p) => p,
+    };
     match name {
         "arithmetic" => {
             check_difficulty(name, difficulty, arithmetic::MAX_DIFFICULTY)?;
-            Ok(Box::new(arithmetic::Arithmetic { difficulty }))
+            Ok(Box::new(arithmetic::Arithmetic {
+                difficulty,
+                dropped_carries,
+            }))
         }
         "reverse" => {
             check_difficulty(name, difficulty, reverse::MAX_DIFFICULTY)?;
@@ -92,6 +124,30 @@ mod tests {
         let e = task_by_name("chess", 1).err().unwrap().to_string();
         assert!(e.contains("reverse, guess, calculator"), "{e}");
         assert!(task_by_name("guess", 1).is_err());
+    }
+
+    #[test]
+    fn only_additions_take_a_careless_teacher() {
+        for bad in [-0.1, 1.5, f64::NAN] {
+            let e = task_with_teacher("arithmetic", 2, Some(bad)).err().unwrap();
+            assert!(e.to_string().contains("`task.dropped_carries`"), "{e}");
+        }
+        for (name, d) in [("arithmetic", 4), ("reverse", 1)] {
+            let e = task_with_teacher(name, d, Some(0.5)).err().unwrap();
+            assert!(e.to_string().contains("difficulty 1 to 3"), "{e}");
+            assert!(task_with_teacher(name, d, None).is_ok());
+            assert!(task_with_teacher(name, d, Some(0.0)).is_ok());
+        }
+        // The default teacher of the additions is careless: some demonstration is wrong.
+        let task = task_with_teacher("arithmetic", 1, None).unwrap();
+        let mut rng = TaskRng::new(2);
+        let wrong = (0..200)
+            .filter(|_| {
+                let p = task.sample(&mut rng);
+                task.demonstration(&p, &mut rng) != p.ground_truth
+            })
+            .count();
+        assert!(wrong > 20, "{wrong} of 200 wrong");
     }
 
     #[test]

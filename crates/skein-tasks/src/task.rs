@@ -25,7 +25,8 @@ pub trait Task: Send + Sync {
     fn sample(&self, rng: &mut TaskRng) -> Problem;
     /// Scores untrusted model output: never panics, whatever the text.
     fn score(&self, problem: &Problem, response: &str) -> Score;
-    /// A correct response, for supervised warm-up.
+    /// A teacher's response, for supervised warm-up: correct unless the task's teacher is
+    /// careless (`arithmetic`'s `dropped_carries`) or not optimal (`guess`).
     fn demonstration(&self, problem: &Problem, rng: &mut TaskRng) -> String;
     /// Every character a prompt or a demonstration can contain.
     fn alphabet(&self) -> &'static str;

@@ -21,7 +21,7 @@ fn workdir(name: &str) -> PathBuf {
 
 /// Arithmetic problems as verl rows; `long` of them padded past a 12-token limit.
 fn rows(n: usize, seed: u64, long: usize) -> Vec<PromptRow> {
-    let task = Arithmetic { difficulty: 1 };
+    let task = Arithmetic::new(1);
     let mut rng = TaskRng::new(seed);
     (0..n)
         .map(|i| {
@@ -244,7 +244,7 @@ fn data_problems_name_the_key_file_and_row() {
 #[test]
 fn sft_on_chat_jsonl_lowers_the_loss_and_writes_a_loadable_model() {
     let dir = workdir("sft");
-    let task = Arithmetic { difficulty: 1 };
+    let task = Arithmetic::new(1);
     let mut rng = TaskRng::new(3);
     let lines: String = (0..64)
         .map(|_| {

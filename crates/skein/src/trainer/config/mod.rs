@@ -204,6 +204,11 @@ pub struct TaskConfig {
     /// A built-in task: `arithmetic` or `reverse` (long-tail response lengths).
     pub name: String,
     pub difficulty: u32,
+    /// `arithmetic` at difficulty 1 to 3 (additions): the chance that a warm-up demonstration
+    /// drops each carry, as a careless teacher does (0: every demonstration is correct; unset:
+    /// 0.7). The reward still checks the exact sum, so RL has something to correct that more
+    /// imitation cannot.
+    pub dropped_carries: Option<f64>,
 }
 
 impl Default for TaskConfig {
@@ -213,6 +218,7 @@ impl Default for TaskConfig {
         TaskConfig {
             name: "arithmetic".into(),
             difficulty: 2,
+            dropped_carries: None,
         }
     }
 }

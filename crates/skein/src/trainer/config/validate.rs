@@ -18,8 +18,28 @@ pub fn validate(cfg: &TrainConfig) -> Result<()> {
     validate_model(cfg, &mut v);
     validate_reward(cfg, &mut v);
     validate_data(cfg, &mut v);
+    validate_task(cfg, &mut v);
     validate_agent(cfg, &mut v);
     Ok(v.finish()?)
+}
+
+/// `task.dropped_carries`: a probability, for the task whose demonstrations have carries.
+fn validate_task(cfg: &TrainConfig, v: &mut Validator) {
+    let Some(p) = cfg.task.dropped_carries else {
+        return;
+    };
+    let unused = if !cfg.data.train_files.is_empty() {
+        "is not used with `data.train_files` (the rows are the problems): remove it"
+    } else if is_multi_turn(cfg) {
+        "applies only to task `arithmetic` at difficulty 1 to 3 (additions): remove it"
+    } else {
+        if let Err(e) = skein_tasks::task_with_teacher(&cfg.task.name, cfg.task.difficulty, Some(p))
+        {
+            v.problem(e.to_string());
+        }
+        return;
+    };
+    v.check(p == 0.0, "task.dropped_carries", unused, p);
 }
 
 /// `[run]` and `[sft]`: a device this machine has, a thread count it can run, metrics.jsonl
@@ -673,6 +693,22 @@ mod tests {
             let e = problems(&|c| c.run.device = "cuda".into());
             assert!(e.contains("`run.device`") && e.contains("use cpu"), "{e}");
         }
+    }
+
+    #[test]
+    fn a_careless_teacher_is_refused_where_nothing_has_carries() {
+        assert!(validate(&load(&["task.dropped_carries=0.5"]).unwrap()).is_ok());
+        for set in [
+            &["task.dropped_carries=1.5"][..],
+            &["task.dropped_carries=0.5", "task.difficulty=4"],
+            &["task.dropped_carries=0.5", "task.name=\"guess\""],
+            &["task.dropped_carries=0.5", "data.train_files=[\"x.jsonl\"]"],
+        ] {
+            let e = validate(&load(set).unwrap()).unwrap_err().to_string();
+            assert!(e.contains("`task.dropped_carries`"), "{set:?}: {e}");
+        }
+        // Unset, it is the task's own default, whatever the task.
+        assert!(validate(&load(&["task.name=\"guess\""]).unwrap()).is_ok());
     }
 
     #[test]

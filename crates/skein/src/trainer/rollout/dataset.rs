@@ -50,7 +50,11 @@ impl DataCounts {
 /// `task.name`.
 pub fn task_from_config(cfg: &TrainConfig) -> Result<(Box<dyn Task>, Option<Data>)> {
     if cfg.data.train_files.is_empty() {
-        let task = skein_tasks::task_by_name(&cfg.task.name, cfg.task.difficulty)?;
+        let task = skein_tasks::task_with_teacher(
+            &cfg.task.name,
+            cfg.task.difficulty,
+            cfg.task.dropped_carries,
+        )?;
         return Ok((task, None));
     }
     let data = Data::load(cfg)?;
