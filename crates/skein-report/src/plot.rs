@@ -153,9 +153,11 @@ fn bounds<'a>(pts: impl Iterator<Item = &'a f64>) -> (f64, f64) {
     })
 }
 
-/// Roughly the spacing plotters gives `n` ticks over `span`, to choose label decimals.
+/// A spacing no wider than the one plotters gives `n` ticks over `span`, to choose label
+/// decimals. Plotters may space ticks up to 2.5 times closer than `span / n` (0.005 where 0.04
+/// is split six ways), and labels with too few decimals then repeat ("-0.01, -0.01").
 fn tick_step(span: f64, n: usize) -> f64 {
-    let raw = span / n as f64;
+    let raw = span / n as f64 / 2.5;
     let mag = 10f64.powf(raw.log10().floor());
     [1.0, 2.0, 5.0, 10.0]
         .iter()
@@ -384,6 +386,20 @@ pub fn compare_runs(dirs: &[PathBuf], keys: &[&str], out_png: &Path) -> Result<(
 mod tests {
     use super::*;
     use serde_json::{json, Value};
+
+    #[test]
+    fn tick_labels_keep_the_decimals_of_the_finest_spacing_plotters_picks() {
+        // The default run's policy loss (-0.021 to 0.014) got ticks 0.005 apart, and its
+        // reward (0.66 to 0.94) ticks 0.05 apart.
+        assert!(tick_step(0.041, 6) <= 0.005);
+        assert!(tick_step(0.31, 6) <= 0.05);
+        let labels: Vec<String> = (-4..=2)
+            .map(|i| num::tick(i as f64 * 0.005, tick_step(0.041, 6)))
+            .collect();
+        let mut distinct = labels.clone();
+        distinct.dedup();
+        assert_eq!(distinct, labels);
+    }
 
     /// Two runs overlaid: each run's metric becomes its own line of the panel.
     #[test]
