@@ -89,12 +89,72 @@ fn a_second_run_refuses_a_finished_run_and_overwrite_replaces_it() {
         "a failed run changed {}",
         dir.display()
     );
+    // An --overwrite that fails before the first step (here the memory preflight, after
+    // validation) removes nothing either.
+    let huge = ["rollout.prompts_per_step=1000000000000"];
+    let (code, err) = skein_train(&dir, &["--overwrite"], &huge);
+    assert_eq!(code, 2, "{err}");
+    assert!(!err.contains("removing the previous run"), "{err}");
+    assert!(
+        snapshot(&dir) == finished,
+        "a failed --overwrite changed {}",
+        dir.display()
+    );
 
     // --overwrite replaces the run: the old numbered checkpoints go too.
     let (code, err) = skein_train(&dir, &["--overwrite"], &["trainer.checkpoint_every=0"]);
     assert_eq!(code, 0, "{err}");
     assert!(!dir.join("checkpoint-1").exists() && !dir.join("checkpoint-2").exists());
     assert!(dir.join("checkpoint/model.safetensors").is_file());
+}
+
+/// A run's directory has one owner: while a run is in progress, a second run, an overwrite
+/// and a resume in its directory are all refused, naming the process; once that process is
+/// gone (killed, here), the directory is free again.
+#[test]
+fn a_second_process_is_refused_while_a_run_owns_the_directory() {
+    let dir = workdir("owned");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_skein"));
+    cmd.arg("train");
+    let run_dir = format!("run.dir=\"{}\"", dir.display());
+    let long = ["trainer.steps=100000", run_dir.as_str()];
+    for s in TINY_RUN.iter().chain(SMALL).chain(&long).copied() {
+        cmd.args(["--set", s]);
+    }
+    let mut first = cmd
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("skein runs");
+    let pid = first.id().to_string();
+    // The owner names itself once it starts writing, and checkpoint-1 follows its first step.
+    let started = std::time::Instant::now();
+    while !dir.join("checkpoint-1/trainer_state.json").exists() {
+        assert!(
+            started.elapsed().as_secs() < 120,
+            "the first run wrote no checkpoint"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let owner = std::fs::read_to_string(dir.join("run.lock")).unwrap();
+    assert!(owner.contains(&pid), "{owner}");
+    let resume = ["--resume", dir.to_str().unwrap()];
+    for args in [&[][..], &["--overwrite"], &resume] {
+        let (code, err) = skein_train(&dir, args, &[]);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(
+            err.contains("is in use by skein process") && err.contains(&pid),
+            "{args:?}: {err}"
+        );
+    }
+    assert!(
+        first.try_wait().unwrap().is_none(),
+        "the first run goes on undisturbed"
+    );
+    first.kill().unwrap();
+    first.wait().unwrap();
+    // The lock died with its process: the directory is free for another run now.
+    let (code, err) = skein_train(&dir, &["--overwrite"], &[]);
+    assert_eq!(code, 0, "{err}");
 }
 
 #[test]

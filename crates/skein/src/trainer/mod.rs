@@ -2,7 +2,7 @@
 //!
 //! | stage | room | what it does |
 //! | --- | --- | --- |
-//! | set up | `setup.rs` | config checks, run directory (`run_dir.rs`: never damages another run), policy, rollout source, warm-up (`sft.rs`), optimizer, reference, critic, ranks; everything a resume restores |
+//! | set up | `setup.rs` | config checks, run directory (`run_dir.rs`: never damages another run; `run_lock.rs`: one process per run), policy, rollout source, warm-up (`sft.rs`), optimizer, reference, critic, ranks; everything a resume restores |
 //! | rollout | `rollout/` | a [`rollout::Workload`] — prompts, multi-turn episodes or external agents — returns one [`rollout::stats::StepRollout`] |
 //! | batch | `batch/` | group advantages, rows, the mini-batch plan and loss weights ([`batch::StepBatch`]) |
 //! | prepare | `prepare/` | π_old/π_ref log-probs, importance weights, critic values and GAE ([`prepare::PreparedBatch`]: advantages final) |
@@ -33,6 +33,7 @@ pub mod prepare;
 pub mod rollout;
 pub mod run;
 pub mod run_dir;
+pub mod run_lock;
 pub mod setup;
 pub mod sft;
 pub mod trajectory_log;

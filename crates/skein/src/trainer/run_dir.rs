@@ -1,10 +1,12 @@
-//! The run directory, kept safe: a new run refuses a directory that holds another run (unless
-//! told to overwrite it, and then clears that run's files first), a resume writes nothing
-//! until its checkpoint has loaded, and every path a run writes is checked before the first
-//! step, so a run that fails never changes a finished run's files.
+//! The run directory, kept safe: one process at a time owns it (`run_lock.rs`), a new run
+//! refuses a directory that holds another run (unless told to overwrite it, and then clears
+//! that run's files only once everything that can fail before the first step has passed), a
+//! resume writes nothing until its checkpoint has loaded, and every path a run writes is checked
+//! before the first step, so a run that fails never changes a finished run's files.
 
 use super::checkpoint;
 use super::config::{Tracking, TrainConfig};
+use super::run_lock::RunLock;
 use anyhow::{bail, Context, Result};
 use skein_report::{tensorboard, trajectories, MetricsLog};
 use std::path::PathBuf;
@@ -20,16 +22,21 @@ const RUN_FILES: &[&str] = &[
     trajectories::DIR,
 ];
 
-/// What a run may write in `run.dir`, once it has been checked.
+/// What a run may write in `run.dir`, once it has been checked and locked.
 pub struct RunDir {
     pub path: PathBuf,
+    /// Held for the life of the run.
+    pub lock: RunLock,
+    /// A previous run's files that `--overwrite` removes when the run starts writing.
+    replaced: Vec<PathBuf>,
 }
 
 impl RunDir {
     /// The directory of a new run. One that already holds a run is refused, unless `overwrite`:
-    /// then that run's files are removed first (anything else in the directory stays).
+    /// then that run's files are removed when the run starts writing ([`RunDir::open`]);
+    /// anything else in the directory stays.
     pub fn for_new_run(cfg: &TrainConfig, overwrite: bool) -> Result<RunDir> {
-        let dir = RunDir::checked(cfg)?;
+        let mut dir = RunDir::checked(cfg)?;
         let previous = dir.run_entries()?;
         if !previous.is_empty() {
             let names: Vec<String> = previous
@@ -53,48 +60,66 @@ impl RunDir {
                     names.join(", "),
                 );
             }
-            eprintln!(
-                "skein: --overwrite: removing the previous run's files from {} ({})",
-                dir.path.display(),
-                names.join(", ")
-            );
-            for p in previous {
-                let removed = if p.is_dir() {
-                    std::fs::remove_dir_all(&p)
-                } else {
-                    std::fs::remove_file(&p)
-                };
-                removed.with_context(|| format!("removing {}", p.display()))?;
-            }
+            dir.replaced = previous;
         }
         Ok(dir)
+    }
+
+    /// Removes the run `--overwrite` replaces, once nothing before the first step can fail.
+    fn remove_replaced_run(&mut self) -> Result<()> {
+        if self.replaced.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<String> = self
+            .replaced
+            .iter()
+            .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .collect();
+        eprintln!(
+            "skein: --overwrite: removing the previous run's files from {} ({})",
+            self.path.display(),
+            names.join(", ")
+        );
+        for p in std::mem::take(&mut self.replaced) {
+            let removed = if p.is_dir() {
+                std::fs::remove_dir_all(&p)
+            } else {
+                std::fs::remove_file(&p)
+            };
+            removed.with_context(|| format!("removing {}", p.display()))?;
+        }
+        Ok(())
     }
 
     /// The directory of a run to resume (it must exist; its files are checked, not touched).
     pub fn for_resume(cfg: &TrainConfig) -> Result<RunDir> {
-        let dir = RunDir::checked(cfg)?;
-        if !dir.path.is_dir() {
+        // Checked before the lock, which would create it.
+        if !cfg.run.dir.trim().is_empty() && !std::path::Path::new(&cfg.run.dir).is_dir() {
             bail!(
                 "nothing to resume: `run.dir` = {} is not a directory",
-                dir.path.display()
+                cfg.run.dir
             );
         }
-        Ok(dir)
+        RunDir::checked(cfg)
     }
 
+    /// The directory, locked for this process, with every path the run writes checked.
     fn checked(cfg: &TrainConfig) -> Result<RunDir> {
         if cfg.run.dir.trim().is_empty() {
             bail!("`run.dir` is empty: name the directory the run writes to, e.g. runs/my-run");
         }
-        let dir = RunDir {
-            path: PathBuf::from(&cfg.run.dir),
-        };
-        if dir.path.exists() && !dir.path.is_dir() {
+        let path = PathBuf::from(&cfg.run.dir);
+        if path.exists() && !path.is_dir() {
             bail!(
                 "`run.dir` = {} is a file, not a directory: choose another `run.dir`",
-                dir.path.display()
+                path.display()
             );
         }
+        let dir = RunDir {
+            lock: RunLock::acquire(&path)?,
+            path,
+            replaced: Vec::new(),
+        };
         dir.check_outputs()?;
         Ok(dir)
     }
@@ -157,9 +182,13 @@ impl RunDir {
     /// `keep_lines` lines (a resumed checkpoint's) — with its TensorBoard events rebuilt to
     /// match. A resume that no longer tracks TensorBoard removes the old events, which would
     /// show the steps it discards.
-    pub fn open(&self, cfg: &TrainConfig, keep_lines: Option<usize>) -> Result<MetricsLog> {
+    /// A run that `--overwrite` replaces is removed first: this is where a fresh run starts
+    /// writing, after everything that can refuse it.
+    pub fn open(&mut self, cfg: &TrainConfig, keep_lines: Option<usize>) -> Result<MetricsLog> {
         std::fs::create_dir_all(&self.path)
             .with_context(|| format!("creating run directory {}", self.path.display()))?;
+        self.lock.claim()?;
+        self.remove_replaced_run()?;
         let config = self.path.join("config.toml");
         std::fs::write(&config, skein_config::to_toml_string(cfg))
             .with_context(|| format!("writing {}", config.display()))?;

@@ -14,6 +14,7 @@ use super::rollout::stats::StepRollout;
 use super::rollout::tasks::Tasks;
 use super::rollout::{EvalResult, StepContext, Workload};
 use super::run_dir::RunDir;
+use super::run_lock::RunLock;
 use super::trajectory_log::TrajectoryLog;
 use super::update::critic::ValueLossConfig;
 use super::update::optim::{OptimConfig, Optimizer};
@@ -58,6 +59,8 @@ pub struct Trainer<'a> {
     pub rewards: Vec<f64>,
     /// Held while the run lives: in an MPI job, dropping it releases the other ranks.
     _dp: DataParallel,
+    /// Held while the run lives: no other process writes its directory.
+    _lock: RunLock,
 }
 
 /// The critic of PPO with `gae`: the value model, its optimizer and its ranks.
@@ -130,7 +133,7 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
         serve_other_rank(&dp, device)?;
         return Ok(Started::OtherRank { rank: dp.rank() });
     }
-    let (run_dir, loaded) = run_dir_and_checkpoint(cfg, begin, device)?;
+    let (mut run_dir, loaded) = run_dir_and_checkpoint(cfg, begin, device)?;
 
     // The task, the policy and the rollout source.
     let tasks = Tasks::from_config(cfg)?;
@@ -200,6 +203,7 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
         dir: run_dir.path,
         log,
         trajectory_log,
+        _lock: run_dir.lock,
         tokenizer,
         policy,
         sampling,

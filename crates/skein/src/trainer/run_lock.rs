@@ -1,0 +1,145 @@
+//! One process per run directory. A run holds an OS lock on `RUN_DIR/run.lock` for as long as
+//! its process lives, so a second `train`, `--overwrite` or `--resume` in the same directory
+//! is refused before it reads or removes anything, instead of two processes writing one run.
+//! The operating system releases the lock when the process ends, however it ends (a crash or
+//! a kill included), so a lock is never stale. Once a run has started writing, the file stays:
+//! it names the last owner (pid, host, start time) for the message a refused process prints,
+//! and removing it while another process has it open would let two processes each lock a
+//! different file. A run refused or failed before it writes removes what it created.
+
+use anyhow::{bail, Context, Result};
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io::{Read, Seek, Write};
+use std::path::{Path, PathBuf};
+
+pub const LOCK_FILE: &str = "run.lock";
+
+/// The lock of one run directory, held until dropped.
+pub struct RunLock {
+    file: File,
+    path: PathBuf,
+    /// What taking the lock created, removed again by a run that never starts writing.
+    made_file: bool,
+    made_dir: Option<PathBuf>,
+    claimed: bool,
+}
+
+impl RunLock {
+    /// Takes `dir`'s lock (creating `dir` if needed), or says which process holds it.
+    pub fn acquire(dir: &Path) -> Result<RunLock> {
+        let made_dir = (!dir.exists()).then(|| dir.to_path_buf());
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("creating run directory {}", dir.display()))?;
+        let path = dir.join(LOCK_FILE);
+        let made_file = !path.exists();
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        match file.try_lock() {
+            Ok(()) => Ok(RunLock {
+                file,
+                path,
+                made_file,
+                made_dir,
+                claimed: false,
+            }),
+            Err(TryLockError::WouldBlock) => {
+                let mut owner = String::new();
+                let _ = file.read_to_string(&mut owner);
+                let owner = owner.trim();
+                let owner = if owner.is_empty() {
+                    "another process".to_string()
+                } else {
+                    owner.to_string()
+                };
+                bail!(
+                    "`run.dir` = {} is in use by {owner}: wait for that run to end, or choose \
+                     another `run.dir` (two processes writing one run would mix their steps)",
+                    dir.display()
+                )
+            }
+            Err(TryLockError::Error(e)) => {
+                Err(e).with_context(|| format!("locking {}", path.display()))
+            }
+        }
+    }
+
+    /// Writes who owns the run now, for a process that is refused while this one runs. Called
+    /// once the run is sure to go ahead, so a refused run never rewrites the file.
+    pub fn claim(&mut self) -> Result<()> {
+        self.claimed = true;
+        let owner = format!(
+            "skein process {} on host {} (started at unix time {})\n",
+            std::process::id(),
+            host_name(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs())
+        );
+        let write = |f: &mut File| -> std::io::Result<()> {
+            f.set_len(0)?;
+            f.rewind()?;
+            f.write_all(owner.as_bytes())?;
+            f.sync_data()
+        };
+        write(&mut self.file).with_context(|| format!("writing {}", self.path.display()))
+    }
+}
+
+impl Drop for RunLock {
+    /// A run refused or failed before it wrote anything leaves no trace: not the lock file,
+    /// nor the directory it had to create to hold it.
+    fn drop(&mut self) {
+        if self.claimed {
+            return;
+        }
+        if self.made_file {
+            let _ = std::fs::remove_file(&self.path);
+        }
+        if let Some(dir) = &self.made_dir {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_held_lock_refuses_a_second_owner_and_names_the_first() {
+        let dir = std::env::temp_dir().join(format!("skein-run-lock-{}", std::process::id()));
+        let mut first = RunLock::acquire(&dir).unwrap();
+        first.claim().unwrap();
+        // A second open file description is a second owner, as another process would be.
+        let e = RunLock::acquire(&dir).err().unwrap().to_string();
+        assert!(
+            e.contains("in use by skein process") && e.contains(&std::process::id().to_string()),
+            "{e}"
+        );
+        drop(first);
+        let again = RunLock::acquire(&dir);
+        assert!(again.is_ok(), "a dropped lock is free again");
+        drop(again);
+        std::fs::remove_dir_all(&dir).ok();
+
+        // Taken and given up before the run writes: nothing is left behind.
+        let unused = RunLock::acquire(&dir.join("new")).unwrap();
+        drop(unused);
+        assert!(dir.exists() && !dir.join("new").exists());
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
