@@ -157,6 +157,36 @@ fn a_second_process_is_refused_while_a_run_owns_the_directory() {
     assert_eq!(code, 0, "{err}");
 }
 
+/// A resume cannot relabel a run's steps: fewer steps than its checkpoint has are refused
+/// with nothing changed, and records missing from metrics.jsonl are reported.
+#[test]
+fn a_resume_refuses_fewer_steps_and_reports_missing_records() {
+    let dir = workdir("resume-steps");
+    let (code, err) = skein_train(&dir, &[], &[]);
+    assert_eq!(code, 0, "{err}");
+    let finished = snapshot(&dir);
+    let resume = ["--resume", dir.to_str().unwrap()];
+    let (code, err) = skein_train(&dir, &resume, &["trainer.steps=1"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("`trainer.steps` = 1") && err.contains("2 steps"),
+        "{err}"
+    );
+    assert!(
+        snapshot(&dir) == finished,
+        "a refused resume changed the run"
+    );
+
+    // Records deleted by hand: the resume goes on and says so.
+    let metrics = dir.join("metrics.jsonl");
+    let text = std::fs::read_to_string(&metrics).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    std::fs::write(&metrics, lines[..lines.len() - 2].join("\n") + "\n").unwrap();
+    let (code, err) = skein_train(&dir, &resume, &["trainer.steps=3"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("were removed since"), "{err}");
+}
+
 #[test]
 fn a_resume_falls_back_from_a_damaged_checkpoint_and_changes_nothing_without_one() {
     let dir = workdir("resume");

@@ -374,6 +374,15 @@ pub fn truncate_lines(path: &Path, lines: usize) -> Result<()> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let kept: String = text.split_inclusive('\n').take(lines).collect();
+    let found = kept.lines().count();
+    if found < lines {
+        eprintln!(
+            "skein: warning: {} has {found} of the {lines} records the checkpoint was written \
+             after: {} were removed since, and the curves of this run will miss their steps",
+            path.display(),
+            lines - found
+        );
+    }
     std::fs::write(path, kept).with_context(|| format!("writing {}", path.display()))
 }
 

@@ -311,6 +311,16 @@ fn run_dir_and_checkpoint(
         Begin::Resume => {
             let dir = RunDir::for_resume(cfg)?;
             let loaded = checkpoint::load_newest(&dir.path, device, &cfg.model_options())?;
+            let done = loaded.rest.state.step;
+            if cfg.trainer.steps < done {
+                anyhow::bail!(
+                    "`trainer.steps` = {} is below the {done} steps {} already has: a resume \
+                     continues the run, so give at least {done} (the run's own is in its \
+                     config.toml)",
+                    cfg.trainer.steps,
+                    loaded.rest.dir.display()
+                );
+            }
             (dir, Some(loaded))
         }
         Begin::New => (RunDir::for_new_run(cfg, false)?, None),
