@@ -372,8 +372,15 @@ fn bad_requests_get_openai_errors_that_say_what_to_change() {
         assert_error(s, &b, 400, "empty");
 
         let rollout = format!("{}/rollouts/nope/v1/chat/completions", server.url);
-        let (s, b) = post_key(rollout, good.clone()).await;
+        let (s, b) = post_key(rollout.clone(), good.clone()).await;
         assert_error(s, &b, 404, "no open rollout `nope`");
+        // A rollout's samples are training data: truncated sampling is refused there.
+        for (key, value) in [("top_p", json!(0.9)), ("top_k", json!(5))] {
+            let mut truncated = good.clone();
+            truncated[key] = value;
+            let (s, b) = post_key(rollout.clone(), truncated).await;
+            assert_error(s, &b, 400, "off-policy");
+        }
         let (s, b) = post_key(
             format!("{}/rollouts/nope/reward", server.url),
             json!({"reward": 1.0}),

@@ -32,7 +32,9 @@ impl Default for SamplingParams {
 ///
 /// The log-prob recorded is that of the temperature-scaled distribution before top-k/top-p
 /// truncation: the same quantity the trainer recomputes (it divides logits by the same
-/// temperature), so the importance ratio of an unchanged policy is exactly 1.
+/// temperature), so the importance ratio of an unchanged policy is exactly 1. Truncated
+/// samples would not be drawn from that distribution, so training refuses top-k/top-p
+/// (`rollout.sampling`, and requests in a `skein serve` rollout); they are for serving.
 ///
 /// Non-finite logits (a diverged policy) are mapped to finite ones first, so sampling still
 /// returns tokens: the update then sees the non-finite loss and skips it, counted, instead of

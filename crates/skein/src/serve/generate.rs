@@ -52,10 +52,13 @@ pub fn store_error(e: StoreError) -> ApiError {
 }
 
 /// Checks the request fields that do not depend on the prompt: model name, streaming, `n`,
-/// sampling ranges. Returns the sampling parameters and `n`.
+/// sampling ranges. Returns the sampling parameters and `n`. A request in a rollout
+/// (`recorded`) is training data: it samples from the whole distribution, whose log-probs are
+/// the ones recorded, so `top_p` and `top_k` are refused there.
 pub fn sampling(
     state: &ServeState,
     req: &GenerateRequest,
+    recorded: bool,
 ) -> Result<(SamplingParams, usize), ApiError> {
     let cfg = &state.0.config;
     if let Some(model) = &req.model {
@@ -100,6 +103,14 @@ pub fn sampling(
         )));
     }
     let top_k = req.top_k.unwrap_or(0).max(0) as usize;
+    if recorded && (top_p < 1.0 || top_k > 0) {
+        return Err(ApiError::bad_request(format!(
+            "`top_p` = {top_p} and `top_k` = {top_k}: a rollout's samples are recorded for \
+             training with the log-probs of the whole distribution, and truncated sampling \
+             would make them off-policy; send top_p 1 and top_k 0 here (either is fine outside \
+             a rollout, at /v1/...)"
+        )));
+    }
     let params = SamplingParams {
         temperature,
         top_p,

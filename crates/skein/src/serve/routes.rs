@@ -121,7 +121,7 @@ async fn chat_in(
     rollout: Option<&str>,
     req: GenerateRequest,
 ) -> Result<ChatResponse, ApiError> {
-    let (params, n) = generate::sampling(s, &req)?;
+    let (params, n) = generate::sampling(s, &req, rollout.is_some())?;
     let messages = req
         .messages
         .as_deref()
@@ -217,7 +217,7 @@ async fn completion_in(
     rollout: Option<&str>,
     req: GenerateRequest,
 ) -> Result<CompletionResponse, ApiError> {
-    let (params, n) = generate::sampling(s, &req)?;
+    let (params, n) = generate::sampling(s, &req, rollout.is_some())?;
     if req.messages.is_some() {
         return Err(ApiError::bad_request(
             "`messages` belongs to /v1/chat/completions; a completion request sends `prompt`",

@@ -129,11 +129,24 @@ fn validate_rollout(cfg: &TrainConfig, v: &mut Validator) {
             "must be ≥ 0 (0 = greedy)",
             s.temperature,
         )
+        // The trainer's π and π_old are the whole temperature-scaled distribution, and so is
+        // the behaviour log-prob the engine records: sampling from a truncated one would make
+        // every ratio wrong, with nothing to correct it.
         .check(
-            s.top_p > 0.0 && s.top_p <= 1.0,
+            s.top_p == 1.0,
             "rollout.sampling.top_p",
-            "must be in (0, 1]",
+            "must be 1 in training: nucleus sampling would draw from a truncated distribution \
+             while the importance ratio uses the whole one (off-policy, uncorrected); top_p is \
+             for `skein serve` requests outside a rollout",
             s.top_p,
+        )
+        .check(
+            s.top_k == 0,
+            "rollout.sampling.top_k",
+            "must be 0 in training: top-k sampling would draw from a truncated distribution \
+             while the importance ratio uses the whole one (off-policy, uncorrected); top_k is \
+             for `skein serve` requests outside a rollout",
+            s.top_k,
         )
         .at_least("rollout.sampling.max_new_tokens", s.max_new_tokens, 1);
     let p = &r.partial;
@@ -692,6 +705,17 @@ mod tests {
             assert!(e.contains("`run.device`") && e.contains("has 0"), "{e}");
             let e = problems(&|c| c.run.device = "cuda".into());
             assert!(e.contains("`run.device`") && e.contains("use cpu"), "{e}");
+        }
+    }
+
+    #[test]
+    fn truncated_sampling_is_refused_for_training() {
+        for (set, key) in [
+            ("rollout.sampling.top_p=0.9", "`rollout.sampling.top_p`"),
+            ("rollout.sampling.top_k=5", "`rollout.sampling.top_k`"),
+        ] {
+            let e = validate(&load(&[set]).unwrap()).unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains("off-policy"), "{e}");
         }
     }
 
