@@ -379,9 +379,12 @@ impl Default for RolloutConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct AlgorithmConfig {
     /// `grpo`, `dr-grpo`, `rloo`, `reinforce++`, `reinforce++-baseline`, or `gae` (PPO with a
-    /// critic: a value head on the same architecture, initialised from the policy).
+    /// critic: a value head on the same architecture, initialised from the policy). `dr-grpo`
+    /// is Dr. GRPO: group-centred rewards without the std, and token sums over a constant, so it
+    /// needs `loss_agg_mode = "seq-mean-token-sum-norm"`.
     pub estimator: Estimator,
-    /// GRPO only: divide group-centred rewards by the group's standard deviation.
+    /// GRPO only (refused as `false` with another estimator): divide group-centred rewards by
+    /// the group's standard deviation.
     pub normalize_std: bool,
     /// DAPO dynamic sampling: drop groups whose rewards are all equal (counted).
     pub drop_equal_reward_groups: bool,
@@ -412,7 +415,8 @@ pub struct AlgorithmConfig {
     /// or `trajectory-mean`.
     pub loss_agg_mode: LossAggMode,
     /// GAE discount per token and λ (critic path). With `credit = "turn"`, GAE steps per turn:
-    /// `turn_gamma` discounts and `lambda` mixes across turns, and `gamma` is unused.
+    /// `turn_gamma` discounts and `lambda` mixes across turns, and `gamma` is unused (refused
+    /// unless 1, as without a critic).
     pub gamma: f64,
     pub lambda: f64,
     /// Clip range of the value loss around the old values (critic path).

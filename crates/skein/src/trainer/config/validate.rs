@@ -4,9 +4,10 @@
 //! Keys with a fixed set of values are enums and checked when the config is read; this checks
 //! ranges, combinations and paths.
 
-use super::{AgentKind, DpBackend, EngineKind, Tracking, TrainConfig};
+use super::{AgentKind, CreditMode, DpBackend, EngineKind, Tracking, TrainConfig};
 use anyhow::Result;
 use skein_config::Validator;
+use skein_plan::LossAggMode;
 
 pub fn validate(cfg: &TrainConfig) -> Result<()> {
     let mut v = Validator::new();
@@ -21,6 +22,37 @@ pub fn validate(cfg: &TrainConfig) -> Result<()> {
     validate_task(cfg, &mut v);
     validate_agent(cfg, &mut v);
     Ok(v.finish()?)
+}
+
+/// Keys that belong to one estimator: a value set for another would be silently ignored, and
+/// `dr-grpo` is Dr. GRPO's loss only with its aggregation (token sums over a constant).
+fn validate_estimator_keys(a: &super::AlgorithmConfig, v: &mut Validator) {
+    use super::Estimator;
+    let estimator = serde_json::to_value(a.estimator)
+        .ok()
+        .and_then(|e| e.as_str().map(str::to_string))
+        .unwrap_or_default();
+    v.check(
+        a.estimator != Estimator::DrGrpo || a.loss_agg_mode == LossAggMode::SeqMeanTokenSumNorm,
+        "algorithm.loss_agg_mode",
+        "must be `seq-mean-token-sum-norm` with `algorithm.estimator = \"dr-grpo\"`: Dr. GRPO \
+         removes both the std normalisation and the per-response length normalisation \
+         (for the std alone: `grpo` with `algorithm.normalize_std = false`)",
+        a.loss_agg_mode.as_str(),
+    )
+    .check(
+        a.normalize_std || a.estimator == Estimator::Grpo,
+        "algorithm.normalize_std",
+        &format!("is used by `grpo` only, not `{estimator}`: remove it"),
+        a.normalize_std,
+    )
+    .check(
+        a.gamma == 1.0 || (a.estimator == Estimator::Gae && a.credit == CreditMode::Trajectory),
+        "algorithm.gamma",
+        "is the per-token discount of `gae` with `credit = \"trajectory\"` only (per turn: \
+         `algorithm.turn_gamma`): remove it",
+        a.gamma,
+    );
 }
 
 /// `task.dropped_carries`: a probability, for the task whose demonstrations have carries.
@@ -187,6 +219,7 @@ fn validate_rollout(cfg: &TrainConfig, v: &mut Validator) {
 /// `[algorithm]`: clip ranges, coefficients and the off-policy cap.
 fn validate_algorithm(cfg: &TrainConfig, v: &mut Validator) {
     let a = &cfg.algorithm;
+    validate_estimator_keys(a, v);
     v.check(
         (0.0..1.0).contains(&a.clip_low),
         "algorithm.clip_low",
@@ -638,7 +671,6 @@ fn validate_reward(cfg: &TrainConfig, v: &mut Validator) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::CreditMode;
     use super::*;
 
     /// The config as `--set` overrides make it.
@@ -706,6 +738,30 @@ mod tests {
             let e = problems(&|c| c.run.device = "cuda".into());
             assert!(e.contains("`run.device`") && e.contains("use cpu"), "{e}");
         }
+    }
+
+    #[test]
+    fn estimator_keys_are_refused_where_they_would_be_ignored() {
+        let problem = |set: &[&str]| validate(&load(set).unwrap()).err().map(|e| e.to_string());
+        let e = problem(&["algorithm.estimator=\"dr-grpo\""]).unwrap();
+        assert!(e.contains("`algorithm.loss_agg_mode`") && e.contains("seq-mean-token-sum-norm"));
+        assert!(problem(&[
+            "algorithm.estimator=\"dr-grpo\"",
+            "algorithm.loss_agg_mode=\"seq-mean-token-sum-norm\""
+        ])
+        .is_none());
+        let e = problem(&[
+            "algorithm.estimator=\"rloo\"",
+            "algorithm.normalize_std=false",
+        ]);
+        assert!(e.unwrap().contains("`algorithm.normalize_std`"));
+        assert!(problem(&["algorithm.normalize_std=false"]).is_none());
+        let e = problem(&["algorithm.gamma=0.9"]).unwrap();
+        assert!(e.contains("`algorithm.gamma`"), "{e}");
+        let gae = ["algorithm.estimator=\"gae\"", "algorithm.gamma=0.9"];
+        assert!(problem(&gae).is_none());
+        let e = problem(&[gae[0], gae[1], "algorithm.credit=\"turn\""]).unwrap();
+        assert!(e.contains("`algorithm.turn_gamma`"), "{e}");
     }
 
     #[test]
