@@ -85,6 +85,10 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
 
         // Update the policy (and the critic), then publish the weights to a remote engine.
         let t2 = Instant::now();
+        t.opt.schedule_at(step - 1);
+        if let Some(c) = &mut t.critic {
+            c.opt.schedule_at(step - 1);
+        }
         let (policy, opt, cfg_u) = (&t.policy, &mut t.opt, &t.update_cfg);
         let upd = ppo_update(policy, &mut t.policy_ranks, opt, &batch, cfg_u)?;
         let critic = match &mut t.critic {

@@ -445,15 +445,15 @@ fn update_models(
         None
     };
     let t = &cfg.trainer;
-    let total_opt_steps = t.steps * t.ppo_epochs * t.num_mini_batches;
-    let mut opt = Optimizer::new(&policy.vs, &cfg.optim, total_opt_steps)?;
+    // The schedule counts RL steps (`Optimizer::schedule_at`, set by the step loop).
+    let mut opt = Optimizer::new(&policy.vs, &cfg.optim, t.steps)?;
     let mut critic = if cfg.algorithm.estimator.needs_critic() {
         let model = ValueModel::from_policy(policy, device)?;
         let ocfg = OptimConfig {
             lr: cfg.algorithm.critic_lr,
             ..cfg.optim.clone()
         };
-        let opt = Optimizer::new(&model.vs, &ocfg, total_opt_steps)?;
+        let opt = Optimizer::new(&model.vs, &ocfg, t.steps)?;
         Some((model, opt))
     } else {
         None

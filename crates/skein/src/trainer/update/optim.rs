@@ -21,6 +21,8 @@ pub struct OptimConfig {
     pub beta1: f64,
     pub beta2: f64,
     pub eps: f64,
+    /// Steps of linear warm-up; in `skein train` the schedule (warm-up and cosine) counts RL
+    /// steps, whatever number of optimizer steps each takes.
     pub warmup_steps: usize,
     pub schedule: Schedule,
     /// Lowest learning rate of the cosine schedule, as a fraction of `lr`.
@@ -76,6 +78,9 @@ pub struct Optimizer {
     cfg: OptimConfig,
     total_steps: usize,
     pub steps_done: usize,
+    /// Where the learning-rate schedule stands, when it is set from outside
+    /// ([`Optimizer::schedule_at`]); else the optimizer steps taken.
+    schedule_step: Option<usize>,
 }
 
 pub struct StepStats {
@@ -96,7 +101,22 @@ impl Optimizer {
             cfg: cfg.clone(),
             total_steps,
             steps_done: 0,
+            schedule_step: None,
         })
+    }
+
+    /// Puts the schedule at `step` of the `total_steps` given to [`Optimizer::new`], for every
+    /// optimizer step until the next call. RL schedules by its own steps: how many optimizer
+    /// steps an RL step takes depends on the batch (mini-batches are capped by the units in
+    /// it, and skipped updates take none), so a horizon counted in optimizer steps would end
+    /// the schedule early or late.
+    pub fn schedule_at(&mut self, step: usize) {
+        self.schedule_step = Some(step);
+    }
+
+    fn lr(&self) -> f64 {
+        let step = self.schedule_step.unwrap_or(self.steps_done);
+        self.cfg.lr_at(step, self.total_steps)
     }
 
     pub fn zero_grad(&mut self) {
@@ -132,7 +152,7 @@ impl Optimizer {
             self.zero_grad();
             return StepStats {
                 grad_norm,
-                lr: self.cfg.lr_at(self.steps_done, self.total_steps),
+                lr: self.lr(),
                 skipped: true,
             };
         }
@@ -141,7 +161,7 @@ impl Optimizer {
         } else {
             1.0
         };
-        let lr = self.cfg.lr_at(self.steps_done, self.total_steps);
+        let lr = self.lr();
         let t = (self.steps_done + 1) as i32;
         let (b1, b2) = (self.cfg.beta1, self.cfg.beta2);
         let (bc1, bc2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
@@ -236,6 +256,35 @@ mod tests {
             weight_decay: 0.1,
             grad_clip: 0.0,
             ..Default::default()
+        }
+    }
+
+    /// A schedule over 4 RL steps gives every RL step the same learning rate, whether the
+    /// steps took one optimizer step each or three.
+    #[test]
+    fn a_schedule_set_by_rl_step_ends_on_time_whatever_the_mini_batches() {
+        let (vs, lin, x, y) = problem(3);
+        let cfg = OptimConfig {
+            warmup_steps: 1,
+            schedule: Schedule::Cosine,
+            ..cfg()
+        };
+        for per_step in [1, 3] {
+            let mut opt = Optimizer::new(&vs, &cfg, 4).unwrap();
+            let mut lrs = Vec::new();
+            for step in 0..4 {
+                opt.schedule_at(step);
+                for _ in 0..per_step {
+                    opt.zero_grad();
+                    loss(&lin, &x, &y).backward();
+                    lrs.push(opt.step().lr);
+                }
+            }
+            let want: Vec<f64> = (0..4)
+                .flat_map(|s| std::iter::repeat_n(cfg.lr_at(s, 4), per_step))
+                .collect();
+            assert_eq!(lrs, want, "{per_step} optimizer steps per RL step");
+            assert_eq!(opt.steps_done, 4 * per_step);
         }
     }
 
