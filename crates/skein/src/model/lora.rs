@@ -130,11 +130,10 @@ impl Projection {
             return y;
         };
         let at = ad.a.tr();
-        // A view records gradients only while autograd is on: dropout applies while training,
-        // not while sampling or recomputing log-probs.
-        let training = at.requires_grad();
+        // Every pass while the adapter has dropout (a loaded model's supervised warm-up), with
+        // or without autograd; RL's passes come after `stop_dropout`.
         let xf = x.to_kind(Kind::Float);
-        let xf = if ad.dropout > 0.0 && training {
+        let xf = if ad.dropout > 0.0 {
             xf.dropout(ad.dropout, true)
         } else {
             xf
@@ -157,6 +156,16 @@ impl Projection {
 
     /// Folds the adapter into the base weight (`W += scale · B·A`, rounded to `W`'s dtype) and
     /// starts the adapter again from zero, so the model computes what it did before.
+    /// Turns the adapter's dropout off for good. RL's passes run without it: the update's
+    /// π_old is the training forward's own detached log-prob on the first mini-batch and a
+    /// separate forward on the others, so a random mask would make the ratio 1 on some rows
+    /// and noise on others. Dropout is for the supervised warm-up.
+    pub fn stop_dropout(&mut self) {
+        if let Some(ad) = &mut self.adapter {
+            ad.dropout = 0.0;
+        }
+    }
+
     pub fn merge(&mut self) {
         let Some(ad) = &mut self.adapter else {
             return;
@@ -243,6 +252,31 @@ mod tests {
         for (name, t) in adapted.vs.variables() {
             assert_eq!(t.grad().defined(), is_adapter(&name), "{name}");
         }
+    }
+
+    #[test]
+    fn adapter_dropout_applies_until_it_is_stopped() {
+        let options = ModelOptions {
+            lora: LoraConfig {
+                rank: 4,
+                dropout: 0.5,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let mut model = Model::random_with(&config(), &options, Device::Cpu, 4).unwrap();
+        perturb(&model);
+        let x = ids();
+        let sampled = || tch::no_grad(|| model.net.forward(&x));
+        // On, it draws a new mask in every pass, sampling included.
+        assert!(max_diff(&sampled(), &sampled()) > 1e-4, "dropout while on");
+        model.net.stop_adapter_dropout();
+        let (trained, sampled) = (
+            model.net.forward(&x),
+            tch::no_grad(|| model.net.forward(&x)),
+        );
+        // Off, a training pass and a sampling pass are one function, as RL's ratio needs.
+        assert!(max_diff(&trained, &sampled) < 1e-6, "none after it stops");
     }
 
     #[test]

@@ -416,12 +416,21 @@ impl Transformer {
     }
 
     /// Folds every adapter into its base weight and restarts it from zero.
+    /// RL's passes run without adapter dropout ([`Projection::stop_dropout`]).
+    pub fn stop_adapter_dropout(&mut self) {
+        self.for_each_projection(Projection::stop_dropout);
+    }
+
     pub fn merge_adapters(&mut self) {
+        self.for_each_projection(Projection::merge);
+    }
+
+    fn for_each_projection(&mut self, mut f: impl FnMut(&mut Projection)) {
         for block in &mut self.blocks {
             let attn = block.attn.projections().map(|(_, p)| p);
             let mlp = block.mlp.projections().map(|(_, p)| p);
             for proj in attn.into_iter().chain(mlp) {
-                proj.merge();
+                f(proj);
             }
         }
     }

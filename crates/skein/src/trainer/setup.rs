@@ -184,6 +184,8 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
         }
     };
 
+    // `lora.dropout` is for the warm-up: RL's ratio needs π and π_old from the same function.
+    policy.net.stop_adapter_dropout();
     let trajectory_log =
         TrajectoryLog::start(&run_dir.path, &cfg.trajectories, &tokenizer, first_step)?;
 
