@@ -354,6 +354,19 @@ impl AgentContext<'_> {
         let stop = &self.params.stop_token_ids;
         for _ in 0..self.limits.max_turns {
             let room = self.limits.max_tokens.saturating_sub(context.len());
+            if room == 0 && run.transitions.is_empty() {
+                // Nothing was sampled: there is no trajectory to train on, so the episode
+                // fails (counted, with the reason) instead of ending empty.
+                return Err((
+                    Cutoff::Tokens,
+                    format!(
+                        "the first prompt is {} tokens, and an episode holds at most {} \
+                         (agent.max_tokens or the model's context): no room to answer",
+                        context.len(),
+                        self.limits.max_tokens
+                    ),
+                ));
+            }
             if room == 0 {
                 return Ok(Outcome::Cut(Cutoff::Tokens));
             }
@@ -607,6 +620,44 @@ mod tests {
             env_timeout: Duration::from_secs(5),
             reuse_prefix: true,
         }
+    }
+
+    /// A first prompt longer than the episode may hold fails that episode, with its reason
+    /// and counted at the token limit; the batch goes on (it used to end with a trajectory
+    /// that had no transitions, which stopped the run).
+    #[test]
+    fn a_first_prompt_beyond_the_token_limit_fails_its_episode() {
+        let task = agent_task_by_name("guess", 1).unwrap().unwrap();
+        let tokenizer = Tokenizer::char_level(task.alphabet()).unwrap();
+        let params = params(&tokenizer);
+        let limits = AgentLimits {
+            max_tokens: 3,
+            ..limits()
+        };
+        let ctx = AgentContext {
+            task: task.as_ref(),
+            tokenizer: &tokenizer,
+            format: &TurnFormat::Plain,
+            params: &params,
+            limits: &limits,
+        };
+        let r = ctx.run(
+            &Generator::Local(Engine::new(4)),
+            &model(&tokenizer),
+            0,
+            &runtime(),
+            specs(task.as_ref(), 2),
+        );
+        assert_eq!(r.episodes.len(), 2);
+        for e in &r.episodes {
+            let t = &e.trajectory;
+            assert!(t.transitions.is_empty() && t.validate().is_ok());
+            match &t.status {
+                Status::Failed(reason) => assert!(reason.contains("first prompt"), "{reason}"),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(r.stats.token_limit, 2);
     }
 
     fn specs(task: &dyn AgentTask, n: usize) -> Vec<EpisodeSpec> {
