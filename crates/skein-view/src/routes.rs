@@ -19,6 +19,50 @@ use std::sync::Arc;
 /// The page: one file, its styles and script inline, nothing fetched from elsewhere.
 pub const PAGE: &str = include_str!("page.html");
 
+/// The viewer's routes; on a loopback address, only for requests that name this machine.
+pub fn guarded_router(runs: Arc<Runs>, loopback: bool) -> Router {
+    let app = router(runs);
+    if loopback {
+        app.layer(axum::middleware::from_fn(loopback_host_only))
+    } else {
+        app
+    }
+}
+
+/// A viewer on loopback answers only requests whose `Host` is a loopback name: a page of
+/// another site can point its own name at 127.0.0.1 (DNS rebinding) and read the runs through
+/// its visitor's browser, and such a request carries that site's name.
+async fn loopback_host_only(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("");
+    if is_loopback_host(host) {
+        return next.run(req).await;
+    }
+    ApiError::new(
+        StatusCode::FORBIDDEN,
+        format!(
+            "the viewer listens on this machine only and answers requests for localhost or \
+             127.0.0.1, not for Host `{host}`"
+        ),
+    )
+    .into_response()
+}
+
+/// `localhost`, a loopback address, either with a port.
+fn is_loopback_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 pub fn router(runs: Arc<Runs>) -> Router {
     Router::new()
         .route("/", get(page))

@@ -1,6 +1,6 @@
 //! Binding the viewer to an address and serving it until stopped.
 
-use crate::routes::router;
+use crate::routes::guarded_router;
 use crate::runs::Runs;
 use anyhow::{Context, Result};
 use std::net::SocketAddr;
@@ -28,7 +28,7 @@ pub async fn bind(addr: &str, dirs: &[PathBuf]) -> Result<Server> {
     })?;
     let addr = listener.local_addr()?;
     let (stop, stopped) = oneshot::channel::<()>();
-    let app = router(runs);
+    let app = guarded_router(runs, addr.ip().is_loopback());
     let task = tokio::spawn(async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(async {
@@ -80,6 +80,14 @@ pub fn serve(dirs: &[PathBuf], host: &str, port: u16, ready: impl FnOnce(&str)) 
     };
     runtime.block_on(async move {
         let server = bind(&addr, dirs).await?;
+        if !server.addr().ip().is_loopback() {
+            eprintln!(
+                "skein view: listening on {}, which other machines can reach: anyone who can \
+                 connect reads these runs (their configs, metrics and every trajectory); \
+                 without --host it listens on 127.0.0.1 only",
+                server.addr()
+            );
+        }
         ready(&server.url());
         server.wait().await
     })
@@ -111,10 +119,15 @@ mod tests {
 
     /// A plain HTTP/1.1 GET: status, content type and body.
     fn get(server: &Server, path: &str) -> (u16, String, String) {
+        get_for(server, path, "localhost")
+    }
+
+    /// A GET that names `host` in its `Host` header.
+    fn get_for(server: &Server, path: &str, host: &str) -> (u16, String, String) {
         let mut tcp = std::net::TcpStream::connect(server.addr()).unwrap();
         write!(
             tcp,
-            "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+            "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
         )
         .unwrap();
         let mut reply = String::new();
@@ -133,6 +146,32 @@ mod tests {
         let (status, content_type, body) = get(server, path);
         assert_eq!(content_type, "application/json", "{path}: {body}");
         (status, serde_json::from_str(&body).unwrap())
+    }
+
+    /// On loopback, a request for another site's name (DNS rebinding) is refused.
+    #[test]
+    fn on_loopback_only_requests_for_this_machine_are_answered() {
+        let dir = tmp("host");
+        fixture::write_run(&dir, 1).unwrap();
+        let (_rt, server) = start(std::slice::from_ref(&dir));
+        let port = server.addr().port();
+        for host in [
+            format!("localhost:{port}"),
+            format!("127.0.0.1:{port}"),
+            "LOCALHOST".into(),
+            format!("[::1]:{port}"),
+        ] {
+            assert_eq!(get_for(&server, "/api/runs", &host).0, 200, "{host}");
+        }
+        for host in [
+            format!("evil.example:{port}"),
+            "127.0.0.1.evil.example".into(),
+        ] {
+            let (status, _, body) = get_for(&server, "/api/runs", &host);
+            assert_eq!(status, 403, "{host}: {body}");
+            assert!(body.contains("Host"), "{body}");
+        }
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]
