@@ -458,7 +458,11 @@ fn requests_over_the_concurrency_limit_get_503_with_retry_after() {
 /// carried, a reward closes it, and the trainer takes it from the store.
 #[test]
 fn rollout_calls_are_recorded_token_exactly_and_closed_by_the_reward() {
-    let server = in_process(8, ServeConfig::default());
+    let config = ServeConfig {
+        rollout_temperature: Some(1.0),
+        ..ServeConfig::default()
+    };
+    let server = in_process(8, config);
     let store = server.store.clone();
     let base = server.url.clone();
     runtime().block_on(async move {
@@ -497,6 +501,15 @@ fn rollout_calls_are_recorded_token_exactly_and_closed_by_the_reward() {
         );
 
         let mut messages = vec![json!({"role": "user", "content": prompt})];
+        // The trainer recomputes log-probs at its own temperature: another one is refused.
+        let (s, hot) = post(
+            &c,
+            &url,
+            json!({"messages": messages, "max_tokens": 8, "temperature": 0.7}),
+        )
+        .await;
+        assert_eq!(s, 400, "{hot}");
+        assert!(hot.to_string().contains("off-policy"), "{hot}");
         let (s, first) = post(
             &c,
             &url,

@@ -17,6 +17,10 @@ pub struct ServeConfig {
     pub capacity: i64,
     /// Most completions one request may ask for (`n`).
     pub max_n: usize,
+    /// A trainer serving its policy: the temperature its update recomputes log-probs at
+    /// (`rollout.sampling.temperature`). A request inside a rollout samples at it (its
+    /// default) and is refused at any other, whose recorded log-probs would be off-policy.
+    pub rollout_temperature: Option<f64>,
 }
 
 impl Default for ServeConfig {
@@ -29,6 +33,7 @@ impl Default for ServeConfig {
             default_max_tokens: 256,
             capacity: 2048,
             max_n: 64,
+            rollout_temperature: None,
         }
     }
 }

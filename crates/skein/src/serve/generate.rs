@@ -88,7 +88,15 @@ pub fn sampling(
     if max_new == 0 {
         return Err(ApiError::bad_request("`max_tokens` must be at least 1"));
     }
-    let temperature = req.temperature.unwrap_or(1.0);
+    let trained_at = cfg.rollout_temperature.filter(|_| recorded);
+    let temperature = req.temperature.unwrap_or(trained_at.unwrap_or(1.0));
+    if let Some(t) = trained_at.filter(|&t| t != temperature) {
+        return Err(ApiError::bad_request(format!(
+            "`temperature` = {temperature} in a rollout: the trainer recomputes its log-probs at \
+             rollout.sampling.temperature = {t}, so another temperature would make the recorded \
+             samples off-policy; send {t}, or leave it out"
+        )));
+    }
     if !temperature.is_finite() || temperature < 0.0 {
         return Err(ApiError::bad_request(format!(
             "`temperature` is {temperature}; it must be a finite number ≥ 0 (0 is greedy)"

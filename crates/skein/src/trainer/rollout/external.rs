@@ -58,6 +58,7 @@ impl External {
             model_name: "skein-policy".into(),
             default_max_tokens: cfg.rollout.sampling.max_new_tokens,
             capacity,
+            rollout_temperature: Some(cfg.rollout.sampling.temperature),
             ..ServeConfig::default()
         };
         let state = ServeState::new(handle.clone(), text, config);
