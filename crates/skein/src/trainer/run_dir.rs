@@ -22,6 +22,14 @@ const RUN_FILES: &[&str] = &[
     trajectories::DIR,
 ];
 
+/// The last component of each path, for messages that list a run's entries.
+fn file_names(paths: &[PathBuf]) -> Vec<String> {
+    paths
+        .iter()
+        .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .collect()
+}
+
 /// What a run may write in `run.dir`, once it has been checked and locked.
 pub struct RunDir {
     pub path: PathBuf,
@@ -39,10 +47,7 @@ impl RunDir {
         let mut dir = RunDir::checked(cfg)?;
         let previous = dir.run_entries()?;
         if !previous.is_empty() {
-            let names: Vec<String> = previous
-                .iter()
-                .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-                .collect();
+            let names = file_names(&previous);
             if !overwrite {
                 let resumable = names.iter().any(|n| n.starts_with("checkpoint-"));
                 let resume = if resumable {
@@ -70,11 +75,7 @@ impl RunDir {
         if self.replaced.is_empty() {
             return Ok(());
         }
-        let names: Vec<String> = self
-            .replaced
-            .iter()
-            .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-            .collect();
+        let names = file_names(&self.replaced);
         eprintln!(
             "skein: --overwrite: removing the previous run's files from {} ({})",
             self.path.display(),
