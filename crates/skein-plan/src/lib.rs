@@ -8,8 +8,9 @@
 //! The invariants, where each is kept, and where it is tested:
 //! - advantages are computed on whole groups before any reordering, dropping or padding;
 //!   failed trajectories are excluded and counted, never scored 0 (`advantage`; its unit
-//!   tests); with a critic, turn-level GAE estimates each trajectory whole from its turns,
-//!   wherever its rows are (`turn_gae`; `turn_gae_is_per_trajectory_in_both_layouts`);
+//!   tests); with a critic, GAE estimates each trajectory whole, per token or per turn,
+//!   wherever its rows are (`token_gae`, `turn_gae`; `token_gae_is_per_trajectory_in_both_layouts`,
+//!   `turn_gae_is_per_trajectory_in_both_layouts`);
 //! - rows are made of stored token ids only; a merged trajectory row requires each prompt to
 //!   extend the previous context token for token, else an error names the trajectory and
 //!   transition (`rows`; its unit tests);
@@ -49,6 +50,7 @@ pub mod padding;
 pub mod planner;
 mod rng;
 pub mod rows;
+pub mod token_gae;
 pub mod turn_gae;
 
 pub use advantage::{
@@ -68,6 +70,7 @@ pub use planner::{
 pub use rows::{
     build_rows, build_turn_rows, extends_token_for_token, Row, RowMode, RowShape, PADDING_TOKEN,
 };
+pub use token_gae::{token_gae_rows, TokenGae};
 pub use turn_gae::{
     turn_gae, turn_gae_rows, turn_places, turn_value_mask, turn_value_position, TurnGae, TurnPlace,
 };

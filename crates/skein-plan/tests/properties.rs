@@ -591,17 +591,19 @@ fn value_at(i: usize, k: usize, j: usize, seed: u64) -> f64 {
     ((i * 31 + k * 7 + j * 3) as u64 + seed % 13) as f64 % 17.0 / 8.0 - 1.0
 }
 
-/// Turn-level GAE of `rows` built from `trajs`, with [`value_at`] as the critic.
-fn turn_gae_of(
-    trajs: &[Trajectory],
-    rows: &[Row],
-    gamma: f64,
-    lambda: f64,
-    seed: u64,
-) -> (Vec<Vec<TurnPlace>>, Vec<Vec<f64>>, TurnGae) {
-    let places = turn_places(trajs, rows).unwrap();
-    let values: Vec<Vec<f64>> = rows
-        .iter()
+/// `trajs`' group advantages and rows in both layouts: merged, and a row per turn in reverse
+/// order.
+fn both_layouts(trajs: &[Trajectory]) -> (AdvantageResult, Vec<Row>, Vec<Row>) {
+    let group = compute_advantages(trajs, &AdvantageConfig::default());
+    let merged = build_turn_rows(trajs, &group.per_turn, RowMode::Trajectory).unwrap();
+    let mut split = build_turn_rows(trajs, &group.per_turn, RowMode::Transition).unwrap();
+    split.reverse();
+    (group, merged, split)
+}
+
+/// [`value_at`] at every response token of `rows` (100 on inserted tokens).
+fn critic_values(rows: &[Row], seed: u64) -> Vec<Vec<f64>> {
+    rows.iter()
         .map(|r| {
             let mut v = vec![100.0; r.response.len()];
             let first = r.shape.transition.unwrap_or(0);
@@ -612,7 +614,19 @@ fn turn_gae_of(
             }
             v
         })
-        .collect();
+        .collect()
+}
+
+/// Turn-level GAE of `rows` built from `trajs`, with [`value_at`] as the critic.
+fn turn_gae_of(
+    trajs: &[Trajectory],
+    rows: &[Row],
+    gamma: f64,
+    lambda: f64,
+    seed: u64,
+) -> (Vec<Vec<TurnPlace>>, Vec<Vec<f64>>, TurnGae) {
+    let places = turn_places(trajs, rows).unwrap();
+    let values = critic_values(rows, seed);
     let masks: Vec<&[u8]> = rows.iter().map(|r| &r.loss_mask[..]).collect();
     let vals: Vec<&[f64]> = values.iter().map(|v| &v[..]).collect();
     let out = turn_gae_rows(&places, &masks, &vals, gamma, lambda);
@@ -636,10 +650,7 @@ proptest! {
         seed in any::<u64>(),
         cfg in arb_cfg(),
     ) {
-        let group = compute_advantages(&trajs, &AdvantageConfig::default());
-        let merged = build_turn_rows(&trajs, &group.per_turn, RowMode::Trajectory).unwrap();
-        let mut split = build_turn_rows(&trajs, &group.per_turn, RowMode::Transition).unwrap();
-        split.reverse();
+        let (group, merged, split) = both_layouts(&trajs);
         let mut per_layout = Vec::new();
         for rows in [&merged, &split] {
             let (places, values, g) = turn_gae_of(&trajs, rows, gamma, lambda, seed);
@@ -729,6 +740,78 @@ proptest! {
             for turns in turn_places(&trajs, rows).unwrap() {
                 let mbs: HashSet<usize> = turns.iter().map(|p| mini_batch_of[&p.row]).collect();
                 prop_assert!(mbs.len() <= 1, "a trajectory's turns in mini-batches {:?}", mbs);
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    /// Token-level GAE (a critic with per-trajectory credit), on merged rows and on rows per
+    /// turn in any order: every token a turn sampled gets the same advantage and return in both
+    /// layouts, every other token an advantage of 0 and its own value as return; with λ = 1 a
+    /// sampled token's advantage is the rewards after it (each turn's on its last sampled token,
+    /// discounted per sampled token) minus its value, so an early turn sees the final score.
+    #[test]
+    fn token_gae_is_per_trajectory_in_both_layouts(
+        trajs in arb_trajectories(),
+        gamma in 0.5f64..=1.0,
+        lambda in prop::sample::select(vec![0.0, 0.5, 0.95, 1.0]),
+        seed in any::<u64>(),
+    ) {
+        let (_, merged, split) = both_layouts(&trajs);
+        // Per layout: each trajectory's (advantage, return) of every token of every turn.
+        let mut per_layout = Vec::new();
+        for rows in [&merged, &split] {
+            let places = turn_places(&trajs, rows).unwrap();
+            let values = critic_values(rows, seed);
+            let masks: Vec<&[u8]> = rows.iter().map(|r| &r.loss_mask[..]).collect();
+            let vals: Vec<&[f64]> = values.iter().map(|v| &v[..]).collect();
+            let g = token_gae_rows(&places, &masks, &vals, gamma, lambda);
+            for (i, r) in rows.iter().enumerate() {
+                for (x, &m) in r.loss_mask.iter().enumerate() {
+                    if m == 0 {
+                        prop_assert_eq!(g.advantages[i][x], 0.0);
+                        prop_assert_eq!(g.returns[i][x], values[i][x]);
+                    }
+                }
+            }
+            let mut by_token = Vec::new();
+            for (ti, turns) in places.iter().enumerate() {
+                let rewards = turn_rewards(&trajs[ti]);
+                // (advantage, value, reward received after it) of each sampled token in order.
+                let mut steps: Vec<(f64, f64, f64)> = Vec::new();
+                let mut tokens = Vec::new();
+                for (k, p) in turns.iter().enumerate() {
+                    for x in p.span.clone() {
+                        let sampled = rows[p.row].loss_mask[x] != 0;
+                        tokens.push((g.advantages[p.row][x], g.returns[p.row][x], sampled));
+                        if sampled {
+                            steps.push((g.advantages[p.row][x], values[p.row][x], 0.0));
+                        }
+                    }
+                    if let Some(last) = steps.last_mut() {
+                        last.2 += rewards[k];
+                    }
+                }
+                if lambda == 1.0 {
+                    let mut to_go = 0.0;
+                    for &(a, v, r) in steps.iter().rev() {
+                        to_go = r + gamma * to_go;
+                        prop_assert!((a - (to_go - v)).abs() < 1e-9, "{} vs {} - {}", a, to_go, v);
+                    }
+                }
+                by_token.push(tokens);
+            }
+            per_layout.push(by_token);
+        }
+        prop_assert_eq!(per_layout[0].len(), per_layout[1].len());
+        for (a, b) in per_layout[0].iter().zip(&per_layout[1]) {
+            prop_assert_eq!(a.len(), b.len());
+            for (x, y) in a.iter().zip(b) {
+                prop_assert_eq!(x.2, y.2);
+                prop_assert!((x.0 - y.0).abs() < 1e-12 && (x.1 - y.1).abs() < 1e-12, "{:?} vs {:?}", x, y);
             }
         }
     }

@@ -265,7 +265,6 @@ fn measure(a: &TokenBenchArgs, layout: Layout) -> Result<Outcome> {
     for i in 0..=a.iters {
         let batch = StepBatch {
             plan: vec![vec![(0..rows.len()).collect()]],
-            row_rewards: vec![0.0; rows.len()],
             real_rows: rows.len(),
             total_tokens: rows.iter().map(|r| r.tokens.len()).sum(),
             rows: rows.clone(),

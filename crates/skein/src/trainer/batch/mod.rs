@@ -82,10 +82,9 @@ pub struct StepBatch {
     pub rows: Vec<TrainRow>,
     /// Where each real row (the first `real_rows` of `rows`) comes from.
     pub origins: Vec<RowOrigin>,
-    /// Reward of each row's trajectory on its last transition, 0 elsewhere (GAE input).
-    pub row_rewards: Vec<f64>,
-    /// With turn-level GAE: each trajectory's turns (indexed like the step's trajectories, in
-    /// turn order) where they lie in `rows`, with what each earned. Empty otherwise.
+    /// With a critic: each trajectory's turns (indexed like the step's trajectories, in turn
+    /// order) where they lie in `rows`, with what each earned; GAE estimates each trajectory
+    /// from them, whole. Empty otherwise.
     pub turns: Vec<Vec<plan::TurnPlace>>,
     pub plan: RowPlan,
     pub dropped_groups: usize,
@@ -121,8 +120,7 @@ pub fn build_step_batch(
     let mut batch = StepBatch {
         rows: Vec::new(),
         origins: Vec::new(),
-        row_rewards: Vec::new(),
-        turns: if turn_gae {
+        turns: if cfg.critic.is_some() {
             plan::turn_places(trajectories, &rows)?
         } else {
             Vec::new()
@@ -152,7 +150,7 @@ pub fn build_step_batch(
         ..Default::default()
     };
     let planned = plan::plan(&shapes, &plan_cfg)?;
-    push_real_rows(&mut batch, trajectories, &rows, turn_gae);
+    push_real_rows(&mut batch, &rows, turn_gae);
     for mb in &planned.mini_batches {
         let trajectory_tokens = mb.trajectory_loss_tokens(&shapes);
         // Turn-level GAE's value loss: a mean over the mini-batch's turns that have a target.
@@ -180,7 +178,6 @@ pub fn build_step_batch(
                         batch
                             .rows
                             .push(TrainRow::from_plan_row(&plan::Row::padding(*id)));
-                        batch.row_rewards.push(0.0);
                         idx.push(batch.rows.len() - 1);
                     }
                 }
@@ -194,28 +191,9 @@ pub fn build_step_batch(
     Ok(batch)
 }
 
-/// The step's real rows in plan order, each with its reward (the trajectory's score on its
-/// last row, plus the turn's own) and, for turn-level GAE, its value targets.
-fn push_real_rows(
-    batch: &mut StepBatch,
-    trajectories: &[plan::Trajectory],
-    rows: &[plan::Row],
-    turn_gae: bool,
-) {
+/// The step's real rows in plan order, each with, for turn-level GAE, its value targets.
+fn push_real_rows(batch: &mut StepBatch, rows: &[plan::Row], turn_gae: bool) {
     for r in rows {
-        let t = &trajectories[r.shape.trajectory];
-        let last = r
-            .shape
-            .transition
-            .is_none_or(|k| k + 1 == t.transitions.len());
-        let own = r
-            .shape
-            .transition
-            .and_then(|k| t.transitions[k].reward)
-            .unwrap_or(0.0);
-        batch
-            .row_rewards
-            .push(if last { t.reward + own } else { own });
         let mut row = TrainRow::from_plan_row(r);
         if turn_gae {
             row.value_mask = plan::turn_value_mask(&r.loss_mask, &r.turn_spans);
@@ -374,9 +352,10 @@ mod tests {
         assert_eq!((rows_of(0), rows_of(1)), (vec![0, 0], vec![1, 2]));
         let rewards: Vec<f64> = batch.turns[0].iter().map(|p| p.reward).collect();
         assert_eq!(rewards, vec![0.0, 1.0]);
-        // Token-level GAE trains every loss token, as before.
+        // Token-level GAE trains every loss token, and finds the same turns.
         cfg.algorithm.credit = CreditMode::Trajectory;
         let batch = build_step_batch(&trajs, &StepBatchConfig::from_config(&cfg, 8), 1).unwrap();
-        assert!(batch.turns.is_empty() && batch.rows.iter().all(|r| r.value_mask.is_empty()));
+        assert!(batch.rows.iter().all(|r| r.value_mask.is_empty()));
+        assert_eq!((rows_of(0), rows_of(1)), (vec![0, 0], vec![1, 2]));
     }
 }

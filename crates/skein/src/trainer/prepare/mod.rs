@@ -120,7 +120,7 @@ pub fn prepare(
     if let Some(critic) = models.critic {
         values::compute_values(critic, &mut batch.rows, &cfg.batching);
         match cfg.turn_gamma {
-            None => values::apply_gae(&mut batch.rows, &batch.row_rewards, cfg.gamma, cfg.lambda),
+            None => values::apply_gae(&mut batch.rows, &batch.turns, cfg.gamma, cfg.lambda),
             Some(gamma) => {
                 let per_turn =
                     values::apply_turn_gae(&mut batch.rows, &batch.turns, gamma, cfg.lambda);

@@ -22,21 +22,35 @@ pub fn compute_values(critic: &ValueModel, rows: &mut [TrainRow], batching: &Bat
     });
 }
 
-/// GAE over each row's response tokens with the row's reward on its last token, then
-/// advantages whitened ([`whiten`]).
-pub fn apply_gae(rows: &mut [TrainRow], rewards: &[f64], gamma: f64, lambda: f64) {
-    for (row, &reward) in rows.iter_mut().zip(rewards) {
-        let n = row.loss_mask.len();
-        let mut r = vec![0.0; n];
-        if n > 0 {
-            r[n - 1] = reward;
-        }
-        let values: Vec<f64> = row.old_values.iter().map(|&v| v as f64).collect();
-        let (adv, ret) = skein_plan::gae(&r, &values, gamma, lambda);
+/// Token-level GAE ([`skein_plan::token_gae_rows`]) of each trajectory's sampled tokens, across
+/// its turns wherever they lie in `rows` (`turns`), then advantages whitened ([`whiten`]).
+pub fn apply_gae(
+    rows: &mut [TrainRow],
+    turns: &[Vec<skein_plan::TurnPlace>],
+    gamma: f64,
+    lambda: f64,
+) {
+    let values = old_values(rows);
+    let masks: Vec<&[u8]> = rows.iter().map(|r| &r.loss_mask[..]).collect();
+    let values: Vec<&[f64]> = values.iter().map(|v| &v[..]).collect();
+    let gae = skein_plan::token_gae_rows(turns, &masks, &values, gamma, lambda);
+    set_gae(rows, &gae.advantages, &gae.returns);
+    whiten(rows);
+}
+
+/// Every row's `old_values` in f64, GAE's input.
+fn old_values(rows: &[TrainRow]) -> Vec<Vec<f64>> {
+    rows.iter()
+        .map(|r| r.old_values.iter().map(|&v| v as f64).collect())
+        .collect()
+}
+
+/// Sets every row's advantages and returns from GAE's (before whitening).
+fn set_gae(rows: &mut [TrainRow], advantages: &[Vec<f64>], returns: &[Vec<f64>]) {
+    for (row, (adv, ret)) in rows.iter_mut().zip(advantages.iter().zip(returns)) {
         row.advantages = adv.iter().map(|&a| a as f32).collect();
         row.returns = ret.iter().map(|&x| x as f32).collect();
     }
-    whiten(rows);
 }
 
 /// Turn-level GAE ([`skein_plan::turn_gae_rows`]) of each trajectory's turns (`turns`, where
@@ -51,17 +65,11 @@ pub fn apply_turn_gae(
     gamma: f64,
     lambda: f64,
 ) -> Vec<Vec<f64>> {
-    let values: Vec<Vec<f64>> = rows
-        .iter()
-        .map(|r| r.old_values.iter().map(|&v| v as f64).collect())
-        .collect();
+    let values = old_values(rows);
     let masks: Vec<&[u8]> = rows.iter().map(|r| &r.loss_mask[..]).collect();
     let values: Vec<&[f64]> = values.iter().map(|v| &v[..]).collect();
     let gae = skein_plan::turn_gae_rows(turns, &masks, &values, gamma, lambda);
-    for (row, (adv, ret)) in rows.iter_mut().zip(gae.advantages.iter().zip(&gae.returns)) {
-        row.advantages = adv.iter().map(|&a| a as f32).collect();
-        row.returns = ret.iter().map(|&x| x as f32).collect();
-    }
+    set_gae(rows, &gae.advantages, &gae.returns);
     let mut per_turn = gae.per_turn;
     if let Some((mean, std)) = whiten(rows) {
         for a in per_turn.iter_mut().flatten() {
@@ -175,6 +183,74 @@ mod tests {
         assert!((per_turn[0][0] - 1.0).abs() < 1e-4 && (per_turn[0][1] + 1.0).abs() < 1e-4);
     }
 
+    /// One episode of two turns, once in a merged row (its second prompt extends the first
+    /// with an environment token) and once in a row per turn: token-level GAE gives its
+    /// sampled tokens the same advantages and returns in both layouts, the first turn sees the
+    /// final score, and the inserted token is no action.
+    #[test]
+    fn token_level_gae_is_the_same_in_both_row_layouts() {
+        use crate::trainer::batch::{build_step_batch, StepBatchConfig};
+        use crate::trainer::config::Estimator;
+        use skein_plan::{Status, Trajectory, Transition};
+        let turn = |prompt: Vec<u32>, response: Vec<u32>, reward| Transition {
+            loss_mask: vec![1; response.len()],
+            logprobs: vec![0.0; response.len()],
+            versions: vec![0; response.len()],
+            prompt,
+            response,
+            reward,
+            state: None,
+        };
+        let merged = Trajectory {
+            id: "merged".into(),
+            group: "g".into(),
+            transitions: vec![
+                turn(vec![1, 2], vec![3, 4], Some(0.5)),
+                turn(vec![1, 2, 3, 4, 9], vec![5], None),
+            ],
+            reward: 1.0,
+            status: Status::Finished,
+        };
+        let mut split = merged.clone();
+        split.id = "split".into();
+        split.transitions[1].prompt = vec![7, 9];
+        let mut cfg = crate::trainer::TrainConfig::default();
+        cfg.algorithm.estimator = Estimator::Gae;
+        let trajs = [merged, split];
+        let mut batch =
+            build_step_batch(&trajs, &StepBatchConfig::from_config(&cfg, 8), 1).unwrap();
+        assert_eq!(batch.real_rows, 3, "one merged row and a row per turn");
+        for row in batch.rows.iter_mut() {
+            row.old_values = vec![0.25; row.loss_mask.len()];
+        }
+        apply_gae(&mut batch.rows, &batch.turns, 1.0, 1.0);
+        let tokens = |t: usize| -> Vec<(f32, f32)> {
+            let mut out = Vec::new();
+            for p in &batch.turns[t] {
+                let row = &batch.rows[p.row];
+                for x in p.span.clone() {
+                    out.push((row.advantages[x], row.returns[x]));
+                }
+            }
+            out
+        };
+        let (a, b) = (tokens(0), tokens(1));
+        // With γ = λ = 1 a token's return is every reward after it: the first turn's own 0.5
+        // and the final score 1 for the first turn's tokens, 1 for the second turn's.
+        for (x, want) in a.iter().chain(&b).zip([1.5, 1.5, 1.0, 1.5, 1.5, 1.0]) {
+            assert!((x.1 - want).abs() < 1e-6, "{a:?} {b:?}");
+        }
+        for (x, y) in a.iter().zip(&b) {
+            assert!((x.0 - y.0).abs() < 1e-5, "{a:?} vs {b:?}");
+        }
+        let merged_row = &batch.rows[batch.turns[0][0].row];
+        assert_eq!(merged_row.loss_mask, vec![1, 1, 0, 1]);
+        assert_eq!(
+            merged_row.advantages[2], 0.0,
+            "the environment's token is no action"
+        );
+    }
+
     /// The critic starts at 0 (zero head) and learns the returns of a fixed batch; GAE with
     /// γ = λ = 1 gives every token the final reward as its return.
     #[test]
@@ -196,7 +272,17 @@ mod tests {
         let mut losses = Vec::new();
         for _ in 0..30 {
             compute_values(&critic, &mut rows, &Batching::padded(1024));
-            apply_gae(&mut rows, &[1.0, -1.0], 1.0, 1.0);
+            let place = |row, reward| skein_plan::TurnPlace {
+                row,
+                span: 0..3,
+                reward,
+            };
+            apply_gae(
+                &mut rows,
+                &[vec![place(0, 1.0)], vec![place(1, -1.0)]],
+                1.0,
+                1.0,
+            );
             let cfg = ValueLossConfig {
                 clip: 10.0,
                 epochs: 1,
