@@ -2,6 +2,7 @@
 //! padded. Failed trajectories are excluded (and counted), never given reward 0.
 
 use crate::data::Trajectory;
+use crate::moments::Moments;
 use std::collections::HashMap;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -111,18 +112,13 @@ pub fn compute_advantages(trajs: &[Trajectory], cfg: &AdvantageConfig) -> Advant
             out.dropped_trajectories += members.len();
             continue;
         }
-        let n = rewards.len() as f64;
-        let mean = rewards.iter().sum::<f64>() / n;
-        let std = if rewards.len() > 1 {
-            (rewards.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt()
-        } else {
-            0.0
-        };
+        let m = Moments::of(rewards.iter().copied());
+        let (n, mean) = (m.n as f64, m.mean);
         for (&i, &r) in members.iter().zip(&rewards) {
             let a = match cfg.estimator {
                 Estimator::Grpo {
                     normalize_std: true,
-                } => (r - mean) / (std + cfg.eps),
+                } => m.whiten(r, cfg.eps),
                 Estimator::Grpo {
                     normalize_std: false,
                 }
@@ -191,7 +187,7 @@ fn add_step_advantages(
                 let a = match cfg.estimator {
                     Estimator::Grpo {
                         normalize_std: true,
-                    } => (r - m.mean) / (m.std + cfg.eps),
+                    } => m.whiten(r, cfg.eps),
                     _ => r - m.mean,
                 };
                 if let Some(Some(adv)) = out.per_turn.get_mut(i) {
@@ -256,7 +252,7 @@ fn turn_advantages(
                     match cfg.estimator {
                         Estimator::Grpo {
                             normalize_std: true,
-                        } => (r - m.mean) / (m.std + cfg.eps),
+                        } => m.whiten(r, cfg.eps),
                         Estimator::Grpo {
                             normalize_std: false,
                         }
@@ -280,51 +276,19 @@ fn turn_advantages(
             out.iter_mut().flatten().flatten().for_each(|a| *a = 0.0);
         } else {
             for a in out.iter_mut().flatten().flatten() {
-                *a = (*a - all.mean) / (all.std + cfg.eps);
+                *a = all.whiten(*a, cfg.eps);
             }
         }
     }
     out
 }
 
-/// Count, mean and sample standard deviation (0 for fewer than two values).
-#[derive(Debug, Clone, Copy)]
-struct Moments {
-    n: usize,
-    mean: f64,
-    std: f64,
-}
-
-impl Moments {
-    fn of(values: impl Iterator<Item = f64> + Clone) -> Moments {
-        let n = values.clone().count();
-        let mean = values.clone().sum::<f64>() / n.max(1) as f64;
-        let var = values.map(|v| (v - mean).powi(2)).sum::<f64>() / (n.max(2) - 1) as f64;
-        Moments {
-            n,
-            mean,
-            std: if n > 1 { var.sqrt() } else { 0.0 },
-        }
-    }
-}
-
+/// REINFORCE++'s batch whitening of the kept trajectories' advantages ([`Moments`]); fewer
+/// than two have nothing to be whitened against and get 0.
 fn whiten(values: &mut [Option<f64>], idx: &[usize], eps: f64) {
-    if idx.len() < 2 {
-        for &i in idx {
-            values[i] = Some(0.0);
-        }
-        return;
-    }
-    let n = idx.len() as f64;
-    let mean = idx.iter().filter_map(|&i| values[i]).sum::<f64>() / n;
-    let var = idx
-        .iter()
-        .filter_map(|&i| values[i])
-        .map(|v| (v - mean).powi(2))
-        .sum::<f64>()
-        / (n - 1.0);
+    let m = Moments::of(idx.iter().filter_map(|&i| values[i]));
     for &i in idx {
-        values[i] = values[i].map(|v| (v - mean) / (var.sqrt() + eps));
+        values[i] = values[i].map(|v| if m.n < 2 { 0.0 } else { m.whiten(v, eps) });
     }
 }
 

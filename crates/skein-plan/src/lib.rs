@@ -46,6 +46,7 @@ pub mod data;
 pub mod error;
 pub mod loss;
 pub mod metrics;
+pub mod moments;
 pub mod padding;
 pub mod planner;
 mod rng;
@@ -63,6 +64,7 @@ pub use loss::{rank_contribution, row_token_weight, LossAggMode, RowLoss};
 pub use metrics::{
     plan_metrics, row_metrics, trajectory_metrics, RowMetrics, Stats, TrajectoryMetrics,
 };
+pub use moments::Moments;
 pub use padding::{padding_multiple, PaddingId, PaddingIds, PADDING_ROW_TOKENS};
 pub use planner::{
     plan, plan_with_ids, CostModel, GlobalCounts, MiniBatch, Plan, PlanConfig, Slot, Unit,

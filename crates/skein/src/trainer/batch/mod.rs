@@ -271,11 +271,9 @@ pub fn credit_metrics<'a>(per_turn: impl Iterator<Item = &'a Vec<f64>>) -> Vec<(
     }
     let mut out = Vec::new();
     for (k, xs) in by_index.iter().enumerate().filter(|(_, xs)| !xs.is_empty()) {
-        let n = xs.len() as f64;
-        let mean = xs.iter().sum::<f64>() / n;
-        let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n;
-        out.push((format!("credit/turn{}/adv_mean", k + 1), mean));
-        out.push((format!("credit/turn{}/adv_std", k + 1), var.sqrt()));
+        let m = plan::Moments::of(xs.iter().copied());
+        out.push((format!("credit/turn{}/adv_mean", k + 1), m.mean));
+        out.push((format!("credit/turn{}/adv_std", k + 1), m.std));
     }
     out.push((
         "credit/positive_turn_fraction".into(),

@@ -660,7 +660,9 @@ pub enum OnStale {
     FinishFirst,
 }
 
-/// `algorithm.estimator`: how a trajectory's advantage is computed.
+/// `algorithm.estimator`: how a trajectory's advantage is computed. Where a spread scales or
+/// whitens advantages (grpo's group normalisation, reinforce++'s batch whitening, GAE's
+/// whitening over loss tokens) it is the sample standard deviation ([`skein_plan::Moments`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Estimator {
     #[serde(rename = "grpo")]

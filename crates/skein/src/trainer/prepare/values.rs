@@ -79,31 +79,27 @@ pub fn apply_turn_gae(
     per_turn
 }
 
-/// Whitens the advantages of the loss tokens of real rows over those tokens (padding rows have
-/// weight 0 and are skipped, so they cannot shift the mean); every other token's advantage is
-/// 0, as on the rows of the group estimators. Returns the mean and the scale it used, None
-/// when there are fewer than two loss tokens to whiten over.
+/// Whitens the advantages of the loss tokens of real rows over those tokens
+/// ([`skein_plan::Moments`]: sample standard deviation, as the group estimators'; padding rows
+/// have weight 0 and are skipped, so they cannot shift the mean); every other token's
+/// advantage is 0, as on the rows of the group estimators. Returns the mean and the scale it
+/// used, None when there are fewer than two loss tokens to whiten over.
 pub fn whiten(rows: &mut [TrainRow]) -> Option<(f64, f64)> {
-    let real = |r: &&TrainRow| r.weight > 0.0;
-    let (mut sum, mut sq, mut n) = (0.0f64, 0.0f64, 0.0f64);
-    for r in rows.iter().filter(real) {
-        for (a, &m) in r.advantages.iter().zip(&r.loss_mask) {
-            if m > 0 {
-                sum += *a as f64;
-                sq += (*a as f64).powi(2);
-                n += 1.0;
-            }
-        }
-    }
-    let scale = (n > 1.0).then(|| {
-        let mean = sum / n;
-        (mean, (sq / n - mean * mean).max(0.0).sqrt() + 1e-6)
+    const EPS: f64 = 1e-6;
+    let loss_advantages = rows.iter().filter(|r| r.weight > 0.0).flat_map(|r| {
+        r.advantages
+            .iter()
+            .zip(&r.loss_mask)
+            .filter(|(_, &m)| m > 0)
+            .map(|(&a, _)| a as f64)
     });
+    let m = skein_plan::Moments::of(loss_advantages);
+    let scale = (m.n > 1).then_some((m.mean, m.std + EPS));
     for r in rows.iter_mut() {
-        for (a, &m) in r.advantages.iter_mut().zip(&r.loss_mask) {
-            *a = match (m, scale) {
+        for (a, &mask) in r.advantages.iter_mut().zip(&r.loss_mask) {
+            *a = match (mask, scale) {
                 (0, _) => 0.0,
-                (_, Some((mean, std))) => ((*a as f64 - mean) / std) as f32,
+                (_, Some(_)) => m.whiten(*a as f64, EPS) as f32,
                 (_, None) => *a,
             };
         }
@@ -144,16 +140,23 @@ mod tests {
                 ..Default::default()
             },
         ];
+        // 1 and 3: mean 2, sample standard deviation √2 (the convention of skein_plan::Moments).
         let (mean, std) = whiten(&mut rows).unwrap();
-        assert!((mean - 2.0).abs() < 1e-12 && (std - 1.0).abs() < 1e-5);
+        let root2 = 2f64.sqrt();
+        assert!(
+            (mean - 2.0).abs() < 1e-12 && (std - root2).abs() < 1e-5,
+            "{std}"
+        );
         let a = &rows[0].advantages;
-        assert!((a[0] + 1.0).abs() < 1e-5 && a[1] == 0.0 && (a[2] - 1.0).abs() < 1e-5);
+        let third = (1.0 / root2) as f32;
+        assert!((a[0] + third).abs() < 1e-5 && a[1] == 0.0 && (a[2] - third).abs() < 1e-5);
         assert_eq!(rows[1].advantages, vec![0.0]);
     }
 
     /// Turn-level GAE on a merged row of two turns (the numbers of
     /// `skein_plan::turn_gae`'s tests): values read at each turn's first sampled token, the
-    /// turn's advantage on its tokens (whitened: 0.9 and 0.7 around 0.8 become ±1), its return
+    /// turn's advantage on its tokens (whitened: 0.9, 0.9, 0.7 and 0.7 around 0.8, sample standard
+    /// deviation 0.1·√(4/3), become ±√3/2), its return
     /// at that one position, the old value elsewhere.
     #[test]
     fn turn_level_gae_fills_each_turn_and_its_one_target() {
@@ -171,16 +174,15 @@ mod tests {
         let turns = vec![vec![place(0..2, 0.5), place(3..5, 1.0)]];
         let per_turn = apply_turn_gae(&mut rows, &turns, 0.5, 1.0);
         let close = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-4);
-        assert!(
-            close(&rows[0].advantages, &[1.0, 1.0, 0.0, -1.0, -1.0]),
-            "{rows:?}"
-        );
+        let h = 3f32.sqrt() / 2.0;
+        assert!(close(&rows[0].advantages, &[h, h, 0.0, -h, -h]), "{rows:?}");
         assert!(
             close(&rows[0].returns, &[1.0, 0.7, 0.9, 1.0, 0.8]),
             "{rows:?}"
         );
         assert_eq!(per_turn.len(), 1);
-        assert!((per_turn[0][0] - 1.0).abs() < 1e-4 && (per_turn[0][1] + 1.0).abs() < 1e-4);
+        let h = h as f64;
+        assert!((per_turn[0][0] - h).abs() < 1e-4 && (per_turn[0][1] + h).abs() < 1e-4);
     }
 
     /// One episode of two turns, once in a merged row (its second prompt extends the first
