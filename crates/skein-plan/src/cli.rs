@@ -338,6 +338,14 @@ fn trajectories(input: &[TrajectoryIn]) -> Result<Vec<Trajectory>, PlanError> {
             (false, "truncated") => Status::Truncated,
             (false, _) => Status::Finished,
         };
+        if !failed && !crate::data::reward_in_range(t.reward) {
+            return Err(bad(format!(
+                "`{at}.reward`: {:e} is outside ±{:e}, the range whose differences the f32 \
+                 advantages can hold",
+                t.reward,
+                crate::data::MAX_REWARD
+            )));
+        }
         if t.transitions.is_empty() && !failed {
             return Err(bad(format!(
                 "`{at}.transitions`: a {} trajectory needs at least one transition",
@@ -472,6 +480,10 @@ mod tests {
                 "seq-mean-token-mean",
             ),
             (OK.replace("\"reward\": 1.0,", ""), "reward"),
+            (
+                OK.replace("\"reward\": 1.0,", "\"reward\": 1e308,"),
+                "`trajectories[0].reward`: 1e308 is outside ±1e38",
+            ),
             (OK.replace("\"id\": \"t1\"", "\"id\": \"t0\""), "duplicate"),
             (
                 OK.replace("\"loss_tokens\": 9", "\"loss_tokens\": 10"),

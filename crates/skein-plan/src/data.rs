@@ -3,6 +3,18 @@
 use crate::error::{err, PlanError};
 use serde::{Deserialize, Serialize};
 
+/// The largest reward magnitude a trajectory or turn may carry: 1e38, so that a group's
+/// differences of rewards (at most 2e38) still fit in the `f32` the advantages and the loss are
+/// computed in (largest finite value about 3.4e38). A larger or non-finite reward is a reward
+/// function's bug, not a signal: the trainer fails that trajectory (counted, with the value
+/// in its reason) and `skein plan` refuses the file, naming the trajectory.
+pub const MAX_REWARD: f64 = 1e38;
+
+/// Whether `reward` is finite and within ±[`MAX_REWARD`].
+pub fn reward_in_range(reward: f64) -> bool {
+    reward.abs() <= MAX_REWARD
+}
+
 /// One policy call, token-exact.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Transition {
@@ -38,6 +50,9 @@ impl Transition {
         }
         if self.prompt.is_empty() {
             return err("a transition needs at least one prompt token");
+        }
+        if let Some(r) = self.reward.filter(|&r| !reward_in_range(r)) {
+            return err(format!("its reward {r:e} is outside ±{MAX_REWARD:e}"));
         }
         Ok(())
     }
@@ -80,8 +95,11 @@ impl Trajectory {
             t.validate()
                 .map_err(|e| PlanError(format!("trajectory `{}`, transition {k}: {e}", self.id)))?;
         }
-        if !self.reward.is_finite() && !self.is_failed() {
-            return err(format!("trajectory `{}` has a non-finite reward", self.id));
+        if !reward_in_range(self.reward) && !self.is_failed() {
+            return err(format!(
+                "trajectory `{}` has reward {:e}, outside ±{MAX_REWARD:e} (advantages are f32)",
+                self.id, self.reward
+            ));
         }
         Ok(())
     }

@@ -244,6 +244,7 @@ impl Trainer<'_> {
         let ctx = StepContext::new(&self.engine, &self.policy, &self.tokenizer, &self.sampling);
         let mut rollout = self.workload.rollout(&ctx.at(version, step))?;
         rollout.fail_longer_than(self.policy.net.max_positions() as usize);
+        rollout.fail_rewards_out_of_range();
         Ok(rollout)
     }
 

@@ -140,21 +140,55 @@ impl StepRollout {
     /// trained on, so it is counted with the failed trajectories rather than crash the update.
     /// Returns how many.
     pub fn fail_longer_than(&mut self, max_positions: usize) -> usize {
-        let mut failed = 0;
-        for t in self.trajectories.iter_mut().filter(|t| !t.is_failed()) {
+        self.fail_each(|t| {
             let longest = t
                 .transitions
                 .iter()
                 .map(|x| x.prompt.len() + x.response.len())
                 .max()
                 .unwrap_or(0);
-            if longest > max_positions {
-                let tokens: usize = t.transitions.iter().map(|x| x.loss_tokens()).sum();
-                self.stats.trained_tokens = self.stats.trained_tokens.saturating_sub(tokens);
-                t.status = Status::Failed(format!(
+            (longest > max_positions).then(|| {
+                format!(
                     "{longest} tokens, more than the model's {max_positions} positions \
                      (model.max_positions)"
-                ));
+                )
+            })
+        })
+    }
+
+    /// Fails every trajectory whose reward, or a turn's, is non-finite or beyond
+    /// ±[`skein_plan::MAX_REWARD`] (a reward function's bug: its group's advantages would
+    /// overflow): counted with the failed trajectories, the value in the reason, its reward
+    /// taken out of the step's mean. Returns how many.
+    pub fn fail_rewards_out_of_range(&mut self) -> usize {
+        let bound = skein_plan::MAX_REWARD;
+        let failed = self.fail_each(|t| {
+            let turns = t.transitions.iter().filter_map(|x| x.reward);
+            let bad = std::iter::once(t.reward)
+                .chain(turns)
+                .find(|&r| !skein_plan::reward_in_range(r))?;
+            Some(format!(
+                "reward {bad:e} is outside ±{bound:e} (a reward function's bug: \
+                 advantages are f32)"
+            ))
+        });
+        for t in self.trajectories.iter_mut().filter(|t| t.is_failed()) {
+            if !skein_plan::reward_in_range(t.reward) {
+                t.reward = 0.0;
+            }
+        }
+        failed
+    }
+
+    /// Fails every trajectory not failed yet for which `why` gives a reason; its tokens no
+    /// longer count as trained. Returns how many.
+    fn fail_each(&mut self, why: impl Fn(&Trajectory) -> Option<String>) -> usize {
+        let mut failed = 0;
+        for t in self.trajectories.iter_mut().filter(|t| !t.is_failed()) {
+            if let Some(reason) = why(t) {
+                let tokens: usize = t.transitions.iter().map(|x| x.loss_tokens()).sum();
+                self.stats.trained_tokens = self.stats.trained_tokens.saturating_sub(tokens);
+                t.status = Status::Failed(reason);
                 failed += 1;
             }
         }
@@ -331,5 +365,32 @@ mod tests {
             0,
             "a failed trajectory is not counted twice"
         );
+    }
+
+    /// A reward of 1e308 (finite, but its group's differences overflow) or NaN, on the
+    /// trajectory or on a turn, fails that trajectory with the value in its reason and leaves
+    /// the step's mean reward finite; the others are untouched.
+    #[test]
+    fn rewards_beyond_the_bound_fail_their_trajectory() {
+        let mut huge = trajectory(4, 2);
+        huge.reward = 1e308;
+        let mut nan_turn = trajectory(5, 2);
+        nan_turn.transitions[0].reward = Some(f64::NAN);
+        let mut r = StepRollout::new(
+            vec![trajectory(3, 2), huge, nan_turn],
+            vec![true, true, true],
+            EngineStats::default(),
+            0,
+            SourceStats::default(),
+        );
+        assert_eq!(r.fail_rewards_out_of_range(), 2);
+        assert!(!r.trajectories[0].is_failed());
+        match &r.trajectories[1].status {
+            Status::Failed(why) => assert!(why.contains("1e308") && why.contains("1e38"), "{why}"),
+            s => panic!("{s:?}"),
+        }
+        assert!(r.trajectories[2].is_failed());
+        assert_eq!(r.stats.trained_tokens, 2);
+        assert!((r.reward_mean() - 2.0 / 3.0).abs() < 1e-12, "1, 0 and 1");
     }
 }
