@@ -5,6 +5,7 @@
 //! ranges, combinations and paths.
 
 use super::{AgentKind, CreditMode, DpBackend, EngineKind, Tracking, TrainConfig};
+use crate::trainer::update::policy_loss::KlEstimator;
 use anyhow::Result;
 use skein_config::Validator;
 use skein_plan::LossAggMode;
@@ -268,6 +269,14 @@ fn validate_algorithm(cfg: &TrainConfig, v: &mut Validator) {
         a.critic_lr,
     )
     .at_least("algorithm.kl_coef", a.kl_coef, 0.0)
+    .check(
+        a.kl_coef == 0.0 || a.kl_estimator != KlEstimator::K1,
+        "algorithm.kl_estimator",
+        "cannot be \"k1\" with `kl_coef` > 0: as a loss term k1's gradient is 0 in \
+         expectation, so the KL term would do nothing; use \"k2\" (the gradient of \
+         KL(policy || reference)) or \"k3\" (GRPO's, the gradient of KL(reference || policy))",
+        "k1",
+    )
     .check(
         a.is_cap > 1.0 && a.is_cap.is_finite(),
         "algorithm.is_cap",
@@ -762,6 +771,21 @@ mod tests {
         assert!(problem(&gae).is_none());
         let e = problem(&[gae[0], gae[1], "algorithm.credit=\"turn\""]).unwrap();
         assert!(e.contains("`algorithm.turn_gamma`"), "{e}");
+    }
+
+    /// k1 as a loss term has a zero expected gradient: refused with a KL term on, with the
+    /// two estimators that do pull named; without one the estimator is never used.
+    #[test]
+    fn k1_is_refused_as_a_loss_term() {
+        let problem = |set: &[&str]| validate(&load(set).unwrap()).err().map(|e| e.to_string());
+        let k1 = "algorithm.kl_estimator=\"k1\"";
+        let e = problem(&[k1, "algorithm.kl_coef=0.1"]).unwrap();
+        assert!(
+            e.contains("`algorithm.kl_estimator`") && e.contains("\"k2\""),
+            "{e}"
+        );
+        assert!(problem(&["algorithm.kl_estimator=\"k2\"", "algorithm.kl_coef=0.1"]).is_none());
+        assert!(problem(&[k1]).is_none());
     }
 
     #[test]

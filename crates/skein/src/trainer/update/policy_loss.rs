@@ -6,6 +6,23 @@
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
+/// `algorithm.kl_estimator`: the per-token estimate of KL(π‖π_ref) that the loss adds, times
+/// `kl_coef`, on tokens sampled from π (Schulman's k1, k2, k3 of d = log π − log π_ref).
+///
+/// As a loss term, what matters is the gradient of the estimate with the sampled token held
+/// fixed, in expectation over π (the `two_token_toy` test checks each on a two-token policy):
+/// - k1 = d: gradient ∇log π, whose expectation under π is 0. It estimates KL's value without
+///   bias (which is why it suits a KL penalty subtracted from the reward, where the
+///   score-function gradient carries it), but as a loss it pulls nowhere, so training refuses it.
+/// - k2 = d²/2: gradient d·∇log π, whose expectation is ∇KL(π‖π_ref), the reverse KL of the
+///   objective this penalty stands for.
+/// - k3 = e^(−d) + d − 1 (GRPO's choice, non-negative): gradient (1 − π_ref/π)·∇log π, whose
+///   expectation is ∇KL(π_ref‖π), the forward KL. It still holds π near π_ref, more gently
+///   where π has dropped mass π_ref keeps; its value is clamped at [`K3_MAX`].
+///
+/// Reference: J. Schulman, "Approximating KL Divergence" (2020), for the estimators; Y. Tang
+/// and R. Munos, "On a few pitfalls in KL divergence gradient estimation for RL" (2025), for
+/// their gradients as loss terms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum KlEstimator {
@@ -13,6 +30,12 @@ pub enum KlEstimator {
     K2,
     K3,
 }
+
+/// The largest k3 estimate a token contributes. e^(−d) grows without bound where π has all but
+/// left a token π_ref likes (d = −20 gives 4.8e8); beyond 10 (π_ref/π above about 13, or π
+/// above π_ref by e^11) the token adds a constant and no gradient, so one token cannot swamp
+/// the step's loss.
+pub const K3_MAX: f64 = 10.0;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LossConfig {
@@ -122,9 +145,10 @@ pub fn kl_penalty(logp: &Tensor, ref_logp: &Tensor, est: KlEstimator) -> Tensor 
         KlEstimator::K1 => diff,
         KlEstimator::K2 => diff.pow_tensor_scalar(2) * 0.5,
         KlEstimator::K3 => {
-            // exp(ref - logp) - (ref - logp) - 1, clamped for stability as is customary.
-            let r = (-&diff).clamp(-20.0, 20.0);
-            r.exp() - r - 1.0
+            // exp(ref - logp) - (ref - logp) - 1, at most K3_MAX; the log-ratio is bounded
+            // first only so that exp cannot overflow before the clamp.
+            let r = (-&diff).clamp(-50.0, 50.0);
+            (r.exp() - &r - 1.0).clamp_max(K3_MAX)
         }
     }
 }
@@ -180,5 +204,41 @@ mod tests {
         let k = kl_penalty(&a, &b, KlEstimator::K3);
         let v = Vec::<f32>::try_from(k.view([-1])).unwrap();
         assert!(v[0].abs() < 1e-7 && v[1] > 0.0 && v[2] > 0.0);
+    }
+
+    /// Each estimator's loss gradient on a two-token policy π = softmax(θ) against a fixed
+    /// π_ref, in expectation over π (Σ_x π(x)·∇k(x), π(x) held fixed as a sample weight):
+    /// k1's is 0, k2's is ∇KL(π‖π_ref) and k3's is ∇KL(π_ref‖π), each computed exactly.
+    #[test]
+    fn two_token_toy() {
+        let theta = Tensor::from_slice(&[0.3f64, -0.4]).set_requires_grad(true);
+        let ref_logp = Tensor::from_slice(&[0.8f64, 0.2]).log();
+        let grad_of = |loss: Tensor| -> Vec<f64> {
+            let g = tch::Tensor::run_backward(&[loss], &[&theta], false, false);
+            Vec::<f64>::try_from(&g[0]).unwrap()
+        };
+        let expected = |est: KlEstimator| {
+            let logp = theta.log_softmax(0, Kind::Double);
+            let weight = logp.exp().detach();
+            grad_of((weight * kl_penalty(&logp, &ref_logp, est)).sum(Kind::Double))
+        };
+        let logp = || theta.log_softmax(0, Kind::Double);
+        let reverse = grad_of((logp().exp() * (logp() - &ref_logp)).sum(Kind::Double));
+        let forward = grad_of((ref_logp.exp() * (&ref_logp - logp())).sum(Kind::Double));
+        let close = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-9);
+        assert!(reverse.iter().all(|g| g.abs() > 0.05) && !close(&reverse, &forward));
+        assert!(close(&expected(KlEstimator::K1), &[0.0, 0.0]));
+        assert!(close(&expected(KlEstimator::K2), &reverse), "{reverse:?}");
+        assert!(close(&expected(KlEstimator::K3), &forward), "{forward:?}");
+    }
+
+    /// k3 stays at most K3_MAX where π has left a token π_ref likes (d = −20 would be 4.8e8).
+    #[test]
+    fn k3_is_bounded() {
+        let k = kl_penalty(&t(&[-25.0, -1.0]), &t(&[-5.0, -1.0]), KlEstimator::K3);
+        assert_eq!(
+            Vec::<f32>::try_from(k.view([-1])).unwrap(),
+            vec![K3_MAX as f32, 0.0]
+        );
     }
 }
