@@ -7,7 +7,7 @@ use crate::model::{Model, ModelConfig};
 use crate::trainer::batch::TrainRow;
 use crate::trainer::update::optim::{OptimConfig, Optimizer};
 use crate::trainer::update::policy_loss::{policy_loss, LossConfig, TokenBatch};
-use crate::trainer::update::tensors::{token_logprobs, MicroBatch};
+use crate::trainer::update::tensors::{token_logprobs, Entropy, MicroBatch, PolicyInputs};
 use anyhow::Result;
 use std::time::Instant;
 
@@ -174,16 +174,17 @@ fn time_train_steps(model: &Model, a: &BenchArgs) -> Result<Vec<f64>> {
         let t = Instant::now();
         let mb = MicroBatch::padded(&refs, model.vs.device());
         opt.zero_grad();
-        let (logp, _) = token_logprobs(&model.net, &mb, 1.0, false);
+        let inputs = PolicyInputs::new(&mb, &refs, false);
+        let (logp, _) = token_logprobs(&model.net, &mb, 1.0, Entropy::Skip);
         let out = policy_loss(
             &TokenBatch {
                 logp: &logp,
-                old_logp: &mb.old_logp,
+                old_logp: &inputs.old_logp_or(&logp),
                 ref_logp: None,
                 entropy: None,
-                advantages: &mb.advantages,
-                is_weight: &mb.is_weight,
-                weights: &mb.weights,
+                advantages: &inputs.advantages,
+                is_weight: &inputs.is_weight,
+                weights: &inputs.weights,
                 mask: &mb.mask,
             },
             &loss_cfg,

@@ -5,7 +5,7 @@
 use super::batch::TrainRow;
 use super::update::optim::{OptimConfig, Optimizer, Schedule};
 use super::update::pack::{input_len, micro_batches, Batching, MicroPlan};
-use super::update::tensors::{token_logprobs, MicroBatch};
+use super::update::tensors::{token_logprobs, Entropy, MicroBatch};
 use crate::model::Model;
 use anyhow::Result;
 use skein_report::{MetricsLog, StepProgress};
@@ -214,7 +214,7 @@ pub fn sft_step(model: &Model, opt: &mut Optimizer, rows: &[TrainRow]) -> f64 {
 /// The mean response-token cross-entropy of `rows` laid out as `plan`.
 fn sft_loss(model: &Model, rows: &[TrainRow], plan: &MicroPlan) -> Tensor {
     let mb = MicroBatch::new(rows, plan, model.vs.device());
-    let (logp, _) = token_logprobs(&model.net, &mb, 1.0, false);
+    let (logp, _) = token_logprobs(&model.net, &mb, 1.0, Entropy::Skip);
     let tokens = mb.mask.sum(Kind::Float).clamp_min(1.0);
     -(logp * &mb.mask).sum(Kind::Float) / tokens
 }

@@ -12,7 +12,7 @@ use crate::model::{Model, ValueModel};
 use crate::trainer::batch::{RowPlan, StepBatch, TrainRow};
 use crate::trainer::config::{CreditMode, OffPolicy, TrainConfig};
 use crate::trainer::update::pack::{micro_batches, Batching};
-use crate::trainer::update::tensors::{token_logprobs, MicroBatch};
+use crate::trainer::update::tensors::{token_logprobs, Entropy, MicroBatch};
 
 /// The models a batch is prepared with, all at the step's start.
 pub struct Models<'a> {
@@ -153,7 +153,7 @@ pub fn recompute_logprobs(
         for plan in micro_batches(rows, which, batching) {
             let mb = MicroBatch::new(rows, &plan, device);
             let batch: Vec<&TrainRow> = plan.rows.iter().map(|&i| &rows[i]).collect();
-            let (logp, _) = token_logprobs(&model.net, &mb, temperature, false);
+            let (logp, _) = token_logprobs(&model.net, &mb, temperature, Entropy::Skip);
             out.extend(
                 plan.rows
                     .iter()

@@ -6,7 +6,7 @@
 //! it over the planned mini-batches.
 
 use super::pack::{micro_batches, Batching};
-use super::tensors::MicroBatch;
+use super::tensors::{CriticInputs, MicroBatch};
 use crate::model::ValueModel;
 use crate::trainer::batch::TrainRow;
 use serde::{Deserialize, Serialize};
@@ -35,11 +35,12 @@ pub fn critic_pass(
     let mut total = 0.0;
     for plan in micro_batches(rows, rank_rows, &cfg.batching) {
         let mb = MicroBatch::new(rows, &plan, critic.vs.device());
+        let c = CriticInputs::new(&mb, rows);
         let (v, recompute) = mb.train_values(critic, cfg.activation_checkpointing);
-        let clipped = &mb.old_values + (&v - &mb.old_values).clamp(-cfg.clip, cfg.clip);
-        let l1 = (&v - &mb.returns).pow_tensor_scalar(2);
-        let l2 = (clipped - &mb.returns).pow_tensor_scalar(2);
-        let loss = (l1.maximum(&l2) * 0.5 * &mb.value_weights).sum(Kind::Float);
+        let clipped = &c.old_values + (&v - &c.old_values).clamp(-cfg.clip, cfg.clip);
+        let l1 = (&v - &c.returns).pow_tensor_scalar(2);
+        let l2 = (clipped - &c.returns).pow_tensor_scalar(2);
+        let loss = (l1.maximum(&l2) * 0.5 * &c.value_weights).sum(Kind::Float);
         loss.backward();
         if let Some(recompute) = recompute {
             recompute.backward();

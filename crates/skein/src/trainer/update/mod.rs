@@ -25,7 +25,7 @@ use self::optim::{Optimizer, StepStats};
 use self::pack::{micro_batches, Batching};
 use self::policy_loss::{policy_loss, LossConfig, TokenBatch};
 use self::ranks::{Job, PassSums, Ranks, RanksOut, Replica};
-use self::tensors::{logprobs_of_hidden, MicroBatch};
+use self::tensors::{logprobs_of_hidden, Entropy, MicroBatch, PolicyInputs};
 use crate::model::{Model, ValueModel};
 use crate::trainer::batch::{RowPlan, TrainRow};
 use crate::trainer::prepare::PreparedBatch;
@@ -254,20 +254,26 @@ pub fn rank_pass(
     sums: &mut PassSums,
 ) -> f64 {
     let device = model.vs.device();
+    let entropy = match cfg.loss.entropy_coef {
+        0.0 => Entropy::Metric,
+        _ => Entropy::Loss,
+    };
     let mut loss = 0.0;
     for plan in micro_batches(rows, rank_rows, &cfg.batching) {
         let mb = MicroBatch::new(rows, &plan, device);
+        let inputs = PolicyInputs::new(&mb, rows, reference_on);
         let (hidden, recompute) = mb.train_hidden(&model.net, cfg.activation_checkpointing);
-        let (logp, entropy) = logprobs_of_hidden(&model.net, &mb, &hidden, cfg.temperature, true);
+        let (logp, entropy) =
+            logprobs_of_hidden(&model.net, &mb, &hidden, cfg.temperature, entropy);
         let out = policy_loss(
             &TokenBatch {
                 logp: &logp,
-                old_logp: &mb.old_logp_or(&logp),
-                ref_logp: reference_on.then_some(&mb.ref_logp),
+                old_logp: &inputs.old_logp_or(&logp),
+                ref_logp: inputs.ref_logp.as_ref(),
                 entropy: entropy.as_ref(),
-                advantages: &mb.advantages,
-                is_weight: &mb.is_weight,
-                weights: &mb.weights,
+                advantages: &inputs.advantages,
+                is_weight: &inputs.is_weight,
+                weights: &inputs.weights,
                 mask: &mb.mask,
             },
             &cfg.loss,

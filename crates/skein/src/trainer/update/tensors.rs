@@ -51,6 +51,9 @@ fn span_plan(plan: &MicroPlan, device: Device) -> Spans {
     }
 }
 
+/// One micro-batch's layout and what every pass reads: the token ids, positions, attention,
+/// targets and loss mask. What only one kind of pass reads is built by that pass from the same
+/// layout: [`PolicyInputs`] for the policy loss, [`CriticInputs`] for the value loss.
 pub struct MicroBatch {
     pub input: Tensor,
     /// Position of each token in its own row (packed lines restart them); None: 0..T.
@@ -58,23 +61,13 @@ pub struct MicroBatch {
     /// Which keys each query reads.
     attention: Attention,
     pub targets: Tensor,
+    /// 1 at every response token the policy sampled, 0 elsewhere.
     pub mask: Tensor,
-    pub weights: Tensor,
-    /// The value loss's weight of each position: the loss weights, or where a row names the
-    /// positions its value loss trains ([`TrainRow::value_mask`]), those only.
-    pub value_weights: Tensor,
-    pub advantages: Tensor,
-    pub behavior_logp: Tensor,
-    pub old_logp: Tensor,
-    /// 1 where the row brought its π_old log-prob; 0 where the forward's own detached log-prob
-    /// stands in (rows of a step's first optimizer step, see `trainer::prepare`).
-    pub has_old: Tensor,
-    pub ref_logp: Tensor,
-    pub old_values: Tensor,
-    pub returns: Tensor,
-    pub is_weight: Tensor,
-    /// Per row: (line, column) of the position that predicts its first response token.
-    places: Vec<(usize, usize)>,
+    /// Per row of the plan: its index in the step's rows, and (line, column) of the position
+    /// that predicts its first response token.
+    places: Vec<(usize, (usize, usize))>,
+    shape: [i64; 2],
+    device: Device,
 }
 
 impl MicroBatch {
@@ -101,13 +94,7 @@ impl MicroBatch {
         let (b, t) = (plan.lines.len().max(1), plan.width.max(1));
         let n = b * t;
         let (mut input, mut targets, mut positions) = (vec![0i64; n], vec![0i64; n], vec![0i64; n]);
-        let (mut mask, mut weights, mut adv, mut blp) =
-            (vec![0f32; n], vec![0f32; n], vec![0f32; n], vec![0f32; n]);
-        let (mut old, mut has_old, mut reference) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
-        let (mut values, mut returns, mut value_weights) =
-            (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
-        let mut is_weight = vec![1f32; n];
-        let mut places = vec![(0, 0); plan.rows.len()];
+        let mut places = vec![(0, (0, 0)); plan.rows.len()];
         for (l, line) in plan.lines.iter().enumerate() {
             for s in line {
                 let r: &TrainRow = rows[plan.rows[s.row]].borrow();
@@ -117,38 +104,14 @@ impl MicroBatch {
                     targets[at] = r.tokens.get(k + 1).map_or(0, |&x| x as i64);
                     positions[at] = k as i64;
                 }
-                if s.prefix {
-                    continue;
-                }
-                // Response token k sits at row position prompt_len + k, predicted from the
-                // one before it.
-                let first = s.col + r.prompt_len - 1 - s.skip;
-                places[s.row] = (l, first);
-                for (k, &m) in r.loss_mask.iter().enumerate() {
-                    let at = l * t + first + k;
-                    let m = m as f32;
-                    mask[at] = m;
-                    weights[at] = m * r.weight as f32;
-                    value_weights[at] = match r.value_mask.get(k) {
-                        None if r.value_mask.is_empty() => weights[at],
-                        Some(&v) if v != 0 => r.value_weight as f32,
-                        _ => 0.0,
-                    };
-                    adv[at] = r.advantages[k];
-                    blp[at] = r.behavior_logp[k];
-                    if let Some(&o) = r.old_logp.get(k) {
-                        old[at] = o;
-                        has_old[at] = 1.0;
-                    }
-                    reference[at] = r.ref_logp.get(k).copied().unwrap_or(0.0);
-                    values[at] = r.old_values.get(k).copied().unwrap_or(0.0);
-                    returns[at] = r.returns.get(k).copied().unwrap_or(0.0);
-                    is_weight[at] = r.is_weight.get(k).copied().unwrap_or(1.0);
+                if !s.prefix {
+                    // Response token k sits at row position prompt_len + k, predicted from
+                    // the one before it.
+                    places[s.row] = (plan.rows[s.row], (l, s.col + r.prompt_len - 1 - s.skip));
                 }
             }
         }
         let shape = [b as i64, t as i64];
-        let tensor = |v: &[f32]| Tensor::from_slice(v).view(shape).to_device(device);
         let ids = |v: &[i64]| Tensor::from_slice(v).view(shape).to_device(device);
         let input = ids(&input);
         let (positions, attention) = if plan.attention == LineAttention::Causal {
@@ -164,24 +127,39 @@ impl MicroBatch {
                 .to_device(device);
             (Some(ids(&positions)), Attention::Mask(m))
         };
-        MicroBatch {
+        let mut mb = MicroBatch {
             targets: ids(&targets),
             input,
             positions,
             attention,
-            mask: tensor(&mask),
-            weights: tensor(&weights),
-            value_weights: tensor(&value_weights),
-            advantages: tensor(&adv),
-            behavior_logp: tensor(&blp),
-            old_logp: tensor(&old),
-            has_old: tensor(&has_old),
-            ref_logp: tensor(&reference),
-            old_values: tensor(&values),
-            returns: tensor(&returns),
-            is_weight: tensor(&is_weight),
+            mask: Tensor::new(),
             places,
+            shape,
+            device,
+        };
+        mb.mask = mb.response_tensor(rows, 0.0, |r, k| r.loss_mask[k] as f32);
+        mb
+    }
+
+    /// A [lines, T] tensor holding `at(row, k)` at the position that predicts response token
+    /// k of each row, and `fill` everywhere else (prompts, padding).
+    pub fn response_tensor<R: Borrow<TrainRow>>(
+        &self,
+        rows: &[R],
+        fill: f32,
+        at: impl Fn(&TrainRow, usize) -> f32,
+    ) -> Tensor {
+        let width = self.shape[1] as usize;
+        let mut out = vec![fill; self.shape.iter().product::<i64>() as usize];
+        for &(i, (line, first)) in &self.places {
+            let r: &TrainRow = rows[i].borrow();
+            for k in 0..r.loss_mask.len() {
+                out[line * width + first + k] = at(r, k);
+            }
         }
+        Tensor::from_slice(&out)
+            .view(self.shape)
+            .to_device(self.device)
     }
 
     /// Final hidden states of every position.
@@ -237,13 +215,6 @@ impl MicroBatch {
         (critic.score(&hidden), recompute)
     }
 
-    /// π_old per token: the row's own where it brought one, else the forward's `logp`
-    /// (detached: π_old is a constant of the loss).
-    pub fn old_logp_or(&self, logp: &Tensor) -> Tensor {
-        self.old_logp
-            .where_self(&self.has_old.gt(0.5), &logp.detach())
-    }
-
     /// Per-token values of a [lines, T] tensor at each row's response positions, by row.
     pub fn response_values(&self, values: &Tensor, rows: &[&TrainRow]) -> Vec<Vec<f32>> {
         let flat = Vec::<f32>::try_from(
@@ -257,7 +228,7 @@ impl MicroBatch {
         let width = values.size()[1] as usize;
         rows.iter()
             .zip(&self.places)
-            .map(|(r, &(line, first))| {
+            .map(|(r, &(_, (line, first)))| {
                 let start = line * width + first;
                 flat[start..start + r.loss_mask.len()].to_vec()
             })
@@ -265,15 +236,94 @@ impl MicroBatch {
     }
 }
 
-/// Log-probs of `targets` under the model at `temperature`, and optionally the entropy of each
-/// position's distribution. Both [lines, T].
+/// What the policy loss reads of a micro-batch besides the forward's log-probs, each
+/// [lines, T] and 0 outside the rows' response tokens.
+pub struct PolicyInputs {
+    /// Loss mask times the row's aggregation weight (0 for padding rows).
+    pub weights: Tensor,
+    pub advantages: Tensor,
+    /// π_old per token where the row brought one.
+    old_logp: Tensor,
+    /// 1 where the row brought its π_old log-prob; 0 where the forward's own detached log-prob
+    /// stands in (rows of a step's first optimizer step, see `trainer::prepare`).
+    has_old: Tensor,
+    /// π_ref per token, when a KL term is on.
+    pub ref_logp: Option<Tensor>,
+    /// Importance weight of each token's surrogate against its behavior policy (1 elsewhere).
+    pub is_weight: Tensor,
+}
+
+impl PolicyInputs {
+    /// The policy loss's inputs of `mb` over the step's `rows`; π_ref only with `reference`.
+    pub fn new<R: Borrow<TrainRow>>(mb: &MicroBatch, rows: &[R], reference: bool) -> Self {
+        let at = |v: &[f32], k: usize, or: f32| v.get(k).copied().unwrap_or(or);
+        PolicyInputs {
+            weights: mb.response_tensor(rows, 0.0, |r, k| r.loss_mask[k] as f32 * r.weight as f32),
+            advantages: mb.response_tensor(rows, 0.0, |r, k| r.advantages[k]),
+            old_logp: mb.response_tensor(rows, 0.0, |r, k| at(&r.old_logp, k, 0.0)),
+            has_old: mb
+                .response_tensor(rows, 0.0, |r, k| f32::from(u8::from(k < r.old_logp.len()))),
+            ref_logp: reference
+                .then(|| mb.response_tensor(rows, 0.0, |r, k| at(&r.ref_logp, k, 0.0))),
+            is_weight: mb.response_tensor(rows, 1.0, |r, k| at(&r.is_weight, k, 1.0)),
+        }
+    }
+
+    /// π_old per token: the row's own where it brought one, else the forward's `logp`
+    /// (detached: π_old is a constant of the loss).
+    pub fn old_logp_or(&self, logp: &Tensor) -> Tensor {
+        self.old_logp
+            .where_self(&self.has_old.gt(0.5), &logp.detach())
+    }
+}
+
+/// What the value loss reads of a micro-batch besides the critic's values, each [lines, T].
+pub struct CriticInputs {
+    /// The value loss's weight of each position: the loss weights, or where a row names the
+    /// positions its value loss trains ([`TrainRow::value_mask`]), those only.
+    pub value_weights: Tensor,
+    pub old_values: Tensor,
+    pub returns: Tensor,
+}
+
+impl CriticInputs {
+    /// The value loss's inputs of `mb` over the step's `rows`.
+    pub fn new<R: Borrow<TrainRow>>(mb: &MicroBatch, rows: &[R]) -> Self {
+        let at = |v: &[f32], k: usize| v.get(k).copied().unwrap_or(0.0);
+        CriticInputs {
+            value_weights: mb.response_tensor(rows, 0.0, |r, k| match r.value_mask.get(k) {
+                None if r.value_mask.is_empty() => r.loss_mask[k] as f32 * r.weight as f32,
+                Some(&v) if v != 0 => r.value_weight as f32,
+                _ => 0.0,
+            }),
+            old_values: mb.response_tensor(rows, 0.0, |r, k| at(&r.old_values, k)),
+            returns: mb.response_tensor(rows, 0.0, |r, k| at(&r.returns, k)),
+        }
+    }
+}
+
+/// What a forward computes of each position's entropy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entropy {
+    /// Nothing (π_old, π_ref and warm-up passes).
+    Skip,
+    /// A metric only: computed without gradients, so none of its vocabulary-sized tensors
+    /// (the probabilities and their product with the log-probs) stays alive until the
+    /// backward pass.
+    Metric,
+    /// A term of the loss (`algorithm.entropy_coef` ≠ 0): computed with gradients.
+    Loss,
+}
+
+/// Log-probs of `targets` under the model at `temperature`, and the entropy of each
+/// position's distribution as `entropy` asks. Both [lines, T].
 pub fn token_logprobs(
     net: &Transformer,
     mb: &MicroBatch,
     temperature: f64,
-    with_entropy: bool,
+    entropy: Entropy,
 ) -> (Tensor, Option<Tensor>) {
-    logprobs_of_hidden(net, mb, &mb.hidden(net), temperature, with_entropy)
+    logprobs_of_hidden(net, mb, &mb.hidden(net), temperature, entropy)
 }
 
 /// [`token_logprobs`] from the micro-batch's final hidden states, however they were computed
@@ -283,7 +333,7 @@ pub fn logprobs_of_hidden(
     mb: &MicroBatch,
     hidden: &Tensor,
     temperature: f64,
-    with_entropy: bool,
+    entropy: Entropy,
 ) -> (Tensor, Option<Tensor>) {
     let logits = net.logits(hidden).to_kind(Kind::Float);
     let logits = if temperature > 0.0 && temperature != 1.0 {
@@ -295,8 +345,12 @@ pub fn logprobs_of_hidden(
     let logp = logp_all
         .gather(2, &mb.targets.unsqueeze(2), false)
         .squeeze_dim(2);
-    let entropy =
-        with_entropy.then(|| -(logp_all.exp() * &logp_all).sum_dim_intlist(-1, false, Kind::Float));
+    let of = |l: &Tensor| -(l.exp() * l).sum_dim_intlist(-1, false, Kind::Float);
+    let entropy = match entropy {
+        Entropy::Skip => None,
+        Entropy::Metric => Some(tch::no_grad(|| of(&logp_all.detach()))),
+        Entropy::Loss => Some(of(&logp_all)),
+    };
     (logp, entropy)
 }
 
@@ -325,14 +379,16 @@ mod tests {
             Vec::<f32>::try_from(mb.mask.view([-1])).unwrap(),
             vec![0.0, 1.0, 0.0]
         );
+        let policy = PolicyInputs::new(&mb, &[&row], false);
         assert_eq!(
-            Vec::<f32>::try_from(mb.weights.view([-1])).unwrap(),
+            Vec::<f32>::try_from(policy.weights.view([-1])).unwrap(),
             vec![0.0, 0.25, 0.0]
         );
         assert_eq!(
-            Vec::<f32>::try_from(mb.behavior_logp.view([-1])).unwrap(),
-            vec![0.0, -0.5, -0.7]
+            Vec::<f32>::try_from(policy.advantages.view([-1])).unwrap(),
+            vec![0.0, 2.0, 2.0]
         );
+        assert!(policy.ref_logp.is_none(), "no reference, no π_ref tensor");
     }
 
     /// The value loss weighs every loss token by the row's weight, unless the row names the
@@ -350,7 +406,8 @@ mod tests {
         };
         let weights = |row: &TrainRow| {
             let mb = MicroBatch::padded(&[row], Device::Cpu);
-            Vec::<f32>::try_from(mb.value_weights.view([-1])).unwrap()
+            let critic = CriticInputs::new(&mb, &[row]);
+            Vec::<f32>::try_from(critic.value_weights.view([-1])).unwrap()
         };
         assert_eq!(weights(&row), vec![0.0, 0.25, 0.0, 0.25]);
         row.value_mask = vec![0, 0, 1];
@@ -401,8 +458,9 @@ mod tests {
                 .trainable_variables()
                 .iter_mut()
                 .for_each(|t| t.zero_grad());
-            let (logp, _) = token_logprobs(&model.net, &mb, 1.0, false);
-            (&logp * &mb.weights).sum(Kind::Float).backward();
+            let (logp, _) = token_logprobs(&model.net, &mb, 1.0, Entropy::Skip);
+            let weights = PolicyInputs::new(&mb, &rows, false).weights;
+            (&logp * &weights).sum(Kind::Float).backward();
             let batch: Vec<&TrainRow> = p.rows.iter().map(|&i| &rows[i]).collect();
             let mut by_row = vec![Vec::new(); rows.len()];
             for (&i, v) in p.rows.iter().zip(mb.response_values(&logp, &batch)) {
@@ -454,5 +512,36 @@ mod tests {
                 "{worst} of {size}"
             );
         }
+    }
+
+    /// As a metric, the entropy is the same numbers as the loss's but has no autograd graph,
+    /// so its vocabulary-sized intermediates are freed at once instead of living until the
+    /// backward pass; as a loss term it keeps its gradient.
+    #[test]
+    fn entropy_as_a_metric_keeps_no_graph() {
+        use crate::model::{Model, ModelConfig};
+        let cfg = ModelConfig::tiny_qwen2(16, 32, 1, 2, 1, 64, 32);
+        let model = Model::random(&cfg, Device::Cpu, 2).unwrap();
+        let row = TrainRow {
+            tokens: vec![3, 4, 5, 6],
+            prompt_len: 2,
+            loss_mask: vec![1, 1],
+            behavior_logp: vec![0.0; 2],
+            advantages: vec![0.0; 2],
+            ..Default::default()
+        };
+        let mb = MicroBatch::padded(&[&row], Device::Cpu);
+        let entropy = |e| token_logprobs(&model.net, &mb, 0.7, e).1;
+        let (metric, loss) = (
+            entropy(Entropy::Metric).unwrap(),
+            entropy(Entropy::Loss).unwrap(),
+        );
+        assert!(!metric.requires_grad() && loss.requires_grad());
+        let diff = (&metric - &loss).abs().max().double_value(&[]);
+        assert!(
+            diff < 1e-6 && metric.min().double_value(&[]) > 0.0,
+            "{diff}"
+        );
+        assert!(entropy(Entropy::Skip).is_none());
     }
 }
