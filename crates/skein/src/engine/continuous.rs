@@ -36,6 +36,10 @@ pub enum Finish {
     Paused,
     /// A remote engine could not generate it (the error is counted; its trajectory fails).
     Failed,
+    /// Its context (prompt and resumed tokens) is longer than the engine's cache holds: nothing
+    /// was generated, and its caller fails it. Cutting the context to fit would
+    /// sample from another context than the one recorded with the tokens.
+    ContextTooLong,
 }
 
 #[derive(Debug, Clone)]
@@ -94,6 +98,8 @@ pub struct EngineStats {
     pub failed: usize,
     /// Context tokens not prefilled again because a session's slot kept them.
     pub reused_tokens: usize,
+    /// Requests finished as [`Finish::ContextTooLong`].
+    pub context_too_long: usize,
 }
 
 pub struct Engine {
@@ -206,6 +212,13 @@ impl Engine {
                 capacity,
                 &mut stats,
             );
+            let (admitted, too_long): (Vec<_>, Vec<_>) = admitted
+                .into_iter()
+                .partition(|(_, r)| ((r.prompt.len() + r.resumed.len()) as i64) <= capacity);
+            for (_, r) in too_long {
+                stats.context_too_long += 1;
+                on_finish(GenOutput::empty(r.id, Finish::ContextTooLong));
+            }
             for bucket in length_buckets(admitted) {
                 stats.prefill_tokens += self.prefill(
                     model,
@@ -253,13 +266,9 @@ impl Engine {
         let contexts: Vec<Vec<u32>> = admitted
             .iter()
             .map(|(_, r)| {
+                // `run` admits here only contexts the cache holds.
                 let mut c = r.prompt.clone();
                 c.extend_from_slice(&r.resumed);
-                // Keep room for at least one new token inside the cache.
-                let keep = (cache.capacity() as usize).saturating_sub(1).max(1);
-                if c.len() > keep {
-                    c.drain(..c.len() - keep);
-                }
                 c
             })
             .collect();
@@ -648,6 +657,46 @@ mod tests {
         engine.generate(model, 3, reqs, |o| outs.push(o));
         outs.sort_by_key(|o| o.id);
         outs
+    }
+
+    /// A context longer than the cache finishes at once as `ContextTooLong` with
+    /// nothing generated (it used to lose its start silently and sample from what was left);
+    /// the requests beside it generate as they do alone.
+    #[test]
+    fn a_context_longer_than_the_cache_fails_instead_of_losing_its_start() {
+        let model = tiny();
+        let req = |id: u64, n: usize| GenRequest {
+            id,
+            prompt: (0..n as u32).map(|i| 1 + i % 30).collect(),
+            resumed: vec![],
+            params: greedy(3),
+            budget: None,
+            session: None,
+        };
+        let run_with = |reqs: Vec<GenRequest>| {
+            let mut outs = Vec::new();
+            let mut batch = Some(reqs);
+            let mut feed = |_: bool| match batch.take() {
+                Some(r) => Feed::Requests(r),
+                None => Feed::Closed,
+            };
+            let stats = Engine::new(4).run(&model, 0, 16, 4, &mut feed, |o| outs.push(o));
+            outs.sort_by_key(|o| o.id);
+            (outs, stats)
+        };
+        let (outs, stats) = run_with(vec![req(0, 10), req(1, 17), req(2, 40), req(3, 16)]);
+        assert_eq!(stats.context_too_long, 2);
+        for (out, too_long) in outs.iter().zip([false, true, true, false]) {
+            assert_eq!(out.finish == Finish::ContextTooLong, too_long, "{out:?}");
+            assert_eq!(out.tokens.is_empty(), too_long, "{out:?}");
+        }
+        let (alone, _) = run_with(vec![req(0, 10)]);
+        assert_eq!(outs[0].tokens, alone[0].tokens);
+        assert_eq!(
+            outs[3].tokens.len(),
+            1,
+            "a full cache still predicts one token"
+        );
     }
 
     /// Greedy decoding with the KV cache must pick the same tokens, with the same log-probs,

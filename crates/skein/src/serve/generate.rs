@@ -19,7 +19,8 @@ impl Sample {
         match self.out.finish {
             Finish::Stop => "stop",
             // No request here has a budget, so none pauses; a pause would mean "cut short".
-            Finish::Length | Finish::Paused | Finish::Failed => "length",
+            // A too-long context is refused with 400 before it reaches the engine.
+            Finish::Length | Finish::Paused | Finish::Failed | Finish::ContextTooLong => "length",
         }
     }
 

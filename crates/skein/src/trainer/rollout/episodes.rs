@@ -383,6 +383,16 @@ impl AgentContext<'_> {
             };
             let state = env.state_key();
             let out = handle.generate(req).await.map_err(|e| (Cutoff::Other, e))?;
+            if out.finish == Finish::ContextTooLong {
+                return Err((
+                    Cutoff::Tokens,
+                    format!(
+                        "a context of {} tokens is longer than the engine's cache \
+                         (model.max_positions)",
+                        context.len()
+                    ),
+                ));
+            }
             let n = out.tokens.len();
             run.transitions.push(Transition {
                 prompt: context.clone(),

@@ -156,11 +156,18 @@ pub fn score_response(
         .copied()
         .filter(|t| !stop_token_ids.contains(t))
         .collect();
-    if finish == Finish::Failed {
+    let failed = match finish {
+        Finish::Failed => Some("the remote engine failed to generate it"),
+        Finish::ContextTooLong => {
+            Some("its prompt is longer than the engine's context (model.max_positions)")
+        }
+        _ => None,
+    };
+    if let Some(why) = failed {
         return Judged {
             reward: 0.0,
             correct: false,
-            status: Status::Failed("the remote engine failed to generate it".into()),
+            status: Status::Failed(why.into()),
             text: None,
         };
     }
