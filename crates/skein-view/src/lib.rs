@@ -4,13 +4,18 @@
 //! its prompt side by side. The page is a single static file; the data comes from a small JSON
 //! API beside it.
 
+mod cache;
+pub mod limits;
+mod lines;
 pub mod marks;
+mod metrics;
 mod routes;
 pub mod runs;
 mod server;
 pub mod summary;
 
+pub use limits::Limits;
 pub use routes::PAGE;
-pub use server::{bind, serve, Server};
+pub use server::{bind, bind_within, serve, Server};
 #[doc(hidden)]
 pub mod fixture;

@@ -1,27 +1,31 @@
 //! The page and its JSON API. Every error is a JSON `{"error": "..."}` with a status: 400 for a
-//! bad query, 404 for a run, step, trajectory or group that is not there, 500 for a file that
-//! cannot be read (its message names the file and line).
+//! bad query, 404 for a run, step, trajectory or group that is not there, 422 for a file the
+//! viewer will not read (not a regular file, or past a limit, which the message names), 500 for
+//! a file that cannot be read (its message names the file and line).
 
+use crate::limits::Refused;
 use crate::marks::{row_marks, RowMarks};
 use crate::runs::Runs;
 use crate::summary::Summary;
+use axum::body::Bytes;
 use axum::extract::{Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use serde::Serialize;
-use serde_json::{json, Value};
+use serde_json::json;
 use skein_report::trajectories::TrajectoryRecord;
 use std::collections::HashMap;
 use std::sync::Arc;
+use tokio::sync::Semaphore;
 
 /// The page: one file, its styles and script inline, nothing fetched from elsewhere.
 pub const PAGE: &str = include_str!("page.html");
 
 /// The viewer's routes; on a loopback address, only for requests that name this machine.
-pub fn guarded_router(runs: Arc<Runs>, loopback: bool) -> Router {
-    let app = router(runs);
+pub fn guarded_router(viewer: Arc<Viewer>, loopback: bool) -> Router {
+    let app = router(viewer);
     if loopback {
         app.layer(axum::middleware::from_fn(loopback_host_only))
     } else {
@@ -63,7 +67,24 @@ fn is_loopback_host(host: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
-pub fn router(runs: Arc<Runs>) -> Router {
+/// What the handlers share: the runs, and the turns to read their files.
+pub struct Viewer {
+    pub runs: Runs,
+    /// Requests that read files hold one while they do: memory is bounded per request, so
+    /// this bounds it for all of them.
+    reads: Arc<Semaphore>,
+}
+
+impl Viewer {
+    pub fn new(runs: Runs) -> Viewer {
+        let reads = Arc::new(Semaphore::new(runs.limits().concurrent_reads.max(1)));
+        Viewer { runs, reads }
+    }
+}
+
+type Shared = State<Arc<Viewer>>;
+
+pub fn router(viewer: Arc<Viewer>) -> Router {
     Router::new()
         .route("/", get(page))
         .route("/api/runs", get(list_runs))
@@ -73,7 +94,7 @@ pub fn router(runs: Arc<Runs>) -> Router {
         .route("/api/trajectory", get(trajectory))
         .route("/api/group", get(group))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such page".into()) })
-        .with_state(runs)
+        .with_state(viewer)
 }
 
 async fn page() -> Response {
@@ -101,7 +122,12 @@ impl ApiError {
 
 impl From<anyhow::Error> for ApiError {
     fn from(e: anyhow::Error) -> ApiError {
-        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}"))
+        let status = if e.downcast_ref::<Refused>().is_some() {
+            StatusCode::UNPROCESSABLE_ENTITY
+        } else {
+            StatusCode::INTERNAL_SERVER_ERROR
+        };
+        ApiError::new(status, format!("{e:#}"))
     }
 }
 
@@ -112,7 +138,12 @@ impl IntoResponse for ApiError {
 }
 
 type Params = Query<HashMap<String, String>>;
-type Reply = Result<Json<Value>, ApiError>;
+type Reply = Result<Response, ApiError>;
+
+/// A JSON reply serialized straight from `value`, with no tree of it built first.
+fn reply(value: impl Serialize) -> Result<Response, ApiError> {
+    Ok(Json(value).into_response())
+}
 
 fn param<'a>(q: &'a Params, name: &str) -> Result<&'a str, ApiError> {
     q.get(name)
@@ -130,13 +161,24 @@ fn number(q: &Params, name: &str) -> Result<usize, ApiError> {
     })
 }
 
-/// Runs `f` off the async workers: it reads and decodes files.
+/// Runs `f` off the async workers, once it has one of the turns to read files. The turn
+/// goes with `f`: a client that hangs up does not stop `f`, nor free its turn before it ends.
 async fn blocking<T: Send + 'static>(
+    viewer: &Viewer,
     f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(f)
+    let turn = viewer
+        .reads
+        .clone()
+        .acquire_owned()
         .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    tokio::task::spawn_blocking(move || {
+        let _turn = turn;
+        f()
+    })
+    .await
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
 }
 
 fn run_index(runs: &Runs, q: &Params) -> Result<usize, ApiError> {
@@ -177,44 +219,55 @@ fn shown(t: &TrajectoryRecord) -> Shown<'_> {
     }
 }
 
-async fn list_runs(State(runs): State<Arc<Runs>>) -> Reply {
-    let list: Vec<Value> = runs
+async fn list_runs(State(viewer): Shared) -> Reply {
+    let list: Vec<_> = viewer
+        .runs
         .list()
         .iter()
         .enumerate()
         .map(|(i, r)| json!({ "run": i, "name": r.name, "dir": r.dir.display().to_string() }))
         .collect();
-    Ok(Json(json!({ "runs": list })))
+    reply(json!({ "runs": list }))
 }
 
-async fn metrics(State(runs): State<Arc<Runs>>, q: Params) -> Reply {
-    blocking(move || {
-        let run = run_index(&runs, &q)?;
-        Ok(Json(json!({ "run": run, "metrics": runs.metrics(run)? })))
+async fn metrics(State(viewer): Shared, q: Params) -> Reply {
+    let v = viewer.clone();
+    let body: Bytes = blocking(&viewer, move || {
+        let run = run_index(&v.runs, &q)?;
+        Ok(v.runs.metrics(run)?)
+    })
+    .await?;
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+}
+
+async fn steps(State(viewer): Shared, q: Params) -> Reply {
+    let v = viewer.clone();
+    blocking(&viewer, move || {
+        let run = run_index(&v.runs, &q)?;
+        reply(json!({ "run": run, "steps": v.runs.steps(run)? }))
     })
     .await
 }
 
-async fn steps(State(runs): State<Arc<Runs>>, q: Params) -> Reply {
-    blocking(move || {
-        let run = run_index(&runs, &q)?;
-        Ok(Json(json!({ "run": run, "steps": runs.steps(run)? })))
+#[derive(Serialize)]
+struct StepReply {
+    trajectories: Vec<Summary>,
+}
+
+async fn step(State(viewer): Shared, q: Params) -> Reply {
+    let v = viewer.clone();
+    blocking(&viewer, move || {
+        let records = step_records(&v.runs, &q)?;
+        let trajectories = records.iter().map(Summary::of).collect();
+        reply(StepReply { trajectories })
     })
     .await
 }
 
-async fn step(State(runs): State<Arc<Runs>>, q: Params) -> Reply {
-    blocking(move || {
-        let records = step_records(&runs, &q)?;
-        let list: Vec<Summary> = records.iter().map(Summary::of).collect();
-        Ok(Json(json!({ "trajectories": list })))
-    })
-    .await
-}
-
-async fn trajectory(State(runs): State<Arc<Runs>>, q: Params) -> Reply {
-    blocking(move || {
-        let records = step_records(&runs, &q)?;
+async fn trajectory(State(viewer): Shared, q: Params) -> Reply {
+    let v = viewer.clone();
+    blocking(&viewer, move || {
+        let records = step_records(&v.runs, &q)?;
         let id = param(&q, "id")?;
         let t = records.iter().find(|t| t.id == id).ok_or_else(|| {
             ApiError::new(
@@ -222,27 +275,89 @@ async fn trajectory(State(runs): State<Arc<Runs>>, q: Params) -> Reply {
                 format!("no trajectory {id:?} in this step"),
             )
         })?;
-        Ok(Json(json!(shown(t))))
+        reply(shown(t))
     })
     .await
 }
 
-async fn group(State(runs): State<Arc<Runs>>, q: Params) -> Reply {
-    blocking(move || {
-        let records = step_records(&runs, &q)?;
+#[derive(Serialize)]
+struct GroupReply<'a> {
+    group: &'a str,
+    trajectories: Vec<Shown<'a>>,
+}
+
+async fn group(State(viewer): Shared, q: Params) -> Reply {
+    let v = viewer.clone();
+    blocking(&viewer, move || {
+        let records = step_records(&v.runs, &q)?;
         let group = param(&q, "group")?;
-        let members: Vec<Shown> = records
+        let trajectories: Vec<Shown> = records
             .iter()
             .filter(|t| t.group == group)
             .map(shown)
             .collect();
-        if members.is_empty() {
+        if trajectories.is_empty() {
             return Err(ApiError::new(
                 StatusCode::NOT_FOUND,
                 format!("no group {group:?} in this step"),
             ));
         }
-        Ok(Json(json!({ "group": group, "trajectories": members })))
+        reply(GroupReply {
+            group,
+            trajectories,
+        })
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limits::Limits;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// However many requests come at once, no more than `concurrent_reads` read files.
+    #[test]
+    fn requests_read_files_a_few_at_a_time() {
+        let dir = std::env::temp_dir().join(format!("skein-view-{}-turns", std::process::id()));
+        crate::fixture::write_run(&dir, 1).unwrap();
+        let limits = Limits {
+            concurrent_reads: 2,
+            ..Limits::DEFAULT
+        };
+        let viewer = Arc::new(Viewer::new(
+            Runs::open(std::slice::from_ref(&dir), limits).unwrap(),
+        ));
+        let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let requests: Vec<_> = (0..6)
+                .map(|_| {
+                    let (viewer, now, most) = (viewer.clone(), now.clone(), most.clone());
+                    tokio::spawn(async move {
+                        blocking(&viewer, move || {
+                            most.fetch_max(
+                                now.fetch_add(1, Ordering::SeqCst) + 1,
+                                Ordering::SeqCst,
+                            );
+                            std::thread::sleep(std::time::Duration::from_millis(50));
+                            now.fetch_sub(1, Ordering::SeqCst);
+                            Ok(())
+                        })
+                        .await
+                        .is_ok()
+                    })
+                })
+                .collect();
+            for r in requests {
+                assert!(r.await.unwrap());
+            }
+        });
+        assert_eq!(most.load(Ordering::SeqCst), 2);
+        std::fs::remove_dir_all(&dir).ok();
+    }
 }

@@ -1,14 +1,15 @@
 //! The run directories a viewer shows, and reading their files. Files are read on each request,
-//! so a run still training shows its new steps on a reload; a decoded step is kept while its
-//! file is unchanged, since reading one trajectory after another decodes the same file.
+//! so a run still training shows its new steps on a reload; what was made of a file is kept
+//! while the file is unchanged, within the viewer's [`Limits`].
 
+use crate::cache::{FileCache, Stamp};
+use crate::limits::Limits;
+use crate::metrics;
 use anyhow::{bail, Context, Result};
-use serde_json::Value;
+use axum::body::Bytes;
 use skein_report::trajectories::{self, TrajectoryRecord};
-use std::collections::VecDeque;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use std::path::PathBuf;
+use std::sync::Arc;
 
 /// Decoded step files kept: the one being read, and a few to go back to.
 const CACHED_STEPS: usize = 4;
@@ -21,27 +22,17 @@ pub struct Run {
     pub dir: PathBuf,
 }
 
-/// A run's metrics: every record of `metrics.jsonl` that has a `step`, and the names of the
-/// numeric metrics among them.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Metrics {
-    pub keys: Vec<String>,
-    pub records: Vec<serde_json::Map<String, Value>>,
-    /// There is no `metrics.jsonl` (yet).
-    pub missing: bool,
-}
-
-type Cached = (PathBuf, SystemTime, u64, Arc<Vec<TrajectoryRecord>>);
-
 pub struct Runs {
     runs: Vec<Run>,
-    cache: Mutex<VecDeque<Cached>>,
+    limits: Limits,
+    steps: FileCache<Vec<TrajectoryRecord>>,
+    metrics: FileCache<Bytes>,
 }
 
 impl Runs {
     /// The runs of `dirs`, in order; each must be a directory holding a `metrics.jsonl` or a
     /// `trajectories` folder.
-    pub fn open(dirs: &[PathBuf]) -> Result<Runs> {
+    pub fn open(dirs: &[PathBuf], limits: Limits) -> Result<Runs> {
         if dirs.is_empty() {
             bail!("no run directory given");
         }
@@ -75,12 +66,18 @@ impl Runs {
         }
         Ok(Runs {
             runs,
-            cache: Mutex::new(VecDeque::new()),
+            limits,
+            steps: FileCache::new(CACHED_STEPS, usize::MAX),
+            metrics: FileCache::new(usize::MAX, limits.metrics_cache_bytes),
         })
     }
 
     pub fn list(&self) -> &[Run] {
         &self.runs
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
     }
 
     /// Run number `run`, or an error the page can show.
@@ -90,32 +87,23 @@ impl Runs {
             .with_context(|| format!("no run {run}: there are {}", self.runs.len()))
     }
 
-    pub fn metrics(&self, run: usize) -> Result<Metrics> {
-        let path = self.get(run)?.dir.join("metrics.jsonl");
-        if !path.exists() {
-            return Ok(Metrics {
-                keys: Vec::new(),
-                records: Vec::new(),
-                missing: true,
-            });
+    /// The API's reply for a run's metrics (see [`metrics::reply`]), made once per version of
+    /// the file.
+    pub fn metrics(&self, run: usize) -> Result<Bytes> {
+        let r = self.get(run)?;
+        let path = r.dir.join("metrics.jsonl");
+        let Ok(meta) = std::fs::metadata(&path) else {
+            return Ok(Bytes::from(metrics::missing_reply(run)));
+        };
+        let stamp = Stamp::of(&meta);
+        if let Some(body) = self.metrics.get(&path, stamp) {
+            return Ok(Bytes::clone(&body));
         }
-        let records: Vec<_> = skein_report::read_metrics(&path)?
-            .into_iter()
-            .filter(|r| r.get("step").is_some_and(Value::is_number))
-            .collect();
-        let mut keys: Vec<String> = records
-            .iter()
-            .flat_map(|r| r.iter())
-            .filter(|(k, v)| k.as_str() != "step" && v.is_number())
-            .map(|(k, _)| k.clone())
-            .collect();
-        keys.sort();
-        keys.dedup();
-        Ok(Metrics {
-            keys,
-            records,
-            missing: false,
-        })
+        let shown = path.display().to_string();
+        let body = Bytes::from(metrics::reply(&path, &shown, run, &self.limits)?);
+        self.metrics
+            .put(&path, stamp, body.len(), Arc::new(body.clone()));
+        Ok(body)
     }
 
     pub fn steps(&self, run: usize) -> Result<Vec<usize>> {
@@ -129,32 +117,17 @@ impl Runs {
     /// The records of one step (None: the run has no file of it), decoded once per version of
     /// its file.
     pub fn step(&self, run: usize, step: usize) -> Result<Option<Arc<Vec<TrajectoryRecord>>>> {
-        let path = trajectories::step_path(&self.get(run)?.dir, step);
+        let r = self.get(run)?;
+        let path = trajectories::step_path(&r.dir, step);
         let Ok(meta) = std::fs::metadata(&path) else {
             return Ok(None);
         };
-        let stamp = (
-            meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
-            meta.len(),
-        );
-        if let Some(records) = self.cached(&path, stamp) {
+        let stamp = Stamp::of(&meta);
+        if let Some(records) = self.steps.get(&path, stamp) {
             return Ok(Some(records));
         }
         let records = Arc::new(trajectories::read_step(&path)?);
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        cache.retain(|c| c.0 != path);
-        if cache.len() == CACHED_STEPS {
-            cache.pop_back();
-        }
-        cache.push_front((path, stamp.0, stamp.1, records.clone()));
+        self.steps.put(&path, stamp, 0, records.clone());
         Ok(Some(records))
-    }
-
-    fn cached(&self, path: &Path, stamp: (SystemTime, u64)) -> Option<Arc<Vec<TrajectoryRecord>>> {
-        let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        cache
-            .iter()
-            .find(|c| c.0 == path && (c.1, c.2) == stamp)
-            .map(|c| c.3.clone())
     }
 }

@@ -1,6 +1,7 @@
 //! Binding the viewer to an address and serving it until stopped.
 
-use crate::routes::guarded_router;
+use crate::limits::Limits;
+use crate::routes::{guarded_router, Viewer};
 use crate::runs::Runs;
 use anyhow::{Context, Result};
 use std::net::SocketAddr;
@@ -17,7 +18,12 @@ pub struct Server {
 
 /// Binds `addr` (port 0: any free port) and serves the runs of `dirs`.
 pub async fn bind(addr: &str, dirs: &[PathBuf]) -> Result<Server> {
-    let runs = Arc::new(Runs::open(dirs)?);
+    bind_within(addr, dirs, Limits::DEFAULT).await
+}
+
+/// [`bind`], reading the runs' files within `limits`.
+pub async fn bind_within(addr: &str, dirs: &[PathBuf], limits: Limits) -> Result<Server> {
+    let viewer = Arc::new(Viewer::new(Runs::open(dirs, limits)?));
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
         let hint = match e.kind() {
             std::io::ErrorKind::AddrInUse => "the port is in use (port 0 picks a free one)",
@@ -28,7 +34,7 @@ pub async fn bind(addr: &str, dirs: &[PathBuf]) -> Result<Server> {
     })?;
     let addr = listener.local_addr()?;
     let (stop, stopped) = oneshot::channel::<()>();
-    let app = guarded_router(runs, addr.ip().is_loopback());
+    let app = guarded_router(viewer, addr.ip().is_loopback());
     let task = tokio::spawn(async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(async {
@@ -108,12 +114,18 @@ mod tests {
 
     /// A viewer of `dirs` on a free loopback port, on a runtime the test keeps.
     fn start(dirs: &[PathBuf]) -> (tokio::runtime::Runtime, Server) {
+        start_within(dirs, Limits::DEFAULT)
+    }
+
+    fn start_within(dirs: &[PathBuf], limits: Limits) -> (tokio::runtime::Runtime, Server) {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .unwrap();
-        let server = rt.block_on(bind("127.0.0.1:0", dirs)).unwrap();
+        let server = rt
+            .block_on(bind_within("127.0.0.1:0", dirs, limits))
+            .unwrap();
         (rt, server)
     }
 
@@ -348,6 +360,81 @@ mod tests {
         records.truncate(3);
         skein_report::trajectories::write_step(&dir, 1, &records).unwrap();
         assert_eq!((all, count(&server)), (10, 3));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// `metrics.jsonl` linked to /dev/zero is refused rather than read without end, and a
+    /// line past the limit is skipped and named while the rest is drawn; the viewer answers on.
+    #[test]
+    fn hostile_metrics_files_are_answered_within_the_limits() {
+        let (zero, long) = (tmp("metrics-zero"), tmp("metrics-long"));
+        fixture::write_run(&zero, 1).unwrap();
+        fixture::write_run(&long, 2).unwrap();
+        let metrics = zero.join("metrics.jsonl");
+        std::fs::remove_file(&metrics).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", &metrics).unwrap();
+        let path = long.join("metrics.jsonl");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let (first, rest) = text.split_once('\n').unwrap();
+        let huge = format!("{{\"step\": 5, \"x\": [{}0]}}", "0,".repeat(1 << 19));
+        std::fs::write(&path, format!("{first}\n{huge}\n{rest}")).unwrap();
+
+        let (_rt, server) = start(&[zero.clone(), long.clone()]);
+        let (status, body) = get_json(&server, "/api/metrics?run=0");
+        let error = body["error"].as_str().unwrap();
+        assert_eq!(status, 422, "{error}");
+        assert!(
+            error.contains("metrics.jsonl is not a regular file"),
+            "{error}"
+        );
+
+        let (status, body) = get_json(&server, "/api/metrics?run=1");
+        assert_eq!(status, 200, "{body}");
+        let steps: Vec<&Value> = body["metrics"]["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| &r["step"])
+            .collect();
+        assert_eq!(steps, [1, 2]);
+        let skipped = body["metrics"]["skipped"].as_str().unwrap();
+        assert!(
+            skipped.contains(
+                "metrics.jsonl: skipped 1 line(s) longer than 64 KiB (the first is line 2)"
+            ),
+            "{skipped}"
+        );
+        assert_eq!(get_json(&server, "/api/steps?run=0").0, 200);
+        for d in [zero, long] {
+            std::fs::remove_dir_all(&d).ok();
+        }
+    }
+
+    /// Metrics are read once per version of the file: the same length and time, written in
+    /// place, is answered from what was kept; a new time is read again.
+    #[test]
+    fn metrics_are_read_once_per_version_of_the_file() {
+        let dir = tmp("metrics-cache");
+        fixture::write_run(&dir, 2).unwrap();
+        let (_rt, server) = start(std::slice::from_ref(&dir));
+        let last_step = |s: &Server| {
+            let (_, body) = get_json(s, "/api/metrics?run=0");
+            body["metrics"]["records"][1]["step"].clone()
+        };
+        assert_eq!(last_step(&server), 2);
+        let path = dir.join("metrics.jsonl");
+        let modified = std::fs::metadata(&path).unwrap().modified().unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains("\"step\":2"), "{text}");
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        (&file)
+            .write_all(text.replace("\"step\":2", "\"step\":7").as_bytes())
+            .unwrap();
+        file.set_modified(modified).unwrap();
+        assert_eq!(last_step(&server), 2);
+        file.set_modified(modified + std::time::Duration::from_secs(1))
+            .unwrap();
+        assert_eq!(last_step(&server), 7);
         std::fs::remove_dir_all(&dir).ok();
     }
 
