@@ -86,17 +86,14 @@ impl<V> FileCache<V> {
         });
     }
 
+    /// The bytes the entries kept hold, as they were counted when kept.
+    pub fn held_bytes(&self) -> usize {
+        self.lock().iter().map(|e| e.bytes).sum()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Entry<V>>> {
         // A panic elsewhere while holding it leaves the list whole: each change is one call.
         self.entries.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-#[cfg(test)]
-impl<V> FileCache<V> {
-    /// The bytes the entries kept hold, as they were counted when kept.
-    fn held_bytes(&self) -> usize {
-        self.lock().iter().map(|e| e.bytes).sum()
     }
 }
 

@@ -197,3 +197,32 @@ pub fn step_records(step: usize) -> Vec<TrajectoryRecord> {
     out.push(t);
     out
 }
+
+/// Writes a hostile step file: `lines` copies of the step's first record, each with
+/// `tokens` one-letter prompt tokens, streamed so that writing it costs little. zstd makes
+/// it tiny (8M tokens a line: about 3 KB a line), and a reader that keeps it whole holds
+/// gigabytes. Returns the file's size in bytes.
+pub fn write_hostile_step(dir: &Path, step: usize, lines: usize, tokens: usize) -> Result<u64> {
+    let mut record = step_records(step).swap_remove(0);
+    record.rows[0].prompt_text.clear();
+    let json = serde_json::to_string(&record)?;
+    let (head, tail) = json
+        .split_once("\"prompt_text\":[]")
+        .ok_or_else(|| anyhow::anyhow!("no prompt_text in {json}"))?;
+    let path = skein_report::trajectories::step_path(dir, step);
+    std::fs::create_dir_all(path.parent().unwrap_or(dir))?;
+    let mut z = zstd::Encoder::new(std::fs::File::create(&path)?, 19)?;
+    let chunk = "\"a\",".repeat(1 << 14);
+    for _ in 0..lines {
+        write!(z, "{head}\"prompt_text\":[")?;
+        let mut left = tokens.saturating_sub(1);
+        while left > 0 {
+            let n = left.min(1 << 14);
+            z.write_all(&chunk.as_bytes()[..n * 4])?;
+            left -= n;
+        }
+        writeln!(z, "\"a\"]{tail}")?;
+    }
+    z.finish()?;
+    Ok(std::fs::metadata(&path)?.len())
+}

@@ -12,6 +12,7 @@ mod metrics;
 mod routes;
 pub mod runs;
 mod server;
+mod step_file;
 pub mod summary;
 
 pub use limits::Limits;

@@ -4,7 +4,7 @@
 
 use crate::cache::{FileCache, Stamp};
 use crate::limits::Limits;
-use crate::metrics;
+use crate::{metrics, step_file};
 use anyhow::{bail, Context, Result};
 use axum::body::Bytes;
 use skein_report::trajectories::{self, TrajectoryRecord};
@@ -67,7 +67,7 @@ impl Runs {
         Ok(Runs {
             runs,
             limits,
-            steps: FileCache::new(CACHED_STEPS, usize::MAX),
+            steps: FileCache::new(CACHED_STEPS, limits.step_cache_bytes),
             metrics: FileCache::new(usize::MAX, limits.metrics_cache_bytes),
         })
     }
@@ -126,8 +126,16 @@ impl Runs {
         if let Some(records) = self.steps.get(&path, stamp) {
             return Ok(Some(records));
         }
-        let records = Arc::new(trajectories::read_step(&path)?);
-        self.steps.put(&path, stamp, 0, records.clone());
+        let shown = path.display().to_string();
+        let step = step_file::read(&path, &shown, &self.limits)?;
+        let records = Arc::new(step.records);
+        self.steps
+            .put(&path, stamp, step.held_bytes, records.clone());
         Ok(Some(records))
+    }
+
+    /// Memory the decoded step files kept hold, as counted when they were kept.
+    pub fn step_cache_bytes(&self) -> usize {
+        self.steps.held_bytes()
     }
 }

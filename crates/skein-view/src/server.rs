@@ -12,6 +12,7 @@ use tokio::sync::oneshot;
 /// A viewer serving in the caller's tokio runtime.
 pub struct Server {
     addr: SocketAddr,
+    viewer: Arc<Viewer>,
     stop: oneshot::Sender<()>,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
@@ -34,7 +35,7 @@ pub async fn bind_within(addr: &str, dirs: &[PathBuf], limits: Limits) -> Result
     })?;
     let addr = listener.local_addr()?;
     let (stop, stopped) = oneshot::channel::<()>();
-    let app = guarded_router(viewer, addr.ip().is_loopback());
+    let app = guarded_router(viewer.clone(), addr.ip().is_loopback());
     let task = tokio::spawn(async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(async {
@@ -42,12 +43,23 @@ pub async fn bind_within(addr: &str, dirs: &[PathBuf], limits: Limits) -> Result
             })
             .await
     });
-    Ok(Server { addr, stop, task })
+    Ok(Server {
+        addr,
+        viewer,
+        stop,
+        task,
+    })
 }
 
 impl Server {
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Memory the decoded step files kept for the next request hold, as the viewer counts it
+    /// against [`Limits::step_cache_bytes`].
+    pub fn step_cache_bytes(&self) -> usize {
+        self.viewer.runs.step_cache_bytes()
     }
 
     /// The page's address.
@@ -360,6 +372,89 @@ mod tests {
         records.truncate(3);
         skein_report::trajectories::write_step(&dir, 1, &records).unwrap();
         assert_eq!((all, count(&server)), (10, 3));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// A step file of a few KB whose records decode to 40M tokens (gigabytes once parsed) is
+    /// refused at the limit on values, every API that reads it says so, and nothing of it is
+    /// kept; the run's other steps read as before.
+    #[test]
+    fn a_tiny_step_file_of_huge_records_is_refused_not_held() {
+        let dir = tmp("hostile-step");
+        fixture::write_run(&dir, 2).unwrap();
+        let bytes = fixture::write_hostile_step(&dir, 1, 5, 8 << 20).unwrap();
+        assert!(bytes < 64 << 10, "{bytes} bytes");
+        let (_rt, server) = start(std::slice::from_ref(&dir));
+        for path in [
+            "/api/step?run=0&step=1",
+            "/api/trajectory?run=0&step=1&id=s1-p0-0",
+            "/api/group?run=0&step=1&group=s1-p0",
+        ] {
+            let (status, body) = get_json(&server, path);
+            let error = body["error"].as_str().unwrap();
+            assert_eq!(status, 422, "{path}: {error}");
+            let limit = format!(
+                "step-1.jsonl.zst:1: more than {} JSON values",
+                Limits::DEFAULT.step_file_values
+            );
+            assert!(error.contains(&limit), "{error}");
+        }
+        assert_eq!(server.step_cache_bytes(), 0);
+        assert_eq!(get_json(&server, "/api/step?run=0&step=2").0, 200);
+        assert!(server.step_cache_bytes() > 0);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// Each bound on step files answers 422 naming it, and the steps kept stay within theirs.
+    #[test]
+    fn step_files_are_read_and_kept_within_the_limits() {
+        let dir = tmp("step-limits");
+        fixture::write_run(&dir, 3).unwrap();
+        let one_step = {
+            let (_rt, server) = start(std::slice::from_ref(&dir));
+            get_json(&server, "/api/step?run=0&step=1");
+            server.step_cache_bytes()
+        };
+        assert!(one_step > 0);
+        let tight = |limits: Limits| start_within(std::slice::from_ref(&dir), limits);
+        let refusal = |limits: Limits| {
+            let (_rt, server) = tight(limits);
+            let (status, body) = get_json(&server, "/api/step?run=0&step=1");
+            assert_eq!(status, 422, "{body}");
+            body["error"].as_str().unwrap().to_string()
+        };
+        let error = refusal(Limits {
+            step_file_bytes: 1 << 10,
+            ..Limits::DEFAULT
+        });
+        assert!(
+            error.contains("step-1.jsonl.zst decodes to more than 1 KiB"),
+            "{error}"
+        );
+        let error = refusal(Limits {
+            step_file_values: 100,
+            ..Limits::DEFAULT
+        });
+        // Counted over the file: the fixture's first line holds fewer, its second passes 100.
+        assert!(
+            error.contains("step-1.jsonl.zst:2: more than 100 JSON values"),
+            "{error}"
+        );
+        // Room for one and a half steps: each read is answered, and what is kept fits.
+        let cap = one_step * 3 / 2;
+        let (_rt, server) = tight(Limits {
+            step_cache_bytes: cap,
+            ..Limits::DEFAULT
+        });
+        for step in [1, 2, 3, 1] {
+            let (status, _) = get_json(&server, &format!("/api/step?run=0&step={step}"));
+            assert_eq!(status, 200);
+            let held = server.step_cache_bytes();
+            assert!(
+                held > 0 && held <= cap,
+                "{held} bytes kept, more than {cap}"
+            );
+        }
         std::fs::remove_dir_all(&dir).ok();
     }
 

@@ -6,13 +6,15 @@
 //! multi-turn view is taken too; `SKEIN_VIEW_SCREENSHOT=docs/view.png` (a path from the
 //! repository root) keeps it, which is how the README's picture is made.
 //!
+//! Hostile files in a run directory are served by the binary too, its peak memory measured.
+//!
 //! Chromium comes from Debian's `chromium` package (`scripts/setup-chromium.sh`, which `make
 //! test` runs); without it these tests fail, saying so.
 
 mod common;
 
 use skein_report::trajectories::{list_steps, read_step, Status, TrajectoryRecord};
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -434,5 +436,116 @@ fn a_directory_that_is_not_a_run_is_refused_at_once() {
             "no address printed for a refused directory"
         );
     }
+    std::fs::remove_dir_all(&root).ok();
+}
+
+/// The most resident memory `skein view` may reach serving the hostile runs below: reading
+/// them whole took 2.9 GB (the step file), 7 GB (the long line) and without end (/dev/zero).
+const HOSTILE_PEAK_MIB: u64 = 400;
+
+/// A plain GET from the viewer at `url`: its status and body.
+fn http_get(url: &str, path: &str) -> (u16, String) {
+    let addr = url.trim_start_matches("http://").trim_end_matches('/');
+    let mut tcp = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        tcp,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut reply = String::new();
+    tcp.read_to_string(&mut reply).unwrap();
+    let (head, body) = reply.split_once("\r\n\r\n").unwrap();
+    (head[9..12].parse().unwrap(), body.to_string())
+}
+
+/// Peak resident memory of process `pid` so far, in MiB (`VmHWM`).
+fn peak_rss_mib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kib >> 10
+}
+
+/// Writes `metrics.jsonl` of `run` again with one line of `bytes` bytes after its first.
+fn add_long_metrics_line(run: &Path, bytes: usize) {
+    let path = run.join("metrics.jsonl");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let (first, rest) = text.split_once('\n').unwrap();
+    let mut out = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+    writeln!(out, "{first}").unwrap();
+    write!(out, "{{\"step\": 9, \"x\": [").unwrap();
+    let chunk = "0,".repeat(1 << 15);
+    for _ in 0..bytes / chunk.len() {
+        out.write_all(chunk.as_bytes()).unwrap();
+    }
+    writeln!(out, "0]}}").unwrap();
+    out.write_all(rest.as_bytes()).unwrap();
+    out.flush().unwrap();
+}
+
+/// Hostile files cost the viewer bounded memory and get answers: a step file of a few KB
+/// whose five records hold 8M-token prompts, a `metrics.jsonl` with a 100 MB line, one linked
+/// to /dev/zero, each asked for six times at once. The viewer answers each, serves on, and its
+/// peak resident memory stays under [`HOSTILE_PEAK_MIB`].
+#[test]
+fn hostile_files_cost_the_viewer_bounded_memory() {
+    let root = workdir("hostile");
+    let (steps, long, zero) = (root.join("steps"), root.join("long"), root.join("zero"));
+    for run in [&steps, &long, &zero] {
+        skein_view::fixture::write_run(run, 2).unwrap();
+    }
+    let bytes = skein_view::fixture::write_hostile_step(&steps, 1, 5, 8 << 20).unwrap();
+    assert!(bytes < 64 << 10, "{bytes} bytes");
+    add_long_metrics_line(&long, 100 << 20);
+    std::fs::remove_file(zero.join("metrics.jsonl")).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", zero.join("metrics.jsonl")).unwrap();
+
+    let viewer = Viewer::start(&[&steps, &long, &zero]);
+    let asks = [
+        (
+            "/api/step?run=0&step=1",
+            422,
+            "more than 4194304 JSON values",
+        ),
+        (
+            "/api/group?run=0&step=1&group=s1-p0",
+            422,
+            "more than 4194304 JSON values",
+        ),
+        (
+            "/api/metrics?run=1",
+            200,
+            "skipped 1 line(s) longer than 64 KiB (the first is line 2)",
+        ),
+        (
+            "/api/metrics?run=2",
+            422,
+            "metrics.jsonl is not a regular file",
+        ),
+    ];
+    for (path, status, says) in asks {
+        let replies: Vec<_> = (0..6)
+            .map(|_| {
+                let url = viewer.url.clone();
+                std::thread::spawn(move || http_get(&url, path))
+            })
+            .collect();
+        for reply in replies {
+            let (got, body) = reply.join().unwrap();
+            assert_eq!(got, status, "{path}: {body}");
+            assert!(body.contains(says), "{path}: {body}");
+        }
+    }
+    // It serves on: the run's other step, and the good lines of the long file.
+    assert_eq!(http_get(&viewer.url, "/api/step?run=0&step=2").0, 200);
+    let (_, body) = http_get(&viewer.url, "/api/metrics?run=1");
+    assert!(body.contains("\"step\":2"), "{body}");
+    let peak = peak_rss_mib(viewer.child.id());
+    eprintln!("skein view peak RSS: {peak} MiB");
+    assert!(peak < HOSTILE_PEAK_MIB, "peak RSS {peak} MiB");
+    drop(viewer);
     std::fs::remove_dir_all(&root).ok();
 }
