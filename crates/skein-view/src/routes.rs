@@ -197,7 +197,7 @@ fn step_records(runs: &Runs, q: &Params) -> Result<Arc<Vec<TrajectoryRecord>>, A
             StatusCode::NOT_FOUND,
             format!(
                 "no trajectories of step {step} in {}",
-                runs.list()[run].dir.display()
+                runs.list()[run].name
             ),
         )
     })
@@ -225,7 +225,7 @@ async fn list_runs(State(viewer): Shared) -> Reply {
         .list()
         .iter()
         .enumerate()
-        .map(|(i, r)| json!({ "run": i, "name": r.name, "dir": r.dir.display().to_string() }))
+        .map(|(i, r)| json!({ "run": i, "name": r.name }))
         .collect();
     reply(json!({ "runs": list }))
 }

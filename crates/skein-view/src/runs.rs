@@ -8,7 +8,7 @@ use crate::{metrics, step_file};
 use anyhow::{bail, Context, Result};
 use axum::body::Bytes;
 use skein_report::trajectories::{self, TrajectoryRecord};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// Decoded step files kept: the one being read, and a few to go back to.
@@ -17,7 +17,9 @@ const CACHED_STEPS: usize = 4;
 /// One run directory.
 #[derive(Debug, Clone)]
 pub struct Run {
-    /// Short name for the page: the directory's name, or its path where names repeat.
+    /// Its name on the page and in messages: the directory's name, or where names repeat its
+    /// path from the folder the runs share. Never the whole path: the page is no map of the
+    /// machine's folders.
     pub name: String,
     pub dir: PathBuf,
 }
@@ -36,7 +38,7 @@ impl Runs {
         if dirs.is_empty() {
             bail!("no run directory given");
         }
-        let mut runs = Vec::new();
+        let mut canonical = Vec::new();
         for dir in dirs {
             if !dir.is_dir() {
                 bail!("{}: not a directory", dir.display());
@@ -48,22 +50,19 @@ impl Runs {
                     trajectories::DIR
                 );
             }
-            let name = dir
-                .canonicalize()
-                .ok()
-                .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
-                .unwrap_or_else(|| dir.display().to_string());
-            runs.push(Run {
+            canonical.push(
+                dir.canonicalize()
+                    .with_context(|| format!("{}: not readable", dir.display()))?,
+            );
+        }
+        let runs = names(&canonical)
+            .into_iter()
+            .zip(dirs)
+            .map(|(name, dir)| Run {
                 name,
                 dir: dir.clone(),
-            });
-        }
-        let names: Vec<String> = runs.iter().map(|r| r.name.clone()).collect();
-        for r in &mut runs {
-            if names.iter().filter(|n| **n == r.name).count() > 1 {
-                r.name = r.dir.display().to_string();
-            }
-        }
+            })
+            .collect();
         Ok(Runs {
             runs,
             limits,
@@ -99,7 +98,7 @@ impl Runs {
         if let Some(body) = self.metrics.get(&path, stamp) {
             return Ok(Bytes::clone(&body));
         }
-        let shown = path.display().to_string();
+        let shown = shown(r, &path);
         let body = Bytes::from(metrics::reply(&path, &shown, run, &self.limits)?);
         self.metrics
             .put(&path, stamp, body.len(), Arc::new(body.clone()));
@@ -126,7 +125,7 @@ impl Runs {
         if let Some(records) = self.steps.get(&path, stamp) {
             return Ok(Some(records));
         }
-        let shown = path.display().to_string();
+        let shown = shown(r, &path);
         let step = step_file::read(&path, &shown, &self.limits)?;
         let records = Arc::new(step.records);
         self.steps
@@ -137,5 +136,65 @@ impl Runs {
     /// Memory the decoded step files kept hold, as counted when they were kept.
     pub fn step_cache_bytes(&self) -> usize {
         self.steps.held_bytes()
+    }
+}
+
+/// A file of a run as messages name it: the run's name, then the path within the run.
+fn shown(run: &Run, path: &Path) -> String {
+    let within = path.strip_prefix(&run.dir).unwrap_or(path);
+    format!("{}/{}", run.name, within.display())
+}
+
+/// The runs' names: each directory's own name, or where two share one, each directory's path
+/// from the deepest folder all of them are in.
+fn names(canonical: &[PathBuf]) -> Vec<String> {
+    let own: Vec<String> = canonical.iter().map(|d| own_name(d)).collect();
+    let repeated = own.iter().enumerate().any(|(i, n)| own[..i].contains(n));
+    if !repeated {
+        return own;
+    }
+    let mut base = canonical[0].clone();
+    while !canonical.iter().all(|d| d.starts_with(&base)) {
+        if !base.pop() {
+            break;
+        }
+    }
+    // A run that is that folder itself would have an empty name: name them from above it.
+    if canonical.contains(&base) {
+        base.pop();
+    }
+    canonical
+        .iter()
+        .map(|d| match d.strip_prefix(&base) {
+            Ok(rel) if !rel.as_os_str().is_empty() => rel.display().to_string(),
+            _ => own_name(d),
+        })
+        .collect()
+}
+
+fn own_name(dir: &Path) -> String {
+    dir.file_name().map_or_else(
+        || dir.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn named(paths: &[&str]) -> Vec<String> {
+        names(&paths.iter().map(PathBuf::from).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn runs_are_named_by_directory_or_by_path_from_the_folder_they_share() {
+        assert_eq!(named(&["/r/x/default", "/r/y/b"]), ["default", "b"]);
+        assert_eq!(
+            named(&["/r/x/default", "/r/y/default"]),
+            ["x/default", "y/default"]
+        );
+        // One run inside another: named from the folder above the outer one.
+        assert_eq!(named(&["/r/run", "/r/run/sub/run"]), ["run", "run/sub/run"]);
     }
 }

@@ -236,8 +236,7 @@ mod tests {
             .iter()
             .map(|r| r["name"].as_str().unwrap())
             .collect();
-        assert_eq!(names.len(), 2);
-        assert!(names[0].ends_with("api-a") && names[1].ends_with("api-b"));
+        assert_eq!(names, [name_of(&a), name_of(&b)]);
 
         let (status, m) = get_json(&server, "/api/metrics?run=1");
         assert_eq!(status, 200);
@@ -373,6 +372,53 @@ mod tests {
         skein_report::trajectories::write_step(&dir, 1, &records).unwrap();
         assert_eq!((all, count(&server)), (10, 3));
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    fn name_of(dir: &std::path::Path) -> String {
+        dir.file_name().unwrap().to_string_lossy().into_owned()
+    }
+
+    /// Runs are named by their directories, or where names repeat by their paths from the
+    /// folder they share; neither the list nor a message shows where they are on the machine.
+    #[test]
+    fn runs_and_their_files_are_named_without_the_machines_paths() {
+        let root = tmp("names");
+        let (a, b) = (root.join("a").join("run"), root.join("b").join("run"));
+        for d in [&a, &b] {
+            fixture::write_run(d, 1).unwrap();
+        }
+        let (_rt, server) = start(&[a.clone(), b.clone()]);
+        let (_, _, body) = get(&server, "/api/runs");
+        let runs: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            runs["runs"],
+            serde_json::json!([{"run": 0, "name": "a/run"}, {"run": 1, "name": "b/run"}])
+        );
+        let machine = [
+            root.display().to_string(),
+            root.canonicalize().unwrap().display().to_string(),
+        ];
+        let hides_paths = |text: &str| machine.iter().all(|m| !text.contains(m.as_str()));
+        assert!(hides_paths(&body), "{body}");
+        std::fs::write(skein_report::trajectories::step_path(&b, 1), "not zstd").unwrap();
+        for (path, status, start) in [
+            (
+                "/api/step?run=1&step=1",
+                500,
+                "b/run/trajectories/step-1.jsonl.zst:1: unreadable",
+            ),
+            (
+                "/api/step?run=1&step=9",
+                404,
+                "no trajectories of step 9 in b/run",
+            ),
+        ] {
+            let (got, body) = get_json(&server, path);
+            let error = body["error"].as_str().unwrap();
+            assert_eq!(got, status, "{error}");
+            assert!(error.starts_with(start) && hides_paths(error), "{error}");
+        }
+        std::fs::remove_dir_all(&root).ok();
     }
 
     /// A step file of a few KB whose records decode to 40M tokens (gigabytes once parsed) is
