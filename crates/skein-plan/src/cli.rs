@@ -183,7 +183,7 @@ pub fn plan_json(input: &str) -> Result<String, PlanError> {
             json!({
                 "ranks": ranks,
                 "global_rows": mb.counts.rows,
-                "global_sequences": mb.counts.sequences,
+                "global_trajectories": mb.counts.trajectories,
                 "global_loss_tokens": mb.counts.loss_tokens,
                 "global_tokens": mb.counts.tokens,
                 "padding_rows": mb.padding_rows,
@@ -644,6 +644,6 @@ mod tests {
         let mbs = out["mini_batches"].as_array().unwrap();
         assert_eq!(mbs.len(), 1);
         assert_eq!(mbs[0]["global_rows"], 3);
-        assert_eq!(mbs[0]["global_sequences"], 2);
+        assert_eq!(mbs[0]["global_trajectories"], 2);
     }
 }

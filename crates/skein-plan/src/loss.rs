@@ -7,6 +7,10 @@ use crate::planner::GlobalCounts;
 use std::fmt;
 use std::str::FromStr;
 
+/// How a mini-batch's token losses are averaged. In these names (verl's), a "seq" is a row:
+/// one sequence fed to the model, which is a whole trajectory when its turns are merged and
+/// one turn when they are not; `trajectory-mean` averages over trajectories whatever their
+/// rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum LossAggMode {
@@ -80,7 +84,7 @@ pub fn row_token_weight(
         LossAggMode::SeqMeanTokenSum => inv(counts.rows),
         LossAggMode::SeqMeanTokenMean => inv(counts.rows) * inv(row_loss_tokens),
         LossAggMode::SeqMeanTokenSumNorm => inv(counts.rows) * inv(horizon.max(1)),
-        LossAggMode::TrajectoryMean => inv(counts.sequences) * inv(trajectory_loss_tokens),
+        LossAggMode::TrajectoryMean => inv(counts.trajectories) * inv(trajectory_loss_tokens),
     }
 }
 
@@ -136,7 +140,7 @@ mod tests {
         // Trajectory A: two rows of 1 and 3 loss tokens; trajectory B: one row of 1 token.
         let counts = GlobalCounts {
             rows: 3,
-            sequences: 2,
+            trajectories: 2,
             loss_tokens: 5,
             tokens: 20,
         };

@@ -91,7 +91,7 @@ pub enum Slot {
 pub struct GlobalCounts {
     pub rows: usize,
     /// Distinct trajectories.
-    pub sequences: usize,
+    pub trajectories: usize,
     pub loss_tokens: usize,
     pub tokens: usize,
 }
@@ -298,7 +298,7 @@ fn build_mini_batch(
     let trajectories: HashSet<usize> = real.iter().map(|&i| rows[i].trajectory).collect();
     let counts = GlobalCounts {
         rows: real.len(),
-        sequences: trajectories.len(),
+        trajectories: trajectories.len(),
         loss_tokens: real.iter().map(|&i| rows[i].loss_tokens).sum(),
         tokens: real.iter().map(|&i| rows[i].tokens()).sum(),
     };

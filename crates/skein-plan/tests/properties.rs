@@ -111,7 +111,7 @@ proptest! {
             prop_assert_eq!(mb.counts.rows, real.len());
             prop_assert_eq!(mb.counts.loss_tokens, real.iter().map(|r| r.loss_tokens).sum::<usize>());
             prop_assert_eq!(mb.counts.tokens, real.iter().map(|r| r.tokens()).sum::<usize>());
-            prop_assert_eq!(mb.counts.sequences, real.iter().map(|r| r.trajectory).collect::<HashSet<_>>().len());
+            prop_assert_eq!(mb.counts.trajectories, real.iter().map(|r| r.trajectory).collect::<HashSet<_>>().len());
             if !cfg.equal_minibatch_rows && cfg.pad_multiple.is_none() {
                 prop_assert!(mb.padding_rows < cfg.dp_size, "at most dp-1 padding rows");
             }
@@ -465,7 +465,7 @@ proptest! {
                 prop_assert!(live > 0);
                 let real: usize = p.mini_batches.iter().map(|m| m.counts.rows).sum();
                 prop_assert_eq!(real, rows.len());
-                let seqs: usize = p.mini_batches.iter().map(|m| m.counts.sequences).sum();
+                let seqs: usize = p.mini_batches.iter().map(|m| m.counts.trajectories).sum();
                 if cfg.unit == Unit::Trajectory || merge {
                     prop_assert_eq!(seqs, live, "each live trajectory counted once");
                 }

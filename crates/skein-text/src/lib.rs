@@ -3,7 +3,7 @@
 //!
 //! Text becomes token ids once, when a prompt is built; ids become text only for reward programs
 //! and display. Nothing here is on the path from sampled ids to the gradient, so nothing is ever
-//! detokenized and retokenized (design promise 1).
+//! detokenized and retokenized (the promise "token in, token out", docs/design.md).
 
 mod chat_template;
 mod generation_config;
