@@ -19,10 +19,16 @@
 
 mod common;
 
-use skein::model::Model;
+use skein::model::{Model, ModelConfig};
+use skein::trainer::update::mini_batch_step;
+use skein::trainer::update::optim::{OptimConfig, Optimizer};
+use skein::trainer::update::ranks::mpi::{Command as RankCommand, MpiGroup, MpiRanks};
+use skein::trainer::update::ranks::{Job, PassSums, Ranks};
 use skein_plan::LossAggMode;
+use std::cell::Cell;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::rc::Rc;
 use tch::{Device, Kind, Tensor};
 
 const REL_TOL: f64 = 1e-4;
@@ -237,4 +243,86 @@ fn a_job_with_the_wrong_number_of_processes_says_how_to_launch() {
         !dir.join("metrics.jsonl").exists(),
         "nothing is written before the check"
     );
+}
+
+/// The replica check across processes: rank 1 changes its weights inside its first pass (as a
+/// rank whose copy went wrong would compute), and rank 0's update fails, naming the rank and
+/// mini-batch. This test binary runs itself under `mpirun`, one rank per process.
+#[test]
+fn an_mpi_rank_that_computes_with_other_weights_fails_the_update() {
+    const NAME: &str = "an_mpi_rank_that_computes_with_other_weights_fails_the_update";
+    if std::env::var_os("OMPI_COMM_WORLD_SIZE").is_some() {
+        return diverging_ranks();
+    }
+    let exe = std::env::current_exe().expect("the test binary");
+    let out = mpirun(2)
+        .arg(exe)
+        .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
+        .output()
+        .expect("mpirun starts");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("rank 1 ran mini-batch 1 of 2"), "{stdout}");
+}
+
+/// One rank's side of the test above: two mini-batches of a loss of the weights alone.
+fn diverging_ranks() {
+    let group = Rc::new(MpiGroup::start(2).expect("two MPI processes"));
+    let cfg = ModelConfig::tiny_qwen2(16, 32, 1, 2, 2, 64, 32);
+    let model = Model::random(&cfg, Device::Cpu, 5).expect("tiny model");
+    let pass = |m: &Model, rows: &[usize], _: &mut PassSums| -> f64 {
+        let parts: Vec<Tensor> =
+            m.vs.trainable_variables()
+                .iter()
+                .map(|p| p.square().sum(Kind::Float))
+                .collect();
+        let loss = Tensor::stack(&parts, 0).sum(Kind::Float) * rows.len() as f64;
+        loss.backward();
+        loss.double_value(&[])
+    };
+    if group.rank() == 0 {
+        let plan = vec![vec![vec![0], vec![1, 2]]; 2];
+        let mut ranks = MpiRanks::new(group.clone());
+        let mut opt = Optimizer::new(&model.vs, &OptimConfig::default(), 10).unwrap();
+        let job = Job {
+            rows: &[],
+            plan: &plan,
+            pass: Vec::new(),
+        };
+        ranks.begin(&model, &job).unwrap();
+        for mini_batch in &plan {
+            mini_batch_step(&model, &mut ranks, &mut opt, mini_batch, pass).unwrap();
+        }
+        let err = Ranks::<Model>::finish(&mut ranks, &model).expect_err("rank 1 diverged");
+        println!("rank 0: {err}");
+        return;
+    }
+    let (RankCommand::Update { plan, .. }, _) = group.receive_command().unwrap() else {
+        panic!("rank 0 sends an update first");
+    };
+    let perturbed = Cell::new(false);
+    group
+        .serve_update(
+            &model,
+            &plan,
+            1,
+            |m: &Model, rows: &[usize], s: &mut PassSums| {
+                if !perturbed.replace(true) {
+                    tch::no_grad(|| {
+                        for mut p in m.vs.trainable_variables() {
+                            let _ = p.g_add_scalar_(1e-3);
+                        }
+                    });
+                }
+                pass(m, rows, s)
+            },
+        )
+        .unwrap();
+    let (stop, _) = group.receive_command().unwrap();
+    assert!(matches!(stop, RankCommand::Stop));
 }

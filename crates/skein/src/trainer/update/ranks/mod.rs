@@ -10,8 +10,11 @@
 //! Why one optimizer and a copy rather than N optimizers stepping in lockstep: the copy is
 //! exact, so replicas are bit-identical by construction rather than by every rank repeating the
 //! same float operations (which would not hold across different machines); and there is one
-//! set of moments to checkpoint and resume. [`Ranks::finish`] checks it: every rank's weights
-//! must hash to rank 0's after an update.
+//! set of moments to checkpoint and resume. What the copy does not prove is that each rank
+//! computed its gradients with the weights rank 0 has (a variable the copy misses, a broadcast
+//! that delivers other bytes, a replica written between copies): so for every mini-batch each
+//! rank [`fingerprint`]s the weights it ran its pass with, rank 0 compares them
+//! ([`SyncCheck`]), and [`Ranks::finish`] fails the update when any differed.
 
 pub mod backend;
 #[cfg(feature = "mpi")]
@@ -23,10 +26,10 @@ pub mod wire;
 pub use backend::{Backend, DataParallel};
 pub use threads::Replicas;
 
-use crate::model::{sorted_trainable, Model, ValueModel};
+use crate::model::{Model, ValueModel};
 use crate::trainer::batch::{RowPlan, TrainRow};
 use anyhow::{bail, Result};
-use tch::{nn, Device, Tensor};
+use tch::{nn, Device, Kind, Tensor};
 
 /// A model data-parallel ranks hold copies of: the policy or the critic.
 pub trait Replica: Sized + Send {
@@ -131,8 +134,46 @@ pub trait Ranks<M: Replica> {
         F: Fn(&M, &[usize], &mut PassSums) -> f64 + Sync;
     /// Gives every rank `model`'s weights.
     fn sync(&mut self, model: &M) -> Result<()>;
-    /// Checks that every rank ends the update with `model`'s weights, bit for bit.
+    /// Ends the update: fails when a rank ran a mini-batch's pass with weights whose
+    /// [`fingerprint`] differed from rank 0's.
     fn finish(&mut self, model: &M) -> Result<()>;
+}
+
+/// The ranks' weight fingerprints over one update's mini-batches: the first mini-batch in
+/// which a rank's differed from rank 0's.
+#[derive(Debug, Default)]
+pub struct SyncCheck {
+    mini_batches: usize,
+    /// (rank, 1-based mini-batch of the update).
+    first_divergence: Option<(usize, usize)>,
+}
+
+impl SyncCheck {
+    /// Records one mini-batch's fingerprints, rank 0 first.
+    pub fn record(&mut self, fingerprints: &[u64]) {
+        self.mini_batches += 1;
+        if self.first_divergence.is_some() {
+            return;
+        }
+        if let Some((&root, others)) = fingerprints.split_first() {
+            if let Some(k) = others.iter().position(|&f| f != root) {
+                self.first_divergence = Some((k + 1, self.mini_batches));
+            }
+        }
+    }
+
+    /// The update's verdict; the check starts over for the next update.
+    pub fn take(&mut self) -> Result<()> {
+        let checked = std::mem::take(self);
+        if let Some((rank, mini_batch)) = checked.first_divergence {
+            bail!(
+                "rank {rank} ran mini-batch {mini_batch} of {} of the update with weights that \
+                 differ from rank 0's: the replicas have diverged",
+                checked.mini_batches
+            );
+        }
+        Ok(())
+    }
 }
 
 /// With more than one rank, every mini-batch of the plan must have exactly one row list per
@@ -186,17 +227,50 @@ pub fn zero_grads(vs: &nn::VarStore) {
     }
 }
 
-/// FNV-1a over the bytes of every trainable variable, in name order: equal exactly when the
-/// weights are bit-identical (up to hash collisions).
+/// Elements of each variable that [`fingerprint`] reads.
+const FINGERPRINT_SAMPLES: i64 = 64;
+
+/// A cheap fingerprint of every variable (frozen ones too), in name order: per variable the
+/// integer sum of the bit patterns of [`FINGERPRINT_SAMPLES`] evenly strided elements, summed
+/// on the variable's device, then all sums read back at once and hashed with the names.
+/// Summing bits rather than values makes it exact and independent of summation order and
+/// device. Weights that differ by an optimizer step or a lost copy differ in nearly every
+/// element, so in the fingerprint; a change confined to unsampled elements goes unseen, which
+/// makes this a check that ranks compute with the same weights, not a checksum of them.
 pub fn fingerprint(vs: &nn::VarStore) -> u64 {
+    let vars = crate::model::sorted_variables(vs);
+    let sums: Vec<Tensor> = tch::no_grad(|| {
+        vars.iter()
+            .map(|(_, t)| sampled_bits_sum(t).to_device(Device::Cpu))
+            .collect()
+    });
+    let mut values = vec![0i64; sums.len()];
+    if !sums.is_empty() {
+        Tensor::stack(&sums, 0).copy_data(&mut values, sums.len());
+    }
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for (name, t) in sorted_trainable(vs) {
-        for b in name.bytes().chain(tensor_bytes(&t)) {
+    for ((name, _), v) in vars.iter().zip(values) {
+        for b in name.bytes().chain(v.to_le_bytes()) {
             h ^= b as u64;
             h = h.wrapping_mul(0x0100_0000_01b3);
         }
     }
     h
+}
+
+/// The sum, as an int64 scalar, of the bit patterns of `t`'s sampled elements.
+fn sampled_bits_sum(t: &Tensor) -> Tensor {
+    let flat = t.detach().reshape([-1]);
+    let n = flat.numel() as i64;
+    let bits = match t.kind().elt_size_in_bytes() {
+        1 => Kind::Int8,
+        2 => Kind::Int16,
+        4 => Kind::Int,
+        _ => Kind::Int64,
+    };
+    flat.slice(0, 0, n, (n / FINGERPRINT_SAMPLES).max(1))
+        .view_dtype(bits)
+        .sum(Kind::Int64)
 }
 
 /// A tensor's elements as bytes, in its own kind, row-major.

@@ -2,9 +2,10 @@
 //! trainer.dp_backend=mpi --set trainer.dp_size=N`). Rank 0 runs the whole training loop —
 //! rollout, rewards, planning, metrics, checkpoints — and at every update sends the other ranks
 //! the step's rows and plan; they hold a copy of the policy (and critic), run their rows of each
-//! mini-batch, and take part in three collectives per mini-batch: gradients summed into rank 0
-//! (MPI reduce), per-rank loss and timing gathered to rank 0, and rank 0's new weights
-//! broadcast back. After each update every rank's weights must hash to rank 0's.
+//! mini-batch, and take part in four collectives per mini-batch: gradients summed into rank 0
+//! (MPI reduce), per-rank loss and timing gathered to rank 0, the [`fingerprint`] of the
+//! weights each rank ran its pass with gathered to rank 0 (a mini-batch where one differs
+//! from rank 0's fails the update at its end), and rank 0's new weights broadcast back.
 //!
 //! Commands (models, update, stop) go from rank 0 to each rank point to point; an idle rank
 //! polls for the next one with a short sleep instead of blocking in MPI, whose busy wait would
@@ -13,6 +14,7 @@
 use super::wire::encode_rows;
 use super::{
     check_plan, fingerprint, tensor_bytes, zero_grads, Job, PassSums, Ranks, RanksOut, Replica,
+    SyncCheck,
 };
 use crate::model::{ModelConfig, ModelOptions};
 use crate::trainer::batch::RowPlan;
@@ -267,20 +269,16 @@ impl MpiGroup {
             .collect()
     }
 
-    /// Every rank's weight fingerprint must equal rank 0's.
-    fn check_in_sync(&self, vs: &nn::VarStore) -> Result<()> {
-        let mine = fingerprint(vs);
+    /// Rank 0 gets every rank's weight fingerprint, rank 0 first.
+    fn gather_fingerprints(&self, mine: u64) -> Vec<u64> {
         let root = self.world.process_at_rank(0);
         if !self.is_root() {
             root.gather_into(&mine);
-            return Ok(());
+            return Vec::new();
         }
         let mut all = vec![0u64; self.size()];
         root.gather_into_root(&mine, &mut all[..]);
-        if let Some(rank) = all.iter().position(|&f| f != mine) {
-            bail!("rank {rank}'s weights differ from rank 0's after the update");
-        }
-        Ok(())
+        all
     }
 
     /// A rank other than 0: the part of one update its rows take, in the same order of
@@ -310,10 +308,11 @@ impl MpiGroup {
                 let secs = t.elapsed().as_secs_f64();
                 self.reduce_grads(model.vars());
                 self.gather_stats(loss, &sums, secs);
+                self.gather_fingerprints(fingerprint(model.vars()));
                 self.broadcast_weights(model.vars(), false);
             }
         }
-        self.check_in_sync(model.vars())
+        Ok(())
     }
 }
 
@@ -334,11 +333,15 @@ impl Drop for MpiGroup {
 /// Rank 0's side of the MPI ranks.
 pub struct MpiRanks {
     group: Rc<MpiGroup>,
+    check: SyncCheck,
 }
 
 impl MpiRanks {
     pub fn new(group: Rc<MpiGroup>) -> Self {
-        MpiRanks { group }
+        MpiRanks {
+            group,
+            check: SyncCheck::default(),
+        }
     }
 }
 
@@ -355,6 +358,7 @@ impl<M: Replica> Ranks<M> for MpiRanks {
         };
         self.group.send_command(&update, &encode_rows(job.rows))?;
         self.group.in_update.set(true);
+        self.check = SyncCheck::default();
         self.group.broadcast_weights(model.vars(), true);
         Ok(())
     }
@@ -368,9 +372,10 @@ impl<M: Replica> Ranks<M> for MpiRanks {
         let loss = pass(model, &mini_batch[0], &mut sums);
         let secs = t.elapsed().as_secs_f64();
         self.group.reduce_grads(model.vars());
-        Ok(RanksOut::from_ranks(
-            self.group.gather_stats(loss, &sums, secs),
-        ))
+        let stats = self.group.gather_stats(loss, &sums, secs);
+        let fingerprints = self.group.gather_fingerprints(fingerprint(model.vars()));
+        self.check.record(&fingerprints);
+        Ok(RanksOut::from_ranks(stats))
     }
 
     fn sync(&mut self, model: &M) -> Result<()> {
@@ -378,9 +383,8 @@ impl<M: Replica> Ranks<M> for MpiRanks {
         Ok(())
     }
 
-    fn finish(&mut self, model: &M) -> Result<()> {
-        let checked = self.group.check_in_sync(model.vars());
+    fn finish(&mut self, _model: &M) -> Result<()> {
         self.group.in_update.set(false);
-        checked
+        self.check.take()
     }
 }

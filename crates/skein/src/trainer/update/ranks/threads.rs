@@ -1,8 +1,8 @@
 //! Ranks as threads of this process (`trainer.dp_backend = "threads"`).
 
 use super::{add_grad, check_plan, fingerprint, rank_device, zero_grads};
-use super::{Job, PassSums, Ranks, RanksOut, Replica};
-use anyhow::{bail, Context, Result};
+use super::{Job, PassSums, Ranks, RanksOut, Replica, SyncCheck};
+use anyhow::{Context, Result};
 use std::time::Instant;
 
 /// Ranks as threads of this process: rank 0 is the model itself, on the calling thread; each
@@ -11,6 +11,7 @@ use std::time::Instant;
 /// every rank list of a mini-batch runs on the one model, one after another.
 pub struct Replicas<M: Replica> {
     models: Vec<M>,
+    check: SyncCheck,
 }
 
 impl<M: Replica> Replicas<M> {
@@ -25,7 +26,10 @@ impl<M: Replica> Replicas<M> {
             m.vars_mut().copy(model.vars())?;
             models.push(m);
         }
-        Ok(Replicas { models })
+        Ok(Replicas {
+            models,
+            check: SyncCheck::default(),
+        })
     }
 
     /// The replicas, for checks (rank 1 first).
@@ -65,6 +69,7 @@ impl<M: Replica> Ranks<M> for Replicas<M> {
 
     fn begin(&mut self, model: &M, job: &Job) -> Result<()> {
         check_plan(job.plan, self.size())?;
+        self.check = SyncCheck::default();
         self.sync(model)
     }
 
@@ -81,20 +86,23 @@ impl<M: Replica> Ranks<M> for Replicas<M> {
         if self.models.is_empty() {
             return Ok(RanksOut::from_ranks(vec![timed(model, mini_batch)]));
         }
-        let results = std::thread::scope(|s| {
+        // Each rank fingerprints the weights it computes with, on its own thread.
+        let with_fingerprint =
+            |m: &M, lists: &[Vec<usize>]| (timed(m, lists), fingerprint(m.vars()));
+        let (results, fingerprints): (Vec<_>, Vec<_>) = std::thread::scope(|s| {
             let handles: Vec<_> = self
                 .models
                 .iter_mut()
                 .zip(mini_batch[1..].chunks(1))
                 .map(|(m, lists)| {
-                    let timed = &timed;
+                    let with_fingerprint = &with_fingerprint;
                     s.spawn(move || {
                         zero_grads(m.vars());
-                        timed(m, lists)
+                        with_fingerprint(m, lists)
                     })
                 })
                 .collect();
-            let mut out = vec![timed(model, &mini_batch[..1])];
+            let mut out = vec![with_fingerprint(model, &mini_batch[..1])];
             for h in handles {
                 match h.join() {
                     Ok(r) => out.push(r),
@@ -102,8 +110,9 @@ impl<M: Replica> Ranks<M> for Replicas<M> {
                     Err(payload) => std::panic::resume_unwind(payload),
                 }
             }
-            out
+            out.into_iter().unzip()
         });
+        self.check.record(&fingerprints);
         self.all_reduce_into(model);
         Ok(RanksOut::from_ranks(results))
     }
@@ -124,16 +133,108 @@ impl<M: Replica> Ranks<M> for Replicas<M> {
         Ok(())
     }
 
-    fn finish(&mut self, model: &M) -> Result<()> {
-        let want = fingerprint(model.vars());
-        for (k, m) in self.models.iter().enumerate() {
-            if fingerprint(m.vars()) != want {
-                bail!(
-                    "rank {}'s weights differ from rank 0's after the update",
-                    k + 1
-                );
-            }
+    fn finish(&mut self, _model: &M) -> Result<()> {
+        self.check.take()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{sorted_trainable, sorted_variables, LoraConfig, Model, ModelConfig};
+    use crate::model::{Dtype, ModelOptions};
+    use crate::trainer::update::mini_batch_step;
+    use crate::trainer::update::optim::{OptimConfig, Optimizer};
+    use tch::{Device, Kind, Tensor};
+
+    /// A policy of the given shape options, with its two-rank replicas and optimizer.
+    fn two_ranks(lora_rank: usize) -> (Model, Replicas<Model>, Optimizer) {
+        let options = ModelOptions {
+            dtype: Dtype::Float32,
+            lora: LoraConfig {
+                rank: lora_rank,
+                ..LoraConfig::default()
+            },
+        };
+        let cfg = ModelConfig::tiny_qwen2(16, 32, 1, 2, 2, 64, 32);
+        let model = Model::random_with(&cfg, &options, Device::Cpu, 5).unwrap();
+        let replicas = Replicas::new(&model, 2).unwrap();
+        let opt = Optimizer::new(&model.vs, &OptimConfig::default(), 10).unwrap();
+        (model, replicas, opt)
+    }
+
+    /// A loss of the weights alone, scaled by the rank's row count: every rank gets a gradient
+    /// at the weights it holds.
+    fn pass(m: &Model, rows: &[usize], _: &mut PassSums) -> f64 {
+        let loss = sorted_trainable(&m.vs)
+            .iter()
+            .map(|(_, p)| p.square().sum(Kind::Float))
+            .fold(Tensor::from(0f32), |a, b| a + b)
+            * rows.len() as f64;
+        loss.backward();
+        loss.double_value(&[])
+    }
+
+    /// `begin`, then two mini-batches over both ranks with `between` run on the replicas after
+    /// the first copy, then `finish`.
+    fn update(lora_rank: usize, between: impl Fn(&mut [Model])) -> Result<()> {
+        let (model, mut ranks, mut opt) = two_ranks(lora_rank);
+        let plan = vec![vec![vec![0], vec![1, 2]]; 2];
+        let job = Job {
+            rows: &[],
+            plan: &plan,
+            pass: Vec::new(),
+        };
+        ranks.begin(&model, &job)?;
+        between(&mut ranks.models);
+        for mini_batch in &plan {
+            let (_, step) = mini_batch_step(&model, &mut ranks, &mut opt, mini_batch, pass)?;
+            assert!(step.is_some(), "the step was applied");
         }
-        Ok(())
+        ranks.finish(&model)
+    }
+
+    /// Adds `delta` to every element of the replica's variable `name`.
+    fn perturb(replica: &Model, name: &str, delta: f64) {
+        let (_, mut t) = sorted_variables(&replica.vs)
+            .into_iter()
+            .find(|(n, _)| n == name)
+            .unwrap();
+        tch::no_grad(|| {
+            let _ = t.g_add_scalar_(delta);
+        });
+    }
+
+    #[test]
+    fn ranks_that_compute_with_rank_0s_weights_pass_the_check() {
+        update(0, |_| {}).unwrap();
+        update(4, |_| {}).unwrap();
+    }
+
+    #[test]
+    fn a_replica_with_other_weights_fails_the_update() {
+        let (model, _, _) = two_ranks(0);
+        let (name, _) = sorted_trainable(&model.vs).swap_remove(0);
+        let err = update(0, |replicas| perturb(&replicas[0], &name, 1e-3)).unwrap_err();
+        assert!(
+            err.to_string().contains("rank 1 ran mini-batch 1 of 2"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_replica_with_another_frozen_base_fails_the_update() {
+        // The copy between mini-batches moves trainable weights only (the adapters here), so a
+        // frozen weight that differs stays different for the whole update.
+        let (model, _, _) = two_ranks(4);
+        let (name, _) = sorted_variables(&model.vs)
+            .into_iter()
+            .find(|(_, t)| !t.requires_grad())
+            .unwrap();
+        let err = update(4, |replicas| perturb(&replicas[0], &name, 1e-3)).unwrap_err();
+        assert!(
+            err.to_string().contains("rank 1 ran mini-batch 1 of 2"),
+            "{err}"
+        );
     }
 }
