@@ -224,3 +224,8 @@ fn export_names_a_missing_adapter_or_base() {
     );
     assert!(!out.exists(), "nothing is written");
 }
+
+#[test]
+fn the_reward_bench_refuses_zero_rounds_rather_than_report_zeros() {
+    refused(&["bench", "rewards", "--rounds", "0"], &["--rounds", "≥ 1"]);
+}

@@ -75,8 +75,11 @@ pub fn run(a: &PartialBenchArgs) -> Result<()> {
         cfg.rollout.partial.max_staleness = a.max_staleness;
         eprintln!("skein bench-partial: {name} run");
         train_overwriting(&cfg)?;
-        let records = rl_records(&a.out.join(name))?;
-        runs.push((name, figures(&records), records));
+        let metrics = a.out.join(name).join("metrics.jsonl");
+        let records = rl_records(&metrics)?;
+        let figures =
+            figures(&records).with_context(|| format!("reading {}", metrics.display()))?;
+        runs.push((name, figures, records));
     }
     println!(
         "{:<8} {:>14} {:>16} {:>12} {:>12} {:>16}",
@@ -111,31 +114,43 @@ pub fn run(a: &PartialBenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// The records of RL steps (those with a step time).
-fn rl_records(dir: &Path) -> Result<Vec<Map<String, Value>>> {
-    Ok(read_metrics(&dir.join("metrics.jsonl"))?
+/// The records of RL steps (those with a step time) of a run's metrics.jsonl.
+fn rl_records(metrics: &Path) -> Result<Vec<Map<String, Value>>> {
+    Ok(read_metrics(metrics)?
         .into_iter()
         .filter(|r| r.contains_key("time/step_s"))
         .collect())
 }
 
-fn figures(records: &[Map<String, Value>]) -> RunFigures {
-    let get = |r: &Map<String, Value>, k: &str| r.get(k).and_then(Value::as_f64).unwrap_or(0.0);
-    let times: Vec<f64> = records.iter().map(|r| get(r, "time/step_s")).collect();
-    let n = times.len().max(1) as f64;
+/// A run's figures; an error names the step and metric when a record lacks one.
+fn figures(records: &[Map<String, Value>]) -> Result<RunFigures> {
+    anyhow::ensure!(!records.is_empty(), "no RL step was logged");
+    let column = |k: &str| -> Result<Vec<f64>> {
+        records
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                r.get(k)
+                    .and_then(Value::as_f64)
+                    .with_context(|| format!("RL step {} has no number `{k}`", i + 1))
+            })
+            .collect()
+    };
+    let times = column("time/step_s")?;
+    let n = times.len() as f64;
     let mean = times.iter().sum::<f64>() / n;
     let var = times.iter().map(|t| (t - mean).powi(2)).sum::<f64>() / n;
-    let rewards: Vec<f64> = records.iter().map(|r| get(r, "reward/mean")).collect();
-    let k = rewards.len().clamp(1, 5);
-    let avg = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
-    RunFigures {
-        trained_tokens: records.iter().map(|r| get(r, "tokens/trained")).sum(),
+    let rewards = column("reward/mean")?;
+    let k = rewards.len().min(5);
+    let avg = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    Ok(RunFigures {
+        trained_tokens: column("tokens/trained")?.iter().sum(),
         seconds: times.iter().sum::<f64>().max(1e-9),
         step_mean: mean,
         step_std: var.sqrt(),
-        reward_first: avg(&rewards[..k.min(rewards.len())]),
-        reward_last: avg(&rewards[rewards.len().saturating_sub(k)..]),
-    }
+        reward_first: avg(&rewards[..k]),
+        reward_last: avg(&rewards[rewards.len() - k..]),
+    })
 }
 
 /// One record per step with each run's metrics under `<metric> (<run>)`, so each panel
@@ -182,4 +197,41 @@ fn plot_both(
         png,
     )
     .with_context(|| format!("drawing {}", png.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(step_s: f64, reward: f64, tokens: Option<f64>) -> Map<String, Value> {
+        let mut r = Map::new();
+        r.insert("time/step_s".into(), json!(step_s));
+        r.insert("reward/mean".into(), json!(reward));
+        if let Some(t) = tokens {
+            r.insert("tokens/trained".into(), json!(t));
+        }
+        r
+    }
+
+    #[test]
+    fn figures_come_from_every_step() {
+        let f = figures(&[record(1.0, 0.2, Some(10.0)), record(3.0, 0.6, Some(30.0))]).unwrap();
+        assert_eq!((f.trained_tokens, f.seconds), (40.0, 4.0));
+        assert_eq!((f.step_mean, f.step_std), (2.0, 1.0));
+        assert!((f.reward_first - 0.4).abs() < 1e-12 && (f.reward_last - 0.4).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_missing_metric_is_an_error_not_a_zero() {
+        let records = [record(1.0, 0.2, Some(10.0)), record(1.0, 0.3, None)];
+        let err = figures(&records)
+            .err()
+            .expect("a step without tokens/trained");
+        assert!(
+            err.to_string()
+                .contains("RL step 2 has no number `tokens/trained`"),
+            "{err}"
+        );
+        assert!(figures(&[]).is_err(), "no steps, no figures");
+    }
 }

@@ -88,6 +88,10 @@ pub fn run(what: &BenchWhat) -> Result<()> {
 }
 
 fn rewards(a: &RewardBenchArgs) -> Result<()> {
+    // Medians of no rounds would be made-up figures.
+    if a.rounds == 0 {
+        anyhow::bail!("invalid value for `--rounds`: must be ≥ 1 (got 0)");
+    }
     tch::set_num_threads(a.torch_threads.max(1) as i32);
     let dir = match &a.model {
         Some(d) => d.clone(),
@@ -281,7 +285,8 @@ fn round(s: &Setup, exec: &Executor, n: usize, async_scoring: bool, seed: i64) -
     })
 }
 
+/// The median of one value per round (`--rounds` is at least 1).
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
+    v[v.len() / 2]
 }
