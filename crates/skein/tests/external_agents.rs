@@ -4,20 +4,13 @@
 
 mod common;
 
-use common::{python_with_openai, step_metrics};
+use common::{require_python_with_openai, step_metrics};
 use skein::trainer::run::train;
 use skein::trainer::TrainConfig;
 
 #[test]
 fn the_example_agent_trains_the_policy_through_the_server() {
-    let Some(python) = python_with_openai() else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI is set but no Python has the `openai` package: run scripts/setup-agent-client.sh"
-        );
-        eprintln!("skipped: no Python with `openai` (run scripts/setup-agent-client.sh)");
-        return;
-    };
+    let python = require_python_with_openai();
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../scripts/example_agent.py"

@@ -2,7 +2,7 @@
 //! test needs the rollout store), a real engine and a real model, HTTP over loopback.
 
 mod common;
-use common::python_with_openai;
+use common::require_python_with_openai;
 use reqwest::{Client, StatusCode};
 use serde_json::{json, Value};
 use skein::engine::{self, Engine, SamplingParams};
@@ -734,14 +734,7 @@ fn a_thousand_concurrent_rollout_calls_are_all_recorded() {
 /// received are the ids recorded.
 #[test]
 fn example_agent_closes_every_rollout_it_is_given() {
-    let Some(python) = python_with_openai() else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI is set but no Python has the `openai` package: run scripts/setup-agent-client.sh"
-        );
-        eprintln!("skipped: no Python with `openai` (run scripts/setup-agent-client.sh)");
-        return;
-    };
+    let python = require_python_with_openai();
     let server = ServeProcess::start(&["--api-key", "agent-key"]);
     let dir = temp_dir("agent");
     let log = dir.join("calls.jsonl");

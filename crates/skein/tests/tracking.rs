@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{python_with, TINY_RUN};
+use common::{require_python_with, TINY_RUN};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -123,14 +123,10 @@ fn assert_same(python: &str, dir: &Path) {
 
 #[test]
 fn tensorboard_shows_every_metric_of_metrics_jsonl_across_a_resume() {
-    let Some(python) = python_with("tensorboard.backend.event_processing.event_accumulator") else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI is set but no Python has the `tensorboard` package: run scripts/setup-tensorboard.sh"
-        );
-        eprintln!("skipped: no Python with `tensorboard` (run scripts/setup-tensorboard.sh)");
-        return;
-    };
+    let python = require_python_with(
+        "tensorboard.backend.event_processing.event_accumulator",
+        "scripts/setup-tensorboard.sh",
+    );
     let dir = common::workdir("tracking", "tb");
     let run_dir = format!("run.dir=\"{}\"", dir.display());
     skein_train(&[], &[&run_dir]);

@@ -9,6 +9,19 @@ pub fn python_with_openai() -> Option<String> {
     python_with("openai")
 }
 
+/// The Python interpreter that has the `openai` package; the test fails without one.
+pub fn require_python_with_openai() -> String {
+    require_python_with("openai", "scripts/setup-agent-client.sh")
+}
+
+/// The Python interpreter (the project's .venv first) that can import `module`. A test that
+/// needs one fails without it, naming the script that installs it (`make test` runs them all),
+/// rather than passing without having run.
+pub fn require_python_with(module: &str, setup: &str) -> String {
+    python_with(module)
+        .unwrap_or_else(|| panic!("no Python can import `{module}`: run {setup} (make test does)"))
+}
+
 /// The Python interpreter (the project's .venv first) that can import `module`, if any.
 pub fn python_with(module: &str) -> Option<String> {
     let venv = concat!(env!("CARGO_MANIFEST_DIR"), "/../../.venv/bin/python");
