@@ -169,9 +169,13 @@ fn two_mpi_processes_take_the_same_step_as_one() {
         );
 
         let m = &common::step_metrics(&two)[0];
-        assert_eq!(m["dp/rows_per_rank_max"], m["dp/rows_per_rank_mean"], "{m}");
+        let rows_max = m["dp/rows_per_rank_max"]
+            .as_f64()
+            .expect("dp/rows_per_rank_max");
+        assert_eq!(m["dp/rows_per_rank_mean"].as_f64(), Some(rows_max), "{m}");
         assert!(m["batch/padding_rows"].as_f64().unwrap() > 0.0, "{m}");
-        assert!(m["dp/allreduce_wait_s"].as_f64().unwrap() >= 0.0, "{m}");
+        // Two processes' compute times never agree to the nanosecond.
+        assert!(m["dp/allreduce_wait_s"].as_f64().unwrap() > 0.0, "{m}");
         for dir in [one, two] {
             let _ = std::fs::remove_dir_all(dir);
         }

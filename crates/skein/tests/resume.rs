@@ -151,7 +151,13 @@ fn assert_same_steps(whole: &Path, cut: &Path) {
     );
     for (x, y) in a.iter().zip(&b) {
         for key in EXACT {
-            assert_eq!(x.get(*key), y.get(*key), "step {}: `{key}`", x["step"]);
+            let want = x.get(*key);
+            assert!(
+                want.is_some(),
+                "step {}: the run logged no `{key}`",
+                x["step"]
+            );
+            assert_eq!(y.get(*key), want, "step {}: `{key}`", x["step"]);
         }
     }
 }
