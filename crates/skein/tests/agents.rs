@@ -86,7 +86,8 @@ fn the_calculator_task_trains_with_tool_calls() {
     for e in &evals {
         let turns = e["eval/turns_mean"].as_f64().unwrap();
         assert!((1.0..=3.0).contains(&turns), "{e}");
-        assert!(e["eval/tool_calls_mean"].as_f64().unwrap() >= 0.0, "{e}");
+        // A tool call is a message the tool answered, so there are at most as many as turns.
+        assert!(e["eval/tool_calls_mean"].as_f64().unwrap() <= turns, "{e}");
         match e.get("eval/solved_turns_mean") {
             Some(t) => assert!((1.0..=3.0).contains(&t.as_f64().unwrap()), "{e}"),
             None => assert_eq!(e["eval/accuracy"].as_f64(), Some(0.0), "{e}"),
@@ -107,7 +108,7 @@ fn the_guessing_game_trains_over_several_turns() {
         assert_eq!(m["agent/tool_calls"].as_f64(), Some(0.0));
         assert!(m["loss/policy"].as_f64().unwrap().is_finite());
     }
-    assert!(run.eval_after.accuracy >= 0.0 && run.rewards.len() == 3);
+    assert_eq!(run.rewards.len(), 3);
 
     // The checkpoint, loaded back through `model.path`, plays as it did at the end of the run:
     // a built-in model keeps the plain turns it learned, though its tokenizer carries ChatML.
