@@ -1,6 +1,11 @@
 //! End to end: the default job's pipeline (tiny model from scratch, SFT warm-up, GRPO) on the
 //! easiest task setting must raise the training reward, and the same run with the policy update
 //! switched off must not: so the threshold catches a broken gradient, not just noise.
+//!
+//! Greedy accuracy is not asserted here: 16 steps on 100 training problems move the sampled
+//! reward far more than greedy accuracy (over seeds 0–2 it moved +0.03, +0.14 and +0.15, one
+//! standard error being about 0.05), so a floor on it could only be loose. The held-out gain
+//! of RL over its warm-up is asserted by `tests/default_job.rs`, on the default job.
 
 use skein::trainer::run::train;
 use skein::trainer::TrainConfig;
@@ -46,15 +51,6 @@ fn grpo_raises_the_reward_and_a_frozen_policy_does_not() {
     assert!(
         f.abs() < 0.08,
         "a policy that is not updated must not improve (got {f:.3})"
-    );
-    // 100 evaluation problems near 60% accuracy: one standard error is about 0.05, so only a
-    // drop beyond two of them is a real loss (16 steps move the sampled reward far more than
-    // greedy accuracy; over seeds 0–5 this run's greedy accuracy moves by −0.07 to +0.18).
-    assert!(
-        learn.eval_after.accuracy >= learn.eval_before.accuracy - 0.10,
-        "train-set accuracy must not fall beyond noise ({:.3} → {:.3})",
-        learn.eval_before.accuracy,
-        learn.eval_after.accuracy
     );
     // The checkpoints are HF directories this project loads back, tokenizer and eos included.
     let ckpt = learn.dir.join("checkpoint");
