@@ -9,21 +9,23 @@ Train on it with
 skein starts this program `agent.workers` times and keeps each running; one process hosts
 many episodes at once, told apart by their episode id. It reads one JSON request per line on
 stdin and writes one JSON answer per line on stdout, in order (except `close`, which gets no
-answer):
+answer). Every request that gets an answer carries an "id", and its answer echoes it: an answer
+with another id fails its episode, and skein starts the process again.
 
-    {"op": "info"}
+    {"op": "info", "id": 1}
       -> {"name", "alphabet", "max_turns", "max_message_chars", "problems", "demonstrations"}
-    {"op": "reset", "episode": ID, "task": {"seed": N, "split": "train" | "eval"}}
-      -> {"messages": [{"role": "user", "content": "guess 1-16"}], "state": ""}
-    {"op": "step", "episode": ID, "message": "8"}
-      -> {"messages": [{"role": "user", "content": "higher"}], "reward": null, "done": false,
-          "state": "8> "}
-      or {"done": true, "reward": 1.0, "correct": true, "formatted": true}
-    {"op": "demonstrate", "task": {...}, "transcript": [{"message", "reply"}, ...], "seed": N}
-      -> {"message": "8"}
+    {"op": "reset", "id": 2, "episode": ID, "task": {"seed": N, "split": "train" | "eval"}}
+      -> {"id": 2, "messages": [{"role": "user", "content": "guess 1-16"}], "state": ""}
+    {"op": "step", "id": 3, "episode": ID, "message": "8"}
+      -> {"id": 3, "messages": [{"role": "user", "content": "higher"}], "reward": null,
+          "done": false, "state": "8> "}
+      or {"id": 3, "done": true, "reward": 1.0, "correct": true, "formatted": true}
+    {"op": "demonstrate", "id": 4, "task": {...}, "transcript": [{"message", "reply"}, ...],
+     "seed": N}
+      -> {"id": 4, "message": "8"}
     {"op": "close", "episode": ID}   (no answer: forget the episode)
 
-Any request may be answered {"error": "..."}: that episode fails and the others go on. A
+Any request may be answered {"id": ..., "error": "..."}: that episode fails and the others go on. A
 reset must be deterministic in its seed: the episodes of a group share one seed, and are
 compared with each other. "state" is optional: a key naming the state the next message is
 written in (here the guesses and replies so far); episodes of a group in the same state are
@@ -37,8 +39,9 @@ with reward 1 for a first-turn hit and 0.1 less per further turn, never below 0.
 skein sets SKEIN_WORKER to the process's index (0 to agent.workers - 1).
 
 For tests: `--crash-every K` exits abruptly instead of answering every K-th step this process
-gets; `--hang-every K` stops answering (sleeps) at every K-th step; `--fault-worker I` limits
-both to the process whose SKEIN_WORKER is I.
+gets; `--hang-every K` stops answering (sleeps, reading nothing more) at every K-th step;
+`--answer-twice-every K` writes every K-th step's answer twice; `--fault-worker I` limits
+them to the process whose SKEIN_WORKER is I.
 """
 
 import argparse
@@ -143,15 +146,18 @@ def main():
     parser.add_argument("--difficulty", type=int, default=1, choices=[1, 2, 3])
     parser.add_argument("--crash-every", type=int, default=0, metavar="K")
     parser.add_argument("--hang-every", type=int, default=0, metavar="K")
+    parser.add_argument("--answer-twice-every", type=int, default=0, metavar="K")
     parser.add_argument("--fault-worker", type=int, default=None, metavar="I")
     args = parser.parse_args()
     if args.fault_worker is not None and os.environ.get("SKEIN_WORKER") != str(args.fault_worker):
-        args.crash_every = args.hang_every = 0
+        args.crash_every = args.hang_every = args.answer_twice_every = 0
     game = Game(args.difficulty)
     steps = 0
     for line in sys.stdin:
         if not line.strip():
             continue
+        request = {}
+        twice = False
         try:
             request = json.loads(line)
             op = request.get("op")
@@ -171,13 +177,15 @@ def main():
                     print(f"env_worker_example: hanging at step {steps}", file=sys.stderr)
                     time.sleep(3600)
                 answer = game.step(request["episode"], request["message"])
+                twice = args.answer_twice_every and steps % args.answer_twice_every == 0
             elif op == "demonstrate":
                 answer = game.demonstrate(request["transcript"], request["seed"])
             else:
                 answer = {"error": f"unknown op {op!r}"}
         except Exception as e:  # one bad request must not take the worker down
             answer = {"error": f"{type(e).__name__}: {e}"}
-        sys.stdout.write(json.dumps(answer) + "\n")
+        answer["id"] = request.get("id") if isinstance(request, dict) else None
+        sys.stdout.write((json.dumps(answer) + "\n") * (2 if twice else 1))
         sys.stdout.flush()
 
 

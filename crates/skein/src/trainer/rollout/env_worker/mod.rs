@@ -470,8 +470,11 @@ mod tests {
         let e = WorkerTask::start(&cfg).err().unwrap().to_string();
         assert!(e.contains("`agent.command`") && e.contains("died"), "{e}");
         let mut cfg = config(&[]);
-        let info = r#"print('{"name": "x", "max_turns": 2, "max_message_chars": 1}', flush=True)
-import sys; sys.stdin.read()"#;
+        let info = r#"import json, sys
+request = json.loads(sys.stdin.readline())
+print(json.dumps({"id": request["id"], "name": "x", "max_turns": 2, "max_message_chars": 1}),
+      flush=True)
+sys.stdin.read()"#;
         cfg.agent.command = vec![python(), "-c".into(), info.into()];
         let e = WorkerTask::start(&cfg).err().unwrap().to_string();
         assert!(

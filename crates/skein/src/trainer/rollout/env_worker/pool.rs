@@ -3,11 +3,13 @@
 //!
 //! An episode lives in the process that answered its `reset` (its [`Home`]). A process
 //! answers one request at a time, so a call holds its slot until the answer comes or its
-//! deadline passes. A process that exits, hangs past the deadline, or writes a line that is not
-//! JSON is killed (with its process group), and every episode it hosted fails when it next
-//! calls; the slot starts a new process for the next episode. A `{"error": …}` answer, or a
-//! JSON answer of the wrong shape, fails only the request's own episode: the process stays in
-//! step and keeps going.
+//! deadline passes. Every request carries an `"id"` its answer must echo. A process that
+//! exits, hangs past the deadline, writes a line that is not JSON, or answers with another id
+//! (it answered some request twice, so its answers no longer line up with the requests) is
+//! killed (with its process group), and every episode it hosted fails when it next calls; the
+//! slot starts a new process for the next episode. A `{"error": …}` answer, or a JSON answer
+//! of the wrong shape, fails only the request's own episode: the process stays in step and
+//! keeps going.
 
 use serde_json::{Map, Value};
 use skein_reward::lines::{LineError, LineProcess};
@@ -55,11 +57,46 @@ pub struct Pool {
     slots: Vec<Mutex<Slot>>,
     /// Where the next episode goes (round robin).
     next: AtomicUsize,
+    /// The id of the next request.
+    next_id: AtomicU64,
     restarts: AtomicU64,
 }
 
 fn lock(m: &Mutex<Slot>) -> MutexGuard<'_, Slot> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `request` with its `"id"`.
+fn with_id(request: &Value, id: u64) -> Value {
+    let mut request = request.clone();
+    if let Some(fields) = request.as_object_mut() {
+        fields.insert("id".into(), id.into());
+    }
+    request
+}
+
+/// The fields of `line` when it is the answer to request `id` (its `"id"` removed), else why
+/// the process is out of step.
+fn in_step(line: &str, id: u64) -> Result<Map<String, Value>, String> {
+    let Ok(Value::Object(mut fields)) = serde_json::from_str::<Value>(line) else {
+        return Err(format!(
+            "it wrote a line that is not a JSON object: {}",
+            quote(line)
+        ));
+    };
+    match fields.remove("id") {
+        Some(answered) if answered == id => Ok(fields),
+        None | Some(Value::Null) => Err(format!(
+            "its answer to request {id} has no \"id\" (every answer must echo its \
+             request's \"id\"): {}",
+            quote(line)
+        )),
+        Some(other) => Err(format!(
+            "it answered request {id} with id {}: its answers no longer line up with the \
+             requests (it answered one twice, or out of order)",
+            quote(&other.to_string())
+        )),
+    }
 }
 
 fn quote(line: &str) -> String {
@@ -95,6 +132,7 @@ impl Pool {
                 })
                 .collect(),
             next: AtomicUsize::new(0),
+            next_id: AtomicU64::new(1),
             restarts: AtomicU64::new(0),
         };
         let mut answers = Vec::with_capacity(processes);
@@ -174,7 +212,8 @@ impl Pool {
         let Some(process) = slot.process.as_mut() else {
             return Err(EnvError::worker(format!("{name} is not running")));
         };
-        process.send(format!("{request}\n"));
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        process.send(format!("{}\n", with_id(request, id)));
         let allowed = if process.answered() {
             self.timeout
         } else {
@@ -194,28 +233,33 @@ impl Pool {
             }
         };
         let stdin = process.sender();
-        match serde_json::from_str::<Value>(&line) {
-            Ok(Value::Object(fields)) => match fields.get("error") {
-                None | Some(Value::Null) => Ok(Answer {
-                    fields,
-                    home,
-                    stdin,
-                }),
-                Some(e) => {
-                    let e = e.as_str().map_or_else(|| e.to_string(), str::to_string);
-                    Err(EnvError::new(format!(
-                        "{name} reported an error: {}",
-                        quote(&e)
-                    )))
-                }
-            },
+        match in_step(&line, id) {
+            Ok(fields) => self.answer(fields, &name, home, stdin),
             // Its output may no longer line up with the requests: start it again.
-            _ => {
-                let why = format!(
-                    "it wrote a line that is not a JSON object: {}",
-                    quote(&line)
-                );
-                Err(self.end(&mut slot, &name, why))
+            Err(why) => Err(self.end(&mut slot, &name, why)),
+        }
+    }
+
+    /// An answer in step with its request: the fields, or the error it reports.
+    fn answer(
+        &self,
+        fields: Map<String, Value>,
+        name: &str,
+        home: Home,
+        stdin: Sender<String>,
+    ) -> Result<Answer, EnvError> {
+        match fields.get("error") {
+            None | Some(Value::Null) => Ok(Answer {
+                fields,
+                home,
+                stdin,
+            }),
+            Some(e) => {
+                let e = e.as_str().map_or_else(|| e.to_string(), str::to_string);
+                Err(EnvError::new(format!(
+                    "{name} reported an error: {}",
+                    quote(&e)
+                )))
             }
         }
     }
@@ -257,14 +301,17 @@ mod tests {
         Duration::from_secs_f64(s)
     }
 
-    /// `sed` answers each request with a fixed JSON line, or misbehaves on a marker.
+    /// Answers each request with a fixed JSON line echoing its id, or misbehaves on a marker.
     const ECHO: &str = r#"while read -r line; do
+        id=$(printf '%s' "$line" | sed 's/.*"id":\([0-9]*\).*/\1/')
         case "$line" in
           *die*) exit 3 ;;
           *hang*) sleep 30 ;;
           *garbage*) echo 'not json' ;;
-          *oops*) echo '{"error":"bad move"}' ;;
-          *) echo '{"ok":true,"pid":'$$',"slot":'$SKEIN_WORKER'}' ;;
+          *oops*) echo '{"id":'$id',"error":"bad move"}' ;;
+          *twice*) echo '{"id":'$id'}'; echo '{"id":'$id'}' ;;
+          *anonymous*) echo '{"ok":true}' ;;
+          *) echo '{"id":'$id',"ok":true,"pid":'$$',"slot":'$SKEIN_WORKER'}' ;;
         esac
       done"#;
 
@@ -317,6 +364,37 @@ mod tests {
         assert!(!e.worker_failed && e.message.contains("bad move"), "{e}");
         assert!(p.call_home(home, &json!({"op": "step"})).is_ok());
         assert_eq!(p.restarts(), 3);
+    }
+
+    /// A process that answers a request twice, or without its id, is out of step: the next
+    /// request it gets (or that one) fails its episode, the process is replaced, and the
+    /// next episode gets answers of its own.
+    #[test]
+    fn answers_that_do_not_echo_their_request_s_id_restart_the_process() {
+        let p = pool(1);
+        let home = p.call_new(&json!({"op": "reset"})).unwrap().home;
+        let first = p.call_home(home, &json!({"op": "twice"})).unwrap();
+        assert!(!first.fields.contains_key("id"), "the id is the pool's");
+        let e = p.call_home(home, &json!({"op": "step"})).err().unwrap();
+        assert!(e.worker_failed, "{e}");
+        assert!(
+            e.message.contains("answered request") && e.message.contains("answered one twice"),
+            "{}",
+            e.message
+        );
+        let fresh = p.call_new(&json!({"op": "reset"})).unwrap();
+        assert_eq!(fresh.fields["ok"], json!(true));
+        assert_eq!(p.restarts(), 1);
+        let e = p
+            .call_home(fresh.home, &json!({"op": "anonymous"}))
+            .err()
+            .unwrap();
+        assert!(
+            e.worker_failed && e.message.contains("has no \"id\""),
+            "{e}"
+        );
+        assert!(p.call_new(&json!({"op": "reset"})).is_ok());
+        assert_eq!(p.restarts(), 2);
     }
 
     #[test]

@@ -1,4 +1,7 @@
 //! The environment-worker protocol: one JSON object per line each way, answered in order.
+//! Every request but `close` also carries an `"id"` (a number, added by the pool), and its
+//! answer must echo it: an answer with another id or none means the worker's answers no
+//! longer line up with the requests, and it is restarted.
 //!
 //! | request | answer |
 //! | --- | --- |
@@ -8,7 +11,7 @@
 //! | `{"op":"demonstrate","task":{…},"transcript":[{"message":…,"reply":[…]},…],"seed":N}` | `{"message":TEXT}` |
 //! | `{"op":"close","episode":ID}` | none |
 //!
-//! Any request may be answered `{"error":"…"}`: that request (its episode) fails, and the
+//! Any request may be answered `{"id":…,"error":"…"}`: that request (its episode) fails, and the
 //! worker goes on. `close` is sent for an episode that ends before the worker said `done`
 //! (a limit cut it off, or it failed); a worker forgets an episode once it answers `done`.
 

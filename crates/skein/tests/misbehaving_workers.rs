@@ -1,0 +1,178 @@
+//! Workers that misbehave, against the real `skein train` binary and real worker processes:
+//! an environment worker that answers a request twice fails that episode and is restarted
+//! instead of shifting every later answer onto the next request.
+
+mod common;
+
+use common::{step_metrics, TINY_RUN};
+use serde_json::Value;
+use skein_report::trajectories::{list_steps, read_step, Status};
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+fn script(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../scripts")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// The repository's Python, else the system's.
+fn python() -> String {
+    common::python_with("json").unwrap_or_else(|| "python3".into())
+}
+
+/// A TOML array of strings, for `--set key=[…]`.
+fn toml_list(items: &[String]) -> String {
+    let quoted: Vec<String> = items.iter().map(|s| format!("{s:?}")).collect();
+    format!("[{}]", quoted.join(", "))
+}
+
+/// The example environment worker (the guessing game) with `args` for its script.
+fn example_env_worker(args: &[&str]) -> Vec<String> {
+    let mut command = vec![python(), script("env_worker_example.py")];
+    command.extend(args.iter().map(|s| s.to_string()));
+    command
+}
+
+/// `--set`s of a run on environment worker `command`, two processes of it.
+fn env_worker_run(command: &[String]) -> Vec<String> {
+    vec![
+        "agent.kind=\"env-worker\"".into(),
+        format!("agent.command={}", toml_list(command)),
+        "agent.workers=2".into(),
+        "sft.steps=0".into(),
+        "rollout.prompts_per_step=8".into(),
+        "rollout.samples_per_prompt=4".into(),
+        "eval.problems=8".into(),
+    ]
+}
+
+/// Everything a running `skein train` wrote to stderr so far (its workers' stderr included).
+#[derive(Clone, Default)]
+struct Stderr(Arc<Mutex<String>>);
+
+impl Stderr {
+    fn text(&self) -> String {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// `skein train` in `dir` with the tiny model and `sets`; its stderr is collected by a thread
+/// that is never joined (a worker that outlives skein keeps the pipe open).
+fn start(dir: &Path, sets: &[String]) -> (Child, Stderr) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_skein"));
+    cmd.arg("train");
+    for s in TINY_RUN
+        .iter()
+        .map(|s| s.to_string())
+        .chain(sets.iter().cloned())
+    {
+        cmd.args(["--set", &s]);
+    }
+    cmd.args(["--set", &format!("run.dir={:?}", dir.display().to_string())]);
+    let mut child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("skein runs");
+    let stderr = Stderr::default();
+    let pipe = child.stderr.take().expect("piped stderr");
+    let sink = stderr.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            let mut text = sink.0.lock().unwrap_or_else(|e| e.into_inner());
+            text.push_str(&line);
+            text.push('\n');
+        }
+    });
+    (child, stderr)
+}
+
+/// The exit status of `child`, waiting at most `limit`.
+fn exit_within(child: &mut Child, stderr: &Stderr, limit: Duration) -> std::process::ExitStatus {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("skein's status") {
+            return status;
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            panic!("skein did not exit within {limit:?}: {}", stderr.text());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The run in `dir` with `sets`, to its end (at most `limit`): its exit status and stderr.
+fn run_to_end(dir: &Path, sets: &[String], limit: Duration) -> (std::process::ExitStatus, String) {
+    let (mut child, stderr) = start(dir, sets);
+    let status = exit_within(&mut child, &stderr, limit);
+    (status, stderr.text())
+}
+
+fn num(m: &Value, key: &str) -> f64 {
+    m[key].as_f64().unwrap_or_else(|| panic!("no {key} in {m}"))
+}
+
+fn sum(steps: &[Value], key: &str) -> f64 {
+    steps.iter().map(|m| num(m, key)).sum()
+}
+
+/// Every trajectory the run logged.
+fn trajectories(dir: &Path) -> Vec<skein_report::trajectories::TrajectoryRecord> {
+    list_steps(dir)
+        .expect("trajectory logs")
+        .into_iter()
+        .flat_map(|(_, path)| read_step(&path).expect("a readable step log"))
+        .collect()
+}
+
+/// One process of two writes every 5th step's answer twice. The next request that process
+/// gets reads an answer with the wrong id: that episode fails (a worker failure, with the
+/// reason in the trajectory log), the process is restarted, and the run completes; without
+/// ids every later answer of the process went to the request after its own, unnoticed.
+#[test]
+fn an_env_worker_that_answers_twice_fails_that_episode_and_is_restarted() {
+    let dir = common::workdir("misbehaving-workers", "twice");
+    let command = example_env_worker(&["--answer-twice-every", "5", "--fault-worker", "0"]);
+    let mut sets = env_worker_run(&command);
+    sets.push("trainer.steps=3".into());
+    let (status, err) = run_to_end(&dir, &sets, Duration::from_secs(300));
+    assert!(status.success(), "{status}: {err}");
+    let steps = step_metrics(&dir);
+    assert_eq!(steps.len(), 3, "{err}");
+    for m in &steps {
+        assert_eq!(
+            num(m, "batch/failed_trajectories"),
+            num(m, "agent/env_worker_failures") + num(m, "agent/env_timeouts"),
+            "{m}"
+        );
+        assert_eq!(num(m, "agent/env_errors"), 0.0, "{m}");
+        assert!(num(m, "loss/policy").is_finite(), "{m}");
+    }
+    assert!(sum(&steps, "agent/env_worker_failures") > 0.0, "{steps:?}");
+    assert!(sum(&steps, "agent/env_worker_restarts") > 0.0, "{steps:?}");
+    let records = trajectories(&dir);
+    let out_of_step: Vec<_> = records
+        .iter()
+        .filter(|r| r.status == Status::Failed)
+        .filter_map(|r| r.reason.as_deref())
+        .filter(|why| why.contains("answered one twice"))
+        .collect();
+    assert!(
+        !out_of_step.is_empty(),
+        "no failure names the repeated answer: {:?}",
+        records.iter().map(|r| &r.reason).collect::<Vec<_>>()
+    );
+    assert!(
+        out_of_step[0].contains("process 1 of 2"),
+        "{}",
+        out_of_step[0]
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
