@@ -12,10 +12,15 @@ and writes exactly one JSON line per request, in order, on stdout:
 or  {"id": "...", "error": "what went wrong"}
 
 Print diagnostics to stderr, never to stdout. Exit when stdin closes.
+
+For tests: `--hang-every K` stops answering (sleeps, reading nothing more) at every K-th
+request this process gets (1: at the first).
 """
 
+import argparse
 import json
 import sys
+import time
 from fractions import Fraction
 
 
@@ -66,9 +71,17 @@ def score(request):
 
 
 def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hang-every", type=int, default=0, metavar="K")
+    args = parser.parse_args()
+    requests = 0
     for line in sys.stdin:
         if not line.strip():
             continue
+        requests += 1
+        if args.hang_every and requests % args.hang_every == 0:
+            print(f"reward_worker_example: hanging at request {requests}", file=sys.stderr)
+            time.sleep(3600)
         request_id = None
         try:
             request = json.loads(line)

@@ -4,9 +4,12 @@
 //! Each process is a [`crate::lines::LineProcess`]: a writer and a reader thread, so the caller
 //! only ever waits on channels with a deadline, and a worker that hangs, stops reading, or
 //! floods its output can never block a caller past the timeout. A worker that dies (exit, EOF,
-//! broken pipe) fails the request it held and is started again for the next; a request that
-//! times out fails alone, and its worker is killed (with its whole process group) and
-//! restarted.
+//! broken pipe) or answers out of step fails the request it held, is killed (with its whole
+//! process group) and is started again for the rest. One that does not answer within the
+//! timeout is killed and fails every request it held at once: a hung worker costs one timeout
+//! per batch, not one per request. A worker whose processes keep failing before any of them
+//! answers is given up on ([`GIVE_UP_AFTER`]): its requests then fail at once, with an error
+//! that names it and says what to check.
 
 use crate::lines::{LineError, LineProcess};
 use crate::request::clip;
@@ -14,7 +17,7 @@ use crate::{BatchScorer, RewardError, RewardOutput, RewardRequest, WireResponse}
 use serde::{Deserialize, Serialize};
 use skein_config::Validator;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 /// A worker source as written in the config.
@@ -60,6 +63,10 @@ impl WorkerConfig {
     }
 }
 
+/// Worker processes that fail in a row (each ended for a timeout, a crash or a broken answer
+/// before any process answered again, or could not be started) before the pool gives up.
+pub const GIVE_UP_AFTER: u64 = 3;
+
 /// One running worker process (see [`crate::lines`]).
 struct Process(LineProcess);
 
@@ -78,14 +85,20 @@ impl Process {
 pub struct WorkerPool {
     command: Vec<String>,
     label: String,
+    /// The config key of the source (`reward.sources.NAME`), for the give-up message.
+    key: String,
     timeout: Duration,
     start_timeout: Duration,
-    /// Idle slots; `None` is a slot whose process died and is started again on its next use.
+    /// Idle slots; `None` is a slot whose process ended and is started again on its next use.
     idle: Mutex<Vec<Option<Process>>>,
     returned: Condvar,
     restarts: AtomicU64,
     timeouts: AtomicU64,
     crashes: AtomicU64,
+    /// Processes that failed since a process last answered.
+    failing: AtomicU64,
+    /// Why the pool stopped starting processes, once it has.
+    given_up: OnceLock<RewardError>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -107,6 +120,7 @@ impl WorkerPool {
         Ok(WorkerPool {
             command: cfg.command.clone(),
             label,
+            key: key.to_string(),
             timeout: Duration::from_millis(cfg.timeout_ms),
             start_timeout: Duration::from_millis(cfg.start_timeout_ms),
             idle: Mutex::new(idle),
@@ -114,6 +128,8 @@ impl WorkerPool {
             restarts: AtomicU64::new(0),
             timeouts: AtomicU64::new(0),
             crashes: AtomicU64::new(0),
+            failing: AtomicU64::new(0),
+            given_up: OnceLock::new(),
         })
     }
 
@@ -127,6 +143,11 @@ impl WorkerPool {
 
     pub fn crashes(&self) -> u64 {
         self.crashes.load(Ordering::Relaxed)
+    }
+
+    /// Why the pool no longer starts processes, if it has given up.
+    pub fn given_up(&self) -> Option<&RewardError> {
+        self.given_up.get()
     }
 
     fn checkout(&self) -> Option<Process> {
@@ -144,27 +165,38 @@ impl WorkerPool {
         self.returned.notify_one();
     }
 
-    /// Sends `batch` to `proc` and collects answers until all are in or one fails in a way that
-    /// makes the process unusable. Returns the answers so far and whether the process is fine.
+    /// The slot's process, or a new one (a restart) for a slot whose process ended.
+    fn process(&self, slot: Option<Process>) -> Result<Process, RewardError> {
+        if let Some(p) = slot {
+            return Ok(p);
+        }
+        let p = Process::spawn(&self.command, &self.label)?;
+        self.restarts.fetch_add(1, Ordering::Relaxed);
+        Ok(p)
+    }
+
+    /// Sends `batch` to `proc` and collects its answers in order, until all are in or the
+    /// process fails: the answers so far (the failed one last), and the failure. A process
+    /// that timed out takes every request it held with it (each is answered with the
+    /// timeout), so a hung worker costs one timeout per batch, not one per request; after a
+    /// crash or an answer out of step the rest are left for a new process.
     fn exchange(
         &self,
         proc: &mut Process,
         batch: &[RewardRequest],
-    ) -> (Vec<Result<RewardOutput, RewardError>>, bool) {
+    ) -> (Vec<Result<RewardOutput, RewardError>>, Option<RewardError>) {
         let mut answers = Vec::with_capacity(batch.len());
         for req in batch {
             match serde_json::to_string(req) {
-                Ok(line) => {
-                    // A failed send means the writer saw a broken pipe; the reader reports it.
-                    proc.0.send(line + "\n");
-                }
+                // A failed send means the writer saw a broken pipe; the reader reports it.
+                Ok(line) => proc.0.send(line + "\n"),
                 Err(e) => {
-                    // Cannot happen for these types; answered without sending anything.
-                    answers.push(Err(RewardError::BadRequest(format!(
+                    // Cannot happen for these types; the process holds what was sent.
+                    let e = RewardError::BadRequest(format!(
                         "cannot encode request \"{}\": {e}",
                         req.id
-                    ))));
-                    return (answers, true);
+                    ));
+                    return (vec![Err(e.clone())], Some(e));
                 }
             }
         }
@@ -186,49 +218,101 @@ impl WorkerPool {
                     })
                 }
                 Err(LineError::Timeout) => {
-                    self.timeouts.fetch_add(1, Ordering::Relaxed);
-                    Err(RewardError::Timeout {
+                    let e = RewardError::Timeout {
                         source: self.label.clone(),
-                        after: self.timeout,
-                    })
+                        after: allowed,
+                    };
+                    let held = batch.len() - answers.len();
+                    self.timeouts.fetch_add(held as u64, Ordering::Relaxed);
+                    answers.resize(batch.len(), Err(e.clone()));
+                    return (answers, Some(e));
                 }
             };
-            // A rejected request leaves the stream in step; anything else may not.
-            let usable = matches!(answer, Ok(_) | Err(RewardError::Rejected { .. }));
-            answers.push(answer);
-            if !usable {
-                return (answers, false);
+            match answer {
+                // A rejected request leaves the stream in step; anything else may not.
+                Ok(_) | Err(RewardError::Rejected { .. }) => {
+                    self.failing.store(0, Ordering::Relaxed);
+                    answers.push(answer);
+                }
+                Err(e) => {
+                    answers.push(Err(e.clone()));
+                    return (answers, Some(e));
+                }
             }
         }
-        (answers, true)
+        (answers, None)
+    }
+
+    /// Counts a failed process; the error every request gets once this makes the pool give up.
+    fn failed(&self, why: &RewardError) {
+        let failing = self.failing.fetch_add(1, Ordering::Relaxed) + 1;
+        if failing < GIVE_UP_AFTER {
+            return;
+        }
+        let e = RewardError::Scorer {
+            source: self.key.clone(),
+            detail: format!(
+                "its worker `{}` is given up on: {failing} of its processes in a row failed \
+                 before any answered (the last {}); every request to it now fails. Check \
+                 that it starts, reads one JSON request per line on stdin and writes one JSON \
+                 answer line per request on stdout, flushed, within `{key}.timeout_ms` (the \
+                 first within `{key}.timeout_ms` + `{key}.start_timeout_ms`); its stderr says \
+                 why it failed",
+                self.label,
+                briefly(why),
+                key = self.key,
+            ),
+        };
+        if self.given_up.set(e.clone()).is_ok() {
+            eprintln!("skein: {e}");
+        }
+    }
+}
+
+/// How a process failed, in a few words.
+fn briefly(why: &RewardError) -> String {
+    match why {
+        RewardError::Timeout { after, .. } => {
+            format!("did not answer within {:.3} s", after.as_secs_f64())
+        }
+        RewardError::WorkerCrashed { detail, .. } => format!("died: {detail}"),
+        RewardError::WorkerSpawn { detail, .. } => format!("could not start: {detail}"),
+        RewardError::Protocol { detail, .. } => format!("broke the protocol: {detail}"),
+        other => format!("failed: {other}"),
     }
 }
 
 impl BatchScorer for WorkerPool {
+    /// The batch goes to one process. A process that fails is killed and started again once,
+    /// for what is left of the batch or the slot's next one; after [`GIVE_UP_AFTER`]
+    /// processes in a row failed, every request fails at once.
     fn score_batch(&self, batch: &[RewardRequest]) -> Vec<Result<RewardOutput, RewardError>> {
         let mut slot = self.checkout();
         let mut results = Vec::with_capacity(batch.len());
-        // Each round answers at least one request, so this ends.
+        // Each round answers at least one request or ends the batch, so this ends.
         while results.len() < batch.len() {
-            let mut proc = match slot.take() {
-                Some(p) => p,
-                None => match Process::spawn(&self.command, &self.label) {
-                    Ok(p) => {
-                        self.restarts.fetch_add(1, Ordering::Relaxed);
-                        p
-                    }
-                    Err(e) => {
-                        results.resize(batch.len(), Err(e));
-                        break;
-                    }
-                },
-            };
-            let (answers, usable) = self.exchange(&mut proc, &batch[results.len()..]);
-            results.extend(answers);
-            if usable {
-                slot = Some(proc);
+            if let Some(e) = self.given_up() {
+                results.resize(batch.len(), Err(e.clone()));
+                break;
             }
-            // Otherwise `proc` drops here: killed and reaped; the next round starts a new one.
+            let mut proc = match self.process(slot.take()) {
+                Ok(p) => p,
+                Err(e) => {
+                    self.failed(&e);
+                    results.resize(batch.len(), Err(e));
+                    break;
+                }
+            };
+            let (answers, failure) = self.exchange(&mut proc, &batch[results.len()..]);
+            results.extend(answers);
+            match failure {
+                None => slot = Some(proc),
+                Some(why) => {
+                    // Killed now, its group with it; a new one starts on the next round.
+                    proc.0.kill();
+                    self.failed(&why);
+                }
+            }
         }
         self.checkin(slot);
         results

@@ -1,6 +1,8 @@
-//! Reward workers as real subprocesses: the shipped example, a crash and restart, a timeout,
-//! and a pool of processes working in parallel.
+//! Reward workers as real subprocesses: the shipped example, a crash and restart, a hang that
+//! fails the requests held together, a worker given up on, and a pool of processes working in
+//! parallel.
 
+use skein_reward::worker::GIVE_UP_AFTER;
 use skein_reward::{
     BatchScorer, Executor, ExecutorConfig, RewardError, RewardRequest, WorkerConfig, WorkerPool,
 };
@@ -100,8 +102,10 @@ fn a_crashed_worker_fails_its_request_and_is_restarted_for_the_rest() {
     assert_eq!(pool.restarts(), 1);
 }
 
+/// A hung worker is killed after one timeout and fails every request it held at once; it is
+/// started again once, for the next batch.
 #[test]
-fn a_hung_request_times_out_alone_and_never_blocks_past_the_timeout() {
+fn a_hung_worker_fails_the_requests_it_held_together_and_is_restarted_once() {
     let pool = pool(&test_worker("hang"), 1, 300);
     // The first answer proves the worker is up, so the timeout below is the request's alone.
     assert_eq!(
@@ -112,24 +116,80 @@ fn a_hung_request_times_out_alone_and_never_blocks_past_the_timeout() {
         1.0
     );
     let t0 = Instant::now();
-    let out = pool.score_batch(&[req("1", "hang"), req("2", "abc")]);
+    let out = pool.score_batch(&[req("1", "hang"), req("2", "abc"), req("3", "hang")]);
     let took = t0.elapsed();
-    let e = out[0].as_ref().unwrap_err();
-    assert_eq!(e.kind(), "timeout", "{e}");
-    assert!(e.to_string().contains("0.300 s"), "{e}");
-    assert_eq!(
-        out[1]
-            .as_ref()
-            .expect("served by the restarted worker")
-            .reward,
-        3.0
-    );
+    for e in &out {
+        let e = e.as_ref().unwrap_err();
+        assert_eq!(e.kind(), "timeout", "{e}");
+        assert!(e.to_string().contains("0.300 s"), "{e}");
+    }
+    // One timeout and a kill: not one timeout (and a Python start-up) per request.
     assert!(took >= Duration::from_millis(300), "{took:?}");
-    // 300 ms of timeout, a kill, and a Python start-up; far below the 60 s hang.
-    assert!(took < Duration::from_secs(5), "{took:?}");
-    assert_eq!((pool.timeouts(), pool.restarts()), (1, 1));
+    assert!(took < Duration::from_millis(1200), "{took:?}");
+    assert_eq!((pool.timeouts(), pool.restarts()), (3, 0));
+    let next = pool.score_batch(&[req("4", "abcd")]);
+    assert_eq!(next[0].as_ref().expect("a new process").reward, 4.0);
+    assert_eq!(pool.restarts(), 1);
     let counters: Vec<_> = pool.counters();
-    assert!(counters.contains(&("timeouts", 1.0)), "{counters:?}");
+    assert!(counters.contains(&("timeouts", 3.0)), "{counters:?}");
+}
+
+/// A worker that never answers: three processes in a row time out, one batch each, and the
+/// source is given up on; later requests fail at once, saying what to check.
+#[test]
+fn a_worker_that_never_answers_is_given_up_on_after_three_processes() {
+    let cfg = WorkerConfig {
+        command: vec!["python3".into(), test_worker("never").display().to_string()],
+        processes: 1,
+        timeout_ms: 200,
+        start_timeout_ms: 100,
+        batch_size: 8,
+    };
+    let pool = WorkerPool::new(&cfg, "reward.sources.slow").expect("worker starts");
+    let t0 = Instant::now();
+    for batch in 0..GIVE_UP_AFTER {
+        let out = pool.score_batch(&[req("a", "hang"), req("b", "hang")]);
+        assert!(
+            out.iter()
+                .all(|r| r.as_ref().is_err_and(|e| e.kind() == "timeout")),
+            "batch {batch}: {out:?}"
+        );
+    }
+    let hung = t0.elapsed();
+    assert!(hung < Duration::from_secs(3), "{hung:?}");
+    assert_eq!((pool.restarts(), pool.timeouts()), (2, 6));
+    let t1 = Instant::now();
+    let out = pool.score_batch(&[req("c", "x")]);
+    assert!(
+        t1.elapsed() < Duration::from_millis(50),
+        "{:?}",
+        t1.elapsed()
+    );
+    let e = out[0].as_ref().unwrap_err().to_string();
+    for part in [
+        "given up",
+        "worker.py",
+        "`reward.sources.slow.timeout_ms`",
+        "`reward.sources.slow.start_timeout_ms`",
+        "stderr",
+    ] {
+        assert!(e.contains(part), "{part}: {e}");
+    }
+    assert_eq!(pool.given_up().map(RewardError::kind), Some("scorer"));
+    assert_eq!(pool.restarts(), 2, "no process is started once given up");
+}
+
+/// Answers between failures keep a worker that fails now and then in service.
+#[test]
+fn a_worker_that_answers_between_hangs_is_never_given_up_on() {
+    let pool = pool(&test_worker("sometimes"), 1, 200);
+    for round in 0..2 * GIVE_UP_AFTER {
+        let out = pool.score_batch(&[req("a", "ab"), req("b", "hang")]);
+        assert_eq!(out[0].as_ref().expect("answered").reward, 2.0, "{round}");
+        assert_eq!(out[1].as_ref().unwrap_err().kind(), "timeout", "{round}");
+    }
+    assert!(pool.given_up().is_none());
+    assert_eq!(pool.restarts(), 2 * GIVE_UP_AFTER - 1);
 }
 
 #[test]

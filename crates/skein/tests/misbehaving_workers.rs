@@ -1,6 +1,8 @@
 //! Workers that misbehave, against the real `skein train` binary and real worker processes:
 //! an environment worker that answers a request twice fails that episode and is restarted
-//! instead of shifting every later answer onto the next request.
+//! instead of shifting every later answer onto the next request; a reward worker that hangs
+//! costs one timeout per batch and is given up on, instead of one timeout per request for
+//! ever.
 
 mod common;
 
@@ -174,5 +176,71 @@ fn an_env_worker_that_answers_twice_fails_that_episode_and_is_restarted() {
         "{}",
         out_of_step[0]
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--set`s routing every reward to the example reward worker run with `args`, timing out
+/// after 300 ms (plus 300 ms for a new process's first answer).
+fn reward_worker_run(args: &[&str]) -> Vec<String> {
+    let mut command = vec![python(), script("reward_worker_example.py")];
+    command.extend(args.iter().map(|s| s.to_string()));
+    vec![
+        "reward.sources.py.kind=\"worker\"".into(),
+        format!("reward.sources.py.command={}", toml_list(&command)),
+        "reward.sources.py.timeout_ms=300".into(),
+        "reward.sources.py.start_timeout_ms=300".into(),
+        "reward.sources.py.batch_size=4".into(),
+        "reward.default_route.sources=[\"py\"]".into(),
+        "rollout.prompts_per_step=4".into(),
+        "rollout.samples_per_prompt=4".into(),
+        "eval.problems=8".into(),
+        "trainer.steps=2".into(),
+    ]
+}
+
+/// A reward worker that never answers. Each of its processes fails the batch it holds at
+/// once, after one timeout; after three such processes in a row the source is given up on,
+/// said once on stderr with what to check, and every later request fails at once. Before,
+/// each of the run's 48 requests waited its own timeout plus a new process's start-up
+/// allowance, and restarted the worker.
+#[test]
+fn a_hung_reward_worker_costs_one_timeout_per_process_and_is_given_up_on() {
+    let dir = common::workdir("misbehaving-workers", "hung-reward");
+    let sets = reward_worker_run(&["--hang-every", "1"]);
+    let started = Instant::now();
+    let (status, err) = run_to_end(&dir, &sets, Duration::from_secs(300));
+    let took = started.elapsed();
+    assert!(status.success(), "{status}: {err}");
+    let steps = step_metrics(&dir);
+    assert_eq!(steps.len(), 2, "{err}");
+    let last = &steps[1];
+    // Three processes (the first and two restarts) each failed once; nothing was retried.
+    assert_eq!(num(last, "reward/worker_restarts"), 2.0, "{last}");
+    assert_eq!(
+        num(last, "reward/failed"),
+        num(last, "reward/requests"),
+        "{last}"
+    );
+    assert_eq!(num(last, "batch/failed_trajectories"), 16.0, "{last}");
+    let waited = sum(&steps, "time/reward_wait_s");
+    assert!(waited < 3.0, "{waited} s waiting for rewards: {steps:?}");
+    let given_up: Vec<&str> = err.lines().filter(|l| l.contains("given up")).collect();
+    assert_eq!(given_up.len(), 1, "said once: {err}");
+    for part in [
+        "reward_worker_example.py",
+        "`reward.sources.py.timeout_ms`",
+        "stderr",
+    ] {
+        assert!(given_up[0].contains(part), "{part}: {}", given_up[0]);
+    }
+    let reasons: Vec<_> = trajectories(&dir)
+        .into_iter()
+        .filter_map(|r| r.reason)
+        .collect();
+    assert!(
+        reasons.iter().any(|r| r.contains("given up")),
+        "{reasons:?}"
+    );
+    eprintln!("a run with a hung reward worker took {took:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
