@@ -5,6 +5,9 @@
 //! with a deadline: a process that hangs, stops reading, or floods its output can never block
 //! a caller past its timeout. The process runs in its own process group; dropping a
 //! [`LineProcess`] closes its stdin, gives it [`EXIT_GRACE`] to exit, then kills the group.
+//! A group is also killed when skein exits or is stopped by a signal ([`reaper`]).
+
+pub mod reaper;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -33,6 +36,8 @@ enum Event {
 /// One running process and its two pipe threads.
 pub struct LineProcess {
     child: Child,
+    /// Its process group, killed with skein until it is reaped here.
+    recorded: Option<reaper::Recorded>,
     /// Whether it has written a line yet (until then it may still be starting up).
     answered: bool,
     to_stdin: Sender<String>,
@@ -69,11 +74,12 @@ impl LineProcess {
             // Its own process group, so a kill reaches what a wrapper script started, too.
             cmd.process_group(0);
         }
-        let mut child = cmd.spawn().map_err(|e| e.to_string())?;
+        let mut child = reaper::spawn(cmd).map_err(|e| e.to_string())?;
+        let recorded = Some(reaper::Recorded::new(child.id()));
         let (stdin, stdout) = match (child.stdin.take(), child.stdout.take()) {
             (Some(i), Some(o)) => (i, o),
             _ => {
-                kill(&mut child);
+                kill(&mut child, recorded);
                 return Err("its stdin/stdout pipes were not created".into());
             }
         };
@@ -88,11 +94,12 @@ impl LineProcess {
                     .spawn(move || read_lines(stdout, lines_out))
             });
         if let Err(e) = threads {
-            kill(&mut child);
+            kill(&mut child, recorded);
             return Err(format!("cannot start its pipe threads: {e}"));
         }
         Ok(LineProcess {
             child,
+            recorded,
             answered: false,
             to_stdin,
             from_stdout,
@@ -118,9 +125,14 @@ impl LineProcess {
         self.grace = false;
     }
 
-    /// Whether the process has not exited (it may still be about to).
+    /// Whether the process has not exited (it may still be about to). Once it has, what it
+    /// left running in its group is killed.
     pub fn running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
+        if matches!(self.child.try_wait(), Ok(None)) {
+            return true;
+        }
+        kill(&mut self.child, self.recorded.take());
+        false
     }
 
     /// Whether the process has written a line yet.
@@ -147,7 +159,8 @@ impl LineProcess {
 
 impl Drop for LineProcess {
     fn drop(&mut self) {
-        // Closing stdin (the writer thread ends when every sender is gone) asks it to exit.
+        // Closing stdin (the writer thread ends when every sender is gone) asks it to exit;
+        // whatever it leaves running in its group is killed either way.
         let (dead, _) = channel();
         self.to_stdin = dead;
         let deadline = Instant::now()
@@ -158,19 +171,21 @@ impl Drop for LineProcess {
             };
         while Instant::now() < deadline {
             match self.child.try_wait() {
-                Ok(Some(_)) => return,
+                Ok(Some(_)) => break,
                 Ok(None) => std::thread::sleep(Duration::from_millis(5)),
                 Err(_) => break,
             }
         }
-        kill(&mut self.child);
+        kill(&mut self.child, self.recorded.take());
     }
 }
 
-/// Kills the child's process group (or the child alone where there are no groups) and reaps it.
-fn kill(child: &mut Child) {
+/// Kills the child's process group (or the child alone where there are no groups), forgets
+/// the group, and reaps the child (which frees its id). `recorded` is None once this has run:
+/// the group is not signalled again, as its id may since name another.
+fn kill(child: &mut Child, recorded: Option<reaper::Recorded>) {
     #[cfg(unix)]
-    {
+    if recorded.is_some() {
         if let Ok(pid) = libc::pid_t::try_from(child.id()) {
             // SAFETY: kill(2) with a negative pid signals the process group we created for this
             // child; it touches no memory of ours.
@@ -179,6 +194,7 @@ fn kill(child: &mut Child) {
             }
         }
     }
+    drop(recorded);
     let _ = child.kill();
     let _ = child.wait();
 }
@@ -261,6 +277,20 @@ mod tests {
         let e = LineProcess::spawn(&["/nonexistent/worker".to_string()], "t").err();
         assert!(e.is_some());
         assert!(LineProcess::spawn(&[], "t").is_err());
+    }
+
+    /// Started from a thread that has ended, a process keeps running: the parent-death
+    /// signal follows the thread that forked, so processes are forked from one that lasts.
+    #[test]
+    fn a_process_outlives_the_thread_that_started_it() {
+        let mut p = std::thread::spawn(|| LineProcess::spawn(&["cat".to_string()], "t"))
+            .join()
+            .unwrap()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(p.running());
+        p.send("still here\n".into());
+        assert_eq!(p.recv(Duration::from_secs(5)), Ok("still here".into()));
     }
 
     /// Dropping a process whose group ignores stdin still ends it, and what it started: the

@@ -2,7 +2,7 @@
 //! an environment worker that answers a request twice fails that episode and is restarted
 //! instead of shifting every later answer onto the next request; a reward worker that hangs
 //! costs one timeout per batch and is given up on, instead of one timeout per request for
-//! ever.
+//! ever; and no worker outlives skein, however it is stopped (SIGTERM, two Ctrl-C, SIGKILL).
 
 mod common;
 
@@ -243,4 +243,178 @@ fn a_hung_reward_worker_costs_one_timeout_per_process_and_is_given_up_on() {
     );
     eprintln!("a run with a hung reward worker took {took:?}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Waits at most `limit` for `ready`, failing the test if the run ends first.
+fn wait_until(child: &mut Child, stderr: &Stderr, limit: Duration, ready: impl Fn() -> bool) {
+    let started = Instant::now();
+    while !ready() {
+        assert!(started.elapsed() < limit, "never ready: {}", stderr.text());
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("skein ended early ({status}): {}", stderr.text());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The pids of the processes descended from `ancestor`.
+fn descendants_of(ancestor: u32) -> Vec<u32> {
+    let mut parents = vec![ancestor];
+    let mut found = Vec::new();
+    while let Some(parent) = parents.pop() {
+        for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if process_state(pid).is_some_and(|(_, ppid)| ppid == parent) {
+                found.push(pid);
+                parents.push(pid);
+            }
+        }
+    }
+    found
+}
+
+/// A process's state letter and parent, from /proc (None once it is gone).
+fn process_state(pid: u32) -> Option<(char, u32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let ppid = fields.next()?.parse().ok()?;
+    Some((state, ppid))
+}
+
+/// Whether `pid` has ended (gone, or a zombie left for init to reap).
+fn ended(pid: u32) -> bool {
+    process_state(pid).is_none_or(|(state, _)| state == 'Z')
+}
+
+/// Kills, when the test ends however it ends, the processes it found, so a failure leaves no
+/// sleeping worker behind.
+struct Leftovers(Vec<u32>);
+
+impl Drop for Leftovers {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            if !ended(pid) {
+                let _ = Command::new("kill")
+                    .args(["-KILL", &pid.to_string()])
+                    .status();
+            }
+        }
+    }
+}
+
+/// The workers of `pids` still alive `grace` after skein exited, with their state and parent.
+fn survivors(pids: &[u32], grace: Duration) -> Vec<(u32, Option<(char, u32)>)> {
+    let deadline = Instant::now() + grace;
+    while pids.iter().any(|&p| !ended(p)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    pids.iter()
+        .filter(|&&p| !ended(p))
+        .map(|&p| (p, process_state(p)))
+        .collect()
+}
+
+fn signal(child: &Child, name: &str) {
+    let sent = Command::new("kill")
+        .args([format!("-{name}"), child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(sent.success());
+}
+
+/// `--set`s of a run whose first environment-worker process hangs (sleeps, reading nothing
+/// more) at its third step. `wrapped`: each worker runs inside a shell that sleeps on once
+/// the worker is done, as a wrapper script that outlives its stdin does.
+fn hanging_worker_run(wrapped: bool, env_timeout_s: f64) -> Vec<String> {
+    let mut command = example_env_worker(&["--hang-every", "3", "--fault-worker", "0"]);
+    if wrapped {
+        let shell = ["sh", "-c", "\"$0\" \"$@\"; sleep 3600"].map(String::from);
+        command.splice(0..0, shell);
+    }
+    let mut sets = env_worker_run(&command);
+    sets.extend([
+        format!("agent.env_timeout_s={env_timeout_s}"),
+        "trainer.steps=1000".into(),
+    ]);
+    sets
+}
+
+/// Starts the run of `sets`, waits until its worker hangs, sends `signals` (waiting after
+/// each for skein to say `acknowledged`, where given), and checks that every process skein
+/// had started is gone right after it exits. Skein's exit code and stderr.
+fn stop_while_a_worker_hangs(
+    test: &str,
+    sets: &[String],
+    signals: &[(&str, Option<&str>)],
+) -> (Option<i32>, String) {
+    let dir = common::workdir("misbehaving-workers", test);
+    let (mut child, stderr) = start(&dir, sets);
+    let mut leftovers = Leftovers(Vec::new());
+    wait_until(&mut child, &stderr, Duration::from_secs(120), || {
+        stderr.text().contains("hanging at step")
+    });
+    let workers = descendants_of(child.id());
+    leftovers.0.extend(&workers);
+    assert!(workers.len() >= 2, "two worker processes: {workers:?}");
+    for (name, acknowledged) in signals {
+        signal(&child, name);
+        if let Some(said) = acknowledged {
+            wait_until(&mut child, &stderr, Duration::from_secs(30), || {
+                stderr.text().contains(said)
+            });
+        }
+    }
+    let status = exit_within(&mut child, &stderr, Duration::from_secs(60));
+    let alive = survivors(&workers, Duration::from_secs(2));
+    assert!(
+        alive.is_empty(),
+        "after {signals:?} ({status}), processes outlived skein (pid, (state, parent)): \
+         {alive:?}\n{}",
+        stderr.text()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    (status.code(), stderr.text())
+}
+
+/// SIGTERM, which nothing in skein handles, ends it at once; the hung worker and its
+/// wrapper, and the other worker, go with it.
+#[test]
+fn sigterm_while_an_env_worker_hangs_leaves_no_worker_behind() {
+    let sets = hanging_worker_run(true, 600.0);
+    let (code, err) = stop_while_a_worker_hangs("sigterm", &sets, &[("TERM", None)]);
+    assert_eq!(code, None, "ended by the signal, as before: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+/// Ctrl-C twice: the first lets the step finish (the hung episode is cut off by
+/// `agent.env_timeout_s`), the second stops the run at the end of the rollout, through
+/// `process::exit`, which runs no destructor; the workers still go.
+#[test]
+fn ctrl_c_twice_while_an_env_worker_hangs_leaves_no_worker_behind() {
+    let sets = hanging_worker_run(true, 3.0);
+    let presses = [
+        ("INT", Some("interrupt: finishing this step")),
+        ("INT", Some("second interrupt")),
+    ];
+    let (code, err) = stop_while_a_worker_hangs("sigint", &sets, &presses);
+    // 130 when the second press stopped it; 0 when the step and its checkpoint were done
+    // first.
+    assert!(matches!(code, Some(130) | Some(0)), "{code:?}: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+/// SIGKILL cannot be handled: the parent-death signal the workers were started with ends
+/// the hung worker when skein dies.
+#[test]
+fn sigkill_while_an_env_worker_hangs_takes_the_hung_worker_too() {
+    let sets = hanging_worker_run(false, 600.0);
+    let (code, err) = stop_while_a_worker_hangs("sigkill", &sets, &[("KILL", None)]);
+    assert_eq!(code, None, "{err}");
 }
