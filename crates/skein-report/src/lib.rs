@@ -6,9 +6,11 @@ pub mod metrics;
 mod num;
 pub mod plot;
 pub mod progress;
+mod record;
 pub mod tensorboard;
 pub mod trajectories;
 
-pub use metrics::{read_metrics, record, MetricsLog, Record};
+pub use metrics::{read_metrics, MetricsLog};
 pub use plot::{compare_runs, plot_metrics, plot_run_dir, COMPARE_PANELS, DEFAULT_PANELS};
 pub use progress::StepProgress;
+pub use record::{record, Record};

@@ -1,16 +1,13 @@
 //! `metrics.jsonl`: one JSON object per line, flushed as written so a crash loses nothing;
 //! optionally mirrored to TensorBoard event files.
 
+use crate::record::Record;
 use crate::tensorboard::EventWriter;
 use anyhow::{Context, Result};
-use serde_json::{Map, Value};
+use serde_json::Value;
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-
-/// One line of `metrics.jsonl`: metric name (a plain string; `/` groups by convention only) to
-/// value, usually with a `step`.
-pub type Record = Map<String, Value>;
 
 /// Appends records to a `metrics.jsonl`, one JSON object per line, and to the event file of
 /// [`MetricsLog::with_tensorboard`] when there is one.
@@ -61,16 +58,6 @@ impl MetricsLog {
     pub fn path(&self) -> &Path {
         &self.path
     }
-}
-
-/// A record of `step` with the given figures.
-pub fn record<const N: usize>(step: usize, values: [(&str, f64); N]) -> Record {
-    let mut m = Map::new();
-    m.insert("step".into(), Value::from(step));
-    for (k, v) in values {
-        m.insert(k.into(), Value::from(v));
-    }
-    m
 }
 
 /// Reads every record; a bad line is an error naming the file and line number.

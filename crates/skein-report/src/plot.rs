@@ -4,8 +4,9 @@
 //! A panel spec is a metric key, or several joined by `|` to share one panel
 //! (`"reward/mean|eval/accuracy"`). Keys are plain strings: `/` has no meaning.
 
-use crate::metrics::{read_metrics, Record};
+use crate::metrics::read_metrics;
 use crate::num;
+use crate::record::Record;
 use anyhow::{anyhow, bail, Context, Result};
 use plotters::coord::Shift;
 use plotters::prelude::*;

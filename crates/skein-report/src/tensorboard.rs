@@ -6,7 +6,7 @@
 //! TensorBoard never shows a step the log no longer has, and [`EventWriter::append`] adds each
 //! new record, flushed as written.
 
-use crate::metrics::Record;
+use crate::record::Record;
 use anyhow::{Context, Result};
 use serde_json::Value;
 use std::fs::File;
