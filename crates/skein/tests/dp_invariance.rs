@@ -21,10 +21,9 @@
 
 use skein::model::{LoraConfig, Model, ModelConfig, ModelOptions};
 use skein::trainer::batch::{build_step_batch, StepBatch, StepBatchConfig, TrainRow};
-use skein::trainer::config::OffPolicy;
+use skein::trainer::config::{Batching, OffPolicy};
 use skein::trainer::prepare::{prepare, Models, PrepareConfig};
 use skein::trainer::update::optim::{OptimConfig, Optimizer};
-use skein::trainer::update::pack::Batching;
 use skein::trainer::update::policy_loss::{KlEstimator, LossConfig};
 use skein::trainer::update::ranks::{Ranks, Replicas};
 use skein::trainer::update::{ppo_update, UpdateConfig};

@@ -5,9 +5,8 @@
 
 mod common;
 use common::{step_metrics, workdir, TINY_RUN};
-use skein::trainer::config::{CreditMode, Estimator};
+use skein::trainer::config::{CreditMode, Estimator, Keep};
 use skein::trainer::run::{resume, train};
-use skein::trainer::trajectory_log::Keep;
 use skein::trainer::TrainConfig;
 use skein_report::trajectories::{list_steps, read_step, step_path, write_step, Status};
 use std::path::Path;

@@ -9,9 +9,9 @@
 use super::bench::at_least_one;
 use crate::model::{Dtype, LoraConfig, Model, ModelConfig, ModelOptions};
 use crate::trainer::batch::TrainRow;
+use crate::trainer::config::Batching;
 use crate::trainer::preflight::{self, UpdateShape};
 use crate::trainer::update::optim::{OptimConfig, Optimizer};
-use crate::trainer::update::pack::Batching;
 use crate::trainer::update::policy_loss::LossConfig;
 use crate::trainer::update::ranks::Replicas;
 use crate::trainer::update::{mini_batch_step, rank_pass, UpdateConfig};

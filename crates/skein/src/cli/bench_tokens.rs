@@ -7,10 +7,9 @@
 use super::bench::{at_least_one, ModelShape};
 use crate::model::Model;
 use crate::trainer::batch::{RowOrigin, StepBatch, TrainRow};
-use crate::trainer::config::OffPolicy;
+use crate::trainer::config::{Batching, OffPolicy};
 use crate::trainer::prepare::{prepare, Models, PrepareConfig};
 use crate::trainer::update::optim::{OptimConfig, Optimizer};
-use crate::trainer::update::pack::Batching;
 use crate::trainer::update::policy_loss::LossConfig;
 use crate::trainer::update::ranks::Replicas;
 use crate::trainer::update::{ppo_update, UpdateConfig};

@@ -3,8 +3,9 @@
 //! ([`warm_up`]); `skein sft` uses it on conversations.
 
 use super::batch::TrainRow;
+use super::config::Batching;
 use super::update::optim::{OptimConfig, Optimizer, Schedule};
-use super::update::pack::{input_len, micro_batches, Batching, MicroPlan};
+use super::update::pack::{input_len, micro_batches, MicroPlan};
 use super::update::tensors::{token_logprobs, Entropy, MicroBatch};
 use crate::model::Model;
 use anyhow::Result;

@@ -3,12 +3,15 @@
 //! A key with a fixed set of values is an enum here, so a wrong value is a load error that
 //! names the key and the allowed values, and no code downstream parses a string again.
 
+mod batching;
+mod trajectories;
 pub mod validate;
 
+pub use batching::Batching;
+pub use trajectories::{Keep, TrajectoriesConfig};
+
 use crate::engine::SamplingParams;
-use crate::trainer::trajectory_log::TrajectoriesConfig;
 use crate::trainer::update::optim::OptimConfig;
-use crate::trainer::update::pack::Batching;
 use crate::trainer::update::policy_loss::{KlEstimator, LossConfig};
 use serde::{Deserialize, Serialize};
 use skein_data::Truncation;

@@ -10,8 +10,8 @@ pub mod values;
 use self::offpolicy::{importance_weights, ImportanceStats};
 use crate::model::{Model, ValueModel};
 use crate::trainer::batch::{RowPlan, StepBatch, TrainRow};
-use crate::trainer::config::{CreditMode, OffPolicy, TrainConfig};
-use crate::trainer::update::pack::{micro_batches, Batching};
+use crate::trainer::config::{Batching, CreditMode, OffPolicy, TrainConfig};
+use crate::trainer::update::pack::micro_batches;
 use crate::trainer::update::tensors::{token_logprobs, Entropy, MicroBatch};
 
 /// The models a batch is prepared with, all at the step's start.

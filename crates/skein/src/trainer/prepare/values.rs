@@ -4,7 +4,8 @@
 
 use crate::model::ValueModel;
 use crate::trainer::batch::TrainRow;
-use crate::trainer::update::pack::{micro_batches, Batching};
+use crate::trainer::config::Batching;
+use crate::trainer::update::pack::micro_batches;
 use crate::trainer::update::tensors::MicroBatch;
 
 /// Fills every row's `old_values`: V(s) at the position that predicts each response token.

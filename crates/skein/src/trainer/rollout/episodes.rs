@@ -14,7 +14,7 @@
 //! row of its own, with its own prompt. Either way a transition keeps the ids the engine sampled
 //! with their log-probs; they are never retokenized.
 
-use super::stats::TrajectoryInfo;
+use super::trajectory_info::TrajectoryInfo;
 use crate::engine::{
     self, EngineHandle, EngineStats, Finish, GenOutput, GenRequest, Generator, RemoteEngine,
     SamplingParams,
@@ -811,8 +811,8 @@ mod tests {
         rows: &mut [crate::trainer::batch::TrainRow],
         temperature: f64,
     ) {
+        use crate::trainer::config::Batching;
         use crate::trainer::prepare::recompute_logprobs;
-        use crate::trainer::update::pack::Batching;
         let needs_old = vec![true; rows.len()];
         let mut checked = 0;
         for (packing, shared_prefix) in [(false, false), (true, false), (true, true)] {

@@ -6,7 +6,8 @@
 use super::buffer::{GroupBuffer, IterationConfig};
 use super::dataset::{eval_seed, prompt_batch, rewarder, Data};
 use super::judge::{answer_prompts, Answering, PromptBatch};
-use super::stats::{SourceStats, StepRollout, TrajectoryInfo};
+use super::stats::{SourceStats, StepRollout};
+use super::trajectory_info::TrajectoryInfo;
 use super::{draw, evaluation_problems, EvalResult, StepContext, Workload, WorkloadState};
 use crate::engine::SamplingParams;
 use crate::trainer::batch::TrainRow;

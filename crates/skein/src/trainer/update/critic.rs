@@ -5,10 +5,11 @@
 //! step's start and GAE returns — are filled by `trainer::prepare`; `super::critic_update` runs
 //! it over the planned mini-batches.
 
-use super::pack::{micro_batches, Batching};
+use super::pack::micro_batches;
 use super::tensors::{CriticInputs, MicroBatch};
 use crate::model::ValueModel;
 use crate::trainer::batch::TrainRow;
+use crate::trainer::config::Batching;
 use serde::{Deserialize, Serialize};
 use tch::Kind;
 

@@ -22,12 +22,13 @@ pub mod tensors;
 
 use self::critic::{critic_pass, ValueLossConfig};
 use self::optim::{Optimizer, StepStats};
-use self::pack::{micro_batches, Batching};
+use self::pack::micro_batches;
 use self::policy_loss::{policy_loss, LossConfig, TokenBatch};
 use self::ranks::{Job, PassSums, Ranks, RanksOut, Replica};
 use self::tensors::{logprobs_of_hidden, Entropy, MicroBatch, PolicyInputs};
 use crate::model::{Model, ValueModel};
 use crate::trainer::batch::{RowPlan, TrainRow};
+use crate::trainer::config::Batching;
 use crate::trainer::prepare::PreparedBatch;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};

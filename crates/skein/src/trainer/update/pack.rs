@@ -17,7 +17,7 @@
 //! round-off; only the tokens computed change.
 
 use crate::trainer::batch::TrainRow;
-use serde::{Deserialize, Serialize};
+use crate::trainer::config::Batching;
 use std::collections::HashMap;
 use std::ops::Range;
 
@@ -25,28 +25,6 @@ use std::ops::Range;
 /// holds. Position i of them predicts token i + 1.
 pub fn input_len(row: &TrainRow) -> usize {
     row.tokens.len().saturating_sub(1).max(1)
-}
-
-/// How rows become micro-batches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Batching {
-    /// Most tokens per micro-batch, counted as lines × width (padding included).
-    pub micro_batch_tokens: usize,
-    /// Rows end to end in lines instead of one padded row per line.
-    pub packing: bool,
-    /// With packing: identical prompts in a micro-batch are computed once.
-    pub shared_prefix: bool,
-}
-
-impl Batching {
-    /// One padded row per line.
-    pub fn padded(micro_batch_tokens: usize) -> Self {
-        Batching {
-            micro_batch_tokens,
-            packing: false,
-            shared_prefix: false,
-        }
-    }
 }
 
 /// A run of one row's tokens placed in a line.

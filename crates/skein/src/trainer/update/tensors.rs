@@ -420,8 +420,9 @@ mod tests {
     /// response token, and equal gradients of a loss over them.
     #[test]
     fn every_layout_gives_the_same_logprobs_and_gradients() {
-        use super::super::pack::{micro_batches, Batching};
+        use super::super::pack::micro_batches;
         use crate::model::{Model, ModelConfig};
+        use crate::trainer::config::Batching;
         let cfg = ModelConfig::tiny_qwen2(16, 32, 2, 2, 1, 64, 64);
         let model = Model::random(&cfg, Device::Cpu, 5).unwrap();
         let mut rows = Vec::new();
