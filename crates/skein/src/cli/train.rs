@@ -44,7 +44,7 @@ pub fn run(
         );
         return Ok(());
     }
-    let kind = crate::trainer::run::eval_kind(summary.held_out);
+    let kind = crate::trainer::rollout::eval_kind(summary.held_out);
     let rewards = &summary.rewards;
     if !rewards.is_empty() {
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;

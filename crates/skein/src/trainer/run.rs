@@ -5,7 +5,7 @@
 use super::batch::build_step_batch;
 use super::metrics::{extend, StageTimes, StepReport};
 use super::prepare::prepare;
-use super::rollout::EvalResult;
+use super::rollout::{eval_kind, EvalResult};
 use super::setup::{start, Begin, Started, Trainer};
 use super::update::ranks::{layout, Ranks};
 use super::update::CriticStats;
@@ -248,15 +248,6 @@ fn finish(mut t: Trainer, interrupted: bool) -> Result<RunSummary> {
         rank: 0,
         held_out: t.workload.held_out(),
     })
-}
-
-/// What the evaluation measured: `held-out`, or `train-set` when its problems can be trained on.
-pub fn eval_kind(held_out: bool) -> &'static str {
-    if held_out {
-        "held-out"
-    } else {
-        "train-set"
-    }
 }
 
 /// Stops a run whose updates kept failing, naming its last good checkpoint.

@@ -12,7 +12,7 @@ use super::prepare::PreparedBatch;
 use super::prepare::{Models, PrepareConfig};
 use super::rollout::stats::StepRollout;
 use super::rollout::tasks::Tasks;
-use super::rollout::{EvalResult, StepContext, Workload};
+use super::rollout::{eval_kind, EvalResult, StepContext, Workload};
 use super::run_dir::RunDir;
 use super::run_lock::RunLock;
 use super::trajectory_log::TrajectoryLog;
@@ -409,7 +409,7 @@ fn measure_before(
     extend(&mut first, e.metrics());
     extend(&mut first, workload.data_metrics(true));
     log.append(&first)?;
-    let kind = super::run::eval_kind(workload.held_out());
+    let kind = eval_kind(workload.held_out());
     eprintln!("skein: eval before RL: {kind} accuracy {:.3}", e.accuracy);
     Ok(e)
 }

@@ -125,6 +125,15 @@ impl EvalResult {
     }
 }
 
+/// What the evaluation measured: `held-out`, or `train-set` when its problems can be trained on.
+pub fn eval_kind(held_out: bool) -> &'static str {
+    if held_out {
+        "held-out"
+    } else {
+        "train-set"
+    }
+}
+
 /// What a source carries from step to step: saved in every checkpoint and restored on resume.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct WorkloadState {
