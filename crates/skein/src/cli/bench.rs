@@ -1,9 +1,15 @@
 //! `skein bench`: training-step time (forward log-probs, clipped loss, backward, AdamW) and
 //! KV-cached decode throughput for one model size. `scripts/bench_pytorch_eager.py` measures
 //! the same two numbers with PyTorch eager from Python, for a ratio taken on one machine.
+//! Its subcommands ([`BenchWhat`]: `rewards`, `train-tokens`, `memory`) are benches of their own
+//! files, dispatched from here; `bench_args.rs` holds what they share.
 
+use super::bench_args::{at_least_one, ModelShape};
+use super::bench_memory::{self, MemoryBenchArgs};
+use super::bench_rewards::{self, RewardBenchArgs};
+use super::bench_tokens::{self, TokenBenchArgs};
 use crate::engine::{Engine, GenRequest, SamplingParams};
-use crate::model::{Model, ModelConfig};
+use crate::model::Model;
 use crate::trainer::batch::TrainRow;
 use crate::trainer::update::optim::{OptimConfig, Optimizer};
 use crate::trainer::update::policy_loss::{policy_loss, LossConfig, TokenBatch};
@@ -27,73 +33,24 @@ fn check(a: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// Errors naming the first flag whose value is 0.
-pub fn at_least_one(flags: &[(&str, usize)]) -> Result<()> {
-    match flags.iter().find(|(_, v)| *v == 0) {
-        Some((flag, _)) => anyhow::bail!("invalid value for `{flag}`: must be ≥ 1 (got 0)"),
-        None => Ok(()),
-    }
-}
-
-/// The shape of a benchmark's random Qwen2-layout model.
-#[derive(clap::Args, Debug, Clone)]
-pub struct ModelShape {
-    #[arg(long, default_value_t = 512)]
-    pub vocab: usize,
-    #[arg(long, default_value_t = 256)]
-    pub hidden: usize,
-    #[arg(long, default_value_t = 4)]
-    pub layers: usize,
-    #[arg(long, default_value_t = 4)]
-    pub heads: usize,
-    #[arg(long, default_value_t = 688)]
-    pub intermediate: usize,
-}
-
-impl ModelShape {
-    /// Each size at least 1 and `hidden` a multiple of `heads`.
-    pub fn check(&self) -> Result<()> {
-        at_least_one(&self.flags())?;
-        if !self.hidden.is_multiple_of(self.heads) {
-            anyhow::bail!(
-                "invalid value for `--hidden`: must be a multiple of --heads ({}; got {})",
-                self.heads,
-                self.hidden
-            );
-        }
-        Ok(())
-    }
-
-    /// The flags and their values (to check them, or to pass them on).
-    pub fn flags(&self) -> [(&'static str, usize); 5] {
-        [
-            ("--vocab", self.vocab),
-            ("--hidden", self.hidden),
-            ("--layers", self.layers),
-            ("--heads", self.heads),
-            ("--intermediate", self.intermediate),
-        ]
-    }
-
-    /// The model's configuration, with room for `positions` tokens.
-    pub fn config(&self, positions: usize) -> ModelConfig {
-        ModelConfig::tiny_qwen2(
-            self.vocab,
-            self.hidden,
-            self.layers,
-            self.heads,
-            self.heads,
-            self.intermediate,
-            positions,
-        )
-    }
+/// The benches other than the training step and decode, each in a file of its own.
+#[derive(clap::Subcommand, Debug)]
+pub enum BenchWhat {
+    /// Async reward scoring against scoring at the end, with a real reward model.
+    Rewards(RewardBenchArgs),
+    /// One PPO update of an agentic batch: padded, packed, and packed with shared prompts.
+    TrainTokens(TokenBenchArgs),
+    /// Peak memory and step time of one GRPO update on Qwen2.5-0.5B's shape: full float32,
+    /// LoRA, LoRA on a bfloat16 base, and with activation checkpointing, beside the
+    /// preflight's estimate of each.
+    Memory(MemoryBenchArgs),
 }
 
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
     /// A benchmark other than the training step and decode (e.g. `rewards`).
     #[command(subcommand)]
-    what: Option<super::bench_rewards::BenchWhat>,
+    what: Option<BenchWhat>,
     #[command(flatten)]
     model: ModelShape,
     #[arg(long, default_value_t = 8)]
@@ -110,7 +67,7 @@ pub struct BenchArgs {
 
 pub fn run(a: &BenchArgs) -> Result<()> {
     if let Some(what) = &a.what {
-        return super::bench_rewards::run(what);
+        return run_other(what);
     }
     check(a)?;
     let cfg = a.model.config(a.seq.max(a.decode_prompt + 1));
@@ -142,6 +99,15 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         secs
     );
     Ok(())
+}
+
+/// Runs the bench `what` names.
+fn run_other(what: &BenchWhat) -> Result<()> {
+    match what {
+        BenchWhat::Rewards(a) => bench_rewards::run(a),
+        BenchWhat::TrainTokens(a) => bench_tokens::run(a),
+        BenchWhat::Memory(a) => bench_memory::run(a),
+    }
 }
 
 fn time_train_steps(model: &Model, a: &BenchArgs) -> Result<Vec<f64>> {

@@ -6,7 +6,7 @@
 //! preflight estimate of the same update, from the same functions, so the estimate's error
 //! is measured rather than guessed.
 
-use super::bench::at_least_one;
+use super::bench_args::at_least_one;
 use crate::model::{Dtype, LoraConfig, Model, ModelConfig, ModelOptions};
 use crate::trainer::batch::TrainRow;
 use crate::trainer::config::Batching;

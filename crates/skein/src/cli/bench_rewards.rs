@@ -15,18 +15,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-#[derive(clap::Subcommand, Debug)]
-pub enum BenchWhat {
-    /// Async reward scoring against scoring at the end, with a real reward model.
-    Rewards(RewardBenchArgs),
-    /// One PPO update of an agentic batch: padded, packed, and packed with shared prompts.
-    TrainTokens(super::bench_tokens::TokenBenchArgs),
-    /// Peak memory and step time of one GRPO update on Qwen2.5-0.5B's shape: full float32,
-    /// LoRA, LoRA on a bfloat16 base, and with activation checkpointing, beside the
-    /// preflight's estimate of each.
-    Memory(super::bench_memory::MemoryBenchArgs),
-}
-
 #[derive(clap::Args, Debug)]
 pub struct RewardBenchArgs {
     /// Reward model directory (default: the all-MiniLM-L6-v2 that
@@ -79,15 +67,7 @@ struct Round {
     requests: Vec<RewardRequest>,
 }
 
-pub fn run(what: &BenchWhat) -> Result<()> {
-    match what {
-        BenchWhat::Rewards(a) => rewards(a),
-        BenchWhat::TrainTokens(a) => super::bench_tokens::run(a),
-        BenchWhat::Memory(a) => super::bench_memory::run(a),
-    }
-}
-
-fn rewards(a: &RewardBenchArgs) -> Result<()> {
+pub fn run(a: &RewardBenchArgs) -> Result<()> {
     // Medians of no rounds would be made-up figures.
     if a.rounds == 0 {
         anyhow::bail!("invalid value for `--rounds`: must be ≥ 1 (got 0)");

@@ -4,7 +4,7 @@
 //! a child process of its own, so its peak resident memory is its own; the parent prints the
 //! table. The loss of the first update (same weights, same batch) must agree across layouts.
 
-use super::bench::{at_least_one, ModelShape};
+use super::bench_args::{at_least_one, ModelShape};
 use crate::model::Model;
 use crate::trainer::batch::{RowOrigin, StepBatch, TrainRow};
 use crate::trainer::config::{Batching, OffPolicy};

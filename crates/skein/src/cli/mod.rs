@@ -4,6 +4,7 @@
 
 mod bench;
 mod bench_agents;
+mod bench_args;
 mod bench_memory;
 mod bench_partial;
 mod bench_rewards;
