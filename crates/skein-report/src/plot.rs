@@ -16,6 +16,8 @@ const PANEL_W: u32 = 460;
 const PANEL_H: u32 = 300;
 const TITLE_H: u32 = 44;
 const FONT: &str = "sans-serif";
+/// The most panels one PNG holds: 22 rows of three, about 28 MB of pixels while drawing.
+pub const MAX_PANELS: usize = 64;
 /// Colour-blind-friendly line colours (the first one for the main series of each panel).
 const COLOURS: [RGBColor; 6] = [
     RGBColor(31, 119, 180),
@@ -104,6 +106,12 @@ pub fn plot_metrics(
     if panels.is_empty() {
         bail!("none of the metrics {keys:?} has a finite value against `{x_key}` to plot");
     }
+    if panels.len() > MAX_PANELS {
+        bail!(
+            "{} panels have data to draw; one plot holds at most {MAX_PANELS}: pass fewer `--keys`",
+            panels.len()
+        );
+    }
     crate::font::register()?;
     let (rows, cols) = grid(panels.len());
     let (w, h) = (cols as u32 * PANEL_W, TITLE_H + rows as u32 * PANEL_H);
@@ -148,6 +156,49 @@ fn padded(lo: f64, hi: f64, frac: f64) -> (f64, f64) {
     }
 }
 
+/// One axis of a panel: values are drawn divided by `scale`, and tick labels multiply it back.
+/// The scale is 1 unless the axis range would not fit in an f64 (values such as ±9e307, whose
+/// difference overflows): plotters needs a finite width to place its ticks.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Axis {
+    lo: f64,
+    hi: f64,
+    scale: f64,
+}
+
+/// The drawing range of finite values `lo..=hi`, widened by `widen` (a margin).
+fn axis(lo: f64, hi: f64, widen: impl Fn(f64, f64) -> (f64, f64)) -> Axis {
+    let fits = |(a, b): (f64, f64)| a.is_finite() && b.is_finite() && (b - a).is_finite();
+    let (a, b) = widen(lo, hi);
+    if fits((a, b)) {
+        return Axis {
+            lo: a,
+            hi: b,
+            scale: 1.0,
+        };
+    }
+    // A power of two divides exactly, and a quarter of the largest f64 leaves room for any
+    // margin below half the width.
+    let scale = 4.0;
+    let (a, b) = widen(lo / scale, hi / scale);
+    debug_assert!(fits((a, b)), "{lo}..{hi} widened to {a}..{b}");
+    Axis {
+        lo: a,
+        hi: b,
+        scale,
+    }
+}
+
+impl Axis {
+    fn place(&self, v: f64) -> f64 {
+        v / self.scale
+    }
+
+    fn width(&self) -> f64 {
+        self.hi - self.lo
+    }
+}
+
 fn bounds<'a>(pts: impl Iterator<Item = &'a f64>) -> (f64, f64) {
     pts.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &v| {
         (a.min(v), b.max(v))
@@ -175,13 +226,24 @@ fn draw_panel(
     let (x0, x1) = bounds(panel.iter().flat_map(|s| s.points.iter().map(|p| &p.0)));
     let (y0, y1) = bounds(panel.iter().flat_map(|s| s.points.iter().map(|p| &p.1)));
     // One step on its own gets a whole step either side, so the axis keeps whole-step ticks.
-    let (x0, x1) = if x1 > x0 {
-        (x0, x1)
-    } else {
-        (x0 - 1.0, x1 + 1.0)
-    };
-    let (y0, y1) = padded(y0, y1, 0.06);
-    let (x_step, y_step) = (tick_step(x1 - x0, 6), tick_step(y1 - y0, 6));
+    let x = axis(x0, x1, |lo, hi| {
+        if hi > lo {
+            (lo, hi)
+        } else {
+            (lo - 1.0, hi + 1.0)
+        }
+    });
+    let y = axis(y0, y1, |lo, hi| padded(lo, hi, 0.06));
+    let (x_step, y_step) = (tick_step(x.width(), 6), tick_step(y.width(), 6));
+    let placed: Vec<Vec<(f64, f64)>> = panel
+        .iter()
+        .map(|s| {
+            s.points
+                .iter()
+                .map(|&(px, py)| (x.place(px), y.place(py)))
+                .collect()
+        })
+        .collect();
     let caption = match panel {
         [only] => format!("{}  (last {})", only.key, last(only)),
         // Several runs' lines of one metric (`key (run)`) are captioned once, by the metric.
@@ -202,32 +264,32 @@ fn draw_panel(
         .margin_right(20)
         .x_label_area_size(38)
         .y_label_area_size(56)
-        .build_cartesian_2d(x0..x1, y0..y1)?;
+        .build_cartesian_2d(x.lo..x.hi, y.lo..y.hi)?;
     chart
         .configure_mesh()
         .x_labels(6)
         .y_labels(6)
         .x_desc(x_desc(panel, x_key))
-        .x_label_formatter(&|v| num::tick(*v, x_step))
-        .y_label_formatter(&|v| num::tick(*v, y_step))
+        .x_label_formatter(&|v| num::tick(*v * x.scale, x_step * x.scale))
+        .y_label_formatter(&|v| num::tick(*v * y.scale, y_step * y.scale))
         .label_style((FONT, 12))
         .axis_desc_style((FONT, 13))
         .bold_line_style(RGBColor(228, 228, 228))
         .light_line_style(TRANSPARENT)
         .axis_style(RGBColor(90, 90, 90))
         .draw()?;
-    for (i, s) in panel.iter().enumerate() {
+    for (i, (s, points)) in panel.iter().zip(&placed).enumerate() {
         let colour = COLOURS[i % COLOURS.len()];
         let line = chart
             .draw_series(LineSeries::new(
-                s.points.iter().copied(),
+                points.iter().copied(),
                 colour.stroke_width(2),
             ))?
             .label(format!("{} ({})", s.key, last(s)));
         line.legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], colour.stroke_width(2)));
         // Sparse series (evaluations every N steps, a single point) are unreadable as lines alone.
-        if s.points.len() <= 40 {
-            chart.draw_series(s.points.iter().map(|&p| Circle::new(p, 3, colour.filled())))?;
+        if points.len() <= 40 {
+            chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, colour.filled())))?;
         }
     }
     if panel.len() > 1 {
@@ -236,7 +298,7 @@ fn draw_panel(
             .label_font((FONT, 12))
             .background_style(WHITE.mix(0.85))
             .border_style(RGBColor(200, 200, 200))
-            .position(emptiest_corner(panel, (x0, x1), (y0, y1)))
+            .position(emptiest_corner(&placed, x, y))
             .draw()?;
     }
     Ok(())
@@ -255,11 +317,7 @@ fn x_desc(panel: &[Series], x_key: &str) -> String {
 }
 
 /// The legend goes in the corner with the fewest points under it, so it hides little data.
-fn emptiest_corner(
-    panel: &[Series],
-    (x0, x1): (f64, f64),
-    (y0, y1): (f64, f64),
-) -> SeriesLabelPosition {
+fn emptiest_corner(placed: &[Vec<(f64, f64)>], x: Axis, y: Axis) -> SeriesLabelPosition {
     use SeriesLabelPosition::*;
     let mut counts = [
         (0usize, UpperRight),
@@ -267,8 +325,8 @@ fn emptiest_corner(
         (0, UpperLeft),
         (0, LowerLeft),
     ];
-    for &(x, y) in panel.iter().flat_map(|s| &s.points) {
-        let (fx, fy) = ((x - x0) / (x1 - x0), (y - y0) / (y1 - y0));
+    for &(px, py) in placed.iter().flatten() {
+        let (fx, fy) = ((px - x.lo) / x.width(), (py - y.lo) / y.width());
         // A legend covers roughly the outer 45% by 35% of a panel.
         let (right, left, top, bottom) = (fx > 0.55, fx < 0.45, fy > 0.65, fy < 0.35);
         for (hit, slot) in [
@@ -554,6 +612,96 @@ mod tests {
         assert_eq!(x_desc(&[s("eval/accuracy")], "step"), "RL step");
         assert_eq!(x_desc(&[s("sft/loss"), s("entropy")], "step"), "RL step");
         assert_eq!(x_desc(&warm_up, "time"), "time");
+    }
+
+    /// Plots on a thread and waits a bounded time: a range plotters cannot split into ticks
+    /// used to loop forever.
+    fn plot_within_a_minute(records: Vec<Record>, name: &str) -> Result<(u32, u32, Vec<u8>)> {
+        let out = tmp(name);
+        let path = out.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(plot_metrics(
+                &records,
+                &["reward/mean"],
+                "step",
+                "edge",
+                &path,
+            ));
+        });
+        let drawn = rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("plotting {name} still runs after a minute"));
+        drawn.map(|()| {
+            let png = decode(&out);
+            std::fs::remove_file(&out).ok();
+            png
+        })
+    }
+
+    /// Values whose range overflows f64 (9e307 − (−9e307), 1.7e308 plus its margin), in either
+    /// axis, and a range narrow beside its magnitude are drawn, with the curve visible.
+    #[test]
+    fn values_whose_range_overflows_are_drawn() {
+        let cases: [(&str, &[(f64, f64)]); 6] = [
+            ("opposite-huge", &[(1.0, 9e307), (2.0, -9e307)]),
+            ("max-twice", &[(1.0, 1.7e308), (2.0, 1.7e308)]),
+            ("extremes", &[(1.0, f64::MAX), (2.0, -f64::MAX)]),
+            ("huge-steps", &[(-1.7e308, 0.5), (1.7e308, 0.25)]),
+            ("one-huge-step", &[(1e300, 0.5)]),
+            (
+                "narrow",
+                &[(1.0, 1e300), (2.0, 1e300 * (1.0 + 4.0 * f64::EPSILON))],
+            ),
+        ];
+        for (name, points) in cases {
+            let records = points
+                .iter()
+                .map(|&(step, v)| rec(json!({"step": step, "reward/mean": v})))
+                .collect();
+            let (w, h, rgb) =
+                plot_within_a_minute(records, name).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!((w, h), (PANEL_W, TITLE_H + PANEL_H), "{name}");
+            assert!(
+                rgb.chunks(3).any(|p| p == [31, 119, 180]),
+                "{name}: no curve"
+            );
+        }
+    }
+
+    #[test]
+    fn an_axis_is_scaled_only_when_its_range_overflows() {
+        let plain = axis(0.0, 1.0, |lo, hi| padded(lo, hi, 0.06));
+        assert_eq!(plain.scale, 1.0);
+        assert!(plain.lo < 0.0 && plain.hi > 1.0);
+        for (lo, hi) in [(-9e307, 9e307), (1.7e308, 1.7e308), (-f64::MAX, f64::MAX)] {
+            let a = axis(lo, hi, |lo, hi| padded(lo, hi, 0.06));
+            assert!(
+                a.width().is_finite() && a.width() > 0.0,
+                "{lo}..{hi}: {a:?}"
+            );
+            assert!(
+                a.lo <= a.place(lo) && a.place(hi) <= a.hi,
+                "{lo}..{hi}: {a:?}"
+            );
+            assert_eq!(a.place(hi) * a.scale, hi);
+        }
+    }
+
+    #[test]
+    fn more_panels_than_a_plot_holds_is_an_error() {
+        let mut r = json!({"step": 1});
+        let keys: Vec<String> = (0..=MAX_PANELS).map(|i| format!("m{i}")).collect();
+        for k in &keys {
+            r[k] = json!(1.0);
+        }
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let out = tmp("many");
+        let err = plot_metrics(&[rec(r)], &keys, "step", "t", &out)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--keys") && err.contains("65 panels"), "{err}");
+        assert!(!out.exists());
     }
 
     #[test]

@@ -388,33 +388,62 @@ fn plan_with_edge_values_errors_or_plans() {
     report("plan", failures, n);
 }
 
+/// Values whose sum or difference overflows f64, for `plot`'s axis ranges.
+const OVERFLOWING: &[&str] = &["9e307", "-9e307", "1.7e308", "-1.7e308"];
+
+impl Picks {
+    /// An edge value, or often one whose range with another overflows.
+    fn plot_value(&mut self) -> &'static str {
+        if self.below(3) == 0 {
+            OVERFLOWING[self.below(OVERFLOWING.len())]
+        } else {
+            self.edge()
+        }
+    }
+}
+
+/// `plot` draws a file it has read: unlike a training run, it has no reason to still be
+/// running at the deadline, so a timeout fails the case.
 #[test]
 fn plot_of_metrics_with_edge_values_errors_or_draws() {
     let root = common::workdir("fuzz", "plot");
     let mut picks = Picks::from_env();
     let n = cases(16).unwrap_or(60);
+    let line = |step: &str, reward: &str, accuracy: &str| {
+        format!("{{\"step\": {step}, \"reward/mean\": {reward}, \"eval/accuracy\": {accuracy}}}")
+    };
+    // Ranges known to overflow come first, then the seeded sample.
+    let mut samples: Vec<Vec<String>> = vec![
+        vec![line("1", "9e307", "0.5"), line("2", "-9e307", "0.5")],
+        vec![line("1", "1.7e308", "0.5"), line("2", "1.7e308", "0.5")],
+        vec![
+            line("-1.7e308", "0.5", "0.5"),
+            line("1.7e308", "0.5", "0.5"),
+        ],
+    ];
+    samples.extend((0..n).map(|_| {
+        (0..1 + picks.below(4))
+            .map(|_| line(picks.plot_value(), picks.plot_value(), picks.plot_value()))
+            .collect()
+    }));
     let mut failures = Vec::new();
-    for i in 0..n {
+    for (i, lines) in samples.iter().enumerate() {
         let dir = root.join(i.to_string());
         std::fs::create_dir_all(&dir).unwrap();
-        let lines: Vec<String> = (0..1 + picks.below(4))
-            .map(|_| {
-                format!(
-                    "{{\"step\": {}, \"reward/mean\": {}, \"eval/accuracy\": {}}}",
-                    picks.edge(),
-                    picks.edge(),
-                    picks.edge()
-                )
-            })
-            .collect();
         std::fs::write(dir.join("metrics.jsonl"), lines.join("\n")).unwrap();
         let args = ["plot".to_string(), dir.display().to_string()];
-        if let Some(why) = judge(&skein(&args, None)) {
+        let outcome = skein(&args, None);
+        if outcome.timed_out {
+            failures.push(format!(
+                "  {}: still running after {DEADLINE:?}",
+                lines.join(" ")
+            ));
+        } else if let Some(why) = judge(&outcome) {
             failures.push(format!("  {}: {why}", lines.join(" ")));
         }
     }
     let _ = std::fs::remove_dir_all(&root);
-    report("plot", failures, n);
+    report("plot", failures, samples.len());
 }
 
 /// Starts `skein serve` with `flags`; once it listens, one completion request must get an
