@@ -824,3 +824,214 @@ fn example_agent_closes_every_rollout_it_is_given() {
     });
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// CPU seconds a process has used (user + system), from /proc.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    // The kernel counts in USER_HZ, 100 on Linux.
+    ticks / 100.0
+}
+
+/// Ten 4 MB prompts at once, as text and as chat: each is refused by its length in bytes
+/// without being tokenized (tokenizing one took 2.6 s of CPU), and a normal request between
+/// them is answered.
+#[test]
+fn prompts_too_long_in_bytes_are_refused_before_tokenizing() {
+    let server = ServeProcess::start(&[]);
+    let pid = server.child.id();
+    let huge = "x".repeat(4_000_000);
+    runtime().block_on(async {
+        let c = client();
+        let cpu_before = cpu_seconds(pid);
+        let started = Instant::now();
+        let requests = (0..10).map(|i| {
+            let (route, body) = if i % 2 == 0 {
+                ("completions", json!({"prompt": huge, "max_tokens": 2}))
+            } else {
+                let messages = [json!({"role": "user", "content": huge})];
+                (
+                    "chat/completions",
+                    json!({"messages": messages, "max_tokens": 2}),
+                )
+            };
+            let url = format!("{}/v1/{route}", server.url);
+            let c = &c;
+            async move { post(c, &url, body).await }
+        });
+        let answers = futures_util::future::join_all(requests).await;
+        let wall = started.elapsed().as_secs_f64();
+        let cpu = cpu_seconds(pid) - cpu_before;
+        eprintln!("ten 4 MB prompts refused in {wall:.2} s wall, {cpu:.2} s of server CPU");
+        for (s, b) in &answers {
+            assert_error(*s, b, 400, "bytes of text");
+        }
+        // Reading and parsing 40 MB of JSON is all that is left.
+        assert!(
+            cpu < 3.0,
+            "the server spent {cpu:.2} s of CPU on ten refusals"
+        );
+        let (s, b) = post(
+            &c,
+            &format!("{}/v1/completions", server.url),
+            json!({"prompt": "1+1=", "max_tokens": 2}),
+        )
+        .await;
+        assert_eq!(s, 200, "{b}");
+    });
+}
+
+/// `skein serve` with its stderr kept, for what it says at start-up.
+fn serve_with_stderr(args: &[&str]) -> (ServeProcess, Arc<std::sync::Mutex<String>>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_skein"))
+        .args(["serve", "--port", "0"])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("skein runs");
+    let stderr = child.stderr.take().unwrap();
+    let said = Arc::new(std::sync::Mutex::new(String::new()));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let kept = said.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            eprintln!("[skein serve] {line}");
+            kept.lock().unwrap().push_str(&format!("{line}\n"));
+            if let Some(url) = line.strip_prefix("skein serve: listening on ") {
+                let _ = tx.send(url.to_string());
+            }
+        }
+    });
+    let url = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("skein serve prints its address");
+    // Reached through loopback, whatever address the server names.
+    let url = url.replace("0.0.0.0", "127.0.0.1");
+    (ServeProcess { child, url }, said)
+}
+
+/// Bound beyond loopback with no key, the server warns at start-up and refuses `/v1/reload`
+/// (which reads any path and says whether it exists); with a key it reloads and is quiet.
+#[test]
+fn a_server_beyond_loopback_needs_a_key_to_reload() {
+    let dir = temp_dir("exposed");
+    save_model(&dir.join("a"), 1);
+    let model = dir.join("a").display().to_string();
+    let reload = json!({"path": model});
+
+    let (open, said) = serve_with_stderr(&["--host", "0.0.0.0", "--model", &model]);
+    let warning = said.lock().unwrap().clone();
+    assert!(
+        warning.contains("warning") && warning.contains("--api-key"),
+        "{warning}"
+    );
+    runtime().block_on(async {
+        let c = client();
+        let (s, b) = post(&c, &format!("{}/v1/reload", open.url), reload.clone()).await;
+        assert_error(s, &b, 403, "--api-key");
+        let (s, b) = post(
+            &c,
+            &format!("{}/v1/completions", open.url),
+            json!({"prompt": "1+1=", "max_tokens": 2}),
+        )
+        .await;
+        assert_eq!(s, 200, "generation stays open: {b}");
+    });
+    drop(open);
+
+    let (keyed, said) =
+        serve_with_stderr(&["--host", "0.0.0.0", "--model", &model, "--api-key", "k"]);
+    assert!(!said.lock().unwrap().contains("warning"));
+    runtime().block_on(async {
+        let r = client()
+            .post(format!("{}/v1/reload", keyed.url))
+            .bearer_auth("k")
+            .json(&reload)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status();
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(
+            (status.as_u16(), &body["version"]),
+            (200, &json!(1)),
+            "{body}"
+        );
+    });
+    drop(keyed);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A key no client can send (empty, blank, spaces at its ends) is refused before serving.
+#[test]
+fn an_api_key_no_client_can_send_is_refused_at_start_up() {
+    for key in ["", "   ", " k", "k\u{e9}"] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_skein"))
+            .args(["serve", "--port", "0", "--api-key", key])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("skein runs");
+        let started = Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if started.elapsed() > Duration::from_secs(30) {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+        let code = status.and_then(|s| s.code());
+        assert_eq!(code, Some(2), "{key:?} (still serving if None): {stderr}");
+        assert!(stderr.contains("--api-key"), "{key:?}: {stderr}");
+    }
+}
+
+/// `stop` strings and OpenAI's `logprobs` are answered 400 rather than silently ignored,
+/// however long the stop list; their empty forms are fine.
+#[test]
+fn stop_strings_and_logprobs_are_refused_not_ignored() {
+    let server = ServeProcess::start(&[]);
+    let completions = format!("{}/v1/completions", server.url);
+    let chat = format!("{}/v1/chat/completions", server.url);
+    let stops: Vec<String> = (0..10_000).map(|i| format!("s{i}")).collect();
+    runtime().block_on(async {
+        let c = client();
+        let prompt = |extra: Value| {
+            let mut body = json!({"prompt": "1+1=", "max_tokens": 2});
+            for (k, v) in extra.as_object().unwrap() {
+                body[k] = v.clone();
+            }
+            body
+        };
+        for (extra, says) in [
+            (json!({"logprobs": 5}), "`logprobs`"),
+            (json!({"top_logprobs": 3}), "`logprobs`"),
+            (json!({"stop": "\n"}), "`stop`"),
+            (json!({"stop": stops}), "10000 entries"),
+        ] {
+            let (s, b) = post(&c, &completions, prompt(extra.clone())).await;
+            assert_error(s, &b, 400, says);
+        }
+        let chat_body = json!({"messages": [{"role": "user", "content": "hi"}],
+                               "max_tokens": 2, "logprobs": true});
+        let (s, b) = post(&c, &chat, chat_body).await;
+        assert_error(s, &b, 400, "skein.logprobs");
+        for extra in [
+            json!({"stop": [], "logprobs": null}),
+            json!({"stop": null, "logprobs": false, "top_logprobs": 0}),
+        ] {
+            let (s, b) = post(&c, &completions, prompt(extra.clone())).await;
+            assert_eq!(s, 200, "{extra}: {b}");
+        }
+    });
+}

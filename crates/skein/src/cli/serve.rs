@@ -112,7 +112,33 @@ fn dir_name(dir: &Path) -> String {
         .unwrap_or_else(|| "skein".into())
 }
 
+/// A key clients can send back: header values are visible ASCII, and clients trim the spaces
+/// at their ends, so an empty key, or one outside that, would refuse every request.
+fn check_api_key(key: &str) -> Result<()> {
+    let visible = |c: char| c.is_ascii_graphic() || c == ' ';
+    if key.trim().is_empty() || key.trim() != key || !key.chars().all(visible) {
+        bail!(
+            "--api-key must be visible ASCII characters with no spaces at its ends \
+             (got {key:?}); leave --api-key out to serve without one"
+        );
+    }
+    Ok(())
+}
+
+/// Without a key, a server other hosts reach serves them all: said once at start-up.
+fn warn_if_open(addr: std::net::SocketAddr, api_key: Option<&str>) {
+    if api_key.is_none() && !addr.ip().is_loopback() {
+        eprintln!(
+            "skein serve: warning: listening on {addr}, reachable from other hosts, with no \
+             --api-key: anyone who reaches it can generate, and /v1/reload is refused"
+        );
+    }
+}
+
 pub fn run(args: &ServeArgs) -> Result<()> {
+    if let Some(key) = &args.api_key {
+        check_api_key(key)?;
+    }
     if args.max_concurrent == 0 || args.max_slots == 0 || args.default_max_tokens == 0 {
         bail!("--max-concurrent, --max-slots and --default-max-tokens must be at least 1");
     }
@@ -165,6 +191,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     let addr = format!("{}:{}", args.host, args.port);
     runtime.block_on(async move {
         let server = serve::bind(&addr, state).await?;
+        warn_if_open(server.addr(), args.api_key.as_deref());
         eprintln!("skein serve: listening on http://{}", server.addr());
         server.wait().await
     })

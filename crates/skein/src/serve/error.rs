@@ -41,6 +41,7 @@ impl ApiError {
     fn kind(&self) -> &'static str {
         match self.status {
             StatusCode::UNAUTHORIZED => "authentication_error",
+            StatusCode::FORBIDDEN => "permission_error",
             StatusCode::NOT_FOUND => "not_found_error",
             StatusCode::CONFLICT => "conflict_error",
             StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",

@@ -75,6 +75,7 @@ pub fn sampling(
             "streaming is not supported: send `stream: false`",
         ));
     }
+    refuse_unsupported(req)?;
     let n = req.n.unwrap_or(1);
     if n == 0 || n > cfg.max_n {
         return Err(ApiError::bad_request(format!(
@@ -128,6 +129,38 @@ pub fn sampling(
         stop_token_ids: state.0.text.stop_ids().to_vec(),
     };
     Ok((params, n))
+}
+
+/// `stop` strings and OpenAI-style `logprobs` would change what the client gets back; asked
+/// for, they are refused rather than ignored.
+fn refuse_unsupported(req: &GenerateRequest) -> Result<(), ApiError> {
+    use serde_json::Value;
+    let asked = |v: &Option<Value>| match v {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+        Some(Value::Number(n)) => n.as_f64() != Some(0.0),
+        Some(Value::String(s)) => !s.is_empty(),
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(_) => true,
+    };
+    if asked(&req.stop) {
+        let entries = req
+            .stop
+            .as_ref()
+            .and_then(Value::as_array)
+            .map_or(1, Vec::len);
+        return Err(ApiError::bad_request(format!(
+            "`stop` ({entries} entr{}) is not supported: a completion ends at the model's stop \
+             tokens or at max_tokens; leave `stop` out",
+            if entries == 1 { "y" } else { "ies" }
+        )));
+    }
+    if asked(&req.logprobs) || asked(&req.top_logprobs) {
+        return Err(ApiError::bad_request(
+            "`logprobs` and `top_logprobs` are not supported: each choice's \
+             `skein.logprobs` holds the log-prob of every sampled token; leave them out",
+        ));
+    }
+    Ok(())
 }
 
 /// Generates `n` completions of `prompt`; for a rollout-scoped call, records them.

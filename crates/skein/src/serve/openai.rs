@@ -1,6 +1,7 @@
 //! The request and response bodies of the OpenAI-compatible routes, and the conversion of
 //! OpenAI chat messages into the chat template's messages. Fields clients commonly send and
-//! skein does not use (`seed`, `stop`, `user`, penalties…) are accepted and ignored.
+//! skein does not use (`seed`, `user`, penalties…) are accepted and ignored; `stop` strings and
+//! `logprobs`, which would change what a client gets back, are refused unless empty.
 
 use super::error::ApiError;
 use serde::{Deserialize, Serialize};
@@ -24,6 +25,13 @@ pub struct GenerateRequest {
     pub top_k: Option<i64>,
     pub n: Option<usize>,
     pub stream: Option<bool>,
+    /// Stop strings: refused unless null or empty (the model's stop tokens end a completion).
+    pub stop: Option<Value>,
+    /// OpenAI's log-probs (chat: a bool; completions: a count of alternatives): refused
+    /// unless null, false or 0 and `top_logprobs` likewise; `skein.logprobs` carries the
+    /// sampled tokens' log-probs.
+    pub logprobs: Option<Value>,
+    pub top_logprobs: Option<Value>,
 }
 
 /// A chat message as OpenAI clients send it.

@@ -137,7 +137,8 @@ async fn chat_in(
         .as_ref()
         .filter(|t| !t.is_empty())
         .map(|t| Value::Array(t.clone()));
-    let (_, prompt) = s.0.text.chat_prompt(&messages, tools.as_ref())?;
+    let capacity = s.0.config.capacity.max(1) as usize;
+    let (_, prompt) = s.0.text.chat_prompt(&messages, tools.as_ref(), capacity)?;
     let samples = generate::run(s, rollout, &prompt, params, n).await?;
     let mut choices = Vec::with_capacity(samples.len());
     for (index, sample) in samples.iter().enumerate() {
@@ -225,7 +226,10 @@ async fn completion_in(
     }
     let prompt = match req.prompt {
         None => return Err(ApiError::bad_request("`prompt` is required")),
-        Some(Prompt::Text(text)) => s.0.text.text_prompt(&text)?,
+        Some(Prompt::Text(text)) => {
+            let capacity = s.0.config.capacity.max(1) as usize;
+            s.0.text.text_prompt(&text, capacity)?
+        }
         Some(Prompt::Ids(ids)) => ids,
         Some(Prompt::Batch(items)) if items.iter().all(Value::is_number) => {
             return Err(ApiError::bad_request(
@@ -266,11 +270,19 @@ struct ReloadRequest {
 }
 
 /// Loads new weights into the engine (after the requests it is running finish) and answers
-/// with the new policy version.
+/// with the new policy version. The path is any directory on the server, and a failed load
+/// says whether it exists, so a server other hosts reach without an API key refuses it.
 async fn reload(
     State(s): State<ServeState>,
     Body(req): Body<ReloadRequest>,
 ) -> Result<Json<Value>, ApiError> {
+    if s.open_to_other_hosts() {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "/v1/reload loads weights from a path on the server, so a server listening beyond \
+             loopback takes it only with an API key: restart with --api-key (or bind 127.0.0.1)",
+        ));
+    }
     let gone =
         |e: crate::engine::EngineGone| ApiError::unavailable(format!("{e}: restart the server"));
     let (reply, answer) = tokio::sync::oneshot::channel();

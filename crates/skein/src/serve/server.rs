@@ -26,6 +26,7 @@ pub async fn bind(addr: &str, state: ServeState) -> Result<Server> {
         anyhow::anyhow!("binding {addr}: {hint}: {e}")
     })?;
     let addr = listener.local_addr()?;
+    state.bound_to(addr);
     // Responses are small and latency matters more than packet count.
     let listener = listener.tap_io(|tcp| {
         let _ = tcp.set_nodelay(true);

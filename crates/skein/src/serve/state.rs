@@ -5,7 +5,7 @@ use super::config::ServeConfig;
 use super::store::RolloutStore;
 use super::text::TextSide;
 use crate::engine::EngineHandle;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::Semaphore;
 
@@ -23,6 +23,8 @@ pub(super) struct Shared {
     pub permits: Arc<Semaphore>,
     /// For response ids (`chatcmpl-N`, `call_N`).
     pub next_id: AtomicU64,
+    /// Whether the server listens on an address other hosts can reach (set when bound).
+    pub exposed: AtomicBool,
 }
 
 impl ServeState {
@@ -52,6 +54,7 @@ impl ServeState {
             version,
             permits,
             next_id: AtomicU64::new(0),
+            exposed: AtomicBool::new(false),
         }))
     }
 
@@ -67,6 +70,19 @@ impl ServeState {
 
     pub(super) fn current_version(&self) -> u64 {
         self.0.version.load(Ordering::SeqCst)
+    }
+
+    /// Records where the server listens: anything but a loopback address is reachable from
+    /// other hosts.
+    pub(super) fn bound_to(&self, addr: std::net::SocketAddr) {
+        let exposed = !addr.ip().is_loopback();
+        self.0.exposed.store(exposed, Ordering::SeqCst);
+    }
+
+    /// Reachable from other hosts with no API key: routes that touch the server's files
+    /// (`/v1/reload`) are refused.
+    pub(super) fn open_to_other_hosts(&self) -> bool {
+        self.0.config.api_key.is_none() && self.0.exposed.load(Ordering::SeqCst)
     }
 
     pub(super) fn fresh_id(&self) -> u64 {

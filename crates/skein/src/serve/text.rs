@@ -12,18 +12,33 @@ pub struct TextSide {
     eos: Vec<u32>,
     /// Rows of the model's embedding table: token-id prompts must stay below it.
     vocab_size: usize,
+    /// The most bytes of text one token can stand for: a prompt longer than the context times
+    /// this cannot fit, and is refused before the tokenizer spends time on it.
+    bytes_per_token: usize,
 }
+
+/// A token that stands for one character the vocabulary lacks covers up to four bytes.
+const MIN_BYTES_PER_TOKEN: usize = 4;
 
 impl TextSide {
     /// `vocab_size` is the model's (its embedding rows), which may exceed the tokenizer's.
     pub fn new(tokenizer: Tokenizer, vocab_size: usize) -> anyhow::Result<Self> {
         let template = tokenizer.chat_template()?;
         let eos = tokenizer.eos_token_ids().to_vec();
+        // A vocabulary entry is spelled in at least as many bytes as the text it matches
+        // (byte-level and metaspace spellings take more, never fewer).
+        let longest = tokenizer
+            .inner()
+            .get_vocab(true)
+            .keys()
+            .map(String::len)
+            .max();
         Ok(TextSide {
             tokenizer,
             template,
             eos,
             vocab_size,
+            bytes_per_token: longest.unwrap_or(0).max(MIN_BYTES_PER_TOKEN),
         })
     }
 
@@ -36,11 +51,13 @@ impl TextSide {
         &self.eos
     }
 
-    /// The rendered chat prompt (generation prompt appended) and its ids.
+    /// The rendered chat prompt (generation prompt appended) and its ids, refused unread when
+    /// its text is too long to fit in `capacity` tokens.
     pub fn chat_prompt(
         &self,
         messages: &[Message],
         tools: Option<&serde_json::Value>,
+        capacity: usize,
     ) -> Result<(String, Vec<u32>), ApiError> {
         let template = self.template.as_ref().ok_or_else(|| {
             ApiError::bad_request(
@@ -50,13 +67,31 @@ impl TextSide {
         let text = template
             .render(messages, tools, true)
             .map_err(|e| ApiError::bad_request(format!("rendering the chat template: {e:#}")))?;
+        self.check_bytes(&text, capacity)?;
         let ids = self.encode(&text, false)?;
         Ok((text, ids))
     }
 
-    /// Ids of a plain-text prompt, with the tokenizer's own special tokens (e.g. a BOS).
-    pub fn text_prompt(&self, text: &str) -> Result<Vec<u32>, ApiError> {
+    /// Ids of a plain-text prompt, with the tokenizer's own special tokens (e.g. a BOS),
+    /// refused unread when it is too long to fit in `capacity` tokens.
+    pub fn text_prompt(&self, text: &str, capacity: usize) -> Result<Vec<u32>, ApiError> {
+        self.check_bytes(text, capacity)?;
         self.encode(text, true)
+    }
+
+    /// Refuses text whose every token would have to stand for more bytes than any token does:
+    /// it cannot fit in `capacity` tokens (with one left for the completion).
+    fn check_bytes(&self, text: &str, capacity: usize) -> Result<(), ApiError> {
+        let limit = capacity.saturating_mul(self.bytes_per_token);
+        if text.len() >= limit {
+            return Err(ApiError::bad_request(format!(
+                "the prompt is {} bytes; the model's context of {capacity} tokens holds at most \
+                 {limit} bytes of text (no token is longer than {} bytes): shorten the prompt",
+                text.len(),
+                self.bytes_per_token
+            )));
+        }
+        Ok(())
     }
 
     fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, ApiError> {
@@ -102,10 +137,31 @@ mod tests {
     #[test]
     fn chat_prompt_is_the_encoding_of_the_rendered_template() {
         let t = side();
-        let (text, ids) = t.chat_prompt(&[Message::user("ab 12")], None).unwrap();
+        let (text, ids) = t.chat_prompt(&[Message::user("ab 12")], None, 64).unwrap();
         assert!(text.ends_with("<|im_start|>assistant\n"), "{text}");
         assert_eq!(ids, t.tokenizer().encode(&text, false).unwrap());
         assert_eq!(t.stop_ids(), &[4]);
+    }
+
+    /// The byte bound refuses only text that cannot fit: a prompt of `capacity - 1` characters
+    /// of the longest spelling passes it.
+    #[test]
+    fn prompts_too_long_in_bytes_are_refused_before_tokenizing() {
+        let t = side();
+        // "<|endoftext|>" is the char-level vocabulary's longest entry.
+        let longest = "<|endoftext|>";
+        assert_eq!(t.bytes_per_token, longest.len());
+        let capacity = 16;
+        let limit = capacity * t.bytes_per_token;
+        let err = t.text_prompt(&"a".repeat(limit), capacity).unwrap_err();
+        assert_eq!(err.status, axum::http::StatusCode::BAD_REQUEST);
+        assert!(err.message.contains(&format!("{limit} bytes")), "{err}");
+        let fits = longest.repeat(capacity - 2);
+        assert_eq!(t.text_prompt(&fits, capacity).unwrap().len(), capacity - 2);
+        let err = t
+            .chat_prompt(&[Message::user("b".repeat(limit))], None, capacity)
+            .unwrap_err();
+        assert!(err.message.contains("bytes"), "{err}");
     }
 
     #[test]
