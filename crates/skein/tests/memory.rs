@@ -162,3 +162,44 @@ fn plan_memory_errors_name_the_flag_and_the_allowed_values() {
     assert!(err.contains("`lora.rank`"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `--sequences` and `--tokens` beyond what a measurement needs are refused, naming the flag,
+/// before any setup starts (a billion sequences made the child abort on a 288 GB allocation),
+/// and the `--tokens` range the error states is the one accepted.
+#[test]
+fn bench_memory_refuses_sizes_it_cannot_run_and_states_the_range_it_takes() {
+    let tiny = ["bench", "memory", "--shape", "tiny"];
+    let run = |extra: &[&str]| skein(&[&tiny[..], extra].concat());
+    let (code, _, err) = run(&["--sequences", "1000000000"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("`--sequences`"), "{err}");
+    assert!(
+        !err.contains("setup"),
+        "refused before any setup runs: {err}"
+    );
+
+    let (code, _, err) = run(&["--tokens", "3"]);
+    assert_eq!(code, 2, "{err}");
+    let stated: usize = err
+        .split("model's ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no stated upper bound: {err}"));
+    let (code, _, err) = run(&["--tokens", &(stated + 1).to_string()]);
+    assert_eq!(code, 2, "one past the stated bound is refused: {err}");
+    assert!(err.contains("`--tokens`"), "{err}");
+    // The bound itself runs (one setup, one step).
+    let (code, out, err) = run(&[
+        "--tokens",
+        &stated.to_string(),
+        "--sequences",
+        "1",
+        "--warmup-steps",
+        "0",
+        "--only",
+        "lora",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("peak_mib"), "{out}");
+}

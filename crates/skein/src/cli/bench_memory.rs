@@ -23,6 +23,13 @@ use tch::Device;
 
 const MIB: f64 = 1024.0 * 1024.0;
 
+/// Positions of the tiny shape: `--tokens` up to it.
+const TINY_POSITIONS: usize = 1024;
+
+/// Tokens of all sequences together: their rows are built up front, and far more than any
+/// measurement needs.
+const MAX_TOKENS: usize = 1 << 24;
+
 #[derive(clap::Args, Debug, Clone)]
 pub struct MemoryBenchArgs {
     /// The model: Qwen2.5-0.5B's configuration with random weights, or a tiny one that runs
@@ -67,10 +74,10 @@ impl Shape {
 
     /// The model's configuration. The tiny one is just large enough that its weights, not
     /// the process, separate the setups (about 6M parameters, an 8192-token vocabulary).
-    fn config(self, tokens: usize) -> ModelConfig {
+    fn config(self) -> ModelConfig {
         match self {
             Shape::Qwen2_5_0_5b => ModelConfig::qwen2_5_0_5b(),
-            Shape::Tiny => ModelConfig::tiny_qwen2(8192, 256, 4, 4, 2, 1024, tokens.max(64)),
+            Shape::Tiny => ModelConfig::tiny_qwen2(8192, 256, 4, 4, 2, 1024, TINY_POSITIONS),
         }
     }
 }
@@ -160,7 +167,7 @@ pub fn run(a: &MemoryBenchArgs) -> Result<()> {
         println!("{}", serde_json::to_string(&out)?);
         return Ok(());
     }
-    let cfg = a.shape.config(a.tokens);
+    let cfg = a.shape.config();
     eprintln!(
         "bench memory: {} ({:.1}M parameters), {} sequences x {} tokens, one per micro-batch; \
          each setup in its own process",
@@ -188,17 +195,54 @@ pub fn run(a: &MemoryBenchArgs) -> Result<()> {
 
 fn check(a: &MemoryBenchArgs) -> Result<()> {
     at_least_one(&[("--sequences", a.sequences), ("--steps", a.steps)])?;
-    let positions = a.shape.config(a.tokens).max_position_embeddings;
+    let cfg = a.shape.config();
+    let positions = cfg.max_position_embeddings;
     if a.tokens < 4 || a.tokens > positions {
         bail!(
-            "invalid value for `--tokens`: must be between 4 and the model's {positions} \
+            "invalid value for `--tokens`: must be between 4 and the {} model's {positions} \
              positions (got {})",
+            a.shape.name(),
             a.tokens
         );
+    }
+    if a.sequences
+        .checked_mul(a.tokens)
+        .is_none_or(|t| t > MAX_TOKENS)
+    {
+        bail!(
+            "invalid value for `--sequences`: --sequences x --tokens must be at most {MAX_TOKENS} \
+             tokens (got {} x {})",
+            a.sequences,
+            a.tokens
+        );
+    }
+    if a.warmup_steps.checked_add(a.steps).is_none() {
+        bail!("invalid values for `--steps` and `--warmup-steps`: their sum overflows");
     }
     let max = crate::trainer::config::max_threads();
     if a.threads > max {
         bail!("invalid value for `--threads`: at most {max} on this machine (0 keeps the default)");
+    }
+    check_fits(a, &cfg)
+}
+
+/// The largest setup's update, as the preflight estimates it, fits in the free memory: a
+/// child that cannot allocate would be killed rather than report.
+fn check_fits(a: &MemoryBenchArgs, cfg: &ModelConfig) -> Result<()> {
+    let setups = a.only.map_or(Setup::ALL.to_vec(), |s| vec![s]);
+    let need = setups
+        .into_iter()
+        .map(|s| estimate(a, cfg, s))
+        .fold(0.0, f64::max);
+    if let Some(free) = crate::memory::available_on(Device::Cpu).filter(|&free| need > free) {
+        bail!(
+            "a {}-token update of {} needs about {:.1} GiB, but {:.1} GiB of memory is free: \
+             lower --tokens",
+            a.tokens,
+            a.shape.name(),
+            need / crate::memory::GIB,
+            free / crate::memory::GIB
+        );
     }
     Ok(())
 }
@@ -322,7 +366,7 @@ fn measure(a: &MemoryBenchArgs, setup: Setup) -> Result<Outcome> {
     // libtorch sets itself up on the first operation.
     let _ = tch::Tensor::zeros([1], (tch::Kind::Float, Device::Cpu)).sum(tch::Kind::Float);
     let start_mib = proc_status_mib("VmRSS").context("reading /proc/self/status")?;
-    let cfg = a.shape.config(a.tokens);
+    let cfg = a.shape.config();
     let policy = Model::random_with(&cfg, &setup.options(), Device::Cpu, 0)?;
     let rows = rows(a, cfg.vocab_size);
     let update = UpdateConfig {
