@@ -75,9 +75,55 @@ pub fn read_config(dir: &Path) -> Result<LoraConfig> {
             path.display()
         );
     }
+    let beyond = beyond_plain_lora(&saved);
+    if !beyond.is_empty() {
+        bail!(
+            "{}: {}: skein applies plain LoRA only (one rank and alpha for every target module \
+             in every layer, no trained biases, no saved modules, `nn.Linear` layout), so these \
+             settings would be ignored",
+            path.display(),
+            beyond.join(", ")
+        );
+    }
     cfg.check()
         .with_context(|| format!("{}: unsupported settings", path.display()))?;
     Ok(cfg)
+}
+
+/// PEFT settings that change what the adapter computes beyond plain LoRA, each as
+/// "`key` = value", for those a saved config sets to anything but their plain default.
+fn beyond_plain_lora(saved: &serde_json::Value) -> Vec<String> {
+    use serde_json::Value;
+    let empty = |v: &Value| match v {
+        Value::Null => true,
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+        _ => false,
+    };
+    type IsPlain<'a> = &'a dyn Fn(&Value) -> bool;
+    let plain: [(&str, IsPlain); 10] = [
+        ("peft_type", &|v| v.is_null() || v == "LORA"),
+        ("alpha_pattern", &empty),
+        ("rank_pattern", &empty),
+        ("layers_to_transform", &empty),
+        ("layers_pattern", &empty),
+        ("fan_in_fan_out", &|v| v.is_null() || v == false),
+        ("bias", &|v| v.is_null() || v == "none"),
+        ("lora_bias", &|v| v.is_null() || v == false),
+        ("modules_to_save", &empty),
+        ("layer_replication", &empty),
+    ];
+    plain
+        .iter()
+        .filter_map(|(key, is_plain)| {
+            let v = saved.get(*key)?;
+            if is_plain(v) {
+                return None;
+            }
+            let shown: String = v.to_string().chars().take(60).collect();
+            Some(format!("`{key}` = {shown}"))
+        })
+        .collect()
 }
 
 /// The base model directory an adapter names (`base_model_name_or_path`: absolute, or
@@ -151,5 +197,57 @@ impl Model {
     /// a LoRA warm-up, so RL's adapters and KL reference start from the warmed-up model).
     pub fn merge_adapters(&mut self) {
         self.net.merge_adapters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn adapter_dir(name: &str, config: &serde_json::Value) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("skein-peft-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(CONFIG_FILE), config.to_string()).unwrap();
+        dir
+    }
+
+    /// Each PEFT setting that changes what an adapter computes is refused by name, not
+    /// ignored; a config that sets each to its plain default reads as before.
+    #[test]
+    fn peft_settings_beyond_plain_lora_are_refused_by_name() {
+        let cfg = LoraConfig {
+            rank: 4,
+            ..Default::default()
+        };
+        let plain = config_json(&cfg, "base");
+        let dir = adapter_dir("plain", &plain);
+        assert_eq!(read_config(&dir).unwrap().rank, 4);
+        std::fs::remove_dir_all(&dir).ok();
+        let cases = [
+            (
+                "alpha_pattern",
+                json!({"model.layers.0.self_attn.q_proj": 64}),
+            ),
+            ("rank_pattern", json!({"q_proj": 8})),
+            ("layers_to_transform", json!([0, 1])),
+            ("layers_to_transform", json!(3)),
+            ("layers_pattern", json!("layers")),
+            ("fan_in_fan_out", json!(true)),
+            ("bias", json!("all")),
+            ("bias", json!("lora_only")),
+            ("lora_bias", json!(true)),
+            ("modules_to_save", json!(["lm_head"])),
+            ("layer_replication", json!([[0, 2]])),
+            ("peft_type", json!("LOHA")),
+        ];
+        for (i, (key, value)) in cases.into_iter().enumerate() {
+            let mut config = plain.clone();
+            config[key] = value.clone();
+            let dir = adapter_dir(&format!("case-{i}"), &config);
+            let err = format!("{:#}", read_config(&dir).unwrap_err());
+            assert!(err.contains(&format!("`{key}` = {value}")), "{key}: {err}");
+            assert!(err.contains(CONFIG_FILE), "{key}: {err}");
+            std::fs::remove_dir_all(&dir).ok();
+        }
     }
 }
