@@ -295,18 +295,14 @@ sources = ["far"]
     }
 }
 
-/// A service that is down fails every trajectory it should have scored, counted, and the run
-/// still completes.
-#[test]
-fn a_remote_service_that_is_down_fails_trajectories_not_the_run() {
+/// A remote reward source on a loopback port nothing listens on.
+fn down_service() -> String {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free loopback port")
         .port();
-    let records = run(
-        "down",
-        &format!(
-            r#"
+    format!(
+        r#"
 [reward.sources.far]
 kind = "remote"
 url = "http://127.0.0.1:{port}/score"
@@ -316,8 +312,14 @@ backoff_ms = 10
 [reward.default_route]
 sources = ["far"]
 "#
-        ),
-    );
+    )
+}
+
+/// A service that is down fails every trajectory it should have scored, counted, and the run
+/// still completes.
+#[test]
+fn a_remote_service_that_is_down_fails_trajectories_not_the_run() {
+    let records = run("down", &down_service());
     for m in &records {
         assert_eq!(
             get(m, "batch/failed_trajectories") as usize,
@@ -328,4 +330,24 @@ sources = ["far"]
         assert!(get(m, "reward/remote_retries") >= 1.0);
         assert_eq!(get(m, "batch/rows"), 0.0);
     }
+}
+
+/// A run in which every trajectory fails trains nothing: it stops with an error naming the
+/// streak and the last failure once `MAX_UNTRAINED_STEPS` steps in a row trained no token,
+/// with those steps in metrics.jsonl (it used to finish all its steps, exit 0).
+#[test]
+fn a_run_whose_every_trajectory_fails_stops_with_an_error() {
+    let limit = skein::trainer::rollout::stats::MAX_UNTRAINED_STEPS;
+    let mut cfg = config("never", &down_service());
+    cfg.trainer.steps = limit + 3;
+    let err = format!("{:#}", train(&cfg).expect_err("the run stops"));
+    assert!(err.contains(&format!("stopping at step {limit}")), "{err}");
+    assert!(err.contains(&format!("{limit} steps in a row")), "{err}");
+    assert!(
+        err.contains("reward service"),
+        "the last failure says what failed: {err}"
+    );
+    let records = steps(Path::new(&cfg.run.dir));
+    assert_eq!(records.len(), limit);
+    assert!(records.iter().all(|m| get(m, "tokens/trained") == 0.0));
 }

@@ -5,6 +5,7 @@
 use super::batch::build_step_batch;
 use super::metrics::{extend, StageTimes, StepReport};
 use super::prepare::prepare;
+use super::rollout::stats::UntrainedSteps;
 use super::rollout::{eval_kind, EvalResult};
 use super::setup::{start, Begin, Started, Trainer};
 use super::update::ranks::{layout, Ranks};
@@ -59,6 +60,7 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
     };
     let steps = cfg.trainer.steps;
     let mut skips = SkipStreak::default();
+    let mut untrained = UntrainedSteps::default();
     let mut interrupted = false;
     let mut progress = StepProgress::new(steps as u64);
 
@@ -73,6 +75,7 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
         // Rollout: whole groups, every trajectory scored.
         let rollout = t.rollout(version, step)?;
         let rollout_s = t0.elapsed().as_secs_f64();
+        untrained.count(step, &rollout);
         interrupt::exit_if_urgent("the rollout");
 
         // Batch and prepare: group advantages, the mini-batch plan, then π_old/π_ref,
@@ -139,6 +142,7 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
         if skips.streak >= cfg.trainer.max_consecutive_skips {
             stop_for_skips(&t, step, skips.streak)?;
         }
+        untrained.check(step)?;
         if interrupted {
             break;
         }

@@ -244,6 +244,67 @@ impl StepRollout {
     }
 }
 
+/// Steps in a row that train no token before a run stops: enough to ride out a worker that
+/// restarts, few enough not to spend a run on an environment or reward that never works.
+pub const MAX_UNTRAINED_STEPS: usize = 3;
+
+/// Steps in a row whose rollout had no token to train (every trajectory failed), each said
+/// loudly, since its metrics alone look like a quiet run.
+#[derive(Debug, Default)]
+pub struct UntrainedSteps {
+    streak: usize,
+    /// The last such step's failure, for the error that stops the run.
+    last_failure: Option<String>,
+}
+
+impl UntrainedSteps {
+    /// Counts the step's rollout, warning when it trains nothing.
+    pub fn count(&mut self, step: usize, rollout: &StepRollout) {
+        if rollout.stats.trained_tokens > 0 {
+            *self = Self::default();
+            return;
+        }
+        self.streak += 1;
+        let failed: Vec<&str> = rollout
+            .trajectories
+            .iter()
+            .filter_map(|t| match &t.status {
+                Status::Failed(why) => Some(why.as_str()),
+                _ => None,
+            })
+            .collect();
+        self.last_failure = failed.first().map(|why| why.to_string());
+        let example = self
+            .last_failure
+            .as_deref()
+            .map(|why| format!(" (one failed: {why})"))
+            .unwrap_or_default();
+        eprintln!(
+            "skein: warning: step {step} trained nothing: {} of {} trajectories failed{example}; \
+             the run stops after {MAX_UNTRAINED_STEPS} such steps in a row",
+            failed.len(),
+            rollout.trajectories.len()
+        );
+    }
+
+    /// An error once [`MAX_UNTRAINED_STEPS`] steps in a row trained nothing.
+    pub fn check(&self, step: usize) -> anyhow::Result<()> {
+        if self.streak < MAX_UNTRAINED_STEPS {
+            return Ok(());
+        }
+        let why = self
+            .last_failure
+            .as_deref()
+            .unwrap_or("none failed, none had a token");
+        anyhow::bail!(
+            "stopping at step {step}: {} steps in a row had no token to train (every trajectory \
+             failed; the last: {why}). `batch/failed_trajectories` in metrics.jsonl counts them \
+             per step; fix the environment, reward or prompts and run again",
+            self.streak
+        )
+    }
+}
+
 /// What one step's external rollouts did.
 #[derive(Debug, Clone, Default)]
 pub struct ExternalStats {
@@ -305,6 +366,51 @@ mod tests {
             reward: 1.0,
             status: Status::Finished,
         }
+    }
+
+    fn rollout(trajectories: Vec<Trajectory>) -> StepRollout {
+        let correct = vec![false; trajectories.len()];
+        StepRollout::new(
+            trajectories,
+            correct,
+            EngineStats::default(),
+            0,
+            SourceStats::default(),
+        )
+    }
+
+    fn failed(why: &str) -> Trajectory {
+        Trajectory {
+            status: Status::Failed(why.into()),
+            ..trajectory(4, 2)
+        }
+    }
+
+    /// Steps whose every trajectory failed stop the run at the limit with the last reason; a
+    /// step that trains anything starts the count again.
+    #[test]
+    fn steps_that_train_nothing_stop_the_run_after_the_limit() {
+        let mut untrained = UntrainedSteps::default();
+        let all_failed = || rollout(vec![failed("worker crashed"), failed("env timed out")]);
+        for step in 1..MAX_UNTRAINED_STEPS {
+            untrained.count(step, &all_failed());
+            assert!(untrained.check(step).is_ok(), "step {step}");
+        }
+        untrained.count(
+            MAX_UNTRAINED_STEPS,
+            &rollout(vec![failed("x"), trajectory(4, 2)]),
+        );
+        assert!(
+            untrained.check(MAX_UNTRAINED_STEPS).is_ok(),
+            "one trained: reset"
+        );
+        for step in 1..=MAX_UNTRAINED_STEPS {
+            untrained.count(step, &all_failed());
+        }
+        let err = untrained.check(9).unwrap_err().to_string();
+        assert!(err.contains("stopping at step 9"), "{err}");
+        assert!(err.contains("worker crashed"), "{err}");
+        assert!(err.contains("batch/failed_trajectories"), "{err}");
     }
 
     #[test]
