@@ -349,6 +349,15 @@ impl AgentContext<'_> {
             })
             .await?;
         let prompt = opened.unwrap_or_else(|| problem.prompt.clone());
+        if prompt.trim().is_empty() {
+            // The model would answer nothing at all: an environment fault, counted as one.
+            return Err((
+                Cutoff::EnvError,
+                format!(
+                    "the environment opened the episode with an empty first prompt ({prompt:?})"
+                ),
+            ));
+        }
         let mut context = self.prompt_ids(&prompt).map_err(other)?;
         let mut messages = vec![Message::user(&prompt)];
         let stop = &self.params.stop_token_ids;
@@ -668,6 +677,87 @@ mod tests {
             }
         }
         assert_eq!(r.stats.token_limit, 2);
+    }
+
+    /// The guess task, but its environments open with `first` as the prompt.
+    struct Opening {
+        inner: Box<dyn AgentTask>,
+        first: &'static str,
+    }
+
+    struct OpeningEnv(Box<dyn skein_tasks::Env>, &'static str);
+
+    impl skein_tasks::Env for OpeningEnv {
+        fn open(&mut self) -> std::result::Result<Option<String>, skein_tasks::EnvError> {
+            Ok(Some(self.1.to_string()))
+        }
+        fn step(
+            &mut self,
+            message: &str,
+        ) -> std::result::Result<skein_tasks::EnvStep, skein_tasks::EnvError> {
+            self.0.step(message)
+        }
+    }
+
+    impl AgentTask for Opening {
+        fn name(&self) -> &str {
+            self.inner.name()
+        }
+        fn sample(&self, rng: &mut TaskRng) -> Problem {
+            self.inner.sample(rng)
+        }
+        fn start(&self, problem: &Problem) -> Box<dyn skein_tasks::Env> {
+            Box::new(OpeningEnv(self.inner.start(problem), self.first))
+        }
+        fn demonstration_turn(&self, p: &Problem, t: &[Turn], rng: &mut TaskRng) -> String {
+            self.inner.demonstration_turn(p, t, rng)
+        }
+        fn alphabet(&self) -> &str {
+            self.inner.alphabet()
+        }
+        fn max_turns(&self) -> usize {
+            self.inner.max_turns()
+        }
+        fn max_message_chars(&self) -> usize {
+            self.inner.max_message_chars()
+        }
+    }
+
+    /// An environment that opens with an empty or blank prompt fails that episode, counted
+    /// as an environment error, instead of sampling an answer to nothing.
+    #[test]
+    fn an_empty_first_prompt_fails_its_episode_as_an_environment_error() {
+        for first in ["", " \n "] {
+            let task = Opening {
+                inner: agent_task_by_name("guess", 1).unwrap().unwrap(),
+                first,
+            };
+            let tokenizer = Tokenizer::char_level(task.alphabet()).unwrap();
+            let params = params(&tokenizer);
+            let ctx = AgentContext {
+                task: &task,
+                tokenizer: &tokenizer,
+                format: &TurnFormat::Plain,
+                params: &params,
+                limits: &limits(),
+            };
+            let r = ctx.run(
+                &Generator::Local(Engine::new(4)),
+                &model(&tokenizer),
+                0,
+                &runtime(),
+                specs(&task, 2),
+            );
+            for e in &r.episodes {
+                let t = &e.trajectory;
+                assert!(t.transitions.is_empty(), "{first:?}: nothing sampled");
+                match &t.status {
+                    Status::Failed(why) => assert!(why.contains("empty first prompt"), "{why}"),
+                    other => panic!("{first:?}: {other:?}"),
+                }
+            }
+            assert_eq!(r.stats.env_errors, 2, "{first:?}");
+        }
     }
 
     fn specs(task: &dyn AgentTask, n: usize) -> Vec<EpisodeSpec> {
