@@ -106,33 +106,36 @@ pub fn policy_parts(model: &ModelConfig, options: &ModelOptions) -> Vec<Part> {
     ]
 }
 
-/// Bytes autograd keeps per token for one decoder layer.
+/// Bytes autograd keeps per token for one decoder layer's base.
 ///
 /// In the forward's dtype: both RMSNorms' normalised and scaled outputs (the projections'
 /// inputs); q and k as projected, rotated half and rotated; v; attention's output and the
 /// contiguous copy `o_proj` reads; the MLP's gate, its SiLU, up and their product. In float32:
-/// the residual stream at both norms, which square it in float32. Each adapter keeps its
-/// rank-sized intermediate, and a float32 copy of its input when the base is not float32.
-pub fn layer_bytes_per_token(model: &ModelConfig, options: &ModelOptions) -> f64 {
-    let b = options.dtype.bytes();
+/// the residual stream at both norms, which square it in float32.
+fn base_layer_bytes_per_token(model: &ModelConfig, dtype: Dtype) -> f64 {
+    let b = dtype.bytes();
     let (h, i) = (model.hidden_size as f64, model.intermediate_size as f64);
     let q = (model.num_attention_heads * model.head_dim()) as f64;
     let kv = (model.kv_heads() * model.head_dim()) as f64;
     let kept = b * (4.0 * h + 5.0 * q + 5.0 * kv + 4.0 * i);
     let norms = 2.0 * F32 * h;
+    kept + norms
+}
+
+/// Bytes one layer's adapters keep per token: each its rank-sized intermediate, and a float32
+/// copy of its input when the base is not float32.
+fn adapter_bytes_per_token(model: &ModelConfig, options: &ModelOptions) -> f64 {
     let lora = &options.lora;
-    let adapters: f64 = if lora.enabled() {
-        let copy = options.dtype != Dtype::Float32;
-        model
-            .projection_shapes()
-            .iter()
-            .filter(|(name, _, _)| lora.targets.iter().any(|t| t == name))
-            .map(|&(_, input, _)| F32 * (lora.rank as f64 + if copy { input as f64 } else { 0.0 }))
-            .sum()
-    } else {
-        0.0
-    };
-    kept + norms + adapters
+    if !lora.enabled() {
+        return 0.0;
+    }
+    let copy = options.dtype != Dtype::Float32;
+    model
+        .projection_shapes()
+        .iter()
+        .filter(|(name, _, _)| lora.targets.iter().any(|t| t == name))
+        .map(|&(_, input, _)| F32 * (lora.rank as f64 + if copy { input as f64 } else { 0.0 }))
+        .sum()
 }
 
 /// Bytes per token of the logits and what the loss derives from them: the head's output in
@@ -150,33 +153,44 @@ pub fn logits_bytes_per_token(model: &ModelConfig, dtype: Dtype) -> f64 {
 }
 
 /// The activations and logits of one micro-batch, alive from its forward to its backward.
+/// The adapters' activations are a part of their own: a huge `lora.rank` is what to lower
+/// then, not the micro-batch.
 pub fn micro_batch_parts(model: &ModelConfig, shape: &UpdateShape) -> Vec<Part> {
     let tokens = shape.micro_batch_tokens as f64;
     let layers = model.num_hidden_layers as f64;
-    let layer = layer_bytes_per_token(model, &shape.options);
-    let per_token = if shape.checkpointing {
-        // Each layer's input and the last one's output, and one layer at a time recomputed,
-        // with the gradients of its activations.
-        (layers + 1.0) * shape.options.dtype.bytes() * model.hidden_size as f64 + 2.0 * layer
+    let base = base_layer_bytes_per_token(model, shape.options.dtype);
+    let adapters = adapter_bytes_per_token(model, &shape.options);
+    // With checkpointing: each layer's input and the last one's output, and one layer at a
+    // time recomputed, with the gradients of its activations.
+    let (inputs, kept_layers) = if shape.checkpointing {
+        let h = model.hidden_size as f64;
+        ((layers + 1.0) * shape.options.dtype.bytes() * h, 2.0)
     } else {
-        layers * layer
+        (0.0, layers)
     };
-    vec![
-        Part {
-            what: "activations of one micro-batch",
-            bytes: tokens * per_token,
-            lower: if shape.checkpointing {
-                "`trainer.micro_batch_tokens`"
-            } else {
-                "`trainer.micro_batch_tokens`, or turn on `trainer.activation_checkpointing`"
-            },
+    let mut parts = vec![Part {
+        what: "activations of one micro-batch",
+        bytes: tokens * (inputs + kept_layers * base),
+        lower: if shape.checkpointing {
+            "`trainer.micro_batch_tokens`"
+        } else {
+            "`trainer.micro_batch_tokens`, or turn on `trainer.activation_checkpointing`"
         },
-        Part {
-            what: "logits, float32 log-softmax and gradients of one micro-batch",
-            bytes: tokens * logits_bytes_per_token(model, shape.options.dtype),
-            lower: "`trainer.micro_batch_tokens`",
-        },
-    ]
+    }];
+    if adapters > 0.0 {
+        parts.push(Part {
+            what: "activations of the LoRA adapters in one micro-batch",
+            bytes: tokens * kept_layers * adapters,
+            lower: "`lora.rank` (each adapter keeps a rank-sized vector per token), or \
+                    `trainer.micro_batch_tokens`",
+        });
+    }
+    parts.push(Part {
+        what: "logits, float32 log-softmax and gradients of one micro-batch",
+        bytes: tokens * logits_bytes_per_token(model, shape.options.dtype),
+        lower: "`trainer.micro_batch_tokens`",
+    });
+    parts
 }
 
 /// The AdamW step's temporaries beyond the memory the logits gave back: the step works one
@@ -403,6 +417,19 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("`rollout.prompts_per_step`"), "{err}");
+    }
+
+    /// A rank far beyond the model's widths makes the adapters, not the micro-batch, the
+    /// largest part, and the advice names `lora.rank`.
+    #[test]
+    fn a_huge_lora_rank_names_the_rank() {
+        let mut cfg = lora(Dtype::Float32);
+        cfg.lora.rank = 1_000_000_000_000;
+        let err = check(&cpu(&cfg, &model()), 64.0 * GIB)
+            .unwrap_err()
+            .to_string();
+        let advice = err.lines().last().unwrap_or_default();
+        assert!(advice.starts_with("lower `lora.rank`"), "{err}");
     }
 
     #[test]
