@@ -75,16 +75,26 @@ fn load_onto<T: DeserializeOwned>(
         let inner = inner.lines().next().unwrap_or("").trim();
         let message = describe::deserialize_error(&path, inner);
         // The last override touching the key is the one whose value is in force.
-        let culprit = overrides.iter().rev().find(|(_, o)| {
-            o.key == path
-                || path.starts_with(&format!("{}.", o.key))
-                || o.key.starts_with(&format!("{path}."))
-        });
+        let culprit = overrides
+            .iter()
+            .rev()
+            .find(|(_, o)| same_or_nested(&o.key, &path));
         ConfigError::new(match culprit {
             Some((text, _)) => format!("{message} (set by `--set {text}`)"),
             None => format!("{source_name}: {message}"),
         })
     })
+}
+
+/// Whether the override of `key` set what is at `path`: the key itself, something inside it
+/// (`run.tracking[0]`, `rollout.sampling.temperature`), or a section holding it.
+fn same_or_nested(key: &str, path: &str) -> bool {
+    let inside = |outer: &str, inner: &str| {
+        inner
+            .strip_prefix(outer)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[']))
+    };
+    inside(key, path) || inside(path, key)
 }
 
 /// Writes `over` into `base`: tables merge key by key, any other value replaces.

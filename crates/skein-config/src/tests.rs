@@ -363,3 +363,19 @@ fn a_partly_set_table_keeps_the_parents_defaults() {
         .to_string();
     assert!(e.contains("nope"), "{e}");
 }
+
+/// An override's array with a bad element is blamed on the override, not on the file it
+/// overrode (the error read "run.toml: …" for `--set` values).
+#[test]
+fn a_bad_array_element_names_the_override_that_set_it() {
+    let e = err(Some("seed = 1\n"), &["rollout.sampling.stop=[1]"]);
+    assert!(e.contains("`rollout.sampling.stop[0]`"), "{e}");
+    assert!(
+        e.ends_with("(set by `--set rollout.sampling.stop=[1]`)"),
+        "{e}"
+    );
+    assert!(!e.starts_with("run.toml"), "{e}");
+    // A key that only shares a prefix is not the culprit.
+    let e = err(Some("[trainer]\ntags = [2]\n"), &["trainer.t=1"]);
+    assert!(e.starts_with("run.toml: "), "{e}");
+}
