@@ -27,10 +27,17 @@ impl Override {
             )));
         }
         let key = key.split('.').map(str::trim).collect::<Vec<_>>().join(".");
-        Ok(Override {
-            key,
-            value: parse_value(raw.trim()),
-        })
+        let raw = raw.trim();
+        let value = parse_value(raw);
+        if value.is_str() && is_integer_literal(raw) {
+            return Err(ConfigError::new(format!(
+                "invalid value for `{key}`: {raw} is beyond the integers a config holds \
+                 ({} to {}) (set by `--set {text}`)",
+                i64::MIN,
+                i64::MAX
+            )));
+        }
+        Ok(Override { key, value })
     }
 
     /// Sets the value in `table`, creating the sections on the way.
@@ -62,6 +69,14 @@ impl Override {
 /// Parses and applies one `a.b.c=value` override to `table`.
 pub fn apply_override(table: &mut Table, text: &str) -> Result<(), ConfigError> {
     Override::parse(text)?.apply(table)
+}
+
+/// Digits with an optional sign (and TOML's `_` separators): an integer TOML could not hold
+/// when it did not parse as one.
+fn is_integer_literal(raw: &str) -> bool {
+    let digits = raw.strip_prefix(['+', '-']).unwrap_or(raw);
+    digits.starts_with(|c: char| c.is_ascii_digit())
+        && digits.chars().all(|c| c.is_ascii_digit() || c == '_')
 }
 
 fn parse_value(raw: &str) -> Value {
@@ -107,6 +122,25 @@ mod tests {
         };
         assert_eq!(t["b"], Value::Integer(1));
         assert_eq!(t["c"], Value::String("d".into()));
+    }
+
+    /// An integer beyond i64 is refused as one, not read as a string of digits (whose error
+    /// said "got string").
+    #[test]
+    fn integers_beyond_the_config_range_are_refused_as_integers() {
+        for raw in [
+            "18446744073709551615",
+            "-9223372036854775809",
+            "+99_999_999_999_999_999_999",
+        ] {
+            let text = format!("trainer.steps={raw}");
+            let err = Override::parse(&text).unwrap_err().to_string();
+            assert!(err.contains("`trainer.steps`"), "{err}");
+            assert!(err.contains("beyond the integers"), "{err}");
+            assert!(!err.contains("string"), "{err}");
+        }
+        assert_eq!(value("a=9223372036854775807"), Value::Integer(i64::MAX));
+        assert_eq!(value("a=12ab"), Value::String("12ab".into()));
     }
 
     #[test]
