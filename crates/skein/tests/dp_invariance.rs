@@ -173,7 +173,7 @@ fn add_padding(batch: &mut StepBatch) {
                     loss_mask: vec![0; len - 1],
                     behavior_logp: vec![0.0; len - 1],
                     advantages: vec![1.0; len - 1],
-                    weight: 0.0,
+                    loss_weight: 0.0,
                     ..Default::default()
                 });
                 rank.push(batch.rows.len() - 1);
@@ -195,7 +195,7 @@ fn rank_local_weights(batch: &mut StepBatch) {
             let local: usize = rank.iter().map(|&i| loss_tokens(&batch.rows[i])).sum();
             for &i in rank {
                 if local > 0 {
-                    batch.rows[i].weight = 1.0 / (dp * local as f64);
+                    batch.rows[i].loss_weight = 1.0 / (dp * local as f64);
                 }
             }
         }

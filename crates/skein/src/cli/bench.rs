@@ -128,7 +128,7 @@ fn time_train_steps(model: &Model, a: &BenchArgs) -> Result<Vec<f64>> {
                     .map(|i| if (i + b) % 2 == 0 { 1.0 } else { -1.0 })
                     .collect(),
                 old_logp: vec![-6.0; n],
-                weight: 1.0 / (a.batch * n) as f64,
+                loss_weight: 1.0 / (a.batch * n) as f64,
                 ..Default::default()
             }
         })
@@ -149,8 +149,8 @@ fn time_train_steps(model: &Model, a: &BenchArgs) -> Result<Vec<f64>> {
                 ref_logp: None,
                 entropy: None,
                 advantages: &inputs.advantages,
-                is_weight: &inputs.is_weight,
-                weights: &inputs.weights,
+                importance_weights: &inputs.importance_weights,
+                loss_weights: &inputs.loss_weights,
                 mask: &mb.mask,
             },
             &loss_cfg,

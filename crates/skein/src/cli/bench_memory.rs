@@ -353,7 +353,7 @@ fn rows(a: &MemoryBenchArgs, vocab: usize) -> Vec<TrainRow> {
             advantages: (0..n)
                 .map(|i| if (i + b) % 2 == 0 { 1.0 } else { -1.0 })
                 .collect(),
-            weight: 1.0 / (a.sequences * n) as f64,
+            loss_weight: 1.0 / (a.sequences * n) as f64,
             ..Default::default()
         })
         .collect()

@@ -214,7 +214,7 @@ fn rows(a: &TokenBenchArgs) -> Vec<TrainRow> {
     }
     let loss_tokens: usize = rows.iter().map(|r| r.loss_mask.len()).sum();
     for r in &mut rows {
-        r.weight = 1.0 / loss_tokens as f64;
+        r.loss_weight = 1.0 / loss_tokens as f64;
     }
     rows
 }

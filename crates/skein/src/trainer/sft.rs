@@ -198,7 +198,7 @@ pub fn sft_row_masked(tokens: Vec<u32>, prompt_len: usize, loss_mask: Vec<u8>) -
         loss_mask,
         behavior_logp: vec![0.0; n],
         advantages: vec![0.0; n],
-        weight: 1.0,
+        loss_weight: 1.0,
         ..Default::default()
     }
 }

@@ -239,7 +239,7 @@ fn records(s: &StepJob, tokenizer: &Tokenizer) -> Vec<TrajectoryRecord> {
             behavior_logp: r.behavior_logp.clone(),
             versions: r.versions.clone(),
             advantages: r.advantages.clone(),
-            is_weight: r.is_weight.clone(),
+            is_weight: r.importance_weights.clone(),
         });
     }
     out

@@ -162,7 +162,7 @@ pub fn build_step_batch(
                 match slot {
                     plan::Slot::Real(i) => {
                         let s = &shapes[*i];
-                        batch.rows[*i].weight = plan::row_token_weight(
+                        batch.rows[*i].loss_weight = plan::row_token_weight(
                             cfg.loss_agg,
                             s.loss_tokens,
                             trajectory_tokens[&s.trajectory],
@@ -170,7 +170,7 @@ pub fn build_step_batch(
                             cfg.horizon,
                         );
                         if value_targets > 0 {
-                            batch.rows[*i].value_weight = 1.0 / value_targets as f64;
+                            batch.rows[*i].value_loss_weight = 1.0 / value_targets as f64;
                         }
                         idx.push(*i);
                     }
@@ -344,7 +344,7 @@ mod tests {
         assert_eq!(batch.real_rows, 3);
         let masks: Vec<&[u8]> = batch.rows[..3].iter().map(|r| &r.value_mask[..]).collect();
         assert_eq!(masks, vec![&[1, 0, 0, 1][..], &[1], &[1, 0]]);
-        assert!(batch.rows[..3].iter().all(|r| r.value_weight == 0.25));
+        assert!(batch.rows[..3].iter().all(|r| r.value_loss_weight == 0.25));
         assert_eq!(batch.turns.len(), 2);
         let rows_of = |t: usize| batch.turns[t].iter().map(|p| p.row).collect::<Vec<_>>();
         assert_eq!((rows_of(0), rows_of(1)), (vec![0, 0], vec![1, 2]));

@@ -21,17 +21,19 @@ pub struct TrainRow {
     pub old_values: Vec<f32>,
     pub returns: Vec<f32>,
     /// Critic path: per response token, 1 where the value loss trains. Empty: every loss token,
-    /// weighted by `weight` (token-level GAE gives every one a target). Turn-level GAE sets one
-    /// position per turn, each weighing `value_weight`.
+    /// weighted by `loss_weight` (token-level GAE gives every one a target). Turn-level GAE
+    /// sets one position per turn, each weighing `value_loss_weight`.
     pub value_mask: Vec<u8>,
     /// The value loss's weight of each position of `value_mask` (global counts included).
-    pub value_weight: f64,
+    pub value_loss_weight: f64,
     /// Policy version that sampled each response token.
     pub versions: Vec<u64>,
-    /// Importance weight of each response token against its behavior policy (1 when empty).
-    pub is_weight: Vec<f32>,
-    /// Aggregation weight of each loss token (global counts included; 0 for padding rows).
-    pub weight: f64,
+    /// Importance weight of each response token's surrogate against its behavior policy (1
+    /// when empty): an off-policy correction, not a weight of the loss's average.
+    pub importance_weights: Vec<f32>,
+    /// The loss's aggregation weight of each of the row's loss tokens (global counts
+    /// included; 0 for padding rows).
+    pub loss_weight: f64,
 }
 
 impl TrainRow {
@@ -46,7 +48,7 @@ impl TrainRow {
             loss_mask: vec![1; n],
             behavior_logp: vec![0.0; n],
             advantages: vec![0.0; n],
-            weight,
+            loss_weight: weight,
             ..Default::default()
         }
     }
@@ -61,7 +63,7 @@ impl TrainRow {
             behavior_logp: r.logprobs.clone(),
             advantages: r.advantages.iter().map(|&a| a as f32).collect(),
             versions: r.versions.clone(),
-            weight: 0.0,
+            loss_weight: 0.0,
             ..Default::default()
         }
     }

@@ -29,7 +29,7 @@ impl ImportanceStats {
     }
 }
 
-/// Fills every row's `is_weight` (needs `old_logp`, so call after recomputing it).
+/// Fills every row's `importance_weights` (needs `old_logp`, so call after recomputing it).
 pub fn importance_weights(
     rows: &mut [TrainRow],
     version: u64,
@@ -38,7 +38,7 @@ pub fn importance_weights(
 ) -> ImportanceStats {
     let (mut sum, mut tokens, mut truncated, mut off) = (0.0, 0usize, 0usize, 0usize);
     for row in rows.iter_mut() {
-        row.is_weight = (0..row.loss_mask.len())
+        row.importance_weights = (0..row.loss_mask.len())
             .map(|k| {
                 if row.loss_mask[k] == 0 {
                     return 1.0;
@@ -86,7 +86,7 @@ mod tests {
             advantages: vec![1.0; n],
             old_logp: old,
             versions,
-            weight: 1.0,
+            loss_weight: 1.0,
             ..Default::default()
         }
     }
@@ -100,7 +100,7 @@ mod tests {
                 vec![-1.1, -1.5, -3.0],
             )];
             let s = importance_weights(&mut rows, 5, mode, 2.0);
-            assert_eq!(rows[0].is_weight, vec![1.0, 1.0, 1.0]);
+            assert_eq!(rows[0].importance_weights, vec![1.0, 1.0, 1.0]);
             assert_eq!(s.off_policy_fraction, 0.0);
             assert_eq!(s.weight_mean, 1.0);
         }
@@ -108,7 +108,7 @@ mod tests {
 
     #[test]
     fn older_tokens_are_weighted_and_capped_per_mode() {
-        // Raw weights: e^0.5 ≈ 1.65 (below the cap), e^2 ≈ 7.39 (above), and one on-policy.
+        // Raw loss_weights: e^0.5 ≈ 1.65 (below the cap), e^2 ≈ 7.39 (above), and one on-policy.
         let make = || {
             vec![row(
                 vec![3, 3, 7],
@@ -118,14 +118,14 @@ mod tests {
         };
         let mut rows = make();
         let s = importance_weights(&mut rows, 7, OffPolicy::Tis, 2.0);
-        let w = &rows[0].is_weight;
+        let w = &rows[0].importance_weights;
         assert!((w[0] - 0.5f32.exp()).abs() < 1e-6 && w[1] == 2.0 && w[2] == 1.0);
         assert!((s.truncated_fraction - 1.0 / 3.0).abs() < 1e-12);
         assert!((s.off_policy_fraction - 2.0 / 3.0).abs() < 1e-12);
 
         let mut rows = make();
         importance_weights(&mut rows, 7, OffPolicy::Decoupled, 2.0);
-        let w = &rows[0].is_weight;
+        let w = &rows[0].importance_weights;
         assert!((w[0] - 0.5f32.exp()).abs() < 1e-6 && w[1] == 0.0 && w[2] == 1.0);
     }
 

@@ -87,7 +87,7 @@ pub fn apply_turn_gae(
 /// used, None when there are fewer than two loss tokens to whiten over.
 pub fn whiten(rows: &mut [TrainRow]) -> Option<(f64, f64)> {
     const EPS: f64 = 1e-6;
-    let loss_advantages = rows.iter().filter(|r| r.weight > 0.0).flat_map(|r| {
+    let loss_advantages = rows.iter().filter(|r| r.loss_weight > 0.0).flat_map(|r| {
         r.advantages
             .iter()
             .zip(&r.loss_mask)
@@ -132,7 +132,7 @@ mod tests {
             TrainRow {
                 loss_mask: vec![1, 0, 1],
                 advantages: vec![1.0, 5.0, 3.0],
-                weight: 0.5,
+                loss_weight: 0.5,
                 ..Default::default()
             },
             TrainRow {
@@ -164,7 +164,7 @@ mod tests {
         let mut rows = vec![TrainRow {
             loss_mask: vec![1, 1, 0, 1, 1],
             old_values: vec![0.1, 0.7, 0.9, 0.3, 0.8],
-            weight: 0.1,
+            loss_weight: 0.1,
             ..Default::default()
         }];
         let place = |span, reward| skein_plan::TurnPlace {

@@ -41,7 +41,7 @@ pub fn critic_pass(
         let clipped = &c.old_values + (&v - &c.old_values).clamp(-cfg.clip, cfg.clip);
         let l1 = (&v - &c.returns).pow_tensor_scalar(2);
         let l2 = (clipped - &c.returns).pow_tensor_scalar(2);
-        let loss = (l1.maximum(&l2) * 0.5 * &c.value_weights).sum(Kind::Float);
+        let loss = (l1.maximum(&l2) * 0.5 * &c.value_loss_weights).sum(Kind::Float);
         loss.backward();
         if let Some(recompute) = recompute {
             recompute.backward();

@@ -273,8 +273,8 @@ pub fn rank_pass(
                 ref_logp: inputs.ref_logp.as_ref(),
                 entropy: entropy.as_ref(),
                 advantages: &inputs.advantages,
-                is_weight: &inputs.is_weight,
-                weights: &inputs.weights,
+                importance_weights: &inputs.importance_weights,
+                loss_weights: &inputs.loss_weights,
                 mask: &mb.mask,
             },
             &cfg.loss,
@@ -379,7 +379,7 @@ mod tests {
             advantages: vec![0.0; 2],
             old_values: vec![0.0; 2],
             returns: vec![returns; 2],
-            weight: 0.25,
+            loss_weight: 0.25,
             ..Default::default()
         }
     }
@@ -401,7 +401,7 @@ mod tests {
                     advantages: vec![s as f32 - 1.0 + 0.1 * g as f32; n],
                     old_values: vec![0.0; n],
                     returns: vec![0.5 - g as f32; n],
-                    weight: 0.05,
+                    loss_weight: 0.05,
                     ..Default::default()
                 });
             }

@@ -70,9 +70,9 @@ pub struct TokenBatch<'a> {
     pub entropy: Option<&'a Tensor>,
     pub advantages: &'a Tensor,
     /// Importance weight of each token's surrogate against its behavior policy (1 on-policy).
-    pub is_weight: &'a Tensor,
+    pub importance_weights: &'a Tensor,
     /// Loss mask times the aggregation weight of the token's row (0 for padding).
-    pub weights: &'a Tensor,
+    pub loss_weights: &'a Tensor,
     /// Plain 0/1 loss mask, for metrics.
     pub mask: &'a Tensor,
 }
@@ -100,7 +100,7 @@ pub fn policy_loss(b: &TokenBatch, cfg: &LossConfig) -> LossOut {
         let bound = -(adv * cfg.dual_clip);
         pg = pg.minimum(&bound).where_self(&adv.lt(0.0), &pg);
     }
-    let mut per_token = pg * b.is_weight;
+    let mut per_token = pg * b.importance_weights;
     let mut ref_kl_sum = 0.0;
     if let Some(ref_logp) = b.ref_logp {
         let kl = kl_penalty(b.logp, ref_logp, cfg.kl_estimator);
@@ -115,7 +115,7 @@ pub fn policy_loss(b: &TokenBatch, cfg: &LossConfig) -> LossOut {
             per_token = entropy * (-cfg.entropy_coef) + &per_token;
         }
     }
-    let loss = (per_token * b.weights).sum(Kind::Float);
+    let loss = (per_token * b.loss_weights).sum(Kind::Float);
     let (clipped_tokens, approx_kl_sum, tokens) = tch::no_grad(|| {
         let m = b.mask;
         (
@@ -179,8 +179,8 @@ mod tests {
                 ref_logp: None,
                 entropy: None,
                 advantages: &adv,
-                is_weight: &ones,
-                weights: &ones,
+                importance_weights: &ones,
+                loss_weights: &ones,
                 mask: &ones,
             },
             &cfg(),

@@ -240,7 +240,7 @@ impl MicroBatch {
 /// [lines, T] and 0 outside the rows' response tokens.
 pub struct PolicyInputs {
     /// Loss mask times the row's aggregation weight (0 for padding rows).
-    pub weights: Tensor,
+    pub loss_weights: Tensor,
     pub advantages: Tensor,
     /// π_old per token where the row brought one.
     old_logp: Tensor,
@@ -250,7 +250,7 @@ pub struct PolicyInputs {
     /// π_ref per token, when a KL term is on.
     pub ref_logp: Option<Tensor>,
     /// Importance weight of each token's surrogate against its behavior policy (1 elsewhere).
-    pub is_weight: Tensor,
+    pub importance_weights: Tensor,
 }
 
 impl PolicyInputs {
@@ -258,14 +258,17 @@ impl PolicyInputs {
     pub fn new<R: Borrow<TrainRow>>(mb: &MicroBatch, rows: &[R], reference: bool) -> Self {
         let at = |v: &[f32], k: usize, or: f32| v.get(k).copied().unwrap_or(or);
         PolicyInputs {
-            weights: mb.response_tensor(rows, 0.0, |r, k| r.loss_mask[k] as f32 * r.weight as f32),
+            loss_weights: mb.response_tensor(rows, 0.0, |r, k| {
+                r.loss_mask[k] as f32 * r.loss_weight as f32
+            }),
             advantages: mb.response_tensor(rows, 0.0, |r, k| r.advantages[k]),
             old_logp: mb.response_tensor(rows, 0.0, |r, k| at(&r.old_logp, k, 0.0)),
             has_old: mb
                 .response_tensor(rows, 0.0, |r, k| f32::from(u8::from(k < r.old_logp.len()))),
             ref_logp: reference
                 .then(|| mb.response_tensor(rows, 0.0, |r, k| at(&r.ref_logp, k, 0.0))),
-            is_weight: mb.response_tensor(rows, 1.0, |r, k| at(&r.is_weight, k, 1.0)),
+            importance_weights: mb
+                .response_tensor(rows, 1.0, |r, k| at(&r.importance_weights, k, 1.0)),
         }
     }
 
@@ -279,9 +282,9 @@ impl PolicyInputs {
 
 /// What the value loss reads of a micro-batch besides the critic's values, each [lines, T].
 pub struct CriticInputs {
-    /// The value loss's weight of each position: the loss weights, or where a row names the
+    /// The value loss's weight of each position: the loss loss_weights, or where a row names the
     /// positions its value loss trains ([`TrainRow::value_mask`]), those only.
-    pub value_weights: Tensor,
+    pub value_loss_weights: Tensor,
     pub old_values: Tensor,
     pub returns: Tensor,
 }
@@ -291,9 +294,9 @@ impl CriticInputs {
     pub fn new<R: Borrow<TrainRow>>(mb: &MicroBatch, rows: &[R]) -> Self {
         let at = |v: &[f32], k: usize| v.get(k).copied().unwrap_or(0.0);
         CriticInputs {
-            value_weights: mb.response_tensor(rows, 0.0, |r, k| match r.value_mask.get(k) {
-                None if r.value_mask.is_empty() => r.loss_mask[k] as f32 * r.weight as f32,
-                Some(&v) if v != 0 => r.value_weight as f32,
+            value_loss_weights: mb.response_tensor(rows, 0.0, |r, k| match r.value_mask.get(k) {
+                None if r.value_mask.is_empty() => r.loss_mask[k] as f32 * r.loss_weight as f32,
+                Some(&v) if v != 0 => r.value_loss_weight as f32,
                 _ => 0.0,
             }),
             old_values: mb.response_tensor(rows, 0.0, |r, k| at(&r.old_values, k)),
@@ -366,7 +369,7 @@ mod tests {
             loss_mask: vec![1, 0],
             behavior_logp: vec![-0.5, -0.7],
             advantages: vec![2.0, 2.0],
-            weight: 0.25,
+            loss_weight: 0.25,
             ..Default::default()
         };
         let mb = MicroBatch::padded(&[&row], Device::Cpu);
@@ -381,7 +384,7 @@ mod tests {
         );
         let policy = PolicyInputs::new(&mb, &[&row], false);
         assert_eq!(
-            Vec::<f32>::try_from(policy.weights.view([-1])).unwrap(),
+            Vec::<f32>::try_from(policy.loss_weights.view([-1])).unwrap(),
             vec![0.0, 0.25, 0.0]
         );
         assert_eq!(
@@ -401,17 +404,17 @@ mod tests {
             loss_mask: vec![1, 0, 1],
             behavior_logp: vec![0.0; 3],
             advantages: vec![0.0; 3],
-            weight: 0.25,
+            loss_weight: 0.25,
             ..Default::default()
         };
         let weights = |row: &TrainRow| {
             let mb = MicroBatch::padded(&[row], Device::Cpu);
             let critic = CriticInputs::new(&mb, &[row]);
-            Vec::<f32>::try_from(critic.value_weights.view([-1])).unwrap()
+            Vec::<f32>::try_from(critic.value_loss_weights.view([-1])).unwrap()
         };
         assert_eq!(weights(&row), vec![0.0, 0.25, 0.0, 0.25]);
         row.value_mask = vec![0, 0, 1];
-        row.value_weight = 0.5;
+        row.value_loss_weight = 0.5;
         assert_eq!(weights(&row), vec![0.0, 0.0, 0.0, 0.5]);
     }
 
@@ -438,7 +441,7 @@ mod tests {
                     loss_mask: (0..n).map(|k| u8::from(k != 1)).collect(),
                     behavior_logp: vec![0.0; n],
                     advantages: vec![0.0; n],
-                    weight: 0.01 * (1 + s) as f64,
+                    loss_weight: 0.01 * (1 + s) as f64,
                     ..Default::default()
                 });
             }
@@ -460,8 +463,8 @@ mod tests {
                 .iter_mut()
                 .for_each(|t| t.zero_grad());
             let (logp, _) = token_logprobs(&model.net, &mb, 1.0, Entropy::Skip);
-            let weights = PolicyInputs::new(&mb, &rows, false).weights;
-            (&logp * &weights).sum(Kind::Float).backward();
+            let loss_weights = PolicyInputs::new(&mb, &rows, false).loss_weights;
+            (&logp * &loss_weights).sum(Kind::Float).backward();
             let batch: Vec<&TrainRow> = p.rows.iter().map(|&i| &rows[i]).collect();
             let mut by_row = vec![Vec::new(); rows.len()];
             for (&i, v) in p.rows.iter().zip(mb.response_values(&logp, &batch)) {

@@ -353,7 +353,7 @@ mod tests {
             loss_mask: vec![1; len - 1],
             behavior_logp: vec![0.0; len - 1],
             advantages: vec![0.0; len - 1],
-            weight: 0.0,
+            loss_weight: 0.0,
             ..Default::default()
         }
     }

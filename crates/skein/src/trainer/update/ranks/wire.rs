@@ -26,10 +26,10 @@ pub fn encode_rows(rows: &[TrainRow]) -> Vec<u8> {
         for &v in &r.versions {
             w.u64(v);
         }
-        w.f32s(&r.is_weight);
-        w.u64(r.weight.to_bits());
+        w.f32s(&r.importance_weights);
+        w.u64(r.loss_weight.to_bits());
         w.bytes(&r.value_mask);
-        w.u64(r.value_weight.to_bits());
+        w.u64(r.value_loss_weight.to_bits());
     }
     w.0
 }
@@ -48,10 +48,10 @@ pub fn decode_rows(bytes: &[u8]) -> Result<Vec<TrainRow>> {
         }
         let [behavior_logp, advantages, old_logp, ref_logp, old_values, returns] = floats;
         let versions = (0..r.len()?).map(|_| r.u64()).collect::<Result<_>>()?;
-        let is_weight = r.f32s()?;
-        let weight = f64::from_bits(r.u64()?);
+        let importance_weights = r.f32s()?;
+        let loss_weight = f64::from_bits(r.u64()?);
         let value_mask = r.bytes()?.to_vec();
-        let value_weight = f64::from_bits(r.u64()?);
+        let value_loss_weight = f64::from_bits(r.u64()?);
         rows.push(TrainRow {
             tokens,
             prompt_len,
@@ -63,10 +63,10 @@ pub fn decode_rows(bytes: &[u8]) -> Result<Vec<TrainRow>> {
             old_values,
             returns,
             versions,
-            is_weight,
-            weight,
+            importance_weights,
+            loss_weight,
             value_mask,
-            value_weight,
+            value_loss_weight,
         });
     }
     if r.at != bytes.len() {
@@ -157,10 +157,10 @@ mod tests {
             old_values: f(5),
             returns: f(6),
             versions: vec![7, 7, u64::MAX],
-            is_weight: vec![f32::NAN, 1.0, 0.5],
-            weight: 1.0 / 3.0,
+            importance_weights: vec![f32::NAN, 1.0, 0.5],
+            loss_weight: 1.0 / 3.0,
             value_mask: vec![1, 0, 0],
-            value_weight: 0.1,
+            value_loss_weight: 0.1,
         }
     }
 
@@ -171,10 +171,10 @@ mod tests {
         assert_eq!(back.len(), 3);
         for (a, b) in rows.iter().zip(&back) {
             assert_eq!(format!("{a:?}"), format!("{b:?}"));
-            assert_eq!(a.weight.to_bits(), b.weight.to_bits());
-            assert_eq!(a.is_weight[..].len(), b.is_weight.len());
+            assert_eq!(a.loss_weight.to_bits(), b.loss_weight.to_bits());
+            assert_eq!(a.importance_weights[..].len(), b.importance_weights.len());
         }
-        assert!(back[0].is_weight[0].is_nan());
+        assert!(back[0].importance_weights[0].is_nan());
     }
 
     #[test]
