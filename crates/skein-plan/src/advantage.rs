@@ -16,6 +16,10 @@ pub enum Estimator {
     Rloo,
     /// REINFORCE++: rewards (minus the group mean with `group_baseline`) whitened over the batch.
     ReinforcePP { group_baseline: bool },
+    /// PPO with a critic: no group advantage (0 for every kept trajectory). Groups are still
+    /// formed, so failures are counted and `drop_equal_reward_groups` applies; the trainer
+    /// then replaces the advantages with GAE's.
+    Critic,
 }
 
 /// Who gets credit for a trajectory's outcome.
@@ -131,6 +135,7 @@ pub fn compute_advantages(trajs: &[Trajectory], cfg: &AdvantageConfig) -> Advant
                 Estimator::ReinforcePP {
                     group_baseline: false,
                 } => r,
+                Estimator::Critic => 0.0,
             };
             out.per_trajectory[i] = Some(a);
             kept.push(i);
@@ -264,6 +269,7 @@ fn turn_advantages(
                         Estimator::ReinforcePP {
                             group_baseline: false,
                         } => r,
+                        Estimator::Critic => 0.0,
                     }
                 })
                 .collect();
@@ -407,6 +413,30 @@ mod tests {
         assert_eq!((r.step_groups, r.step_group_turns), (1, 2));
         assert_eq!(r.per_turn[0], Some(vec![0.5 + 0.25, 0.5]));
         assert_eq!(r.per_turn[1], Some(vec![-0.5 - 0.25, -0.5]));
+    }
+
+    /// With a critic the group step gives no advantage of its own (GAE replaces it) but
+    /// still counts failures and drops equal-reward groups when asked.
+    #[test]
+    fn a_critic_gets_zero_group_advantages_and_the_same_accounting() {
+        let ts = vec![
+            traj("a", "g", 1.0, Status::Finished),
+            traj("b", "g", 0.0, Status::Finished),
+            traj("c", "g", 0.0, Status::Failed("x".into())),
+            traj("d", "h", 1.0, Status::Finished),
+            traj("e", "h", 1.0, Status::Finished),
+        ];
+        let cfg = AdvantageConfig {
+            estimator: Estimator::Critic,
+            drop_equal_reward_groups: true,
+            ..Default::default()
+        };
+        let out = compute_advantages(&ts, &cfg);
+        assert_eq!(
+            out.per_trajectory,
+            vec![Some(0.0), Some(0.0), None, None, None]
+        );
+        assert_eq!((out.failed_trajectories, out.dropped_groups), (1, 1));
     }
 
     #[test]

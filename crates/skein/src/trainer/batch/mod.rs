@@ -46,8 +46,7 @@ impl StepBatchConfig {
             Estimator::ReinforcePPBaseline => plan::Estimator::ReinforcePP {
                 group_baseline: true,
             },
-            // Groups still matter for failure accounting; the values come from GAE.
-            Estimator::Gae => plan::Estimator::DrGrpo,
+            Estimator::Gae => plan::Estimator::Critic,
         };
         StepBatchConfig {
             advantage: plan::AdvantageConfig {
