@@ -331,23 +331,3 @@ fn a_remote_service_that_is_down_fails_trajectories_not_the_run() {
         assert_eq!(get(m, "batch/rows"), 0.0);
     }
 }
-
-/// A run in which every trajectory fails trains nothing: it stops with an error naming the
-/// streak and the last failure once `MAX_UNTRAINED_STEPS` steps in a row trained no token,
-/// with those steps in metrics.jsonl (it used to finish all its steps, exit 0).
-#[test]
-fn a_run_whose_every_trajectory_fails_stops_with_an_error() {
-    let limit = skein::trainer::rollout::stats::MAX_UNTRAINED_STEPS;
-    let mut cfg = config("never", &down_service());
-    cfg.trainer.steps = limit + 3;
-    let err = format!("{:#}", train(&cfg).expect_err("the run stops"));
-    assert!(err.contains(&format!("stopping at step {limit}")), "{err}");
-    assert!(err.contains(&format!("{limit} steps in a row")), "{err}");
-    assert!(
-        err.contains("reward service"),
-        "the last failure says what failed: {err}"
-    );
-    let records = steps(Path::new(&cfg.run.dir));
-    assert_eq!(records.len(), limit);
-    assert!(records.iter().all(|m| get(m, "tokens/trained") == 0.0));
-}

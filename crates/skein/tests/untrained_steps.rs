@@ -1,0 +1,72 @@
+//! A run in which every trajectory fails trains nothing: it must stop with an error naming the
+//! streak and the last failure once `MAX_UNTRAINED_STEPS` steps in a row trained no token, with
+//! those steps in metrics.jsonl (it used to finish all its steps and exit 0). A binary of its
+//! own: tests in one binary share libtorch's generator, and a whole run beside another changes
+//! what the other's warm-up learns.
+
+use serde_json::Value;
+use skein::trainer::rollout::stats::MAX_UNTRAINED_STEPS;
+use skein::trainer::run::train;
+
+#[test]
+fn a_run_whose_every_trajectory_fails_stops_with_an_error() {
+    let dir = std::env::temp_dir().join(format!("skein-untrained-{}", std::process::id()));
+    // A remote reward source on a loopback port nothing listens on: every trajectory fails.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port();
+    let text = format!(
+        r#"
+[run]
+dir = "{}"
+threads = 1
+[sft]
+steps = 0
+[rollout]
+prompts_per_step = 4
+samples_per_prompt = 2
+[trainer]
+steps = {}
+[eval]
+problems = 8
+every = 0
+[reward.sources.far]
+kind = "remote"
+url = "http://127.0.0.1:{port}/score"
+timeout_ms = 2000
+retries = 1
+backoff_ms = 10
+[reward.default_route]
+sources = ["far"]
+"#,
+        dir.display(),
+        MAX_UNTRAINED_STEPS + 3
+    );
+    let cfg = skein_config::load(Some(&text), "untrained", &[]).expect("test config loads");
+    let err = format!("{:#}", train(&cfg).expect_err("the run stops"));
+    assert!(
+        err.contains(&format!("stopping at step {MAX_UNTRAINED_STEPS}")),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("{MAX_UNTRAINED_STEPS} steps in a row")),
+        "{err}"
+    );
+    assert!(
+        err.contains("reward service"),
+        "the last failure says what failed: {err}"
+    );
+    let metrics = std::fs::read_to_string(dir.join("metrics.jsonl")).expect("metrics.jsonl");
+    let trained: Vec<f64> = metrics
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).expect("a JSON line"))
+        .filter(|v| v.get("reward/mean").is_some())
+        .map(|v| {
+            v.get("tokens/trained")
+                .and_then(Value::as_f64)
+                .expect("tokens/trained logged")
+        })
+        .collect();
+    assert_eq!(trained, vec![0.0; MAX_UNTRAINED_STEPS]);
+}
