@@ -341,23 +341,7 @@ impl AgentContext<'_> {
         run: &mut EpisodeRun,
     ) -> std::result::Result<Outcome, (Cutoff, String)> {
         let other = |e: anyhow::Error| (Cutoff::Other, format!("{e:#}"));
-        let mut env = self.task.start(problem);
-        let (mut env, opened) = self
-            .blocking_env_call(move || {
-                let prompt = env.open()?;
-                Ok((env, prompt))
-            })
-            .await?;
-        let prompt = opened.unwrap_or_else(|| problem.prompt.clone());
-        if prompt.trim().is_empty() {
-            // The model would answer nothing at all: an environment fault, counted as one.
-            return Err((
-                Cutoff::EnvError,
-                format!(
-                    "the environment opened the episode with an empty first prompt ({prompt:?})"
-                ),
-            ));
-        }
+        let (mut env, prompt) = self.open_env(problem).await?;
         let mut context = self.prompt_ids(&prompt).map_err(other)?;
         let mut messages = vec![Message::user(&prompt)];
         let stop = &self.params.stop_token_ids;
@@ -379,45 +363,15 @@ impl AgentContext<'_> {
             if room == 0 {
                 return Ok(Outcome::Cut(Cutoff::Tokens));
             }
-            let req = GenRequest {
-                id: 0,
-                prompt: context.clone(),
-                resumed: Vec::new(),
-                params: SamplingParams {
-                    max_new_tokens: self.params.max_new_tokens.min(room),
-                    ..self.params.clone()
-                },
-                budget: None,
-                session: self.limits.reuse_prefix.then_some(session),
-            };
             let state = env.state_key();
-            let out = handle.generate(req).await.map_err(|e| (Cutoff::Other, e))?;
-            if out.finish == Finish::ContextTooLong {
-                return Err((
-                    Cutoff::Tokens,
-                    format!(
-                        "a context of {} tokens is longer than the engine's cache \
-                         (model.max_positions)",
-                        context.len()
-                    ),
-                ));
-            }
-            let n = out.tokens.len();
-            run.transitions.push(Transition {
-                prompt: context.clone(),
-                response: out.tokens.clone(),
-                loss_mask: vec![1; n],
-                logprobs: out.logprobs,
-                versions: out.versions,
-                reward: None,
-                state,
-            });
-            context.extend_from_slice(&out.tokens);
-            if out.finish != Finish::Stop && context.len() >= self.limits.max_tokens {
+            let (tokens, finish) = self
+                .sample_turn(handle, &context, room, session, state, run)
+                .await?;
+            context.extend_from_slice(&tokens);
+            if finish != Finish::Stop && context.len() >= self.limits.max_tokens {
                 return Ok(Outcome::Cut(Cutoff::Tokens));
             }
-            let ids: Vec<u32> = out
-                .tokens
+            let ids: Vec<u32> = tokens
                 .iter()
                 .copied()
                 .filter(|t| !stop.contains(t))
@@ -451,6 +405,78 @@ impl AgentContext<'_> {
             }
         }
         Ok(Outcome::Cut(Cutoff::Turns))
+    }
+
+    /// Opens the episode's environment: it and its first prompt (the problem's own when the
+    /// environment has none). An empty first prompt is an environment fault: the model would
+    /// answer nothing at all.
+    async fn open_env(
+        &self,
+        problem: &Problem,
+    ) -> std::result::Result<(Box<dyn Env>, String), (Cutoff, String)> {
+        let mut env = self.task.start(problem);
+        let (env, opened) = self
+            .blocking_env_call(move || {
+                let prompt = env.open()?;
+                Ok((env, prompt))
+            })
+            .await?;
+        let prompt = opened.unwrap_or_else(|| problem.prompt.clone());
+        if prompt.trim().is_empty() {
+            return Err((
+                Cutoff::EnvError,
+                format!(
+                    "the environment opened the episode with an empty first prompt ({prompt:?})"
+                ),
+            ));
+        }
+        Ok((env, prompt))
+    }
+
+    /// Samples one turn from `context` (at most `room` new tokens) and records it in `run` as
+    /// a transition taken in environment state `state`. Returns its tokens and how it ended.
+    async fn sample_turn(
+        &self,
+        handle: &Caller,
+        context: &[u32],
+        room: usize,
+        session: u64,
+        state: Option<String>,
+        run: &mut EpisodeRun,
+    ) -> std::result::Result<(Vec<u32>, Finish), (Cutoff, String)> {
+        let req = GenRequest {
+            id: 0,
+            prompt: context.to_vec(),
+            resumed: Vec::new(),
+            params: SamplingParams {
+                max_new_tokens: self.params.max_new_tokens.min(room),
+                ..self.params.clone()
+            },
+            budget: None,
+            session: self.limits.reuse_prefix.then_some(session),
+        };
+        let out = handle.generate(req).await.map_err(|e| (Cutoff::Other, e))?;
+        if out.finish == Finish::ContextTooLong {
+            return Err((
+                Cutoff::Tokens,
+                format!(
+                    "a context of {} tokens is longer than the engine's cache \
+                     (model.max_positions)",
+                    context.len()
+                ),
+            ));
+        }
+        let n = out.tokens.len();
+        run.transitions.push(Transition {
+            prompt: context.to_vec(),
+            response: out.tokens.clone(),
+            loss_mask: vec![1; n],
+            logprobs: out.logprobs,
+            versions: out.versions,
+            reward: None,
+            state,
+        });
+        Ok((out.tokens, out.finish))
     }
 
     /// Steps the environment on a blocking thread, so a slow or stuck one holds up only its
