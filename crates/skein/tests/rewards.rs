@@ -4,6 +4,8 @@
 //! Real components only: the example worker script, the all-MiniLM-L6-v2 reward model
 //! (scripts/setup-reward-model.sh), and a `skein serve-reward` subprocess on 127.0.0.1.
 
+mod common;
+
 use serde_json::Value;
 use skein::trainer::run::train;
 use skein::trainer::TrainConfig;
@@ -295,31 +297,11 @@ sources = ["far"]
     }
 }
 
-/// A remote reward source on a loopback port nothing listens on.
-fn down_service() -> String {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .port();
-    format!(
-        r#"
-[reward.sources.far]
-kind = "remote"
-url = "http://127.0.0.1:{port}/score"
-timeout_ms = 2000
-retries = 1
-backoff_ms = 10
-[reward.default_route]
-sources = ["far"]
-"#
-    )
-}
-
 /// A service that is down fails every trajectory it should have scored, counted, and the run
 /// still completes.
 #[test]
 fn a_remote_service_that_is_down_fails_trajectories_not_the_run() {
-    let records = run("down", &down_service());
+    let records = run("down", &common::down_reward_service());
     for m in &records {
         assert_eq!(
             get(m, "batch/failed_trajectories") as usize,

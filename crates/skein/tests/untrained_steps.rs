@@ -4,6 +4,8 @@
 //! own: tests in one binary share libtorch's generator, and a whole run beside another changes
 //! what the other's warm-up learns.
 
+mod common;
+
 use serde_json::Value;
 use skein::trainer::rollout::stats::MAX_UNTRAINED_STEPS;
 use skein::trainer::run::train;
@@ -11,11 +13,6 @@ use skein::trainer::run::train;
 #[test]
 fn a_run_whose_every_trajectory_fails_stops_with_an_error() {
     let dir = std::env::temp_dir().join(format!("skein-untrained-{}", std::process::id()));
-    // A remote reward source on a loopback port nothing listens on: every trajectory fails.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .port();
     let text = format!(
         r#"
 [run]
@@ -31,17 +28,11 @@ steps = {}
 [eval]
 problems = 8
 every = 0
-[reward.sources.far]
-kind = "remote"
-url = "http://127.0.0.1:{port}/score"
-timeout_ms = 2000
-retries = 1
-backoff_ms = 10
-[reward.default_route]
-sources = ["far"]
+{}
 "#,
         dir.display(),
-        MAX_UNTRAINED_STEPS + 3
+        MAX_UNTRAINED_STEPS + 3,
+        common::down_reward_service()
     );
     let cfg = skein_config::load(Some(&text), "untrained", &[]).expect("test config loads");
     let err = format!("{:#}", train(&cfg).expect_err("the run stops"));
@@ -57,13 +48,10 @@ sources = ["far"]
         err.contains("reward service"),
         "the last failure says what failed: {err}"
     );
-    let metrics = std::fs::read_to_string(dir.join("metrics.jsonl")).expect("metrics.jsonl");
-    let trained: Vec<f64> = metrics
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).expect("a JSON line"))
-        .filter(|v| v.get("reward/mean").is_some())
-        .map(|v| {
-            v.get("tokens/trained")
+    let trained: Vec<f64> = common::step_metrics(&dir)
+        .iter()
+        .map(|m| {
+            m.get("tokens/trained")
                 .and_then(Value::as_f64)
                 .expect("tokens/trained logged")
         })

@@ -4,11 +4,6 @@
 use serde_json::Value;
 use std::path::Path;
 
-/// The Python interpreter that has the `openai` package, if any.
-pub fn python_with_openai() -> Option<String> {
-    python_with("openai")
-}
-
 /// The Python interpreter that has the `openai` package; the test fails without one.
 pub fn require_python_with_openai() -> String {
     require_python_with("openai", "scripts/setup-agent-client.sh")
@@ -61,4 +56,25 @@ pub fn workdir(file: &str, name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("skein-{file}-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     dir
+}
+
+/// A `[reward]` config whose one source is a remote service on a loopback port nothing listens
+/// on: every trajectory's scoring fails.
+pub fn down_reward_service() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port();
+    format!(
+        r#"
+[reward.sources.far]
+kind = "remote"
+url = "http://127.0.0.1:{port}/score"
+timeout_ms = 2000
+retries = 1
+backoff_ms = 10
+[reward.default_route]
+sources = ["far"]
+"#
+    )
 }
