@@ -1,0 +1,131 @@
+//! `RUN_DIR/diagnoses.jsonl`: one [`Diagnosis`] per line, appended when it starts, flushed per
+//! line so a running run's file is readable. Reading is bounded: the file is the run's, but a
+//! reader (`skein view`) must not be made to hold an unbounded one.
+
+use crate::diagnosis::Diagnosis;
+use anyhow::{Context, Result};
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+
+pub const FILE: &str = "diagnoses.jsonl";
+/// Most bytes read of the file, and longest line kept (longer ones are skipped whole).
+const MAX_BYTES: u64 = 16 << 20;
+const MAX_LINE: usize = 64 << 10;
+
+pub struct DiagnosisLog {
+    path: PathBuf,
+    file: File,
+}
+
+impl DiagnosisLog {
+    /// Appends to `RUN_DIR/diagnoses.jsonl` (a resumed run keeps what its steps found).
+    pub fn open(run_dir: &Path) -> Result<Self> {
+        let path = run_dir.join(FILE);
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        Ok(DiagnosisLog { path, file })
+    }
+
+    pub fn append(&mut self, d: &Diagnosis) -> Result<()> {
+        let mut line = serde_json::to_string(d)?;
+        line.push('\n');
+        self.file
+            .write_all(line.as_bytes())
+            .with_context(|| format!("writing {}", self.path.display()))
+    }
+}
+
+/// Keeps the lines of diagnoses that started at or before `step` (a resume from a checkpoint
+/// of that step redoes the steps after it, and finds their diagnoses again).
+pub fn truncate_after(run_dir: &Path, step: usize) -> Result<()> {
+    let path = run_dir.join(FILE);
+    if !path.exists() {
+        return Ok(());
+    }
+    let kept: Vec<Diagnosis> = read_diagnoses(&path)?
+        .into_iter()
+        .filter(|d| d.step <= step)
+        .collect();
+    let tmp = run_dir.join(format!("{FILE}.tmp"));
+    let mut out = String::new();
+    for d in &kept {
+        out.push_str(&serde_json::to_string(d)?);
+        out.push('\n');
+    }
+    std::fs::write(&tmp, out).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, &path).with_context(|| format!("replacing {}", path.display()))
+}
+
+/// The diagnoses of a `diagnoses.jsonl`: at most its first 16 MiB, lines over 64 KiB and lines
+/// that are not a diagnosis skipped (a line being written is incomplete).
+pub fn read_diagnoses(path: &Path) -> Result<Vec<Diagnosis>> {
+    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut reader = BufReader::new(file.take(MAX_BYTES));
+    let mut out = Vec::new();
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let n = reader
+            .by_ref()
+            .take(MAX_LINE as u64 + 1)
+            .read_until(b'\n', &mut line)
+            .with_context(|| format!("reading {}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        if line.len() > MAX_LINE {
+            // Skip the rest of an overlong line.
+            let mut sink = Vec::new();
+            reader.read_until(b'\n', &mut sink)?;
+            continue;
+        }
+        if let Ok(d) = serde_json::from_slice::<Diagnosis>(&line) {
+            out.push(d);
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn diagnosis(step: usize) -> Diagnosis {
+        Diagnosis {
+            name: "truncation".into(),
+            title: "t".into(),
+            step,
+            until: step,
+            steps: vec![step],
+            evidence: "e".into(),
+            examples: vec![],
+            advice: "a".into(),
+        }
+    }
+
+    #[test]
+    fn appended_lines_read_back_skipping_broken_ones_and_truncate_by_step() {
+        let dir = std::env::temp_dir().join(format!("skein-doctor-log-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut log = DiagnosisLog::open(&dir).unwrap();
+        log.append(&diagnosis(2)).unwrap();
+        log.append(&diagnosis(5)).unwrap();
+        let path = dir.join(FILE);
+        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(b"{\"name\": \"half a li").unwrap();
+        f.write_all(&vec![b'x'; 100 << 10]).unwrap();
+        f.write_all(b"\n").unwrap();
+        log.append(&diagnosis(7)).unwrap();
+        let steps = |p: &Path| -> Vec<usize> {
+            read_diagnoses(p).unwrap().iter().map(|d| d.step).collect()
+        };
+        assert_eq!(steps(&path), vec![2, 5, 7]);
+        truncate_after(&dir, 5).unwrap();
+        assert_eq!(steps(&path), vec![2, 5]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,143 @@
+//! Policy drift: each step moves the policy further than PPO's trust region is meant to, or
+//! the engine that sampled the tokens and the trainer disagree about their probabilities.
+
+use super::{f2, Finding, Rule};
+use crate::history::{step_span, History};
+
+/// Mean approximate KL between the policy before and after a step's updates (k3, nats).
+pub const MAX_APPROX_KL: f64 = 0.1;
+/// Share of loss tokens whose ratio was clipped.
+pub const MAX_CLIP_FRAC: f64 = 0.3;
+/// Mean importance weight π_old/π_behavior of off-policy tokens, outside this range.
+pub const IS_WEIGHT_RANGE: (f64, f64) = (0.5, 2.0);
+/// Steps of the window, and how many of them must exceed a bound.
+pub const WINDOW: usize = 3;
+pub const MIN_STEPS: usize = 2;
+
+/// Mean |behavior log-prob − recomputed π_old log-prob| over tokens the step's own policy
+/// sampled: the same weights give the same numbers up to float round-off (about 1e-6 in
+/// float32), so more is an engine that does not compute what the trainer does.
+pub const MAX_LOGP_MISMATCH: f64 = 1e-3;
+
+pub const POLICY_DRIFT: Rule = Rule {
+    name: "policy-drift",
+    title: "updates move the policy beyond PPO's trust region",
+    advice: "lower `optim.lr`, take fewer optimizer steps per rollout (`trainer.ppo_epochs`, \
+             `trainer.num_mini_batches`), narrow `algorithm.clip_low`/`algorithm.clip_high`, \
+             or add a KL term `algorithm.kl_coef`",
+    check: drift,
+};
+
+pub const LOGPROB_MISMATCH: Rule = Rule {
+    name: "logprob-mismatch",
+    title: "the engine's log-probs disagree with the trainer's on the same weights",
+    advice: "the rollout engine does not compute the policy the trainer trains: check that a \
+             remote engine (`rollout.remote.url`) loads every published version \
+             (`rollout.remote.reload_path`), runs the same dtype and chat template, and samples \
+             at `rollout.sampling.temperature` without top-k/top-p",
+    check: mismatch,
+};
+
+/// What exceeded a bound at one step, if anything.
+fn excess(s: &crate::StepView) -> Option<String> {
+    let mut out = Vec::new();
+    if let Some(kl) = s.get("approx_kl").filter(|&v| v > MAX_APPROX_KL) {
+        out.push(format!("approx_kl {kl:.3} > {MAX_APPROX_KL}"));
+    }
+    if let Some(c) = s.get("clip_frac").filter(|&v| v > MAX_CLIP_FRAC) {
+        out.push(format!("clip_frac {} > {MAX_CLIP_FRAC}", f2(c)));
+    }
+    let (lo, hi) = IS_WEIGHT_RANGE;
+    if let Some(w) = s.get("is/weight_mean").filter(|&v| !(lo..=hi).contains(&v)) {
+        out.push(format!("is/weight_mean {} outside {lo}–{hi}", f2(w)));
+    }
+    (!out.is_empty()).then(|| out.join(", "))
+}
+
+fn drift(h: &History) -> Option<Finding> {
+    let last = h.last().filter(|s| s.is_rl_step())?;
+    excess(last)?;
+    let w = h.recent_rl(WINDOW);
+    let over: Vec<(usize, String)> = w
+        .iter()
+        .filter_map(|s| Some((s.step, excess(s)?)))
+        .collect();
+    if over.len() < MIN_STEPS {
+        return None;
+    }
+    let steps: Vec<usize> = over.iter().map(|(s, _)| *s).collect();
+    let detail: Vec<String> = over.iter().map(|(s, e)| format!("step {s}: {e}")).collect();
+    Some(Finding {
+        evidence: format!(
+            "{} of the last {} steps exceeded a bound ({})",
+            over.len(),
+            w.len(),
+            detail.join("; ")
+        ),
+        steps,
+        examples: Vec::new(),
+    })
+}
+
+fn mismatch(h: &History) -> Option<Finding> {
+    let last = h.last().filter(|s| s.is_rl_step())?;
+    let mean = last.get("logp_mismatch/mean")?;
+    if mean < MAX_LOGP_MISMATCH {
+        return None;
+    }
+    let max = last
+        .get("logp_mismatch/max")
+        .map(|m| format!(", at most {m:.3}"))
+        .unwrap_or_default();
+    Some(Finding {
+        evidence: format!(
+            "tokens sampled by the current policy differ from the trainer's recomputed \
+             log-probs by {mean:.4} nats on average{max} at {} (float round-off is about 1e-6)",
+            step_span(&[last.step])
+        ),
+        steps: vec![last.step],
+        examples: Vec::new(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::testing::history;
+    use serde_json::json;
+
+    #[test]
+    fn drift_needs_two_of_three_steps_beyond_a_bound_including_the_newest() {
+        let h = history(3, |s| json!({"approx_kl": if s == 2 { 0.5 } else { 0.01 }}));
+        assert!(check_drift(&h).is_none());
+        let h = history(
+            3,
+            |s| json!({"approx_kl": if s == 2 { 0.5 } else { 0.01 }, "clip_frac": if s == 3 { 0.6 } else { 0.1 }}),
+        );
+        let f = check_drift(&h).unwrap();
+        assert_eq!(f.steps, vec![2, 3]);
+        assert!(
+            f.evidence.contains("step 3: clip_frac 0.60 > 0.3"),
+            "{}",
+            f.evidence
+        );
+    }
+
+    fn check_drift(h: &History) -> Option<Finding> {
+        drift(h)
+    }
+
+    #[test]
+    fn mismatch_beyond_round_off_holds() {
+        let h = history(
+            1,
+            |_| json!({"logp_mismatch/mean": 2e-7, "logp_mismatch/max": 1e-6}),
+        );
+        assert!(mismatch(&h).is_none());
+        let h = history(
+            1,
+            |_| json!({"logp_mismatch/mean": 0.02, "logp_mismatch/max": 0.4}),
+        );
+        assert!(mismatch(&h).unwrap().evidence.contains("0.0200 nats"));
+    }
+}

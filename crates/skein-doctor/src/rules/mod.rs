@@ -1,0 +1,128 @@
+//! The rules, one file per family of failure. A rule is a pure function of the history that
+//! returns a [`Finding`] when it holds at the newest step; its name, title, thresholds and
+//! advice are documented in docs/diagnoses.md, the same words as here.
+
+mod agent;
+mod drift;
+mod entropy;
+mod length;
+mod partial;
+mod reward;
+mod signal;
+mod stability;
+mod truncation;
+
+use crate::diagnosis::Example;
+use crate::history::History;
+
+/// What a rule saw when it holds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finding {
+    pub evidence: String,
+    pub steps: Vec<usize>,
+    pub examples: Vec<Example>,
+}
+
+pub struct Rule {
+    pub name: &'static str,
+    pub title: &'static str,
+    pub advice: &'static str,
+    pub check: fn(&History) -> Option<Finding>,
+}
+
+/// Every rule, in the order a report lists them.
+pub const RULES: &[Rule] = &[
+    signal::NO_LEARNING_SIGNAL,
+    entropy::ENTROPY_COLLAPSE,
+    drift::POLICY_DRIFT,
+    drift::LOGPROB_MISMATCH,
+    truncation::TRUNCATION,
+    length::LENGTH_EXPLOITATION,
+    reward::REWARD_FAILURES,
+    reward::REWARD_OUT_OF_RANGE,
+    reward::OVERFITTING,
+    stability::UNSTABLE_UPDATES,
+    stability::CRITIC_NOT_LEARNING,
+    partial::STALE_PARTIAL_ROLLOUT,
+    agent::ENV_FAILURES,
+    agent::TURN_LIMIT,
+    agent::TOOL_CALL_ERRORS,
+];
+
+pub fn rule(name: &str) -> Option<&'static Rule> {
+    RULES.iter().find(|r| r.name == name)
+}
+
+/// A fraction as "0.81".
+fn f2(v: f64) -> String {
+    format!("{v:.2}")
+}
+
+/// The steps of a window.
+fn steps_of(w: &[(usize, f64)]) -> Vec<usize> {
+    w.iter().map(|(s, _)| *s).collect()
+}
+
+/// The window's values, "0.50, 0.62, 0.81".
+fn values_of(w: &[(usize, f64)]) -> String {
+    w.iter().map(|(_, v)| f2(*v)).collect::<Vec<_>>().join(", ")
+}
+
+/// Up to `n` trajectories of step `step` for which `pick` holds.
+fn examples_where(
+    h: &History,
+    step: usize,
+    n: usize,
+    pick: impl Fn(&crate::Digest) -> bool,
+) -> Vec<Example> {
+    h.step(step)
+        .map(|s| {
+            s.trajectories
+                .iter()
+                .filter(|d| pick(d))
+                .take(n)
+                .map(|d| Example {
+                    step,
+                    id: d.id.clone(),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    use crate::history::History;
+    use crate::Digest;
+    use serde_json::Value;
+
+    /// A history of RL steps 1..=n, each record made by `f(step)`.
+    pub fn history(n: usize, f: impl Fn(usize) -> Value) -> History {
+        let mut h = History::default();
+        for s in 1..=n {
+            let mut m = f(s).as_object().cloned().unwrap();
+            m.entry("reward/mean").or_insert(Value::from(0.5));
+            h.push(s, m, vec![]);
+        }
+        h
+    }
+
+    pub fn push(h: &mut History, step: usize, v: Value, t: Vec<Digest>) {
+        h.push(step, v.as_object().cloned().unwrap(), t);
+    }
+
+    #[test]
+    fn rule_names_are_unique_and_documented() {
+        let docs = include_str!("../../../../docs/diagnoses.md");
+        let mut names: Vec<&str> = super::RULES.iter().map(|r| r.name).collect();
+        for n in &names {
+            assert!(
+                docs.contains(&format!("`{n}`")),
+                "{n} is not in docs/diagnoses.md"
+            );
+        }
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), super::RULES.len());
+    }
+}

@@ -1,0 +1,122 @@
+//! No learning signal: groups whose samples all earned one reward have zero advantage, so
+//! their tokens train nothing.
+
+use super::{f2, steps_of, values_of, Finding, Rule};
+use crate::diagnosis::Example;
+use crate::digest::equal_reward_groups;
+use crate::history::{step_span, History};
+
+/// Share of the step's groups (drawn, with dynamic sampling) with equal rewards.
+pub const MIN_EQUAL_FRACTION: f64 = 0.5;
+/// Steps in a row it must hold for.
+pub const STEPS: usize = 3;
+
+pub const NO_LEARNING_SIGNAL: Rule = Rule {
+    name: "no-learning-signal",
+    title: "most groups have equal rewards, so zero advantage",
+    advice: "the prompts are too easy or too hard for the policy: change `task.difficulty` or \
+             the data, raise `rollout.samples_per_prompt`, or set \
+             `rollout.skip_zero_variance_groups = true` to train only on groups with variance \
+             (dynamic sampling)",
+    check,
+};
+
+/// The share of groups without signal at a step: the trained groups' share, counting the
+/// groups dynamic sampling threw away.
+fn equal_fraction(s: &crate::StepView) -> Option<f64> {
+    let kept = s.get("batch/equal_reward_group_fraction")?;
+    match (
+        s.get("rollout/drawn_groups"),
+        s.get("rollout/skipped_groups"),
+    ) {
+        (Some(drawn), Some(skipped)) if drawn > 0.0 => {
+            Some((skipped + kept * (drawn - skipped)) / drawn)
+        }
+        _ => Some(kept),
+    }
+}
+
+fn check(h: &History) -> Option<Finding> {
+    let w: Vec<(usize, f64)> = h
+        .recent_rl(STEPS)
+        .into_iter()
+        .map(|s| Some((s.step, equal_fraction(s)?)))
+        .collect::<Option<_>>()?;
+    if w.len() < STEPS || !h.last()?.is_rl_step() {
+        return None;
+    }
+    if w.iter().any(|(_, f)| *f < MIN_EQUAL_FRACTION) {
+        return None;
+    }
+    let steps = steps_of(&w);
+    let last = *steps.last()?;
+    let mut evidence = format!(
+        "{} of the groups had one reward for all their samples on {} ({})",
+        f2(w.iter().map(|(_, f)| f).sum::<f64>() / w.len() as f64),
+        step_span(&steps),
+        values_of(&w)
+    );
+    let equal = equal_reward_groups(&h.step(last)?.trajectories);
+    let right = equal.iter().filter(|(_, c, _)| *c).count();
+    if !equal.is_empty() {
+        evidence.push_str(&format!(
+            "; at step {last} {right} such groups were all right and {} all wrong",
+            equal.len() - right
+        ));
+    }
+    let examples = equal
+        .iter()
+        .take(2)
+        .map(|(_, _, id)| Example {
+            step: last,
+            id: id.clone(),
+        })
+        .collect();
+    Some(Finding {
+        evidence,
+        steps,
+        examples,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::testing::history;
+    use serde_json::json;
+
+    #[test]
+    fn holds_after_three_steps_of_mostly_equal_groups() {
+        let h = history(
+            3,
+            |s| json!({"batch/equal_reward_group_fraction": if s == 1 { 0.4 } else { 0.9 }}),
+        );
+        assert!(check(&h).is_none(), "step 1 is below the threshold");
+        let h = history(
+            4,
+            |s| json!({"batch/equal_reward_group_fraction": if s == 1 { 0.4 } else { 0.9 }}),
+        );
+        let f = check(&h).unwrap();
+        assert_eq!(f.steps, vec![2, 3, 4]);
+        assert!(
+            f.evidence.starts_with("0.90 of the groups"),
+            "{}",
+            f.evidence
+        );
+    }
+
+    #[test]
+    fn groups_dynamic_sampling_skipped_count_as_equal() {
+        // 4 of 8 kept groups are equal, and 8 more were drawn and skipped: 12 of 16.
+        let h = history(3, |_| {
+            json!({"batch/equal_reward_group_fraction": 0.5,
+                   "rollout/drawn_groups": 16, "rollout/skipped_groups": 8})
+        });
+        assert!(check(&h).unwrap().evidence.starts_with("0.75"));
+        let h = history(3, |_| {
+            json!({"batch/equal_reward_group_fraction": 0.0,
+                   "rollout/drawn_groups": 10, "rollout/skipped_groups": 2})
+        });
+        assert!(check(&h).is_none());
+    }
+}
