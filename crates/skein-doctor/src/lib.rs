@@ -27,4 +27,4 @@ pub use digest::{Digest, Outcome};
 pub use doctor::Doctor;
 pub use history::{History, StepView};
 pub use log::{read_diagnoses, DiagnosisLog, FILE};
-pub use run_dir::{diagnose_run_dir, RunDiagnoses};
+pub use run_dir::{diagnose_run_dir, replay, Replayed, RunDiagnoses};

@@ -21,6 +21,12 @@ const MAX_LINES: usize = 1 << 20;
 #[derive(Debug)]
 pub struct RunDiagnoses {
     pub diagnoses: Vec<Diagnosis>,
+    pub replayed: Replayed,
+}
+
+/// What a replay read.
+#[derive(Debug, Default)]
+pub struct Replayed {
     /// RL steps replayed.
     pub steps: usize,
     /// Lines of `metrics.jsonl` skipped (overlong or not a JSON object).
@@ -30,6 +36,15 @@ pub struct RunDiagnoses {
 }
 
 pub fn diagnose_run_dir(dir: &Path) -> Result<RunDiagnoses> {
+    let (doctor, replayed) = replay(dir)?;
+    Ok(RunDiagnoses {
+        diagnoses: doctor.into_found(),
+        replayed,
+    })
+}
+
+/// A doctor that has seen every record of the run in `dir`, as the trainer fed them.
+pub fn replay(dir: &Path) -> Result<(Doctor, Replayed)> {
     let path = dir.join("metrics.jsonl");
     if !path.is_file() {
         bail!(
@@ -41,12 +56,7 @@ pub fn diagnose_run_dir(dir: &Path) -> Result<RunDiagnoses> {
     let file = File::open(&path).with_context(|| format!("opening {}", path.display()))?;
     let mut reader = BufReader::new(file);
     let mut doctor = Doctor::default();
-    let mut out = RunDiagnoses {
-        diagnoses: Vec::new(),
-        steps: 0,
-        skipped_lines: 0,
-        unreadable_step_files: 0,
-    };
+    let mut out = Replayed::default();
     let mut line = Vec::new();
     let mut last_step = None;
     for _ in 0..MAX_LINES {
@@ -85,8 +95,7 @@ pub fn diagnose_run_dir(dir: &Path) -> Result<RunDiagnoses> {
         last_step = step.or(last_step);
         doctor.observe(record, digests);
     }
-    out.diagnoses = doctor.into_found();
-    Ok(out)
+    Ok((doctor, out))
 }
 
 fn step_digests(dir: &Path, step: usize, unreadable: &mut usize) -> Vec<Digest> {
@@ -125,7 +134,7 @@ mod tests {
         writeln!(f, "{}", "x".repeat(MAX_LINE + 10)).unwrap();
         drop(f);
         let r = diagnose_run_dir(&dir).unwrap();
-        assert_eq!((r.steps, r.skipped_lines), (3, 2));
+        assert_eq!((r.replayed.steps, r.replayed.skipped_lines), (3, 2));
         let names: Vec<&str> = r.diagnoses.iter().map(|d| d.name.as_str()).collect();
         assert_eq!(names, vec!["truncation"]);
         assert_eq!((r.diagnoses[0].step, r.diagnoses[0].until), (2, 3));

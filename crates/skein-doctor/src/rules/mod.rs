@@ -58,6 +58,15 @@ fn f2(v: f64) -> String {
     format!("{v:.2}")
 }
 
+/// A value as a person reads it: plain when it is of ordinary size, else in e-notation.
+fn num(v: f64) -> String {
+    if v != 0.0 && !(1e-3..1e5).contains(&v.abs()) {
+        format!("{v:.3e}")
+    } else {
+        format!("{v}")
+    }
+}
+
 /// The steps of a window.
 fn steps_of(w: &[(usize, f64)]) -> Vec<usize> {
     w.iter().map(|(s, _)| *s).collect()

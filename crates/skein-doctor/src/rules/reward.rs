@@ -2,7 +2,7 @@
 //! reward function's bug or an exploit), and a training reward that rises while held-out
 //! accuracy falls (overfitting).
 
-use super::{examples_where, f2, Finding, Rule};
+use super::{examples_where, f2, num, Finding, Rule};
 use crate::history::{step_span, History};
 
 /// Share of the step's trajectories whose reward call failed or timed out.
@@ -94,9 +94,12 @@ fn out_of_range(h: &History) -> Option<Finding> {
     };
     Some(Finding {
         evidence: format!(
-            "a reward of {beyond} at step {} after {} steps within {lo}–{hi}",
+            "a reward of {} at step {} after {} steps within {}–{}",
+            num(beyond),
             last.step,
-            before.len()
+            before.len(),
+            num(lo),
+            num(hi)
         ),
         steps: vec![last.step],
         examples: examples_where(h, last.step, 1, |d| d.reward == beyond && !d.failed()),

@@ -6,8 +6,10 @@ use crate::diagnosis::Example;
 use crate::digest::equal_reward_groups;
 use crate::history::{step_span, History};
 
-/// Share of the step's groups (drawn, with dynamic sampling) with equal rewards.
-pub const MIN_EQUAL_FRACTION: f64 = 0.5;
+/// Share of the step's groups (drawn, with dynamic sampling) with equal rewards: three
+/// quarters of the rollout then trains nothing. GRPO on a task the policy mostly solves sits
+/// near half (the default job: 0.31–0.69 per step), which is no failure.
+pub const MIN_EQUAL_FRACTION: f64 = 0.75;
 /// Steps in a row it must hold for.
 pub const STEPS: usize = 3;
 
@@ -107,12 +109,12 @@ mod tests {
 
     #[test]
     fn groups_dynamic_sampling_skipped_count_as_equal() {
-        // 4 of 8 kept groups are equal, and 8 more were drawn and skipped: 12 of 16.
+        // 4 of 8 kept groups are equal, and 24 more were drawn and skipped: 28 of 32.
         let h = history(3, |_| {
             json!({"batch/equal_reward_group_fraction": 0.5,
-                   "rollout/drawn_groups": 16, "rollout/skipped_groups": 8})
+                   "rollout/drawn_groups": 32, "rollout/skipped_groups": 24})
         });
-        assert!(check(&h).unwrap().evidence.starts_with("0.75"));
+        assert!(check(&h).unwrap().evidence.starts_with("0.88"));
         let h = history(3, |_| {
             json!({"batch/equal_reward_group_fraction": 0.0,
                    "rollout/drawn_groups": 10, "rollout/skipped_groups": 2})
