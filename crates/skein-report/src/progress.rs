@@ -80,6 +80,14 @@ impl StepProgress {
             b.finish();
         }
     }
+
+    /// A line on stderr above a live bar (which a plain `eprintln!` would tear).
+    pub fn println(&self, line: &str) {
+        match &self.bar {
+            Some(b) => b.suspend(|| eprintln!("{line}")),
+            None => eprintln!("{line}"),
+        }
+    }
 }
 
 fn format_values(values: &[(&str, f64)]) -> String {

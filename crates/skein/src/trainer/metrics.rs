@@ -42,6 +42,8 @@ pub struct StepReport<'a> {
     pub layout: Option<Layout>,
     pub policy_version: usize,
     pub times: StageTimes,
+    /// Partial rollout's staleness cap, when it is on.
+    pub staleness_cap: Option<u64>,
 }
 
 impl StepReport<'_> {
@@ -51,7 +53,11 @@ impl StepReport<'_> {
         let batch: &StepBatch = self.batch.batch();
         let trained = self.rollout.stats.trained_tokens as f64;
         let mut m = record(self.step, []);
-        extend(&mut m, self.rollout.metrics(t.rollout_s, self.remote));
+        extend(
+            &mut m,
+            self.rollout
+                .metrics(t.rollout_s, self.remote, self.staleness_cap),
+        );
         extend(&mut m, self.update.metrics(self.batch.has_reference()));
         extend(&mut m, [("policy_version", self.policy_version as f64)]);
         extend(&mut m, batch.metrics());
@@ -76,8 +82,14 @@ impl StepReport<'_> {
         if self.rollout.is_partial() {
             extend(&mut m, self.batch.importance.metrics());
         }
+        if let Some(x) = &self.batch.mismatch {
+            extend(&mut m, x.metrics());
+        }
         if let Some(c) = self.critic {
             extend(&mut m, c.metrics());
+        }
+        if let Some(ev) = self.batch.explained_variance {
+            extend(&mut m, [("value/explained_variance", ev)]);
         }
         if let Some(l) = &self.layout {
             extend(&mut m, l.metrics(self.update.rank_wait_s));

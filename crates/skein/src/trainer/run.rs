@@ -3,6 +3,7 @@
 //! evaluate again, save the policy and plot the curves.
 
 use super::batch::build_step_batch;
+use super::diagnoses::{digests, summary, RunDoctor};
 use super::metrics::{extend, StageTimes, StepReport};
 use super::prepare::prepare;
 use super::rollout::stats::UntrainedSteps;
@@ -63,6 +64,7 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
     let mut untrained = UntrainedSteps::default();
     let mut interrupted = false;
     let mut progress = StepProgress::new(steps as u64);
+    let mut doctor = RunDoctor::open(&t.dir, t.first_step)?;
 
     for step in t.first_step..=steps {
         // Sampling draws from libtorch's global generator: seeding it per step makes a step's
@@ -120,8 +122,15 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
                 update_s,
                 step_s: t0.elapsed().as_secs_f64(),
             },
+            staleness_cap: cfg
+                .rollout
+                .partial
+                .enabled
+                .then_some(cfg.rollout.partial.max_staleness),
         };
-        t.log_step(report.record(), step)?;
+        let record = t.log_step(report.record(), step)?;
+        // Name what is going wrong, the moment it starts.
+        doctor.observe(record, digests(&rollout), |l| progress.println(l))?;
         let gen_tok_s = rollout.engine.generated_tokens as f64 / rollout_s.max(1e-9);
         let shown = [
             ("reward", rollout.reward_mean()),
@@ -148,7 +157,7 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
         }
     }
     progress.finish();
-    finish(*t, interrupted)
+    finish(*t, doctor, interrupted)
 }
 
 /// Updates skipped for a NaN or infinite loss or gradient.
@@ -191,19 +200,21 @@ impl RunSummary {
 
 impl Trainer<'_> {
     /// Appends a step's record, with the data's own metrics and, every `eval.every` steps
-    /// (but the last, which the final evaluation covers), the held-out accuracy.
-    fn log_step(&mut self, mut m: Map<String, Value>, step: usize) -> Result<()> {
+    /// (but the last, which the final evaluation covers), the held-out accuracy. Returns the
+    /// record as written.
+    fn log_step(&mut self, mut m: Map<String, Value>, step: usize) -> Result<Map<String, Value>> {
         extend(&mut m, self.workload.data_metrics(false));
         let every = self.cfg.eval.every;
         if every > 0 && step.is_multiple_of(every) && step != self.cfg.trainer.steps {
             extend(&mut m, self.evaluate().metrics());
         }
-        self.log.append(&m)
+        self.log.append(&m)?;
+        Ok(m)
     }
 }
 
 /// After the last step (or a Ctrl-C): evaluate, save the policy in HF layout, plot the curves.
-fn finish(mut t: Trainer, interrupted: bool) -> Result<RunSummary> {
+fn finish(mut t: Trainer, mut doctor: RunDoctor, interrupted: bool) -> Result<RunSummary> {
     let dir = t.dir.clone();
     if interrupted {
         let plot = skein_report::plot_run_dir(&dir, None)?;
@@ -229,6 +240,7 @@ fn finish(mut t: Trainer, interrupted: bool) -> Result<RunSummary> {
     let mut last = record(t.cfg.trainer.steps, []);
     extend(&mut last, eval_after.metrics());
     t.log.append(&last)?;
+    doctor.observe(last, Vec::new(), |l| eprintln!("{l}"))?;
     eprintln!(
         "skein: eval after RL: {} accuracy {:.3} (before: {:.3})",
         eval_kind(t.workload.held_out()),
@@ -243,6 +255,7 @@ fn finish(mut t: Trainer, interrupted: bool) -> Result<RunSummary> {
         ckpt.display(),
         plot.display()
     );
+    eprintln!("{}", summary(doctor.found(), &dir));
     Ok(RunSummary {
         dir,
         eval_before: t.eval_before,

@@ -4,9 +4,11 @@
 //! replace the group ones. [`prepare`] takes a [`StepBatch`] and returns a [`PreparedBatch`],
 //! the only thing the update accepts: its advantages are final.
 
+pub mod checks;
 pub mod offpolicy;
 pub mod values;
 
+use self::checks::{explained_variance, probe_rows, LogpMismatch};
 use self::offpolicy::{importance_weights, ImportanceStats};
 use crate::model::{Model, ValueModel};
 use crate::trainer::batch::{RowPlan, StepBatch, TrainRow};
@@ -61,6 +63,10 @@ pub struct PreparedBatch {
     batch: StepBatch,
     reference_on: bool,
     pub importance: ImportanceStats,
+    /// Engine against trainer on this version's tokens (None: no token to compare).
+    pub mismatch: Option<LogpMismatch>,
+    /// The critic's explained variance of the returns (None without a critic).
+    pub explained_variance: Option<f64>,
 }
 
 impl PreparedBatch {
@@ -117,6 +123,7 @@ pub fn prepare(
         cfg.temperature,
     );
     let importance = importance_weights(&mut batch.rows, version, cfg.off_policy, cfg.is_cap);
+    let mismatch = logp_mismatch(models.policy, &batch.rows, version, cfg);
     if let Some(critic) = models.critic {
         values::compute_values(critic, &mut batch.rows, &cfg.batching);
         match cfg.turn_gamma {
@@ -130,10 +137,60 @@ pub fn prepare(
         }
     }
     PreparedBatch {
+        explained_variance: models.critic.and_then(|_| explained_variance(&batch.rows)),
         batch,
         reference_on: models.reference.is_some(),
         importance,
+        mismatch,
     }
+}
+
+/// The engine–trainer log-prob comparison ([`LogpMismatch`]) over the rows that have π_old,
+/// or, when the update computes every π_old itself, over a few rows recomputed for it alone
+/// (their π_old is not kept: the update's stays the one it trains with).
+fn logp_mismatch(
+    policy: &Model,
+    rows: &[TrainRow],
+    version: u64,
+    cfg: &PrepareConfig,
+) -> Option<LogpMismatch> {
+    let probe = probe_rows(rows);
+    if probe.is_empty() {
+        return LogpMismatch::of(rows.iter(), version);
+    }
+    let probed: Vec<TrainRow> =
+        tch::no_grad(|| logprobs_of(policy, rows, &probe, &cfg.batching, cfg.temperature))
+            .into_iter()
+            .map(|(i, old_logp)| TrainRow {
+                old_logp,
+                ..rows[i].clone()
+            })
+            .collect();
+    LogpMismatch::of(probed.iter(), version)
+}
+
+/// Per-token log-probs of the responses of rows `which` under `model` (call without grad).
+fn logprobs_of(
+    model: &Model,
+    rows: &[TrainRow],
+    which: &[usize],
+    batching: &Batching,
+    temperature: f64,
+) -> Vec<(usize, Vec<f32>)> {
+    let device = model.vs.device();
+    let mut out = Vec::new();
+    for plan in micro_batches(rows, which, batching) {
+        let mb = MicroBatch::new(rows, &plan, device);
+        let batch: Vec<&TrainRow> = plan.rows.iter().map(|&i| &rows[i]).collect();
+        let (logp, _) = token_logprobs(&model.net, &mb, temperature, Entropy::Skip);
+        out.extend(
+            plan.rows
+                .iter()
+                .copied()
+                .zip(mb.response_values(&logp, &batch)),
+        );
+    }
+    out
 }
 
 /// Fills `old_logp` of the rows `needs_old` marks (and `ref_logp` of every row when a
@@ -147,21 +204,8 @@ pub fn recompute_logprobs(
     batching: &Batching,
     temperature: f64,
 ) {
-    let device = policy.vs.device();
     let logprobs = |model: &Model, rows: &[TrainRow], which: &[usize]| {
-        let mut out = Vec::new();
-        for plan in micro_batches(rows, which, batching) {
-            let mb = MicroBatch::new(rows, &plan, device);
-            let batch: Vec<&TrainRow> = plan.rows.iter().map(|&i| &rows[i]).collect();
-            let (logp, _) = token_logprobs(&model.net, &mb, temperature, Entropy::Skip);
-            out.extend(
-                plan.rows
-                    .iter()
-                    .copied()
-                    .zip(mb.response_values(&logp, &batch)),
-            );
-        }
-        out
+        logprobs_of(model, rows, which, batching, temperature)
     };
     tch::no_grad(|| {
         let old: Vec<usize> = (0..rows.len()).filter(|&i| needs_old[i]).collect();

@@ -30,6 +30,8 @@ pub struct RolloutStats {
     /// Versions between each trained token and the policy at the step's start.
     pub staleness_mean: f64,
     pub staleness_max: u64,
+    /// Trained tokens by how many versions they are behind (stale ones only).
+    pub stale_tokens: std::collections::BTreeMap<u64, usize>,
     pub source: SourceStats,
 }
 
@@ -77,6 +79,9 @@ impl StepRollout {
                     stale_sum += behind;
                     stale_n += 1;
                     stats.staleness_max = stats.staleness_max.max(behind);
+                    if behind > 0 {
+                        *stats.stale_tokens.entry(behind).or_default() += 1;
+                    }
                 }
             }
         }
@@ -166,6 +171,51 @@ impl StepRollout {
         self.correct.iter().filter(|&&c| c).count() as f64 / n
     }
 
+    /// Trajectories cut off by a token limit (an episode's turn limit is counted apart).
+    fn truncated(&self) -> usize {
+        match &self.stats.source {
+            SourceStats::Episodes(a) => a.token_limit,
+            _ => self
+                .trajectories
+                .iter()
+                .filter(|t| t.status == Status::Truncated)
+                .count(),
+        }
+    }
+
+    /// Reward range and response lengths of right and wrong answers, over the trajectories
+    /// that did not fail (each only when there is one).
+    fn by_outcome(&self) -> Vec<(String, Value)> {
+        let kept = || {
+            self.trajectories
+                .iter()
+                .zip(&self.correct)
+                .filter(|(t, _)| !t.is_failed())
+        };
+        let mut m = Vec::new();
+        let mut put = |k: &str, v: Option<f64>| {
+            if let Some(v) = v {
+                m.push((k.to_string(), Value::from(v)));
+            }
+        };
+        put("reward/min", kept().map(|(t, _)| t.reward).reduce(f64::min));
+        put("reward/max", kept().map(|(t, _)| t.reward).reduce(f64::max));
+        for (key, right) in [
+            ("response_len/correct_mean", true),
+            ("response_len/incorrect_mean", false),
+        ] {
+            let lens: Vec<f64> = kept()
+                .filter(|(_, &c)| c == right)
+                .map(|(t, _)| response_len(t))
+                .collect();
+            put(
+                key,
+                (!lens.is_empty()).then(|| lens.iter().sum::<f64>() / lens.len() as f64),
+            );
+        }
+        m
+    }
+
     /// Whether partial rollout produced this step (its off-policy figures are worth logging).
     pub fn is_partial(&self) -> bool {
         matches!(
@@ -178,22 +228,20 @@ impl StepRollout {
     }
 
     /// The rollout's metrics; `rollout_s` is the time it took, `remote` whether a remote
-    /// engine generated it. Parts that are switched off log nothing, so no flat zero curves.
-    pub fn metrics(&self, rollout_s: f64, remote: bool) -> Vec<(String, Value)> {
+    /// engine generated it, `staleness_cap` partial rollout's cap when it is on. Parts that are
+    /// switched off log nothing, so no flat zero curves.
+    pub fn metrics(
+        &self,
+        rollout_s: f64,
+        remote: bool,
+        staleness_cap: Option<u64>,
+    ) -> Vec<(String, Value)> {
         let n = self.trajectories.len().max(1) as f64;
-        let response_len = self
-            .trajectories
-            .iter()
-            .map(|t| {
-                t.transitions
-                    .iter()
-                    .map(|x| x.response.len())
-                    .sum::<usize>() as f64
-            })
-            .sum::<f64>()
-            / n;
+        let response_len = self.trajectories.iter().map(response_len).sum::<f64>() / n;
         let s = &self.stats;
         let mut m: Vec<(String, Value)> = [
+            ("rollout/trajectories", self.trajectories.len() as f64),
+            ("response/truncated_fraction", self.truncated() as f64 / n),
             ("reward/mean", self.reward_mean()),
             ("reward/accuracy", self.accuracy()),
             ("response_len/mean", response_len),
@@ -213,6 +261,7 @@ impl StepRollout {
                 .map(|(k, v)| (k.to_string(), (*v).into()))
                 .collect()
         };
+        m.extend(self.by_outcome());
         if remote {
             m.push(("rollout/engine_failed".into(), self.engine.failed.into()));
         }
@@ -229,6 +278,9 @@ impl StepRollout {
                         ("staleness/mean", s.staleness_mean),
                         ("staleness/max", s.staleness_max as f64),
                     ]));
+                    if let Some(cap) = staleness_cap {
+                        m.extend(floats(&[("staleness/at_cap_fraction", s.at_cap(cap))]));
+                    }
                 }
                 m.extend(rewards.iter().flatten().cloned());
             }
@@ -241,6 +293,23 @@ impl StepRollout {
             SourceStats::External(e) => m.extend(floats(&e.metrics(self.trajectories.len()))),
         }
         m
+    }
+}
+
+/// Response tokens of a trajectory, over its transitions.
+fn response_len(t: &Trajectory) -> f64 {
+    t.transitions
+        .iter()
+        .map(|x| x.response.len())
+        .sum::<usize>() as f64
+}
+
+impl RolloutStats {
+    /// The share of stale trained tokens that are `cap` or more versions behind.
+    pub fn at_cap(&self, cap: u64) -> f64 {
+        let stale: usize = self.stale_tokens.values().sum();
+        let at: usize = self.stale_tokens.range(cap.max(1)..).map(|(_, n)| n).sum();
+        at as f64 / stale.max(1) as f64
     }
 }
 
