@@ -1,6 +1,6 @@
 //! The `skein` command line, one file per command: `train`, `plan`, `plan-memory`, `bench`
 //! (and `bench rewards`, `bench train-tokens`, `bench memory`), `bench-partial`, `eval`,
-//! `sft`, `plot`, `serve-reward`, `serve`, `view`, `export`.
+//! `sft`, `plot`, `doctor`, `serve-reward`, `serve`, `view`, `export`.
 
 mod bench;
 mod bench_agents;
@@ -9,6 +9,7 @@ mod bench_memory;
 mod bench_partial;
 mod bench_rewards;
 mod bench_tokens;
+mod doctor;
 mod eval;
 mod export;
 mod plan;
@@ -94,6 +95,10 @@ enum Command {
         #[arg(long, default_value = "compare.png")]
         out: PathBuf,
     },
+    /// Name what went wrong in runs: replays each run's metrics and trajectories through the
+    /// diagnoses (docs/diagnoses.md) and reports them. Exit status 0: healthy; 1: a diagnosis
+    /// held; 2: a run could not be read.
+    Doctor(doctor::DoctorArgs),
     /// Serve the sources of a `[reward]` config (e.g. a reward model) over HTTP, for a
     /// trainer's `kind = "remote"` source.
     ServeReward(serve_reward::ServeRewardArgs),
@@ -120,6 +125,7 @@ pub fn main() -> ExitCode {
             overwrite,
         } => train::run(config, overrides, print_config, resume, overwrite),
         Command::Plan { input } => return plan::run(input),
+        Command::Doctor(args) => return doctor::run(&args),
         Command::PlanMemory(args) => plan_memory::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::BenchPartial(args) => bench_partial::run(&args),

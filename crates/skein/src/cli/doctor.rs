@@ -1,0 +1,108 @@
+//! `skein doctor RUN_DIR…`: replays each run's `metrics.jsonl` and step files through the
+//! diagnoses' rules (`skein-doctor`) and reports what held. Exit status 0: every run healthy;
+//! 1: a diagnosis held in one; 2: a run could not be read.
+
+use anyhow::Result;
+use skein_doctor::{diagnose_run_dir, Diagnosis, RunDiagnoses};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(clap::Args, Debug)]
+pub struct DoctorArgs {
+    /// Run directories (finished or still running).
+    #[arg(required = true)]
+    run_dirs: Vec<PathBuf>,
+    /// One JSON object per diagnosis on stdout (with a `run` key) instead of the report.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: &DoctorArgs) -> ExitCode {
+    let mut sick = false;
+    for dir in &args.run_dirs {
+        match diagnose_run_dir(dir) {
+            Ok(r) => {
+                sick |= !r.diagnoses.is_empty();
+                let shown = if args.json {
+                    json_lines(dir, &r.diagnoses)
+                } else {
+                    Ok(report(dir, &r))
+                };
+                match shown {
+                    Ok(text) => print!("{text}"),
+                    Err(e) => return fail(&e),
+                }
+            }
+            Err(e) => return fail(&e),
+        }
+    }
+    ExitCode::from(u8::from(sick))
+}
+
+fn fail(e: &anyhow::Error) -> ExitCode {
+    eprintln!("error: {e:#}");
+    ExitCode::from(2)
+}
+
+fn json_lines(dir: &std::path::Path, found: &[Diagnosis]) -> Result<String> {
+    let mut out = String::new();
+    for d in found {
+        let mut v = serde_json::to_value(d)?;
+        v["run"] = dir.display().to_string().into();
+        out.push_str(&serde_json::to_string(&v)?);
+        out.push('\n');
+    }
+    Ok(out)
+}
+
+/// The report of one run: a header line, then each diagnosis with its evidence, examples and
+/// advice.
+fn report(dir: &std::path::Path, r: &RunDiagnoses) -> String {
+    let read = &r.replayed;
+    let mut notes = Vec::new();
+    if read.skipped_lines > 0 {
+        notes.push(format!(
+            "{} unreadable metrics lines skipped",
+            read.skipped_lines
+        ));
+    }
+    if read.unreadable_step_files > 0 {
+        notes.push(format!(
+            "{} step files unreadable (no examples there)",
+            read.unreadable_step_files
+        ));
+    }
+    let notes = if notes.is_empty() {
+        String::new()
+    } else {
+        format!("; {}", notes.join(", "))
+    };
+    let mut out = match r.diagnoses.len() {
+        0 => format!("{}: healthy ({} steps{notes})\n", dir.display(), read.steps),
+        n => format!(
+            "{}: {n} diagnos{} over {} steps{notes}\n",
+            dir.display(),
+            if n == 1 { "is" } else { "es" },
+            read.steps
+        ),
+    };
+    for d in &r.diagnoses {
+        let span = if d.until > d.step {
+            format!("steps {}–{}", d.step, d.until)
+        } else {
+            format!("step {}", d.step)
+        };
+        out.push_str(&format!("\n  {} ({span}): {}\n", d.name, d.title));
+        out.push_str(&format!("    evidence: {}\n", d.evidence));
+        if !d.examples.is_empty() {
+            let ex: Vec<String> = d
+                .examples
+                .iter()
+                .map(|e| format!("step {} {}", e.step, e.id))
+                .collect();
+            out.push_str(&format!("    examples: {}\n", ex.join(", ")));
+        }
+        out.push_str(&format!("    try: {}\n", d.advice));
+    }
+    out
+}
