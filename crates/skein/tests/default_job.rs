@@ -1,5 +1,5 @@
 //! End to end: the default job, with a shorter warm-up, must raise held-out accuracy above
-//! where its careless teacher's warm-up leaves it (docs/first-run.md). A file of its own: runs
+//! where its careless teacher's warm-up leaves it (docs/first-run.md), and raise no diagnosis. A file of its own: runs
 //! in one test binary share libtorch's random generator, and would change each other's draws.
 
 use skein::trainer::run::train;
@@ -31,6 +31,13 @@ fn the_default_job_raises_held_out_accuracy_beyond_its_teacher() {
     assert!(
         after - before >= 0.15,
         "RL should raise held-out accuracy by ≥ 0.15 ({before:.3} → {after:.3})"
+    );
+    // A healthy run: none of the known failure modes shows (docs/diagnoses.md).
+    let diagnoses = std::fs::read_to_string(run.dir.join("diagnoses.jsonl"))
+        .expect("the run keeps its diagnoses file, empty when healthy");
+    assert!(
+        diagnoses.trim().is_empty(),
+        "the default job is healthy: {diagnoses}"
     );
     std::fs::remove_dir_all(&run.dir).ok();
 }

@@ -160,6 +160,12 @@ fn assert_same_steps(whole: &Path, cut: &Path) {
             assert_eq!(y.get(*key), want, "step {}: `{key}`", x["step"]);
         }
     }
+    // The resumed run names the same failure modes at the same steps: its doctor replays the
+    // steps up to the checkpoint, and the diagnoses after it are found again, once.
+    let diagnoses = |dir: &Path| std::fs::read_to_string(dir.join("diagnoses.jsonl")).unwrap();
+    let want = diagnoses(whole);
+    assert!(!want.is_empty(), "this run raises diagnoses to compare");
+    assert_eq!(diagnoses(cut), want);
 }
 
 #[test]
