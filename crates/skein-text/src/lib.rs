@@ -10,8 +10,10 @@ mod generation_config;
 mod json_file;
 mod tokenizer;
 mod tool_calls;
+mod unknown_chars;
 
 pub use chat_template::{ChatTemplate, FunctionCall, Message, ToolCall};
 pub use generation_config::{GenerationConfig, TokenIds};
 pub use tokenizer::Tokenizer;
 pub use tool_calls::{parse_tool_calls, strip_tool_calls, ToolCallError};
+pub use unknown_chars::{UnknownChars, UNKNOWN_EXAMPLES};

@@ -4,11 +4,13 @@
 use crate::chat_template::ChatTemplate;
 use crate::generation_config::GenerationConfig;
 use crate::json_file;
+use crate::unknown_chars::UnknownChars;
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Map, Value};
 use std::path::Path;
 use tokenizers::decoders::fuse::Fuse;
 use tokenizers::models::wordlevel::WordLevel;
+use tokenizers::models::ModelWrapper;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{AddedToken, SplitDelimiterBehavior};
 
@@ -141,9 +143,10 @@ impl Tokenizer {
     /// Builds a character-level tokenizer: one token per character of `alphabet` (duplicates
     /// ignored), plus the characters its chat template writes, after the special tokens
     /// `<|pad|>`=0, `<|unk|>`=1, `<|endoftext|>`=2, `<|im_start|>`=3, `<|im_end|>`=4.
-    /// Characters outside the vocabulary encode to `<|unk|>`. The chat template is ChatML and
-    /// the eos token `<|im_end|>` (end of an assistant turn). The saved directory loads in
-    /// transformers with `AutoTokenizer.from_pretrained` and gives the same ids.
+    /// Characters outside the vocabulary encode to `<|unk|>` ([`Tokenizer::encode_checked`]
+    /// says which). The chat template is ChatML and the eos token `<|im_end|>` (end of an
+    /// assistant turn). The saved directory loads in transformers with
+    /// `AutoTokenizer.from_pretrained` and gives the same ids.
     pub fn char_level(alphabet: &str) -> Result<Self> {
         let specials = [
             CHAR_PAD,
@@ -240,6 +243,60 @@ impl Tokenizer {
         Ok(encoding.get_ids().to_vec())
     }
 
+    /// Ids of `text`, exactly as [`Tokenizer::encode`] gives them, and what in it the
+    /// vocabulary lacks (each such piece became the unknown token). A literal unknown-token
+    /// string in `text` is a special token like any other, not counted.
+    pub fn encode_checked(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<(Vec<u32>, UnknownChars)> {
+        let encoding = self
+            .inner
+            .encode(text, add_special_tokens)
+            .map_err(tk_err)?;
+        let mut unknown = UnknownChars {
+            known: text.chars().filter(|c| !c.is_whitespace()).count(),
+            ..Default::default()
+        };
+        if let Some(unk) = self.unk_token_id() {
+            let literal = self.id_to_token(unk);
+            let pieces = encoding.get_ids().iter().zip(encoding.get_offsets());
+            for (_, &(start, end)) in pieces.filter(|(id, _)| **id == unk) {
+                let piece = text.get(start..end).unwrap_or_default();
+                if !piece.is_empty() && Some(piece) != literal.as_deref() {
+                    unknown.add_piece(piece);
+                }
+            }
+        }
+        Ok((encoding.get_ids().to_vec(), unknown))
+    }
+
+    /// What of `text` the vocabulary lacks (see [`Tokenizer::encode_checked`]).
+    pub fn unknown_chars(&self, text: &str) -> Result<UnknownChars> {
+        Ok(self.encode_checked(text, false)?.1)
+    }
+
+    /// The id text outside the vocabulary encodes to: tokenizer_config.json's `unk_token`, else
+    /// the model's own. None when there is none (a byte-level vocabulary needs none).
+    pub fn unk_token_id(&self) -> Option<u32> {
+        if let Some(id) = self
+            .config_token("unk_token")
+            .ok()
+            .flatten()
+            .and_then(|t| self.token_to_id(&t))
+        {
+            return Some(id);
+        }
+        let token = match self.inner.get_model() {
+            ModelWrapper::WordLevel(m) => Some(&m.unk_token),
+            ModelWrapper::WordPiece(m) => Some(&m.unk_token),
+            ModelWrapper::BPE(m) => m.unk_token.as_ref(),
+            ModelWrapper::Unigram(_) => None,
+        };
+        token.and_then(|t| self.token_to_id(t))
+    }
+
     /// Ids to text, for reward programs and display only.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
         self.inner.decode(ids, skip_special_tokens).map_err(tk_err)
@@ -333,6 +390,50 @@ mod tests {
             let b = tok.token_to_id("b").unwrap();
             vec![a, 1, b, 1]
         });
+    }
+
+    #[test]
+    fn unknown_characters_are_reported_with_the_same_ids() {
+        let tok = Tokenizer::char_level("ab ").unwrap();
+        let text = "aé b€\t<|unk|>é<|im_end|>";
+        let (ids, unknown) = tok.encode_checked(text, false).unwrap();
+        assert_eq!(ids, tok.encode(text, false).unwrap(), "token in, token out");
+        assert_eq!(tok.unk_token_id(), Some(1));
+        assert_eq!(ids.iter().filter(|&&i| i == 1).count(), 5);
+        // The typed `<|unk|>` is a special token, not an unknown character.
+        assert_eq!(unknown.count, 4);
+        assert_eq!(unknown.examples, ["é", "€", "\t"]);
+        assert_eq!(
+            unknown.known,
+            2 + 7 + 10,
+            "a, b and the special tokens' characters"
+        );
+        assert!(!unknown.is_total());
+
+        assert!(tok.unknown_chars("ab ab\n").unwrap().is_empty());
+        let all = tok.unknown_chars(" é€ ").unwrap();
+        assert!(all.is_total(), "{all:?}");
+        assert_eq!(all.count, 2);
+        let blank = tok.unknown_chars("  ").unwrap();
+        assert!(blank.is_empty() && !blank.is_total());
+    }
+
+    #[test]
+    fn unknown_characters_are_found_after_a_save_and_in_a_bare_tokenizer_json() {
+        let dir = tempfile::tempdir().unwrap();
+        Tokenizer::char_level("xy")
+            .unwrap()
+            .save_dir(dir.path())
+            .unwrap();
+        for tok in [
+            Tokenizer::from_dir(dir.path()).unwrap(),
+            Tokenizer::from_file(dir.path().join(TOKENIZER_FILE)).unwrap(),
+        ] {
+            assert_eq!(tok.unk_token_id(), Some(1));
+            let unknown = tok.unknown_chars("xzy").unwrap();
+            assert_eq!((unknown.count, unknown.known), (1, 2));
+            assert_eq!(unknown.examples, ["z"]);
+        }
     }
 
     #[test]

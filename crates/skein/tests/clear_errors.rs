@@ -229,3 +229,134 @@ fn export_names_a_missing_adapter_or_base() {
 fn the_reward_bench_refuses_zero_rounds_rather_than_report_zeros() {
     refused(&["bench", "rewards", "--rounds", "0"], &["--rounds", "≥ 1"]);
 }
+
+/// `skein ARGS...`: exit code, stdout and stderr.
+fn skein_out(args: &[String]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_skein"))
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("skein runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+/// Characters a loaded model's tokenizer lacks used to become `<|unk|>` without a word. A
+/// dataset's prompts and a chat file's conversations with some are used, counted and reported
+/// once with the first row; a prompt or message with nothing else is a bad row, refused with
+/// its row and characters (or skipped when bad rows are).
+#[test]
+fn text_outside_the_vocabulary_is_reported_and_text_of_nothing_else_refused() {
+    let root = common::workdir("clear-errors", "unknown-chars");
+    let model = tiny_model(&root);
+    let m = model.to_str().unwrap().to_string();
+    let row = |p: &str| {
+        format!(
+            "{{\"prompt\": [{{\"role\": \"user\", \"content\": \"{p}\"}}], \
+             \"data_source\": \"d\", \"reward_model\": {{\"ground_truth\": \"2\"}}}}\n"
+        )
+    };
+    let data = root.join("train.jsonl");
+    let train = |dir: &str| {
+        let mut a = vec!["train".to_string()];
+        for s in common::TINY_RUN.iter().copied().chain([
+            "sft.steps=0",
+            "trainer.steps=0",
+            "eval.problems=2",
+            &format!("model.path=\"{m}\""),
+            &format!("data.train_files=[\"{}\"]", data.display()),
+            &format!("run.dir=\"{}\"", root.join(dir).display()),
+        ]) {
+            a.extend(["--set".to_string(), s.to_string()]);
+        }
+        a
+    };
+
+    std::fs::write(&data, [row("1+1="), row("1+é="), row("ü1+é=")].concat()).unwrap();
+    let (code, _, err) = skein_out(&train("some"));
+    assert_eq!(code, 0, "{err}");
+    let warnings: Vec<&str> = err.lines().filter(|l| l.contains("train split")).collect();
+    assert_eq!(warnings.len(), 1, "{err}");
+    assert!(
+        warnings[0].contains("2 prompts with 3 characters outside the tokenizer's vocabulary")
+            && warnings[0].contains("'é', 'ü'")
+            && warnings[0].contains("train prompt 2"),
+        "{err}"
+    );
+    let metrics = std::fs::read_to_string(root.join("some/metrics.jsonl")).unwrap();
+    let first: serde_json::Value = serde_json::from_str(metrics.lines().next().unwrap()).unwrap();
+    assert_eq!(first["data/unknown_char_prompts"], 2.0, "{first}");
+
+    std::fs::write(&data, [row("1+1="), row(" éü ")].concat()).unwrap();
+    let a = train("none");
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    refused(
+        &a,
+        &[
+            "train prompt 2",
+            "none of its characters",
+            "'é', 'ü'",
+            "data.skip_bad_rows",
+        ],
+    );
+
+    // A chat file for `skein sft`: the same rules, per conversation and message.
+    let chat = root.join("chat.jsonl");
+    let conversation = |user: &str, assistant: &str| {
+        format!(
+            "{{\"messages\": [{{\"role\": \"user\", \"content\": \"{user}\"}}, \
+             {{\"role\": \"assistant\", \"content\": \"{assistant}\"}}]}}\n"
+        )
+    };
+    std::fs::write(
+        &chat,
+        [conversation("1+1=", "2"), conversation("1+1=é", "2")].concat(),
+    )
+    .unwrap();
+    let sft = |out: &str, extra: &[&str]| {
+        let (data, out) = (
+            chat.display().to_string(),
+            root.join(out).display().to_string(),
+        );
+        let mut a: Vec<String> = ["sft", "--model", m.as_str(), "--data", &data, "--out", &out]
+            .map(String::from)
+            .to_vec();
+        a.extend(["--steps", "1", "--batch-size", "2"].map(String::from));
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let (code, out, err) = skein_out(&sft("sft-some", &[]));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("1 conversation with 1 character outside the tokenizer's vocabulary ('é')")
+            && err.contains("the first: conversation 2"),
+        "{err}"
+    );
+    let summary: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(summary["unknown_char_conversations"], 1, "{summary}");
+
+    std::fs::write(
+        &chat,
+        [conversation("1+1=", "2"), conversation("1+1=", "éé")].concat(),
+    )
+    .unwrap();
+    let a = sft("sft-none", &[]);
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    refused(
+        &a,
+        &[
+            "conversation 2",
+            "message 2 (assistant)",
+            "'é'",
+            "--skip-bad-rows",
+        ],
+    );
+    let (code, out, err) = skein_out(&sft("sft-skip", &["--skip-bad-rows"]));
+    assert_eq!(code, 0, "{err}");
+    let summary: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(summary["skipped_rows"], 1, "{summary}");
+    let _ = std::fs::remove_dir_all(&root);
+}

@@ -155,3 +155,94 @@ fn a_missing_script_is_a_config_error_naming_agent_command() {
     );
     assert!(e.contains("`agent.workers`"), "{e}");
 }
+
+/// `skein train` (the real binary) on the worker `script` with its `args`, a tiny model and
+/// `extra` settings: exit code, stderr and the run directory.
+fn skein_train(
+    name: &str,
+    script: &str,
+    args: &[&str],
+    extra: &[&str],
+) -> (i32, String, std::path::PathBuf) {
+    let dir = common::workdir("env-worker", name);
+    let python = python();
+    let command: Vec<&str> = [python.as_str(), script]
+        .into_iter()
+        .chain(args.iter().copied())
+        .collect();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_skein"));
+    cmd.arg("train");
+    let sets = [
+        "agent.kind=\"env-worker\"".to_string(),
+        format!("agent.command={}", serde_json::to_string(&command).unwrap()),
+        "agent.workers=2".into(),
+        "sft.steps=0".into(),
+        "eval.problems=4".into(),
+        format!("run.dir=\"{}\"", dir.display()),
+    ];
+    let sets = common::TINY_RUN.iter().map(|s| s.to_string()).chain(sets);
+    for s in sets.chain(extra.iter().map(|s| s.to_string())) {
+        cmd.args(["--set", &s]);
+    }
+    let out = cmd.env("RUST_BACKTRACE", "0").output().expect("skein runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into(),
+        dir,
+    )
+}
+
+/// A worker whose messages use characters outside the alphabet it declared: odd seeds open
+/// with nothing else, even ones with one such character among known ones.
+const STRANGER: &str = r#"
+import json, sys
+for line in sys.stdin:
+    r = json.loads(line)
+    if r["op"] == "close":
+        continue
+    if r["op"] == "info":
+        a = {"name": "stranger", "alphabet": "0123456789 ", "max_turns": 1,
+             "max_message_chars": 4, "problems": None}
+    elif r["op"] == "reset":
+        odd = r["task"]["seed"] % 2 == 1
+        a = {"messages": [{"role": "user", "content": "¿¡" if odd else "12 ¿"}]}
+    else:
+        a = {"done": True, "reward": 1.0, "correct": True, "formatted": True}
+    a["id"] = r["id"]
+    print(json.dumps(a), flush=True)
+"#;
+
+/// Characters the tokenizer lacks are counted each step (`agent/unknown_chars`) and reported
+/// once; an episode whose first prompt has nothing else fails as an environment error.
+#[test]
+fn characters_outside_the_vocabulary_are_counted_and_reported_once() {
+    let dir = common::workdir("env-worker", "stranger-script");
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("stranger.py");
+    std::fs::write(&script, STRANGER).unwrap();
+    let extra = [
+        "trainer.steps=2",
+        "rollout.prompts_per_step=8",
+        "rollout.samples_per_prompt=2",
+    ];
+    let (code, err, run) = skein_train("stranger", script.to_str().unwrap(), &[], &extra);
+    assert_eq!(code, 0, "{err}");
+    let warnings = err.matches("environment `stranger` sent").count();
+    assert_eq!(warnings, 1, "{err}");
+    assert!(
+        err.contains("outside the tokenizer's vocabulary ('¿'")
+            && err.contains("agent/unknown_chars"),
+        "{err}"
+    );
+    let steps = step_metrics(&run);
+    assert_eq!(steps.len(), 2);
+    for m in &steps {
+        let failed = num(m, "batch/failed_trajectories");
+        assert!(failed > 0.0 && failed < 16.0, "both kinds of seed: {m}");
+        assert_eq!(num(m, "agent/env_errors"), failed, "{m}");
+        // Two such characters in each failed episode, one in each other.
+        let unknown = 2.0 * failed + (16.0 - failed);
+        assert_eq!(num(m, "agent/unknown_chars"), unknown, "{m}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

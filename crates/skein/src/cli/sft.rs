@@ -17,7 +17,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::json;
 use skein_data::{load_conversations, ChatMessage, Conversation, ReadOptions, Sampler};
 use skein_report::StepProgress;
-use skein_text::{ChatTemplate, Message, Tokenizer};
+use skein_text::{ChatTemplate, Message, Tokenizer, UnknownChars};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
@@ -87,20 +87,8 @@ pub fn run(args: &SftArgs) -> Result<()> {
             args.model.as_deref().unwrap_or(Path::new("the model")).display()
         )
         })?;
-    let mut rows = Vec::with_capacity(loaded.rows.len());
-    let mut truncated = 0;
-    for (i, c) in loaded.rows.iter().enumerate() {
-        let (mut tokens, mut mask) = conversation_tokens(&template, &tokenizer, &c.messages)
-            .with_context(|| format!("conversation {}", i + 1))?;
-        if tokens.len() > args.max_tokens {
-            tokens.truncate(args.max_tokens);
-            mask.truncate(args.max_tokens);
-            truncated += 1;
-        }
-        if let Some(row) = masked_row(tokens, mask) {
-            rows.push(row);
-        }
-    }
+    let tokenized = conversation_rows(&loaded.rows, &template, &tokenizer, args)?;
+    let rows = tokenized.rows;
     if rows.is_empty() {
         bail!(
             "no conversation has an assistant token within --max-tokens {}",
@@ -139,8 +127,9 @@ pub fn run(args: &SftArgs) -> Result<()> {
         json!({
             "out": args.out.display().to_string(),
             "conversations": rows.len(),
-            "skipped_rows": loaded.skipped.len(),
-            "truncated": truncated,
+            "skipped_rows": loaded.skipped.len() + tokenized.skipped,
+            "truncated": tokenized.truncated,
+            "unknown_char_conversations": tokenized.unknown_conversations,
             "steps": args.steps,
             "sft/loss_first": mean(&losses[..k]),
             "sft/loss_last": mean(&losses[losses.len() - k..]),
@@ -210,6 +199,101 @@ fn check_out(args: &SftArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The conversations as training rows, and what was cut, skipped or unknown on the way.
+struct ConversationRows {
+    rows: Vec<TrainRow>,
+    /// Conversations cut at --max-tokens.
+    truncated: usize,
+    /// Conversations with a message of which no character is in the vocabulary, skipped
+    /// (--skip-bad-rows).
+    skipped: usize,
+    /// Conversations with characters outside the vocabulary (read as the unknown token).
+    unknown_conversations: usize,
+}
+
+/// Tokenizes every conversation; one with a message the tokenizer has no character of is a
+/// bad row, and other characters it lacks are counted and reported once.
+fn conversation_rows(
+    conversations: &[Conversation],
+    template: &ChatTemplate,
+    tokenizer: &Tokenizer,
+    args: &SftArgs,
+) -> Result<ConversationRows> {
+    let mut out = ConversationRows {
+        rows: Vec::with_capacity(conversations.len()),
+        truncated: 0,
+        skipped: 0,
+        unknown_conversations: 0,
+    };
+    let (mut unknown, mut first_unknown, mut first_skipped) = (UnknownChars::default(), None, None);
+    for (i, c) in conversations.iter().enumerate() {
+        let at = || format!("conversation {}", i + 1);
+        let chars = match unknown_in(tokenizer, &c.messages).with_context(at) {
+            Ok(chars) => chars,
+            Err(_) if args.skip_bad_rows => {
+                out.skipped += 1;
+                first_skipped.get_or_insert(i + 1);
+                continue;
+            }
+            Err(e) => return Err(e.context("pass --skip-bad-rows to skip such conversations")),
+        };
+        if !chars.is_empty() {
+            out.unknown_conversations += 1;
+            first_unknown.get_or_insert(i + 1);
+            unknown.add(&chars);
+        }
+        let (mut tokens, mut mask) =
+            conversation_tokens(template, tokenizer, &c.messages).with_context(at)?;
+        if tokens.len() > args.max_tokens {
+            tokens.truncate(args.max_tokens);
+            mask.truncate(args.max_tokens);
+            out.truncated += 1;
+        }
+        if let Some(row) = masked_row(tokens, mask) {
+            out.rows.push(row);
+        }
+    }
+    let conversations = |n: usize| match n {
+        1 => "1 conversation".to_string(),
+        n => format!("{n} conversations"),
+    };
+    if let Some(first) = first_unknown {
+        eprintln!(
+            "skein: warning: {} with {unknown} in all, which the model reads as its unknown \
+             token (the first: conversation {first})",
+            conversations(out.unknown_conversations)
+        );
+    }
+    if let Some(first) = first_skipped {
+        eprintln!(
+            "skein: warning: skipped {} with a message of which no character is in the \
+             tokenizer's vocabulary (the first: conversation {first})",
+            conversations(out.skipped)
+        );
+    }
+    Ok(out)
+}
+
+/// What of a conversation's messages the tokenizer lacks. A message with nothing else is an
+/// error: its turn would be only unknown tokens.
+fn unknown_in(tokenizer: &Tokenizer, messages: &[ChatMessage]) -> Result<UnknownChars> {
+    let mut all = UnknownChars::default();
+    for (j, m) in messages.iter().enumerate() {
+        let chars = tokenizer.unknown_chars(&m.content)?;
+        if chars.is_total() {
+            bail!(
+                "message {} ({}): none of its characters is in the tokenizer's vocabulary ({}): \
+                 the model would read only unknown tokens",
+                j + 1,
+                m.role,
+                chars.examples_text()
+            );
+        }
+        all.add(&chars);
+    }
+    Ok(all)
 }
 
 /// A tiny character-level model over the characters of the conversations.

@@ -3,7 +3,8 @@
 //! themselves too, so nothing downstream ever retokenizes.
 
 use super::error::ApiError;
-use skein_text::{ChatTemplate, Message, Tokenizer};
+use skein_text::{ChatTemplate, Message, Tokenizer, UnknownChars};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Tokenizer, chat template and stop ids of the served model.
 pub struct TextSide {
@@ -15,6 +16,8 @@ pub struct TextSide {
     /// The most bytes of text one token can stand for: a prompt longer than the context times
     /// this cannot fit, and is refused before the tokenizer spends time on it.
     bytes_per_token: usize,
+    /// A prompt had characters outside the vocabulary, and the server said so.
+    unknown_warned: AtomicBool,
 }
 
 /// A token that stands for one character the vocabulary lacks covers up to four bytes.
@@ -39,6 +42,7 @@ impl TextSide {
             eos,
             vocab_size,
             bytes_per_token: longest.unwrap_or(0).max(MIN_BYTES_PER_TOKEN),
+            unknown_warned: AtomicBool::new(false),
         })
     }
 
@@ -68,7 +72,11 @@ impl TextSide {
             .render(messages, tools, true)
             .map_err(|e| ApiError::bad_request(format!("rendering the chat template: {e:#}")))?;
         self.check_bytes(&text, capacity)?;
-        let ids = self.encode(&text, false)?;
+        let (ids, _) = self.encode(&text, false)?;
+        // The template's own text is in the vocabulary: what counts is the messages'.
+        let contents: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
+        let (_, unknown) = self.encode(&contents.join("\n"), false)?;
+        self.check_unknown(&unknown, "the messages")?;
         Ok((text, ids))
     }
 
@@ -76,7 +84,29 @@ impl TextSide {
     /// refused unread when it is too long to fit in `capacity` tokens.
     pub fn text_prompt(&self, text: &str, capacity: usize) -> Result<Vec<u32>, ApiError> {
         self.check_bytes(text, capacity)?;
-        self.encode(text, true)
+        let (ids, unknown) = self.encode(text, true)?;
+        self.check_unknown(&unknown, "the prompt")?;
+        Ok(ids)
+    }
+
+    /// Refuses a prompt of which no character is in the vocabulary (the model would read only
+    /// unknown tokens); the first prompt with some such characters is reported on the
+    /// server's standard error, once.
+    fn check_unknown(&self, unknown: &UnknownChars, what: &str) -> Result<(), ApiError> {
+        if unknown.is_total() {
+            return Err(ApiError::bad_request(format!(
+                "none of the characters of {what} is in the model's vocabulary ({}): the model \
+                 would read only unknown tokens",
+                unknown.examples_text()
+            )));
+        }
+        if !unknown.is_empty() && !self.unknown_warned.swap(true, Ordering::Relaxed) {
+            eprintln!(
+                "skein serve: warning: a request's prompt has {unknown}, which the model reads \
+                 as its unknown token (reported for the first such request only)"
+            );
+        }
+        Ok(())
     }
 
     /// Refuses text whose every token would have to stand for more bytes than any token does:
@@ -94,9 +124,14 @@ impl TextSide {
         Ok(())
     }
 
-    fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, ApiError> {
+    /// Ids of `text`, and its characters outside the vocabulary.
+    fn encode(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<(Vec<u32>, UnknownChars), ApiError> {
         self.tokenizer
-            .encode(text, add_special_tokens)
+            .encode_checked(text, add_special_tokens)
             .map_err(|e| {
                 ApiError::bad_request(format!("the tokenizer cannot encode the prompt: {e:#}"))
             })
@@ -162,6 +197,28 @@ mod tests {
             .chat_prompt(&[Message::user("b".repeat(limit))], None, capacity)
             .unwrap_err();
         assert!(err.message.contains("bytes"), "{err}");
+    }
+
+    /// Text of only characters the vocabulary lacks is refused with them named; text with
+    /// some of them is served, with the same ids as before.
+    #[test]
+    fn prompts_of_only_unknown_characters_are_refused() {
+        let t = side();
+        let err = t.text_prompt("ÿÿ ü", 64).unwrap_err();
+        assert_eq!(err.status, axum::http::StatusCode::BAD_REQUEST);
+        assert!(err.message.contains("'ÿ', 'ü'"), "{err}");
+        let err = t
+            .chat_prompt(&[Message::user("€"), Message::assistant("")], None, 64)
+            .unwrap_err();
+        assert!(
+            err.message.contains("'€'") && err.message.contains("messages"),
+            "{err}"
+        );
+        let ids = t.text_prompt("ab ÿ", 64).unwrap();
+        assert_eq!(ids, t.tokenizer().encode("ab ÿ", true).unwrap());
+        let (text, ids) = t.chat_prompt(&[Message::user("1 ÿ")], None, 64).unwrap();
+        assert_eq!(ids, t.tokenizer().encode(&text, false).unwrap());
+        assert!(t.unknown_warned.load(Ordering::Relaxed));
     }
 
     #[test]

@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 use skein_data::{fit, Fit, PromptRow, ReadOptions, Sampler};
 use skein_reward::math;
 use skein_tasks::{Problem, Score, Task, TaskRng};
-use skein_text::{ChatTemplate, Message, Tokenizer};
+use skein_text::{ChatTemplate, Message, Tokenizer, UnknownChars};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -28,6 +28,8 @@ pub struct DataCounts {
     pub skipped_rows: usize,
     pub filtered_prompts: usize,
     pub truncated_prompts: usize,
+    /// Prompts with characters outside the tokenizer's vocabulary (read as its unknown token).
+    pub unknown_char_prompts: usize,
 }
 
 impl DataCounts {
@@ -35,13 +37,18 @@ impl DataCounts {
         self.skipped_rows += o.skipped_rows;
         self.filtered_prompts += o.filtered_prompts;
         self.truncated_prompts += o.truncated_prompts;
+        self.unknown_char_prompts += o.unknown_char_prompts;
     }
 
-    pub fn metrics(&self) -> [(&'static str, f64); 3] {
+    pub fn metrics(&self) -> [(&'static str, f64); 4] {
         [
             ("data/skipped_rows", self.skipped_rows as f64),
             ("data/filtered_prompts", self.filtered_prompts as f64),
             ("data/truncated_prompts", self.truncated_prompts as f64),
+            (
+                "data/unknown_char_prompts",
+                self.unknown_char_prompts as f64,
+            ),
         ]
     }
 }
@@ -239,7 +246,8 @@ fn problem(row: PromptRow, renderer: &Renderer) -> Result<Problem> {
 }
 
 /// Holds a split to `data.max_prompt_tokens` by `data.truncation`, counting what it drops or
-/// cuts.
+/// cuts, and says which prompts have characters the tokenizer lacks (a prompt with nothing
+/// else is a bad row).
 pub fn fit_split(
     problems: Vec<Problem>,
     tokenizer: &Tokenizer,
@@ -248,9 +256,14 @@ pub fn fit_split(
 ) -> Result<(Vec<Problem>, DataCounts)> {
     let (max, truncation) = (cfg.max_prompt_tokens, cfg.truncation);
     let mut counts = DataCounts::default();
+    let mut unknown = UnknownRows::default();
     let mut kept = Vec::with_capacity(problems.len());
     for (i, mut p) in problems.into_iter().enumerate() {
-        let ids = tokenizer.encode(&p.prompt, false)?;
+        let (ids, chars) = tokenizer.encode_checked(&p.prompt, false)?;
+        if !unknown.note(i + 1, chars, cfg, split)? {
+            counts.skipped_rows += 1;
+            continue;
+        }
         match fit(ids.len(), max, truncation) {
             Fit::Keep => kept.push(p),
             Fit::Drop => counts.filtered_prompts += 1,
@@ -267,7 +280,80 @@ pub fn fit_split(
             }
         }
     }
+    counts.unknown_char_prompts = unknown.prompts;
+    unknown.warn(split);
     Ok((kept, counts))
+}
+
+/// The prompts of a split with characters outside the tokenizer's vocabulary.
+#[derive(Default)]
+struct UnknownRows {
+    /// Prompts with some, and the first of them (1-based).
+    prompts: usize,
+    first: Option<usize>,
+    /// Prompts with nothing else, skipped (`data.skip_bad_rows`), and the first of them.
+    skipped: usize,
+    first_skipped: Option<usize>,
+    chars: UnknownChars,
+}
+
+impl UnknownRows {
+    /// Counts prompt `row`'s unknown characters; false when the row is to be skipped (it has
+    /// nothing else, and `data.skip_bad_rows` is set), an error when it is not.
+    fn note(
+        &mut self,
+        row: usize,
+        chars: UnknownChars,
+        cfg: &DataConfig,
+        split: &str,
+    ) -> Result<bool> {
+        if chars.is_empty() {
+            return Ok(true);
+        }
+        if chars.is_total() {
+            if !cfg.skip_bad_rows {
+                bail!(
+                    "{split} prompt {row}: none of its characters is in the tokenizer's \
+                     vocabulary ({}): the model would read only unknown tokens; fix the row, \
+                     use a model whose tokenizer has them, or set `data.skip_bad_rows = true` \
+                     to skip such rows",
+                    chars.examples_text()
+                );
+            }
+            self.skipped += 1;
+            self.first_skipped.get_or_insert(row);
+            return Ok(false);
+        }
+        self.prompts += 1;
+        self.first.get_or_insert(row);
+        self.chars.add(&chars);
+        Ok(true)
+    }
+
+    /// Says, once for the split, what its prompts have that the tokenizer lacks.
+    fn warn(&self, split: &str) {
+        let prompts = |n: usize| match n {
+            1 => "1 prompt".to_string(),
+            n => format!("{n} prompts"),
+        };
+        if let Some(first) = self.first {
+            eprintln!(
+                "skein: warning: {split} split: {} with {} in all, which the model reads as \
+                 its unknown token (the first: {split} prompt {first}; counted as \
+                 data/unknown_char_prompts)",
+                prompts(self.prompts),
+                self.chars
+            );
+        }
+        if let Some(first) = self.first_skipped {
+            eprintln!(
+                "skein: warning: {split} split: skipped {} with no character in the \
+                 tokenizer's vocabulary (`data.skip_bad_rows`; the first: {split} prompt \
+                 {first})",
+                prompts(self.skipped)
+            );
+        }
+    }
 }
 
 /// The text of `ids[range]`, shortened further if its re-encoding (which can merge tokens
@@ -450,5 +536,42 @@ mod tests {
         task.seek(5);
         let again: Vec<_> = (0..3).map(|_| task.sample(&mut rng).ground_truth).collect();
         assert_eq!(more, again);
+    }
+
+    fn problem(prompt: &str) -> Problem {
+        Problem {
+            prompt: prompt.into(),
+            ground_truth: "1".into(),
+            data_source: "d".into(),
+            meta: serde_json::Value::Null,
+        }
+    }
+
+    #[test]
+    fn prompts_with_unknown_characters_are_counted_and_one_without_known_ones_is_a_bad_row() {
+        let tok = Tokenizer::char_level("0123456789+=").unwrap();
+        let mut cfg = DataConfig::default();
+        let prompts = ["1+1=", "1+é=", "2€+2=", "1+2="].map(problem).to_vec();
+        let (kept, counts) = fit_split(prompts.clone(), &tok, &cfg, "train").unwrap();
+        assert_eq!(kept.len(), 4, "text is kept as it is");
+        assert_eq!(counts.unknown_char_prompts, 2);
+        assert_eq!(counts.skipped_rows, 0);
+        let metrics = counts.metrics();
+        assert!(metrics.contains(&("data/unknown_char_prompts", 2.0)));
+
+        let mut bad = prompts;
+        bad.insert(2, problem(" éé "));
+        let err = fit_split(bad.clone(), &tok, &cfg, "train").unwrap_err();
+        let err = format!("{err:#}");
+        assert!(
+            err.contains("train prompt 3") && err.contains("'é'"),
+            "{err}"
+        );
+        assert!(err.contains("data.skip_bad_rows"), "{err}");
+
+        cfg.skip_bad_rows = true;
+        let (kept, counts) = fit_split(bad, &tok, &cfg, "train").unwrap();
+        assert_eq!(kept.len(), 4);
+        assert_eq!((counts.skipped_rows, counts.unknown_char_prompts), (1, 2));
     }
 }

@@ -25,7 +25,7 @@ use skein_plan::{extends_token_for_token, Status, Trajectory, Transition};
 use skein_tasks::{
     render_plain, AgentTask, Env, EnvError, EnvMessage, EnvRole, EnvStep, Problem, Turn,
 };
-use skein_text::{ChatTemplate, Message, Tokenizer};
+use skein_text::{ChatTemplate, Message, Tokenizer, UnknownChars};
 use std::time::Duration;
 
 /// Where an episode is cut off.
@@ -86,6 +86,9 @@ pub struct Episode {
     /// What the model said and what the environment answered, turn by turn.
     pub transcript: Vec<Turn>,
     pub cutoff: Option<Cutoff>,
+    /// Characters of the environment's prompt and replies outside the tokenizer's vocabulary
+    /// (the model read each as its unknown token).
+    pub unknown: UnknownChars,
 }
 
 impl Cutoff {
@@ -150,6 +153,8 @@ pub struct AgentStats {
     /// How much each of the task's own counters (`AgentTask::counters`) grew; None for a
     /// task without any (a built-in one), which logs no worker metrics.
     pub task_counters: Option<Vec<(&'static str, f64)>>,
+    /// Characters the environments sent that the tokenizer lacks, over all episodes.
+    pub unknown: UnknownChars,
 }
 
 impl AgentStats {
@@ -169,6 +174,7 @@ impl AgentStats {
             self.solved_turns += e.trajectory.transitions.len();
         }
         self.tool_calls += e.tool_calls();
+        self.unknown.add(&e.unknown);
         let ts = &e.trajectory.transitions;
         for w in ts.windows(2) {
             let context = w[0].prompt.iter().chain(&w[0].response);
@@ -211,6 +217,7 @@ impl AgentStats {
             ("agent/inserted_tokens", self.inserted_tokens as f64),
             ("agent/merged_trajectories", self.merged as f64),
             ("agent/stepwise_trajectories", self.stepwise as f64),
+            ("agent/unknown_chars", self.unknown.count as f64),
         ];
         if self.solved > 0 {
             let turns = self.solved_turns as f64 / self.solved as f64;
@@ -311,6 +318,7 @@ impl AgentContext<'_> {
         let mut run = EpisodeRun {
             transitions: Vec::new(),
             transcript: Vec::new(),
+            unknown: UnknownChars::default(),
         };
         let outcome = self.play(&handle, &spec.problem, session, &mut run).await;
         let (reward, correct, status, cutoff) = match outcome {
@@ -329,6 +337,7 @@ impl AgentContext<'_> {
             correct,
             transcript: run.transcript,
             cutoff,
+            unknown: run.unknown,
         }
     }
 
@@ -342,6 +351,7 @@ impl AgentContext<'_> {
     ) -> std::result::Result<Outcome, (Cutoff, String)> {
         let other = |e: anyhow::Error| (Cutoff::Other, format!("{e:#}"));
         let (mut env, prompt) = self.open_env(problem).await?;
+        self.check_first_prompt(&prompt, run)?;
         let mut context = self.prompt_ids(&prompt).map_err(other)?;
         let mut messages = vec![Message::user(&prompt)];
         let stop = &self.params.stop_token_ids;
@@ -394,6 +404,8 @@ impl AgentContext<'_> {
                     if let Some(t) = run.transitions.last_mut() {
                         t.reward = reward;
                     }
+                    let unknown = self.tokenizer.unknown_chars(&render_plain(&reply));
+                    run.unknown.add(&unknown.map_err(other)?);
                     context = self
                         .next_prompt(&mut messages, context, &text, &reply)
                         .map_err(other)?;
@@ -431,6 +443,32 @@ impl AgentContext<'_> {
             ));
         }
         Ok((env, prompt))
+    }
+
+    /// Counts the first prompt's characters that the tokenizer lacks; a prompt of nothing else
+    /// is an environment fault, as an empty one is: the model would read only unknown tokens.
+    fn check_first_prompt(
+        &self,
+        prompt: &str,
+        run: &mut EpisodeRun,
+    ) -> std::result::Result<(), (Cutoff, String)> {
+        let unknown = self
+            .tokenizer
+            .unknown_chars(prompt)
+            .map_err(|e| (Cutoff::Other, format!("{e:#}")))?;
+        run.unknown.add(&unknown);
+        if unknown.is_total() {
+            return Err((
+                Cutoff::EnvError,
+                format!(
+                    "the environment opened the episode with a first prompt of which no \
+                     character is in the tokenizer's vocabulary ({}): the model would read only \
+                     unknown tokens",
+                    unknown.examples_text()
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Samples one turn from `context` (at most `room` new tokens) and records it in `run` as
@@ -630,6 +668,7 @@ impl Caller {
 struct EpisodeRun {
     transitions: Vec<Transition>,
     transcript: Vec<Turn>,
+    unknown: UnknownChars,
 }
 
 enum Outcome {
@@ -783,6 +822,55 @@ mod tests {
                 }
             }
             assert_eq!(r.stats.env_errors, 2, "{first:?}");
+        }
+    }
+
+    /// Characters of an environment's text outside the vocabulary are counted per step
+    /// (`agent/unknown_chars`); a first prompt of nothing else fails its episode as an
+    /// environment error, with the characters in the reason.
+    #[test]
+    fn unknown_characters_are_counted_and_a_first_prompt_of_only_those_fails() {
+        for (first, fails) in [("guess 1-16 ¿\n", false), ("¿¡ ¿\n", true)] {
+            let task = Opening {
+                inner: agent_task_by_name("guess", 1).unwrap().unwrap(),
+                first,
+            };
+            let tokenizer = Tokenizer::char_level(task.alphabet()).unwrap();
+            let params = params(&tokenizer);
+            let ctx = AgentContext {
+                task: &task,
+                tokenizer: &tokenizer,
+                format: &TurnFormat::Plain,
+                params: &params,
+                limits: &limits(),
+            };
+            let r = ctx.run(
+                &Generator::Local(Engine::new(4)),
+                &model(&tokenizer),
+                0,
+                &runtime(),
+                specs(&task, 2),
+            );
+            let per_episode = if fails { 3 } else { 1 };
+            for e in &r.episodes {
+                assert_eq!(e.unknown.count, per_episode, "{first:?}");
+                assert_eq!(e.unknown.examples[0], "¿", "{first:?}");
+                match (&e.trajectory.status, fails) {
+                    (Status::Failed(why), true) => {
+                        assert!(why.contains("vocabulary") && why.contains("'¿'"), "{why}")
+                    }
+                    (Status::Failed(why), false) => panic!("{first:?}: {why}"),
+                    (_, true) => panic!("{first:?}: ran"),
+                    _ => {}
+                }
+            }
+            let m: std::collections::HashMap<_, _> = r.stats.metrics().into_iter().collect();
+            assert_eq!(
+                m["agent/unknown_chars"],
+                2.0 * per_episode as f64,
+                "{first:?}"
+            );
+            assert_eq!(r.stats.env_errors, if fails { 2 } else { 0 }, "{first:?}");
         }
     }
 

@@ -16,7 +16,8 @@ use crate::trainer::config::TrainConfig;
 use crate::trainer::sft::sft_row_masked;
 use anyhow::{bail, Context, Result};
 use skein_tasks::{AgentTask, EnvError, EnvStep, Problem, Split, TaskRng, Turn};
-use skein_text::{Message, Tokenizer};
+use skein_text::{Message, Tokenizer, UnknownChars};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// Context a from-scratch model gets for a multi-turn task at least (episodes are longer than
@@ -45,6 +46,8 @@ pub struct MultiTurn {
     /// Groups (problems) and episodes per group of a step.
     groups: usize,
     samples: usize,
+    /// The environment's text had characters the tokenizer lacks, and the run was told.
+    unknown_warned: AtomicBool,
 }
 
 impl MultiTurn {
@@ -101,7 +104,22 @@ impl MultiTurn {
             eval,
             groups: cfg.rollout.prompts_per_step,
             samples: cfg.rollout.samples_per_prompt,
+            unknown_warned: AtomicBool::new(false),
         })
+    }
+
+    /// Says once, the first time it happens, that the environment's text has characters the
+    /// tokenizer lacks (each step counts them as `agent/unknown_chars`).
+    fn warn_unknown(&self, unknown: &UnknownChars, seen_in: &str) {
+        if unknown.is_empty() || self.unknown_warned.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        eprintln!(
+            "skein: warning: environment `{}` sent {unknown} in {seen_in}, which the model reads \
+             as its unknown token (counted per step as agent/unknown_chars; an episode whose \
+             first prompt has no other character fails)",
+            self.task.name()
+        );
     }
 
     pub fn context<'a>(
@@ -141,6 +159,7 @@ impl MultiTurn {
         let mut env = self.task.start(&problem);
         let prompt = env.open()?.unwrap_or_else(|| problem.prompt.clone());
         let mut tokens = ctx.prompt_ids(&prompt)?;
+        let mut unknown = tokenizer.unknown_chars(&prompt)?;
         let prompt_len = tokens.len();
         let mut mask = Vec::new();
         let mut messages = vec![Message::user(&prompt)];
@@ -155,7 +174,8 @@ impl MultiTurn {
                 Some(answer) => answer,
                 None => self.task.demonstrate(&problem, &transcript, rng)?,
             };
-            let mut ids = tokenizer.encode(&message, false)?;
+            let (mut ids, u) = tokenizer.encode_checked(&message, false)?;
+            unknown.add(&u);
             ids.push(eos);
             mask.extend(std::iter::repeat_n(1u8, ids.len()));
             tokens.extend(ids);
@@ -165,13 +185,18 @@ impl MultiTurn {
                     messages: reply, ..
                 } => {
                     let inserted = ctx.inserted_text(&mut messages, &message, &reply)?;
-                    let ids = tokenizer.encode(&inserted, false)?;
+                    let (ids, u) = tokenizer.encode_checked(&inserted, false)?;
+                    unknown.add(&u);
                     mask.extend(std::iter::repeat_n(0u8, ids.len()));
                     tokens.extend(ids);
                     transcript.push(Turn { message, reply });
                 }
             }
         }
+        self.warn_unknown(
+            &unknown,
+            "a demonstration episode (the warm-up trains on it)",
+        );
         if tokens.len() > self.limits.max_tokens {
             bail!(
                 "a demonstration episode of `{}` takes {} tokens, more than the {} an episode \
@@ -209,6 +234,7 @@ impl Workload for MultiTurn {
         let agent = self.context(ctx.tokenizer, ctx.sampling);
         let counters_before = self.task.counters();
         let mut r = agent.run(ctx.engine, ctx.policy, ctx.version, &self.runtime, specs);
+        self.warn_unknown(&r.stats.unknown, &format!("the episodes of step {step}"));
         if !counters_before.is_empty() {
             let grown = self.task.counters().into_iter().zip(&counters_before);
             r.stats.task_counters =
@@ -253,6 +279,7 @@ impl Workload for MultiTurn {
             .collect();
         let agent = self.context(ctx.tokenizer, &greedy);
         let r = agent.run(ctx.engine, ctx.policy, 0, &self.runtime, specs);
+        self.warn_unknown(&r.stats.unknown, "the evaluation episodes");
         let n = r.episodes.len().max(1) as f64;
         let turns = |e: &Episode| e.trajectory.transitions.len() as f64;
         let solved: Vec<f64> = r.episodes.iter().filter(|e| e.correct).map(turns).collect();
