@@ -192,6 +192,26 @@ fn skein_train(
     )
 }
 
+/// The run's first line names the worker and the environment its `info` describes, not the
+/// unused `task.difficulty`.
+#[test]
+fn the_header_names_the_worker_and_its_environment() {
+    let (code, err, _) = skein_train("header", SCRIPT, &[], &["trainer.steps=0"]);
+    assert_eq!(code, 0, "{err}");
+    let header = err
+        .lines()
+        .find(|l| l.contains("parameters"))
+        .unwrap_or_else(|| panic!("no header: {err}"));
+    assert!(
+        header.contains("environment worker `")
+            && header.contains("env_worker_example.py`")
+            && header.contains("(environment `guess`, 16 problems)"),
+        "{header}"
+    );
+    assert!(!header.contains("difficulty"), "{header}");
+
+}
+
 /// A worker whose messages use characters outside the alphabet it declared: odd seeds open
 /// with nothing else, even ones with one such character among known ones.
 const STRANGER: &str = r#"

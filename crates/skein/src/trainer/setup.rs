@@ -137,7 +137,7 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
 
     // The task, the policy and the rollout source.
     let tasks = Tasks::from_config(cfg)?;
-    let task_name = tasks.name().to_string();
+    let trains_on = tasks.describe(cfg);
     let (tokenizer, mut policy, restore) = match loaded {
         Some(l) => (l.tokenizer, l.policy, Some(l.rest)),
         None => {
@@ -150,7 +150,7 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
     let resumed_workload = restore.as_ref().map(|r| &r.state.workload);
     let mut workload = tasks.into_workload(cfg, &tokenizer, &policy, resumed_workload)?;
     check_context(cfg, workload.as_ref(), &policy)?;
-    announce(cfg, &policy, &task_name, &run_dir.path, workload.held_out());
+    announce(&policy, &trains_on, &run_dir.path, workload.held_out());
     let (first_step, rewards) = restore.as_ref().map_or((1, Vec::new()), |r| {
         (r.state.step + 1, r.state.rewards.clone())
     });
@@ -331,14 +331,13 @@ fn run_dir_and_checkpoint(
     })
 }
 
-/// The run's first line: the model, the task and where the run writes.
-/// Says what is trained where, and when the evaluation cannot be on held-out problems.
-fn announce(cfg: &TrainConfig, policy: &Model, task: &str, dir: &Path, held_out: bool) {
+/// The run's first line: the model, what it trains on ([`Tasks::describe`]) and where the
+/// run writes; then whether the evaluation can be on held-out problems.
+fn announce(policy: &Model, trains_on: &str, dir: &Path, held_out: bool) {
     eprintln!(
-        "skein: {} model, {:.2}M parameters, task `{task}` (difficulty {}), run directory {}",
+        "skein: {} model, {:.2}M parameters, {trains_on}, run directory {}",
         policy.net.config.model_type,
         policy.net.config.num_parameters() as f64 / 1e6,
-        cfg.task.difficulty,
         dir.display()
     );
     if !held_out {

@@ -78,6 +78,30 @@ impl Tasks {
         }
     }
 
+    /// What the run trains on, for its first line: an environment worker by its command and
+    /// the environment its `info` names, a dataset by its files, a built-in task by its name
+    /// and `task.difficulty` (which only a built-in task has).
+    pub fn describe(&self, cfg: &TrainConfig) -> String {
+        match self {
+            Tasks::MultiTurn(task) if cfg.agent.kind == AgentKind::EnvWorker => {
+                let problems = task
+                    .problem_count()
+                    .map_or(String::new(), |n| format!(", {n} problems"));
+                format!(
+                    "environment worker `{}` (environment `{}`{problems})",
+                    cfg.agent.command.join(" "),
+                    task.name()
+                )
+            }
+            Tasks::Prompts { data: Some(_), .. } => self.name().to_string(),
+            _ => format!(
+                "task `{}` (difficulty {})",
+                self.name(),
+                cfg.task.difficulty
+            ),
+        }
+    }
+
     /// Context a from-scratch model needs at least.
     pub fn min_positions(&self) -> usize {
         match self {
@@ -211,6 +235,24 @@ mod tests {
     fn the_warm_up_set_is_the_same_for_every_seed() {
         assert_eq!(warm_up_prompts(0, 50, 20), warm_up_prompts(7, 50, 20));
         assert_ne!(warm_up_prompts(0, 0, 20), warm_up_prompts(7, 0, 20));
+    }
+
+    /// Only a built-in task has a difficulty; a dataset is named by its files.
+    #[test]
+    fn a_run_is_described_by_what_it_trains_on() {
+        let cfg = config("guess", 0.0);
+        let d = Tasks::from_config(&cfg).unwrap().describe(&cfg);
+        assert_eq!(d, "task `guess` (difficulty 1)");
+        let dir = std::env::temp_dir().join(format!("skein-describe-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("train.jsonl");
+        let row = r#"{"prompt":[{"role":"user","content":"1+1="}],"data_source":"d","reward_model":{"ground_truth":"2"}}"#;
+        std::fs::write(&file, format!("{row}\n")).unwrap();
+        let mut cfg = TrainConfig::default();
+        cfg.data.train_files = vec![file.display().to_string()];
+        let d = Tasks::from_config(&cfg).unwrap().describe(&cfg);
+        assert_eq!(d, format!("dataset {}", file.display()));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
