@@ -193,10 +193,11 @@ fn skein_train(
 }
 
 /// The run's first line names the worker and the environment its `info` describes, not the
-/// unused `task.difficulty`.
+/// unused `task.difficulty`; config.toml records the context the model is built with (a
+/// multi-turn task raises it), not the smaller `model.max_positions` asked for.
 #[test]
-fn the_header_names_the_worker_and_its_environment() {
-    let (code, err, _) = skein_train("header", SCRIPT, &[], &["trainer.steps=0"]);
+fn the_header_names_the_worker_and_config_toml_the_context_the_model_has() {
+    let (code, err, dir) = skein_train("header", SCRIPT, &[], &["trainer.steps=0"]);
     assert_eq!(code, 0, "{err}");
     let header = err
         .lines()
@@ -210,6 +211,18 @@ fn the_header_names_the_worker_and_its_environment() {
     );
     assert!(!header.contains("difficulty"), "{header}");
 
+    let model: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("checkpoint/config.json")).unwrap())
+            .unwrap();
+    let positions = model["max_position_embeddings"].as_u64().unwrap();
+    assert_eq!(positions, 256, "the multi-turn minimum");
+    let config: toml::Value =
+        toml::from_str(&std::fs::read_to_string(dir.join("config.toml")).unwrap()).unwrap();
+    assert_eq!(
+        config["model"]["max_positions"].as_integer(),
+        Some(positions as i64),
+        "{config}"
+    );
 }
 
 /// A worker whose messages use characters outside the alphabet it declared: odd seeds open

@@ -286,3 +286,37 @@ fn a_resume_that_changes_the_model_or_task_is_refused_and_changes_nothing() {
     }
     assert!(snapshot(&dir) == before, "a refused resume changed the run");
 }
+
+/// `model.max_positions` in a run's config.toml.
+fn recorded_positions(dir: &Path) -> i64 {
+    let text = std::fs::read_to_string(dir.join("config.toml")).unwrap();
+    let config: toml::Value = toml::from_str(&text).unwrap();
+    config["model"]["max_positions"].as_integer().unwrap()
+}
+
+/// config.toml records the context the model is built with: the multi-turn minimum a
+/// from-scratch `guess` model is raised to, or a loaded model's own, not the 64 asked for. A
+/// resume from the original config, which asks for 64 still, is the same model and goes on.
+#[test]
+fn config_toml_records_the_context_the_model_is_built_with() {
+    let dir = workdir("positions");
+    let guess = ["task.name=\"guess\"", "task.difficulty=1"];
+    let (code, err) = skein_train(&dir, &[], &guess);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(recorded_positions(&dir), 256);
+
+    let empty = dir.join("original.toml");
+    std::fs::write(&empty, "").unwrap();
+    let (resume, config) = (dir.to_str().unwrap(), empty.to_str().unwrap());
+    let args = ["--resume", resume, "--config", config];
+    let (code, err) = skein_train(&dir, &args, &[&guess[..], &["trainer.steps=3"]].concat());
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(recorded_positions(&dir), 256);
+
+    let loaded = workdir("positions-loaded");
+    let model = format!("model.path=\"{}\"", dir.join("checkpoint").display());
+    let extra = [&guess[..], &[&model, "sft.steps=0", "trainer.steps=0"]].concat();
+    let (code, err) = skein_train(&loaded, &[], &extra);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(recorded_positions(&loaded), 256);
+}

@@ -73,11 +73,13 @@ const FIXED_ON_RESUME: [&str; 3] = ["model", "task", "lora"];
 /// A resume keeps the run's [`FIXED_ON_RESUME`] sections as its `config.toml` has them; a
 /// changed key would be ignored by the checkpoint while the config claims it.
 fn check_fixed_on_resume(dir: &std::path::Path, cfg: &crate::trainer::TrainConfig) -> Result<()> {
-    let Ok(saved) = load_config(Some(&dir.join("config.toml")), &[]) else {
+    let Ok(mut saved) = load_config(Some(&dir.join("config.toml")), &[]) else {
         // No readable config of the run: the resume itself says what is missing.
         return Ok(());
     };
-    let (saved, now) = (serde_json::to_value(&saved)?, serde_json::to_value(cfg)?);
+    let mut now = cfg.clone();
+    positions_as_built(&mut saved, &mut now);
+    let (saved, now) = (serde_json::to_value(&saved)?, serde_json::to_value(&now)?);
     for section in FIXED_ON_RESUME {
         let (Some(a), Some(b)) = (saved[section].as_object(), now[section].as_object()) else {
             continue;
@@ -91,6 +93,25 @@ fn check_fixed_on_resume(dir: &std::path::Path, cfg: &crate::trainer::TrainConfi
         }
     }
     Ok(())
+}
+
+/// `model.max_positions` of both configs as the model has it. config.toml records the context
+/// the model was built with: a from-scratch model's is raised to what its task needs, and a
+/// loaded model's is its directory's (the key does not apply to it), so a config that asks for
+/// less, or for a loaded model's, asks for the same model.
+fn positions_as_built(
+    saved: &mut crate::trainer::TrainConfig,
+    now: &mut crate::trainer::TrainConfig,
+) {
+    for c in [&mut *saved, &mut *now] {
+        if c.model.path.is_empty() {
+            let least = crate::trainer::rollout::tasks::min_positions(c);
+            c.model.max_positions = c.model.max_positions.max(least);
+        }
+    }
+    if !now.model.path.is_empty() {
+        now.model.max_positions = saved.model.max_positions;
+    }
 }
 
 /// A training config: the file at `path` (or the defaults) with `--set` overrides.

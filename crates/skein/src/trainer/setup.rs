@@ -158,9 +158,10 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
     // A fresh run starts writing now: the warm-up on demonstrations, the weights to a remote
     // engine, the policy measured before RL, then the models the update needs beside it. A
     // resume restores those models first and writes only once all of its checkpoint is in place.
+    let recorded = as_built(cfg, &policy);
     let (log, eval_before, (reference, opt, critic)) = match restore {
         None => {
-            let mut log = run_dir.open(cfg, None)?;
+            let mut log = run_dir.open(&recorded, None)?;
             let mut demos = TaskDemonstrations {
                 workload: workload.as_mut(),
                 engine: &engine,
@@ -178,7 +179,7 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
         }
         Some(mut r) => {
             let models = update_models(cfg, &policy, Some(&mut r))?;
-            let log = run_dir.open(cfg, Some(r.state.metrics_lines))?;
+            let log = run_dir.open(&recorded, Some(r.state.metrics_lines))?;
             publish_weights(&engine, &policy, &tokenizer, &sampling, &run_dir.path)?;
             (log, announce_resume(&r), models)
         }
@@ -348,6 +349,14 @@ fn announce(policy: &Model, trains_on: &str, dir: &Path, held_out: bool) {
             skein_tasks::split::MIN_SPLIT_PROBLEMS
         );
     }
+}
+
+/// The config as the run's model is built, which config.toml records: `model.max_positions` is
+/// the policy's own context (raised to what a multi-turn task needs, or a loaded model's).
+fn as_built(cfg: &TrainConfig, policy: &Model) -> TrainConfig {
+    let mut built = cfg.clone();
+    built.model.max_positions = policy.net.max_positions() as usize;
+    built
 }
 
 /// The run's sampling settings, stopping at the tokenizer's end-of-sequence token.

@@ -144,6 +144,18 @@ impl Tasks {
     }
 }
 
+/// Context a from-scratch model for `cfg` gets at least (more for multi-turn episodes), known
+/// before any environment starts.
+pub fn min_positions(cfg: &TrainConfig) -> usize {
+    let multi_turn =
+        cfg.agent.kind == AgentKind::EnvWorker || !matches!(multi_turn_task(cfg), Ok(None));
+    if multi_turn {
+        MIN_AGENT_POSITIONS
+    } else {
+        0
+    }
+}
+
 /// The built-in multi-turn task `task.name` names, if it is one (a dataset is always
 /// single-turn; an environment worker replaces `task.name`).
 pub fn multi_turn_task(cfg: &TrainConfig) -> Result<Option<Box<dyn AgentTask>>> {
