@@ -63,8 +63,8 @@ pub fn probe_rows(rows: &[TrainRow]) -> Vec<usize> {
     let real: Vec<usize> = (0..rows.len())
         .filter(|&i| rows[i].loss_weight > 0.0 && rows[i].loss_mask.contains(&1))
         .collect();
-    let stride = real.len().div_ceil(PROBE_ROWS).max(1);
-    real.into_iter().step_by(stride).take(PROBE_ROWS).collect()
+    let k = real.len().min(PROBE_ROWS);
+    (0..k).map(|j| real[j * real.len() / k]).collect()
 }
 
 /// 1 − Var(returns − values) / Var(returns) over the positions the value loss trains: 1 is a

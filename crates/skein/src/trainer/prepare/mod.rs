@@ -223,3 +223,77 @@ pub fn recompute_logprobs(
         }
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{Engine, GenRequest, SamplingParams};
+    use crate::model::ModelConfig;
+    use tch::Device;
+
+    /// Rows of `policy`'s own samples (version 5), as the engine recorded them.
+    fn sampled_rows(policy: &Model) -> Vec<TrainRow> {
+        let params = SamplingParams {
+            temperature: 1.0,
+            max_new_tokens: 8,
+            ..Default::default()
+        };
+        let requests = (0..6u64)
+            .map(|id| GenRequest {
+                id,
+                prompt: (0..5).map(|i| 1 + ((id as u32 * 7 + i) % 30)).collect(),
+                resumed: vec![],
+                params: params.clone(),
+                budget: None,
+                session: None,
+            })
+            .collect();
+        let mut rows = Vec::new();
+        Engine::new(8).generate(policy, 5, requests, |out| {
+            let prompt: Vec<u32> = (0..5).map(|i| 1 + ((out.id as u32 * 7 + i) % 30)).collect();
+            let n = out.tokens.len();
+            rows.push(TrainRow {
+                tokens: prompt.iter().chain(&out.tokens).copied().collect(),
+                prompt_len: prompt.len(),
+                loss_mask: vec![1; n],
+                behavior_logp: out.logprobs.clone(),
+                versions: vec![5; n],
+                loss_weight: 1.0,
+                ..Default::default()
+            });
+        });
+        rows
+    }
+
+    /// The engine and the trainer on the same weights agree to float round-off; a trainer on
+    /// other weights than the engine sampled with (a remote engine that missed a reload)
+    /// disagrees by far more than the `logprob-mismatch` bound.
+    #[test]
+    fn the_mismatch_is_round_off_on_the_same_weights_and_large_on_others() {
+        let cfg = ModelConfig::tiny_qwen2(40, 32, 2, 4, 2, 64, 64);
+        let engine_weights = Model::random(&cfg, Device::Cpu, 7).unwrap();
+        let other_weights = Model::random(&cfg, Device::Cpu, 8).unwrap();
+        let rows = sampled_rows(&engine_weights);
+        assert_eq!(
+            probe_rows(&rows).len(),
+            checks::PROBE_ROWS,
+            "no row has a π_old yet"
+        );
+        let prepare = PrepareConfig {
+            batching: Batching::padded(4096),
+            epochs: 1,
+            temperature: 1.0,
+            off_policy: OffPolicy::Tis,
+            is_cap: 2.0,
+            gamma: 1.0,
+            lambda: 1.0,
+            turn_gamma: None,
+        };
+        let same = logp_mismatch(&engine_weights, &rows, 5, &prepare).unwrap();
+        assert!(same.mean < 1e-5 && same.max < 1e-4, "{same:?}");
+        let other = logp_mismatch(&other_weights, &rows, 5, &prepare).unwrap();
+        assert!(other.mean > 1e-2, "{other:?}");
+        // Tokens of an older version are the importance weights' business, not this check's.
+        assert!(logp_mismatch(&other_weights, &rows, 6, &prepare).is_none());
+    }
+}
