@@ -38,6 +38,32 @@ pub fn write_run(dir: &Path, steps: usize) -> Result<Vec<usize>> {
     Ok(counts)
 }
 
+/// Writes `diagnoses.jsonl` into the run `dir` written by [`write_run`] with at least 2 steps:
+/// a truncation that started at step 2, its examples the truncated samples of step 2.
+pub fn write_diagnoses(dir: &Path) -> Result<Vec<skein_doctor::Diagnosis>> {
+    let examples = (0..2)
+        .map(|g| skein_doctor::Example {
+            step: 2,
+            id: format!("s2-p{g}-3"),
+        })
+        .collect();
+    let found = vec![skein_doctor::Diagnosis {
+        name: "truncation".into(),
+        title: "many responses are cut off by the token limit".into(),
+        step: 2,
+        until: 2,
+        steps: vec![1, 2],
+        evidence: "0.25 of the trajectories were cut off by a token limit on steps 1–2".into(),
+        examples,
+        advice: "raise `rollout.sampling.max_new_tokens`".into(),
+    }];
+    let mut log = skein_doctor::DiagnosisLog::open(dir)?;
+    for d in &found {
+        log.append(d)?;
+    }
+    Ok(found)
+}
+
 /// Token ids and texts of a few words, one token a word.
 fn tokens(words: &[&str]) -> (Vec<u32>, Vec<String>) {
     let ids = words

@@ -93,6 +93,7 @@ pub fn router(viewer: Arc<Viewer>) -> Router {
         .route("/api/step", get(step))
         .route("/api/trajectory", get(trajectory))
         .route("/api/group", get(group))
+        .route("/api/diagnoses", get(diagnoses))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such page".into()) })
         .with_state(viewer)
 }
@@ -306,6 +307,20 @@ async fn group(State(viewer): Shared, q: Params) -> Reply {
             group,
             trajectories,
         })
+    })
+    .await
+}
+
+/// `{"run", "diagnoses": [..], "missing"}`: the run's `diagnoses.jsonl`, one
+/// [`skein_doctor::Diagnosis`] each, in the order they started; an empty list with `missing`
+/// true when the run has no such file.
+async fn diagnoses(State(viewer): Shared, q: Params) -> Reply {
+    let v = viewer.clone();
+    blocking(&viewer, move || {
+        let run = run_index(&v.runs, &q)?;
+        let found = v.runs.diagnoses(run)?;
+        let missing = found.is_none();
+        reply(json!({ "run": run, "diagnoses": found.unwrap_or_default(), "missing": missing }))
     })
     .await
 }

@@ -4,9 +4,11 @@
 
 use crate::cache::{FileCache, Stamp};
 use crate::limits::Limits;
+use crate::lines::open_regular;
 use crate::{metrics, step_file};
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use axum::body::Bytes;
+use skein_doctor::Diagnosis;
 use skein_report::trajectories::{self, TrajectoryRecord};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -131,6 +133,25 @@ impl Runs {
         self.steps
             .put(&path, stamp, step.held_bytes, records.clone());
         Ok(Some(records))
+    }
+
+    /// The diagnoses the run recorded while it trained (`diagnoses.jsonl`, read within
+    /// [`skein_doctor::read_diagnoses`]'s bounds); None when it has no such file (a run from
+    /// before diagnoses: a run creates it, empty, when it starts).
+    pub fn diagnoses(&self, run: usize) -> Result<Option<Vec<Diagnosis>>> {
+        let r = self.get(run)?;
+        let path = r.dir.join(skein_doctor::FILE);
+        if std::fs::metadata(&path).is_err() {
+            return Ok(None);
+        }
+        let shown = shown(r, &path);
+        // A device or a pipe is refused before it is read: reading one may never end. (It is
+        // opened again by path to be read: a file swapped for one in between is not caught.)
+        drop(open_regular(&path, &shown)?);
+        // Its messages name the whole path; the viewer's name the file from its run.
+        let read = skein_doctor::read_diagnoses(&path)
+            .map_err(|e| anyhow!("{shown}: {}", e.root_cause()))?;
+        Ok(Some(read))
     }
 
     /// Memory the decoded step files kept hold, as counted when they were kept.

@@ -210,7 +210,9 @@ mod tests {
             "id=\"legend\"",
             "id=\"traj-table\"",
             "id=\"group-view\"",
+            "id=\"diagnoses\"",
             "/api/step",
+            "/api/diagnoses",
         ] {
             assert!(body.contains(part), "the page lacks {part}");
         }
@@ -548,6 +550,66 @@ mod tests {
         assert_eq!(get_json(&server, "/api/steps?run=0").0, 200);
         for d in [zero, long] {
             std::fs::remove_dir_all(&d).ok();
+        }
+    }
+
+    /// A run's diagnoses are its `diagnoses.jsonl`'s, a line still being written skipped, and
+    /// their examples are trajectories the API opens; a run without the file answers an empty
+    /// list, and one whose file is a link to a device is refused, naming the file from its run.
+    #[test]
+    fn diagnoses_are_read_from_the_runs_file() {
+        let (found, none, zero) = (tmp("diag"), tmp("diag-none"), tmp("diag-zero"));
+        for dir in [&found, &none, &zero] {
+            fixture::write_run(dir, 2).unwrap();
+        }
+        let written = fixture::write_diagnoses(&found).unwrap();
+        let file = found.join(skein_doctor::FILE);
+        let mut log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&file)
+            .unwrap();
+        log.write_all(b"{\"name\": \"entropy-col").unwrap();
+        std::os::unix::fs::symlink("/dev/zero", zero.join(skein_doctor::FILE)).unwrap();
+        let (_rt, server) = start(&[found.clone(), none.clone(), zero.clone()]);
+
+        let (status, body) = get_json(&server, "/api/diagnoses?run=0");
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["missing"], false);
+        let list: Vec<skein_doctor::Diagnosis> =
+            serde_json::from_value(body["diagnoses"].clone()).unwrap();
+        assert_eq!(list, written);
+        for e in &list[0].examples {
+            let path = format!("/api/trajectory?run=0&step={}&id={}", e.step, e.id);
+            let (status, t) = get_json(&server, &path);
+            assert_eq!(
+                (status, &t["trajectory"]["status"]),
+                (200, &"truncated".into())
+            );
+        }
+
+        let (status, body) = get_json(&server, "/api/diagnoses?run=1");
+        assert_eq!(status, 200);
+        assert_eq!(
+            (&body["diagnoses"], &body["missing"]),
+            (&serde_json::json!([]), &true.into())
+        );
+
+        let (status, body) = get_json(&server, "/api/diagnoses?run=2");
+        let error = body["error"].as_str().unwrap();
+        assert_eq!(status, 422, "{error}");
+        let named = format!("{}/diagnoses.jsonl is not a regular file", name_of(&zero));
+        assert!(error.starts_with(&named), "{error}");
+
+        for (path, status, message) in [
+            ("/api/diagnoses?run=3", 404, "no run 3"),
+            ("/api/diagnoses", 400, "missing `run`"),
+        ] {
+            let (got, body) = get_json(&server, path);
+            assert_eq!(got, status, "{path}: {body}");
+            assert!(body["error"].as_str().unwrap().contains(message), "{body}");
+        }
+        for dir in [found, none, zero] {
+            std::fs::remove_dir_all(&dir).ok();
         }
     }
 

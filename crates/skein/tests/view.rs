@@ -2,7 +2,8 @@
 //! run, headless Chromium loads the page and runs its script, and the DOM it leaves must show
 //! the step's trajectories (as many as the step file holds), the colour legend, a failed
 //! trajectory's reason, a multi-turn episode's turns and environment replies, the curves of
-//! every run given, and a damaged file's error naming its file and line. A screenshot of the
+//! every run given, a run's diagnoses (their steps marked on the curves and an example opened
+//! by clicking its link), and a damaged file's error naming its file and line. A screenshot of the
 //! multi-turn view is taken too; `SKEIN_VIEW_SCREENSHOT=docs/view.png` (a path from the
 //! repository root) keeps it, which is how the README's picture is made.
 //!
@@ -146,6 +147,62 @@ fn html(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
+}
+
+/// Chromium lets a page read a frame of another origin (the harness below) only with these.
+const FRAME_READING: [&str; 2] = ["--disable-web-security", "--disable-site-isolation-trials"];
+
+/// The address of a page that loads the viewer's page `url` in a frame and, once its script is
+/// done, clicks in it: each click is a CSS selector and a JavaScript condition on the frame's
+/// document `d` and the clicked element `target` that holds once the click has done its work.
+/// After the last, the page takes the frame's document for its own, so `--dump-dom` shows the
+/// viewer's page after the clicks. Served from a port of its own (another origin than the
+/// viewer's), to be browsed with [`FRAME_READING`].
+fn clicking(url: &str, clicks: &[(&str, &str)]) -> String {
+    let page = format!(
+        r#"<!doctype html><html><body><iframe id="f" src="{url}" style="width:1400px;height:1500px"></iframe>
+<script>
+"use strict";
+const frame = document.getElementById("f");
+const clicks = {clicks};
+function when(holds, then) {{
+  const t = setInterval(() => {{
+    const d = frame.contentDocument;
+    if (d && holds(d)) {{ clearInterval(t); then(d); }}
+  }}, 50);
+}}
+function next(i, d) {{
+  if (i === clicks.length) {{
+    document.replaceChild(document.importNode(d.documentElement, true), document.documentElement);
+    return;
+  }}
+  const target = d.querySelector(clicks[i][0]);
+  const done = new Function("d", "target", "return " + clicks[i][1]);
+  target.click();
+  when((d) => done(d, target), (d) => next(i + 1, d));
+}}
+when((d) => d.body && d.body.dataset.ready === "1", (d) => next(0, d));
+</script></body></html>"#,
+        clicks = serde_json::to_string(clicks).unwrap()
+    );
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    // Every request (the page, a favicon) gets the page; the thread ends with the test.
+    std::thread::spawn(move || {
+        for mut tcp in listener.incoming().flatten() {
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && tcp.read(&mut byte).is_ok_and(|n| n == 1) {
+                head.push(byte[0]);
+            }
+            let _ = write!(
+                tcp,
+                "HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{page}",
+                page.len()
+            );
+        }
+    });
+    format!("http://{addr}/")
 }
 
 fn workdir(name: &str) -> PathBuf {
@@ -358,7 +415,7 @@ fn a_multi_turn_episode_shows_its_turns_and_the_environments_replies() {
         &url,
         &[
             format!("--screenshot={}", png.display()),
-            "--window-size=1400,1500".into(),
+            "--window-size=1400,1600".into(),
         ],
         &root.join("profile"),
     );
@@ -371,6 +428,94 @@ fn a_multi_turn_episode_shows_its_turns_and_the_environments_replies() {
         std::fs::copy(&png, &keep).unwrap();
         eprintln!("screenshot: {}", keep.display());
     }
+    drop(viewer);
+    std::fs::remove_dir_all(&root).ok();
+}
+
+/// A real run whose responses are all cut at one token names `truncation` while it trains:
+/// the page's panel lists each diagnosis of `diagnoses.jsonl`; clicking one marks its steps on
+/// the curves, with the curve of the metric it reads, and clicking its example opens that
+/// trajectory.
+#[test]
+fn a_runs_diagnoses_are_listed_marked_on_the_curves_and_open_their_examples() {
+    let root = workdir("diagnoses");
+    let run = root.join("run");
+    train(
+        &run,
+        "",
+        &[
+            "sft.steps=0",
+            "trainer.steps=3",
+            "rollout.sampling.max_new_tokens=1",
+        ],
+    );
+    let found = skein_doctor::read_diagnoses(&run.join(skein_doctor::FILE)).unwrap();
+    let truncation = found
+        .iter()
+        .find(|d| d.name == "truncation")
+        .unwrap_or_else(|| panic!("no truncation among {found:?}"));
+    let example = &truncation.examples[0];
+
+    let viewer = Viewer::start(&[&run]);
+    let dom = dom(&viewer.url, &root.join("profile"));
+    let panel = &dom[dom.find("id=\"diagnoses\"").unwrap()..dom.find("id=\"curves\"").unwrap()];
+    assert_eq!(panel.matches("class=\"diagnosis\"").count(), found.len());
+    for d in &found {
+        for part in [&d.name, &d.title, &d.evidence] {
+            assert!(panel.contains(&html(part)), "the panel lacks {part:?}");
+        }
+        for e in &d.examples {
+            assert!(panel.contains(&format!("data-step=\"{}\" data-id=\"{}\"", e.step, e.id)));
+        }
+    }
+    assert!(!panel.contains("no-diagnosis"), "{panel}");
+
+    let item = ".diagnosis[data-name='truncation']";
+    let mark = format!("{item} button.mark");
+    let open = format!("{item} a.example");
+    // Opened on step 1: the rule needs two steps, so its example is of another, which the
+    // click must open.
+    assert!(example.step > 1);
+    let harness = clicking(
+        &format!("{}?step=1", viewer.url),
+        &[
+            (mark.as_str(), "d.querySelector('.diagnosis-band') !== null"),
+            (
+                open.as_str(),
+                "d.getElementById('detail-id').textContent.startsWith(target.dataset.id + ' ')",
+            ),
+        ],
+    );
+    let mut args: Vec<String> = FRAME_READING.iter().map(|f| f.to_string()).collect();
+    args.push("--dump-dom".into());
+    let dom = browse(&harness, &args, &root.join("profile"));
+    assert!(
+        dom.contains("data-ready=\"1\""),
+        "the clicks did not finish:\n{dom}"
+    );
+    // Marked: the diagnosis, its steps on every curve, and the curve its rule reads.
+    assert!(dom.contains("class=\"diagnosis marked\" data-name=\"truncation\""));
+    let charts = dom.matches("<svg class=\"chart\"").count();
+    assert!(dom.contains(">response/truncated_fraction</text>"), "{dom}");
+    assert!(
+        dom.matches("class=\"diagnosis-band\"").count() >= charts,
+        "bands on {charts} charts"
+    );
+    // Its example is open, in the table of its step.
+    assert!(
+        text_of(&dom, "detail-id").starts_with(&format!("{} (step {},", example.id, example.step)),
+        "{}",
+        text_of(&dom, "detail-id")
+    );
+    assert!(text_of(&dom, "traj-count").ends_with(&format!("of step {}", example.step)));
+    assert!(dom.contains(&format!(
+        "<tr class=\"traj selected\" data-id=\"{}\">",
+        example.id
+    )));
+    assert!(
+        dom.contains("<div id=\"error\" hidden=\"\"></div>"),
+        "{dom}"
+    );
     drop(viewer);
     std::fs::remove_dir_all(&root).ok();
 }
@@ -407,6 +552,12 @@ fn several_runs_overlay_their_curves_and_a_damaged_file_names_its_line() {
             "no {key} to pick"
         );
     }
+    // Made-up runs have no diagnoses.jsonl: the panel says so for each.
+    assert_eq!(
+        dom.matches("class=\"no-diagnosis").count(),
+        2,
+        "no-diagnosis lines"
+    );
     // Run 1 opens on its newest step, which is damaged: the page says where.
     let error = text_of(&dom, "error");
     assert!(error.contains("step-2.jsonl.zst:1: unreadable"), "{error}");
