@@ -85,6 +85,13 @@ pub struct AdvantageResult {
     pub failed_trajectories: usize,
 }
 
+/// Whether a group's rewards (of its trajectories that did not fail) are all equal, so that
+/// a group baseline leaves every member an advantage of zero: what `drop_equal_reward_groups`
+/// drops and the trainer's dynamic sampling skips. Fewer than two rewards count as equal.
+pub fn rewards_all_equal(rewards: &[f64]) -> bool {
+    rewards.len() < 2 || rewards.iter().all(|&r| r == rewards[0])
+}
+
 /// Sequence-level advantages of `trajs` (any order; groups are formed by group id among the
 /// trajectories that did not fail). Call it on whole groups, before any reordering, dropping
 /// or padding: padding rows are made later and can never join a group.
@@ -110,8 +117,7 @@ pub fn compute_advantages(trajs: &[Trajectory], cfg: &AdvantageConfig) -> Advant
     let mut kept_groups = Vec::new();
     for members in groups {
         let rewards: Vec<f64> = members.iter().map(|&i| trajs[i].reward).collect();
-        let all_equal = rewards.iter().all(|&r| r == rewards[0]);
-        if cfg.drop_equal_reward_groups && all_equal {
+        if cfg.drop_equal_reward_groups && rewards_all_equal(&rewards) {
             out.dropped_groups += 1;
             out.dropped_trajectories += members.len();
             continue;
@@ -437,6 +443,16 @@ mod tests {
             vec![Some(0.0), Some(0.0), None, None, None]
         );
         assert_eq!((out.failed_trajectories, out.dropped_groups), (1, 1));
+    }
+
+    /// Equal means exactly equal, and a group of one (or none) has nothing to differ from.
+    #[test]
+    fn rewards_are_all_equal_only_without_a_difference() {
+        assert!(rewards_all_equal(&[]));
+        assert!(rewards_all_equal(&[0.3]));
+        assert!(rewards_all_equal(&[1.0, 1.0, 1.0]));
+        assert!(!rewards_all_equal(&[1.0, 1.0, 0.0]));
+        assert!(!rewards_all_equal(&[0.5, 0.5 + 1e-9]));
     }
 
     #[test]

@@ -55,8 +55,8 @@ pub mod token_gae;
 pub mod turn_gae;
 
 pub use advantage::{
-    compute_advantages, gae, turn_returns, turn_rewards, AdvantageConfig, AdvantageResult, Credit,
-    Estimator, StepGroups,
+    compute_advantages, gae, rewards_all_equal, turn_returns, turn_rewards, AdvantageConfig,
+    AdvantageResult, Credit, Estimator, StepGroups,
 };
 pub use data::{reward_in_range, Status, Trajectory, Transition, MAX_REWARD};
 pub use error::PlanError;

@@ -11,6 +11,7 @@ pub use row::TrainRow;
 use crate::trainer::config::{CreditMode, Estimator, TrainConfig};
 use anyhow::Result;
 use skein_plan as plan;
+use std::collections::HashMap;
 
 /// Mini-batches → ranks → indices into the step's rows (padding rows included): the planning
 /// core's [`plan::Plan`] over this step's [`TrainRow`]s.
@@ -92,8 +93,10 @@ pub struct StepBatch {
     pub real_rows: usize,
     /// Tokens of all rows, padding included (throughput only).
     pub total_tokens: usize,
-    /// With per-turn credit: advantages by turn index and the turns' own rewards (with a
-    /// critic, `trainer::prepare` adds the advantages once GAE has made them).
+    /// Figures by name beyond the counts of [`StepBatch::metrics`]: always
+    /// `batch/equal_reward_group_fraction` ([`equal_reward_group_fraction`]); with per-turn
+    /// credit, advantages by turn index and the turns' own rewards (with a critic,
+    /// `trainer::prepare` adds the advantages once GAE has made them).
     pub turn_metrics: Vec<(String, f64)>,
 }
 
@@ -136,6 +139,10 @@ pub fn build_step_batch(
             Vec::new()
         },
     };
+    batch.turn_metrics.push((
+        "batch/equal_reward_group_fraction".into(),
+        equal_reward_group_fraction(trajectories),
+    ));
     if rows.is_empty() {
         // Nothing to learn from this step (every group dropped or failed): no update, counted.
         return Ok(batch);
@@ -188,6 +195,25 @@ pub fn build_step_batch(
     }
     batch.total_tokens = batch.rows.iter().map(|r| r.tokens.len()).sum();
     Ok(batch)
+}
+
+/// The share of the step's groups whose rewards are all equal ([`plan::rewards_all_equal`]):
+/// under a group baseline they give every member a zero advantage, no learning signal. A
+/// group counts by its trajectories that did not fail: with one such trajectory it counts as
+/// equal, with none it trains nothing and is not counted. Taken before
+/// `algorithm.drop_equal_reward_groups` drops any; 0 for a step without groups.
+pub fn equal_reward_group_fraction(trajectories: &[plan::Trajectory]) -> f64 {
+    let mut groups: Vec<Vec<f64>> = Vec::new();
+    let mut index: HashMap<&str, usize> = HashMap::new();
+    for t in trajectories.iter().filter(|t| !t.is_failed()) {
+        let g = *index.entry(t.group.as_str()).or_insert_with(|| {
+            groups.push(Vec::new());
+            groups.len() - 1
+        });
+        groups[g].push(t.reward);
+    }
+    let equal = groups.iter().filter(|r| plan::rewards_all_equal(r)).count();
+    equal as f64 / groups.len().max(1) as f64
 }
 
 /// The step's real rows in plan order, each with, for turn-level GAE, its value targets.
@@ -308,6 +334,51 @@ mod tests {
             versions: vec![0; n],
             reward: None,
             state: None,
+        }
+    }
+
+    fn scored(id: &str, group: &str, reward: f64, status: Status) -> Trajectory {
+        Trajectory {
+            id: id.into(),
+            group: group.into(),
+            transitions: vec![turn(vec![1], vec![2])],
+            reward,
+            status,
+        }
+    }
+
+    /// Groups count by their members that did not fail: `a` differs, `b` is equal, `c` has
+    /// one member left (equal), `d` none (not counted); the share is logged with every batch.
+    #[test]
+    fn the_equal_reward_share_counts_groups_by_their_members_that_did_not_fail() {
+        let failed = || Status::Failed("reward service down".into());
+        let trajs = [
+            scored("a0", "a", 1.0, Status::Finished),
+            scored("b0", "b", 0.5, Status::Finished),
+            scored("a1", "a", 0.0, Status::Truncated),
+            scored("b1", "b", 0.5, Status::Finished),
+            scored("c0", "c", 1.0, Status::Finished),
+            scored("c1", "c", 0.0, failed()),
+            scored("d0", "d", 0.0, failed()),
+            scored("d1", "d", 1.0, failed()),
+        ];
+        assert_eq!(equal_reward_group_fraction(&trajs), 2.0 / 3.0);
+        assert_eq!(equal_reward_group_fraction(&trajs[..4]), 0.5);
+        assert_eq!(
+            equal_reward_group_fraction(&[trajs[0].clone(), trajs[2].clone()]),
+            0.0
+        );
+        assert_eq!(equal_reward_group_fraction(&[]), 0.0);
+        let cfg = StepBatchConfig::from_config(&crate::trainer::TrainConfig::default(), 8);
+        for step in [&trajs[..], &[]] {
+            let batch = build_step_batch(step, &cfg, 1).unwrap();
+            let logged: Vec<f64> = batch
+                .turn_metrics
+                .iter()
+                .filter(|(k, _)| k == "batch/equal_reward_group_fraction")
+                .map(|(_, v)| *v)
+                .collect();
+            assert_eq!(logged, vec![equal_reward_group_fraction(step)]);
         }
     }
 
