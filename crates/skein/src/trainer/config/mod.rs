@@ -323,6 +323,17 @@ pub struct RolloutConfig {
     pub max_slots: usize,
     pub sampling: SamplingParams,
     pub partial: PartialConfig,
+    /// DAPO's dynamic sampling (single-turn prompts of the trainer's engine, without partial
+    /// rollout): a group whose rewards are all equal has zero advantage, so it is skipped
+    /// (counted as `rollout/skipped_groups`) and more prompts are drawn until the step has
+    /// `prompts_per_step` groups whose rewards differ, or `max_draws_per_step` groups were
+    /// drawn. Only the rewards of trajectories that did not fail count; a group with fewer
+    /// than two such rewards is skipped (its failed trajectories stay, counted as failed).
+    pub skip_zero_variance_groups: bool,
+    /// With `skip_zero_variance_groups`: most groups one step draws, skipped ones included
+    /// (0: 4 × `prompts_per_step`). A step that reaches it trains on the groups with
+    /// variance it has, possibly none, and logs `rollout/draw_limit_hit = 1`.
+    pub max_draws_per_step: usize,
     /// `local` (the embedded engine on the policy's weights) or `remote` (an OpenAI-compatible
     /// server at `rollout.remote.url`, given the policy's weights after every step).
     pub engine: EngineKind,
@@ -361,6 +372,21 @@ impl Default for PartialConfig {
     }
 }
 
+/// Groups a step draws at most under dynamic sampling when `rollout.max_draws_per_step` is 0,
+/// per group it trains.
+pub const DEFAULT_DRAWS_PER_GROUP: usize = 4;
+
+impl RolloutConfig {
+    /// Most groups one step draws under dynamic sampling (`rollout.max_draws_per_step`, or
+    /// [`DEFAULT_DRAWS_PER_GROUP`] × `rollout.prompts_per_step` when it is 0).
+    pub fn draw_limit(&self) -> usize {
+        match self.max_draws_per_step {
+            0 => DEFAULT_DRAWS_PER_GROUP.saturating_mul(self.prompts_per_step),
+            n => n,
+        }
+    }
+}
+
 impl Default for RolloutConfig {
     fn default() -> Self {
         RolloutConfig {
@@ -372,6 +398,8 @@ impl Default for RolloutConfig {
                 ..Default::default()
             },
             partial: PartialConfig::default(),
+            skip_zero_variance_groups: false,
+            max_draws_per_step: 0,
             engine: EngineKind::Local,
             remote: Default::default(),
         }
@@ -389,7 +417,9 @@ pub struct AlgorithmConfig {
     /// GRPO only (refused as `false` with another estimator): divide group-centred rewards by
     /// the group's standard deviation.
     pub normalize_std: bool,
-    /// DAPO dynamic sampling: drop groups whose rewards are all equal (counted).
+    /// Drop the step's groups whose rewards are all equal (counted as `batch/dropped_groups`);
+    /// the step trains on fewer groups. `rollout.skip_zero_variance_groups` draws others in
+    /// their place.
     pub drop_equal_reward_groups: bool,
     /// Who gets credit for an episode's outcome: `trajectory` (every turn the episode's
     /// advantage; with `gae`, GAE over the tokens) or `turn` (each turn its own: with a group

@@ -14,6 +14,7 @@ pub fn validate(cfg: &TrainConfig) -> Result<()> {
     let mut v = Validator::new();
     validate_run(cfg, &mut v);
     validate_rollout(cfg, &mut v);
+    validate_dynamic_sampling(cfg, &mut v);
     validate_algorithm(cfg, &mut v);
     validate_trainer(cfg, &mut v);
     v.in_range("eval.problems", cfg.eval.problems, 0, MAX_EVAL_PROBLEMS);
@@ -214,6 +215,87 @@ fn validate_rollout(cfg: &TrainConfig, v: &mut Validator) {
         )
         .at_least("rollout.remote.timeout_ms", rm.timeout_ms, 1)
         .at_least("rollout.remote.concurrency", rm.concurrency, 1);
+    }
+}
+
+/// `rollout.skip_zero_variance_groups` and its bound: groups that can have variance, and the
+/// one source that can draw more of them within a step (single-turn prompts answered by the
+/// trainer's engine, every group finished in the step it is drawn).
+fn validate_dynamic_sampling(cfg: &TrainConfig, v: &mut Validator) {
+    let r = &cfg.rollout;
+    if !r.skip_zero_variance_groups {
+        v.check(
+            r.max_draws_per_step == 0,
+            "rollout.max_draws_per_step",
+            "bounds the draws of `rollout.skip_zero_variance_groups`, which is false: remove it, \
+             or set `rollout.skip_zero_variance_groups = true`",
+            r.max_draws_per_step,
+        );
+        return;
+    }
+    const KEY: &str = "rollout.skip_zero_variance_groups";
+    v.check(
+        r.max_draws_per_step == 0 || r.max_draws_per_step >= r.prompts_per_step,
+        "rollout.max_draws_per_step",
+        &format!(
+            "must be 0 ({} × rollout.prompts_per_step) or at least rollout.prompts_per_step = {} \
+             (the groups a step draws first)",
+            super::DEFAULT_DRAWS_PER_GROUP,
+            r.prompts_per_step
+        ),
+        r.max_draws_per_step,
+    )
+    .check(
+        r.samples_per_prompt >= 2,
+        "rollout.samples_per_prompt",
+        &format!(
+            "must be at least 2 with `{KEY} = true`: a group of one sample has no reward \
+             variance, so every group would be skipped"
+        ),
+        r.samples_per_prompt,
+    )
+    .check(
+        !r.partial.enabled,
+        "rollout.partial.enabled",
+        &format!(
+            "cannot be combined with `{KEY} = true`: partial rollout carries unfinished groups \
+             into later steps, so a step cannot draw more groups to replace the ones it skips; \
+             turn one of them off"
+        ),
+        true,
+    )
+    .check(
+        cfg.agent.kind != AgentKind::External,
+        "agent.kind",
+        &format!(
+            "cannot be \"external\" with `{KEY} = true`: a step's tasks are handed out to the \
+             agents once, and no more are drawn to replace skipped groups; set `{KEY} = false`"
+        ),
+        "external",
+    )
+    .check(
+        !cfg.algorithm.drop_equal_reward_groups,
+        "algorithm.drop_equal_reward_groups",
+        &format!(
+            "has no effect with `{KEY} = true` (every group a step keeps has rewards that \
+             differ): remove it"
+        ),
+        true,
+    );
+    if is_multi_turn(cfg) {
+        let (key, value) = match cfg.agent.kind {
+            AgentKind::EnvWorker => ("agent.kind", "\"env-worker\"".to_string()),
+            _ => ("task.name", format!("\"{}\"", cfg.task.name)),
+        };
+        v.check(
+            false,
+            key,
+            &format!(
+                "names a multi-turn task, and `{KEY} = true` applies to single-turn prompts \
+                 only (a step's episodes are not topped up with more); set `{KEY} = false`"
+            ),
+            value,
+        );
     }
 }
 
@@ -971,5 +1053,65 @@ mod tests {
         reward.default_route.sources = vec!["task".into(), "math".into()];
         ok.reward = Some(reward);
         assert!(validate(&ok).is_ok(), "{:?}", validate(&ok));
+    }
+
+    /// Dynamic sampling: its bound is refused without it and below one step's groups, and so
+    /// is every setting it cannot top up (partial rollout, external agents, multi-turn
+    /// tasks), or where it would skip every group, each naming both keys.
+    #[test]
+    fn dynamic_sampling_names_its_keys_and_the_settings_it_refuses() {
+        let err = |sets: &[&str]| {
+            let cfg = load(sets).unwrap();
+            validate(&cfg).unwrap_err().to_string()
+        };
+        let on = "rollout.skip_zero_variance_groups=true";
+        let cfg = load(&[on]).unwrap();
+        assert!(validate(&cfg).is_ok(), "{:?}", validate(&cfg));
+        assert_eq!(cfg.rollout.draw_limit(), 4 * cfg.rollout.prompts_per_step);
+        let cfg = load(&[on, "rollout.max_draws_per_step=40"]).unwrap();
+        assert!(validate(&cfg).is_ok());
+        assert_eq!(cfg.rollout.draw_limit(), 40);
+        let e = err(&["rollout.max_draws_per_step=64"]);
+        assert!(
+            e.contains("`rollout.max_draws_per_step`") && e.contains("false"),
+            "{e}"
+        );
+        let e = err(&[on, "rollout.max_draws_per_step=31"]);
+        assert!(
+            e.contains(
+                "`rollout.max_draws_per_step`: must be 0 (4 × rollout.prompts_per_step) \
+                 or at least rollout.prompts_per_step = 32"
+            ) && e.contains("(got 31)"),
+            "{e}"
+        );
+        for (set, key) in [
+            (
+                "rollout.samples_per_prompt=1",
+                "`rollout.samples_per_prompt`",
+            ),
+            ("rollout.partial.enabled=true", "`rollout.partial.enabled`"),
+            ("agent.kind=\"external\"", "`agent.kind`"),
+            (
+                "algorithm.drop_equal_reward_groups=true",
+                "`algorithm.drop_equal_reward_groups`",
+            ),
+            ("task.name=\"guess\"", "`task.name`"),
+        ] {
+            let e = err(&[on, set]);
+            assert!(
+                e.contains(key) && e.contains("`rollout.skip_zero_variance_groups = true`"),
+                "{set}: {e}"
+            );
+            // Each is refused only with dynamic sampling on.
+            if let Ok(cfg) = load(&[set]) {
+                let e = validate(&cfg)
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default();
+                assert!(!e.contains("skip_zero_variance_groups"), "{set}: {e}");
+            }
+        }
+        let e = err(&[on, "agent.kind=\"env-worker\""]);
+        assert!(e.contains("`agent.kind`: names a multi-turn task"), "{e}");
     }
 }

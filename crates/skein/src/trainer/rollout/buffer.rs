@@ -142,6 +142,7 @@ impl PartialStats {
 
 /// What one iteration produced: the complete groups, flattened (groups in order, samples in
 /// order), and its counters.
+#[derive(Default)]
 pub struct Iteration {
     pub trajectories: Vec<Trajectory>,
     /// Parallel to `trajectories`: whether the task judged the answer correct.

@@ -3,7 +3,7 @@
 //!
 //! | source | workload | file |
 //! | --- | --- | --- |
-//! | single-turn prompts of a built-in task or a dataset, with partial rollout | [`prompts::Prompts`] | `prompts.rs`, `buffer.rs` |
+//! | single-turn prompts of a built-in task or a dataset, with partial rollout or dynamic sampling | [`prompts::Prompts`] | `prompts.rs`, `buffer.rs`, `dynamic.rs` |
 //! | multi-turn episodes of a built-in environment, run in this process | [`multi_turn::MultiTurn`] | `multi_turn.rs` (the workload), `episodes.rs` (the agent loop) |
 //! | multi-turn episodes of an environment in worker processes, run by the same loop | [`multi_turn::MultiTurn`] | `env_worker/` (the task, its process pool and protocol) |
 //! | external agents calling the served policy over HTTP | [`external::External`] | `external.rs` |
@@ -18,6 +18,7 @@
 
 pub mod buffer;
 pub mod dataset;
+pub mod dynamic;
 pub mod env_worker;
 pub mod episodes;
 pub mod external;
@@ -163,7 +164,8 @@ pub trait Workload {
     ) -> Result<TrainRow>;
     /// What a checkpoint must keep to continue exactly.
     fn state(&self) -> WorkloadState;
-    /// Metrics of the data itself: counts from loading (`first`), else per step.
+    /// Metrics of the data itself: counts from loading (`first`), else per step (the epoch;
+    /// with dynamic sampling, the groups the step drew and skipped: `dynamic.rs`).
     fn data_metrics(&self, first: bool) -> Vec<(&'static str, Value)>;
     /// Whether evaluation is on problems training never sees (else on training problems:
     /// the task is too small to split, or a dataset has no validation files).

@@ -1,10 +1,12 @@
 //! Single-turn prompts as a workload: problems of a built-in task or a dataset, `n` samples
-//! each, scored as they finish, with partial rollout when it is on (`buffer.rs`).
+//! each, scored as they finish, with partial rollout (`buffer.rs`) or dynamic sampling
+//! (`dynamic.rs`) when one is on.
 //! [`PromptTask`] is what every single-turn source shares — the task, its sampler, the
 //! held-out prompts, demonstrations and the reward sources — so external agents reuse it.
 
 use super::buffer::{GroupBuffer, IterationConfig};
 use super::dataset::{eval_seed, prompt_batch, rewarder, Data};
+use super::dynamic::{DrawStats, DynamicSampling};
 use super::judge::{answer_prompts, Answering, PromptBatch};
 use super::stats::{SourceStats, StepRollout};
 use super::trajectory_info::TrajectoryInfo;
@@ -193,6 +195,10 @@ pub struct Prompts {
     task: PromptTask,
     buffer: GroupBuffer,
     iteration: IterationConfig,
+    /// With `rollout.skip_zero_variance_groups`.
+    dynamic: Option<DynamicSampling>,
+    /// What the last step's dynamic sampling drew, for its metrics.
+    last_draw: Option<DrawStats>,
 }
 
 impl Prompts {
@@ -202,6 +208,8 @@ impl Prompts {
             task,
             buffer,
             iteration: IterationConfig::from_config(cfg),
+            dynamic: DynamicSampling::from_config(cfg),
+            last_draw: None,
         }
     }
 }
@@ -230,9 +238,18 @@ impl Workload for Prompts {
             params: ctx.sampling,
             rewarder: rewarder.as_ref(),
         };
-        let it = self
-            .buffer
-            .collect_step(&answering, &self.iteration, &mut next_prompt)?;
+        let (buffer, iteration) = (&mut self.buffer, &self.iteration);
+        let it = match &self.dynamic {
+            None => buffer.collect_step(&answering, iteration, &mut next_prompt)?,
+            Some(d) => {
+                let context = ctx.policy.net.max_positions() as usize;
+                let (it, draw) =
+                    d.collect(buffer, &answering, iteration, &mut next_prompt, context)?;
+                draw.warn_if_empty(ctx.step);
+                self.last_draw = Some(draw);
+                it
+            }
+        };
         let source = SourceStats::Prompts {
             partial: self.iteration.token_budget.map(|_| it.stats),
             rewards: rewarder.as_ref().map(|r| it.rewards.metrics(r)),
@@ -270,7 +287,11 @@ impl Workload for Prompts {
     }
 
     fn data_metrics(&self, first: bool) -> Vec<(&'static str, Value)> {
-        self.task.data_metrics(first)
+        let mut m = self.task.data_metrics(first);
+        if let (false, Some(draw)) = (first, &self.last_draw) {
+            m.extend(draw.metrics());
+        }
+        m
     }
 
     fn held_out(&self) -> bool {
