@@ -368,3 +368,23 @@ fn skein_doctor_prints_json_lines_and_refuses_a_directory_without_a_run() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no metrics.jsonl"));
 }
+
+/// The calculator agent after a warm-up too short to learn the call format: it writes tool
+/// calls, about half of them malformed.
+#[test]
+fn an_agent_warmed_up_too_briefly_writes_malformed_tool_calls() {
+    let (dir, err) = train(
+        "tool-calls",
+        &sets(&[
+            "task.name=\"calculator\"",
+            "sft.steps=150",
+            "rollout.sampling.max_new_tokens=70",
+            "trainer.steps=2",
+        ]),
+    );
+    let d = diagnosed(&dir, &err, "tool-call-errors");
+    assert!(
+        evidence(&d).contains("malformed tool calls per episode on steps 1–2"),
+        "{d}"
+    );
+}

@@ -114,6 +114,15 @@ impl Episode {
             .count()
     }
 
+    /// Messages with a tool-call block that does not parse (the environment answered them
+    /// with an error, or took them for an answer).
+    fn tool_call_errors(&self) -> usize {
+        self.transcript
+            .iter()
+            .filter(|t| skein_text::parse_tool_calls(&t.message).is_err())
+            .count()
+    }
+
     /// What the trajectory log shows of the episode beyond its tokens.
     pub fn info(&self, source: String) -> TrajectoryInfo {
         TrajectoryInfo {
@@ -150,6 +159,8 @@ pub struct AgentStats {
     pub stepwise: usize,
     /// Calls of tools (messages answered with a tool message).
     pub tool_calls: usize,
+    /// Messages with a malformed tool call.
+    pub tool_call_errors: usize,
     /// How much each of the task's own counters (`AgentTask::counters`) grew; None for a
     /// task without any (a built-in one), which logs no worker metrics.
     pub task_counters: Option<Vec<(&'static str, f64)>>,
@@ -174,6 +185,7 @@ impl AgentStats {
             self.solved_turns += e.trajectory.transitions.len();
         }
         self.tool_calls += e.tool_calls();
+        self.tool_call_errors += e.tool_call_errors();
         self.unknown.add(&e.unknown);
         let ts = &e.trajectory.transitions;
         for w in ts.windows(2) {
@@ -214,6 +226,7 @@ impl AgentStats {
             ("agent/env_errors", self.env_errors as f64),
             ("agent/env_timeouts", self.env_timeouts as f64),
             ("agent/tool_calls", self.tool_calls as f64),
+            ("agent/tool_call_errors", self.tool_call_errors as f64),
             ("agent/inserted_tokens", self.inserted_tokens as f64),
             ("agent/merged_trajectories", self.merged as f64),
             ("agent/stepwise_trajectories", self.stepwise as f64),
