@@ -62,8 +62,8 @@ fn eval_and_sft_refuse_values_that_cannot_work() {
         &chat,
         "{\"messages\": [{\"role\": \"user\", \"content\": \"1+1=\"}, \
          {\"role\": \"assistant\", \"content\": \"2\"}]}\n\
-         {\"messages\": [{\"role\": \"wizard\", \"content\": \"hi\"}, \
-         {\"role\": \"assistant\", \"content\": \"x\"}]}\n",
+         {\"messages\": [{\"role\": \"wizard\", \"content\": \"2+2=\"}, \
+         {\"role\": \"assistant\", \"content\": \"4\"}]}\n",
     )
     .unwrap();
     let data = chat.to_str().unwrap();
