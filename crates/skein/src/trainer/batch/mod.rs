@@ -93,10 +93,10 @@ pub struct StepBatch {
     pub real_rows: usize,
     /// Tokens of all rows, padding included (throughput only).
     pub total_tokens: usize,
-    /// Figures by name beyond the counts of [`StepBatch::metrics`]: always
-    /// `batch/equal_reward_group_fraction` ([`equal_reward_group_fraction`]); with per-turn
-    /// credit, advantages by turn index and the turns' own rewards (with a critic,
-    /// `trainer::prepare` adds the advantages once GAE has made them).
+    /// Groups whose samples all earned one reward ([`equal_reward_group_fraction`]).
+    pub equal_reward_group_fraction: f64,
+    /// With per-turn credit: advantages by turn index and the turns' own rewards (with a
+    /// critic, `trainer::prepare` adds the advantages once GAE has made them).
     pub turn_metrics: Vec<(String, f64)>,
 }
 
@@ -133,16 +133,13 @@ pub fn build_step_batch(
         padding_rows: 0,
         real_rows: rows.len(),
         total_tokens: 0,
+        equal_reward_group_fraction: equal_reward_group_fraction(trajectories),
         turn_metrics: if per_turn {
             turn_metrics(trajectories, &adv, cfg.critic.is_none())
         } else {
             Vec::new()
         },
     };
-    batch.turn_metrics.push((
-        "batch/equal_reward_group_fraction".into(),
-        equal_reward_group_fraction(trajectories),
-    ));
     if rows.is_empty() {
         // Nothing to learn from this step (every group dropped or failed): no update, counted.
         return Ok(batch);
@@ -309,8 +306,12 @@ pub fn credit_metrics<'a>(per_turn: impl Iterator<Item = &'a Vec<f64>>) -> Vec<(
 
 impl StepBatch {
     /// The batch's counts for the step's metrics.
-    pub fn metrics(&self) -> [(&'static str, f64); 4] {
+    pub fn metrics(&self) -> [(&'static str, f64); 5] {
         [
+            (
+                "batch/equal_reward_group_fraction",
+                self.equal_reward_group_fraction,
+            ),
             ("batch/dropped_groups", self.dropped_groups as f64),
             ("batch/failed_trajectories", self.failed_trajectories as f64),
             ("batch/padding_rows", self.padding_rows as f64),
@@ -373,9 +374,9 @@ mod tests {
         for step in [&trajs[..], &[]] {
             let batch = build_step_batch(step, &cfg, 1).unwrap();
             let logged: Vec<f64> = batch
-                .turn_metrics
+                .metrics()
                 .iter()
-                .filter(|(k, _)| k == "batch/equal_reward_group_fraction")
+                .filter(|(k, _)| *k == "batch/equal_reward_group_fraction")
                 .map(|(_, v)| *v)
                 .collect();
             assert_eq!(logged, vec![equal_reward_group_fraction(step)]);
