@@ -342,6 +342,19 @@ impl UntrainedSteps {
                 _ => None,
             })
             .collect();
+        if rollout.trajectories.is_empty() {
+            // Nothing failed: the step had no group to train (dynamic sampling found none with
+            // reward variance, or partial rollout completed none).
+            let why = "the step had no complete group to train (dynamic sampling found none with \
+                       reward variance within rollout.max_draws_per_step, or partial rollout \
+                       completed none within its budget)";
+            eprintln!(
+                "skein: warning: step {step} trained nothing: {why}; the run stops after \
+                 {MAX_UNTRAINED_STEPS} such steps in a row"
+            );
+            self.last_failure = Some(why.into());
+            return;
+        }
         self.last_failure = failed.first().map(|why| why.to_string());
         let example = self
             .last_failure
@@ -366,9 +379,9 @@ impl UntrainedSteps {
             .as_deref()
             .unwrap_or("none failed, none had a token");
         anyhow::bail!(
-            "stopping at step {step}: {} steps in a row had no token to train (every trajectory \
-             failed; the last: {why}). `batch/failed_trajectories` in metrics.jsonl counts them \
-             per step; fix the environment, reward or prompts and run again",
+            "stopping at step {step}: {} steps in a row had no token to train (the last: \
+             {why}). `batch/failed_trajectories` in metrics.jsonl counts failures per step; fix \
+             the environment, reward or prompts and run again",
             self.streak
         )
     }
