@@ -12,12 +12,14 @@
 //! | `rules/` | one file per family of failure, each rule a pure function of the history |
 //! | `doctor.rs` | runs the rules step by step and keeps which diagnoses hold ([`Doctor`]) |
 //! | `log.rs` | `RUN_DIR/diagnoses.jsonl` |
+//! | `lines.rs` | JSON-lines files read with bounded memory |
 //! | `run_dir.rs` | diagnoses a run directory after the fact (bounded reads) |
 
 pub mod diagnosis;
 pub mod digest;
 pub mod doctor;
 pub mod history;
+mod lines;
 pub mod log;
 pub mod rules;
 pub mod run_dir;

@@ -3,9 +3,10 @@
 //! reader (`skein view`) must not be made to hold an unbounded one.
 
 use crate::diagnosis::Diagnosis;
+use crate::lines::{for_each_line, Line};
 use anyhow::{Context, Result};
 use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 
 pub const FILE: &str = "diagnoses.jsonl";
@@ -64,29 +65,16 @@ pub fn truncate_after(run_dir: &Path, step: usize) -> Result<()> {
 /// that are not a diagnosis skipped (a line being written is incomplete).
 pub fn read_diagnoses(path: &Path) -> Result<Vec<Diagnosis>> {
     let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let mut reader = BufReader::new(file.take(MAX_BYTES));
     let mut out = Vec::new();
-    let mut line = Vec::new();
-    loop {
-        line.clear();
-        let n = reader
-            .by_ref()
-            .take(MAX_LINE as u64 + 1)
-            .read_until(b'\n', &mut line)
-            .with_context(|| format!("reading {}", path.display()))?;
-        if n == 0 {
-            break;
+    let reader = BufReader::new(file.take(MAX_BYTES));
+    for_each_line(reader, MAX_LINE, usize::MAX, |line| {
+        if let Line::Kept(bytes) = line {
+            if let Ok(d) = serde_json::from_slice::<Diagnosis>(bytes) {
+                out.push(d);
+            }
         }
-        if line.len() > MAX_LINE {
-            // Skip the rest of an overlong line.
-            let mut sink = Vec::new();
-            reader.read_until(b'\n', &mut sink)?;
-            continue;
-        }
-        if let Ok(d) = serde_json::from_slice::<Diagnosis>(&line) {
-            out.push(d);
-        }
-    }
+    })
+    .with_context(|| format!("reading {}", path.display()))?;
     Ok(out)
 }
 

@@ -6,11 +6,12 @@
 use crate::diagnosis::Diagnosis;
 use crate::digest::Digest;
 use crate::doctor::Doctor;
+use crate::lines::{for_each_line, Line};
 use anyhow::{bail, Context, Result};
-use serde_json::Value;
+use serde_json::{Map, Value};
 use skein_report::trajectories::{read_step, step_path};
 use std::fs::File;
-use std::io::{BufRead, BufReader, Read};
+use std::io::BufReader;
 use std::path::Path;
 
 /// Longest `metrics.jsonl` line read (longer ones are skipped whole), and most lines.
@@ -54,31 +55,12 @@ pub fn replay(dir: &Path) -> Result<(Doctor, Replayed)> {
         );
     }
     let file = File::open(&path).with_context(|| format!("opening {}", path.display()))?;
-    let mut reader = BufReader::new(file);
     let mut doctor = Doctor::default();
     let mut out = Replayed::default();
-    let mut line = Vec::new();
     let mut last_step = None;
-    for _ in 0..MAX_LINES {
-        line.clear();
-        let n = (&mut reader)
-            .take(MAX_LINE as u64 + 1)
-            .read_until(b'\n', &mut line)
-            .with_context(|| format!("reading {}", path.display()))?;
-        if n == 0 {
-            break;
-        }
-        if line.len() > MAX_LINE {
-            reader.read_until(b'\n', &mut Vec::new())?;
-            out.skipped_lines += 1;
-            continue;
-        }
-        if line.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        let Ok(Value::Object(record)) = serde_json::from_slice::<Value>(&line) else {
-            out.skipped_lines += 1;
-            continue;
+    for_each_line(BufReader::new(file), MAX_LINE, MAX_LINES, |line| {
+        let Some(record) = record_of(line, &mut out) else {
+            return;
         };
         let step = record
             .get("step")
@@ -94,8 +76,28 @@ pub fn replay(dir: &Path) -> Result<(Doctor, Replayed)> {
         };
         last_step = step.or(last_step);
         doctor.observe(record, digests);
-    }
+    })
+    .with_context(|| format!("reading {}", path.display()))?;
     Ok((doctor, out))
+}
+
+/// The record a line holds; a line that is too long or not a JSON object is counted as
+/// skipped, a blank one ignored.
+fn record_of(line: Line, out: &mut Replayed) -> Option<Map<String, Value>> {
+    let Line::Kept(bytes) = line else {
+        out.skipped_lines += 1;
+        return None;
+    };
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return None;
+    }
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(Value::Object(record)) => Some(record),
+        _ => {
+            out.skipped_lines += 1;
+            None
+        }
+    }
 }
 
 fn step_digests(dir: &Path, step: usize, unreadable: &mut usize) -> Vec<Digest> {
