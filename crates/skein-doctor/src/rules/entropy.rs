@@ -10,6 +10,9 @@ pub const WINDOW: usize = 5;
 pub const MAX_SHARE: f64 = 0.5;
 /// The reward rose by less than this over the same steps.
 pub const MIN_REWARD_RISE: f64 = 0.05;
+/// Entropy (nats per token) below which a policy is already decided: halving it is no
+/// collapse (the calculator agent, once solved, moves between 0.001 and 0.003).
+pub const MIN_ENTROPY: f64 = 0.05;
 
 pub const ENTROPY_COLLAPSE: Rule = Rule {
     name: "entropy-collapse",
@@ -31,7 +34,7 @@ fn check(h: &History) -> Option<Finding> {
         let (Some(e0), Some(r0)) = (s.get("entropy"), s.get("reward/mean")) else {
             continue;
         };
-        if e0 > 0.0 && e_now < MAX_SHARE * e0 && r_now - r0 < MIN_REWARD_RISE {
+        if e0 >= MIN_ENTROPY && e_now < MAX_SHARE * e0 && r_now - r0 < MIN_REWARD_RISE {
             let steps = vec![s.step, last.step];
             return Some(Finding {
                 evidence: format!(
@@ -76,6 +79,12 @@ mod tests {
             |s| json!({"entropy": 2.0 / s as f64, "reward/mean": 0.1 * s as f64}),
         );
         assert!(check(&h).is_none(), "the reward rose with it");
+        // A policy already decided (entropy 0.004 → 0.001) does not collapse.
+        let h = history(
+            4,
+            |s| json!({"entropy": 0.004 / s as f64, "reward/mean": 0.98}),
+        );
+        assert!(check(&h).is_none());
         // A slow fall over more than the window does not hold.
         let h = history(
             12,
