@@ -122,11 +122,7 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
                 update_s,
                 step_s: t0.elapsed().as_secs_f64(),
             },
-            staleness_cap: cfg
-                .rollout
-                .partial
-                .enabled
-                .then_some(cfg.rollout.partial.max_staleness),
+            staleness_cap: cfg.rollout.partial.staleness_cap(),
         };
         let record = t.log_step(report.record(), step)?;
         // Name what is going wrong, the moment it starts.

@@ -360,6 +360,13 @@ pub struct PartialConfig {
     pub min_groups: usize,
 }
 
+impl PartialConfig {
+    /// The staleness cap when partial rollout is on.
+    pub fn staleness_cap(&self) -> Option<u64> {
+        self.enabled.then_some(self.max_staleness)
+    }
+}
+
 impl Default for PartialConfig {
     fn default() -> Self {
         PartialConfig {
