@@ -11,9 +11,10 @@ use super::bench_tokens::{self, TokenBenchArgs};
 use crate::engine::{Engine, GenRequest, SamplingParams};
 use crate::model::Model;
 use crate::trainer::batch::TrainRow;
+use crate::trainer::update::head::{token_logprobs, Entropy};
 use crate::trainer::update::optim::{OptimConfig, Optimizer};
 use crate::trainer::update::policy_loss::{policy_loss, LossConfig, TokenBatch};
-use crate::trainer::update::tensors::{token_logprobs, Entropy, MicroBatch, PolicyInputs};
+use crate::trainer::update::tensors::{MicroBatch, PolicyInputs};
 use anyhow::Result;
 use std::time::Instant;
 
@@ -141,11 +142,11 @@ fn time_train_steps(model: &Model, a: &BenchArgs) -> Result<Vec<f64>> {
         let mb = MicroBatch::padded(&refs, model.vs.device());
         opt.zero_grad();
         let inputs = PolicyInputs::new(&mb, &refs, false);
-        let (logp, _) = token_logprobs(&model.net, &mb, 1.0, Entropy::Skip);
+        let lp = token_logprobs(&model.net, &mb, 1.0, Entropy::Skip);
         let out = policy_loss(
             &TokenBatch {
-                logp: &logp,
-                old_logp: &inputs.old_logp_or(&logp),
+                logp: &lp.logp,
+                old_logp: &inputs.old_logp_or(&lp.logp),
                 ref_logp: None,
                 entropy: None,
                 advantages: &inputs.advantages,
@@ -156,6 +157,7 @@ fn time_train_steps(model: &Model, a: &BenchArgs) -> Result<Vec<f64>> {
             &loss_cfg,
         );
         out.loss.backward();
+        lp.backward();
         opt.step();
         if i > 0 {
             times.push(t.elapsed().as_secs_f64());

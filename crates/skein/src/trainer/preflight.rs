@@ -8,13 +8,15 @@
 //!   them, or LoRA's adapters alone) in float32 with gradients and two AdamW moments;
 //! - one micro-batch: what autograd keeps per layer (dtype-aware; with activation
 //!   checkpointing only each layer's input, plus one layer recomputed), and the logits with
-//!   their float32 log-softmax and gradients, vocabulary-sized per token;
+//!   their float32 log-softmax and gradients, vocabulary-sized per token, of at most one chunk
+//!   of positions (the head runs a bounded number at a time);
 //! - the AdamW step's temporaries, where they outgrow the micro-batch's freed memory;
 //! - the process and libtorch themselves;
 //! - beside the update: the reference, the critic, other thread ranks, the rollout KV cache and
 //!   the step's rows.
 
 use super::config::{DpBackend, TrainConfig};
+use super::update::head::chunk_positions;
 use crate::memory::GIB;
 use crate::model::{Dtype, ModelConfig, ModelOptions};
 use anyhow::{bail, Result};
@@ -185,9 +187,11 @@ pub fn micro_batch_parts(model: &ModelConfig, shape: &UpdateShape) -> Vec<Part> 
                     `trainer.micro_batch_tokens`",
         });
     }
+    // The head runs at most one chunk of positions at a time (`update::head`).
+    let head_tokens = tokens.min(chunk_positions(model.vocab_size) as f64);
     parts.push(Part {
-        what: "logits, float32 log-softmax and gradients of one micro-batch",
-        bytes: tokens * logits_bytes_per_token(model, shape.options.dtype),
+        what: "logits, float32 log-softmax and gradients of one chunk of positions",
+        bytes: head_tokens * logits_bytes_per_token(model, shape.options.dtype),
         lower: "`trainer.micro_batch_tokens`",
     });
     parts

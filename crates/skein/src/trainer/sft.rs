@@ -4,9 +4,10 @@
 
 use super::batch::TrainRow;
 use super::config::Batching;
+use super::update::head::{token_logprobs, Entropy};
 use super::update::optim::{OptimConfig, Optimizer, Schedule};
 use super::update::pack::{input_len, micro_batches, MicroPlan};
-use super::update::tensors::{token_logprobs, Entropy, MicroBatch};
+use super::update::tensors::MicroBatch;
 use crate::model::Model;
 use anyhow::Result;
 use skein_report::{MetricsLog, StepProgress};
@@ -206,16 +207,17 @@ pub fn sft_row_masked(tokens: Vec<u32>, prompt_len: usize, loss_mask: Vec<u8>) -
 /// One optimizer step on a batch; returns the mean response-token cross-entropy.
 pub fn sft_step(model: &Model, opt: &mut Optimizer, rows: &[TrainRow]) -> f64 {
     opt.zero_grad();
-    let loss = sft_loss(model, rows, &sft_layout(rows));
+    let mb = MicroBatch::new(rows, &sft_layout(rows), model.vs.device());
+    let lp = token_logprobs(&model.net, &mb, 1.0, Entropy::Skip);
+    let loss = sft_loss(&lp.logp, &mb);
     loss.backward();
+    lp.backward();
     opt.step();
     loss.double_value(&[])
 }
 
-/// The mean response-token cross-entropy of `rows` laid out as `plan`.
-fn sft_loss(model: &Model, rows: &[TrainRow], plan: &MicroPlan) -> Tensor {
-    let mb = MicroBatch::new(rows, plan, model.vs.device());
-    let (logp, _) = token_logprobs(&model.net, &mb, 1.0, Entropy::Skip);
+/// The mean response-token cross-entropy of micro-batch `mb` from its log-probs `logp`.
+fn sft_loss(logp: &Tensor, mb: &MicroBatch) -> Tensor {
     let tokens = mb.mask.sum(Kind::Float).clamp_min(1.0);
     -(logp * &mb.mask).sum(Kind::Float) / tokens
 }
@@ -385,7 +387,11 @@ mod tests {
 
         let cfg = ModelConfig::tiny_qwen2(16, 32, 2, 2, 1, 64, 64);
         let model = Model::random(&cfg, Device::Cpu, 3).unwrap();
-        let loss = |p: &MicroPlan| sft_loss(&model, &unequal, p).double_value(&[]);
+        let loss = |p: &MicroPlan| {
+            let mb = MicroBatch::new(&unequal, p, Device::Cpu);
+            let logp = token_logprobs(&model.net, &mb, 1.0, Entropy::Skip).logp;
+            sft_loss(&logp, &mb).double_value(&[])
+        };
         let (a, b) = (loss(&plan), loss(&padded));
         assert!((a - b).abs() < 1e-5, "packed {a}, padded {b}");
     }

@@ -13,8 +13,9 @@ use self::offpolicy::{importance_weights, ImportanceStats};
 use crate::model::{Model, ValueModel};
 use crate::trainer::batch::{RowPlan, StepBatch, TrainRow};
 use crate::trainer::config::{Batching, CreditMode, OffPolicy, TrainConfig};
+use crate::trainer::update::head::{token_logprobs, Entropy};
 use crate::trainer::update::pack::micro_batches;
-use crate::trainer::update::tensors::{token_logprobs, Entropy, MicroBatch};
+use crate::trainer::update::tensors::MicroBatch;
 
 /// The models a batch is prepared with, all at the step's start.
 pub struct Models<'a> {
@@ -182,7 +183,7 @@ fn logprobs_of(
     for plan in micro_batches(rows, which, batching) {
         let mb = MicroBatch::new(rows, &plan, device);
         let batch: Vec<&TrainRow> = plan.rows.iter().map(|&i| &rows[i]).collect();
-        let (logp, _) = token_logprobs(&model.net, &mb, temperature, Entropy::Skip);
+        let logp = token_logprobs(&model.net, &mb, temperature, Entropy::Skip).logp;
         out.extend(
             plan.rows
                 .iter()

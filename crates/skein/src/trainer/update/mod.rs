@@ -14,6 +14,7 @@
 //! | `ranks/` | data-parallel ranks: threads or MPI processes, one optimizer, exact replicas |
 
 pub mod critic;
+pub mod head;
 pub mod optim;
 pub mod pack;
 pub mod policy_loss;
@@ -21,11 +22,12 @@ pub mod ranks;
 pub mod tensors;
 
 use self::critic::{critic_pass, ValueLossConfig};
+use self::head::{logprobs_of_hidden, Entropy};
 use self::optim::{Optimizer, StepStats};
 use self::pack::micro_batches;
 use self::policy_loss::{policy_loss, LossConfig, TokenBatch};
 use self::ranks::{Job, PassSums, Ranks, RanksOut, Replica};
-use self::tensors::{logprobs_of_hidden, Entropy, MicroBatch, PolicyInputs};
+use self::tensors::{MicroBatch, PolicyInputs};
 use crate::model::{Model, ValueModel};
 use crate::trainer::batch::{RowPlan, TrainRow};
 use crate::trainer::config::Batching;
@@ -264,14 +266,13 @@ pub fn rank_pass(
         let mb = MicroBatch::new(rows, &plan, device);
         let inputs = PolicyInputs::new(&mb, rows, reference_on);
         let (hidden, recompute) = mb.train_hidden(&model.net, cfg.activation_checkpointing);
-        let (logp, entropy) =
-            logprobs_of_hidden(&model.net, &mb, &hidden, cfg.temperature, entropy);
+        let lp = logprobs_of_hidden(&model.net, &mb, &hidden, cfg.temperature, entropy);
         let out = policy_loss(
             &TokenBatch {
-                logp: &logp,
-                old_logp: &inputs.old_logp_or(&logp),
+                logp: &lp.logp,
+                old_logp: &inputs.old_logp_or(&lp.logp),
                 ref_logp: inputs.ref_logp.as_ref(),
-                entropy: entropy.as_ref(),
+                entropy: lp.entropy.as_ref(),
                 advantages: &inputs.advantages,
                 importance_weights: &inputs.importance_weights,
                 loss_weights: &inputs.loss_weights,
@@ -280,6 +281,7 @@ pub fn rank_pass(
             &cfg.loss,
         );
         out.loss.backward();
+        lp.backward();
         if let Some(recompute) = recompute {
             recompute.backward();
         }

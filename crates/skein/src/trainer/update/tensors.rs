@@ -66,6 +66,8 @@ pub struct MicroBatch {
     /// Per row of the plan: its index in the step's rows, and (line, column) of the position
     /// that predicts its first response token.
     places: Vec<(usize, (usize, usize))>,
+    /// Per row of the plan: its response tokens.
+    response_lens: Vec<usize>,
     shape: [i64; 2],
     device: Device,
 }
@@ -95,6 +97,7 @@ impl MicroBatch {
         let n = b * t;
         let (mut input, mut targets, mut positions) = (vec![0i64; n], vec![0i64; n], vec![0i64; n]);
         let mut places = vec![(0, (0, 0)); plan.rows.len()];
+        let mut response_lens = vec![0; plan.rows.len()];
         for (l, line) in plan.lines.iter().enumerate() {
             for s in line {
                 let r: &TrainRow = rows[plan.rows[s.row]].borrow();
@@ -108,6 +111,7 @@ impl MicroBatch {
                     // Response token k sits at row position prompt_len + k, predicted from
                     // the one before it.
                     places[s.row] = (plan.rows[s.row], (l, s.col + r.prompt_len - 1 - s.skip));
+                    response_lens[s.row] = r.loss_mask.len();
                 }
             }
         }
@@ -134,6 +138,7 @@ impl MicroBatch {
             attention,
             mask: Tensor::new(),
             places,
+            response_lens,
             shape,
             device,
         };
@@ -160,6 +165,21 @@ impl MicroBatch {
         Tensor::from_slice(&out)
             .view(self.shape)
             .to_device(self.device)
+    }
+
+    /// Flat indices into [lines × T] of every position that predicts a response token (loss
+    /// mask 0 or 1), row by row: where log-probs are read.
+    pub fn response_index(&self) -> Tensor {
+        let width = self.shape[1] as usize;
+        let index: Vec<i64> = self
+            .places
+            .iter()
+            .zip(&self.response_lens)
+            .flat_map(|(&(_, (line, first)), &n)| {
+                (0..n).map(move |k| (line * width + first + k) as i64)
+            })
+            .collect();
+        Tensor::from_slice(&index).to_device(self.device)
     }
 
     /// Final hidden states of every position.
@@ -305,61 +325,10 @@ impl CriticInputs {
     }
 }
 
-/// What a forward computes of each position's entropy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Entropy {
-    /// Nothing (π_old, π_ref and warm-up passes).
-    Skip,
-    /// A metric only: computed without gradients, so none of its vocabulary-sized tensors
-    /// (the probabilities and their product with the log-probs) stays alive until the
-    /// backward pass.
-    Metric,
-    /// A term of the loss (`algorithm.entropy_coef` ≠ 0): computed with gradients.
-    Loss,
-}
-
-/// Log-probs of `targets` under the model at `temperature`, and the entropy of each
-/// position's distribution as `entropy` asks. Both [lines, T].
-pub fn token_logprobs(
-    net: &Transformer,
-    mb: &MicroBatch,
-    temperature: f64,
-    entropy: Entropy,
-) -> (Tensor, Option<Tensor>) {
-    logprobs_of_hidden(net, mb, &mb.hidden(net), temperature, entropy)
-}
-
-/// [`token_logprobs`] from the micro-batch's final hidden states, however they were computed
-/// (e.g. [`MicroBatch::train_hidden`]).
-pub fn logprobs_of_hidden(
-    net: &Transformer,
-    mb: &MicroBatch,
-    hidden: &Tensor,
-    temperature: f64,
-    entropy: Entropy,
-) -> (Tensor, Option<Tensor>) {
-    let logits = net.logits(hidden).to_kind(Kind::Float);
-    let logits = if temperature > 0.0 && temperature != 1.0 {
-        logits / temperature
-    } else {
-        logits
-    };
-    let logp_all = logits.log_softmax(-1, Kind::Float);
-    let logp = logp_all
-        .gather(2, &mb.targets.unsqueeze(2), false)
-        .squeeze_dim(2);
-    let of = |l: &Tensor| -(l.exp() * l).sum_dim_intlist(-1, false, Kind::Float);
-    let entropy = match entropy {
-        Entropy::Skip => None,
-        Entropy::Metric => Some(tch::no_grad(|| of(&logp_all.detach()))),
-        Entropy::Loss => Some(of(&logp_all)),
-    };
-    (logp, entropy)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::trainer::update::head::{token_logprobs, Entropy};
 
     #[test]
     fn response_tokens_align_with_their_predicting_position() {
@@ -462,9 +431,11 @@ mod tests {
                 .trainable_variables()
                 .iter_mut()
                 .for_each(|t| t.zero_grad());
-            let (logp, _) = token_logprobs(&model.net, &mb, 1.0, Entropy::Skip);
+            let lp = token_logprobs(&model.net, &mb, 1.0, Entropy::Skip);
+            let logp = lp.logp.shallow_clone();
             let loss_weights = PolicyInputs::new(&mb, &rows, false).loss_weights;
             (&logp * &loss_weights).sum(Kind::Float).backward();
+            lp.backward();
             let batch: Vec<&TrainRow> = p.rows.iter().map(|&i| &rows[i]).collect();
             let mut by_row = vec![Vec::new(); rows.len()];
             for (&i, v) in p.rows.iter().zip(mb.response_values(&logp, &batch)) {
@@ -535,15 +506,17 @@ mod tests {
             ..Default::default()
         };
         let mb = MicroBatch::padded(&[&row], Device::Cpu);
-        let entropy = |e| token_logprobs(&model.net, &mb, 0.7, e).1;
+        let entropy = |e| token_logprobs(&model.net, &mb, 0.7, e).entropy;
         let (metric, loss) = (
             entropy(Entropy::Metric).unwrap(),
             entropy(Entropy::Loss).unwrap(),
         );
         assert!(!metric.requires_grad() && loss.requires_grad());
         let diff = (&metric - &loss).abs().max().double_value(&[]);
+        // Positive at both response positions (the prompt's is never computed).
+        let at_responses = metric.masked_select(&mb.mask.gt(0.5));
         assert!(
-            diff < 1e-6 && metric.min().double_value(&[]) > 0.0,
+            diff < 1e-6 && at_responses.size() == [2] && at_responses.min().double_value(&[]) > 0.0,
             "{diff}"
         );
         assert!(entropy(Entropy::Skip).is_none());
