@@ -19,13 +19,18 @@ pub fn run(
             toml_string(&dir.display().to_string())
         ));
     }
-    let cfg = load_config(config.as_deref(), &overrides)?;
+    let mut cfg = load_config(config.as_deref(), &overrides)?;
     if let Some(dir) = &resume {
         check_fixed_on_resume(dir, &cfg)?;
     }
     if print_config {
         print!("{}", skein_config::to_toml_string(&cfg));
         return Ok(());
+    }
+    // A resumed run keeps the size its config.toml recorded; a new one may have it fitted.
+    let chosen = resume.is_some() || sets_key(config.as_deref(), &overrides, MICRO_BATCH_KEY);
+    if let Some(fitted) = crate::trainer::fit::fit_micro_batch(&mut cfg, chosen) {
+        eprintln!("skein: {fitted}");
     }
     let summary = match (resume, overwrite) {
         (Some(_), _) => crate::trainer::run::resume(&cfg)?,
@@ -59,6 +64,8 @@ pub fn run(
         "{kind} greedy accuracy {:.3} → {:.3} (after the warm-up → after RL)",
         summary.eval_before.accuracy, summary.eval_after.accuracy
     );
+    // The same judge decided every accuracy above, and `skein eval` of the run uses it too.
+    println!("correct by               {}", summary.correct_by);
     // What to look at next: the curves, then what the policy actually said.
     let dir = summary.dir.display();
     println!("curves                   {dir}/plot.png");
@@ -134,7 +141,64 @@ pub fn load_config(
     )?)
 }
 
+/// The key a run's memory fit may lower when the config leaves it at its default.
+const MICRO_BATCH_KEY: &str = "trainer.micro_batch_tokens";
+
+/// Whether the config file at `path` or an override sets the dotted `key` (a file that
+/// cannot be read or parsed has failed loading already).
+fn sets_key(path: Option<&std::path::Path>, overrides: &[String], key: &str) -> bool {
+    let by_override = overrides
+        .iter()
+        .any(|o| o.split_once('=').is_some_and(|(k, _)| k.trim() == key));
+    let in_file = path
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .and_then(|text| text.parse::<toml::Table>().ok())
+        .is_some_and(|table| {
+            let mut at = Some(&table);
+            let mut parts = key.split('.').peekable();
+            while let Some(part) = parts.next() {
+                let Some(t) = at else { return false };
+                if parts.peek().is_none() {
+                    return t.contains_key(part);
+                }
+                at = t.get(part).and_then(toml::Value::as_table);
+            }
+            false
+        });
+    by_override || in_file
+}
+
 /// `s` as a TOML string literal, for an override value.
 pub fn toml_string(s: &str) -> String {
     format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A key counts as set by an override or by the file's table, never by a like-named key
+    /// elsewhere.
+    #[test]
+    fn a_key_is_set_by_an_override_or_the_file() {
+        let dir = std::env::temp_dir().join(format!("skein-sets-key-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("c.toml");
+        std::fs::write(&file, "[trainer]\nmicro_batch_tokens = 1024\n").unwrap();
+        assert!(sets_key(Some(&file), &[], MICRO_BATCH_KEY));
+        std::fs::write(
+            &file,
+            "[trainer]\nsteps = 3\n[other]\nmicro_batch_tokens = 1\n",
+        )
+        .unwrap();
+        assert!(!sets_key(Some(&file), &[], MICRO_BATCH_KEY));
+        let set = ["trainer.micro_batch_tokens = 512".to_string()];
+        assert!(sets_key(Some(&file), &set, MICRO_BATCH_KEY));
+        assert!(!sets_key(
+            None,
+            &["trainer.steps=2".into()],
+            MICRO_BATCH_KEY
+        ));
+        std::fs::remove_dir_all(&dir).ok();
+    }
 }
