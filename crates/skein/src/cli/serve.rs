@@ -35,10 +35,12 @@ pub struct ServeArgs {
     /// The model name clients send (default: the model directory's name, or `skein-tiny`).
     #[arg(long)]
     name: Option<String>,
-    /// Sequences the engine decodes together (KV-cache slots).
-    #[arg(long, default_value_t = 64)]
-    max_slots: usize,
-    /// Longest context (prompt + completion); default and maximum: the model's.
+    /// Sequences the engine decodes together (KV-cache slots). Default: 64, or as many as
+    /// fit the KV cache in half the free memory.
+    #[arg(long)]
+    max_slots: Option<usize>,
+    /// Longest context (prompt + completion); maximum: the model's. Default: the model's, or
+    /// less when one slot's KV cache at it does not fit.
     #[arg(long)]
     context: Option<usize>,
     /// New tokens per completion when a request names no `max_tokens`.
@@ -57,6 +59,55 @@ const MAX_CONCURRENT: usize = 1 << 20;
 
 /// KV-cache slots: far more than one model decodes at once on any device.
 const MAX_SLOTS: usize = 1 << 16;
+
+/// Slots when --max-slots is not given and they fit.
+const DEFAULT_SLOTS: usize = 64;
+
+/// The share of the free memory a KV cache sized by default may take: the rest is for the
+/// forward's activations, the HTTP side and whatever else the machine runs.
+const DEFAULT_CACHE_SHARE: f64 = 0.5;
+
+/// The shortest context a default size goes down to.
+const SMALLEST_DEFAULT_CONTEXT: usize = 256;
+
+/// The engine's size: KV-cache slots and the context of each.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct CacheSize {
+    slots: usize,
+    context: usize,
+}
+
+/// The size asked for, with what was left out chosen to fit `budget` bytes of KV cache
+/// (`bytes(slots, context)`): slots up to [`DEFAULT_SLOTS`] at the given or the model's
+/// context; without --context, when one slot does not fit at the model's, the longest
+/// context that does (down to [`SMALLEST_DEFAULT_CONTEXT`]). What the user gave is kept
+/// whole; `check_cache_fits` judges it.
+fn default_size(
+    slots: Option<usize>,
+    context: Option<usize>,
+    model_context: usize,
+    budget: Option<f64>,
+    bytes: impl Fn(usize, usize) -> f64,
+) -> CacheSize {
+    let Some(budget) = budget else {
+        return CacheSize {
+            slots: slots.unwrap_or(DEFAULT_SLOTS),
+            context: context.unwrap_or(model_context),
+        };
+    };
+    let fitting_slots = |context: usize| (budget / bytes(1, context)).floor() as usize;
+    let context = context.unwrap_or_else(|| {
+        let want = slots.unwrap_or(1);
+        if bytes(want, model_context) <= budget {
+            return model_context;
+        }
+        let per_token = bytes(want, 1);
+        let fits = (budget / per_token).floor() as usize;
+        fits.clamp(SMALLEST_DEFAULT_CONTEXT.min(model_context), model_context)
+    });
+    let slots = slots.unwrap_or_else(|| fitting_slots(context).clamp(1, DEFAULT_SLOTS));
+    CacheSize { slots, context }
+}
 
 /// The KV cache of `slots` sequences of `context` tokens fits in the free memory (on the CPU,
 /// where it can be read); else the engine would abort on its first full batch.
@@ -139,26 +190,51 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     if let Some(key) = &args.api_key {
         check_api_key(key)?;
     }
-    if args.max_concurrent == 0 || args.max_slots == 0 || args.default_max_tokens == 0 {
+    let asked_slots = args.max_slots.unwrap_or(DEFAULT_SLOTS);
+    if args.max_concurrent == 0 || asked_slots == 0 || args.default_max_tokens == 0 {
         bail!("--max-concurrent, --max-slots and --default-max-tokens must be at least 1");
     }
-    if args.max_concurrent > MAX_CONCURRENT || args.max_slots > MAX_SLOTS {
+    if args.max_concurrent > MAX_CONCURRENT || asked_slots > MAX_SLOTS {
         bail!(
             "--max-concurrent must be at most {MAX_CONCURRENT} and --max-slots at most \
-             {MAX_SLOTS} (got {} and {})",
+             {MAX_SLOTS} (got {} and {asked_slots})",
             args.max_concurrent,
-            args.max_slots
         );
     }
     let device = crate::trainer::config::parse_device(&args.device)?;
     let (model, tokenizer, default_name) = load(args, device)?;
     let model_context = model.net.max_positions() as usize;
-    let context = match args.context {
-        None => model_context,
-        Some(c) if (2..=model_context).contains(&c) => c,
-        Some(c) => bail!("--context {c} must be between 2 and the model's {model_context}"),
-    };
-    check_cache_fits(&model, args.max_slots, context, device)?;
+    if let Some(c) = args.context.filter(|c| !(2..=model_context).contains(c)) {
+        bail!("--context {c} must be between 2 and the model's {model_context}");
+    }
+    let element = model.options.dtype.bytes();
+    let free = crate::memory::available_on(device);
+    let size = default_size(
+        args.max_slots,
+        args.context,
+        model_context,
+        free.map(|f| f * DEFAULT_CACHE_SHARE),
+        |slots, context| model.net.config.kv_cache_bytes(slots, context, element),
+    );
+    if (args.max_slots, args.context) != (Some(size.slots), Some(size.context)) {
+        eprintln!(
+            "skein serve: {} slots × {} tokens of context, a {:.1} GiB KV cache{} \
+             (--max-slots and --context choose)",
+            size.slots,
+            size.context,
+            model
+                .net
+                .config
+                .kv_cache_bytes(size.slots, size.context, element)
+                / crate::memory::GIB,
+            free.map_or(String::new(), |f| format!(
+                " of the {:.1} GiB free",
+                f / crate::memory::GIB
+            ))
+        );
+    }
+    let CacheSize { slots, context } = size;
+    check_cache_fits(&model, slots, context, device)?;
     if tokenizer.eos_token_ids().is_empty() {
         eprintln!(
             "skein serve: the tokenizer names no eos token, so completions end only at max_tokens"
@@ -177,7 +253,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     };
     let (handle, queue) = engine::channel();
     let version = Arc::new(AtomicU64::new(0));
-    let engine = Engine::new(args.max_slots);
+    let engine = Engine::new(slots);
     let store = Arc::new(serve::RolloutStore::new());
     let state = ServeState::from_parts(handle, text, config, store, version.clone());
     let _engine_thread = serve::spawn_engine_thread(model, engine, queue, context as i64, version)
@@ -195,4 +271,72 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         eprintln!("skein serve: listening on http://{}", server.addr());
         server.wait().await
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A cache of 1 KiB per token and slot.
+    fn bytes(slots: usize, context: usize) -> f64 {
+        (slots * context * 1024) as f64
+    }
+
+    #[test]
+    fn default_slots_fit_the_budget_at_the_models_context() {
+        // 8192 tokens × 1 KiB = 8 MiB a slot: 20 MiB holds 2 of them.
+        let size = default_size(None, None, 8192, Some(20.0 * 1024.0 * 1024.0), bytes);
+        assert_eq!(
+            size,
+            CacheSize {
+                slots: 2,
+                context: 8192
+            }
+        );
+        // A large budget stops at the default number of slots.
+        let size = default_size(None, None, 8192, Some(1e12), bytes);
+        assert_eq!(size.slots, DEFAULT_SLOTS);
+    }
+
+    #[test]
+    fn the_context_shrinks_when_one_slot_does_not_fit() {
+        let size = default_size(None, None, 8192, Some(2.0 * 1024.0 * 1024.0), bytes);
+        assert_eq!(
+            size,
+            CacheSize {
+                slots: 1,
+                context: 2048
+            }
+        );
+        // Four slots asked for: the context that fits four.
+        let size = default_size(Some(4), None, 8192, Some(2.0 * 1024.0 * 1024.0), bytes);
+        assert_eq!(
+            size,
+            CacheSize {
+                slots: 4,
+                context: 512
+            }
+        );
+    }
+
+    #[test]
+    fn what_the_user_gave_is_kept() {
+        let size = default_size(Some(64), Some(8192), 8192, Some(1024.0), bytes);
+        assert_eq!(
+            size,
+            CacheSize {
+                slots: 64,
+                context: 8192
+            }
+        );
+        // Unknown free memory: the plain defaults.
+        let size = default_size(None, None, 8192, None, bytes);
+        assert_eq!(
+            size,
+            CacheSize {
+                slots: 64,
+                context: 8192
+            }
+        );
+    }
 }
