@@ -36,6 +36,11 @@ pub struct MemoryBenchArgs {
     /// all four setups in seconds (for tests).
     #[arg(long, value_enum, default_value_t = Shape::Qwen2_5_0_5b)]
     shape: Shape,
+    /// A model's shape from its Hugging Face directory (`config.json`) instead of `--shape`,
+    /// e.g. a pretrained model with a real vocabulary (random weights: the memory of an
+    /// update does not depend on their values).
+    #[arg(long, value_name = "DIR", conflicts_with = "shape")]
+    model: Option<std::path::PathBuf>,
     /// Sequences in the update, one per micro-batch.
     #[arg(long, default_value_t = 4)]
     sequences: usize,
@@ -62,6 +67,20 @@ enum Shape {
     #[value(name = "qwen2.5-0.5b")]
     Qwen2_5_0_5b,
     Tiny,
+}
+
+impl MemoryBenchArgs {
+    /// The measured model's name and configuration: `--model`'s, else `--shape`'s.
+    fn model_config(&self) -> Result<(String, ModelConfig)> {
+        match &self.model {
+            Some(dir) => {
+                let cfg = ModelConfig::from_file(&dir.join("config.json"))
+                    .with_context(|| format!("reading the shape of --model {}", dir.display()))?;
+                Ok((dir.display().to_string(), cfg))
+            }
+            None => Ok((self.shape.name().to_string(), self.shape.config())),
+        }
+    }
 }
 
 impl Shape {
@@ -167,11 +186,11 @@ pub fn run(a: &MemoryBenchArgs) -> Result<()> {
         println!("{}", serde_json::to_string(&out)?);
         return Ok(());
     }
-    let cfg = a.shape.config();
+    let (name, cfg) = a.model_config()?;
     eprintln!(
         "bench memory: {} ({:.1}M parameters), {} sequences x {} tokens, one per micro-batch; \
          each setup in its own process",
-        a.shape.name(),
+        name,
         cfg.parameter_count() / 1e6,
         a.sequences,
         a.tokens
@@ -195,13 +214,13 @@ pub fn run(a: &MemoryBenchArgs) -> Result<()> {
 
 fn check(a: &MemoryBenchArgs) -> Result<()> {
     at_least_one(&[("--sequences", a.sequences), ("--steps", a.steps)])?;
-    let cfg = a.shape.config();
+    let (name, cfg) = a.model_config()?;
     let positions = cfg.max_position_embeddings;
     if a.tokens < 4 || a.tokens > positions {
         bail!(
             "invalid value for `--tokens`: must be between 4 and the {} model's {positions} \
              positions (got {})",
-            a.shape.name(),
+            name,
             a.tokens
         );
     }
@@ -223,12 +242,12 @@ fn check(a: &MemoryBenchArgs) -> Result<()> {
     if a.threads > max {
         bail!("invalid value for `--threads`: at most {max} on this machine (0 keeps the default)");
     }
-    check_fits(a, &cfg)
+    check_fits(a, &name, &cfg)
 }
 
 /// The largest setup's update, as the preflight estimates it, fits in the free memory: a
 /// child that cannot allocate would be killed rather than report.
-fn check_fits(a: &MemoryBenchArgs, cfg: &ModelConfig) -> Result<()> {
+fn check_fits(a: &MemoryBenchArgs, name: &str, cfg: &ModelConfig) -> Result<()> {
     let setups = a.only.map_or(Setup::ALL.to_vec(), |s| vec![s]);
     let need = setups
         .into_iter()
@@ -239,7 +258,7 @@ fn check_fits(a: &MemoryBenchArgs, cfg: &ModelConfig) -> Result<()> {
             "a {}-token update of {} needs about {:.1} GiB, but {:.1} GiB of memory is free: \
              lower --tokens",
             a.tokens,
-            a.shape.name(),
+            name,
             need / crate::memory::GIB,
             free / crate::memory::GIB
         );
@@ -312,8 +331,11 @@ fn print_goals(a: &MemoryBenchArgs, cfg: &ModelConfig, results: &[(Setup, Outcom
 fn in_child(a: &MemoryBenchArgs, setup: Setup) -> Result<Outcome> {
     let exe = std::env::current_exe().context("locating the skein binary")?;
     let mut cmd = Command::new(exe);
-    cmd.args(["bench", "memory", "--only", setup.flag()])
-        .args(["--shape", a.shape.name()]);
+    cmd.args(["bench", "memory", "--only", setup.flag()]);
+    match &a.model {
+        Some(dir) => cmd.arg("--model").arg(dir),
+        None => cmd.args(["--shape", a.shape.name()]),
+    };
     for (flag, v) in [
         ("--sequences", a.sequences),
         ("--tokens", a.tokens),
@@ -366,7 +388,7 @@ fn measure(a: &MemoryBenchArgs, setup: Setup) -> Result<Outcome> {
     // libtorch sets itself up on the first operation.
     let _ = tch::Tensor::zeros([1], (tch::Kind::Float, Device::Cpu)).sum(tch::Kind::Float);
     let start_mib = proc_status_mib("VmRSS").context("reading /proc/self/status")?;
-    let cfg = a.shape.config();
+    let (_, cfg) = a.model_config()?;
     let policy = Model::random_with(&cfg, &setup.options(), Device::Cpu, 0)?;
     let rows = rows(a, cfg.vocab_size);
     let update = UpdateConfig {
