@@ -73,18 +73,44 @@ impl RewardFn {
         }
     }
 
+    /// Whether `response` answers `ground_truth` correctly, for the functions whose reward is
+    /// that verdict (`math`, `exact_match`); None for those that reward something else
+    /// (`format`, `overlong`). The trainer's accuracy uses it, so it agrees with `score`.
+    pub fn verdict(&self, response: &str, ground_truth: &str) -> Option<bool> {
+        match self {
+            RewardFn::ExactMatch => Some(response.trim() == ground_truth.trim()),
+            RewardFn::Math { flexible } => {
+                let answer = math::extract_answer(response, *flexible);
+                let reference = math::reference_answer(ground_truth);
+                Some(
+                    answer
+                        .as_deref()
+                        .is_some_and(|a| math::equivalent(a, &reference)),
+                )
+            }
+            RewardFn::Format { .. } | RewardFn::Overlong { .. } => None,
+        }
+    }
+
+    /// What a function with a verdict counts as correct, in words (None without one).
+    pub fn verdict_rule(&self) -> Option<&'static str> {
+        match self {
+            RewardFn::ExactMatch => Some("exact_match: the trimmed response is the ground truth"),
+            RewardFn::Math { flexible: true } => Some("math, flexible: last number"),
+            RewardFn::Math { flexible: false } => Some(r"math: \boxed{} or ####"),
+            RewardFn::Format { .. } | RewardFn::Overlong { .. } => None,
+        }
+    }
+
     pub fn score(&self, req: &RewardRequest) -> RewardOutput {
         match self {
             RewardFn::ExactMatch => {
-                let hit = req.response.trim() == req.ground_truth.trim();
+                let hit = self.verdict(&req.response, &req.ground_truth) == Some(true);
                 RewardOutput::new(indicator(hit)).with_metric("acc", indicator(hit))
             }
             RewardFn::Math { flexible } => {
                 let answer = math::extract_answer(&req.response, *flexible);
-                let reference = math::reference_answer(&req.ground_truth);
-                let hit = answer
-                    .as_deref()
-                    .is_some_and(|a| math::equivalent(a, &reference));
+                let hit = self.verdict(&req.response, &req.ground_truth) == Some(true);
                 RewardOutput::new(indicator(hit))
                     .with_metric("acc", indicator(hit))
                     .with_metric("answer_found", indicator(answer.is_some()))
@@ -180,6 +206,41 @@ mod tests {
             1.0
         );
         assert_eq!(f.score(&req(r"\boxed{999}", truth)).reward, 0.0);
+    }
+
+    #[test]
+    fn verdicts_agree_with_the_reward_and_only_answer_checks_have_one() {
+        let (strict, flexible) = (
+            RewardFn::Math { flexible: false },
+            RewardFn::Math { flexible: true },
+        );
+        // A chat model's usual answer: an equation, no box, no `####`.
+        assert_eq!(flexible.verdict("25 + 49 = 74", "74"), Some(true));
+        assert_eq!(strict.verdict("25 + 49 = 74", "74"), Some(false));
+        assert_eq!(flexible.verdict("25 + 49 = 72", "74"), Some(false));
+        assert_eq!(RewardFn::ExactMatch.verdict(" 74\n", "74"), Some(true));
+        for (f, response) in [
+            (&strict, r"so \boxed{74}"),
+            (&flexible, "25 + 49 = 74"),
+            (&RewardFn::ExactMatch, "74"),
+        ] {
+            let reward = f.score(&req(response, "74")).reward;
+            assert_eq!(f.verdict(response, "74"), Some(reward == 1.0), "{f:?}");
+            assert!(f.verdict_rule().is_some());
+        }
+        let format = RewardFn::Format {
+            require: vec![],
+            boxed: true,
+        };
+        let overlong = RewardFn::Overlong {
+            max_response_tokens: 10,
+            overlong_buffer: 5,
+            penalty: 1.0,
+        };
+        for f in [format, overlong] {
+            assert_eq!(f.verdict("74", "74"), None);
+            assert_eq!(f.verdict_rule(), None);
+        }
     }
 
     #[test]
