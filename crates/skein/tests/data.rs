@@ -183,7 +183,8 @@ fn trains_on_a_parquet_dataset_and_evaluates_its_validation_split() {
         String::from_utf8_lossy(&status.stderr)
     );
     let line: Value = serde_json::from_str(std::fs::read_to_string(&out).unwrap().trim()).unwrap();
-    assert_eq!(line["problems"], 20);
+    // The run's held-out problems: `eval.problems` of the 20 good rows.
+    assert_eq!(line["problems"], 16);
     assert_eq!(line["n"], 4);
     let (p1, p4) = (
         line["eval/pass@1"].as_f64().unwrap(),
@@ -300,4 +301,157 @@ fn sft_on_chat_jsonl_lowers_the_loss_and_writes_a_loadable_model() {
     assert!(model.net.config.num_parameters() > 0);
     let tok = skein_text::Tokenizer::from_dir(&out_dir).unwrap();
     assert!(tok.chat_template().unwrap().is_some());
+}
+
+/// `skein eval RUN_DIR` with the run's own config `--set`.
+fn eval_run(run: &Path, sets: &[&str]) -> std::process::Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_skein"));
+    cmd.args(["eval", run.to_str().unwrap(), "--set", "run.threads=1"]);
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    cmd.output().unwrap()
+}
+
+/// The JSON line of a `skein eval` that succeeded.
+fn eval_line(out: &std::process::Output) -> Value {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// One judge of correctness (`eval.correct_by`, here derived from a flexible `math` reward)
+/// decides the run's held-out accuracy and `skein eval`'s on its checkpoint: the same number
+/// on the same problems, named the same way. The training rows' ground truths are worked
+/// answers (`3+4=7`), so the warm-up teaches the model to answer with an equation, as chat
+/// models do; the validation rows' are the bare sums, which only the last number of such an
+/// answer matches: the dataset's own (strict) check finds none of them correct.
+#[test]
+fn skein_eval_of_a_run_reports_its_final_accuracy_by_the_runs_judge() {
+    let dir = workdir("judge");
+    let row = |i: usize, truth: String| {
+        let (a, b) = (i / 10, i % 10);
+        PromptRow {
+            prompt: vec![ChatMessage {
+                role: "user".into(),
+                content: format!("{a}+{b}"),
+            }],
+            data_source: "sums".into(),
+            ground_truth: truth,
+            extra_info: json!({"index": i}),
+        }
+    };
+    let worked: Vec<_> = (0..100)
+        .map(|i| row(i, format!("{}+{}={}", i / 10, i % 10, i / 10 + i % 10)))
+        .collect();
+    // Every fourth problem, so the evaluation spans the table.
+    let bare: Vec<_> = (0..100)
+        .step_by(4)
+        .map(|i| row(i, (i / 10 + i % 10).to_string()))
+        .collect();
+    write_jsonl(&dir.join("train.jsonl"), &worked, "");
+    write_jsonl(&dir.join("val.jsonl"), &bare, "");
+    let run = dir.join("run");
+    let toml = format!(
+        r#"
+[run]
+dir = "{run}"
+threads = 1
+[model]
+hidden_size = 64
+num_layers = 2
+num_heads = 2
+num_kv_heads = 1
+intermediate_size = 128
+[data]
+train_files = ["{train}"]
+val_files = ["{val}"]
+[sft]
+steps = 150
+batch_size = 32
+lr = 5e-3
+eval_every = 0
+[rollout]
+prompts_per_step = 4
+samples_per_prompt = 2
+[trainer]
+steps = 1
+[eval]
+problems = 20
+every = 0
+[reward.sources.answer]
+kind = "math"
+flexible = true
+[reward.default_route]
+sources = ["answer"]
+"#,
+        run = run.display(),
+        train = dir.join("train.jsonl").display(),
+        val = dir.join("val.jsonl").display(),
+    );
+    let cfg: TrainConfig = skein_config::load(Some(&toml), "test", &[]).unwrap();
+    let summary = skein::trainer::run::train(&cfg).unwrap();
+    let flexible = "reward source `answer` (math, flexible: last number)";
+    assert_eq!(summary.correct_by, flexible);
+    let last = metrics(&run)
+        .into_iter()
+        .rfind(|m| m.get("eval/accuracy").is_some())
+        .unwrap();
+    let accuracy = last["eval/accuracy"].as_f64().unwrap();
+    assert_eq!(accuracy, summary.eval_after.accuracy);
+    assert!(
+        accuracy > 0.0,
+        "the warmed-up model should get some sums right"
+    );
+
+    // The run's held-out problems: the first `eval.problems` of the 25 validation rows.
+    let line = eval_line(&eval_run(&run, &[]));
+    assert_eq!(line["problems"], 20);
+    assert_eq!(line["correct_by"], flexible, "{line}");
+    assert_eq!(line["eval/accuracy"].as_f64().unwrap(), accuracy, "{line}");
+    // The reward too is the run's: its sources score `skein eval`'s answers.
+    assert_eq!(line["eval/reward"], last["eval/reward"], "{line}");
+
+    // The same answers judged by the dataset's own check: not one is a bare or marked number.
+    let strict = eval_line(&eval_run(&run, &["eval.correct_by=\"task\""]));
+    assert_eq!(strict["eval/accuracy"].as_f64().unwrap(), 0.0, "{strict}");
+    assert_eq!(strict["eval/reward"], line["eval/reward"], "{strict}");
+    assert!(
+        strict["correct_by"]
+            .as_str()
+            .unwrap()
+            .starts_with("the dataset's math check"),
+        "{strict}"
+    );
+
+    // Without validation files a run evaluates training rows drawn with a seed of their own,
+    // and so does `skein eval` of it.
+    let drawn = eval_line(&eval_run(&run, &["data.val_files=[]"]));
+    assert_eq!(drawn["problems"], 20);
+    assert!(
+        drawn["data"]
+            .as_str()
+            .unwrap()
+            .ends_with("(train-set problems)"),
+        "{drawn}"
+    );
+
+    // A judge that has no verdict is refused, naming the key and what it may be.
+    let out = eval_run(
+        &run,
+        &[
+            "reward.sources.fmt.kind=\"format\"",
+            "reward.sources.fmt.boxed=true",
+            "eval.correct_by=\"fmt\"",
+        ],
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("`eval.correct_by`") && err.contains("(allowed: task, answer;"),
+        "{err}"
+    );
 }

@@ -1,6 +1,7 @@
 //! Short training runs of the default task with each kind of reward source: each test checks
-//! that the logged reward is what that source computes (not the task's own reward), that the
-//! task's checker still decides accuracy, and that failures fail trajectories, not the run.
+//! that the logged reward is what that source computes (not the task's own reward), that
+//! accuracy is judged by `eval.correct_by` (the routed answer check, else the task's checker),
+//! and that failures fail trajectories, not the run.
 //! Real components only: the example worker script, the all-MiniLM-L6-v2 reward model
 //! (scripts/setup-reward-model.sh), and a `skein serve-reward` subprocess on 127.0.0.1.
 
@@ -83,7 +84,7 @@ fn run(name: &str, extra: &str) -> Vec<serde_json::Map<String, Value>> {
     records
 }
 
-/// Accuracy (the task's checker) is right somewhere, so a reward that copied it would show.
+/// Accuracy is right somewhere, so a reward that copied it would show.
 fn some_correct(records: &[serde_json::Map<String, Value>]) {
     assert!(
         records.iter().any(|m| get(m, "reward/accuracy") > 0.0),
@@ -111,6 +112,8 @@ sources = []
         // Weighted 2: the task's own reward would be the plain accuracy.
         let acc = get(m, "score/answer/acc");
         assert!((get(m, "reward/mean") - 2.0 * acc).abs() < 1e-9, "{m:?}");
+        // The routed `math` source is the judge: accuracy is its verdict.
+        assert!((get(m, "reward/accuracy") - acc).abs() < 1e-9, "{m:?}");
         // Every response went to the rewarder: the eval before RL, then each step's.
         let step = get(m, "step") as usize;
         assert_eq!(

@@ -1,13 +1,17 @@
 //! `skein eval`: accuracy and pass@k of a model on prompt files, on a run's validation split,
-//! or on the built-in task's held-out problems; greedy by default, sampled with `--n`.
+//! or on the built-in task's held-out problems; greedy by default, sampled with `--n`. A run's
+//! config brings its judge of correctness (`eval.correct_by`) and its `[reward]`, so
+//! `eval/accuracy` and `eval/reward` mean what they meant in its training.
 
 use crate::engine::{Engine, Generator, SamplingParams};
 use crate::model::Model;
+use crate::trainer::config::correct_by::{builtin_checker, DATASET_CHECKER};
 use crate::trainer::rollout::dataset::{
-    eval_seed, fit_split, prompt_batch, read_split, DatasetTask, Renderer,
+    eval_seed, fit_split, prompt_batch, read_split, Data, DatasetTask, Renderer,
 };
 use crate::trainer::rollout::evaluation_problems;
 use crate::trainer::rollout::judge::{answer_prompts, Answering};
+use crate::trainer::rollout::reward::build_rewarder;
 use crate::trainer::TrainConfig;
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Map, Value};
@@ -21,8 +25,10 @@ pub struct EvalArgs {
     /// A model directory (Hugging Face layout) or a run directory (its `checkpoint/` is
     /// evaluated, with its `config.toml`).
     pub model: PathBuf,
-    /// Prompt files (.jsonl or .parquet, verl layout). Default: the config's
-    /// `data.val_files`, else the built-in task's held-out problems.
+    /// Prompt files (.jsonl or .parquet, verl layout), every row evaluated. Default: the
+    /// config's held-out problems, as its run evaluates them: the first `eval.problems` rows
+    /// of `data.val_files`, else as many training rows drawn with the evaluation's seed, else
+    /// the built-in task's.
     #[arg(long = "data", value_name = "FILE")]
     pub data: Vec<PathBuf>,
     /// A TOML config (default: the run's config.toml; else the defaults).
@@ -41,7 +47,7 @@ pub struct EvalArgs {
     /// The k of pass@k, comma-separated, each at most --n (default: 1 and --n).
     #[arg(long, value_delimiter = ',')]
     pub k: Vec<usize>,
-    /// Problems to evaluate (default: every row of the files; `eval.problems` for the task).
+    /// Problems to evaluate (default: every row of `--data` files; else `eval.problems`).
     #[arg(long)]
     pub problems: Option<usize>,
     /// Also append the metrics line to this JSONL file.
@@ -55,10 +61,17 @@ const MAX_SAMPLES: usize = 1 << 20;
 pub fn run(args: &EvalArgs) -> Result<()> {
     let ks = pass_ks(args)?;
     let (model_dir, cfg) = resolve(args)?;
+    let correct_by = cfg.correct_by().map_err(anyhow::Error::msg)?;
     let device = cfg.run.start_device()?;
     let tokenizer = Tokenizer::from_dir(&model_dir)?;
     let policy = Model::load_dir(&model_dir, device)?;
-    let (task, problems, source) = problems(args, &cfg, &tokenizer)?;
+    let EvalSet {
+        task,
+        scorer,
+        problems,
+        source,
+        checker,
+    } = problems(args, &cfg, &tokenizer)?;
     if problems.len().saturating_mul(args.n) > MAX_SAMPLES {
         bail!(
             "--n {} × {} problems is more than {MAX_SAMPLES} samples, which are held in memory: \
@@ -68,6 +81,17 @@ pub fn run(args: &EvalArgs) -> Result<()> {
         );
     }
     let batch = prompt_batch(problems, &tokenizer)?;
+    // The run's reward sources, as its evaluations had them (their `task` scorer is the
+    // task these problems come from).
+    let rewarder = match &cfg.reward {
+        Some(reward) => Some(build_rewarder(
+            reward,
+            &cfg.reward_models,
+            Some(scorer),
+            device,
+        )?),
+        None => None,
+    };
     let eos = *tokenizer
         .eos_token_ids()
         .first()
@@ -94,7 +118,8 @@ pub fn run(args: &EvalArgs) -> Result<()> {
         task: task.as_ref(),
         tokenizer: &tokenizer,
         params: &params,
-        rewarder: None,
+        rewarder: rewarder.as_ref(),
+        correct_by: &correct_by,
     };
     let r = answer_prompts(&answering, &batch, args.n, "eval");
     let n_problems = batch.problems.len();
@@ -105,6 +130,7 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     line.insert("problems".into(), json!(n_problems));
     line.insert("n".into(), json!(args.n));
     line.insert("temperature".into(), json!(temperature));
+    line.insert("correct_by".into(), json!(correct_by.describe(&checker)));
     let correct = r.correct.iter().filter(|&&c| c).count() as f64;
     line.insert("eval/accuracy".into(), json!(correct / total));
     let reward = r.trajectories.iter().map(|t| t.reward).sum::<f64>() / total;
@@ -188,34 +214,74 @@ fn pass_ks(args: &EvalArgs) -> Result<Vec<usize>> {
     Ok(ks)
 }
 
-/// The problems to evaluate, the task that scores them, and a description of their source.
-fn problems(
-    args: &EvalArgs,
-    cfg: &TrainConfig,
-    tokenizer: &Tokenizer,
-) -> Result<(Box<dyn Task>, Vec<skein_tasks::Problem>, String)> {
-    let files: Vec<String> = if args.data.is_empty() {
-        cfg.data.val_files.clone()
-    } else {
-        args.data.iter().map(|p| p.display().to_string()).collect()
-    };
-    if files.is_empty() {
-        let task = skein_tasks::task_by_name(&cfg.task.name, cfg.task.difficulty)?;
-        let n = args.problems.unwrap_or(cfg.eval.problems);
-        let seed = eval_seed(cfg.run.seed);
-        let (problems, held_out) =
-            evaluation_problems(task.name(), task.problem_count(), n, seed, |r| {
-                task.sample(r)
-            })?;
-        let split = if held_out { "held-out" } else { "train-set" };
-        let source = format!(
-            "task {} (difficulty {}, {split} problems)",
-            cfg.task.name, cfg.task.difficulty
-        );
-        return Ok((task, problems, source));
+/// What one evaluation answers, and who checks it.
+struct EvalSet {
+    /// The task whose checker scores each response.
+    task: Box<dyn Task>,
+    /// The same task again, for the `[reward]` sources' `task` scorer.
+    scorer: Box<dyn Task>,
+    problems: Vec<skein_tasks::Problem>,
+    /// Where the problems come from, in words.
+    source: String,
+    /// The task's own checker, in words.
+    checker: String,
+}
+
+/// The problems to evaluate, the task that scores them, and a description of both. Without
+/// `--data`, the config's held-out problems exactly as its run evaluated them (the same rows,
+/// or draws, and `eval.problems` of them); with it, every row of the files.
+fn problems(args: &EvalArgs, cfg: &TrainConfig, tokenizer: &Tokenizer) -> Result<EvalSet> {
+    if !args.data.is_empty() {
+        let files: Vec<String> = args.data.iter().map(|p| p.display().to_string()).collect();
+        return dataset_rows(cfg, &files, args.problems, tokenizer);
     }
+    let n = args.problems.unwrap_or(cfg.eval.problems);
+    if !cfg.data.val_files.is_empty() {
+        return dataset_rows(cfg, &cfg.data.val_files, Some(n), tokenizer);
+    }
+    let seed = eval_seed(cfg.run.seed);
+    if !cfg.data.train_files.is_empty() {
+        // Without validation files the run evaluated training rows drawn with a seed of their
+        // own: the same draw, from the rows as the run read and fitted them.
+        let data = Data::load(cfg)?;
+        let problems = data.eval_batch(tokenizer, n, seed)?.problems;
+        return Ok(EvalSet {
+            task: Box::new(data.train.clone()),
+            scorer: Box::new(data.train),
+            problems,
+            source: format!("{} (train-set problems)", cfg.data.train_files.join(", ")),
+            checker: DATASET_CHECKER.to_string(),
+        });
+    }
+    let task = skein_tasks::task_by_name(&cfg.task.name, cfg.task.difficulty)?;
+    let (problems, held_out) =
+        evaluation_problems(task.name(), task.problem_count(), n, seed, |r| {
+            task.sample(r)
+        })?;
+    let split = if held_out { "held-out" } else { "train-set" };
+    let source = format!(
+        "task {} (difficulty {}, {split} problems)",
+        cfg.task.name, cfg.task.difficulty
+    );
+    Ok(EvalSet {
+        scorer: skein_tasks::task_by_name(&cfg.task.name, cfg.task.difficulty)?,
+        task,
+        problems,
+        source,
+        checker: builtin_checker(&cfg.task.name),
+    })
+}
+
+/// The rows of prompt `files` (the first `limit`, if given), held to `data.max_prompt_tokens`
+/// as a run holds its validation split.
+fn dataset_rows(
+    cfg: &TrainConfig,
+    files: &[String],
+    limit: Option<usize>,
+    tokenizer: &Tokenizer,
+) -> Result<EvalSet> {
     let renderer = Renderer::for_config(cfg)?;
-    let (problems, read) = read_split(&cfg.data, &files, "val", &renderer)?;
+    let (problems, read) = read_split(&cfg.data, files, "val", &renderer)?;
     let (mut problems, fitted) = fit_split(problems, tokenizer, &cfg.data, "val")?;
     if read.skipped_rows + fitted.filtered_prompts + fitted.truncated_prompts > 0 {
         eprintln!(
@@ -223,11 +289,17 @@ fn problems(
             read.skipped_rows, fitted.filtered_prompts, fitted.truncated_prompts
         );
     }
-    if let Some(n) = args.problems {
+    if let Some(n) = limit {
         problems.truncate(n);
     }
     let task = DatasetTask::new("eval".into(), problems.clone(), "", &cfg.data);
-    Ok((Box::new(task), problems, files.join(", ")))
+    Ok(EvalSet {
+        scorer: Box::new(task.clone()),
+        task: Box::new(task),
+        problems,
+        source: files.join(", "),
+        checker: DATASET_CHECKER.to_string(),
+    })
 }
 
 /// The unbiased pass@k estimate for one problem with `c` of `n` samples correct:

@@ -36,6 +36,8 @@ pub struct RunSummary {
     pub rank: usize,
     /// The evaluations were on held-out problems (else on training problems).
     pub held_out: bool,
+    /// What decided `correct` in every accuracy of the run (`eval.correct_by`), in words.
+    pub correct_by: String,
 }
 
 /// A new run in `cfg.run.dir`; a directory that holds another run is refused.
@@ -190,6 +192,7 @@ impl RunSummary {
             interrupted: false,
             rank,
             held_out: false,
+            correct_by: String::new(),
         }
     }
 }
@@ -212,6 +215,11 @@ impl Trainer<'_> {
 /// After the last step (or a Ctrl-C): evaluate, save the policy in HF layout, plot the curves.
 fn finish(mut t: Trainer, mut doctor: RunDoctor, interrupted: bool) -> Result<RunSummary> {
     let dir = t.dir.clone();
+    let correct_by = t
+        .cfg
+        .correct_by()
+        .map_err(anyhow::Error::msg)?
+        .describe(&t.cfg.task_checker());
     if interrupted {
         let plot = skein_report::plot_run_dir(&dir, None)?;
         let step = t.rewards.len();
@@ -230,6 +238,7 @@ fn finish(mut t: Trainer, mut doctor: RunDoctor, interrupted: bool) -> Result<Ru
             interrupted: true,
             rank: 0,
             held_out: t.workload.held_out(),
+            correct_by,
         });
     }
     let eval_after = t.evaluate();
@@ -260,6 +269,7 @@ fn finish(mut t: Trainer, mut doctor: RunDoctor, interrupted: bool) -> Result<Ru
         interrupted: false,
         rank: 0,
         held_out: t.workload.held_out(),
+        correct_by,
     })
 }
 

@@ -4,10 +4,12 @@
 //! names the key and the allowed values, and no code downstream parses a string again.
 
 mod batching;
+pub mod correct_by;
 mod trajectories;
 pub mod validate;
 
 pub use batching::Batching;
+pub use correct_by::CorrectBy;
 pub use trajectories::{Keep, TrajectoriesConfig};
 
 use crate::engine::SamplingParams;
@@ -595,6 +597,15 @@ pub struct EvalConfig {
     pub problems: usize,
     /// Evaluate every N RL steps (0: only before and after training).
     pub every: usize,
+    /// What decides that a response is correct, for every accuracy of the run (`eval/accuracy`,
+    /// `sft/eval_accuracy`, the training samples' `reward/accuracy`) and for `skein eval` on
+    /// it: `task` (the task's own checker; for a dataset, math equivalence of a `\boxed{}`,
+    /// `####` or bare-number answer) or the name of a `[reward.sources]` entry of kind `math`
+    /// or `exact_match` (correct when its reward is 1; it need not be on a route). Workers,
+    /// remote services, reward models, `format` and `overlong` give no verdict and are
+    /// refused. Unset: the one such source (or the `task` scorer) the reward routes use, else
+    /// `task`; with several, set it.
+    pub correct_by: Option<String>,
 }
 
 impl Default for EvalConfig {
@@ -602,6 +613,7 @@ impl Default for EvalConfig {
         EvalConfig {
             problems: 256,
             every: 10,
+            correct_by: None,
         }
     }
 }

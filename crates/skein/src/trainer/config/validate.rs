@@ -18,6 +18,9 @@ pub fn validate(cfg: &TrainConfig) -> Result<()> {
     validate_algorithm(cfg, &mut v);
     validate_trainer(cfg, &mut v);
     v.in_range("eval.problems", cfg.eval.problems, 0, MAX_EVAL_PROBLEMS);
+    if let Err(problem) = cfg.correct_by() {
+        v.problem(problem);
+    }
     validate_model(cfg, &mut v);
     validate_reward(cfg, &mut v);
     validate_data(cfg, &mut v);
@@ -1052,6 +1055,10 @@ mod tests {
         );
         reward.default_route.sources = vec!["task".into(), "math".into()];
         ok.reward = Some(reward);
+        // Both judge answers: `eval.correct_by` says which one decides accuracy.
+        let err = validate(&ok).unwrap_err().to_string();
+        assert!(err.contains("`eval.correct_by` is not set"), "{err}");
+        ok.eval.correct_by = Some("math".into());
         assert!(validate(&ok).is_ok(), "{:?}", validate(&ok));
     }
 

@@ -348,6 +348,7 @@ impl GroupBuffer {
             } else {
                 let mut judged = score_response(
                     r.task,
+                    r.correct_by,
                     r.tokenizer,
                     &g.problem,
                     &part.tokens,
@@ -442,6 +443,7 @@ mod tests {
             tokenizer: &s.tokenizer,
             params: &s.params,
             rewarder: None,
+            correct_by: &crate::trainer::config::CorrectBy::Task,
         };
         buf.collect_step(&rollout, cfg, &mut next).unwrap()
     }

@@ -508,6 +508,9 @@ mod tests {
         assert!(!wrong.correct && wrong.formatted && wrong.reward == 0.0);
         let unformatted = score_math("42", "about forty-two");
         assert!(!unformatted.correct && !unformatted.formatted);
+        // An equation is not a bare number: only a flexible `math` source reads its last one
+        // (`eval.correct_by`).
+        assert!(!score_math("74", "25 + 49 = 74").correct);
     }
 
     #[test]

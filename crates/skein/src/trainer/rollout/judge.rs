@@ -1,13 +1,15 @@
 //! Judging single-turn responses: the task's checker scores a finished response the moment
-//! it finishes (it judges `correct`, and is the reward when no `[reward]` sources are
-//! configured); configured sources only receive the request then and are collected after
-//! generation, so scoring overlaps it. [`answer_prompts`] runs a fixed batch of prompts this
-//! way (evaluation, `skein eval`); the training rollout does the same per round in
+//! it finishes (it is the reward when no `[reward]` sources are configured), and the run's
+//! judge of correctness (`eval.correct_by`: that checker or a built-in answer check) decides
+//! `correct` there too; configured sources only receive the request then and are collected
+//! after generation, so scoring overlaps it. [`answer_prompts`] runs a fixed batch of prompts
+//! this way (evaluation, `skein eval`); the training rollout does the same per round in
 //! `buffer.rs`.
 
 use super::reward::{failed_status, request, RewardStats, RoundRewards};
 use crate::engine::{EngineStats, Finish, GenRequest, Generator, SamplingParams};
 use crate::model::Model;
+use crate::trainer::config::CorrectBy;
 use serde::{Deserialize, Serialize};
 use skein_plan::{Status, Trajectory, Transition};
 use skein_reward::Rewarder;
@@ -17,7 +19,8 @@ use skein_text::Tokenizer;
 /// Scored answers to a batch of prompts.
 pub struct Answers {
     pub trajectories: Vec<Trajectory>,
-    /// Parallel to `trajectories`: whether the task judged the answer correct.
+    /// Parallel to `trajectories`: whether the run's judge (`eval.correct_by`) found the
+    /// answer correct.
     pub correct: Vec<bool>,
     pub engine: EngineStats,
     pub rewards: RewardStats,
@@ -37,6 +40,8 @@ pub struct Answering<'a> {
     pub tokenizer: &'a Tokenizer,
     pub params: &'a SamplingParams,
     pub rewarder: Option<&'a Rewarder>,
+    /// What decides `correct` (`eval.correct_by`).
+    pub correct_by: &'a CorrectBy,
 }
 
 /// Generates `n` samples for each prompt and scores them as they finish; trajectory ids are
@@ -50,6 +55,7 @@ pub fn answer_prompts(a: &Answering, batch: &PromptBatch, n: usize, tag: &str) -
         tokenizer,
         params,
         rewarder,
+        correct_by,
     } = *a;
     let mut requests = Vec::with_capacity(batch.problems.len() * n);
     for (p, ids) in batch.prompt_ids.iter().enumerate() {
@@ -71,6 +77,7 @@ pub fn answer_prompts(a: &Answering, batch: &PromptBatch, n: usize, tag: &str) -
         let (p, k) = (id / n, id % n);
         let mut judged = score_response(
             task,
+            correct_by,
             tokenizer,
             &batch.problems[p],
             &out.tokens,
@@ -131,20 +138,22 @@ pub fn apply_reward(
     }
 }
 
-/// What the task's checker made of one response.
+/// What the task's checker and the run's judge made of one response.
 pub struct Judged {
     /// The task's reward (the trajectory's reward unless `[reward]` sources replace it).
     pub reward: f64,
+    /// The verdict of `eval.correct_by` (false for a response that failed).
     pub correct: bool,
     pub status: Status,
     /// The decoded response (None when it does not decode; the trajectory has failed).
     pub text: Option<String>,
 }
 
-/// Scores one finished response (`tokens`, stop token included). The reward program sees
-/// text; the gradient only ever sees the token ids.
+/// Scores one finished response (`tokens`, stop token included) and judges it by
+/// `correct_by`. The reward program sees text; the gradient only ever sees the token ids.
 pub fn score_response(
     task: &dyn Task,
+    correct_by: &CorrectBy,
     tokenizer: &Tokenizer,
     problem: &Problem,
     tokens: &[u32],
@@ -179,9 +188,11 @@ pub fn score_response(
             } else {
                 Status::Truncated
             };
+            // The same text the reward sources receive, so a `math` judge agrees with its reward.
+            let correct = correct_by.correct(score.correct, &text, &problem.ground_truth);
             Judged {
                 reward: score.reward,
-                correct: score.correct,
+                correct,
                 status,
                 text: Some(text),
             }

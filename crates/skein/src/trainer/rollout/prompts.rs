@@ -13,7 +13,7 @@ use super::trajectory_info::TrajectoryInfo;
 use super::{draw, evaluation_problems, EvalResult, StepContext, Workload, WorkloadState};
 use crate::engine::SamplingParams;
 use crate::trainer::batch::TrainRow;
-use crate::trainer::config::TrainConfig;
+use crate::trainer::config::{CorrectBy, TrainConfig};
 use crate::trainer::sft::sft_row;
 use anyhow::Result;
 use serde_json::Value;
@@ -32,6 +32,8 @@ pub struct PromptTask {
     pub eval: PromptBatch,
     /// The `[reward]` sources; None: the task's checker is the reward.
     pub rewarder: Option<Rewarder>,
+    /// What decides `correct`, in training and in evaluation (`eval.correct_by`).
+    pub correct_by: CorrectBy,
     /// Training draws only training problems (the task is split).
     split: bool,
     /// Evaluation is on problems training never sees.
@@ -60,6 +62,7 @@ impl PromptTask {
         device: Device,
     ) -> Result<Self> {
         let rewarder = rewarder(cfg, data.as_ref(), device)?;
+        let correct_by = cfg.correct_by().map_err(anyhow::Error::msg)?;
         let seed = eval_seed(cfg.run.seed);
         // A built-in task large enough is split; a dataset's held-out rows are its validation
         // files.
@@ -104,6 +107,7 @@ impl PromptTask {
             rng: TaskRng::new(rng_state),
             eval,
             rewarder,
+            correct_by,
             split,
             held_out,
         })
@@ -119,6 +123,7 @@ impl PromptTask {
             tokenizer: ctx.tokenizer,
             params: ctx.sampling,
             rewarder: self.rewarder.as_ref(),
+            correct_by: &self.correct_by,
         }
     }
 
@@ -220,6 +225,7 @@ impl Workload for Prompts {
             task,
             rng,
             rewarder,
+            correct_by,
             split,
             ..
         } = &mut self.task;
@@ -237,6 +243,7 @@ impl Workload for Prompts {
             tokenizer: ctx.tokenizer,
             params: ctx.sampling,
             rewarder: rewarder.as_ref(),
+            correct_by,
         };
         let (buffer, iteration) = (&mut self.buffer, &self.iteration);
         let it = match &self.dynamic {
