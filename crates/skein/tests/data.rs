@@ -304,12 +304,13 @@ fn sft_on_chat_jsonl_lowers_the_loss_and_writes_a_loadable_model() {
 }
 
 /// `skein eval RUN_DIR` with the run's own config `--set`.
-fn eval_run(run: &Path, sets: &[&str]) -> std::process::Output {
+fn eval_run(run: &Path, sets: &[&str], flags: &[&str]) -> std::process::Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_skein"));
     cmd.args(["eval", run.to_str().unwrap(), "--set", "run.threads=1"]);
     for s in sets {
         cmd.args(["--set", s]);
     }
+    cmd.args(flags);
     cmd.output().unwrap()
 }
 
@@ -408,15 +409,40 @@ sources = ["answer"]
     );
 
     // The run's held-out problems: the first `eval.problems` of the 25 validation rows.
-    let line = eval_line(&eval_run(&run, &[]));
+    let samples = dir.join("samples.jsonl");
+    let samples_flag = format!("--samples={}", samples.display());
+    let line = eval_line(&eval_run(&run, &[], &[&samples_flag]));
     assert_eq!(line["problems"], 20);
+    // --samples: one line per sample with the text the verdict was given on, as many correct
+    // as the accuracy says, each right one ending in its ground truth.
+    let written: Vec<Value> = std::fs::read_to_string(&samples)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(written.len(), 20);
+    let right: Vec<&Value> = written.iter().filter(|v| v["correct"] == true).collect();
+    assert_eq!(right.len() as f64 / 20.0, accuracy);
+    for v in &right {
+        let response = v["response"].as_str().unwrap().trim();
+        let truth = v["ground_truth"].as_str().unwrap();
+        assert!(response.ends_with(truth), "{v}");
+    }
+    // A second evaluation never overwrites the first one's samples.
+    let again = eval_run(&run, &[], &[&samples_flag]);
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("--samples"));
+    assert_eq!(
+        std::fs::read_to_string(&samples).unwrap().lines().count(),
+        20
+    );
     assert_eq!(line["correct_by"], flexible, "{line}");
     assert_eq!(line["eval/accuracy"].as_f64().unwrap(), accuracy, "{line}");
     // The reward too is the run's: its sources score `skein eval`'s answers.
     assert_eq!(line["eval/reward"], last["eval/reward"], "{line}");
 
     // The same answers judged by the dataset's own check: not one is a bare or marked number.
-    let strict = eval_line(&eval_run(&run, &["eval.correct_by=\"task\""]));
+    let strict = eval_line(&eval_run(&run, &["eval.correct_by=\"task\""], &[]));
     assert_eq!(strict["eval/accuracy"].as_f64().unwrap(), 0.0, "{strict}");
     assert_eq!(strict["eval/reward"], line["eval/reward"], "{strict}");
     assert!(
@@ -429,7 +455,7 @@ sources = ["answer"]
 
     // Without validation files a run evaluates training rows drawn with a seed of their own,
     // and so does `skein eval` of it.
-    let drawn = eval_line(&eval_run(&run, &["data.val_files=[]"]));
+    let drawn = eval_line(&eval_run(&run, &["data.val_files=[]"], &[]));
     assert_eq!(drawn["problems"], 20);
     assert!(
         drawn["data"]
@@ -447,6 +473,7 @@ sources = ["answer"]
             "reward.sources.fmt.boxed=true",
             "eval.correct_by=\"fmt\"",
         ],
+        &[],
     );
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);

@@ -53,6 +53,11 @@ pub struct EvalArgs {
     /// Also append the metrics line to this JSONL file.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Write every sample to this JSONL file (a new file; an existing one is refused): its
+    /// problem and sample number, prompt, ground truth, response text, verdict and reward,
+    /// to read what the model said or score it another way.
+    #[arg(long, value_name = "FILE")]
+    pub samples: Option<PathBuf>,
 }
 
 /// Most samples one evaluation answers (problems × --n); each is held in memory to the end.
@@ -60,6 +65,10 @@ const MAX_SAMPLES: usize = 1 << 20;
 
 pub fn run(args: &EvalArgs) -> Result<()> {
     let ks = pass_ks(args)?;
+    let mut samples_file = match &args.samples {
+        Some(path) => Some(create_new(path)?),
+        None => None,
+    };
     let (model_dir, cfg) = resolve(args)?;
     let correct_by = cfg.correct_by().map_err(anyhow::Error::msg)?;
     let device = cfg.run.start_device()?;
@@ -149,6 +158,10 @@ pub fn run(args: &EvalArgs) -> Result<()> {
             / per_problem.len().max(1) as f64;
         line.insert(format!("eval/pass@{k}"), json!(p));
     }
+    if let (Some(file), Some(path)) = (&mut samples_file, &args.samples) {
+        write_samples(file, &r, &batch, args.n, &tokenizer)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
     let text = Value::Object(line).to_string();
     println!("{text}");
     if let Some(out) = &args.out {
@@ -159,6 +172,55 @@ pub fn run(args: &EvalArgs) -> Result<()> {
             .with_context(|| format!("opening {}", out.display()))?;
         writeln!(f, "{text}").with_context(|| format!("writing {}", out.display()))?;
     }
+    Ok(())
+}
+
+/// A file for `--samples`, checked before any model is loaded: an existing file is never
+/// overwritten.
+fn create_new(path: &std::path::Path) -> Result<std::io::BufWriter<std::fs::File>> {
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .with_context(|| {
+            format!(
+                "--samples {}: cannot create it (an existing file is not overwritten: give a new \
+                 path)",
+                path.display()
+            )
+        })?;
+    Ok(std::io::BufWriter::new(file))
+}
+
+/// One JSON line per sample, in `answer_prompts`' problem-major order (sample k of problem p
+/// is p·n + k).
+fn write_samples(
+    out: &mut impl Write,
+    r: &crate::trainer::rollout::judge::Answers,
+    batch: &crate::trainer::rollout::judge::PromptBatch,
+    n: usize,
+    tokenizer: &Tokenizer,
+) -> Result<()> {
+    for (i, (t, correct)) in r.trajectories.iter().zip(&r.correct).enumerate() {
+        let (p, k) = (i / n.max(1), i % n.max(1));
+        let problem = &batch.problems[p];
+        let response: Vec<u32> = t
+            .transitions
+            .iter()
+            .flat_map(|x| x.response.iter().copied())
+            .collect();
+        let line = json!({
+            "problem": p,
+            "sample": k,
+            "prompt": problem.prompt,
+            "ground_truth": problem.ground_truth,
+            "response": tokenizer.decode(&response, true)?,
+            "correct": correct,
+            "reward": t.reward,
+        });
+        writeln!(out, "{line}")?;
+    }
+    out.flush()?;
     Ok(())
 }
 
