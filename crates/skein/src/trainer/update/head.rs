@@ -178,7 +178,9 @@ impl Positions {
         }
         let cat = |parts: &[Tensor]| match parts {
             [one] => one.shallow_clone(),
-            [] => Tensor::zeros([0], (Kind::Float, flat.device())),
+            // No response position: an empty tensor still in `flat`'s graph, so a loss built
+            // on it has a backward (of zero gradients), as one over the whole head would.
+            [] => flat.narrow(0, 0, 0).sum_dim_intlist(-1, false, Kind::Float),
             _ => Tensor::cat(parts, 0),
         };
         let entropy = (entropy != Entropy::Skip).then(|| cat(&ents));
@@ -422,6 +424,28 @@ mod tests {
         let (v, g, _) = pass(&model, 2, Entropy::Metric);
         assert_close(&v, &values, "values");
         assert_close(&g, &grads, "adapter gradients");
+    }
+
+    /// A micro-batch without a response position trains nothing, and its loss still has a
+    /// backward.
+    #[test]
+    fn a_micro_batch_without_responses_backpropagates_zeros() {
+        let model = model();
+        let row = TrainRow {
+            tokens: vec![1, 2, 3],
+            prompt_len: 3,
+            ..Default::default()
+        };
+        let mb = MicroBatch::padded(&[&row], Device::Cpu);
+        let hidden = mb.hidden(&model.net);
+        let lp = logprobs_in_chunks(&model.net, &mb, &hidden, 1.0, Entropy::Metric, 4);
+        assert!(lp.logp.requires_grad());
+        loss_of(&lp, &mb).backward();
+        lp.backward();
+        for v in model.vs.trainable_variables() {
+            let g = v.grad();
+            assert!(!g.defined() || g.abs().max().double_value(&[]) == 0.0);
+        }
     }
 
     #[test]
