@@ -60,8 +60,14 @@ pub fn run(
             mean(&rewards[rewards.len() - k..]),
         );
     }
+    // A run without a warm-up measured its model as loaded.
+    let start = if cfg.sft.steps > 0 {
+        "after the warm-up"
+    } else {
+        "before RL"
+    };
     println!(
-        "{kind} greedy accuracy {:.3} → {:.3} (after the warm-up → after RL)",
+        "{kind} greedy accuracy {:.3} → {:.3} ({start} → after RL)",
         summary.eval_before.accuracy, summary.eval_after.accuracy
     );
     // The same judge decided every accuracy above, and `skein eval` of the run uses it too.
