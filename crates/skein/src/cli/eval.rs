@@ -10,7 +10,7 @@ use crate::trainer::rollout::dataset::{
     eval_seed, fit_split, prompt_batch, read_split, Data, DatasetTask, Renderer,
 };
 use crate::trainer::rollout::evaluation_problems;
-use crate::trainer::rollout::judge::{answer_prompts, Answering};
+use crate::trainer::rollout::judge::{answer_prompts, Answering, Answers, PromptBatch};
 use crate::trainer::rollout::reward::build_rewarder;
 use crate::trainer::TrainConfig;
 use anyhow::{bail, Context, Result};
@@ -101,23 +101,7 @@ pub fn run(args: &EvalArgs) -> Result<()> {
         )?),
         None => None,
     };
-    let eos = *tokenizer
-        .eos_token_ids()
-        .first()
-        .context("the tokenizer defines no end-of-sequence token")?;
-    let temperature = args.temperature.unwrap_or(if args.n == 1 {
-        0.0
-    } else {
-        cfg.rollout.sampling.temperature
-    });
-    if !(temperature.is_finite() && temperature >= 0.0) {
-        bail!("--temperature {temperature}: must be a finite number ≥ 0 (0 is greedy)");
-    }
-    let params = SamplingParams {
-        temperature,
-        stop_token_ids: vec![eos],
-        ..cfg.rollout.sampling.clone()
-    };
+    let params = sampling_params(args, &cfg, &tokenizer)?;
     tch::manual_seed(cfg.run.seed as i64);
     let engine = Generator::Local(Engine::new(cfg.rollout.max_slots));
     let answering = Answering {
@@ -131,33 +115,14 @@ pub fn run(args: &EvalArgs) -> Result<()> {
         correct_by: &correct_by,
     };
     let r = answer_prompts(&answering, &batch, args.n, "eval");
-    let n_problems = batch.problems.len();
-    let total = r.trajectories.len().max(1) as f64;
     let mut line = Map::new();
     line.insert("model".into(), json!(model_dir.display().to_string()));
     line.insert("data".into(), json!(source));
-    line.insert("problems".into(), json!(n_problems));
+    line.insert("problems".into(), json!(batch.problems.len()));
     line.insert("n".into(), json!(args.n));
-    line.insert("temperature".into(), json!(temperature));
+    line.insert("temperature".into(), json!(params.temperature));
     line.insert("correct_by".into(), json!(correct_by.describe(&checker)));
-    let correct = r.correct.iter().filter(|&&c| c).count() as f64;
-    line.insert("eval/accuracy".into(), json!(correct / total));
-    let reward = r.trajectories.iter().map(|t| t.reward).sum::<f64>() / total;
-    line.insert("eval/reward".into(), json!(reward));
-    // `answer_prompts` numbers samples problem-major: sample k of problem p is p·n + k.
-    let per_problem: Vec<usize> = r
-        .correct
-        .chunks(args.n)
-        .map(|c| c.iter().filter(|&&x| x).count())
-        .collect();
-    for k in ks {
-        let p = per_problem
-            .iter()
-            .map(|&c| pass_at_k(args.n, c, k))
-            .sum::<f64>()
-            / per_problem.len().max(1) as f64;
-        line.insert(format!("eval/pass@{k}"), json!(p));
-    }
+    insert_scores(&mut line, &r, args.n, &ks);
     if let (Some(file), Some(path)) = (&mut samples_file, &args.samples) {
         write_samples(file, &r, &batch, args.n, &tokenizer)
             .with_context(|| format!("writing {}", path.display()))?;
@@ -165,14 +130,65 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     let text = Value::Object(line).to_string();
     println!("{text}");
     if let Some(out) = &args.out {
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(out)
-            .with_context(|| format!("opening {}", out.display()))?;
-        writeln!(f, "{text}").with_context(|| format!("writing {}", out.display()))?;
+        append_line(out, &text)?;
     }
     Ok(())
+}
+
+/// The evaluation's sampling: greedy for one sample a problem unless --temperature says
+/// otherwise, else the config's temperature; stopping at the tokenizer's end of sequence.
+fn sampling_params(
+    args: &EvalArgs,
+    cfg: &TrainConfig,
+    tokenizer: &Tokenizer,
+) -> Result<SamplingParams> {
+    let eos = *tokenizer
+        .eos_token_ids()
+        .first()
+        .context("the tokenizer defines no end-of-sequence token")?;
+    let temperature = args.temperature.unwrap_or(if args.n == 1 {
+        0.0
+    } else {
+        cfg.rollout.sampling.temperature
+    });
+    if !(temperature.is_finite() && temperature >= 0.0) {
+        bail!("--temperature {temperature}: must be a finite number ≥ 0 (0 is greedy)");
+    }
+    Ok(SamplingParams {
+        temperature,
+        stop_token_ids: vec![eos],
+        ..cfg.rollout.sampling.clone()
+    })
+}
+
+/// `eval/accuracy`, `eval/reward` and `eval/pass@k` of the answers, `n` per problem.
+fn insert_scores(line: &mut Map<String, Value>, r: &Answers, n: usize, ks: &[usize]) {
+    let total = r.trajectories.len().max(1) as f64;
+    let correct = r.correct.iter().filter(|&&c| c).count() as f64;
+    line.insert("eval/accuracy".into(), json!(correct / total));
+    let reward = r.trajectories.iter().map(|t| t.reward).sum::<f64>() / total;
+    line.insert("eval/reward".into(), json!(reward));
+    // `answer_prompts` numbers samples problem-major: sample k of problem p is p·n + k.
+    let per_problem: Vec<usize> = r
+        .correct
+        .chunks(n)
+        .map(|c| c.iter().filter(|&&x| x).count())
+        .collect();
+    for &k in ks {
+        let p = per_problem.iter().map(|&c| pass_at_k(n, c, k)).sum::<f64>()
+            / per_problem.len().max(1) as f64;
+        line.insert(format!("eval/pass@{k}"), json!(p));
+    }
+}
+
+/// Appends one line to `out` (`--out`), creating it.
+fn append_line(out: &std::path::Path, text: &str) -> Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(out)
+        .with_context(|| format!("opening {}", out.display()))?;
+    writeln!(f, "{text}").with_context(|| format!("writing {}", out.display()))
 }
 
 /// A file for `--samples`, checked before any model is loaded: an existing file is never
@@ -196,8 +212,8 @@ fn create_new(path: &std::path::Path) -> Result<std::io::BufWriter<std::fs::File
 /// is p·n + k).
 fn write_samples(
     out: &mut impl Write,
-    r: &crate::trainer::rollout::judge::Answers,
-    batch: &crate::trainer::rollout::judge::PromptBatch,
+    r: &Answers,
+    batch: &PromptBatch,
     n: usize,
     tokenizer: &Tokenizer,
 ) -> Result<()> {
