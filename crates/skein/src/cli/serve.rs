@@ -95,7 +95,6 @@ fn default_size(
             context: context.unwrap_or(model_context),
         };
     };
-    let fitting_slots = |context: usize| (budget / bytes(1, context)).floor() as usize;
     let context = context.unwrap_or_else(|| {
         let want = slots.unwrap_or(1);
         if bytes(want, model_context) <= budget {
@@ -105,7 +104,8 @@ fn default_size(
         let fits = (budget / per_token).floor() as usize;
         fits.clamp(SMALLEST_DEFAULT_CONTEXT.min(model_context), model_context)
     });
-    let slots = slots.unwrap_or_else(|| fitting_slots(context).clamp(1, DEFAULT_SLOTS));
+    let fitting = |context: usize| (budget / bytes(1, context)).floor() as usize;
+    let slots = slots.unwrap_or_else(|| fitting(context).clamp(1, DEFAULT_SLOTS));
     CacheSize { slots, context }
 }
 

@@ -246,8 +246,11 @@ impl HeadRecompute<'_> {
     /// hidden states' gradient goes on through the layers.
     fn backward(self) {
         let grad_logp = self.logp.grad();
-        let grad_entropy = self.entropy.as_ref().map(Tensor::grad);
-        let entropy_grad = grad_entropy.filter(Tensor::defined);
+        let entropy_grad = self
+            .entropy
+            .as_ref()
+            .map(Tensor::grad)
+            .filter(Tensor::defined);
         if !grad_logp.defined() && entropy_grad.is_none() {
             // The loss did not reach the log-probs: nothing flows into the model.
             return;
