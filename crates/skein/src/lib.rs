@@ -1,6 +1,7 @@
 //! skein: reinforcement-learning post-training of LLM agents.
 
 pub mod cli;
+pub mod devices;
 pub mod engine;
 pub mod memory;
 pub mod model;

@@ -1,6 +1,6 @@
 //! The `skein` command line, one file per command: `train`, `plan`, `plan-memory`, `bench`
 //! (and `bench rewards`, `bench train-tokens`, `bench memory`), `bench-partial`, `eval`,
-//! `sft`, `plot`, `doctor`, `serve-reward`, `serve`, `view`, `export`.
+//! `sft`, `plot`, `doctor`, `serve-reward`, `serve`, `view`, `export`, `devices`.
 
 mod bench;
 mod bench_agents;
@@ -112,9 +112,14 @@ enum Command {
     /// Fold a LoRA adapter (PEFT's layout) into its base model and write a plain Hugging Face
     /// model directory: `skein export --merge --adapter RUN_DIR/checkpoint/adapter OUT`.
     Export(export::ExportArgs),
+    /// The devices this build can compute on (`run.device`), and why a GPU is not seen when
+    /// it is not: no CUDA in the libtorch it was built against, or no driver.
+    Devices,
 }
 
 pub fn main() -> ExitCode {
+    // Before anything asks libtorch about CUDA: it answers once per process.
+    crate::devices::load_cuda();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Train {
@@ -134,6 +139,10 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => serve::run(&args),
         Command::View(args) => view::run(&args),
         Command::Export(args) => export::run(&args),
+        Command::Devices => {
+            println!("{}", crate::devices::report());
+            Ok(())
+        }
         Command::Eval(args) => eval::run(&args),
         Command::Sft(args) => sft::run(&args),
         Command::Plot {

@@ -36,7 +36,7 @@ impl Transformer {
     /// embedding arrive once the caller runs the returned [`Recompute::backward`] after its
     /// loss's backward; together they equal those of [`Transformer::hidden`].
     ///
-    /// Training modes only (`Causal`, `Masked`, `Spans`): the cache modes write keys and values
+    /// Training modes only (`Causal`, `Masked`, `Spans`, `Varlen`): the cache modes write keys and values
     /// as they go, which a recomputation would write again.
     pub fn hidden_checkpointed<'a>(
         &'a self,
@@ -47,7 +47,7 @@ impl Transformer {
         assert!(
             matches!(
                 mode,
-                AttnMode::Causal | AttnMode::Masked(_) | AttnMode::Spans(_)
+                AttnMode::Causal | AttnMode::Masked(_) | AttnMode::Spans(_) | AttnMode::Varlen(_)
             ),
             "activation checkpointing is for training forwards, not KV-cache ones"
         );
@@ -124,7 +124,8 @@ fn backward_with(y: &Tensor, grad: &Tensor) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::transformer::{positions_like, Span, Spans};
+    use crate::model::attention::{Span, Spans, Varlen, VarlenSeq};
+    use crate::model::transformer::positions_like;
     use crate::model::{Model, ModelConfig};
     use tch::{Device, Kind, Tensor};
 
@@ -133,12 +134,21 @@ mod tests {
         Causal,
         Masked,
         Spans,
+        Varlen,
     }
 
     /// Two lines of 10 tokens: right-padded rows for `Causal`; for the packed layouts, line 0
     /// holds rows of 6 and 4 tokens end to end, line 1 a prefix of 4 and two continuations of
     /// 3 that share it (`Spans`; under `Masked`, a row of 4 and two of 3).
-    fn inputs(layout: &Layout) -> (Tensor, Tensor, Option<Tensor>, Option<Spans>) {
+    fn inputs(
+        layout: &Layout,
+    ) -> (
+        Tensor,
+        Tensor,
+        Option<Tensor>,
+        Option<Spans>,
+        Option<Varlen>,
+    ) {
         let ids = Tensor::arange(20, (Kind::Int64, Device::Cpu))
             .remainder(15)
             .view([2, 10])
@@ -150,7 +160,7 @@ mod tests {
             .collect();
         let positions = Tensor::from_slice(&positions).view([2, 10]);
         match layout {
-            Layout::Causal => (ids.shallow_clone(), positions_like(&ids), None, None),
+            Layout::Causal => (ids.shallow_clone(), positions_like(&ids), None, None, None),
             Layout::Masked => {
                 let block = |n: i64| Tensor::ones([n, n], (Kind::Float, Device::Cpu)).tril(0);
                 let line = |r: &[i64]| {
@@ -158,9 +168,9 @@ mod tests {
                     Tensor::block_diag(&blocks).gt(0.5).unsqueeze(0)
                 };
                 let mask = Tensor::stack(&[line(rows[0]), line(rows[1])], 0);
-                (ids, positions, Some(mask), None)
+                (ids, positions, Some(mask), None, None)
             }
-            Layout::Spans => {
+            Layout::Spans | Layout::Varlen => {
                 let shared = |n: i64, ctx: i64| {
                     let own = Tensor::ones([n, n], (Kind::Bool, Device::Cpu)).tril(0);
                     let prefix = Tensor::ones([n, ctx], (Kind::Bool, Device::Cpu));
@@ -178,7 +188,21 @@ mod tests {
                     0i64, 1, 2, 3, 4, 5, 0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 4, 5, 6,
                 ];
                 let positions = Tensor::from_slice(&positions).view([2, 10]);
-                (ids, positions, None, Some(spans))
+                if matches!(layout, Layout::Spans) {
+                    return (ids, positions, None, Some(spans), None);
+                }
+                let seq = |queries, context| VarlenSeq { queries, context };
+                let varlen = Varlen::new(
+                    &[
+                        seq(0..6, None),
+                        seq(6..10, None),
+                        seq(10..14, None),
+                        seq(14..17, Some(10..14)),
+                        seq(17..20, Some(10..14)),
+                    ],
+                    Device::Cpu,
+                );
+                (ids, positions, None, None, Some(varlen))
             }
         }
     }
@@ -186,10 +210,11 @@ mod tests {
     /// The final hidden states and every parameter's gradient of a loss over the logits
     /// (all of them weighted by fixed random numbers), with or without checkpointing.
     fn run(model: &Model, layout: &Layout, checkpoint: bool) -> (Tensor, Vec<Tensor>) {
-        let (ids, positions, mask, spans) = inputs(layout);
-        let mode = match (&mask, &spans) {
-            (Some(m), _) => AttnMode::Masked(m),
-            (_, Some(s)) => AttnMode::Spans(s),
+        let (ids, positions, mask, spans, varlen) = inputs(layout);
+        let mode = match (&mask, &spans, &varlen) {
+            (Some(m), _, _) => AttnMode::Masked(m),
+            (_, Some(s), _) => AttnMode::Spans(s),
+            (_, _, Some(v)) => AttnMode::Varlen(v),
             _ => AttnMode::Causal,
         };
         for mut v in model.vs.trainable_variables() {
@@ -238,7 +263,12 @@ mod tests {
             if frozen_embedding {
                 let _ = model.vs.variables()["model.embed_tokens.weight"].set_requires_grad(false);
             }
-            for layout in [Layout::Causal, Layout::Masked, Layout::Spans] {
+            for layout in [
+                Layout::Causal,
+                Layout::Masked,
+                Layout::Spans,
+                Layout::Varlen,
+            ] {
                 let (want_hidden, want) = run(&model, &layout, false);
                 let (hidden, got) = run(&model, &layout, true);
                 let (dh, _) = worst(&[hidden], &[want_hidden]);

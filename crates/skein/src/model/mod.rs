@@ -1,6 +1,7 @@
 //! The policy model: a Qwen2/Qwen3/Llama-family decoder on libtorch, read from and written to
 //! Hugging Face model directories.
 
+pub mod attention;
 pub mod bert;
 pub mod checkpoint;
 pub mod config;
@@ -13,13 +14,14 @@ pub mod rope;
 pub mod transformer;
 pub mod value;
 
+pub use attention::{packed_kernel, PackedKernel, Span, Spans, Varlen, VarlenSeq};
 pub use checkpoint::Recompute;
 pub use config::{ModelConfig, MAX_POSITIONS};
 pub use io::Model;
 pub use kv_cache::KvCache;
 pub use lora::LoraConfig;
 pub use options::{Dtype, ModelOptions};
-pub use transformer::{AttnMode, Span, Spans, Transformer};
+pub use transformer::{AttnMode, Transformer};
 pub use value::ValueModel;
 
 use tch::{nn, Tensor};

@@ -2,6 +2,7 @@
 //! a final norm and the LM head. Parameter names follow the Hugging Face layout exactly
 //! (`model.layers.0.self_attn.q_proj.weight`, …) so checkpoints load and save without renaming.
 
+use super::attention::{Spans, Varlen};
 use super::config::ModelConfig;
 use super::kv_cache::KvCache;
 use super::lora::{LoraConfig, Projection};
@@ -51,6 +52,9 @@ pub enum AttnMode<'a> {
     /// each span only against its own keys, and a shared prefix's. Cheaper than `Masked` on
     /// wide lines, where a dense mask computes every query against every key.
     Spans(&'a Spans),
+    /// Packed lines as variable-length sequences through one fused kernel per layer (CUDA):
+    /// no mask and no loop over spans.
+    Varlen(&'a Varlen),
     /// Prefill into a KV cache: like `Causal`, and the new keys/values are stored for `slots`.
     Prefill {
         cache: &'a mut KvCache,
@@ -66,85 +70,6 @@ pub enum AttnMode<'a> {
         span: i64,
         dense: bool,
     },
-}
-
-/// Spans of packed lines, for [`AttnMode::Spans`].
-pub struct Spans {
-    /// Per line, its spans end to end from column 0; columns after the last are padding.
-    pub lines: Vec<Vec<Span>>,
-    pub width: i64,
-}
-
-/// A run of tokens of one line that attends causally to itself, and to all of a shared
-/// prefix.
-pub struct Span {
-    pub len: i64,
-    /// The prefix: the index of its span in the line, and the mask [len, prefix + len] (the
-    /// prefix, then causal over the span).
-    pub prefix: Option<(usize, Tensor)>,
-}
-
-impl Spans {
-    /// Attention of every span; padding columns get zeros. Lines and spans are taken apart
-    /// with one split each (not a slice per span), so the backward joins their gradients once
-    /// instead of adding a full-size tensor per span.
-    fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, gqa: bool) -> Tensor {
-        let (heads, head_dim) = (q.size()[1], q.size()[3]);
-        let (qs, ks, vs) = (q.split(1, 0), k.split(1, 0), v.split(1, 0));
-        let lines: Vec<Tensor> = self
-            .lines
-            .iter()
-            .enumerate()
-            .map(|(l, spans)| {
-                let mut sizes: Vec<i64> = spans.iter().map(|s| s.len).collect();
-                let tail = self.width - sizes.iter().sum::<i64>();
-                if tail > 0 {
-                    sizes.push(tail);
-                }
-                let q = qs[l].split_with_sizes(&sizes, 2);
-                let k = ks[l].split_with_sizes(&sizes, 2);
-                let v = vs[l].split_with_sizes(&sizes, 2);
-                let mut out: Vec<Tensor> = spans
-                    .iter()
-                    .enumerate()
-                    .map(|(c, s)| match &s.prefix {
-                        Some((p, mask)) => {
-                            let kc = Tensor::cat(&[&k[*p], &k[c]], 2);
-                            let vc = Tensor::cat(&[&v[*p], &v[c]], 2);
-                            Tensor::scaled_dot_product_attention(
-                                &q[c],
-                                &kc,
-                                &vc,
-                                Some(mask),
-                                0.0,
-                                false,
-                                None,
-                                gqa,
-                            )
-                        }
-                        None => Tensor::scaled_dot_product_attention(
-                            &q[c],
-                            &k[c],
-                            &v[c],
-                            None::<Tensor>,
-                            0.0,
-                            true,
-                            None,
-                            gqa,
-                        ),
-                    })
-                    .collect();
-                if tail > 0 {
-                    out.push(Tensor::zeros(
-                        [1, heads, tail, head_dim],
-                        (q[0].kind(), q[0].device()),
-                    ));
-                }
-                Tensor::cat(&out, 2)
-            })
-            .collect();
-        Tensor::cat(&lines, 0)
-    }
 }
 
 struct Attention {
@@ -248,6 +173,7 @@ impl Attention {
                 Tensor::scaled_dot_product_attention(&q, &k, &v, Some(*mask), 0.0, false, None, gqa)
             }
             AttnMode::Spans(spans) => spans.attend(&q, &k, &v, gqa),
+            AttnMode::Varlen(varlen) => varlen.attend(&q, &k, &v),
             AttnMode::Prefill { cache, slots } => {
                 cache.store_prefix(layer, &k, &v, slots);
                 Tensor::scaled_dot_product_attention(

@@ -332,13 +332,15 @@ fn run_dir_and_checkpoint(
     })
 }
 
-/// The run's first line: the model, what it trains on ([`Tasks::describe`]) and where the
+/// The run's first line: the model, its dtype and device, what it trains on ([`Tasks::describe`]) and where the
 /// run writes; then whether the evaluation can be on held-out problems.
 fn announce(policy: &Model, trains_on: &str, dir: &Path, held_out: bool) {
     eprintln!(
-        "skein: {} model, {:.2}M parameters, {trains_on}, run directory {}",
+        "skein: {} model, {:.2}M parameters, {} on {}, {trains_on}, run directory {}",
         policy.net.config.model_type,
         policy.net.config.num_parameters() as f64 / 1e6,
+        crate::devices::dtype_name(policy.net.kind()),
+        crate::devices::describe(policy.vs.device()),
         dir.display()
     );
     if !held_out {

@@ -123,8 +123,13 @@ pub fn parse_device(s: &str) -> anyhow::Result<tch::Device> {
         },
     };
     if n >= gpus {
+        let why = match crate::devices::cuda() {
+            crate::devices::Cuda::Unavailable(why) => why,
+            crate::devices::Cuda::Gpus(_) => "`skein devices` lists them".to_string(),
+        };
         anyhow::bail!(
-            "invalid value `{s}` for `run.device`: this machine has {gpus} CUDA GPU(s); use cpu"
+            "invalid value `{s}` for `run.device`: this machine has {gpus} CUDA GPU(s) for \
+             skein: {why}; use cpu"
         );
     }
     Ok(tch::Device::Cuda(n))

@@ -8,7 +8,10 @@
 
 use super::pack::{attention_mask, input_len, LineAttention, MicroPlan};
 use crate::model::transformer::positions_like;
-use crate::model::{AttnMode, Recompute, Span, Spans, Transformer, ValueModel};
+use crate::model::{
+    packed_kernel, AttnMode, PackedKernel, Recompute, Span, Spans, Transformer, ValueModel, Varlen,
+    VarlenSeq,
+};
 use crate::trainer::batch::TrainRow;
 use std::borrow::Borrow;
 use tch::{Device, Kind, Tensor};
@@ -21,6 +24,8 @@ enum Attention {
     Mask(Tensor),
     /// Packed lines, span by span.
     Spans(Spans),
+    /// Packed lines as variable-length sequences of one fused kernel.
+    Varlen(Varlen),
 }
 
 /// The spans of a packed plan: every segment (placed end to end from column 0), with the
@@ -49,6 +54,35 @@ fn span_plan(plan: &MicroPlan, device: Device) -> Spans {
         lines,
         width: plan.width as i64,
     }
+}
+
+/// The sequences of a packed plan for [`Varlen`]: every segment, reading its shared prefix,
+/// and each line's unused tail as a sequence of its own (computed, never read).
+fn varlen_plan(plan: &MicroPlan, device: Device) -> Varlen {
+    let width = plan.width as i64;
+    let mut seqs = Vec::new();
+    for (l, line) in plan.lines.iter().enumerate() {
+        let at = l as i64 * width;
+        let mut end = 0;
+        for s in line {
+            let (col, len) = (s.col as i64, s.len as i64);
+            seqs.push(VarlenSeq {
+                queries: at + col..at + col + len,
+                context: s
+                    .context
+                    .as_ref()
+                    .map(|c| at + c.start as i64..at + c.end as i64),
+            });
+            end = col + len;
+        }
+        if end < width {
+            seqs.push(VarlenSeq {
+                queries: at + end..at + width,
+                context: None,
+            });
+        }
+    }
+    Varlen::new(&seqs, device)
 }
 
 /// One micro-batch's layout and what every pass reads: the token ids, positions, attention,
@@ -80,18 +114,19 @@ impl MicroBatch {
         MicroBatch::new(rows, &plan, device)
     }
 
-    /// The tensors of micro-batch `plan` over the step's `rows`.
+    /// The tensors of micro-batch `plan` over the step's `rows`, packed lines under the
+    /// device's kernel ([`packed_kernel`]).
     pub fn new<R: Borrow<TrainRow>>(rows: &[R], plan: &MicroPlan, device: Device) -> Self {
-        MicroBatch::build(rows, plan, device, plan.attention == LineAttention::Spans)
+        let kernel = packed_kernel(device, plan.attention == LineAttention::Spans);
+        MicroBatch::build(rows, plan, device, kernel)
     }
 
-    /// As [`MicroBatch::new`], with the attention of a packed plan chosen: span by span
-    /// (`spans`) or under a dense mask.
+    /// As [`MicroBatch::new`], with the kernel of a packed plan chosen.
     fn build<R: Borrow<TrainRow>>(
         rows: &[R],
         plan: &MicroPlan,
         device: Device,
-        spans: bool,
+        kernel: PackedKernel,
     ) -> Self {
         let (b, t) = (plan.lines.len().max(1), plan.width.max(1));
         let n = b * t;
@@ -118,18 +153,22 @@ impl MicroBatch {
         let shape = [b as i64, t as i64];
         let ids = |v: &[i64]| Tensor::from_slice(v).view(shape).to_device(device);
         let input = ids(&input);
-        let (positions, attention) = if plan.attention == LineAttention::Causal {
-            (None, Attention::Causal)
-        } else if spans {
-            (
+        let (positions, attention) = match (plan.attention, kernel) {
+            (LineAttention::Causal, _) => (None, Attention::Causal),
+            (_, PackedKernel::Spans) => (
                 Some(ids(&positions)),
                 Attention::Spans(span_plan(plan, device)),
-            )
-        } else {
-            let m = Tensor::from_slice(&attention_mask(plan))
-                .view([b as i64, 1, t as i64, t as i64])
-                .to_device(device);
-            (Some(ids(&positions)), Attention::Mask(m))
+            ),
+            (_, PackedKernel::Varlen) => (
+                Some(ids(&positions)),
+                Attention::Varlen(varlen_plan(plan, device)),
+            ),
+            (_, PackedKernel::Mask) => {
+                let m = Tensor::from_slice(&attention_mask(plan))
+                    .view([b as i64, 1, t as i64, t as i64])
+                    .to_device(device);
+                (Some(ids(&positions)), Attention::Mask(m))
+            }
         };
         let mut mb = MicroBatch {
             targets: ids(&targets),
@@ -214,6 +253,7 @@ impl MicroBatch {
             Attention::Causal => AttnMode::Causal,
             Attention::Mask(m) => AttnMode::Masked(m),
             Attention::Spans(s) => AttnMode::Spans(s),
+            Attention::Varlen(v) => AttnMode::Varlen(v),
         };
         (positions, mode)
     }
@@ -416,7 +456,7 @@ mod tests {
             }
         }
         let all: Vec<usize> = (0..rows.len()).collect();
-        let run = |packing, shared_prefix, spans| {
+        let run = |packing, shared_prefix, kernel| {
             let b = Batching {
                 micro_batch_tokens: 4096,
                 packing,
@@ -425,7 +465,7 @@ mod tests {
             let plans = micro_batches(&rows, &all, &b);
             assert_eq!(plans.len(), 1);
             let p = &plans[0];
-            let mb = MicroBatch::build(&rows, p, Device::Cpu, spans);
+            let mb = MicroBatch::build(&rows, p, Device::Cpu, kernel);
             model
                 .vs
                 .trainable_variables()
@@ -449,7 +489,7 @@ mod tests {
                 .collect();
             (by_row, grads)
         };
-        let (want_logp, want_grad) = run(false, false, false);
+        let (want_logp, want_grad) = run(false, false, PackedKernel::Mask);
         // The padded reference against a plain forward of each whole row.
         for (r, got) in rows.iter().zip(&want_logp) {
             let ids: Vec<i64> = r.tokens.iter().map(|&t| t as i64).collect();
@@ -463,29 +503,27 @@ mod tests {
                 assert!((want - *got as f64).abs() < 1e-5, "{want} vs {got}");
             }
         }
-        for (packing, shared, spans) in [
-            (true, false, false),
-            (true, false, true),
-            (true, true, false),
-            (true, true, true),
-        ] {
-            let (logp, grad) = run(packing, shared, spans);
-            for (a, b) in logp.iter().flatten().zip(want_logp.iter().flatten()) {
+        for shared in [false, true] {
+            for kernel in [
+                PackedKernel::Mask,
+                PackedKernel::Spans,
+                PackedKernel::Varlen,
+            ] {
+                let (logp, grad) = run(true, shared, kernel);
+                for (a, b) in logp.iter().flatten().zip(want_logp.iter().flatten()) {
+                    assert!((a - b).abs() < 1e-5, "{shared} {kernel:?}: {a} vs {b}");
+                }
+                let worst = grad
+                    .iter()
+                    .zip(&want_grad)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
+                let size = want_grad.iter().map(|g| g.abs()).fold(0f32, f32::max);
                 assert!(
-                    (a - b).abs() < 1e-5,
-                    "{packing} {shared} {spans}: {a} vs {b}"
+                    size > 1e-3 && worst < 1e-5 * size.max(1.0),
+                    "{worst} of {size}"
                 );
             }
-            let worst = grad
-                .iter()
-                .zip(&want_grad)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
-            let size = want_grad.iter().map(|g| g.abs()).fold(0f32, f32::max);
-            assert!(
-                size > 1e-3 && worst < 1e-5 * size.max(1.0),
-                "{worst} of {size}"
-            );
         }
     }
 

@@ -1,0 +1,60 @@
+// Variable-length causal attention through libtorch's fused CUDA kernels, for packed lines
+// (src/model/attention.rs). tch exposes neither kernel: their forwards return symbolic
+// integers, which its generated bindings skip. Both ops carry libtorch's own derivatives, so
+// the result takes part in autograd like any other op.
+//
+// Sequence i's queries are rows cu_q[i]..cu_q[i+1] of `q` [total_q, heads, head_dim], its keys
+// and values rows cu_k[i]..cu_k[i+1] of `k`, `v` [total_k, kv_heads, head_dim]. A sequence may
+// have more keys than queries (a row's suffix reading its shared prefix): query j then sees
+// keys 0..=j + (keys - queries), the causal mask aligned at the bottom right.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/_efficient_attention_forward.h>
+#include <ATen/ops/_flash_attention_forward.h>
+
+#include <cstring>
+#include <exception>
+
+namespace {
+
+// Flash attention: half precision only, grouped key/value heads natively. Its causal mask is
+// bottom-right aligned when a sequence has more keys than queries.
+at::Tensor flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                 const at::Tensor& cu_q, const at::Tensor& cu_k, int64_t max_q, int64_t max_k) {
+  auto out = at::_flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0,
+                                          /*is_causal=*/true, /*return_debug_mask=*/false);
+  return std::get<0>(out);
+}
+
+// Memory-efficient attention: float32 too, one key/value head per query head, batch 1 with
+// cumulative lengths. Mask type 2 is causal from the bottom right.
+at::Tensor efficient(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const at::Tensor& cu_q, const at::Tensor& cu_k, int64_t max_q,
+                     int64_t max_k) {
+  const int64_t group = q.size(1) / k.size(1);
+  auto kk = group > 1 ? k.repeat_interleave(group, 1) : k;
+  auto vv = group > 1 ? v.repeat_interleave(group, 1) : v;
+  auto out = at::_efficient_attention_forward(
+      q.unsqueeze(0), kk.unsqueeze(0), vv.unsqueeze(0), std::nullopt, cu_q, cu_k, max_q, max_k,
+      0.0, /*custom_mask_type=*/2, /*compute_log_sumexp=*/true);
+  return std::get<0>(out).squeeze(0);
+}
+
+}  // namespace
+
+extern "C" at::Tensor* skein_varlen_attention(const at::Tensor* q, const at::Tensor* k,
+                                               const at::Tensor* v, const at::Tensor* cu_q,
+                                               const at::Tensor* cu_k, int64_t max_q,
+                                               int64_t max_k, char* error, size_t error_len) {
+  try {
+    const bool half = q->scalar_type() == at::kBFloat16 || q->scalar_type() == at::kHalf;
+    auto out = half ? flash(*q, *k, *v, *cu_q, *cu_k, max_q, max_k)
+                    : efficient(*q, *k, *v, *cu_q, *cu_k, max_q, max_k);
+    return new at::Tensor(std::move(out));
+  } catch (const std::exception& e) {
+    if (error_len > 0) {
+      std::strncpy(error, e.what(), error_len - 1);
+      error[error_len - 1] = '\0';
+    }
+    return nullptr;
+  }
+}
