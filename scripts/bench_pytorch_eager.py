@@ -1,9 +1,15 @@
 #!/usr/bin/env python3
 """PyTorch eager reference for `skein bench`: the same model size, the same training step
 (forward log-probs, clipped PPO loss, backward, AdamW) and KV-cached decode at the same batch,
-driven from Python. Run it right after `skein bench` on the same machine to get ratios:
+driven from Python. Run it right after `skein bench` on the same machine, with the same
+flags, to get ratios:
 
     .venv/bin/python scripts/bench_pytorch_eager.py
+    python3 scripts/bench_pytorch_eager.py --device cuda --dtype bfloat16 --hidden 896 \
+        --layers 24 --heads 14 --kv-heads 2 --intermediate 4864 --batch 64 --seq 160
+
+`--device` and `--dtype` place the whole model (eager trains every weight in that dtype);
+`--kv-heads` gives grouped-query attention as `skein bench --kv-heads` does.
 """
 import argparse
 import statistics
@@ -14,14 +20,14 @@ import torch.nn.functional as F
 
 
 class Block(torch.nn.Module):
-    def __init__(self, h, heads, inter):
+    def __init__(self, h, heads, kv_heads, inter):
         super().__init__()
-        self.heads, self.hd = heads, h // heads
+        self.heads, self.kv_heads, self.hd = heads, kv_heads, h // heads
         self.n1 = torch.nn.RMSNorm(h, eps=1e-6)
         self.n2 = torch.nn.RMSNorm(h, eps=1e-6)
         self.q = torch.nn.Linear(h, h)
-        self.k = torch.nn.Linear(h, h)
-        self.v = torch.nn.Linear(h, h)
+        self.k = torch.nn.Linear(h, kv_heads * self.hd)
+        self.v = torch.nn.Linear(h, kv_heads * self.hd)
         self.o = torch.nn.Linear(h, h, bias=False)
         self.gate = torch.nn.Linear(h, inter, bias=False)
         self.up = torch.nn.Linear(h, inter, bias=False)
@@ -29,15 +35,17 @@ class Block(torch.nn.Module):
 
     def attn(self, x, cos, sin, cache):
         b, t, _ = x.shape
-        split = lambda y: y.view(b, t, self.heads, self.hd).transpose(1, 2)
-        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        split = lambda y, n: y.view(b, t, n, self.hd).transpose(1, 2)
+        q = split(self.q(x), self.heads)
+        k, v = split(self.k(x), self.kv_heads), split(self.v(x), self.kv_heads)
         q, k = rope(q, cos, sin), rope(k, cos, sin)
         if cache is not None:
             if cache:
                 k = torch.cat([cache[0], k], 2)
                 v = torch.cat([cache[1], v], 2)
             cache[:] = [k, v]
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=t > 1)
+        gqa = self.heads != self.kv_heads
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=t > 1, enable_gqa=gqa)
         return self.o(out.transpose(1, 2).reshape(b, t, -1))
 
     def forward(self, x, cos, sin, cache=None):
@@ -53,10 +61,10 @@ def rope(x, cos, sin):
 
 
 class Model(torch.nn.Module):
-    def __init__(self, vocab, h, layers, heads, inter, max_pos):
+    def __init__(self, vocab, h, layers, heads, kv_heads, inter, max_pos):
         super().__init__()
         self.embed = torch.nn.Embedding(vocab, h)
-        self.blocks = torch.nn.ModuleList(Block(h, heads, inter) for _ in range(layers))
+        self.blocks = torch.nn.ModuleList(Block(h, heads, kv_heads, inter) for _ in range(layers))
         self.norm = torch.nn.RMSNorm(h, eps=1e-6)
         hd = h // heads
         inv = 1.0 / (10000 ** (torch.arange(0, hd, 2).float() / hd))
@@ -80,45 +88,58 @@ def main():
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--kv-heads", type=int, default=0, help="0: as many as --heads")
     p.add_argument("--intermediate", type=int, default=688)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--decode-prompt", type=int, default=16)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     a = p.parse_args()
     torch.manual_seed(0)
-    m = Model(a.vocab, a.hidden, a.layers, a.heads, a.intermediate, a.seq)
+    dev, dtype = torch.device(a.device), getattr(torch, a.dtype)
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    kv = a.kv_heads or a.heads
+    m = Model(a.vocab, a.hidden, a.layers, a.heads, kv, a.intermediate, a.seq).to(dev, dtype)
+    print(f"pytorch eager: {sum(p.numel() for p in m.parameters()) / 1e6:.2f}M parameters, {a.dtype} on {dev}")
     opt = torch.optim.AdamW(m.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.0)
-    ids = torch.randint(0, a.vocab, (a.batch, a.seq))
+    ids = torch.randint(0, a.vocab, (a.batch, a.seq), device=dev)
     prompt = a.seq // 4
-    adv = torch.ones(a.batch, a.seq - 1)
-    old = torch.full((a.batch, a.seq - 1), -6.0)
-    mask = torch.zeros(a.batch, a.seq - 1)
+    adv = torch.ones(a.batch, a.seq - 1, device=dev)
+    old = torch.full((a.batch, a.seq - 1), -6.0, device=dev)
+    mask = torch.zeros(a.batch, a.seq - 1, device=dev)
     mask[:, prompt - 1 :] = 1
     times = []
     for i in range(a.iters + 1):
         t = time.perf_counter()
         opt.zero_grad()
-        logp = m(ids)[:, :-1].log_softmax(-1).gather(2, ids[:, 1:, None]).squeeze(2)
+        logits = m(ids)[:, :-1].float()
+        logp = logits.log_softmax(-1).gather(2, ids[:, 1:, None]).squeeze(2)
         ratio = (logp - old).exp()
         loss = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.28))
         loss = (loss * mask).sum() / mask.sum()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
         opt.step()
+        sync()
         if i:
             times.append(time.perf_counter() - t)
-    print(f"pytorch eager train step (batch {a.batch} x {a.seq} tokens): {statistics.median(times) * 1e3:.1f} ms")
+    step = statistics.median(times)
+    print(
+        f"pytorch eager train step (batch {a.batch} x {a.seq} tokens): {step * 1e3:.1f} ms, "
+        f"{a.batch * a.seq / step:.0f} tokens/s"
+    )
 
     def decode():
         caches = [[] for _ in m.blocks]
-        x = torch.randint(0, a.vocab, (a.batch, a.decode_prompt))
+        x = torch.randint(0, a.vocab, (a.batch, a.decode_prompt), device=dev)
         n = 0
         with torch.no_grad():
             logits = m(x, 0, caches)[:, -1]
             pos = a.decode_prompt
             while pos < a.seq:
-                probs = logits.log_softmax(-1).exp()
+                probs = logits.float().log_softmax(-1).exp()
                 tok = torch.multinomial(probs, 1)
                 n += a.batch
                 logits = m(tok, pos, caches)[:, -1]
@@ -126,8 +147,10 @@ def main():
         return n
 
     decode()
+    sync()
     t = time.perf_counter()
     n = decode()
+    sync()
     secs = time.perf_counter() - t
     print(f"pytorch eager decode (batch {a.batch}, KV cache): {n / secs:.0f} tokens/s ({n} tokens in {secs:.2f} s)")
 

@@ -4,7 +4,7 @@
 //! Its subcommands ([`BenchWhat`]: `rewards`, `train-tokens`, `memory`) are benches of their own
 //! files, dispatched from here; `bench_args.rs` holds what they share.
 
-use super::bench_args::{at_least_one, ModelShape};
+use super::bench_args::{at_least_one, synchronize, ModelShape, Placement};
 use super::bench_memory::{self, MemoryBenchArgs};
 use super::bench_rewards::{self, RewardBenchArgs};
 use super::bench_tokens::{self, TokenBenchArgs};
@@ -54,6 +54,8 @@ pub struct BenchArgs {
     what: Option<BenchWhat>,
     #[command(flatten)]
     model: ModelShape,
+    #[command(flatten)]
+    place: Placement,
     #[arg(long, default_value_t = 8)]
     batch: usize,
     #[arg(long, default_value_t = 256)]
@@ -71,25 +73,27 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         return run_other(what);
     }
     check(a)?;
+    a.place.start()?;
     let cfg = a.model.config(a.seq.max(a.decode_prompt + 1));
     let m = &a.model;
-    let model = Model::random(&cfg, tch::Device::Cpu, 0)?;
+    let model = a.place.model(&cfg, 0)?;
     println!(
-        "model: {:.2}M parameters (vocab {}, hidden {}, {} layers, {} heads, intermediate {}), {} threads",
+        "model: {:.2}M parameters (vocab {}, hidden {}, {} layers, {} heads, intermediate {}), {}",
         cfg.num_parameters() as f64 / 1e6,
         m.vocab,
         m.hidden,
         m.layers,
         m.heads,
         m.intermediate,
-        tch::get_num_threads()
+        a.place.describe(model.vs.device(), tch::get_num_threads())
     );
     let train = median(time_train_steps(&model, a)?);
     println!(
-        "train step (batch {} x {} tokens): {:.1} ms",
+        "train step (batch {} x {} tokens): {:.1} ms, {:.0} tokens/s",
         a.batch,
         a.seq,
-        train * 1e3
+        train * 1e3,
+        (a.batch * a.seq) as f64 / train
     );
     let (secs, tokens) = time_decode(&model, a);
     println!(
@@ -159,6 +163,7 @@ fn time_train_steps(model: &Model, a: &BenchArgs) -> Result<Vec<f64>> {
         out.loss.backward();
         lp.backward();
         opt.step();
+        synchronize(model.vs.device());
         if i > 0 {
             times.push(t.elapsed().as_secs_f64());
         }
@@ -187,8 +192,10 @@ fn time_decode(model: &Model, a: &BenchArgs) -> (f64, usize) {
             .collect()
     };
     engine.generate(model, 0, requests(1), |_| {});
+    synchronize(model.vs.device());
     let t = Instant::now();
     let stats = engine.generate(model, 0, requests(2), |_| {});
+    synchronize(model.vs.device());
     (t.elapsed().as_secs_f64(), stats.generated_tokens)
 }
 

@@ -1,8 +1,10 @@
-//! What the benches share: the shape of their random model ([`ModelShape`]) and the check that
-//! a count is at least 1 ([`at_least_one`]).
+//! What the benches share: the shape of their random model ([`ModelShape`]), where and in
+//! which precision it runs ([`Placement`]), and the check that a count is at least 1
+//! ([`at_least_one`]).
 
-use crate::model::ModelConfig;
+use crate::model::{Dtype, LoraConfig, Model, ModelConfig, ModelOptions};
 use anyhow::Result;
+use tch::Device;
 
 /// Errors naming the first flag whose value is 0.
 pub fn at_least_one(flags: &[(&str, usize)]) -> Result<()> {
@@ -23,6 +25,9 @@ pub struct ModelShape {
     pub layers: usize,
     #[arg(long, default_value_t = 4)]
     pub heads: usize,
+    /// Key/value heads (grouped-query attention); 0: as many as `--heads`.
+    #[arg(long, default_value_t = 0)]
+    pub kv_heads: usize,
     #[arg(long, default_value_t = 688)]
     pub intermediate: usize,
 }
@@ -31,6 +36,13 @@ impl ModelShape {
     /// Each size at least 1 and `hidden` a multiple of `heads`.
     pub fn check(&self) -> Result<()> {
         at_least_one(&self.flags())?;
+        if self.kv_heads > 0 && !self.heads.is_multiple_of(self.kv_heads) {
+            anyhow::bail!(
+                "invalid value for `--kv-heads`: must divide --heads ({}; got {})",
+                self.heads,
+                self.kv_heads
+            );
+        }
         if !self.hidden.is_multiple_of(self.heads) {
             anyhow::bail!(
                 "invalid value for `--hidden`: must be a multiple of --heads ({}; got {})",
@@ -52,6 +64,16 @@ impl ModelShape {
         ]
     }
 
+    /// Every flag as command-line arguments, `--kv-heads` too (to pass them on).
+    pub fn args(&self) -> Vec<String> {
+        let mut flags = self.flags().to_vec();
+        flags.push(("--kv-heads", self.kv_heads));
+        flags
+            .into_iter()
+            .flat_map(|(f, v)| [f.to_string(), v.to_string()])
+            .collect()
+    }
+
     /// The model's configuration, with room for `positions` tokens.
     pub fn config(&self, positions: usize) -> ModelConfig {
         ModelConfig::tiny_qwen2(
@@ -59,9 +81,106 @@ impl ModelShape {
             self.hidden,
             self.layers,
             self.heads,
-            self.heads,
+            if self.kv_heads == 0 {
+                self.heads
+            } else {
+                self.kv_heads
+            },
             self.intermediate,
             positions,
         )
+    }
+}
+
+/// Where a bench's model runs and in which precision: `--device`, `--dtype` and `--lora-rank`
+/// (a low-precision base trains adapters only, as in training).
+#[derive(clap::Args, Debug, Clone)]
+pub struct Placement {
+    /// `cpu`, `cuda` or `cuda:N` (`skein devices` lists what this machine has).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// The weights' and the forward's dtype.
+    #[arg(long, value_enum, default_value_t = BenchDtype::Float32)]
+    pub dtype: BenchDtype,
+    /// LoRA adapters of this rank on every projection; 0 trains every weight (float32 only).
+    #[arg(long, default_value_t = 0)]
+    pub lora_rank: usize,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BenchDtype {
+    Float32,
+    Bfloat16,
+    Float16,
+}
+
+impl Placement {
+    pub fn options(&self) -> ModelOptions {
+        ModelOptions {
+            dtype: match self.dtype {
+                BenchDtype::Float32 => Dtype::Float32,
+                BenchDtype::Bfloat16 => Dtype::Bfloat16,
+                BenchDtype::Float16 => Dtype::Float16,
+            },
+            lora: LoraConfig {
+                rank: self.lora_rank,
+                ..Default::default()
+            },
+        }
+    }
+
+    /// The device, refused with its reason when this machine lacks it, and the options
+    /// checked as training checks them.
+    pub fn start(&self) -> Result<Device> {
+        let device = crate::trainer::config::parse_device(&self.device)
+            .map_err(|e| anyhow::anyhow!("{e:#}").context("--device"))?;
+        self.options().check(device)?;
+        Ok(device)
+    }
+
+    /// A random model of `cfg` on this placement.
+    pub fn model(&self, cfg: &ModelConfig, seed: i64) -> Result<Model> {
+        Model::random_with(cfg, &self.options(), self.start()?, seed)
+    }
+
+    /// The flags as command-line arguments (to pass them on).
+    pub fn args(&self) -> Vec<String> {
+        let dtype = match self.dtype {
+            BenchDtype::Float32 => "float32",
+            BenchDtype::Bfloat16 => "bfloat16",
+            BenchDtype::Float16 => "float16",
+        };
+        [
+            ("--device", self.device.clone()),
+            ("--dtype", dtype.to_string()),
+            ("--lora-rank", self.lora_rank.to_string()),
+        ]
+        .into_iter()
+        .flat_map(|(f, v)| [f.to_string(), v])
+        .collect()
+    }
+
+    /// A line saying where the bench runs.
+    pub fn describe(&self, device: Device, threads: i32) -> String {
+        let lora = match self.lora_rank {
+            0 => "full".to_string(),
+            r => format!("LoRA {r}"),
+        };
+        let device = match device {
+            Device::Cuda(_) => crate::devices::describe(device),
+            _ => format!("cpu ({threads} threads)"),
+        };
+        format!(
+            "{} {}, {lora}, on {device}",
+            self.options().dtype.name(),
+            "weights"
+        )
+    }
+}
+
+/// Waits for the GPU's queued work (a no-op on the CPU), so a timer read after it covers it.
+pub fn synchronize(device: Device) {
+    if let Device::Cuda(n) = device {
+        tch::Cuda::synchronize(n as i64);
     }
 }

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Runs every path of skein on one device once and prints a pass/fail table with its figures:
+# the default job, LoRA on a bfloat16 base with activation checkpointing, two data-parallel
+# ranks, the calculator agent, partial rollout, then the update's layouts (`skein bench
+# train-tokens`) and the training step and decode against PyTorch eager on the same shapes.
+#
+#   scripts/gpu-check.sh                      # cuda, the real shapes (docs/speed.md)
+#   scripts/gpu-check.sh --device cpu --tiny  # every path in a minute or two (the tests run it)
+#
+# Options: --device D (cuda, cuda:N, cpu), --tiny (small shapes, few steps), --skein PATH (the
+# binary; default target/release/skein), --python PATH (with torch, for the eager rows; default
+# .venv/bin/python, else python3), --out DIR (logs; default a fresh temporary folder). Each row
+# is stopped after GPU_CHECK_ROW_SECONDS (default 900) and then fails.
+# Exit status: 0 when every row passed, 1 otherwise.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+device=cuda tiny=0 skein=target/release/skein python="" out=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --device) device=$2; shift 2 ;;
+    --tiny) tiny=1; shift ;;
+    --skein) skein=$2; shift 2 ;;
+    --python) python=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    *) echo "gpu-check: unknown option $1 (see the header of $0)" >&2; exit 2 ;;
+  esac
+done
+[ -n "$python" ] || { [ -x .venv/bin/python ] && python=.venv/bin/python || python=python3; }
+[ -n "$out" ] || out=$(mktemp -d /tmp/skein-gpu-check.XXXXXX)
+mkdir -p "$out"
+[ -x "$skein" ] || { echo "gpu-check: no skein binary at $skein (cargo build --release)" >&2; exit 2; }
+
+if [ "$tiny" = 1 ]; then
+  # Small enough for two CPU cores: every path, few steps.
+  short=(--set sft.steps=20 --set trainer.steps=2 --set eval.problems=8 --set eval.every=0
+         --set rollout.prompts_per_step=4 --set rollout.samples_per_prompt=4)
+  shape=(--hidden 64 --layers 2 --heads 4 --kv-heads 2 --intermediate 128)
+  bench=(--batch 4 --seq 64 --iters 2)
+  tokens=(--groups 2 --samples 3 --prompt 200 --median-response 8 --max-response 40 --iters 1)
+else
+  short=(--set trainer.steps=5 --set sft.steps=200)
+  # A Qwen2.5-0.5B-sized body (character vocabulary): the shape of docs/speed.md's GPU rows.
+  shape=(--hidden 896 --layers 24 --heads 14 --kv-heads 2 --intermediate 4864)
+  bench=(--batch 64 --seq 160 --iters 5)
+  tokens=(--groups 32 --samples 8 --prompt 32 --median-response 12 --max-response 128 --iters 3)
+fi
+dev=(--set "run.device=$device")
+
+rows=()
+failed=0
+# run NAME FIGURE_PATTERN COMMAND...: runs COMMAND with its output in $out/NAME.log; the figure
+# is the lines matching FIGURE_PATTERN, joined.
+run() {
+  local name=$1 pattern=$2
+  shift 2
+  local start end status figure
+  start=$(date +%s.%N)
+  timeout "${GPU_CHECK_ROW_SECONDS:-900}" "$@" >"$out/$name.log" 2>&1
+  status=$?
+  end=$(date +%s.%N)
+  figure=$(grep -E "$pattern" "$out/$name.log" | tail -2 | tr -s ' ' | paste -sd ';' -)
+  local verdict=pass
+  [ $status -eq 0 ] || { verdict="FAIL ($status)"; failed=1; figure=$(tail -1 "$out/$name.log" | cut -c1-110); }
+  rows+=("| $name | $verdict | $(awk "BEGIN { printf \"%.1f\", $end - $start }") | $figure |")
+  echo "gpu-check: $name: $verdict" >&2
+}
+
+run devices "^cuda|^cpu" "$skein" devices
+run default-job "eval after RL" "$skein" train --overwrite "${dev[@]}" "${short[@]}" --set "run.dir=$out/default"
+run lora-bf16-checkpointing "eval after RL" "$skein" train --overwrite "${dev[@]}" "${short[@]}" \
+  --set lora.rank=16 --set model.dtype=bfloat16 --set trainer.activation_checkpointing=true \
+  --set "run.dir=$out/lora"
+run dp2-threads "eval after RL" "$skein" train --overwrite "${dev[@]}" "${short[@]}" \
+  --set trainer.dp_size=2 --set "run.dir=$out/dp2"
+run calculator-agent "eval after RL" "$skein" train --overwrite --config configs/calculator.toml \
+  "${dev[@]}" "${short[@]}" --set "run.dir=$out/calculator"
+run partial-rollout "eval after RL" "$skein" train --overwrite "${dev[@]}" "${short[@]}" \
+  --set task.name=reverse --set model.max_positions=256 --set rollout.partial.enabled=true \
+  --set "run.dir=$out/partial"
+for dtype in float32 bfloat16; do
+  lora=()
+  [ "$dtype" = float32 ] || lora=(--lora-rank 64)
+  run "layouts-$dtype" "shared-prefix" "$skein" bench train-tokens --device "$device" \
+    --dtype "$dtype" "${lora[@]}" "${shape[@]}" --vocab 64 "${tokens[@]}"
+  run "bench-skein-$dtype" "train step|^decode" "$skein" bench --device "$device" \
+    --dtype "$dtype" "${lora[@]}" "${shape[@]}" --vocab 64 "${bench[@]}"
+  run "bench-eager-$dtype" "eager train step|eager decode" "$python" \
+    scripts/bench_pytorch_eager.py --device "$device" --dtype "$dtype" "${shape[@]}" --vocab 64 \
+    "${bench[@]}"
+done
+
+echo "skein gpu-check on $device$([ "$tiny" = 1 ] && echo ', tiny shapes'); logs in $out"
+echo "| check | result | seconds | figure |"
+echo "| --- | --- | ---: | --- |"
+printf '%s\n' "${rows[@]}"
+exit $failed
