@@ -76,8 +76,16 @@ fn get(m: &serde_json::Map<String, Value>, key: &str) -> f64 {
         .unwrap_or_else(|| panic!("metric `{key}` missing in {m:?}"))
 }
 
+/// One training run at a time: runs in this process share libtorch's global random
+/// generator, and two runs drawing from it on parallel test threads sample differently from
+/// one run alone, so a run's accuracy would depend on its neighbours' timing.
+static ONE_RUN_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn run(name: &str, extra: &str) -> Vec<serde_json::Map<String, Value>> {
     let cfg = config(name, extra);
+    let _alone = ONE_RUN_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let summary = train(&cfg).expect("the run completes");
     let records = steps(&summary.dir);
     assert_eq!(records.len(), STEPS);
