@@ -85,7 +85,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         m.layers,
         m.heads,
         m.intermediate,
-        a.place.describe(model.vs.device(), tch::get_num_threads())
+        a.place.describe(model.vs.device())
     );
     let train = median(time_train_steps(&model, a)?);
     println!(

@@ -145,14 +145,9 @@ impl Placement {
 
     /// The flags as command-line arguments (to pass them on).
     pub fn args(&self) -> Vec<String> {
-        let dtype = match self.dtype {
-            BenchDtype::Float32 => "float32",
-            BenchDtype::Bfloat16 => "bfloat16",
-            BenchDtype::Float16 => "float16",
-        };
         [
             ("--device", self.device.clone()),
-            ("--dtype", dtype.to_string()),
+            ("--dtype", self.options().dtype.name().to_string()),
             ("--lora-rank", self.lora_rank.to_string()),
         ]
         .into_iter()
@@ -161,19 +156,15 @@ impl Placement {
     }
 
     /// A line saying where the bench runs.
-    pub fn describe(&self, device: Device, threads: i32) -> String {
+    pub fn describe(&self, device: Device) -> String {
         let lora = match self.lora_rank {
             0 => "full".to_string(),
             r => format!("LoRA {r}"),
         };
-        let device = match device {
-            Device::Cuda(_) => crate::devices::describe(device),
-            _ => format!("cpu ({threads} threads)"),
-        };
         format!(
-            "{} {}, {lora}, on {device}",
+            "{} weights, {lora}, on {}",
             self.options().dtype.name(),
-            "weights"
+            crate::devices::describe(device)
         )
     }
 }

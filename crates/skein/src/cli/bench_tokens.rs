@@ -101,7 +101,7 @@ pub fn run(a: &TokenBenchArgs) -> Result<()> {
         a.max_response,
         a.model.hidden,
         a.model.layers,
-        a.place.describe(device, tch::get_num_threads())
+        a.place.describe(device)
     );
     println!(
         "{:<14} {:>12} {:>16} {:>10} {:>9} {:>12} {:>14} {:>14}",
