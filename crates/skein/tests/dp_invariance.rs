@@ -46,11 +46,14 @@ fn model_config() -> ModelConfig {
     ModelConfig::tiny_qwen2(VOCAB, 32, 2, 2, 1, 64, 64)
 }
 
+/// A policy as RL runs it: `base`'s weights, with adapter dropout off (the trainer stops it
+/// after the warm-up).
 fn copy_of(base: &Model) -> Model {
     let _guard = BUILD.lock().unwrap_or_else(|e| e.into_inner());
     let mut m =
         Model::random_with(&model_config(), &base.options, Device::Cpu, 0).expect("tiny model");
     m.copy_from(base).expect("same shapes");
+    m.net.stop_adapter_dropout();
     m
 }
 
@@ -385,21 +388,21 @@ fn a_rank_local_token_mean_makes_the_step_depend_on_dp() {
 
 /// With LoRA the same holds for the adapters, which alone move: the frozen base is bit for bit
 /// what it was, on every rank.
-#[test]
-fn lora_adapters_step_alike_for_any_layout_and_the_base_stays_frozen() {
-    tch::set_num_threads(1);
+/// A LoRA model (rank 2, `dropout` on the adapters) whose adapters have trained already: with
+/// B = 0, A's gradient would be zero.
+fn lora_base(dropout: f64) -> Model {
     let base = {
         let _guard = BUILD.lock().unwrap_or_else(|e| e.into_inner());
         let options = ModelOptions {
             lora: LoraConfig {
                 rank: 2,
+                dropout,
                 ..Default::default()
             },
             ..Default::default()
         };
         Model::random_with(&model_config(), &options, Device::Cpu, 99).expect("tiny model")
     };
-    // Adapters that have trained already: with B = 0, A's gradient would be zero.
     tch::no_grad(|| {
         for (name, mut t) in base.vs.variables() {
             if name.contains(".lora_B.") {
@@ -407,6 +410,44 @@ fn lora_adapters_step_alike_for_any_layout_and_the_base_stays_frozen() {
             }
         }
     });
+    base
+}
+
+/// `lora.dropout` is for the warm-up; RL runs without it on rank 0, and every other rank must
+/// too. A rank built from options that still carry the dropout draws masks: its π is another
+/// function than the π_old rank 0 recorded, and dp 2 moves the adapters elsewhere than dp 1.
+#[test]
+fn lora_dropout_of_the_warm_up_stays_off_on_every_rank() {
+    tch::set_num_threads(1);
+    let base = lora_base(0.3);
+    let start = flat(&base);
+    let trajs = trajectories();
+    let case = |dp| Case {
+        mode: LossAggMode::TokenMean,
+        dp,
+        budget: 4096,
+        extra_padding: false,
+        batching: Layout::Padded,
+        old_pass: true,
+        rank_local: false,
+    };
+    let (want, _) = step(&base, &trajs, case(1));
+    let moved = max_abs_diff(&want, &start);
+    assert!(moved > 1e-3, "the step barely moved ({moved:e})");
+    for dp in [2, 4] {
+        let (got, _) = step(&base, &trajs, case(dp));
+        let diff = max_abs_diff(&got, &want);
+        assert!(
+            diff <= REL_TOL * moved,
+            "dp {dp}: {diff:e} (step {moved:e})"
+        );
+    }
+}
+
+#[test]
+fn lora_adapters_step_alike_for_any_layout_and_the_base_stays_frozen() {
+    tch::set_num_threads(1);
+    let base = lora_base(0.0);
     // Which entries of `flat` belong to the frozen base.
     let mut vars: Vec<(String, Tensor)> = base.vs.variables().into_iter().collect();
     vars.sort_by(|a, b| a.0.cmp(&b.0));

@@ -140,6 +140,16 @@ impl Model {
         }
     }
 
+    /// The options a copy of this model (a data-parallel rank's) is built with: its own, with
+    /// adapter dropout as this model runs it now. Once RL has stopped the policy's dropout
+    /// (`Transformer::stop_adapter_dropout`), a rank that drew masks would compute another
+    /// function than the π_old rank 0 recorded.
+    pub fn replica_options(&self) -> ModelOptions {
+        let mut options = self.options.clone();
+        options.lora.dropout = self.net.adapter_dropout();
+        options
+    }
+
     /// Copies every parameter of `other` (same architecture) into this model.
     pub fn copy_from(&mut self, other: &Model) -> Result<()> {
         self.vs.copy(&other.vs).context("copying model parameters")

@@ -130,10 +130,11 @@ impl Projection {
             return y;
         };
         let at = ad.a.tr();
-        // Every pass while the adapter has dropout (a loaded model's supervised warm-up), with
-        // or without autograd; RL's passes come after `stop_dropout`.
+        // Dropout is a training pass's (a loaded model's supervised warm-up, which records
+        // gradients); sampling and the warm-up's evaluations run under `no_grad` and see the
+        // whole adapter, as PEFT's eval mode does. RL's passes come after `stop_dropout`.
         let xf = x.to_kind(Kind::Float);
-        let xf = if ad.dropout > 0.0 {
+        let xf = if ad.dropout > 0.0 && grad_mode_enabled() {
             xf.dropout(ad.dropout, true)
         } else {
             xf
@@ -154,8 +155,6 @@ impl Projection {
         }
     }
 
-    /// Folds the adapter into the base weight (`W += scale · B·A`, rounded to `W`'s dtype) and
-    /// starts the adapter again from zero, so the model computes what it did before.
     /// Turns the adapter's dropout off for good. RL's passes run without it: the update's
     /// π_old is the training forward's own detached log-prob on the first mini-batch and a
     /// separate forward on the others, so a random mask would make the ratio 1 on some rows
@@ -166,6 +165,13 @@ impl Projection {
         }
     }
 
+    /// The dropout probability the adapter runs with now (0 without an adapter).
+    pub fn dropout(&self) -> f64 {
+        self.adapter.as_ref().map_or(0.0, |ad| ad.dropout)
+    }
+
+    /// Folds the adapter into the base weight (`W += scale · B·A`, rounded to `W`'s dtype) and
+    /// starts the adapter again from zero, so the model computes what it did before.
     pub fn merge(&mut self) {
         let Some(ad) = &mut self.adapter else {
             return;
@@ -175,6 +181,18 @@ impl Projection {
             let _ = self.base.ws.g_add_(&delta.to_kind(self.base.ws.kind()));
             let _ = ad.b.zero_();
         });
+    }
+}
+
+/// Whether this thread's passes record gradients (libtorch's thread-local grad mode, which
+/// `tch::no_grad` turns off). Read by setting it and putting it back: tch has no getter.
+fn grad_mode_enabled() -> bool {
+    // SAFETY: `at_grad_set_enabled` sets the calling thread's grad mode and returns the previous
+    // one; the second call restores it, so nothing else observes the change.
+    unsafe {
+        let was = torch_sys::at_grad_set_enabled(1);
+        torch_sys::at_grad_set_enabled(was);
+        was != 0
     }
 }
 
@@ -268,8 +286,14 @@ mod tests {
         perturb(&model);
         let x = ids();
         let sampled = || tch::no_grad(|| model.net.forward(&x));
-        // On, it draws a new mask in every pass, sampling included.
-        assert!(max_diff(&sampled(), &sampled()) > 1e-4, "dropout while on");
+        // On, a training pass draws a new mask every time; sampling and evaluation (passes
+        // without gradients) run the whole adapter.
+        let trained = || model.net.forward(&x);
+        assert!(max_diff(&trained(), &trained()) > 1e-4, "dropout while on");
+        assert!(
+            max_diff(&sampled(), &sampled()) == 0.0,
+            "none when sampling"
+        );
         model.net.stop_adapter_dropout();
         let (trained, sampled) = (
             model.net.forward(&x),

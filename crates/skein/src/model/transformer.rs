@@ -115,6 +115,10 @@ impl Attention {
         ]
     }
 
+    fn projection_refs(&self) -> [&Projection; 4] {
+        [&self.q, &self.k, &self.v, &self.o]
+    }
+
     fn base_only(&self) -> Self {
         Attention {
             q: self.q.base_only(),
@@ -240,6 +244,10 @@ impl Mlp {
         ]
     }
 
+    fn projection_refs(&self) -> [&Projection; 3] {
+        [&self.gate, &self.up, &self.down]
+    }
+
     fn base_only(&self) -> Self {
         Mlp {
             gate: self.gate.base_only(),
@@ -341,12 +349,26 @@ impl Transformer {
         }
     }
 
-    /// Folds every adapter into its base weight and restarts it from zero.
     /// RL's passes run without adapter dropout ([`Projection::stop_dropout`]).
     pub fn stop_adapter_dropout(&mut self) {
         self.for_each_projection(Projection::stop_dropout);
     }
 
+    /// The largest dropout probability any adapter runs with now.
+    pub fn adapter_dropout(&self) -> f64 {
+        self.blocks
+            .iter()
+            .flat_map(|b| {
+                b.attn
+                    .projection_refs()
+                    .into_iter()
+                    .chain(b.mlp.projection_refs())
+            })
+            .map(Projection::dropout)
+            .fold(0.0, f64::max)
+    }
+
+    /// Folds every adapter into its base weight and restarts it from zero.
     pub fn merge_adapters(&mut self) {
         self.for_each_projection(Projection::merge);
     }

@@ -192,7 +192,11 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
 
     // Data-parallel ranks beyond the first, for the policy and the critic: built after
     // everything else that draws random numbers (each step reseeds the generator anyway).
-    dp.announce_models(&policy.net.config, &policy.options, critic.is_some())?;
+    dp.announce_models(
+        &policy.net.config,
+        &policy.replica_options(),
+        critic.is_some(),
+    )?;
     let policy_ranks = dp.backend(&policy)?;
     let critic = match critic {
         Some((model, opt)) => Some(Critic::new(cfg, &dp, model, opt)?),

@@ -47,7 +47,7 @@ impl Replica for Model {
         &mut self.vs
     }
     fn same_shape(&self, device: Device) -> Result<Self> {
-        Model::random_with(&self.net.config, &self.options, device, 0)
+        Model::random_with(&self.net.config, &self.replica_options(), device, 0)
     }
 }
 
