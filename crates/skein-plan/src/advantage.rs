@@ -17,8 +17,9 @@ pub enum Estimator {
     /// REINFORCE++: rewards (minus the group mean with `group_baseline`) whitened over the batch.
     ReinforcePP { group_baseline: bool },
     /// PPO with a critic: no group advantage (0 for every kept trajectory). Groups are still
-    /// formed, so failures are counted and `drop_equal_reward_groups` applies; the trainer
-    /// then replaces the advantages with GAE's.
+    /// formed, so failures are counted; the trainer then replaces the advantages with GAE's
+    /// (and refuses `drop_equal_reward_groups`: the critic's advantages carry signal in an
+    /// equal-reward group).
     Critic,
 }
 

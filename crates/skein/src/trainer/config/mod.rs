@@ -336,6 +336,7 @@ pub struct RolloutConfig {
     /// `prompts_per_step` groups whose rewards differ, or `max_draws_per_step` groups were
     /// drawn. Only the rewards of trajectories that did not fail count; a group with fewer
     /// than two such rewards is skipped (its failed trajectories stay, counted as failed).
+    /// Refused where an equal-reward group has signal (`reinforce++`, `gae`, turn credit).
     pub skip_zero_variance_groups: bool,
     /// With `skip_zero_variance_groups`: most groups one step draws, skipped ones included
     /// (0: 4 × `prompts_per_step`). A step that reaches it trains on the groups with
@@ -433,7 +434,9 @@ pub struct AlgorithmConfig {
     pub normalize_std: bool,
     /// Drop the step's groups whose rewards are all equal (counted as `batch/dropped_groups`);
     /// the step trains on fewer groups. `rollout.skip_zero_variance_groups` draws others in
-    /// their place.
+    /// their place. Refused where an equal-reward group has signal: `reinforce++` (batch
+    /// whitening without a group baseline), `gae` (the critic's advantages) and
+    /// `credit = "turn"` (each turn's own return).
     pub drop_equal_reward_groups: bool,
     /// Who gets credit for an episode's outcome: `trajectory` (every turn the episode's
     /// advantage; with `gae`, GAE over the tokens) or `turn` (each turn its own: with a group

@@ -15,6 +15,7 @@ pub fn validate(cfg: &TrainConfig) -> Result<()> {
     validate_run(cfg, &mut v);
     validate_rollout(cfg, &mut v);
     validate_dynamic_sampling(cfg, &mut v);
+    validate_equal_group_skipping(cfg, &mut v);
     validate_algorithm(cfg, &mut v);
     validate_trainer(cfg, &mut v);
     v.in_range("eval.problems", cfg.eval.problems, 0, MAX_EVAL_PROBLEMS);
@@ -160,10 +161,15 @@ fn validate_rollout(cfg: &TrainConfig, v: &mut Validator) {
     v.at_least("rollout.prompts_per_step", r.prompts_per_step, 1)
         .at_least("rollout.samples_per_prompt", r.samples_per_prompt, 1)
         .at_least("rollout.max_slots", r.max_slots, 1)
+        // Greedy decoding is top-k 1: the engine takes the argmax while the trainer's π is the
+        // whole distribution, and under a group estimator every sample of a prompt is the same.
         .check(
-            s.temperature >= 0.0 && s.temperature.is_finite(),
+            s.temperature > 0.0 && s.temperature.is_finite(),
             "rollout.sampling.temperature",
-            "must be ≥ 0 (0 = greedy)",
+            "must be a finite number > 0 in training: 0 is greedy decoding, which draws from a \
+             one-token distribution while the importance ratio uses the whole one (off-policy, \
+             uncorrected), and makes every sample of a prompt the same (no group signal); \
+             greedy is for `skein eval` (its default with --n 1) and `skein serve`",
             s.temperature,
         )
         // The trainer's π and π_old are the whole temperature-scaled distribution, and so is
@@ -218,6 +224,58 @@ fn validate_rollout(cfg: &TrainConfig, v: &mut Validator) {
         )
         .at_least("rollout.remote.timeout_ms", rm.timeout_ms, 1)
         .at_least("rollout.remote.concurrency", rm.concurrency, 1);
+    }
+}
+
+/// Skipping groups whose rewards are all equal (`rollout.skip_zero_variance_groups`) or
+/// dropping them (`algorithm.drop_equal_reward_groups`) loses nothing only where a group
+/// baseline gives such a group an advantage of zero: grpo, dr-grpo, rloo and
+/// reinforce++-baseline with trajectory credit. (reinforce++-baseline then whitens over the
+/// groups kept, as it would had the others never been drawn.) Elsewhere those groups carry
+/// signal, and skipping them would throw it away and shift the batch's whitening.
+fn validate_equal_group_skipping(cfg: &TrainConfig, v: &mut Validator) {
+    use super::Estimator;
+    let key = if cfg.rollout.skip_zero_variance_groups {
+        "rollout.skip_zero_variance_groups"
+    } else if cfg.algorithm.drop_equal_reward_groups {
+        "algorithm.drop_equal_reward_groups"
+    } else {
+        return;
+    };
+    let a = &cfg.algorithm;
+    let signal = match (a.estimator, a.credit) {
+        (Estimator::ReinforcePP, _) => Some((
+            "algorithm.estimator",
+            "\"reinforce++\"",
+            "whitens rewards over the batch with no group baseline, so a group whose rewards \
+             are all equal still has a non-zero advantage (an all-correct group a positive \
+             one)",
+        )),
+        (Estimator::Gae, _) => Some((
+            "algorithm.estimator",
+            "\"gae\"",
+            "takes its advantages from the critic, which are non-zero whatever a group's \
+             rewards are",
+        )),
+        (_, CreditMode::Turn) => Some((
+            "algorithm.credit",
+            "\"turn\"",
+            "gives each turn its own discounted return, which differs between the turns and \
+             episodes of a group whose final rewards are equal",
+        )),
+        _ => None,
+    };
+    if let Some((name, value, why)) = signal {
+        v.check(
+            false,
+            name,
+            &format!(
+                "{why}, so `{key} = true` would throw that signal away and change the rest: \
+                 set `{key} = false`, or use an estimator with a group baseline (grpo, dr-grpo, \
+                 rloo, reinforce++-baseline) with `algorithm.credit = \"trajectory\"`"
+            ),
+            value,
+        );
     }
 }
 
@@ -1060,6 +1118,64 @@ mod tests {
         assert!(err.contains("`eval.correct_by` is not set"), "{err}");
         ok.eval.correct_by = Some("math".into());
         assert!(validate(&ok).is_ok(), "{:?}", validate(&ok));
+    }
+
+    /// Greedy decoding draws from a one-token distribution the ratio does not use, and gives a
+    /// group identical samples: training refuses it, naming the key.
+    #[test]
+    fn training_refuses_greedy_sampling() {
+        for t in ["0", "0.0", "-0.5", "nan"] {
+            let cfg = load(&[&format!("rollout.sampling.temperature={t}")]).unwrap();
+            let e = validate(&cfg).unwrap_err().to_string();
+            assert!(
+                e.contains("`rollout.sampling.temperature`: must be a finite number > 0"),
+                "{t}: {e}"
+            );
+        }
+        let cfg = load(&["rollout.sampling.temperature=0.7"]).unwrap();
+        assert!(validate(&cfg).is_ok(), "{:?}", validate(&cfg));
+    }
+
+    /// Skipping or dropping equal-reward groups is refused where such groups carry signal
+    /// (reinforce++'s batch whitening, gae's critic, turn credit), naming the key that makes
+    /// it so, and accepted under every estimator with a group baseline.
+    #[test]
+    fn equal_reward_groups_are_skipped_only_where_their_advantage_is_zero() {
+        let skip = "rollout.skip_zero_variance_groups=true";
+        let drop = "algorithm.drop_equal_reward_groups=true";
+        for on in [skip, drop] {
+            let key = on.split('=').next().unwrap();
+            for estimator in ["grpo", "rloo", "reinforce++-baseline"] {
+                let cfg = load(&[on, &format!("algorithm.estimator=\"{estimator}\"")]).unwrap();
+                assert!(
+                    validate(&cfg).is_ok(),
+                    "{on} {estimator}: {:?}",
+                    validate(&cfg)
+                );
+            }
+            for (set, named) in [
+                (
+                    "algorithm.estimator=\"reinforce++\"",
+                    "`algorithm.estimator`",
+                ),
+                ("algorithm.estimator=\"gae\"", "`algorithm.estimator`"),
+                ("algorithm.credit=\"turn\"", "`algorithm.credit`"),
+            ] {
+                let cfg = load(&[on, set]).unwrap();
+                let e = validate(&cfg).unwrap_err().to_string();
+                assert!(
+                    e.contains(named) && e.contains(&format!("`{key} = true` would throw")),
+                    "{on} {set}: {e}"
+                );
+                // The estimator alone is fine.
+                let cfg = load(&[set]).unwrap();
+                let e = validate(&cfg)
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default();
+                assert!(!e.contains("would throw"), "{set}: {e}");
+            }
+        }
     }
 
     /// Dynamic sampling: its bound is refused without it and below one step's groups, and so
