@@ -101,16 +101,18 @@ fn steps_train_only_groups_with_variance_and_resume_exactly() {
             "step {}: drawn = trained + skipped",
             m["step"]
         );
+        // The equal-reward share is of what was drawn (none failed: the skipped groups), not
+        // of the trained groups, which all differ by construction.
+        assert_eq!(
+            num(m, "batch/equal_reward_group_fraction"),
+            skipped / drawn,
+            "step {}",
+            m["step"]
+        );
         assert!(drawn <= limit, "step {}: {drawn} groups drawn", m["step"]);
         match num(m, "rollout/draw_limit_hit") {
             0.0 => {
                 assert_eq!(trained, PROMPTS as f64, "step {}", m["step"]);
-                assert_eq!(
-                    num(m, "batch/equal_reward_group_fraction"),
-                    0.0,
-                    "step {}: a group without variance trained",
-                    m["step"]
-                );
                 full_steps += 1;
             }
             1.0 => {
@@ -137,8 +139,8 @@ fn steps_train_only_groups_with_variance_and_resume_exactly() {
         for key in [
             "rollout/drawn_groups",
             "rollout/skipped_groups",
-            "rollout/drawn_reward_mean",
             "reward/mean",
+            "kept/reward_mean",
             "tokens/generated",
             "loss/policy",
         ] {
@@ -150,8 +152,9 @@ fn steps_train_only_groups_with_variance_and_resume_exactly() {
 }
 
 /// An untrained model never gets a sum right: every group's rewards are all 0, so each step
-/// draws its bound, skips everything, trains on no group — and the run goes on. The same run
-/// without dynamic sampling logs every group as equal, and none of the `rollout/` counters.
+/// draws its bound, skips everything, trains on no group — and the run goes on, logging what
+/// it drew and no figure of the update it did not make. The same run without dynamic sampling
+/// logs every group as equal, and none of the `rollout/` counters.
 #[test]
 fn a_step_without_variance_trains_nothing_and_the_run_goes_on() {
     let sets = |dynamic: bool| -> Vec<String> {
@@ -182,10 +185,29 @@ fn a_step_without_variance_trains_nothing_and_the_run_goes_on() {
         assert_eq!(num(m, "rollout/drawn_groups"), (2 * PROMPTS) as f64);
         assert_eq!(num(m, "rollout/skipped_groups"), (2 * PROMPTS) as f64);
         assert_eq!(num(m, "rollout/draw_limit_hit"), 1.0);
-        assert_eq!(num(m, "rollout/drawn_reward_mean"), 0.0);
+        // The training reward is of every drawn trajectory: all wrong. Every drawn group was
+        // equal; no group was kept, so nothing of the kept ones is logged.
+        assert_eq!(num(m, "reward/mean"), 0.0);
+        assert_eq!(num(m, "reward/accuracy"), 0.0);
+        assert_eq!(num(m, "batch/equal_reward_group_fraction"), 1.0);
+        assert!(m.get("kept/reward_mean").is_none(), "{m}");
         assert_eq!(trained_groups(m), 0.0);
         assert_eq!(num(m, "tokens/trained"), 0.0);
-        assert_eq!(num(m, "batch/equal_reward_group_fraction"), 0.0);
+        // A step that trains nothing logs its counts, not zeros for figures of nothing.
+        assert_eq!(num(m, "updates/applied"), 0.0);
+        for key in [
+            "entropy",
+            "approx_kl",
+            "clip_frac",
+            "loss/policy",
+            "lr",
+            "grad_norm",
+        ] {
+            assert!(
+                m.get(key).is_none(),
+                "`{key}` logged by a step that trained nothing: {m}"
+            );
+        }
     }
 
     let off = common::workdir("dynamic_sampling", "off");

@@ -35,8 +35,11 @@ fn grpo_raises_the_reward_and_a_frozen_policy_does_not() {
     let frozen = train(&config("frozen", 1e-12)).expect("frozen run");
     // Same seed, same SFT: both start from the same policy.
     assert_eq!(learn.eval_before.accuracy, frozen.eval_before.accuracy);
-    let gain =
-        |r: &[f64]| r[r.len() - 3..].iter().sum::<f64>() / 3.0 - r[..3].iter().sum::<f64>() / 3.0;
+    // Every step answered something: no reward is missing.
+    let gain = |r: &[Option<f64>]| -> f64 {
+        let r: Vec<f64> = r.iter().map(|x| x.expect("a step's reward")).collect();
+        r[r.len() - 3..].iter().sum::<f64>() / 3.0 - r[..3].iter().sum::<f64>() / 3.0
+    };
     let (g, f) = (gain(&learn.rewards), gain(&frozen.rewards));
     eprintln!(
         "reward gain (last 3 steps − first 3): GRPO {g:.3}, frozen {f:.3}; rewards {:?}",

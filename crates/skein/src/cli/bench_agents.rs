@@ -141,10 +141,12 @@ fn print_table(runs: &[Figures]) {
     let pair = |(a, b): (f64, f64)| format!("{a:.3} → {b:.3}");
     for f in runs {
         let s = &f.summary;
-        let k = s.rewards.len().clamp(1, 5);
+        // Steps whose every trajectory failed have no reward to average.
+        let rewards: Vec<f64> = s.rewards.iter().flatten().copied().collect();
+        let k = rewards.len().clamp(1, 5);
         let avg = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
-        let first = avg(&s.rewards[..k.min(s.rewards.len())]);
-        let last = avg(&s.rewards[s.rewards.len().saturating_sub(k)..]);
+        let first = avg(&rewards[..k.min(rewards.len())]);
+        let last = avg(&rewards[rewards.len().saturating_sub(k)..]);
         println!(
             "{:<18} {:>22} {:>22} {:>22} {:>20} {:>8.1}",
             f.name,

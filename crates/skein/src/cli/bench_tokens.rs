@@ -293,7 +293,6 @@ fn measure(a: &TokenBenchArgs, layout: Layout) -> Result<Outcome> {
             failed_trajectories: 0,
             padding_rows: 0,
             turns: Vec::new(),
-            equal_reward_group_fraction: 0.0,
             turn_metrics: Vec::new(),
         };
         let batch = prepare(batch, &models, 0, &prepare_cfg);

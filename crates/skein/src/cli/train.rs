@@ -50,7 +50,8 @@ pub fn run(
         return Ok(());
     }
     let kind = crate::trainer::rollout::eval_kind(summary.held_out);
-    let rewards = &summary.rewards;
+    // Steps whose every trajectory failed have no reward to average.
+    let rewards: Vec<f64> = summary.rewards.iter().flatten().copied().collect();
     if !rewards.is_empty() {
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
         let k = rewards.len().min(5);

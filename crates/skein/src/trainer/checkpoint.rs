@@ -43,8 +43,9 @@ pub struct TrainerState {
     pub metrics_lines: usize,
     pub eval_before_accuracy: f64,
     pub eval_before_reward: f64,
-    /// Mean training reward of each step so far.
-    pub rewards: Vec<f64>,
+    /// Mean training reward of each step so far (null for a step whose every trajectory
+    /// failed).
+    pub rewards: Vec<Option<f64>>,
 }
 
 /// What a checkpoint holds, borrowed from the running trainer.

@@ -28,8 +28,8 @@ pub struct RunSummary {
     pub dir: PathBuf,
     pub eval_before: EvalResult,
     pub eval_after: EvalResult,
-    /// Mean training reward of each RL step.
-    pub rewards: Vec<f64>,
+    /// Mean training reward of each RL step (None for a step whose every trajectory failed).
+    pub rewards: Vec<Option<f64>>,
     /// Stopped by Ctrl-C after a step and its checkpoint: resume to continue.
     pub interrupted: bool,
     /// This process's data-parallel rank: anything but 0 only served rank 0's updates.
@@ -131,8 +131,8 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
         doctor.observe(record, digests(&rollout), |l| progress.println(l))?;
         let gen_tok_s = rollout.engine.generated_tokens as f64 / rollout_s.max(1e-9);
         let shown = [
-            ("reward", rollout.reward_mean()),
-            ("acc", rollout.accuracy()),
+            ("reward", rollout.reward_mean().unwrap_or(f64::NAN)),
+            ("acc", rollout.accuracy().unwrap_or(f64::NAN)),
             ("gen tok/s", gen_tok_s),
         ];
         // Keep the step's trajectories for `skein view`: moved to a writer thread.

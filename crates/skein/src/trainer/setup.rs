@@ -56,7 +56,7 @@ pub struct Trainer<'a> {
     pub first_step: usize,
     pub eval_before: EvalResult,
     /// Mean training reward of each step so far.
-    pub rewards: Vec<f64>,
+    pub rewards: Vec<Option<f64>>,
     /// Held while the run lives: in an MPI job, dropping it releases the other ranks.
     _dp: DataParallel,
     /// Held while the run lives: no other process writes its directory.

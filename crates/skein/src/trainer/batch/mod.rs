@@ -11,7 +11,6 @@ pub use row::TrainRow;
 use crate::trainer::config::{CreditMode, Estimator, TrainConfig};
 use anyhow::Result;
 use skein_plan as plan;
-use std::collections::HashMap;
 
 /// Mini-batches → ranks → indices into the step's rows (padding rows included): the planning
 /// core's [`plan::Plan`] over this step's [`TrainRow`]s.
@@ -93,8 +92,6 @@ pub struct StepBatch {
     pub real_rows: usize,
     /// Tokens of all rows, padding included (throughput only).
     pub total_tokens: usize,
-    /// Groups whose samples all earned one reward ([`equal_reward_group_fraction`]).
-    pub equal_reward_group_fraction: f64,
     /// With per-turn credit: advantages by turn index and the turns' own rewards (with a
     /// critic, `trainer::prepare` adds the advantages once GAE has made them).
     pub turn_metrics: Vec<(String, f64)>,
@@ -133,7 +130,6 @@ pub fn build_step_batch(
         padding_rows: 0,
         real_rows: rows.len(),
         total_tokens: 0,
-        equal_reward_group_fraction: equal_reward_group_fraction(trajectories),
         turn_metrics: if per_turn {
             turn_metrics(trajectories, &adv, cfg.critic.is_none())
         } else {
@@ -192,25 +188,6 @@ pub fn build_step_batch(
     }
     batch.total_tokens = batch.rows.iter().map(|r| r.tokens.len()).sum();
     Ok(batch)
-}
-
-/// The share of the step's groups whose rewards are all equal ([`plan::rewards_all_equal`]):
-/// under a group baseline they give every member a zero advantage, no learning signal. A
-/// group counts by its trajectories that did not fail: with one such trajectory it counts as
-/// equal, with none it trains nothing and is not counted. Taken before
-/// `algorithm.drop_equal_reward_groups` drops any; 0 for a step without groups.
-pub fn equal_reward_group_fraction(trajectories: &[plan::Trajectory]) -> f64 {
-    let mut groups: Vec<Vec<f64>> = Vec::new();
-    let mut index: HashMap<&str, usize> = HashMap::new();
-    for t in trajectories.iter().filter(|t| !t.is_failed()) {
-        let g = *index.entry(t.group.as_str()).or_insert_with(|| {
-            groups.push(Vec::new());
-            groups.len() - 1
-        });
-        groups[g].push(t.reward);
-    }
-    let equal = groups.iter().filter(|r| plan::rewards_all_equal(r)).count();
-    equal as f64 / groups.len().max(1) as f64
 }
 
 /// The step's real rows in plan order, each with, for turn-level GAE, its value targets.
@@ -306,12 +283,9 @@ pub fn credit_metrics<'a>(per_turn: impl Iterator<Item = &'a Vec<f64>>) -> Vec<(
 
 impl StepBatch {
     /// The batch's counts for the step's metrics.
-    pub fn metrics(&self) -> [(&'static str, f64); 5] {
+    /// (`batch/equal_reward_group_fraction` is the rollout's: it describes what was drawn.)
+    pub fn metrics(&self) -> [(&'static str, f64); 4] {
         [
-            (
-                "batch/equal_reward_group_fraction",
-                self.equal_reward_group_fraction,
-            ),
             ("batch/dropped_groups", self.dropped_groups as f64),
             ("batch/failed_trajectories", self.failed_trajectories as f64),
             ("batch/padding_rows", self.padding_rows as f64),
@@ -335,51 +309,6 @@ mod tests {
             versions: vec![0; n],
             reward: None,
             state: None,
-        }
-    }
-
-    fn scored(id: &str, group: &str, reward: f64, status: Status) -> Trajectory {
-        Trajectory {
-            id: id.into(),
-            group: group.into(),
-            transitions: vec![turn(vec![1], vec![2])],
-            reward,
-            status,
-        }
-    }
-
-    /// Groups count by their members that did not fail: `a` differs, `b` is equal, `c` has
-    /// one member left (equal), `d` none (not counted); the share is logged with every batch.
-    #[test]
-    fn the_equal_reward_share_counts_groups_by_their_members_that_did_not_fail() {
-        let failed = || Status::Failed("reward service down".into());
-        let trajs = [
-            scored("a0", "a", 1.0, Status::Finished),
-            scored("b0", "b", 0.5, Status::Finished),
-            scored("a1", "a", 0.0, Status::Truncated),
-            scored("b1", "b", 0.5, Status::Finished),
-            scored("c0", "c", 1.0, Status::Finished),
-            scored("c1", "c", 0.0, failed()),
-            scored("d0", "d", 0.0, failed()),
-            scored("d1", "d", 1.0, failed()),
-        ];
-        assert_eq!(equal_reward_group_fraction(&trajs), 2.0 / 3.0);
-        assert_eq!(equal_reward_group_fraction(&trajs[..4]), 0.5);
-        assert_eq!(
-            equal_reward_group_fraction(&[trajs[0].clone(), trajs[2].clone()]),
-            0.0
-        );
-        assert_eq!(equal_reward_group_fraction(&[]), 0.0);
-        let cfg = StepBatchConfig::from_config(&crate::trainer::TrainConfig::default(), 8);
-        for step in [&trajs[..], &[]] {
-            let batch = build_step_batch(step, &cfg, 1).unwrap();
-            let logged: Vec<f64> = batch
-                .metrics()
-                .iter()
-                .filter(|(k, _)| *k == "batch/equal_reward_group_fraction")
-                .map(|(_, v)| *v)
-                .collect();
-            assert_eq!(logged, vec![equal_reward_group_fraction(step)]);
         }
     }
 

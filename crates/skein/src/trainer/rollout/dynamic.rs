@@ -12,6 +12,7 @@
 
 use super::buffer::{GroupBuffer, Iteration, IterationConfig, PromptSource};
 use super::judge::Answering;
+use super::outcomes::Drawn;
 use super::stats::{SourceStats, StepRollout};
 use crate::engine::EngineStats;
 use crate::trainer::config::TrainConfig;
@@ -40,22 +41,18 @@ pub struct DrawStats {
     pub skipped: usize,
     /// The step reached `max_draws` with fewer than `groups` groups kept.
     pub limit_hit: bool,
-    /// Rewards of every trajectory drawn, skipped groups' included, and how many.
-    reward_sum: f64,
-    trajectories: usize,
+    /// Every group drawn, skipped ones included: the step's training reward
+    /// ([`StepRollout::with_drawn`]).
+    pub groups: Drawn,
 }
 
 impl DrawStats {
-    /// `rollout/drawn_groups`, `rollout/skipped_groups`, `rollout/draw_limit_hit` (0 or 1) and
-    /// `rollout/drawn_reward_mean`: the mean reward of every trajectory drawn, as
-    /// `reward/mean` would be without skipping (that one is over the kept groups only).
+    /// `rollout/drawn_groups`, `rollout/skipped_groups` and `rollout/draw_limit_hit` (0 or 1).
     pub fn metrics(&self) -> Vec<(&'static str, Value)> {
-        let mean = self.reward_sum / self.trajectories.max(1) as f64;
         vec![
             ("rollout/drawn_groups", self.drawn.into()),
             ("rollout/skipped_groups", self.skipped.into()),
             ("rollout/draw_limit_hit", u8::from(self.limit_hit).into()),
-            ("rollout/drawn_reward_mean", mean.into()),
         ]
     }
 
@@ -81,8 +78,8 @@ pub struct Filtered {
 }
 
 /// Keeps the groups of `it` whose rewards differ among their trajectories that did not fail
-/// ([`skein_plan::rewards_all_equal`], the rule `batch/equal_reward_group_fraction` counts
-/// by), in order. A skipped group's failed trajectories stay, so failures are still counted
+/// ([`skein_plan::rewards_all_equal`], the rule [`super::outcomes::EqualGroups`] counts by),
+/// in order. A skipped group's failed trajectories stay, so failures are still counted
 /// and shown; they train nothing.
 pub fn keep_varied_groups(it: &mut Iteration) -> Filtered {
     let mut order: Vec<&str> = Vec::new();
@@ -209,8 +206,7 @@ impl DynamicSampling {
             let (mut it, started) = round(n)?;
             // A round that started nothing could never end the loop; count what was asked.
             draw.drawn += started.max(n);
-            draw.reward_sum += it.trajectories.iter().map(|t| t.reward).sum::<f64>();
-            draw.trajectories += it.trajectories.len();
+            draw.groups.add(&it.trajectories, &it.correct);
             let f = keep_varied_groups(&mut it);
             draw.kept += f.kept;
             draw.skipped += f.skipped;
@@ -298,8 +294,8 @@ mod tests {
         assert_eq!(it.sources[2], "src-c");
         assert_eq!(it.sources[3], "src-d");
         // What is left trains only the varied groups.
-        let trained = crate::trainer::batch::equal_reward_group_fraction(&it.trajectories);
-        assert_eq!(trained, 0.0);
+        let trained = super::super::outcomes::EqualGroups::of(&it.trajectories);
+        assert_eq!(trained.fraction(), Some(0.0));
     }
 
     /// A scripted source of rounds: group `i` (in drawing order) varies when `varies(i)`.
@@ -369,7 +365,25 @@ mod tests {
         assert_eq!(m["rollout/drawn_groups"], Value::from(10));
         assert_eq!(m["rollout/skipped_groups"], Value::from(6));
         assert_eq!(m["rollout/draw_limit_hit"], Value::from(0));
-        assert_eq!(m["rollout/drawn_reward_mean"], Value::from(4.0 / 20.0));
+        // The training reward is of everything drawn: 4 right of 20 answers, and 6 of the 10
+        // groups had equal rewards; the kept groups are all mixed.
+        assert_eq!(draw.groups.outcomes.reward_mean(), Some(4.0 / 20.0));
+        assert_eq!(draw.groups.groups.fraction(), Some(6.0 / 10.0));
+        let rollout = StepRollout::new(
+            it.trajectories,
+            it.correct,
+            EngineStats::default(),
+            0,
+            SourceStats::default(),
+        );
+        assert_eq!(rollout.reward_mean(), Some(0.5));
+        let rollout = rollout.with_drawn(draw.groups.clone());
+        assert_eq!(rollout.reward_mean(), Some(4.0 / 20.0));
+        assert_eq!(rollout.accuracy(), Some(4.0 / 20.0));
+        let m: HashMap<String, Value> = rollout.metrics(1.0, false, None).into_iter().collect();
+        assert_eq!(m["reward/mean"], Value::from(4.0 / 20.0));
+        assert_eq!(m["kept/reward_mean"], Value::from(0.5));
+        assert_eq!(m["batch/equal_reward_group_fraction"], Value::from(0.6));
     }
 
     /// Where every group varies there is one round; where none does the step draws exactly

@@ -9,8 +9,9 @@
 //! | external agents calling the served policy over HTTP | [`external::External`] | `external.rs` |
 //!
 //! Around them: `tasks.rs` picks the source from the config, `stats.rs` is what every source
-//! returns ([`stats::StepRollout`]) and its metrics, `trajectory_info.rs` what the trajectory
-//! log shows of each trajectory beyond its tokens, `judge.rs` scores a finished response,
+//! returns ([`stats::StepRollout`]) and its metrics, `outcomes.rs` its reward and accuracy
+//! figures, `trajectory_info.rs` what the trajectory log shows of each trajectory beyond its
+//! tokens, `judge.rs` scores a finished response,
 //! `reward.rs` runs configured reward sources, `dataset.rs` reads prompt files.
 //!
 //! A new source implements [`Workload`] and gets a variant in [`tasks::Tasks`]: the loop, the
@@ -24,6 +25,7 @@ pub mod episodes;
 pub mod external;
 pub mod judge;
 pub mod multi_turn;
+pub mod outcomes;
 pub mod prompts;
 pub mod reward;
 pub mod stats;

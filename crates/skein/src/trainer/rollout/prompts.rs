@@ -246,15 +246,19 @@ impl Workload for Prompts {
             correct_by,
         };
         let (buffer, iteration) = (&mut self.buffer, &self.iteration);
-        let it = match &self.dynamic {
-            None => buffer.collect_step(&answering, iteration, &mut next_prompt)?,
+        let (it, drawn) = match &self.dynamic {
+            None => (
+                buffer.collect_step(&answering, iteration, &mut next_prompt)?,
+                None,
+            ),
             Some(d) => {
                 let context = ctx.policy.net.max_positions() as usize;
                 let (it, draw) =
                     d.collect(buffer, &answering, iteration, &mut next_prompt, context)?;
                 draw.warn_if_empty(ctx.step);
+                let drawn = draw.groups.clone();
                 self.last_draw = Some(draw);
-                it
+                (it, Some(drawn))
             }
         };
         let source = SourceStats::Prompts {
@@ -272,7 +276,11 @@ impl Workload for Prompts {
                 ..TrajectoryInfo::of(t)
             })
             .collect();
-        let rollout = StepRollout::new(it.trajectories, it.correct, it.engine, ctx.version, source);
+        let mut rollout =
+            StepRollout::new(it.trajectories, it.correct, it.engine, ctx.version, source);
+        if let Some(drawn) = drawn {
+            rollout = rollout.with_drawn(drawn);
+        }
         Ok(rollout.with_info(info))
     }
 

@@ -5,6 +5,7 @@
 
 use super::buffer::PartialStats;
 use super::episodes::AgentStats;
+use super::outcomes::{Drawn, EqualGroups, Outcomes};
 use super::trajectory_info::TrajectoryInfo;
 use crate::engine::EngineStats;
 use serde_json::Value;
@@ -20,6 +21,8 @@ pub struct StepRollout {
     pub info: Vec<TrajectoryInfo>,
     pub engine: EngineStats,
     pub stats: RolloutStats,
+    /// Under dynamic sampling, every group the step drew, skipped ones included.
+    pub drawn: Option<Drawn>,
 }
 
 /// Figures of one step's rollout: the ones every source has, and its own.
@@ -92,7 +95,15 @@ impl StepRollout {
             correct,
             engine,
             stats,
+            drawn: None,
         }
+    }
+
+    /// The step's groups were kept from more that were drawn (dynamic sampling): its reward
+    /// figures describe those.
+    pub fn with_drawn(mut self, drawn: Drawn) -> Self {
+        self.drawn = Some(drawn);
+        self
     }
 
     /// Replaces what the tokens alone tell of each trajectory with what its source knows.
@@ -161,14 +172,27 @@ impl StepRollout {
         failed
     }
 
-    pub fn reward_mean(&self) -> f64 {
-        let n = self.trajectories.len().max(1) as f64;
-        self.trajectories.iter().map(|t| t.reward).sum::<f64>() / n
+    /// The outcomes of the trajectories the step trains on (failed ones left out).
+    fn kept(&self) -> Outcomes {
+        Outcomes::of(&self.trajectories, &self.correct)
     }
 
-    pub fn accuracy(&self) -> f64 {
-        let n = self.trajectories.len().max(1) as f64;
-        self.correct.iter().filter(|&&c| c).count() as f64 / n
+    /// The step's training reward: the mean over what the policy was drawn to answer (every
+    /// drawn group under dynamic sampling), failed trajectories left out; None when nothing
+    /// was answered.
+    pub fn reward_mean(&self) -> Option<f64> {
+        match &self.drawn {
+            Some(d) => d.outcomes.reward_mean(),
+            None => self.kept().reward_mean(),
+        }
+    }
+
+    /// The share judged correct, over the same trajectories as [`StepRollout::reward_mean`].
+    pub fn accuracy(&self) -> Option<f64> {
+        match &self.drawn {
+            Some(d) => d.outcomes.accuracy(),
+            None => self.kept().accuracy(),
+        }
     }
 
     /// Trajectories cut off by a token limit (an episode's turn limit is counted apart).
@@ -181,39 +205,6 @@ impl StepRollout {
                 .filter(|t| t.status == Status::Truncated)
                 .count(),
         }
-    }
-
-    /// Reward range and response lengths of right and wrong answers, over the trajectories
-    /// that did not fail (each only when there is one).
-    fn by_outcome(&self) -> Vec<(String, Value)> {
-        let kept = || {
-            self.trajectories
-                .iter()
-                .zip(&self.correct)
-                .filter(|(t, _)| !t.is_failed())
-        };
-        let mut m = Vec::new();
-        let mut put = |k: &str, v: Option<f64>| {
-            if let Some(v) = v {
-                m.push((k.to_string(), Value::from(v)));
-            }
-        };
-        put("reward/min", kept().map(|(t, _)| t.reward).reduce(f64::min));
-        put("reward/max", kept().map(|(t, _)| t.reward).reduce(f64::max));
-        for (key, right) in [
-            ("response_len/correct_mean", true),
-            ("response_len/incorrect_mean", false),
-        ] {
-            let lens: Vec<f64> = kept()
-                .filter(|(_, &c)| c == right)
-                .map(|(t, _)| response_len(t))
-                .collect();
-            put(
-                key,
-                (!lens.is_empty()).then(|| lens.iter().sum::<f64>() / lens.len() as f64),
-            );
-        }
-        m
     }
 
     /// Whether partial rollout produced this step (its off-policy figures are worth logging).
@@ -236,15 +227,9 @@ impl StepRollout {
         remote: bool,
         staleness_cap: Option<u64>,
     ) -> Vec<(String, Value)> {
-        let n = self.trajectories.len().max(1) as f64;
-        let response_len = self.trajectories.iter().map(response_len).sum::<f64>() / n;
         let s = &self.stats;
         let mut m: Vec<(String, Value)> = [
             ("rollout/trajectories", self.trajectories.len() as f64),
-            ("response/truncated_fraction", self.truncated() as f64 / n),
-            ("reward/mean", self.reward_mean()),
-            ("reward/accuracy", self.accuracy()),
-            ("response_len/mean", response_len),
             ("tokens/generated", self.engine.generated_tokens as f64),
             ("tokens/trained", s.trained_tokens as f64),
             (
@@ -261,7 +246,14 @@ impl StepRollout {
                 .map(|(k, v)| (k.to_string(), (*v).into()))
                 .collect()
         };
-        m.extend(self.by_outcome());
+        if !self.trajectories.is_empty() {
+            let n = self.trajectories.len() as f64;
+            m.extend(floats(&[(
+                "response/truncated_fraction",
+                self.truncated() as f64 / n,
+            )]));
+        }
+        m.extend(self.outcome_metrics());
         if remote {
             m.push(("rollout/engine_failed".into(), self.engine.failed.into()));
         }
@@ -296,12 +288,24 @@ impl StepRollout {
     }
 }
 
-/// Response tokens of a trajectory, over its transitions.
-fn response_len(t: &Trajectory) -> f64 {
-    t.transitions
-        .iter()
-        .map(|x| x.response.len())
-        .sum::<usize>() as f64
+impl StepRollout {
+    /// Reward, accuracy and response lengths ([`Outcomes::metrics`]) and the share of groups
+    /// with equal rewards: of what was drawn, and under dynamic sampling the kept groups'
+    /// figures beside them (`kept/…`; their equal share is 0 by construction).
+    fn outcome_metrics(&self) -> Vec<(String, Value)> {
+        let (mut m, groups) = match &self.drawn {
+            None => (self.kept().metrics(), EqualGroups::of(&self.trajectories)),
+            Some(d) => {
+                let mut m = d.outcomes.metrics();
+                m.extend(self.kept().kept_metrics());
+                (m, d.groups)
+            }
+        };
+        if let Some(f) = groups.fraction() {
+            m.push(("batch/equal_reward_group_fraction".into(), f.into()));
+        }
+        m
+    }
 }
 
 impl RolloutStats {
@@ -540,6 +544,6 @@ mod tests {
         }
         assert!(r.trajectories[2].is_failed());
         assert_eq!(r.stats.trained_tokens, 2);
-        assert!((r.reward_mean() - 2.0 / 3.0).abs() < 1e-12, "1, 0 and 1");
+        assert_eq!(r.reward_mean(), Some(1.0), "the two failed are left out");
     }
 }

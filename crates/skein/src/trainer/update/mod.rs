@@ -45,6 +45,9 @@ pub struct UpdateStats {
     pub grad_norm: f64,
     pub lr: f64,
     pub optimizer_steps: usize,
+    /// Loss tokens the passes computed π on, over every epoch: the denominator of the
+    /// token-averaged figures (`clip_frac`, `approx_kl`, `entropy`, `kl_ref`).
+    pub loss_tokens: f64,
     pub micro_batches: usize,
     /// Token slots the forwards computed, padding and prompts included (against the loss's
     /// tokens: what packing and shared prompts save).
@@ -57,21 +60,34 @@ pub struct UpdateStats {
 }
 
 impl UpdateStats {
-    /// The policy update's metrics (`kl_ref` only when a reference model is on).
+    /// The policy update's metrics (`kl_ref` only when a reference model is on). A figure
+    /// of nothing is not logged: without a loss token there is no entropy or drift to
+    /// average, and without an applied optimizer step no loss, gradient norm or learning rate
+    /// (a step that trains nothing would otherwise log zeros, which read as an entropy
+    /// collapse). The counts are always logged.
     pub fn metrics(&self, reference_on: bool) -> Vec<(&'static str, f64)> {
         let mut m = vec![
-            ("loss/policy", self.loss),
-            ("clip_frac", self.clip_frac),
-            ("approx_kl", self.approx_kl),
-            ("entropy", self.entropy),
-            ("grad_norm", self.grad_norm),
+            ("updates/applied", self.optimizer_steps as f64),
             ("updates/skipped", self.skipped_updates as f64),
-            ("lr", self.lr),
             // Against tokens/trained: what padding and repeated prompts cost.
             ("tokens/computed", self.computed_tokens as f64),
         ];
-        if reference_on {
-            m.push(("kl_ref", self.ref_kl));
+        if self.optimizer_steps > 0 {
+            m.extend([
+                ("loss/policy", self.loss),
+                ("grad_norm", self.grad_norm),
+                ("lr", self.lr),
+            ]);
+        }
+        if self.loss_tokens > 0.0 {
+            m.extend([
+                ("clip_frac", self.clip_frac),
+                ("approx_kl", self.approx_kl),
+                ("entropy", self.entropy),
+            ]);
+            if reference_on {
+                m.push(("kl_ref", self.ref_kl));
+            }
         }
         m
     }
@@ -155,6 +171,7 @@ pub fn ppo_update<R: Ranks<Model>>(
     let n = stats.optimizer_steps.max(1) as f64;
     let t = if sums.tokens > 0.0 { sums.tokens } else { 1.0 };
     stats.micro_batches = sums.micro_batches;
+    stats.loss_tokens = sums.tokens;
     stats.computed_tokens = sums.computed_tokens as usize;
     stats.loss /= n;
     stats.grad_norm = grad_norm / n;
@@ -176,11 +193,13 @@ pub struct CriticStats {
 }
 
 impl CriticStats {
-    pub fn metrics(&self) -> [(&'static str, f64); 2] {
-        [
-            ("loss/value", self.loss),
-            ("updates/critic_skipped", self.skipped_updates as f64),
-        ]
+    /// `loss/value` only after an applied optimizer step (see [`UpdateStats::metrics`]).
+    pub fn metrics(&self) -> Vec<(&'static str, f64)> {
+        let mut m = vec![("updates/critic_skipped", self.skipped_updates as f64)];
+        if self.optimizer_steps > 0 {
+            m.push(("loss/value", self.loss));
+        }
+        m
     }
 }
 
@@ -371,6 +390,38 @@ mod tests {
     use optim::OptimConfig;
     use ranks::{fingerprint, Replicas};
     use tch::Device;
+
+    /// An update that ran no pass and applied no step logs its counts and nothing else: a 0
+    /// entropy, drift or learning rate would read as a collapse or a schedule at its end.
+    #[test]
+    fn an_update_of_nothing_logs_counts_not_zeros() {
+        let keys = |s: &UpdateStats| -> Vec<&str> {
+            s.metrics(true).into_iter().map(|(k, _)| k).collect()
+        };
+        let empty = UpdateStats::default();
+        assert_eq!(
+            keys(&empty),
+            ["updates/applied", "updates/skipped", "tokens/computed"]
+        );
+        let trained = UpdateStats {
+            optimizer_steps: 2,
+            loss_tokens: 10.0,
+            ..Default::default()
+        };
+        for key in [
+            "loss/policy",
+            "lr",
+            "entropy",
+            "approx_kl",
+            "clip_frac",
+            "kl_ref",
+        ] {
+            assert!(keys(&trained).contains(&key), "{key}");
+        }
+        let names =
+            |s: CriticStats| -> Vec<&str> { s.metrics().into_iter().map(|(k, _)| k).collect() };
+        assert_eq!(names(CriticStats::default()), ["updates/critic_skipped"]);
+    }
 
     fn row(returns: f32) -> TrainRow {
         TrainRow {
