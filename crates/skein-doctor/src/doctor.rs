@@ -7,7 +7,7 @@
 use crate::diagnosis::Diagnosis;
 use crate::digest::Digest;
 use crate::history::History;
-use crate::rules::RULES;
+use crate::rules::{Finding, Rule, RULES};
 use skein_report::Record;
 use std::collections::HashMap;
 
@@ -27,38 +27,80 @@ impl Doctor {
     /// trajectories (empty for a record that has none); returns the diagnoses that start here.
     /// A record without a step is ignored.
     pub fn observe(&mut self, record: Record, trajectories: Vec<Digest>) -> Vec<Diagnosis> {
-        let Some(step) = record.get("step").and_then(|s| s.as_u64()) else {
+        let Some(step) = step_of(&record) else {
             return Vec::new();
         };
-        let step = step as usize;
         self.history.push(step, record, trajectories);
-        let mut started = Vec::new();
-        for rule in RULES {
-            let Some(f) = (rule.check)(&self.history) else {
-                continue;
-            };
-            let going_on = self
-                .latest
-                .get(rule.name)
-                .filter(|&&i| self.found[i].until + QUIET_STEPS >= step);
-            match going_on {
-                Some(&i) => self.found[i].until = step,
-                None => {
-                    let d = Diagnosis {
-                        name: rule.name.into(),
-                        title: rule.title.into(),
-                        step,
-                        until: step,
-                        steps: f.steps,
-                        evidence: f.evidence,
-                        examples: f.examples,
-                        advice: rule.advice.into(),
-                    };
-                    self.latest.insert(rule.name, self.found.len());
-                    self.found.push(d.clone());
-                    started.push(d);
-                }
+        let held = self.check();
+        self.record(step, held)
+    }
+
+    /// As [`Doctor::observe`], with the step's trajectories asked of `load` only if a
+    /// diagnosis starts here: whether a rule holds depends on the metrics alone, and the
+    /// trajectories only supply a starting diagnosis's examples and evidence, so this finds
+    /// what `observe` given them would. `load` gives the digests of the record's step (empty
+    /// when there are none to add).
+    pub fn observe_with(
+        &mut self,
+        record: Record,
+        load: impl FnOnce() -> Vec<Digest>,
+    ) -> Vec<Diagnosis> {
+        let Some(step) = step_of(&record) else {
+            return Vec::new();
+        };
+        self.history.push(step, record, Vec::new());
+        let mut held = self.check();
+        if held
+            .iter()
+            .any(|(rule, _)| self.going_on(rule, step).is_none())
+        {
+            let trajectories = load();
+            if !trajectories.is_empty() {
+                self.history.attach(step, trajectories);
+                held = self.check();
             }
+        }
+        self.record(step, held)
+    }
+
+    /// The rules that hold at the newest step, with what each saw.
+    fn check(&self) -> Vec<(&'static Rule, Finding)> {
+        RULES
+            .iter()
+            .filter_map(|rule| Some((rule, (rule.check)(&self.history)?)))
+            .collect()
+    }
+
+    /// The index in `found` of `rule`'s diagnosis if one held recently enough that holding at
+    /// `step` continues it.
+    fn going_on(&self, rule: &Rule, step: usize) -> Option<usize> {
+        self.latest
+            .get(rule.name)
+            .copied()
+            .filter(|&i| self.found[i].until + QUIET_STEPS >= step)
+    }
+
+    /// Extends the diagnoses of rules that held recently, starts the others; returns those.
+    fn record(&mut self, step: usize, held: Vec<(&'static Rule, Finding)>) -> Vec<Diagnosis> {
+        let mut started = Vec::new();
+        for (rule, f) in held {
+            if let Some(i) = self.going_on(rule, step) {
+                self.found[i].until = step;
+                continue;
+            }
+            let d = Diagnosis {
+                name: rule.name.into(),
+                title: rule.title.into(),
+                step,
+                until: step,
+                steps: f.steps,
+                evidence: f.evidence,
+                examples: f.examples,
+                advice: rule.advice.into(),
+            };
+            self.latest.insert(rule.name, self.found.len());
+            self.found.push(d.clone());
+            started.push(d);
         }
         started
     }
@@ -71,6 +113,24 @@ impl Doctor {
     pub fn into_found(self) -> Vec<Diagnosis> {
         self.found
     }
+
+    /// The steps the rules can still read.
+    pub fn history(&self) -> &History {
+        &self.history
+    }
+
+    /// Gives the stored step `step` its trajectories if it has none yet (see
+    /// [`History::attach`]); false when the step is no longer stored.
+    pub fn attach(&mut self, step: usize, trajectories: Vec<Digest>) -> bool {
+        self.history.attach(step, trajectories)
+    }
+}
+
+fn step_of(record: &Record) -> Option<usize> {
+    record
+        .get("step")
+        .and_then(|s| s.as_u64())
+        .map(|s| s as usize)
 }
 
 #[cfg(test)]

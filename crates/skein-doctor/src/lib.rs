@@ -6,7 +6,9 @@
 //!
 //! | file | job |
 //! | --- | --- |
-//! | `history.rs` | the steps seen so far ([`StepView`]), with the few lookups rules need |
+//! | `step.rs` | one step as the rules see it ([`StepView`]) |
+//! | `summaries.rs` | what the rules keep of the steps before the window: running summaries, folded as each step is done |
+//! | `history.rs` | the window of steps the rules read, with the few lookups they need, and the summaries of the steps before it ([`History`]) |
 //! | `digest.rs` | what a rule needs of one trajectory ([`Digest`]) |
 //! | `diagnosis.rs` | a finding as a person reads it ([`Diagnosis`]) |
 //! | `rules/` | one file per family of failure, each rule a pure function of the history |
@@ -23,10 +25,13 @@ mod lines;
 pub mod log;
 pub mod rules;
 pub mod run_dir;
+pub mod step;
+pub mod summaries;
 
 pub use diagnosis::{Diagnosis, Example};
 pub use digest::{Digest, Outcome};
 pub use doctor::Doctor;
-pub use history::{History, StepView};
+pub use history::History;
 pub use log::{read_diagnoses, DiagnosisLog, FILE};
 pub use run_dir::{diagnose_run_dir, replay, Replayed, RunDiagnoses};
+pub use step::StepView;

@@ -1,15 +1,18 @@
-//! Diagnoses a run directory after the fact (`skein doctor`): its `metrics.jsonl` replayed
-//! through a [`Doctor`] record by record, as the trainer fed them, with each step's
-//! trajectories digested from its step file when the run kept it. Reads are bounded:
-//! overlong lines are skipped, and so are step files that cannot be read.
+//! Diagnoses a run directory after the fact (`skein doctor`), and rebuilds a resumed run's
+//! doctor: its `metrics.jsonl` replayed through a [`Doctor`] record by record, as the trainer
+//! fed them, with a step's trajectories digested from its step file when the run kept it and
+//! a rule needs them. Reads are bounded: overlong lines are skipped, and so are step files
+//! that cannot be read.
 
 use crate::diagnosis::Diagnosis;
 use crate::digest::Digest;
 use crate::doctor::Doctor;
+use crate::history::WINDOW;
 use crate::lines::{for_each_line, Line};
 use anyhow::{bail, Context, Result};
 use serde_json::{Map, Value};
 use skein_report::trajectories::{read_step, step_path};
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::BufReader;
 use std::path::Path;
@@ -32,7 +35,10 @@ pub struct Replayed {
     pub steps: usize,
     /// Lines of `metrics.jsonl` skipped (overlong or not a JSON object).
     pub skipped_lines: usize,
-    /// Steps whose trajectories could not be read (examples are missing there).
+    /// Step files the replay read: those of steps where a diagnosis starts, and of the RL
+    /// steps the doctor keeps at the end.
+    pub step_files_read: usize,
+    /// Step files the replay needed that could not be read (examples are missing there).
     pub unreadable_step_files: usize,
 }
 
@@ -44,7 +50,16 @@ pub fn diagnose_run_dir(dir: &Path) -> Result<RunDiagnoses> {
     })
 }
 
-/// A doctor that has seen every record of the run in `dir`, as the trainer fed them.
+/// A doctor that has seen every record of the run in `dir`, as the trainer fed them: the same
+/// diagnoses, examples included, and the same steps stored, trajectories included.
+///
+/// Its memory and reads are bounded whatever the run's length. `metrics.jsonl` is streamed
+/// (at most `MAX_LINES` lines of at most `MAX_LINE` bytes, one at a time), and the doctor
+/// keeps a window of steps and running summaries. A step file is decompressed only where the
+/// rules read it: at a step where a diagnosis starts (its examples come from there), and for
+/// the RL steps the doctor keeps with their trajectories at the end (at most [`WINDOW`] + 1).
+/// So one step's records are held at a time, and the step files read are at most the steps
+/// where a diagnosis starts, plus [`WINDOW`] + 1, however long the run.
 pub fn replay(dir: &Path) -> Result<(Doctor, Replayed)> {
     let path = dir.join("metrics.jsonl");
     if !path.is_file() {
@@ -57,28 +72,98 @@ pub fn replay(dir: &Path) -> Result<(Doctor, Replayed)> {
     let file = File::open(&path).with_context(|| format!("opening {}", path.display()))?;
     let mut doctor = Doctor::default();
     let mut out = Replayed::default();
-    let mut last_step = None;
+    let mut files = StepFiles::new(dir);
     for_each_line(BufReader::new(file), MAX_LINE, MAX_LINES, |line| {
         let Some(record) = record_of(line, &mut out) else {
             return;
         };
-        let step = record
-            .get("step")
-            .and_then(Value::as_u64)
-            .map(|s| s as usize);
-        // A step's trajectories come with its first record (an evaluation may add a second).
-        let digests = match step {
-            Some(s) if s > 0 && last_step != Some(s) && record.contains_key("reward/mean") => {
-                out.steps += 1;
-                step_digests(dir, s, &mut out.unreadable_step_files)
-            }
-            _ => Vec::new(),
-        };
-        last_step = step.or(last_step);
-        doctor.observe(record, digests);
+        if files.note(&record) {
+            out.steps += 1;
+        }
+        doctor.observe_with(record, || files.read_newest(&mut out));
     })
     .with_context(|| format!("reading {}", path.display()))?;
+    files.fill_window(&mut doctor, &mut out);
     Ok((doctor, out))
+}
+
+/// Which steps' files a replay may still read. A step's trajectories come with its first
+/// record (an evaluation may add a second): a record of a new RL step names its step file.
+struct StepFiles<'a> {
+    dir: &'a Path,
+    /// The step of the last record that had one.
+    last_step: Option<usize>,
+    /// The newest step, while its record named a step file not read yet.
+    unread_newest: Option<usize>,
+    /// The latest steps whose records named a step file, and whether it was read: as many as
+    /// the doctor's window keeps, oldest first.
+    named: VecDeque<(usize, bool)>,
+}
+
+impl<'a> StepFiles<'a> {
+    fn new(dir: &'a Path) -> Self {
+        StepFiles {
+            dir,
+            last_step: None,
+            unread_newest: None,
+            named: VecDeque::new(),
+        }
+    }
+
+    /// Takes note of a record before the doctor sees it; true when it names its step's file
+    /// (it is the first record of an RL step).
+    fn note(&mut self, record: &Map<String, Value>) -> bool {
+        let Some(step) = record
+            .get("step")
+            .and_then(Value::as_u64)
+            .map(|s| s as usize)
+        else {
+            return false;
+        };
+        let new_step = self.last_step != Some(step);
+        self.last_step = Some(step);
+        let names_file = step > 0 && new_step && record.contains_key("reward/mean");
+        if names_file {
+            self.unread_newest = Some(step);
+            self.named.push_back((step, false));
+            if self.named.len() > WINDOW + 1 {
+                self.named.pop_front();
+            }
+        } else if new_step {
+            self.unread_newest = None;
+        }
+        names_file
+    }
+
+    /// The digests of the newest step's file, if its record named one not read yet.
+    fn read_newest(&mut self, out: &mut Replayed) -> Vec<Digest> {
+        let Some(step) = self.unread_newest.take() else {
+            return Vec::new();
+        };
+        self.mark_read(step);
+        step_digests(self.dir, step, out)
+    }
+
+    fn mark_read(&mut self, step: usize) {
+        if let Some(n) = self.named.iter_mut().rev().find(|n| n.0 == step) {
+            n.1 = true;
+        }
+    }
+
+    /// Reads the files not read yet of the steps the doctor still keeps, so it holds what it
+    /// would had it been given every step's trajectories.
+    fn fill_window(&mut self, doctor: &mut Doctor, out: &mut Replayed) {
+        for (step, read) in std::mem::take(&mut self.named) {
+            let kept_bare = doctor
+                .history()
+                .step(step)
+                .is_some_and(|s| s.trajectories.is_empty());
+            if !read && kept_bare {
+                doctor.attach(step, step_digests(self.dir, step, out));
+            }
+        }
+        self.unread_newest = None;
+    }
 }
 
 /// The record a line holds; a line that is too long or not a JSON object is counted as
@@ -100,15 +185,17 @@ fn record_of(line: Line, out: &mut Replayed) -> Option<Map<String, Value>> {
     }
 }
 
-fn step_digests(dir: &Path, step: usize, unreadable: &mut usize) -> Vec<Digest> {
+/// The digests of `step`'s file, none when the run kept none or it cannot be read.
+fn step_digests(dir: &Path, step: usize, out: &mut Replayed) -> Vec<Digest> {
     let path = step_path(dir, step);
     if !path.is_file() {
         return Vec::new();
     }
+    out.step_files_read += 1;
     match read_step(&path) {
         Ok(records) => records.iter().map(Digest::of_record).collect(),
         Err(_) => {
-            *unreadable += 1;
+            out.unreadable_step_files += 1;
             Vec::new()
         }
     }
@@ -117,6 +204,8 @@ fn step_digests(dir: &Path, step: usize, unreadable: &mut usize) -> Vec<Digest> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+    use skein_report::trajectories::{write_step, RowRecord, Status, TrajectoryRecord};
     use std::io::Write;
 
     #[test]
@@ -145,5 +234,174 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("no metrics.jsonl"));
+    }
+
+    // A long synthetic run: step 20's rewards go far beyond the range before; the steps below
+    // cut off half their responses, have mostly equal groups, or fail reward calls; a gradient
+    // norm spikes every 100 steps; every 10th step is evaluated (as a second record),
+    // held-out accuracy falling from step 40 on while the reward rises.
+    fn truncating(s: usize) -> bool {
+        (10..13).contains(&(s % 60))
+    }
+    fn equal_groups(s: usize) -> bool {
+        (30..34).contains(&(s % 90))
+    }
+    fn failing(s: usize) -> bool {
+        s % 70 == 5
+    }
+
+    fn step_record(s: usize) -> Value {
+        json!({
+            "step": s,
+            "reward/mean": 0.3 + 0.002 * s as f64,
+            "reward/min": 0.0,
+            "reward/max": if s == 20 { 50.0 } else { 1.0 },
+            "response/truncated_fraction": if truncating(s) { 0.5 } else { 0.0 },
+            "batch/equal_reward_group_fraction": if equal_groups(s) { 0.9 } else { 0.5 },
+            "reward/step_failed": if failing(s) { 4 } else { 0 },
+            "rollout/trajectories": 8,
+            "grad_norm": if s % 100 == 50 { 40.0 } else { 1.0 },
+        })
+    }
+
+    fn trajectory(s: usize, k: usize) -> TrajectoryRecord {
+        let (status, reason) = match k {
+            0..4 if failing(s) => (Status::Failed, Some("reward call timed out".into())),
+            0..4 if truncating(s) => (Status::Truncated, Some("max_new_tokens".into())),
+            _ => (Status::Finished, None),
+        };
+        // Groups of 4; with equal groups, every member of one earns the same.
+        let correct = equal_groups(s) || k.is_multiple_of(2);
+        TrajectoryRecord {
+            step: s,
+            policy_version: s as u64,
+            id: format!("s{s}-{k}"),
+            group: format!("s{s}-g{}", k / 4),
+            source: "synthetic".into(),
+            status,
+            reason,
+            reward: if s == 20 && k == 5 {
+                50.0
+            } else {
+                f64::from(u8::from(correct))
+            },
+            correct,
+            turns: 1,
+            tool_calls: 0,
+            turn_rewards: vec![None],
+            rows: vec![RowRecord {
+                transition: None,
+                mini_batch: Some(0),
+                rank: Some(0),
+                prompt_ids: vec![1, 2],
+                prompt_text: vec!["a".into(), "b".into()],
+                response_ids: vec![3; 2 + k],
+                response_text: vec!["c".into(); 2 + k],
+                loss_mask: vec![1; 2 + k],
+                behavior_logp: vec![-0.5; 2 + k],
+                versions: vec![0; 2 + k],
+                advantages: vec![0.1; 2 + k],
+                is_weight: Vec::new(),
+            }],
+        }
+    }
+
+    /// A run of `steps` RL steps after a warm-up evaluation, each with a step file but one
+    /// that was never written and one that is not zstd.
+    fn write_run(dir: &Path, steps: usize) {
+        std::fs::create_dir_all(dir).unwrap();
+        let mut f = File::create(dir.join("metrics.jsonl")).unwrap();
+        writeln!(f, "{}", json!({"step": 0, "eval/accuracy": 0.5})).unwrap();
+        for s in 1..=steps {
+            writeln!(f, "{}", step_record(s)).unwrap();
+            if s.is_multiple_of(10) {
+                let accuracy = if s <= 40 { 0.5 + 0.005 * s as f64 } else { 0.6 };
+                let accuracy = accuracy - 0.001 * s.saturating_sub(40) as f64;
+                writeln!(f, "{}", json!({"step": s, "eval/accuracy": accuracy})).unwrap();
+            }
+            match s {
+                131 => {}
+                250 => std::fs::write(step_path(dir, s), b"not zstd").unwrap(),
+                _ => {
+                    let records: Vec<TrajectoryRecord> = (0..8).map(|k| trajectory(s, k)).collect();
+                    write_step(dir, s, &records).unwrap();
+                }
+            }
+        }
+    }
+
+    /// A doctor fed every record of `dir` one at a time, each step's digests with its first
+    /// record, as the trainer feeds them.
+    fn fed_one_at_a_time(dir: &Path) -> Doctor {
+        let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+        let mut doctor = Doctor::default();
+        let mut last_step = None;
+        for line in text.lines() {
+            let record: Map<String, Value> = serde_json::from_str(line).unwrap();
+            let step = record["step"].as_u64().unwrap() as usize;
+            let digests = match step > 0 && last_step != Some(step) {
+                true => read_step(&step_path(dir, step))
+                    .map(|r| r.iter().map(Digest::of_record).collect())
+                    .unwrap_or_default(),
+                false => Vec::new(),
+            };
+            last_step = Some(step);
+            doctor.observe(record, digests);
+        }
+        doctor
+    }
+
+    #[test]
+    fn a_long_replay_finds_what_feeding_every_step_finds_reading_few_step_files() {
+        let dir = std::env::temp_dir().join(format!("skein-doctor-long-{}", std::process::id()));
+        let steps = 400;
+        write_run(&dir, steps);
+        let (replayed, read) = replay(&dir).unwrap();
+        let fed = fed_one_at_a_time(&dir);
+        assert_eq!(replayed.found(), fed.found());
+        let stored = |d: &Doctor| d.history().stored().cloned().collect::<Vec<_>>();
+        assert_eq!(
+            stored(&replayed),
+            stored(&fed),
+            "the window, trajectories included"
+        );
+        assert_eq!(
+            format!("{:?}", replayed.history().summaries()),
+            format!("{:?}", fed.history().summaries())
+        );
+
+        // Every kind of rule held, and examples come from steps long before the window.
+        let found = replayed.found();
+        let mut names: Vec<&str> = found.iter().map(|d| d.name.as_str()).collect();
+        names.sort();
+        names.dedup();
+        let expected = [
+            "no-learning-signal",
+            "overfitting",
+            "reward-failures",
+            "reward-out-of-range",
+            "truncation",
+            "unstable-updates",
+        ];
+        assert_eq!(names, expected);
+        let early_examples = found
+            .iter()
+            .filter(|d| d.step + WINDOW < steps && !d.examples.is_empty())
+            .count();
+        assert!(early_examples >= 10, "{found:#?}");
+        assert!(found
+            .iter()
+            .any(|d| d.evidence.contains("such groups were all right")));
+
+        // Files are read where a diagnosis starts and for the window, not for every step.
+        assert_eq!(read.steps, steps);
+        assert!(read.step_files_read <= found.len() + WINDOW + 1, "{read:?}");
+        assert!(read.step_files_read < steps / 4, "{read:?}");
+        // Step 250's file is needed (a gradient spike starts a diagnosis there) and broken;
+        // step 131's was never written, so its diagnosis has no examples.
+        assert_eq!(read.unreadable_step_files, 1);
+        let at_131 = found.iter().find(|d| d.step == 131).unwrap();
+        assert!(at_131.examples.is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -1,6 +1,16 @@
 //! The rules, one file per family of failure. A rule is a pure function of the history that
 //! returns a [`Finding`] when it holds at the newest step; its name, title, thresholds and
 //! advice are documented in docs/diagnoses.md, the same words as here.
+//!
+//! A rule reads at most the last [`WINDOW`] RL steps, and what it needs of the run before
+//! them from the history's running summaries ([`Summaries`]): that is all the history
+//! keeps. The window's length is the history's own constant, so the history needs nothing of
+//! the rules; [`LONGEST_LOOK_BACK`] checks it against the rules' at compile time. Whether a
+//! rule holds depends on the metrics alone; the newest step's trajectories only supply its
+//! examples and detail of its evidence, so a replay reads a step's trajectories only where a
+//! diagnosis starts.
+//!
+//! [`Summaries`]: crate::summaries::Summaries
 
 mod agent;
 mod drift;
@@ -13,7 +23,8 @@ mod stability;
 mod truncation;
 
 use crate::diagnosis::Example;
-use crate::history::History;
+use crate::history::{History, WINDOW};
+use crate::summaries;
 
 /// What a rule saw when it holds.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,7 +38,45 @@ pub struct Rule {
     pub name: &'static str,
     pub title: &'static str,
     pub advice: &'static str,
+    /// Whether the rule holds at the newest step, from the last [`WINDOW`] RL steps and the
+    /// running summaries; the same with or without the newest step's trajectories.
     pub check: fn(&History) -> Option<Finding>,
+}
+
+/// The most RL steps (the newest included) any rule looks back over, or the summaries fold
+/// from. A rule that looks further back must be listed here.
+pub const LONGEST_LOOK_BACK: usize = max_of(&[
+    signal::STEPS,
+    entropy::WINDOW + 1,
+    drift::WINDOW,
+    truncation::STEPS,
+    length::WINDOW,
+    stability::BASELINE + 1,
+    stability::CRITIC_STEPS,
+    reward::REWARD_STEPS,
+    partial::STEPS,
+    agent::TURN_LIMIT_STEPS,
+    agent::TOOL_CALL_STEPS,
+    summaries::LOOK_BACK,
+]);
+
+// The history keeps exactly what the rules read: a rule that looks further back than its
+// window does not build, and neither does a window longer than any rule needs.
+const _: () = assert!(
+    LONGEST_LOOK_BACK == WINDOW,
+    "history::WINDOW must be the longest look-back of any rule (rules::LONGEST_LOOK_BACK)"
+);
+
+const fn max_of(v: &[usize]) -> usize {
+    let mut max = 0;
+    let mut i = 0;
+    while i < v.len() {
+        if v[i] > max {
+            max = v[i];
+        }
+        i += 1;
+    }
+    max
 }
 
 /// Every rule, in the order a report lists them.

@@ -4,6 +4,9 @@
 
 use super::{examples_where, f2, num, Finding, Rule};
 use crate::history::{step_span, History};
+use crate::summaries::{Around, Evaluation};
+
+pub use crate::summaries::REWARD_STEPS;
 
 /// Share of the step's trajectories whose reward call failed or timed out.
 pub const MAX_FAILED_FRACTION: f64 = 0.1;
@@ -15,8 +18,6 @@ pub const MIN_RANGE_WIDTH: f64 = 1.0;
 pub const MIN_ACCURACY_DROP: f64 = 0.05;
 /// ...while the training reward rose by this much since the best.
 pub const MIN_REWARD_RISE: f64 = 0.05;
-/// Steps whose mean training reward stands for "at" an evaluation.
-pub const REWARD_STEPS: usize = 3;
 
 pub const REWARD_FAILURES: Rule = Rule {
     name: "reward-failures",
@@ -72,17 +73,11 @@ fn failures(h: &History) -> Option<Finding> {
 
 fn out_of_range(h: &History) -> Option<Finding> {
     let last = h.last().filter(|s| s.is_rl_step())?;
-    let before: Vec<(f64, f64)> = h
-        .recent_rl(usize::MAX)
-        .iter()
-        .filter(|s| s.step < last.step)
-        .filter_map(|s| Some((s.get("reward/min")?, s.get("reward/max")?)))
-        .collect();
-    if before.len() < MIN_RANGE_STEPS {
+    let run = &h.summaries().reward;
+    if run.range_steps < MIN_RANGE_STEPS {
         return None;
     }
-    let lo = before.iter().map(|b| b.0).fold(f64::INFINITY, f64::min);
-    let hi = before.iter().map(|b| b.1).fold(f64::NEG_INFINITY, f64::max);
+    let (lo, hi) = run.range?;
     let width = (hi - lo).max(MIN_RANGE_WIDTH);
     let (min, max) = (last.get("reward/min")?, last.get("reward/max")?);
     let beyond = if max > hi + width {
@@ -97,7 +92,7 @@ fn out_of_range(h: &History) -> Option<Finding> {
             "a reward of {} at step {} after {} steps within {}–{}",
             num(beyond),
             last.step,
-            before.len(),
+            run.range_steps,
             num(lo),
             num(hi)
         ),
@@ -107,39 +102,24 @@ fn out_of_range(h: &History) -> Option<Finding> {
 }
 
 fn overfitting(h: &History) -> Option<Finding> {
-    let evals = h.series("eval/accuracy");
-    let (&(now_step, now), earlier) = evals.split_last()?;
-    if earlier.len() < 2 {
+    let (now, earlier, best) = evaluations(h)?;
+    if earlier < 2 {
         return None;
     }
-    let &(best_step, best) = earlier
-        .iter()
-        .fold(&earlier[0], |b, e| if e.1 > b.1 { e } else { b });
-    if now > best - MIN_ACCURACY_DROP {
+    if now.accuracy > best.accuracy - MIN_ACCURACY_DROP {
         return None;
     }
-    // The training reward around each evaluation: the steps up to it (the first RL steps
-    // for the evaluation before RL).
-    let rl: Vec<usize> = h.recent_rl(usize::MAX).iter().map(|s| s.step).collect();
-    let around = |step: usize| {
-        let upto: Vec<usize> = rl.iter().copied().filter(|&s| s <= step).collect();
-        let (from, to) = match upto.len() {
-            0 => (*rl.first()?, *rl.get(REWARD_STEPS - 1).or(rl.last())?),
-            n => (upto[n.saturating_sub(REWARD_STEPS)], upto[n - 1]),
-        };
-        h.mean_between("reward/mean", from, to)
-    };
-    let (r_best, r_now) = (around(best_step)?, around(now_step)?);
+    let (r_best, r_now) = (reward_at(h, best.reward)?, reward_at(h, now.reward)?);
     if r_now - r_best < MIN_REWARD_RISE {
         return None;
     }
-    let steps = vec![best_step, now_step];
+    let steps = vec![best.step, now.step];
     Some(Finding {
         evidence: format!(
             "held-out accuracy fell from {} to {} over {} while the training reward rose \
              from {} to {}",
-            f2(best),
-            f2(now),
+            f2(best.accuracy),
+            f2(now.accuracy),
             step_span(&steps),
             f2(r_best),
             f2(r_now)
@@ -147,6 +127,38 @@ fn overfitting(h: &History) -> Option<Finding> {
         steps,
         examples: Vec::new(),
     })
+}
+
+/// The newest evaluation of held-out accuracy, how many came before it, and the best of those
+/// (the earliest of equals).
+fn evaluations(h: &History) -> Option<(Evaluation, usize, Evaluation)> {
+    let run = &h.summaries().reward;
+    let last = h.last()?;
+    match last.get("eval/accuracy") {
+        // The newest step evaluated: every evaluation done came before it.
+        Some(accuracy) => {
+            let now = Evaluation {
+                step: last.step,
+                accuracy,
+                reward: Around::up_to(&h.recent_rl(REWARD_STEPS)),
+            };
+            Some((now, run.evaluations, run.best?))
+        }
+        None => Some((
+            run.latest?,
+            run.evaluations.saturating_sub(1),
+            run.best_before_latest?,
+        )),
+    }
+}
+
+/// The training reward around an evaluation; for one before RL, the run's first RL steps'
+/// so far.
+fn reward_at(h: &History, around: Around) -> Option<f64> {
+    let Around::Mean(m) = around else {
+        return h.summaries().reward.first_steps_reward(h.last());
+    };
+    m
 }
 
 #[cfg(test)]
@@ -231,5 +243,221 @@ mod tests {
             );
         }
         assert!(overfitting(&flat).is_none());
+    }
+
+    /// The whole-run rules as a scan of every step seen, the specification the running
+    /// summaries must meet: the same finding at every record of a long run.
+    mod scan {
+        use super::super::*;
+        use crate::step::StepView;
+        use skein_report::Record;
+
+        #[derive(Default)]
+        pub struct Every(pub Vec<StepView>);
+
+        impl Every {
+            pub fn push(&mut self, step: usize, metrics: Record) {
+                match self.0.last_mut().filter(|s| s.step == step) {
+                    Some(last) => last.metrics.extend(metrics),
+                    None => self.0.push(StepView {
+                        step,
+                        metrics,
+                        trajectories: Vec::new(),
+                    }),
+                }
+            }
+
+            fn rl(&self) -> Vec<&StepView> {
+                self.0.iter().filter(|s| s.is_rl_step()).collect()
+            }
+
+            fn mean_between(&self, key: &str, from: usize, to: usize) -> Option<f64> {
+                let v: Vec<f64> = self
+                    .rl()
+                    .into_iter()
+                    .filter(|s| (from..=to).contains(&s.step))
+                    .filter_map(|s| s.get(key))
+                    .collect();
+                (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+            }
+        }
+
+        pub fn out_of_range(h: &Every) -> Option<Finding> {
+            let last = h.0.last().filter(|s| s.is_rl_step())?;
+            let before: Vec<(f64, f64)> = h
+                .rl()
+                .iter()
+                .filter(|s| s.step < last.step)
+                .filter_map(|s| Some((s.get("reward/min")?, s.get("reward/max")?)))
+                .collect();
+            if before.len() < MIN_RANGE_STEPS {
+                return None;
+            }
+            let lo = before.iter().map(|b| b.0).fold(f64::INFINITY, f64::min);
+            let hi = before.iter().map(|b| b.1).fold(f64::NEG_INFINITY, f64::max);
+            let width = (hi - lo).max(MIN_RANGE_WIDTH);
+            let (min, max) = (last.get("reward/min")?, last.get("reward/max")?);
+            let beyond = if max > hi + width {
+                max
+            } else if min < lo - width {
+                min
+            } else {
+                return None;
+            };
+            Some(Finding {
+                evidence: format!(
+                    "a reward of {} at step {} after {} steps within {}–{}",
+                    num(beyond),
+                    last.step,
+                    before.len(),
+                    num(lo),
+                    num(hi)
+                ),
+                steps: vec![last.step],
+                examples: Vec::new(),
+            })
+        }
+
+        pub fn overfitting(h: &Every) -> Option<Finding> {
+            let evals: Vec<(usize, f64)> =
+                h.0.iter()
+                    .filter_map(|s| Some((s.step, s.get("eval/accuracy")?)))
+                    .collect();
+            let (&(now_step, now), earlier) = evals.split_last()?;
+            if earlier.len() < 2 {
+                return None;
+            }
+            let &(best_step, best) =
+                earlier
+                    .iter()
+                    .fold(&earlier[0], |b, e| if e.1 > b.1 { e } else { b });
+            if now > best - MIN_ACCURACY_DROP {
+                return None;
+            }
+            let rl: Vec<usize> = h.rl().iter().map(|s| s.step).collect();
+            let around = |step: usize| {
+                let upto: Vec<usize> = rl.iter().copied().filter(|&s| s <= step).collect();
+                let (from, to) = match upto.len() {
+                    0 => (*rl.first()?, *rl.get(REWARD_STEPS - 1).or(rl.last())?),
+                    n => (upto[n.saturating_sub(REWARD_STEPS)], upto[n - 1]),
+                };
+                h.mean_between("reward/mean", from, to)
+            };
+            let (r_best, r_now) = (around(best_step)?, around(now_step)?);
+            if r_now - r_best < MIN_REWARD_RISE {
+                return None;
+            }
+            let steps = vec![best_step, now_step];
+            Some(Finding {
+                evidence: format!(
+                    "held-out accuracy fell from {} to {} over {} while the training reward \
+                     rose from {} to {}",
+                    f2(best),
+                    f2(now),
+                    step_span(&steps),
+                    f2(r_best),
+                    f2(r_now)
+                ),
+                steps,
+                examples: Vec::new(),
+            })
+        }
+    }
+
+    /// A small deterministic generator (xorshift): uniform in [0, 1).
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> f64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            (self.0 >> 11) as f64 / (1u64 << 53) as f64
+        }
+
+        /// One of `values`, or null (a value that is not a finite number) or nothing.
+        fn pick(&mut self, values: &[f64]) -> Option<serde_json::Value> {
+            let x = self.next();
+            if x < 0.05 {
+                return Some(serde_json::Value::Null);
+            }
+            if x < 0.1 {
+                return None;
+            }
+            Some(json!(values[(self.next() * values.len() as f64) as usize]))
+        }
+    }
+
+    /// The records of a run: warm-up records before RL, evaluations at the start, as a second
+    /// record of a step and as a step of their own (RL's record of it may follow), rewards
+    /// and ranges sometimes missing or null, accuracies with ties.
+    fn records(seed: u64, steps: usize) -> Vec<(usize, serde_json::Value)> {
+        let mut rng = Rng(seed);
+        let mut out = vec![(0, json!({"eval/accuracy": 0.5}))];
+        let warm_up = (rng.next() * 4.0) as usize;
+        for s in 1..=warm_up {
+            out.push((s, json!({"sft/loss": 1.0})));
+        }
+        let accuracies = [0.4, 0.5, 0.55, 0.6, 0.7];
+        let mut spike = 4.0;
+        for s in warm_up + 1..=warm_up + steps {
+            if rng.next() < 0.1 {
+                let mut e = json!({});
+                if let Some(a) = rng.pick(&accuracies) {
+                    e["eval/accuracy"] = a;
+                }
+                out.push((s, e));
+            }
+            let mut r = json!({});
+            if let Some(m) = rng.pick(&[0.1, 0.3, 0.5, 0.7, 0.9, 0.95]) {
+                r["reward/mean"] = m;
+            }
+            if let Some(m) = rng.pick(&[-1.0, 0.0, 0.0, 0.0]) {
+                r["reward/min"] = m;
+            }
+            if let Some(m) = rng.pick(&[1.0, 1.0, 1.0, 2.0]) {
+                r["reward/max"] = m;
+            }
+            // Now and then a reward beyond all before it, up or down.
+            if rng.next() < 0.04 {
+                spike *= 4.0;
+                let key = if rng.next() < 0.5 {
+                    "reward/max"
+                } else {
+                    "reward/min"
+                };
+                r[key] = json!(if key == "reward/max" { spike } else { -spike });
+            }
+            out.push((s, r));
+            while rng.next() < 0.15 {
+                let mut e = json!({});
+                if let Some(a) = rng.pick(&accuracies) {
+                    e["eval/accuracy"] = a;
+                }
+                out.push((s, e));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn running_summaries_find_what_a_scan_of_every_step_finds() {
+        let mut held = [0usize; 2];
+        for seed in 1..=40 {
+            let (mut h, mut every) = (History::default(), scan::Every::default());
+            for (step, r) in records(seed * 7919, 400) {
+                push(&mut h, step, r.clone(), vec![]);
+                every.push(step, r.as_object().cloned().unwrap());
+                let now = [out_of_range(&h), overfitting(&h)];
+                let scanned = [scan::out_of_range(&every), scan::overfitting(&every)];
+                assert_eq!(now, scanned, "seed {seed}, step {step}");
+                for (n, f) in held.iter_mut().zip(&now) {
+                    *n += usize::from(f.is_some());
+                }
+            }
+            assert!(h.stored_steps() <= crate::history::WINDOW + 1);
+        }
+        // Both rules held often enough for the comparison to mean something.
+        assert!(held.iter().all(|&n| n > 100), "{held:?}");
     }
 }
