@@ -26,7 +26,7 @@ use skein::trainer::prepare::{prepare, Models, PrepareConfig};
 use skein::trainer::update::optim::{OptimConfig, Optimizer};
 use skein::trainer::update::policy_loss::{KlEstimator, LossConfig};
 use skein::trainer::update::ranks::{Ranks, Replicas};
-use skein::trainer::update::{ppo_update, UpdateConfig};
+use skein::trainer::update::{ppo_update, UpdateConfig, UpdateStats};
 use skein_plan::{AdvantageConfig, LossAggMode, Status, Trajectory, Transition, Unit};
 use std::sync::Mutex;
 use tch::{Device, Kind, Tensor};
@@ -219,18 +219,30 @@ fn flat(model: &Model) -> Vec<f32> {
 /// One PPO step (two mini-batches) from `base`'s weights; the parameters after it, and the
 /// per-rank loss tokens of the first mini-batch.
 fn step(base: &Model, trajs: &[Trajectory], case: Case) -> (Vec<f32>, Vec<usize>) {
+    let (params, rank_tokens, _) = step_of(base, trajs, case, 2);
+    (params, rank_tokens)
+}
+
+/// [`step`] with `mini_batches` mini-batches, also returning the update's statistics and the
+/// loss tokens of each mini-batch.
+fn step_of(
+    base: &Model,
+    trajs: &[Trajectory],
+    case: Case,
+    mini_batches: usize,
+) -> (Vec<f32>, Vec<usize>, (UpdateStats, Vec<usize>)) {
     let policy = copy_of(base);
     let batch_cfg = StepBatchConfig {
         advantage: AdvantageConfig::default(),
         dp_size: case.dp,
-        num_mini_batches: 2,
+        num_mini_batches: mini_batches,
         unit: Unit::Trajectory,
         loss_agg: case.mode,
         horizon: HORIZON,
         critic: None,
     };
     let mut batch = build_step_batch(trajs, &batch_cfg, 11).expect("the batch plans");
-    assert_eq!(batch.plan.len(), 2);
+    assert_eq!(batch.plan.len(), mini_batches);
     assert!(batch.plan.iter().all(|mb| mb.len() == case.dp));
     if case.extra_padding {
         add_padding(&mut batch);
@@ -241,6 +253,16 @@ fn step(base: &Model, trajs: &[Trajectory], case: Case) -> (Vec<f32>, Vec<usize>
     let rank_tokens = batch.plan[0]
         .iter()
         .map(|r| r.iter().map(|&i| loss_tokens(&batch.rows[i])).sum())
+        .collect();
+    let mini_batch_tokens = batch
+        .plan
+        .iter()
+        .map(|mb| {
+            mb.iter()
+                .flatten()
+                .map(|&i| loss_tokens(&batch.rows[i]))
+                .sum()
+        })
         .collect();
     let cfg = update_config(case.budget, case.batching);
     let models = Models {
@@ -266,7 +288,7 @@ fn step(base: &Model, trajs: &[Trajectory], case: Case) -> (Vec<f32>, Vec<usize>
     assert_eq!(replicas.size(), case.dp);
     let mut opt = Optimizer::new(&policy.vs, &optim(), 2).expect("optimizer");
     let stats = ppo_update(&policy, &mut replicas, &mut opt, &batch, &cfg).expect("update");
-    assert_eq!(stats.optimizer_steps, 2, "{case:?}: {stats:?}");
+    assert_eq!(stats.optimizer_steps, mini_batches, "{case:?}: {stats:?}");
     // Only trainable weights (with LoRA, the adapters) have gradients, on every rank.
     for m in std::iter::once(&policy).chain(replicas.models()) {
         for (name, t) in m.vs.variables() {
@@ -283,7 +305,7 @@ fn step(base: &Model, trajs: &[Trajectory], case: Case) -> (Vec<f32>, Vec<usize>
             .all(|(a, b)| a.to_bits() == b.to_bits());
         assert!(same, "{case:?}: rank {} differs from rank 0", r + 1);
     }
-    (params, rank_tokens)
+    (params, rank_tokens, (stats, mini_batch_tokens))
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f64 {
@@ -343,6 +365,47 @@ fn parameters_after_a_step_do_not_depend_on_ranks_micro_batches_or_padding() {
         }
         eprintln!("{mode}: largest step {moved:.3e}, worst relative difference {worst:.2e}");
     }
+}
+
+/// Drift (`approx_kl`, `clip_frac`) is measured where the policy has moved from π_old: over
+/// the mini-batches after an applied step, not diluted by the first, whose ratio is exactly 1.
+/// With one mini-batch no pass sees a moved policy, and nothing is logged rather than a 0
+/// that `policy-drift` would read as a policy that never moves.
+#[test]
+fn drift_is_measured_over_the_mini_batches_after_a_step() {
+    tch::set_num_threads(1);
+    let base = base_model();
+    let trajs = trajectories();
+    let case = Case {
+        mode: LossAggMode::TokenMean,
+        dp: 2,
+        budget: 48,
+        extra_padding: false,
+        batching: Layout::Packed,
+        old_pass: false,
+        rank_local: false,
+    };
+    let (_, _, (one, _)) = step_of(&base, &trajs, case, 1);
+    assert_eq!(one.drift_tokens, 0.0, "{one:?}");
+    let keys: Vec<&str> = one.metrics(false).into_iter().map(|(k, _)| k).collect();
+    assert!(
+        !keys.contains(&"approx_kl") && !keys.contains(&"clip_frac"),
+        "{keys:?}"
+    );
+    assert!(keys.contains(&"entropy"), "{keys:?}");
+
+    let (_, _, (two, tokens)) = step_of(&base, &trajs, case, 2);
+    assert_eq!(
+        two.drift_tokens, tokens[1] as f64,
+        "the second mini-batch's tokens"
+    );
+    assert_eq!(two.loss_tokens, (tokens[0] + tokens[1]) as f64);
+    assert!(two.approx_kl > 0.0, "{two:?}");
+    let keys: Vec<&str> = two.metrics(false).into_iter().map(|(k, _)| k).collect();
+    assert!(
+        keys.contains(&"approx_kl") && keys.contains(&"clip_frac"),
+        "{keys:?}"
+    );
 }
 
 #[test]

@@ -4,11 +4,17 @@
 use super::{f2, Finding, Rule};
 use crate::history::{step_span, History};
 
-/// Mean approximate KL between the policy before and after a step's updates (k3, nats).
+/// `approx_kl`: the k2 estimate of KL(π_old‖π), the mean of ½(log π − log π_old)² (nats),
+/// over the mini-batches of a step's update that come after one of its optimizer steps (the
+/// first has π = π_old exactly). A step of one mini-batch and one epoch logs none: its one
+/// step's drift is seen by no pass, and the rule does not apply there.
 pub const MAX_APPROX_KL: f64 = 0.1;
-/// Share of loss tokens whose ratio was clipped.
+/// Share of the same tokens whose ratio was clipped (`clip_frac`).
 pub const MAX_CLIP_FRAC: f64 = 0.3;
-/// Mean importance weight π_old/π_behavior of off-policy tokens, outside this range.
+/// Mean raw importance weight π_old/π_behavior of off-policy tokens, before `is_cap`
+/// (`is/raw_weight_mean`), outside this range. The applied weight (`is/weight_mean`) is
+/// capped at `is_cap` (2 by default) and diluted by on-policy tokens, so it could never pass
+/// the upper bound.
 pub const IS_WEIGHT_RANGE: (f64, f64) = (0.5, 2.0);
 /// Steps of the window, and how many of them must exceed a bound.
 pub const WINDOW: usize = 3;
@@ -49,8 +55,11 @@ fn excess(s: &crate::StepView) -> Option<String> {
         out.push(format!("clip_frac {} > {MAX_CLIP_FRAC}", f2(c)));
     }
     let (lo, hi) = IS_WEIGHT_RANGE;
-    if let Some(w) = s.get("is/weight_mean").filter(|&v| !(lo..=hi).contains(&v)) {
-        out.push(format!("is/weight_mean {} outside {lo}–{hi}", f2(w)));
+    if let Some(w) = s
+        .get("is/raw_weight_mean")
+        .filter(|&v| !(lo..=hi).contains(&v))
+    {
+        out.push(format!("is/raw_weight_mean {} outside {lo}–{hi}", f2(w)));
     }
     (!out.is_empty()).then(|| out.join(", "))
 }
@@ -122,6 +131,27 @@ mod tests {
             "{}",
             f.evidence
         );
+    }
+
+    /// The off-policy bound reads the raw weight, which can pass the cap, and never the
+    /// applied one, which cannot.
+    #[test]
+    fn off_policy_drift_reads_the_weight_before_its_cap() {
+        let h = history(
+            3,
+            |_| json!({"is/weight_mean": 2.0, "is/raw_weight_mean": 3.5}),
+        );
+        let f = check_drift(&h).expect("raw weights beyond 2");
+        assert!(
+            f.evidence.contains("is/raw_weight_mean 3.50 outside"),
+            "{}",
+            f.evidence
+        );
+        let h = history(
+            3,
+            |_| json!({"is/weight_mean": 0.2, "is/raw_weight_mean": 1.1}),
+        );
+        assert!(check_drift(&h).is_none());
     }
 
     fn check_drift(h: &History) -> Option<Finding> {

@@ -12,7 +12,13 @@ use crate::trainer::config::OffPolicy;
 /// Over loss tokens of real rows.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct ImportanceStats {
+    /// Mean weight the loss applied (1 on tokens of the step's own version, capped beyond).
     pub weight_mean: f64,
+    /// Mean raw weight π_old/π_behavior of the off-policy tokens, before the cap: how far
+    /// the policy moved since they were sampled. The applied mean cannot pass the cap (2 by
+    /// default) and is pulled to 1 by on-policy tokens, so a drift bound on it could never
+    /// fire above; this one can. None without an off-policy token.
+    pub raw_weight_mean: Option<f64>,
     /// Tokens whose raw weight exceeded the cap (truncated, or left out when decoupled).
     pub truncated_fraction: f64,
     /// Tokens sampled by an older version than the step's.
@@ -20,12 +26,16 @@ pub struct ImportanceStats {
 }
 
 impl ImportanceStats {
-    pub fn metrics(&self) -> [(&'static str, f64); 3] {
-        [
+    pub fn metrics(&self) -> Vec<(&'static str, f64)> {
+        let mut m = vec![
             ("is/weight_mean", self.weight_mean),
             ("is/truncated_fraction", self.truncated_fraction),
             ("is/off_policy_fraction", self.off_policy_fraction),
-        ]
+        ];
+        if let Some(raw) = self.raw_weight_mean {
+            m.push(("is/raw_weight_mean", raw));
+        }
+        m
     }
 }
 
@@ -37,6 +47,7 @@ pub fn importance_weights(
     cap: f64,
 ) -> ImportanceStats {
     let (mut sum, mut tokens, mut truncated, mut off) = (0.0, 0usize, 0usize, 0usize);
+    let mut raw_sum = 0.0;
     for row in rows.iter_mut() {
         row.importance_weights = (0..row.loss_mask.len())
             .map(|k| {
@@ -49,6 +60,7 @@ pub fn importance_weights(
                 } else {
                     off += 1;
                     let raw = (row.old_logp[k] as f64 - row.behavior_logp[k] as f64).exp();
+                    raw_sum += raw;
                     if raw > cap {
                         truncated += 1;
                         match mode {
@@ -67,6 +79,7 @@ pub fn importance_weights(
     let n = tokens.max(1) as f64;
     ImportanceStats {
         weight_mean: if tokens == 0 { 1.0 } else { sum / n },
+        raw_weight_mean: (off > 0).then(|| raw_sum / off as f64),
         truncated_fraction: truncated as f64 / n,
         off_policy_fraction: off as f64 / n,
     }
@@ -103,6 +116,7 @@ mod tests {
             assert_eq!(rows[0].importance_weights, vec![1.0, 1.0, 1.0]);
             assert_eq!(s.off_policy_fraction, 0.0);
             assert_eq!(s.weight_mean, 1.0);
+            assert_eq!(s.raw_weight_mean, None);
         }
     }
 
@@ -122,6 +136,14 @@ mod tests {
         assert!((w[0] - 0.5f32.exp()).abs() < 1e-6 && w[1] == 2.0 && w[2] == 1.0);
         assert!((s.truncated_fraction - 1.0 / 3.0).abs() < 1e-12);
         assert!((s.off_policy_fraction - 2.0 / 3.0).abs() < 1e-12);
+        // The raw mean is of the two off-policy tokens, uncapped: it can pass the cap, which
+        // the applied mean never can.
+        let raw = (0.5f64.exp() + 2f64.exp()) / 2.0;
+        assert!(
+            (s.raw_weight_mean.unwrap() - raw).abs() < 1e-6 && raw > 2.0,
+            "{s:?}"
+        );
+        assert!(s.weight_mean <= 2.0);
 
         let mut rows = make();
         importance_weights(&mut rows, 7, OffPolicy::Decoupled, 2.0);

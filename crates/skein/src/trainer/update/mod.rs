@@ -38,6 +38,11 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Default, Clone)]
 pub struct UpdateStats {
     pub loss: f64,
+    /// Drift of the policy within the update, over the tokens of mini-batches that come after
+    /// an applied optimizer step of this update ([`UpdateStats::drift_tokens`]): the share
+    /// whose ratio to π_old was clipped, and the k2 estimate of KL(π_old‖π), the mean of
+    /// ½(log π − log π_old)². A mini-batch before any step has π = π_old exactly (its π_old is
+    /// its own forward's, or a pass with the same weights), so it would only dilute them.
     pub clip_frac: f64,
     pub approx_kl: f64,
     pub entropy: f64,
@@ -48,6 +53,10 @@ pub struct UpdateStats {
     /// Loss tokens the passes computed π on, over every epoch: the denominator of the
     /// token-averaged figures (`clip_frac`, `approx_kl`, `entropy`, `kl_ref`).
     pub loss_tokens: f64,
+    /// Loss tokens of the mini-batches after an applied optimizer step of this update: where
+    /// the policy had moved from π_old. 0 with one mini-batch and one epoch: the one step's
+    /// drift is not seen by any pass (the next step samples with the new weights).
+    pub drift_tokens: f64,
     pub micro_batches: usize,
     /// Token slots the forwards computed, padding and prompts included (against the loss's
     /// tokens: what packing and shared prompts save).
@@ -79,12 +88,11 @@ impl UpdateStats {
                 ("lr", self.lr),
             ]);
         }
+        if self.drift_tokens > 0.0 {
+            m.extend([("clip_frac", self.clip_frac), ("approx_kl", self.approx_kl)]);
+        }
         if self.loss_tokens > 0.0 {
-            m.extend([
-                ("clip_frac", self.clip_frac),
-                ("approx_kl", self.approx_kl),
-                ("entropy", self.entropy),
-            ]);
+            m.push(("entropy", self.entropy));
             if reference_on {
                 m.push(("kl_ref", self.ref_kl));
             }
@@ -146,6 +154,8 @@ pub fn ppo_update<R: Ranks<Model>>(
     ranks.begin(policy, &pass.job(rows, plan)?)?;
     let mut stats = UpdateStats::default();
     let mut sums = PassSums::default();
+    // The same sums over the mini-batches after an applied step: where drift exists.
+    let mut drift = PassSums::default();
     let mut grad_norm = 0.0;
     for _ in 0..cfg.epochs {
         for mini_batch in plan {
@@ -155,6 +165,9 @@ pub fn ppo_update<R: Ranks<Model>>(
             stats.rank_wait_s += out.wait_s;
             for s in &out.sums {
                 sums.add(s);
+                if stats.optimizer_steps > 0 {
+                    drift.add(s);
+                }
             }
             match step {
                 Some(step) => {
@@ -170,13 +183,19 @@ pub fn ppo_update<R: Ranks<Model>>(
     ranks.finish(policy)?;
     let n = stats.optimizer_steps.max(1) as f64;
     let t = if sums.tokens > 0.0 { sums.tokens } else { 1.0 };
+    let d = if drift.tokens > 0.0 {
+        drift.tokens
+    } else {
+        1.0
+    };
     stats.micro_batches = sums.micro_batches;
     stats.loss_tokens = sums.tokens;
+    stats.drift_tokens = drift.tokens;
     stats.computed_tokens = sums.computed_tokens as usize;
     stats.loss /= n;
     stats.grad_norm = grad_norm / n;
-    stats.clip_frac = sums.clipped / t;
-    stats.approx_kl = sums.kl / t;
+    stats.clip_frac = drift.clipped / d;
+    stats.approx_kl = drift.kl / d;
     stats.entropy = sums.entropy / t;
     stats.ref_kl = sums.ref_kl / t;
     Ok(stats)
@@ -406,6 +425,7 @@ mod tests {
         let trained = UpdateStats {
             optimizer_steps: 2,
             loss_tokens: 10.0,
+            drift_tokens: 5.0,
             ..Default::default()
         };
         for key in [
