@@ -24,8 +24,12 @@ impl StepView {
     }
 
     /// Whether this is an RL step (it trained, or tried to): records before RL (the warm-up's
-    /// evaluation at step 0) and evaluation-only records have no rollout.
+    /// evaluation at step 0) and evaluation-only records have no rollout. Every rollout logs
+    /// `rollout/trajectories`; `reward/mean` is absent from a step whose every trajectory
+    /// failed, so it alone would miss the steps `reward-failures` is about.
     pub fn is_rl_step(&self) -> bool {
-        self.step > 0 && self.metrics.contains_key("reward/mean")
+        self.step > 0
+            && (self.metrics.contains_key("rollout/trajectories")
+                || self.metrics.contains_key("reward/mean"))
     }
 }

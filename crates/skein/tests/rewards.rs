@@ -319,6 +319,9 @@ fn a_remote_service_that_is_down_fails_trajectories_not_the_run() {
             PROMPTS * SAMPLES
         );
         assert_eq!(get(m, "reward/step_failed") as usize, PROMPTS * SAMPLES);
+        assert_eq!(get(m, "reward/step_calls") as usize, PROMPTS * SAMPLES);
+        // Nothing was answered: no reward mean to read as "all wrong".
+        assert!(m.get("reward/mean").is_none(), "{m:?}");
         assert!(get(m, "reward/remote_failures") >= (PROMPTS * SAMPLES) as f64);
         assert!(get(m, "reward/remote_retries") >= 1.0);
         assert_eq!(get(m, "batch/rows"), 0.0);

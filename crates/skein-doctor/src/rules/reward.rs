@@ -50,7 +50,13 @@ pub const OVERFITTING: Rule = Rule {
 fn failures(h: &History) -> Option<Finding> {
     let last = h.last().filter(|s| s.is_rl_step())?;
     let failed = last.get("reward/step_failed")?;
-    let n = last.get("rollout/trajectories")?.max(1.0);
+    // The step's reward calls, every draw round of dynamic sampling included (the failures
+    // are counted over all of them; the step's kept trajectories are fewer). Runs that did not
+    // log the calls had one round: their trajectories.
+    let n = last
+        .get("reward/step_calls")
+        .or_else(|| last.get("rollout/trajectories"))?
+        .max(1.0);
     if failed / n < MAX_FAILED_FRACTION {
         return None;
     }
@@ -194,6 +200,27 @@ mod tests {
         let f = failures(&h).unwrap();
         assert_eq!(f.evidence, "4 of 16 reward calls failed at step 2");
         assert_eq!(f.examples[0].id, "t3");
+    }
+
+    /// Under dynamic sampling the failures of every draw round count against every call, not
+    /// against the kept trajectories: 3 of 100 calls failing is 3%, not 3 of 27 (11%). A step
+    /// whose every call failed logs no reward mean and is still an RL step.
+    #[test]
+    fn failures_are_a_share_of_the_calls_made() {
+        let h = history(
+            1,
+            |_| json!({"reward/step_failed": 3, "reward/step_calls": 100, "rollout/trajectories": 27}),
+        );
+        assert!(failures(&h).is_none());
+        let mut h = History::default();
+        push(
+            &mut h,
+            1,
+            json!({"reward/step_failed": 16, "reward/step_calls": 16, "rollout/trajectories": 16}),
+            vec![],
+        );
+        let f = failures(&h).expect("every call failed");
+        assert_eq!(f.evidence, "16 of 16 reward calls failed at step 1");
     }
 
     #[test]

@@ -23,19 +23,10 @@ pub const NO_LEARNING_SIGNAL: Rule = Rule {
     check,
 };
 
-/// The share of groups without signal at a step: the trained groups' share, counting the
-/// groups dynamic sampling threw away.
+/// The share of groups without signal at a step: of the groups drawn, those dynamic sampling
+/// skipped included (the trainer logs it so).
 fn equal_fraction(s: &crate::StepView) -> Option<f64> {
-    let kept = s.get("batch/equal_reward_group_fraction")?;
-    match (
-        s.get("rollout/drawn_groups"),
-        s.get("rollout/skipped_groups"),
-    ) {
-        (Some(drawn), Some(skipped)) if drawn > 0.0 => {
-            Some((skipped + kept * (drawn - skipped)) / drawn)
-        }
-        _ => Some(kept),
-    }
+    s.get("batch/equal_reward_group_fraction")
 }
 
 fn check(h: &History) -> Option<Finding> {
@@ -107,17 +98,18 @@ mod tests {
         );
     }
 
+    /// Under dynamic sampling the trainer's share is already of every drawn group (the
+    /// skipped ones are the equal ones): it is read as it is, not counted twice.
     #[test]
-    fn groups_dynamic_sampling_skipped_count_as_equal() {
-        // 4 of 8 kept groups are equal, and 24 more were drawn and skipped: 28 of 32.
+    fn the_drawn_share_is_read_as_logged() {
         let h = history(3, |_| {
-            json!({"batch/equal_reward_group_fraction": 0.5,
+            json!({"batch/equal_reward_group_fraction": 0.8,
                    "rollout/drawn_groups": 32, "rollout/skipped_groups": 24})
         });
-        assert!(check(&h).unwrap().evidence.starts_with("0.88"));
+        assert!(check(&h).unwrap().evidence.starts_with("0.80"));
         let h = history(3, |_| {
-            json!({"batch/equal_reward_group_fraction": 0.0,
-                   "rollout/drawn_groups": 10, "rollout/skipped_groups": 2})
+            json!({"batch/equal_reward_group_fraction": 0.6,
+                   "rollout/drawn_groups": 10, "rollout/skipped_groups": 6})
         });
         assert!(check(&h).is_none());
     }

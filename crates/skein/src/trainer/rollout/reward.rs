@@ -262,6 +262,12 @@ impl RewardStats {
         ] {
             m.push((k.into(), v.into()));
         }
+        // The calls of every draw round (dynamic sampling draws several a step), so that
+        // failed over calls is a rate; the step's kept trajectories are fewer.
+        m.push((
+            "reward/step_calls".into(),
+            (self.scored + self.failed).into(),
+        ));
         m.push(("reward/step_failed".into(), self.failed.into()));
         for (k, (s, n)) in &self.parts {
             m.push((format!("score/{k}"), (s / (*n).max(1) as f64).into()));
