@@ -128,7 +128,7 @@ impl LineProcess {
     /// Whether the process has not exited (it may still be about to). Once it has, what it
     /// left running in its group is killed.
     pub fn running(&mut self) -> bool {
-        if matches!(self.child.try_wait(), Ok(None)) {
+        if !has_exited(&self.child) {
             return true;
         }
         kill(&mut self.child, self.recorded.take());
@@ -169,20 +169,46 @@ impl Drop for LineProcess {
             } else {
                 Duration::ZERO
             };
-        while Instant::now() < deadline {
-            match self.child.try_wait() {
-                Ok(Some(_)) => break,
-                Ok(None) => std::thread::sleep(Duration::from_millis(5)),
-                Err(_) => break,
-            }
+        while Instant::now() < deadline && !has_exited(&self.child) {
+            std::thread::sleep(Duration::from_millis(5));
         }
         kill(&mut self.child, self.recorded.take());
     }
 }
 
+/// Whether the child has exited, without reaping it. An exited child that is not reaped yet (a
+/// zombie) keeps its pid, and a pid is not given out again while it names a process, so its
+/// process group's id cannot name another group until [`kill`] has signalled the group and
+/// only then reaped the child. (Reaping first, as `Child::try_wait` does, would free the id
+/// before the group is signalled.)
+fn has_exited(child: &Child) -> bool {
+    #[cfg(unix)]
+    {
+        let pid: libc::id_t = child.id();
+        // SAFETY: waitid(2) writes only the siginfo_t we pass; WNOWAIT leaves the child
+        // waitable, so `Child::wait` reaps it later.
+        unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            let flags = libc::WEXITED | libc::WNOHANG | libc::WNOWAIT;
+            if libc::waitid(libc::P_PID, pid, &mut info, flags) != 0 {
+                // No such child to wait for: it was reaped already.
+                return true;
+            }
+            // WNOHANG: a zeroed si_pid means no state change yet.
+            info.si_pid() != 0
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = child;
+        false
+    }
+}
+
 /// Kills the child's process group (or the child alone where there are no groups), forgets
-/// the group, and reaps the child (which frees its id). `recorded` is None once this has run:
-/// the group is not signalled again, as its id may since name another.
+/// the group, and reaps the child (which frees its id). Call it before the child is reaped
+/// ([`has_exited`] does not reap). `recorded` is None once this has run: the group is not
+/// signalled again, as its id may since name another.
 fn kill(child: &mut Child, recorded: Option<reaper::Recorded>) {
     #[cfg(unix)]
     if recorded.is_some() {
@@ -291,6 +317,35 @@ mod tests {
         assert!(p.running());
         p.send("still here\n".into());
         assert_eq!(p.recv(Duration::from_secs(5)), Ok("still here".into()));
+    }
+
+    /// A leader that has exited is seen as exited while it stays unreaped (a zombie holding
+    /// its pid, so its group's id cannot be given to another group), and its group is
+    /// signalled before it is reaped: what it left running is killed, then it is gone.
+    #[test]
+    fn an_exited_leader_is_reaped_only_after_its_group_is_signalled() {
+        let mut p = LineProcess::spawn(&sh("sleep 30 & echo $!; exit 0"), "test-leader").unwrap();
+        let orphan = p.recv(Duration::from_secs(5)).unwrap();
+        let leader = p.child.id();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !has_exited(&p.child) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(has_exited(&p.child), "the leader exited");
+        assert_eq!(state(leader), Some('Z'), "seen as exited, not reaped");
+        assert!(!p.running());
+        assert_eq!(state(leader), None, "reaped once its group was signalled");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !matches!(state(orphan.parse().unwrap()), None | Some('Z')) {
+            assert!(Instant::now() < deadline, "what the leader left ran on");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// A process's state letter from /proc (None: no such process).
+    fn state(pid: u32) -> Option<char> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat.rsplit(')').next()?.trim_start().chars().next()
     }
 
     /// Dropping a process whose group ignores stdin still ends it, and what it started: the
