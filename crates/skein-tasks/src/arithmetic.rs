@@ -27,7 +27,8 @@ pub const MAX_DIFFICULTY: u32 = 5;
 /// ones a careless teacher can demonstrate.
 pub const MAX_CARRY_DIFFICULTY: u32 = 3;
 
-/// The default job's teacher drops seven carries in ten: on a problem with a carry, its
+/// The default job's teacher (its config sets `task.dropped_carries`; unset, a teacher is
+/// correct) drops seven carries in ten: on a problem with a carry, its
 /// likeliest answer is wrong, so a warm-up that imitates it well answers such problems wrongly
 /// when greedy, yet samples the right answer often enough (three times in ten) for RL to find.
 pub const DEFAULT_DROPPED_CARRIES: f64 = 0.7;

@@ -49,7 +49,8 @@ pub fn task_by_name(name: &str, difficulty: u32) -> Result<Box<dyn Task>, TaskEr
 
 /// The built-in single-turn task called `name` at `difficulty`, its demonstrations written by a
 /// teacher who drops each carry with probability `dropped_carries` (`task.dropped_carries`;
-/// None: [`arithmetic::DEFAULT_DROPPED_CARRIES`] for the additions, no carries elsewhere).
+/// None: a correct teacher). Only the default job asks for a careless one
+/// ([`arithmetic::DEFAULT_DROPPED_CARRIES`]), in its own config.
 pub fn task_with_teacher(
     name: &str,
     difficulty: u32,
@@ -57,7 +58,6 @@ pub fn task_with_teacher(
 ) -> Result<Box<dyn Task>, TaskError> {
     let additions = name == "arithmetic" && difficulty <= arithmetic::MAX_CARRY_DIFFICULTY;
     let dropped_carries = match dropped_carries {
-        None if additions => arithmetic::DEFAULT_DROPPED_CARRIES,
         None => 0.0,
         Some(p) if !(0.0..=1.0).contains(&p) => {
             return Err(TaskError(format!(
@@ -138,16 +138,20 @@ mod tests {
             assert!(task_with_teacher(name, d, None).is_ok());
             assert!(task_with_teacher(name, d, Some(0.0)).is_ok());
         }
-        // The default teacher of the additions is careless: some demonstration is wrong.
-        let task = task_with_teacher("arithmetic", 1, None).unwrap();
-        let mut rng = TaskRng::new(2);
-        let wrong = (0..200)
-            .filter(|_| {
-                let p = task.sample(&mut rng);
-                task.demonstration(&p, &mut rng) != p.ground_truth
-            })
-            .count();
-        assert!(wrong > 20, "{wrong} of 200 wrong");
+        // Unset, a teacher is correct, additions included: only a config that asks (the
+        // default job's) gets a careless one.
+        let wrong = |dropped: Option<f64>| {
+            let task = task_with_teacher("arithmetic", 3, dropped).unwrap();
+            let mut rng = TaskRng::new(2);
+            (0..200)
+                .filter(|_| {
+                    let p = task.sample(&mut rng);
+                    task.demonstration(&p, &mut rng) != p.ground_truth
+                })
+                .count()
+        };
+        assert_eq!(wrong(None), 0);
+        assert!(wrong(Some(0.7)) > 20, "{} of 200 wrong", wrong(Some(0.7)));
     }
 
     #[test]

@@ -68,8 +68,8 @@ pub fn run(
         "before RL"
     };
     println!(
-        "{kind} greedy accuracy {:.3} → {:.3} ({start} → after RL)",
-        summary.eval_before.accuracy, summary.eval_after.accuracy
+        "{kind} greedy accuracy {:.3} → {:.3} ({start} → after RL, {} distinct problems)",
+        summary.eval_before.accuracy, summary.eval_after.accuracy, summary.eval_after.problems
     );
     // The same judge decided every accuracy above, and `skein eval` of the run uses it too.
     println!("correct by               {}", summary.correct_by);
@@ -128,8 +128,33 @@ fn positions_as_built(
     }
 }
 
-/// A training config: the file at `path` (or the defaults) with `--set` overrides.
+/// A training config: the file at `path` (or the default job) with `--set` overrides.
 pub fn load_config(
+    path: Option<&std::path::Path>,
+    overrides: &[String],
+) -> Result<crate::trainer::TrainConfig> {
+    let mut cfg = load_config_file(path, overrides)?;
+    if path.is_none() {
+        default_job_teacher(&mut cfg, overrides);
+    }
+    Ok(cfg)
+}
+
+/// The default job warms up on a careless teacher's demonstrations, which it asks for here,
+/// in its config (`task.dropped_carries`, shown by `--print-config` and kept in the run's
+/// config.toml), while its task is the default one: a run that picks another task or
+/// difficulty on top of it, or any config file, gets a correct teacher unless it sets one.
+fn default_job_teacher(cfg: &mut crate::trainer::TrainConfig, overrides: &[String]) {
+    let default = crate::trainer::config::TaskConfig::default();
+    let its_task = cfg.task.name == default.name && cfg.task.difficulty == default.difficulty;
+    let chosen = sets_key(None, overrides, "task.dropped_carries");
+    if its_task && !chosen && cfg.data.train_files.is_empty() {
+        cfg.task.dropped_carries = Some(skein_tasks::arithmetic::DEFAULT_DROPPED_CARRIES);
+    }
+}
+
+/// The file at `path` (or the defaults) with `--set` overrides.
+fn load_config_file(
     path: Option<&std::path::Path>,
     overrides: &[String],
 ) -> Result<crate::trainer::TrainConfig> {
@@ -183,6 +208,32 @@ pub fn toml_string(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The default job asks for its careless teacher; another task or difficulty on top of
+    /// it, or a config file, gets a correct one unless it sets `task.dropped_carries`.
+    #[test]
+    fn only_the_default_job_has_a_careless_teacher() {
+        let teacher = |path: Option<&std::path::Path>, sets: &[&str]| {
+            let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+            load_config(path, &sets).unwrap().task.dropped_carries
+        };
+        let careless = Some(skein_tasks::arithmetic::DEFAULT_DROPPED_CARRIES);
+        assert_eq!(teacher(None, &[]), careless);
+        assert_eq!(teacher(None, &["trainer.steps=3"]), careless);
+        assert_eq!(teacher(None, &["task.difficulty=3"]), None);
+        assert_eq!(teacher(None, &["task.name=\"reverse\""]), None);
+        assert_eq!(teacher(None, &["task.dropped_carries=0.0"]), Some(0.0));
+        assert_eq!(
+            teacher(None, &["task.difficulty=3", "task.dropped_carries=0.5"]),
+            Some(0.5)
+        );
+        let dir = std::env::temp_dir().join(format!("skein-teacher-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("c.toml");
+        std::fs::write(&file, "[task]\nname = \"arithmetic\"\ndifficulty = 2\n").unwrap();
+        assert_eq!(teacher(Some(&file), &[]), None, "a config file of its own");
+        std::fs::remove_dir_all(&dir).ok();
+    }
 
     /// A key counts as set by an override or by the file's table, never by a like-named key
     /// elsewhere.

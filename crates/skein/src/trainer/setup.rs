@@ -239,6 +239,7 @@ fn announce_resume(r: &Restore) -> EvalResult {
     EvalResult {
         accuracy: r.state.eval_before_accuracy,
         mean_reward: r.state.eval_before_reward,
+        problems: 0,
         agent: None,
     }
 }

@@ -215,9 +215,11 @@ pub struct TaskConfig {
     pub name: String,
     pub difficulty: u32,
     /// `arithmetic` at difficulty 1 to 3 (additions): the chance that a warm-up demonstration
-    /// drops each carry, as a careless teacher does (0: every demonstration is correct; unset:
-    /// 0.7). The reward still checks the exact sum, so RL has something to correct that more
-    /// imitation cannot.
+    /// drops each carry, as a careless teacher does (unset or 0: every demonstration is
+    /// correct). The reward still checks the exact sum, so RL has something to correct that
+    /// more imitation cannot. The default job (`skein train` without `--config`, on its task)
+    /// sets 0.7. The careless answers come from the warm-up's own stream, so with
+    /// `sft.demonstrations` the set, answers included, is the same for every `run.seed`.
     pub dropped_carries: Option<f64>,
 }
 
@@ -601,7 +603,8 @@ impl Default for TrainerConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EvalConfig {
-    /// Held-out problems (from a seed of their own) evaluated greedily.
+    /// Distinct held-out problems (from a seed of their own) evaluated greedily; a held-out
+    /// split that holds fewer is evaluated whole (`eval/problems` logs how many).
     pub problems: usize,
     /// Evaluate every N RL steps (0: only before and after training).
     pub every: usize,

@@ -286,6 +286,7 @@ impl Workload for MultiTurn {
         EvalResult {
             accuracy: solved.len() as f64 / n,
             mean_reward: r.episodes.iter().map(|e| e.trajectory.reward).sum::<f64>() / n,
+            problems: r.episodes.len(),
             agent: Some(AgentEval {
                 turns_mean: r.episodes.iter().map(turns).sum::<f64>() / n,
                 solved_turns_mean: solved.iter().sum::<f64>() / solved.len() as f64,

@@ -143,6 +143,7 @@ impl PromptTask {
         EvalResult {
             accuracy: r.correct.iter().filter(|&&c| c).count() as f64 / n,
             mean_reward: r.trajectories.iter().map(|t| t.reward).sum::<f64>() / n,
+            problems: r.trajectories.len(),
             agent: None,
         }
     }
@@ -162,7 +163,10 @@ impl PromptTask {
             }
             None => self.next_problem()?,
         };
-        let demo = self.task.demonstration(&problem, &mut self.rng);
+        // A careless teacher's answers come from the same stream as the problems: a fixed set
+        // (`sft.demonstrations`) is then the same, answers included, for every `run.seed`.
+        let teacher = self.warm_up_rng.as_mut().unwrap_or(&mut self.rng);
+        let demo = self.task.demonstration(&problem, teacher);
         let mut response = tokenizer.encode(&demo, false)?;
         response.push(eos);
         Ok(sft_row(
@@ -315,5 +319,37 @@ impl Workload for Prompts {
 
     fn longest_prompt(&self) -> usize {
         self.task.longest_prompt
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The first `n` warm-up rows of a run with `run_seed` (its training stream), a careless
+    /// teacher and a fixed set of demonstrations.
+    fn warm_up_rows(run_seed: u64, n: usize) -> Vec<Vec<u32>> {
+        let mut cfg = TrainConfig::default();
+        cfg.sft.demonstrations = 64;
+        cfg.eval.problems = 4;
+        let task = skein_tasks::task_with_teacher("arithmetic", 2, Some(0.7)).unwrap();
+        let tokenizer = Tokenizer::char_level(task.alphabet()).unwrap();
+        let mut t = PromptTask::new(&cfg, task, None, &tokenizer, run_seed, Device::Cpu).unwrap();
+        let sampling = SamplingParams {
+            stop_token_ids: tokenizer.eos_token_ids().to_vec(),
+            ..SamplingParams::default()
+        };
+        (0..n)
+            .map(|_| t.demonstration(&tokenizer, &sampling).unwrap().tokens)
+            .collect()
+    }
+
+    /// A fixed set of demonstrations is the same for every run seed, the careless teacher's
+    /// answers included: they come from the set's own stream, not the run's.
+    #[test]
+    fn a_fixed_warm_up_set_is_the_same_for_every_seed_answers_included() {
+        let rows = warm_up_rows(1, 64);
+        assert_eq!(rows, warm_up_rows(2, 64));
+        assert_eq!(rows, warm_up_rows(99, 64));
     }
 }
