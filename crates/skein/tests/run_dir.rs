@@ -101,11 +101,41 @@ fn a_second_run_refuses_a_finished_run_and_overwrite_replaces_it() {
         dir.display()
     );
 
+    // An --overwrite that fails after it started writing (a warm-up that diverges) puts the
+    // previous run back, byte for byte; only run.lock names its last owner.
+    let without_lock = |s: BTreeMap<PathBuf, Vec<u8>>| -> BTreeMap<PathBuf, Vec<u8>> {
+        s.into_iter()
+            .filter(|(p, _)| !p.ends_with("run.lock"))
+            .collect()
+    };
+    let (code, err) = skein_train(&dir, &["--overwrite"], &["sft.lr=1e30", "sft.steps=4"]);
+    assert_ne!(code, 0, "{err}");
+    assert!(
+        err.contains("wait in") && err.contains("previous run is back"),
+        "{err}"
+    );
+    assert!(
+        without_lock(snapshot(&dir)) == without_lock(finished.clone()),
+        "a failed --overwrite lost the previous run in {}: {err}",
+        dir.display()
+    );
+    // A process killed after it set the previous run aside leaves it there, and the next run
+    // refuses to start until it is put back or removed: nothing is lost.
+    std::fs::create_dir(dir.join(".replaced")).unwrap();
+    let (code, err) = skein_train(&dir, &["--overwrite"], &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("interrupted --overwrite"), "{err}");
+    std::fs::remove_dir(dir.join(".replaced")).unwrap();
+
     // --overwrite replaces the run: the old numbered checkpoints go too.
     let (code, err) = skein_train(&dir, &["--overwrite"], &["trainer.checkpoint_every=0"]);
     assert_eq!(code, 0, "{err}");
     assert!(!dir.join("checkpoint-1").exists() && !dir.join("checkpoint-2").exists());
     assert!(dir.join("checkpoint/model.safetensors").is_file());
+    assert!(
+        !dir.join(".replaced").exists(),
+        "the replaced run is gone once kept"
+    );
 }
 
 /// A run's directory has one owner: while a run is in progress, a second run, an overwrite

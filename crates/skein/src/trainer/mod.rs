@@ -32,6 +32,7 @@ pub mod interrupt;
 pub mod metrics;
 pub mod preflight;
 pub mod prepare;
+pub mod replaced_run;
 pub mod rollout;
 pub mod run;
 pub mod run_dir;

@@ -144,6 +144,7 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
         interrupted = interrupt::requested();
         if (every > 0 && step % every == 0) || interrupted {
             t.save_checkpoint(step)?;
+            t.keep_over_replaced_run()?;
         }
         progress.update(step as u64, &shown);
         if skips.streak >= cfg.trainer.max_consecutive_skips {
@@ -254,6 +255,7 @@ fn finish(mut t: Trainer, mut doctor: RunDoctor, interrupted: bool) -> Result<Ru
     );
     let ckpt = dir.join("checkpoint");
     checkpoint::save_policy_dir(&t.policy, &t.tokenizer, &t.sampling, &ckpt)?;
+    t.keep_over_replaced_run()?;
     let plot = skein_report::plot_run_dir(&dir, None)?;
     eprintln!(
         "skein: checkpoint {} (HF layout), curves {}",

@@ -1,11 +1,12 @@
 //! The run directory, kept safe: one process at a time owns it (`run_lock.rs`), a new run
-//! refuses a directory that holds another run (unless told to overwrite it, and then clears
-//! that run's files only once everything that can fail before the first step has passed), a
-//! resume writes nothing until its checkpoint has loaded, and every path a run writes is checked
-//! before the first step, so a run that fails never changes a finished run's files.
+//! refuses a directory that holds another run (unless told to overwrite it, and then sets that
+//! run aside until the new one has written a checkpoint: `replaced_run.rs`), a resume writes
+//! nothing until its checkpoint has loaded, and every path a run writes is checked before the
+//! first step, so a run that fails never changes a finished run's files.
 
 use super::checkpoint;
 use super::config::{Tracking, TrainConfig};
+use super::replaced_run::ReplacedRun;
 use super::run_lock::RunLock;
 use anyhow::{bail, Context, Result};
 use skein_report::{tensorboard, trajectories, MetricsLog};
@@ -22,6 +23,12 @@ const RUN_FILES: &[&str] = &[
     trajectories::DIR,
 ];
 
+/// Whether a directory entry named `name` is a run's: its files and `checkpoint-N`
+/// directories (with their `.tmp`/`.old` leftovers of an interrupted write).
+fn is_run_entry(name: &str) -> bool {
+    RUN_FILES.contains(&name) || name.starts_with("checkpoint-")
+}
+
 /// The last component of each path, for messages that list a run's entries.
 fn file_names(paths: &[PathBuf]) -> Vec<String> {
     paths
@@ -33,18 +40,22 @@ fn file_names(paths: &[PathBuf]) -> Vec<String> {
 /// What a run may write in `run.dir`, once it has been checked and locked.
 pub struct RunDir {
     pub path: PathBuf,
+    /// A previous run's files that `--overwrite` sets aside when the run starts writing.
+    replaced: Vec<PathBuf>,
+    /// Once set aside: removed at the run's first checkpoint, else put back
+    /// ([`ReplacedRun`]). Before `lock`, so it is put back while the lock is still held.
+    pub set_aside: Option<ReplacedRun>,
     /// Held for the life of the run.
     pub lock: RunLock,
-    /// A previous run's files that `--overwrite` removes when the run starts writing.
-    replaced: Vec<PathBuf>,
 }
 
 impl RunDir {
     /// The directory of a new run. One that already holds a run is refused, unless `overwrite`:
-    /// then that run's files are removed when the run starts writing ([`RunDir::open`]);
+    /// then that run's files are set aside when the run starts writing ([`RunDir::open`]);
     /// anything else in the directory stays.
     pub fn for_new_run(cfg: &TrainConfig, overwrite: bool) -> Result<RunDir> {
         let mut dir = RunDir::checked(cfg)?;
+        ReplacedRun::check_none_left(&dir.path)?;
         let previous = dir.run_entries()?;
         if !previous.is_empty() {
             let names = file_names(&previous);
@@ -70,25 +81,14 @@ impl RunDir {
         Ok(dir)
     }
 
-    /// Removes the run `--overwrite` replaces, once nothing before the first step can fail.
-    fn remove_replaced_run(&mut self) -> Result<()> {
+    /// Sets the run `--overwrite` replaces aside, where it waits for this run's first
+    /// checkpoint ([`ReplacedRun`]).
+    fn set_aside_replaced_run(&mut self) -> Result<()> {
         if self.replaced.is_empty() {
             return Ok(());
         }
-        let names = file_names(&self.replaced);
-        eprintln!(
-            "skein: --overwrite: removing the previous run's files from {} ({})",
-            self.path.display(),
-            names.join(", ")
-        );
-        for p in std::mem::take(&mut self.replaced) {
-            let removed = if p.is_dir() {
-                std::fs::remove_dir_all(&p)
-            } else {
-                std::fs::remove_file(&p)
-            };
-            removed.with_context(|| format!("removing {}", p.display()))?;
-        }
+        let previous = std::mem::take(&mut self.replaced);
+        self.set_aside = Some(ReplacedRun::set_aside(&self.path, &previous, is_run_entry)?);
         Ok(())
     }
 
@@ -120,6 +120,7 @@ impl RunDir {
             lock: RunLock::acquire(&path)?,
             path,
             replaced: Vec::new(),
+            set_aside: None,
         };
         dir.check_outputs()?;
         Ok(dir)
@@ -139,7 +140,7 @@ impl RunDir {
                 .with_context(|| format!("listing {}", self.path.display()))?
                 .path();
             let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            if RUN_FILES.contains(&name) || name.starts_with("checkpoint-") {
+            if is_run_entry(name) {
                 found.push(path);
             }
         }
@@ -183,13 +184,13 @@ impl RunDir {
     /// `keep_lines` lines (a resumed checkpoint's) — with its TensorBoard events rebuilt to
     /// match. A resume that no longer tracks TensorBoard removes the old events, which would
     /// show the steps it discards.
-    /// A run that `--overwrite` replaces is removed first: this is where a fresh run starts
+    /// A run that `--overwrite` replaces is set aside first: this is where a fresh run starts
     /// writing, after everything that can refuse it.
     pub fn open(&mut self, cfg: &TrainConfig, keep_lines: Option<usize>) -> Result<MetricsLog> {
         std::fs::create_dir_all(&self.path)
             .with_context(|| format!("creating run directory {}", self.path.display()))?;
         self.lock.claim()?;
-        self.remove_replaced_run()?;
+        self.set_aside_replaced_run()?;
         let config = self.path.join("config.toml");
         std::fs::write(&config, skein_config::to_toml_string(cfg))
             .with_context(|| format!("writing {}", config.display()))?;

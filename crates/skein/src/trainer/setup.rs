@@ -10,6 +10,7 @@ use super::config::{EngineKind, TrainConfig};
 use super::metrics::extend;
 use super::prepare::PreparedBatch;
 use super::prepare::{Models, PrepareConfig};
+use super::replaced_run::ReplacedRun;
 use super::rollout::stats::StepRollout;
 use super::rollout::tasks::Tasks;
 use super::rollout::{eval_kind, EvalResult, StepContext, Workload};
@@ -57,6 +58,10 @@ pub struct Trainer<'a> {
     pub eval_before: EvalResult,
     /// Mean training reward of each step so far.
     pub rewards: Vec<Option<f64>>,
+    /// The run `--overwrite` replaces, until this one has a checkpoint: put back if this one
+    /// ends first ([`ReplacedRun`]). Dropped after the fields that write into the directory
+    /// and before the lock.
+    replaced_run: Option<ReplacedRun>,
     /// Held while the run lives: in an MPI job, dropping it releases the other ranks.
     _dp: DataParallel,
     /// Held while the run lives: no other process writes its directory.
@@ -210,6 +215,7 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
         dir: run_dir.path,
         log,
         trajectory_log,
+        replaced_run: run_dir.set_aside,
         _lock: run_dir.lock,
         tokenizer,
         policy,
@@ -281,6 +287,15 @@ impl Trainer<'_> {
     }
 
     /// Writes `checkpoint-{step}` atomically and drops the ones `trainer.keep_last` lets go.
+    /// The run has something to keep (a checkpoint, or its end): the run `--overwrite`
+    /// replaced is removed for good.
+    pub fn keep_over_replaced_run(&mut self) -> Result<()> {
+        match self.replaced_run.take() {
+            Some(r) => r.commit(),
+            None => Ok(()),
+        }
+    }
+
     pub fn save_checkpoint(&self, step: usize) -> Result<()> {
         // A checkpoint's steps have their trajectories on disk.
         self.trajectory_log.flush();
