@@ -19,6 +19,8 @@ fn config(dir: &str, rl_lr: f64) -> TrainConfig {
     // The easiest setting (100 problems, evaluated on training problems), with the warm-up
     // it learns from in a few seconds.
     cfg.task.difficulty = 1;
+    // Demonstrations that leave something for RL to correct (correct ones are the default).
+    cfg.task.dropped_carries = Some(skein_tasks::arithmetic::DEFAULT_DROPPED_CARRIES);
     cfg.sft.steps = 25;
     cfg.sft.lr = 2e-3;
     cfg.trainer.steps = 16;
