@@ -146,7 +146,10 @@ pub fn load_config(
 /// difficulty on top of it, or any config file, gets a correct teacher unless it sets one.
 fn default_job_teacher(cfg: &mut crate::trainer::TrainConfig, overrides: &[String]) {
     let default = crate::trainer::config::TaskConfig::default();
-    let its_task = cfg.task.name == default.name && cfg.task.difficulty == default.difficulty;
+    // Environment workers bring their own task; the name left at its default is not it.
+    let its_task = cfg.task.name == default.name
+        && cfg.task.difficulty == default.difficulty
+        && cfg.agent.kind != crate::trainer::config::AgentKind::EnvWorker;
     let chosen = sets_key(None, overrides, "task.dropped_carries");
     if its_task && !chosen && cfg.data.train_files.is_empty() {
         cfg.task.dropped_carries = Some(skein_tasks::arithmetic::DEFAULT_DROPPED_CARRIES);
@@ -222,6 +225,7 @@ mod tests {
         assert_eq!(teacher(None, &["trainer.steps=3"]), careless);
         assert_eq!(teacher(None, &["task.difficulty=3"]), None);
         assert_eq!(teacher(None, &["task.name=\"reverse\""]), None);
+        assert_eq!(teacher(None, &["agent.kind=\"env-worker\""]), None);
         assert_eq!(teacher(None, &["task.dropped_carries=0.0"]), Some(0.0));
         assert_eq!(
             teacher(None, &["task.difficulty=3", "task.dropped_carries=0.5"]),
