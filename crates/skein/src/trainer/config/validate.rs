@@ -247,21 +247,21 @@ fn validate_equal_group_skipping(cfg: &TrainConfig, v: &mut Validator) {
         (Estimator::ReinforcePP, _) => Some((
             "algorithm.estimator",
             "\"reinforce++\"",
-            "whitens rewards over the batch with no group baseline, so a group whose rewards \
-             are all equal still has a non-zero advantage (an all-correct group a positive \
-             one)",
+            "reinforce++ whitens rewards over the batch with no group baseline, so a group whose \
+             rewards are all equal still has a non-zero advantage (an all-correct group a \
+             positive one)",
         )),
         (Estimator::Gae, _) => Some((
             "algorithm.estimator",
             "\"gae\"",
-            "takes its advantages from the critic, which are non-zero whatever a group's \
+            "gae takes its advantages from the critic, which are non-zero whatever a group's \
              rewards are",
         )),
         (_, CreditMode::Turn) => Some((
             "algorithm.credit",
             "\"turn\"",
-            "gives each turn its own discounted return, which differs between the turns and \
-             episodes of a group whose final rewards are equal",
+            "turn credit gives each turn its own discounted return, which differs between the \
+             turns and episodes of a group whose final rewards are equal",
         )),
         _ => None,
     };
