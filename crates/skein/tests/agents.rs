@@ -106,8 +106,26 @@ fn the_guessing_game_trains_over_several_turns() {
         assert!(m["agent/turns_mean"].as_f64().unwrap() > 1.5, "{m}");
         assert!(m["agent/inserted_tokens"].as_f64().unwrap() > 0.0);
         assert_eq!(m["agent/tool_calls"].as_f64(), Some(0.0));
-        assert!(m["loss/policy"].as_f64().unwrap().is_finite());
+        // It trained: every step applied its optimizer steps to tokens of its episodes (a
+        // step with no update logs no loss at all).
+        let num = |k: &str| m[k].as_f64().unwrap_or_else(|| panic!("no `{k}` in {m}"));
+        assert!(num("updates/applied") >= 1.0, "{m}");
+        assert!(num("tokens/trained") > 0.0, "{m}");
+        assert!(num("loss/policy").is_finite(), "{m}");
     }
+    // The weights moved step after step, and some group had rewards that differ: there was
+    // a signal to train on, not only finite arithmetic on zero advantages.
+    let versions: Vec<f64> = steps
+        .iter()
+        .map(|m| m["policy_version"].as_f64().unwrap())
+        .collect();
+    assert!(versions.windows(2).all(|w| w[1] > w[0]), "{versions:?}");
+    assert!(
+        steps
+            .iter()
+            .any(|m| m["batch/equal_reward_group_fraction"].as_f64() < Some(1.0)),
+        "every group of every step had one reward: {steps:?}"
+    );
     assert_eq!(run.rewards.len(), 3);
 
     // The checkpoint, loaded back through `model.path`, plays as it did at the end of the run:

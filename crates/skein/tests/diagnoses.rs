@@ -3,6 +3,8 @@
 //! too high, a reward worker that pays for length, crashes or goes out of range, …), and the
 //! run must name it — one line on stderr when it starts, a line of `diagnoses.jsonl` with the
 //! right evidence — and `skein doctor` must find the same in the run directory and exit 1.
+//! Each names its own diagnosis and no other (`only`): a rule that fires beside it is a false
+//! alarm.
 
 mod common;
 
@@ -49,8 +51,10 @@ fn try_train(name: &str, sets: &[String]) -> (PathBuf, String, bool) {
     let mut cmd = skein();
     cmd.args(["train", "--overwrite", "--set"])
         .arg(format!("run.dir={:?}", dir.display().to_string()));
+    // A short warm-up teaches the tiny model to end its answers: an untrained one never
+    // writes its end-of-sequence token, so every run would also show `truncation`.
     let base = [
-        "sft.steps=0",
+        "sft.steps=60",
         "eval.problems=8",
         "rollout.prompts_per_step=8",
         "rollout.samples_per_prompt=4",
@@ -102,6 +106,20 @@ fn diagnosed(dir: &Path, err: &str, name: &str) -> Value {
     d
 }
 
+/// The run named exactly the diagnoses `expected` and no other: a made-sick run names what
+/// it was made to show, and a rule that fires beside it on the same run is a false alarm.
+fn only(dir: &Path, err: &str, expected: &[&str]) {
+    let mut names: Vec<String> = diagnoses(dir)
+        .iter()
+        .filter_map(|d| d["name"].as_str().map(str::to_string))
+        .collect();
+    names.sort();
+    names.dedup();
+    let mut want: Vec<String> = expected.iter().map(|s| s.to_string()).collect();
+    want.sort();
+    assert_eq!(names, want, "the run's diagnoses\n{err}");
+}
+
 fn evidence(d: &Value) -> &str {
     d["evidence"].as_str().expect("evidence")
 }
@@ -116,6 +134,7 @@ fn sets(items: &[&str]) -> Vec<String> {
 fn a_task_far_too_hard_has_no_learning_signal() {
     let (dir, err) = train("too-hard", &sets(&["task.difficulty=5", "trainer.steps=3"]));
     let d = diagnosed(&dir, &err, "no-learning-signal");
+    only(&dir, &err, &["no-learning-signal"]);
     assert_eq!(d["step"], 3, "{d}");
     assert!(
         evidence(&d).starts_with("1.00 of the groups had one reward"),
@@ -136,6 +155,7 @@ fn a_token_limit_of_one_truncates_every_response() {
         &sets(&["rollout.sampling.max_new_tokens=1", "trainer.steps=2"]),
     );
     let d = diagnosed(&dir, &err, "truncation");
+    only(&dir, &err, &["truncation"]);
     assert_eq!(d["step"], 2, "{d}");
     // All but the few whose one token was the end of the answer.
     let share: f64 = evidence(&d)[..4].parse().unwrap();
@@ -164,9 +184,14 @@ fn a_reward_that_pays_for_length_is_exploited() {
         "model.max_positions=128",
         "optim.lr=1e-2",
         "trainer.steps=8",
+        // A model that has learnt nothing: no answer is right, whatever its length.
+        "sft.steps=0",
     ]));
     let (dir, err) = train("length", &s);
     let d = diagnosed(&dir, &err, "length-exploitation");
+    // Its own consequence shows too, and is true: responses grow until the token limit cuts
+    // them off.
+    only(&dir, &err, &["length-exploitation", "truncation"]);
     assert!(
         evidence(&d).starts_with("mean response length grew from"),
         "{d}"
@@ -184,12 +209,19 @@ fn a_reward_that_pays_for_length_is_exploited() {
 #[test]
 fn a_learning_rate_far_too_high_drifts_and_collapses_entropy() {
     let mut s = reward_worker(&["--coin"]);
-    s.extend(sets(&["optim.lr=0.3", "trainer.steps=4"]));
+    // From a model that has learnt nothing (which never ends a response, so every one is also
+    // cut off: `truncation`, true of it).
+    s.extend(sets(&["optim.lr=0.3", "trainer.steps=4", "sft.steps=0"]));
     let (dir, err) = train("lr-too-high", &s);
     let drift = diagnosed(&dir, &err, "policy-drift");
     assert_eq!(drift["step"], 2, "{drift}");
     assert!(evidence(&drift).contains("approx_kl"), "{drift}");
     let collapse = diagnosed(&dir, &err, "entropy-collapse");
+    only(
+        &dir,
+        &err,
+        &["policy-drift", "entropy-collapse", "truncation"],
+    );
     assert!(
         evidence(&collapse).starts_with("entropy fell from"),
         "{collapse}"
@@ -203,6 +235,7 @@ fn a_crashing_reward_worker_is_reward_trouble() {
     s.extend(sets(&["trainer.steps=1"]));
     let (dir, err) = train("crashing-reward", &s);
     let d = diagnosed(&dir, &err, "reward-failures");
+    only(&dir, &err, &["reward-failures"]);
     assert_eq!(d["step"], 1, "{d}");
     assert!(
         evidence(&d).starts_with("16 of 32 reward calls failed at step 1"),
@@ -231,6 +264,7 @@ fn a_reward_outlier_is_out_of_range_and_spikes_the_gradient() {
             .unwrap();
     assert_eq!(records.iter().find(|r| r.id == id).unwrap().reward, 1000.0);
     let spike = diagnosed(&dir, &err, "unstable-updates");
+    only(&dir, &err, &["reward-out-of-range", "unstable-updates"]);
     assert_eq!(spike["step"], 4, "{spike}");
     assert!(
         evidence(&spike).starts_with("the gradient norm was"),
@@ -241,7 +275,8 @@ fn a_reward_outlier_is_out_of_range_and_spikes_the_gradient() {
 /// Rewards of 1e37 overflow the loss: updates are skipped.
 #[test]
 fn rewards_that_overflow_the_loss_skip_updates() {
-    let mut s = reward_worker(&["--outlier-after", "130", "--outlier", "1e37"]);
+    // Coin flips before the outliers, so groups have signal and only the overflow shows.
+    let mut s = reward_worker(&["--coin", "--outlier-after", "130", "--outlier", "1e37"]);
     s.extend(sets(&[
         "algorithm.normalize_std=false",
         "trainer.steps=5",
@@ -249,6 +284,8 @@ fn rewards_that_overflow_the_loss_skip_updates() {
     ]));
     let (dir, err) = train("overflow", &s);
     let d = diagnosed(&dir, &err, "unstable-updates");
+    // A reward of 1e37 is also far outside the range seen, and is named so.
+    only(&dir, &err, &["unstable-updates", "reward-out-of-range"]);
     assert!(
         evidence(&d).contains("skipped for a NaN or infinite loss"),
         "{d}"
@@ -267,6 +304,7 @@ fn a_critic_with_a_learning_rate_far_too_high_learns_nothing() {
     ]));
     let (dir, err) = train("critic", &s);
     let d = diagnosed(&dir, &err, "critic-not-learning");
+    only(&dir, &err, &["critic-not-learning"]);
     assert_eq!(d["steps"], serde_json::json!([1, 2, 3, 4, 5]), "{d}");
 }
 
@@ -274,16 +312,19 @@ fn a_critic_with_a_learning_rate_far_too_high_learns_nothing() {
 /// every carried token is at the cap.
 #[test]
 fn partial_rollout_with_a_tiny_budget_runs_at_its_staleness_cap() {
-    let (dir, err) = train(
-        "partial",
-        &sets(&[
-            "rollout.partial.enabled=true",
-            "rollout.partial.token_budget=4",
-            "rollout.partial.max_staleness=2",
-            "trainer.steps=6",
-        ]),
-    );
+    // Coin-flip rewards give the groups signal; a model that has learnt nothing writes to the
+    // token limit, which is what fills the budget (and is named too: `truncation`).
+    let mut s = reward_worker(&["--coin"]);
+    s.extend(sets(&[
+        "sft.steps=0",
+        "rollout.partial.enabled=true",
+        "rollout.partial.token_budget=4",
+        "rollout.partial.max_staleness=2",
+        "trainer.steps=6",
+    ]));
+    let (dir, err) = train("partial", &s);
     let d = diagnosed(&dir, &err, "stale-partial-rollout");
+    only(&dir, &err, &["stale-partial-rollout", "truncation"]);
     assert!(
         evidence(&d).contains("of the carried-over tokens were at the staleness cap"),
         "{d}"
@@ -305,10 +346,13 @@ fn a_crashing_environment_worker_fails_episodes() {
         "agent.kind=\"env-worker\"",
         "agent.workers=2",
         "trainer.steps=2",
+        // No warm-up: its demonstrations would come from the crashing worker.
+        "sft.steps=0",
     ]);
     s.push(format!("agent.command={}", toml_list(&command)));
     let (dir, err) = train("env-crash", &s);
     let d = diagnosed(&dir, &err, "env-failures");
+    only(&dir, &err, &["env-failures"]);
     assert!(
         evidence(&d).contains("episodes failed in the environment at step 1"),
         "{d}"
@@ -325,9 +369,12 @@ fn a_turn_limit_of_two_ends_every_guessing_game() {
             "task.name=\"guess\"",
             "agent.max_turns=2",
             "trainer.steps=2",
+            // A model that has learnt nothing never wins in two turns.
+            "sft.steps=0",
         ]),
     );
     let d = diagnosed(&dir, &err, "turn-limit");
+    only(&dir, &err, &["turn-limit"]);
     assert!(
         evidence(&d).starts_with("1.00 of the episodes ended at the turn limit"),
         "{d}"
@@ -383,6 +430,7 @@ fn an_agent_warmed_up_too_briefly_writes_malformed_tool_calls() {
         ]),
     );
     let d = diagnosed(&dir, &err, "tool-call-errors");
+    only(&dir, &err, &["tool-call-errors"]);
     assert!(
         evidence(&d).contains("malformed tool calls per episode on steps 1–2"),
         "{d}"
