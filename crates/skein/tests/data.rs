@@ -128,7 +128,7 @@ fn trains_on_a_parquet_dataset_and_evaluates_its_validation_split() {
     assert_eq!(first["data/filtered_prompts"], 3.0);
     let steps: Vec<_> = lines
         .iter()
-        .filter(|m| m.get("reward/mean").is_some())
+        .filter(|m| m.get("rollout/trajectories").is_some())
         .collect();
     assert_eq!(steps.len(), 3);
     assert!(
@@ -148,7 +148,7 @@ fn trains_on_a_parquet_dataset_and_evaluates_its_validation_split() {
     let step3 = |lines: &[Value]| {
         let m = lines
             .iter()
-            .find(|m| m["step"] == 3 && m.get("reward/mean").is_some())
+            .find(|m| m["step"] == 3 && m.get("rollout/trajectories").is_some())
             .cloned();
         let m = m.unwrap();
         (

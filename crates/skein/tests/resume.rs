@@ -88,7 +88,7 @@ fn rl_steps(dir: &Path) -> Vec<serde_json::Map<String, Value>> {
         .lines()
         .map(|l| serde_json::from_str::<Value>(l).unwrap())
         .filter_map(|v| v.as_object().cloned())
-        .filter(|m| m.contains_key("reward/mean"))
+        .filter(|m| m.contains_key("rollout/trajectories"))
         .collect()
 }
 
@@ -151,14 +151,19 @@ fn assert_same_steps(whole: &Path, cut: &Path) {
     );
     for (x, y) in a.iter().zip(&b) {
         for key in EXACT {
-            let want = x.get(*key);
-            assert!(
-                want.is_some(),
-                "step {}: the run logged no `{key}`",
-                x["step"]
-            );
-            assert_eq!(y.get(*key), want, "step {}: `{key}`", x["step"]);
+            // A figure of nothing is not logged (a partial-rollout step that finished no
+            // group has no reward mean): then the resumed step must not log it either.
+            assert_eq!(y.get(*key), x.get(*key), "step {}: `{key}`", x["step"]);
         }
+    }
+    // Not vacuous: every figure was logged, and compared, on most steps.
+    for key in EXACT {
+        let logged = a.iter().filter(|x| x.get(*key).is_some()).count();
+        assert!(
+            logged >= a.len() / 2,
+            "`{key}` on {logged} of {} steps",
+            a.len()
+        );
     }
     // The resumed run names the same failure modes at the same steps: its doctor replays the
     // steps up to the checkpoint, and the diagnoses after it are found again, once.

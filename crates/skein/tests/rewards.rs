@@ -58,13 +58,14 @@ every = 0
     skein_config::load(Some(&text), name, &[]).expect("test config loads")
 }
 
-/// The RL steps' records of metrics.jsonl (those with a training reward).
+/// The RL steps' records of metrics.jsonl (those with a rollout: a step whose every
+/// trajectory failed has no training reward).
 fn steps(dir: &Path) -> Vec<serde_json::Map<String, Value>> {
     let text = std::fs::read_to_string(dir.join("metrics.jsonl")).expect("metrics.jsonl");
     text.lines()
         .map(|l| serde_json::from_str::<Value>(l).expect("a JSON line"))
         .filter_map(|v| match v {
-            Value::Object(m) if m.contains_key("reward/mean") => Some(m),
+            Value::Object(m) if m.contains_key("rollout/trajectories") => Some(m),
             _ => None,
         })
         .collect()

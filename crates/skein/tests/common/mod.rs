@@ -35,7 +35,9 @@ pub fn step_metrics(dir: &Path) -> Vec<Value> {
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .filter(|m| m.get("reward/mean").is_some())
+        // Every RL step logs its rollout's size; `reward/mean` is absent from a step whose
+        // every trajectory failed.
+        .filter(|m| m.get("rollout/trajectories").is_some())
         .collect()
 }
 
