@@ -31,6 +31,24 @@ impl Dtype {
             Dtype::Bfloat16 | Dtype::Float16 => 2.0,
         }
     }
+
+    /// The largest mean |behavior − recomputed| log-prob (nats) that float round-off explains
+    /// when the engine and the trainer run the same weights in this dtype: the engine's cached
+    /// decode and the trainer's full forward add in different orders. Beyond it the engine
+    /// computes another policy (`logprob-mismatch`).
+    /// - float32: 1e-3, far above what is measured (the default job: at most 1.4e-7; a 358M
+    ///   body on an H200: 2–4e-6).
+    /// - bfloat16: 0.05. A 358M body, LoRA 64 on an H200 measured a mean of 0.013–0.014 in
+    ///   every attention layout (docs/speed.md); its 8-bit mantissa rounds every product.
+    /// - float16: 0.01, bfloat16's scaled by their mantissas (3 bits more, 8× finer); not
+    ///   measured.
+    pub fn logp_round_off(self) -> f64 {
+        match self {
+            Dtype::Float32 => 1e-3,
+            Dtype::Bfloat16 => 0.05,
+            Dtype::Float16 => 0.01,
+        }
+    }
 }
 
 /// The options a model is built with.

@@ -20,13 +20,17 @@ pub struct LogpMismatch {
     pub mean: f64,
     pub max: f64,
     pub tokens: usize,
+    /// The mean that float round-off explains in the policy's dtype
+    /// ([`crate::model::Dtype::logp_round_off`]): what `logprob-mismatch` compares against.
+    pub tolerance: f64,
 }
 
 impl LogpMismatch {
-    pub fn metrics(&self) -> [(&'static str, f64); 2] {
+    pub fn metrics(&self) -> [(&'static str, f64); 3] {
         [
             ("logp_mismatch/mean", self.mean),
             ("logp_mismatch/max", self.max),
+            ("logp_mismatch/tolerance", self.tolerance),
         ]
     }
 

@@ -155,9 +155,11 @@ fn logp_mismatch(
     version: u64,
     cfg: &PrepareConfig,
 ) -> Option<LogpMismatch> {
+    let tolerance = policy.options.dtype.logp_round_off();
+    let with_tolerance = |m: LogpMismatch| LogpMismatch { tolerance, ..m };
     let probe = probe_rows(rows);
     if probe.is_empty() {
-        return LogpMismatch::of(rows.iter(), version);
+        return LogpMismatch::of(rows.iter(), version).map(with_tolerance);
     }
     let probed: Vec<TrainRow> =
         tch::no_grad(|| logprobs_of(policy, rows, &probe, &cfg.batching, cfg.temperature))
@@ -167,7 +169,7 @@ fn logp_mismatch(
                 ..rows[i].clone()
             })
             .collect();
-    LogpMismatch::of(probed.iter(), version)
+    LogpMismatch::of(probed.iter(), version).map(with_tolerance)
 }
 
 /// Per-token log-probs of the responses of rows `which` under `model` (call without grad).
