@@ -140,6 +140,7 @@ impl Layout {
 fn update_config(budget: usize, layout: Layout) -> UpdateConfig {
     UpdateConfig {
         loss: LossConfig {
+            kind: skein::trainer::update::policy_loss::PolicyLoss::Ppo,
             clip_low: 0.2,
             clip_high: 0.28,
             dual_clip: 3.0,

@@ -14,7 +14,7 @@ pub use trajectories::{Keep, TrajectoriesConfig};
 
 use crate::engine::SamplingParams;
 use crate::trainer::update::optim::OptimConfig;
-use crate::trainer::update::policy_loss::{KlEstimator, LossConfig};
+use crate::trainer::update::policy_loss::{KlEstimator, LossConfig, PolicyLoss};
 use serde::{Deserialize, Serialize};
 use skein_data::Truncation;
 use skein_plan::{LossAggMode, Unit};
@@ -455,6 +455,10 @@ pub struct AlgorithmConfig {
     /// their returns, and this weight times that step-relative advantage is added to each.
     /// Group estimators only (with `gae` the critic's advantages replace the group ones).
     pub step_group_weight: f64,
+    /// The policy-gradient term: `ppo` (the clipped surrogate) or `cispo` (a clipped,
+    /// stop-gradient importance weight on a REINFORCE term of every token; MiniMax-M1).
+    /// Both use `clip_low`/`clip_high` as the ratio's range; dual-clip is PPO's only.
+    pub policy_loss: PolicyLoss,
     pub clip_low: f64,
     pub clip_high: f64,
     /// Dual-clip constant (> 1); 0 disables.
@@ -487,6 +491,7 @@ impl AlgorithmConfig {
     /// The policy loss's settings these keys make.
     pub fn loss_config(&self) -> LossConfig {
         LossConfig {
+            kind: self.policy_loss,
             clip_low: self.clip_low,
             clip_high: self.clip_high,
             dual_clip: self.dual_clip,
@@ -507,6 +512,7 @@ impl Default for AlgorithmConfig {
             credit: CreditMode::Trajectory,
             turn_gamma: 0.9,
             step_group_weight: 0.0,
+            policy_loss: loss.kind,
             clip_low: loss.clip_low,
             clip_high: loss.clip_high,
             dual_clip: loss.dual_clip,

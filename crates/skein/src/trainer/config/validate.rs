@@ -5,7 +5,7 @@
 //! ranges, combinations and paths.
 
 use super::{AgentKind, CreditMode, DpBackend, EngineKind, Tracking, TrainConfig};
-use crate::trainer::update::policy_loss::KlEstimator;
+use crate::trainer::update::policy_loss::{KlEstimator, LossConfig, PolicyLoss};
 use anyhow::Result;
 use skein_config::Validator;
 use skein_plan::LossAggMode;
@@ -51,6 +51,13 @@ fn validate_estimator_keys(a: &super::AlgorithmConfig, v: &mut Validator) {
         "algorithm.normalize_std",
         &format!("is used by `grpo` only, not `{estimator}`: remove it"),
         a.normalize_std,
+    )
+    .check(
+        a.policy_loss == PolicyLoss::Ppo || a.dual_clip == LossConfig::default().dual_clip,
+        "algorithm.dual_clip",
+        "bounds PPO's clipped surrogate, and `algorithm.policy_loss = \"cispo\"` has none (its \
+         clipped importance weight bounds every token already): remove it",
+        a.dual_clip,
     )
     .check(
         a.gamma == 1.0 || (a.estimator == Estimator::Gae && a.credit == CreditMode::Trajectory),
@@ -1118,6 +1125,31 @@ mod tests {
         assert!(err.contains("`eval.correct_by` is not set"), "{err}");
         ok.eval.correct_by = Some("math".into());
         assert!(validate(&ok).is_ok(), "{:?}", validate(&ok));
+    }
+
+    /// CISPO is a policy loss of its own: accepted with the clip range, refused with a
+    /// dual-clip constant set, which it would ignore.
+    #[test]
+    fn cispo_takes_the_clip_range_and_refuses_dual_clip() {
+        let cfg = load(&["algorithm.policy_loss=\"cispo\"", "algorithm.clip_high=4.0"]).unwrap();
+        assert!(validate(&cfg).is_ok(), "{:?}", validate(&cfg));
+        assert_eq!(
+            cfg.algorithm.loss_config().kind,
+            crate::trainer::update::policy_loss::PolicyLoss::Cispo
+        );
+        let cfg = load(&["algorithm.policy_loss=\"cispo\"", "algorithm.dual_clip=5.0"]).unwrap();
+        let e = validate(&cfg).unwrap_err().to_string();
+        assert!(
+            e.contains("`algorithm.dual_clip`") && e.contains("cispo"),
+            "{e}"
+        );
+        let e = load(&["algorithm.policy_loss=\"trpo\""])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("algorithm.policy_loss") && e.contains("cispo"),
+            "{e}"
+        );
     }
 
     /// Greedy decoding draws from a one-token distribution the ratio does not use, and gives a

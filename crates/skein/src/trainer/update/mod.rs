@@ -538,6 +538,7 @@ mod tests {
                 let policy_grads = |checkpoint| {
                     let cfg = UpdateConfig {
                         loss: policy_loss::LossConfig {
+                            kind: policy_loss::PolicyLoss::Ppo,
                             entropy_coef: 0.01,
                             ..Default::default()
                         },

@@ -1,5 +1,6 @@
 //! The policy-gradient loss per token: PPO's clipped surrogate with separate low/high clip
-//! (clip-higher) and dual-clip, a KL penalty to a frozen reference, and an entropy bonus.
+//! (clip-higher) and dual-clip, or CISPO's clipped importance weight on a REINFORCE term
+//! ([`PolicyLoss`]); then a KL penalty to a frozen reference, and an entropy bonus.
 //! Aggregation over tokens is not done here: every token carries a weight from the planning
 //! core that already includes the mini-batch's global counts.
 
@@ -37,8 +38,30 @@ pub enum KlEstimator {
 /// the step's loss.
 pub const K3_MAX: f64 = 10.0;
 
+/// `algorithm.policy_loss`: the policy-gradient term of each token, with r = π/π_old its
+/// ratio and A its advantage. Both compose the same way with the rest: the term is scaled by
+/// the token's off-policy importance weight (`algorithm.off_policy`), the KL term and the
+/// entropy bonus are added to it, and the aggregation weight (`algorithm.loss_agg_mode`)
+/// sums the tokens; neither implies an aggregation of its own.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PolicyLoss {
+    /// PPO's clipped surrogate, −min(r·A, clip(r, 1 − `clip_low`, 1 + `clip_high`)·A), with
+    /// dual-clip bounding it at −c·A for A < 0. A token whose ratio left the range on the side
+    /// its advantage pushes gets no gradient.
+    #[default]
+    Ppo,
+    /// CISPO (MiniMax-M1, 2025): −sg(clip(r, 1 − `clip_low`, 1 + `clip_high`))·A·log π. The
+    /// importance weight is clipped and its gradient stopped, and it scales a REINFORCE term
+    /// on every token, so no token's gradient is dropped: a clipped token still moves the
+    /// policy, by a bounded weight. Its gradient is −clip(r)·A·∇log π. Dual-clip does not
+    /// apply (the weight is bounded already); the config refuses it set.
+    Cispo,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LossConfig {
+    pub kind: PolicyLoss,
     pub clip_low: f64,
     pub clip_high: f64,
     /// Dual-clip constant c > 1 bounding the loss of negative-advantage tokens; 0 disables.
@@ -52,6 +75,7 @@ impl Default for LossConfig {
     /// PPO's clip range with clip-higher and dual-clip; no KL or entropy term.
     fn default() -> Self {
         LossConfig {
+            kind: PolicyLoss::Ppo,
             clip_low: 0.2,
             clip_high: 0.28,
             dual_clip: 3.0,
@@ -90,16 +114,10 @@ pub struct LossOut {
 
 pub fn policy_loss(b: &TokenBatch, cfg: &LossConfig) -> LossOut {
     let log_ratio = b.logp - b.old_logp;
-    let ratio = log_ratio.exp();
-    let adv = b.advantages;
-    let unclipped = -(adv * &ratio);
-    let clipped = -(adv * ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high));
-    let mut pg = unclipped.maximum(&clipped);
-    let is_clipped = clipped.gt_tensor(&unclipped);
-    if cfg.dual_clip > 1.0 {
-        let bound = -(adv * cfg.dual_clip);
-        pg = pg.minimum(&bound).where_self(&adv.lt(0.0), &pg);
-    }
+    let (pg, is_clipped) = match cfg.kind {
+        PolicyLoss::Ppo => ppo_term(&log_ratio, b.advantages, cfg),
+        PolicyLoss::Cispo => cispo_term(b.logp, &log_ratio, b.advantages, cfg),
+    };
     let mut per_token = pg * b.importance_weights;
     let mut ref_kl_sum = 0.0;
     if let Some(ref_logp) = b.ref_logp {
@@ -138,6 +156,34 @@ pub fn policy_loss(b: &TokenBatch, cfg: &LossConfig) -> LossOut {
     }
 }
 
+/// PPO's clipped surrogate per token, and which tokens the clip bound.
+fn ppo_term(log_ratio: &Tensor, adv: &Tensor, cfg: &LossConfig) -> (Tensor, Tensor) {
+    let ratio = log_ratio.exp();
+    let unclipped = -(adv * &ratio);
+    let clipped = -(adv * ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high));
+    let mut pg = unclipped.maximum(&clipped);
+    let is_clipped = clipped.gt_tensor(&unclipped);
+    if cfg.dual_clip > 1.0 {
+        let bound = -(adv * cfg.dual_clip);
+        pg = pg.minimum(&bound).where_self(&adv.lt(0.0), &pg);
+    }
+    (pg, is_clipped)
+}
+
+/// CISPO's term per token, −sg(clip(r))·A·log π, and which tokens' weights the clip bound
+/// (they still train, by the bounded weight).
+fn cispo_term(
+    logp: &Tensor,
+    log_ratio: &Tensor,
+    adv: &Tensor,
+    cfg: &LossConfig,
+) -> (Tensor, Tensor) {
+    let ratio = log_ratio.exp().detach();
+    let weight = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high);
+    let is_clipped = weight.ne_tensor(&ratio);
+    (-(adv * weight * logp), is_clipped)
+}
+
 /// KL(π‖π_ref) estimators from per-token log-probs (Schulman's k1, k2, k3).
 pub fn kl_penalty(logp: &Tensor, ref_logp: &Tensor, est: KlEstimator) -> Tensor {
     let diff = logp - ref_logp;
@@ -161,6 +207,25 @@ mod tests {
         LossConfig::default()
     }
 
+    /// Tokens without a reference, entropy or off-policy weight, each of weight 1.
+    fn plain_batch<'a>(
+        logp: &'a Tensor,
+        old: &'a Tensor,
+        adv: &'a Tensor,
+        ones: &'a Tensor,
+    ) -> TokenBatch<'a> {
+        TokenBatch {
+            logp,
+            old_logp: old,
+            ref_logp: None,
+            entropy: None,
+            advantages: adv,
+            importance_weights: ones,
+            loss_weights: ones,
+            mask: ones,
+        }
+    }
+
     fn t(v: &[f32]) -> Tensor {
         Tensor::from_slice(v).view([1, -1])
     }
@@ -172,19 +237,7 @@ mod tests {
         let old = t(&[0.0, 0.0, 0.0, 0.0]);
         let adv = t(&[1.0, -1.0, -1.0, 1.0]);
         let ones = t(&[1.0, 1.0, 1.0, 1.0]);
-        let out = policy_loss(
-            &TokenBatch {
-                logp: &logp,
-                old_logp: &old,
-                ref_logp: None,
-                entropy: None,
-                advantages: &adv,
-                importance_weights: &ones,
-                loss_weights: &ones,
-                mask: &ones,
-            },
-            &cfg(),
-        );
+        let out = policy_loss(&plain_batch(&logp, &old, &adv, &ones), &cfg());
         // The loss is the larger of unclipped and clipped: token 0 (A>0, ratio above 1.28) is
         // clipped to -1.28; token 1 (A<0) keeps 1.65; token 2 (A<0, ratio 7.39) is bounded by
         // the dual clip at 3; token 3 (A>0, ratio below 0.8) keeps -e^-2.
@@ -195,6 +248,48 @@ mod tests {
             out.loss.double_value(&[])
         );
         assert_eq!(out.clipped_tokens, 1.0);
+    }
+
+    /// CISPO on two tokens, by hand: ratios e^0.5 ≈ 1.65 (above 1 + 0.28, so its weight is
+    /// clipped to 1.28) and e^-0.1 ≈ 0.905 (inside), advantages 1 and −2, weights 1. The loss
+    /// is −Σ w·A·log π and its gradient in log π is −w·A: the clipped token keeps a gradient
+    /// (−1.28), where PPO's clipped surrogate gives it none.
+    #[test]
+    fn cispo_two_token_toy() {
+        let logp = Tensor::from_slice(&[-0.5f64, -1.1])
+            .view([1, -1])
+            .set_requires_grad(true);
+        let old = Tensor::from_slice(&[-1.0f64, -1.0]).view([1, -1]);
+        let adv = Tensor::from_slice(&[1.0f64, -2.0]).view([1, -1]);
+        let ones = Tensor::from_slice(&[1.0f64, 1.0]).view([1, -1]);
+        let batch = plain_batch(&logp, &old, &adv, &ones);
+        let grad = |kind: PolicyLoss| -> (f64, Vec<f64>) {
+            let out = policy_loss(&batch, &LossConfig { kind, ..cfg() });
+            let value = out.loss.double_value(&[]);
+            let g = Tensor::run_backward(&[out.loss], &[&logp], false, false);
+            (value, Vec::<f64>::try_from(g[0].view([-1])).unwrap())
+        };
+        let w1 = (-0.1f64).exp();
+        let (value, g) = grad(PolicyLoss::Cispo);
+        let want = -(1.28 * 1.0 * -0.5) - (w1 * -2.0 * -1.1);
+        // The loss is summed in float32.
+        assert!((value - want).abs() < 1e-6, "{value} vs {want}");
+        assert!(
+            (g[0] + 1.28).abs() < 1e-9 && (g[1] - 2.0 * w1).abs() < 1e-9,
+            "{g:?}"
+        );
+        let out = policy_loss(
+            &batch,
+            &LossConfig {
+                kind: PolicyLoss::Cispo,
+                ..cfg()
+            },
+        );
+        assert_eq!(out.clipped_tokens, 1.0);
+        // PPO on the same tokens: the clipped one has no gradient.
+        let (_, g) = grad(PolicyLoss::Ppo);
+        assert_eq!(g[0], 0.0);
+        assert!((g[1] - 2.0 * w1).abs() < 1e-9, "{g:?}");
     }
 
     #[test]
