@@ -140,7 +140,12 @@ fn figures(records: &[Map<String, Value>]) -> Result<RunFigures> {
     let n = times.len() as f64;
     let mean = times.iter().sum::<f64>() / n;
     let var = times.iter().map(|t| (t - mean).powi(2)).sum::<f64>() / n;
-    let rewards = column("reward/mean")?;
+    // A step whose every trajectory failed has no training reward to average.
+    let rewards: Vec<f64> = records
+        .iter()
+        .filter_map(|r| r.get("reward/mean").and_then(Value::as_f64))
+        .collect();
+    anyhow::ensure!(!rewards.is_empty(), "no RL step logged a `reward/mean`");
     let k = rewards.len().min(5);
     let avg = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
     Ok(RunFigures {
