@@ -67,8 +67,17 @@ impl ReplacedRun {
             let Some(name) = path.file_name() else {
                 continue;
             };
-            std::fs::rename(path, backup.join(name))
-                .with_context(|| format!("moving {} into {}", path.display(), backup.display()))?;
+            if let Err(e) = std::fs::rename(path, backup.join(name)) {
+                // Nothing of the new run exists yet: move back what moved, and remove nothing.
+                replaced.done = true;
+                for moved in &replaced.names {
+                    let _ = std::fs::rename(backup.join(moved), dir.join(moved));
+                }
+                let _ = std::fs::remove_dir(&backup);
+                return Err(e).with_context(|| {
+                    format!("moving {} into {}", path.display(), backup.display())
+                });
+            }
             replaced.names.push(name.to_string_lossy().into_owned());
         }
         eprintln!(
@@ -174,6 +183,28 @@ mod tests {
         replaced.commit().unwrap();
         assert_eq!(read(dir.join("metrics.jsonl")), "new\n");
         assert!(!dir.join("checkpoint").exists() && !dir.join(REPLACED_DIR).exists());
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// A set-aside that fails half way (an entry that cannot be moved) puts back what moved
+    /// and removes nothing: the files not yet moved are the previous run's, not a new one's.
+    #[test]
+    fn a_set_aside_that_fails_half_way_changes_nothing() {
+        let dir = std::env::temp_dir().join(format!("skein-replaced-half-{}", std::process::id()));
+        std::fs::remove_dir_all(&dir).ok();
+        std::fs::create_dir_all(dir.join("checkpoint")).unwrap();
+        write(&dir, "metrics.jsonl", "old\n");
+        let entries = [
+            dir.join("metrics.jsonl"),
+            dir.join("missing-entry"),
+            dir.join("checkpoint"),
+        ];
+        assert!(ReplacedRun::set_aside(&dir, &entries, is_run_entry).is_err());
+        assert_eq!(
+            std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap(),
+            "old\n"
+        );
+        assert!(dir.join("checkpoint").is_dir() && !dir.join(REPLACED_DIR).exists());
         std::fs::remove_dir_all(&dir).ok();
     }
 }
