@@ -42,6 +42,7 @@ pub const DEFAULT_PANELS: &[&str] = &[
     "entropy",
     "grad_norm",
     "clip_frac",
+    "is/masked_tokens|is/masked_rows",
     "response_len/mean",
     "throughput/tokens_per_s|throughput/generated_tokens_per_s",
     "time/step_s",

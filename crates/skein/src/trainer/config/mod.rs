@@ -482,7 +482,9 @@ pub struct AlgorithmConfig {
     /// Correction for tokens sampled by an older policy than the step's (partial rollout):
     /// `tis` scales their surrogate by min(π_old/π_behavior, `is_cap`); `decoupled` scales it
     /// by π_old/π_behavior (the proximal policy is π_old) and leaves out tokens whose weight
-    /// exceeds `is_cap`. Tokens of the current version always weigh exactly 1.
+    /// exceeds `is_cap`; `mis` scales it by π_old/π_behavior and leaves out tokens whose
+    /// weight is outside [1/`is_cap`, `is_cap`]. Tokens of the current version always weigh
+    /// exactly 1.
     pub off_policy: OffPolicy,
     pub is_cap: f64,
 }
@@ -775,6 +777,12 @@ pub enum OffPolicy {
     Tis,
     /// Decoupled PPO: weight π_old/π_behavior; tokens above the cap are left out.
     Decoupled,
+    /// Masked importance sampling, per token: weight π_old/π_behavior inside
+    /// [1/cap, cap], and tokens outside that band left out on either side (weight 0, counted
+    /// as `is/masked_tokens`; rows left with no token as `is/masked_rows`), rather than
+    /// truncated. A token far below its behavior probability is as untrustworthy as one far
+    /// above it.
+    Mis,
 }
 
 /// `trainer.dp_backend`: where data-parallel ranks run.

@@ -23,6 +23,13 @@ pub struct ImportanceStats {
     pub truncated_fraction: f64,
     /// Tokens sampled by an older version than the step's.
     pub off_policy_fraction: f64,
+    /// Tokens left out (weight 0: `decoupled` above the cap, `mis` outside its band), and
+    /// rows with loss tokens all of which were left out: those train nothing, and are
+    /// counted rather than trained as zeros unseen.
+    pub masked_tokens: usize,
+    pub masked_rows: usize,
+    /// The mode leaves tokens out (`decoupled`, `mis`): only then are the counts logged.
+    pub masking: bool,
 }
 
 impl ImportanceStats {
@@ -32,6 +39,10 @@ impl ImportanceStats {
             ("is/truncated_fraction", self.truncated_fraction),
             ("is/off_policy_fraction", self.off_policy_fraction),
         ];
+        if self.masking {
+            m.push(("is/masked_tokens", self.masked_tokens as f64));
+            m.push(("is/masked_rows", self.masked_rows as f64));
+        }
         if let Some(raw) = self.raw_weight_mean {
             m.push(("is/raw_weight_mean", raw));
         }
@@ -47,34 +58,34 @@ pub fn importance_weights(
     cap: f64,
 ) -> ImportanceStats {
     let (mut sum, mut tokens, mut truncated, mut off) = (0.0, 0usize, 0usize, 0usize);
-    let mut raw_sum = 0.0;
+    let (mut raw_sum, mut masked_tokens, mut masked_rows) = (0.0, 0usize, 0usize);
     for row in rows.iter_mut() {
+        let (mut row_tokens, mut row_masked) = (0usize, 0usize);
         row.importance_weights = (0..row.loss_mask.len())
             .map(|k| {
                 if row.loss_mask[k] == 0 {
                     return 1.0;
                 }
                 tokens += 1;
+                row_tokens += 1;
                 let w = if row.versions.get(k).is_none_or(|&v| v >= version) {
                     1.0
                 } else {
                     off += 1;
                     let raw = (row.old_logp[k] as f64 - row.behavior_logp[k] as f64).exp();
                     raw_sum += raw;
-                    if raw > cap {
-                        truncated += 1;
-                        match mode {
-                            OffPolicy::Tis => cap,
-                            OffPolicy::Decoupled => 0.0,
-                        }
-                    } else {
-                        raw
-                    }
+                    truncated += usize::from(raw > cap);
+                    weight(raw, mode, cap)
                 };
+                if w == 0.0 {
+                    masked_tokens += 1;
+                    row_masked += 1;
+                }
                 sum += w;
                 w as f32
             })
             .collect();
+        masked_rows += usize::from(row_tokens > 0 && row_masked == row_tokens);
     }
     let n = tokens.max(1) as f64;
     ImportanceStats {
@@ -82,6 +93,19 @@ pub fn importance_weights(
         raw_weight_mean: (off > 0).then(|| raw_sum / off as f64),
         truncated_fraction: truncated as f64 / n,
         off_policy_fraction: off as f64 / n,
+        masked_tokens,
+        masked_rows,
+        masking: mode != OffPolicy::Tis,
+    }
+}
+
+/// The weight of an off-policy token whose raw weight π_old/π_behavior is `raw`.
+fn weight(raw: f64, mode: OffPolicy, cap: f64) -> f64 {
+    match mode {
+        OffPolicy::Tis => raw.min(cap),
+        OffPolicy::Decoupled if raw > cap => 0.0,
+        OffPolicy::Mis if raw > cap || raw < 1.0 / cap => 0.0,
+        OffPolicy::Decoupled | OffPolicy::Mis => raw,
     }
 }
 
@@ -149,6 +173,34 @@ mod tests {
         importance_weights(&mut rows, 7, OffPolicy::Decoupled, 2.0);
         let w = &rows[0].importance_weights;
         assert!((w[0] - 0.5f32.exp()).abs() < 1e-6 && w[1] == 0.0 && w[2] == 1.0);
+    }
+
+    /// `mis` leaves out tokens outside [1/cap, cap] on either side, keeps the raw weight
+    /// inside, and counts what it left out: two tokens, and one row whose every token went.
+    #[test]
+    fn masked_importance_sampling_leaves_out_both_tails_and_counts_them() {
+        // Raw weights e^0.5 ≈ 1.65 (inside), e^2 ≈ 7.39 (above 2), e^-1 ≈ 0.37 (below 1/2),
+        // then a row of one token below the band.
+        let mut rows = vec![
+            row(
+                vec![3, 3, 3],
+                vec![-1.0, -1.0, -2.0],
+                vec![-1.5, -3.0, -1.0],
+            ),
+            row(vec![3], vec![-3.0], vec![-1.0]),
+        ];
+        let s = importance_weights(&mut rows, 7, OffPolicy::Mis, 2.0);
+        let w = &rows[0].importance_weights;
+        assert!(
+            (w[0] - 0.5f32.exp()).abs() < 1e-6 && w[1] == 0.0 && w[2] == 0.0,
+            "{w:?}"
+        );
+        assert_eq!(rows[1].importance_weights, vec![0.0]);
+        assert_eq!((s.masked_tokens, s.masked_rows), (3, 1), "{s:?}");
+        // `tis` truncates the same tokens instead, and leaves none out.
+        let mut rows = vec![row(vec![3], vec![-3.0], vec![-1.0])];
+        let s = importance_weights(&mut rows, 7, OffPolicy::Tis, 2.0);
+        assert_eq!((s.masked_tokens, s.masked_rows), (0, 0));
     }
 
     #[test]
