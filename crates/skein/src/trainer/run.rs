@@ -11,7 +11,7 @@ use super::rollout::{eval_kind, EvalResult};
 use super::setup::{start, Begin, Started, Trainer};
 use super::update::ranks::{layout, Ranks};
 use super::update::CriticStats;
-use super::update::{ppo_update, UpdateStats};
+use super::update::UpdateStats;
 use super::{checkpoint, interrupt};
 use crate::engine::Generator;
 use crate::trainer::config::TrainConfig;
@@ -92,17 +92,7 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
 
         // Update the policy (and the critic), then publish the weights to a remote engine.
         let t2 = Instant::now();
-        t.opt.schedule_at(step - 1);
-        if let Some(c) = &mut t.critic {
-            c.opt.schedule_at(step - 1);
-        }
-        let (policy, opt, cfg_u) = (&t.policy, &mut t.opt, &t.update_cfg);
-        let upd = ppo_update(policy, &mut t.policy_ranks, opt, &batch, cfg_u)?;
-        let critic = match &mut t.critic {
-            Some(c) => Some(c.update(&batch)?),
-            None => None,
-        };
-        t.publish()?;
+        let (upd, critic) = t.update(step, &batch)?;
         let update_s = t2.elapsed().as_secs_f64();
         interrupt::exit_if_urgent("the update");
         skips.count(step, &upd, critic.as_ref());
@@ -144,7 +134,6 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
         interrupted = interrupt::requested();
         if (every > 0 && step % every == 0) || interrupted {
             t.save_checkpoint(step)?;
-            t.keep_over_replaced_run()?;
         }
         progress.update(step as u64, &shown);
         if skips.streak >= cfg.trainer.max_consecutive_skips {

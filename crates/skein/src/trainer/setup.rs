@@ -20,7 +20,7 @@ use super::trajectory_log::TrajectoryLog;
 use super::update::critic::ValueLossConfig;
 use super::update::optim::{OptimConfig, Optimizer};
 use super::update::ranks::{Backend, DataParallel};
-use super::update::{critic_update, CriticStats};
+use super::update::{critic_update, ppo_update, CriticStats, UpdateStats};
 use super::update::{serve_other_rank, UpdateConfig};
 use super::{preflight, sft};
 use crate::engine::{Engine, Generator, RemoteEngine, SamplingParams};
@@ -195,18 +195,7 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
     let trajectory_log =
         TrajectoryLog::start(&run_dir.path, &cfg.trajectories, &tokenizer, first_step)?;
 
-    // Data-parallel ranks beyond the first, for the policy and the critic: built after
-    // everything else that draws random numbers (each step reseeds the generator anyway).
-    dp.announce_models(
-        &policy.net.config,
-        &policy.replica_options(),
-        critic.is_some(),
-    )?;
-    let policy_ranks = dp.backend(&policy)?;
-    let critic = match critic {
-        Some((model, opt)) => Some(Critic::new(cfg, &dp, model, opt)?),
-        None => None,
-    };
+    let (policy_ranks, critic) = update_ranks(cfg, &dp, &policy, critic)?;
     Ok(Started::Trainer(Box::new(Trainer {
         batch_cfg: StepBatchConfig::from_config(cfg, sampling.max_new_tokens),
         prepare_cfg: PrepareConfig::from_config(cfg, sampling.temperature),
@@ -231,6 +220,27 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
         rewards,
         _dp: dp,
     })))
+}
+
+/// Data-parallel ranks beyond the first, for the policy and the critic: built after
+/// everything else that draws random numbers (each step reseeds the generator anyway).
+fn update_ranks(
+    cfg: &TrainConfig,
+    dp: &DataParallel,
+    policy: &Model,
+    critic: Option<(ValueModel, Optimizer)>,
+) -> Result<(Backend<Model>, Option<Critic>)> {
+    dp.announce_models(
+        &policy.net.config,
+        &policy.replica_options(),
+        critic.is_some(),
+    )?;
+    let policy_ranks = dp.backend(policy)?;
+    let critic = match critic {
+        Some((model, opt)) => Some(Critic::new(cfg, dp, model, opt)?),
+        None => None,
+    };
+    Ok((policy_ranks, critic))
 }
 
 /// Says where a resumed run picks up, and returns its evaluation before RL (kept in the
@@ -296,7 +306,8 @@ impl Trainer<'_> {
         }
     }
 
-    pub fn save_checkpoint(&self, step: usize) -> Result<()> {
+    /// Writes `checkpoint-{step}`, after which the run has something to keep.
+    pub fn save_checkpoint(&mut self, step: usize) -> Result<()> {
         // A checkpoint's steps have their trajectories on disk.
         self.trajectory_log.flush();
         let state = TrainerState {
@@ -320,7 +331,34 @@ impl Trainer<'_> {
             state: &state,
         };
         checkpoint::save(&self.dir.join(format!("checkpoint-{step}")), &snapshot)?;
-        checkpoint::rotate(&self.dir, self.cfg.trainer.keep_last)
+        checkpoint::rotate(&self.dir, self.cfg.trainer.keep_last)?;
+        self.keep_over_replaced_run()
+    }
+
+    /// One step's update: the learning rates scheduled at `step`, the policy's PPO epochs,
+    /// the critic's, then the new weights published to a remote engine.
+    pub fn update(
+        &mut self,
+        step: usize,
+        batch: &PreparedBatch,
+    ) -> Result<(UpdateStats, Option<CriticStats>)> {
+        self.opt.schedule_at(step - 1);
+        if let Some(c) = &mut self.critic {
+            c.opt.schedule_at(step - 1);
+        }
+        let policy = ppo_update(
+            &self.policy,
+            &mut self.policy_ranks,
+            &mut self.opt,
+            batch,
+            &self.update_cfg,
+        )?;
+        let critic = match &mut self.critic {
+            Some(c) => Some(c.update(batch)?),
+            None => None,
+        };
+        self.publish()?;
+        Ok((policy, critic))
     }
 }
 

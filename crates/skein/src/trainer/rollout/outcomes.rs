@@ -130,7 +130,7 @@ impl Drawn {
 }
 
 /// Response tokens of a trajectory, over its transitions.
-pub fn response_len(t: &Trajectory) -> f64 {
+fn response_len(t: &Trajectory) -> f64 {
     t.transitions
         .iter()
         .map(|x| x.response.len())
