@@ -41,7 +41,7 @@ pub const DEFAULT_PANELS: &[&str] = &[
     "kl|approx_kl|kl_ref",
     "entropy",
     "grad_norm",
-    "clip_frac",
+    "clip_frac|clip_frac/sequence",
     "is/masked_tokens|is/masked_rows",
     "response_len/mean",
     "throughput/tokens_per_s|throughput/generated_tokens_per_s",

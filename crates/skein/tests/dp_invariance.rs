@@ -24,7 +24,7 @@ use skein::trainer::batch::{build_step_batch, StepBatch, StepBatchConfig, TrainR
 use skein::trainer::config::{Batching, OffPolicy};
 use skein::trainer::prepare::{prepare, Models, PrepareConfig};
 use skein::trainer::update::optim::{OptimConfig, Optimizer};
-use skein::trainer::update::policy_loss::{KlEstimator, LossConfig};
+use skein::trainer::update::policy_loss::{KlEstimator, LossConfig, PolicyLoss};
 use skein::trainer::update::ranks::{Ranks, Replicas};
 use skein::trainer::update::{ppo_update, UpdateConfig, UpdateStats};
 use skein_plan::{AdvantageConfig, LossAggMode, Status, Trajectory, Transition, Unit};
@@ -117,6 +117,7 @@ struct Case {
     old_pass: bool,
     /// The bug seed 001 fixes: each rank averages over its own loss tokens.
     rank_local: bool,
+    loss: PolicyLoss,
 }
 
 /// How rows sit in a micro-batch.
@@ -137,16 +138,18 @@ impl Layout {
     }
 }
 
-fn update_config(budget: usize, layout: Layout) -> UpdateConfig {
+fn update_config(budget: usize, layout: Layout, loss: PolicyLoss) -> UpdateConfig {
+    let (clip_low, clip_high) = loss.default_clip().unwrap_or((0.0, 0.0));
     UpdateConfig {
         loss: LossConfig {
-            kind: skein::trainer::update::policy_loss::PolicyLoss::Ppo,
-            clip_low: 0.2,
-            clip_high: 0.28,
-            dual_clip: 3.0,
+            kind: loss,
+            clip_low,
+            clip_high,
+            dual_clip: if loss == PolicyLoss::Ppo { 3.0 } else { 0.0 },
             kl_coef: 0.0,
             kl_estimator: KlEstimator::K3,
             entropy_coef: 0.01,
+            ..LossConfig::default()
         },
         epochs: 1,
         batching: layout.batching(budget),
@@ -265,7 +268,7 @@ fn step_of(
                 .sum()
         })
         .collect();
-    let cfg = update_config(case.budget, case.batching);
+    let cfg = update_config(case.budget, case.batching, case.loss);
     let models = Models {
         policy: &policy,
         reference: None,
@@ -321,6 +324,45 @@ fn base_model() -> Model {
     Model::random(&model_config(), Device::Cpu, 1234).expect("tiny model")
 }
 
+/// The step of `case` (whose parameters after it are `want`) on every rank count, token
+/// budget, padding and layout given, with π_old from the update's own forward: each must
+/// match `want` within [`REL_TOL`] of the step's size. Returns the worst relative difference.
+fn worst_difference(
+    base: &Model,
+    trajs: &[Trajectory],
+    (case, want): (Case, &[f32]),
+    dps: &[usize],
+    budgets: &[usize],
+    paddings: &[bool],
+) -> f64 {
+    let moved = max_abs_diff(want, &flat(base));
+    let mut worst: f64 = 0.0;
+    for &dp in dps {
+        for &budget in budgets {
+            for &extra_padding in paddings {
+                for batching in [Layout::Padded, Layout::Packed, Layout::SharedPrefix] {
+                    let case = Case {
+                        dp,
+                        budget,
+                        extra_padding,
+                        batching,
+                        old_pass: false,
+                        ..case
+                    };
+                    let (got, _) = step(base, trajs, case);
+                    let diff = max_abs_diff(&got, want);
+                    assert!(
+                        diff <= REL_TOL * moved,
+                        "{case:?}: parameters differ by {diff:e} (step size {moved:e})"
+                    );
+                    worst = worst.max(diff / moved);
+                }
+            }
+        }
+    }
+    worst
+}
+
 #[test]
 fn parameters_after_a_step_do_not_depend_on_ranks_micro_batches_or_padding() {
     tch::set_num_threads(1);
@@ -329,6 +371,7 @@ fn parameters_after_a_step_do_not_depend_on_ranks_micro_batches_or_padding() {
     let trajs = trajectories();
     for mode in LossAggMode::ALL {
         let case = Case {
+            loss: PolicyLoss::Ppo,
             mode,
             dp: 1,
             budget: 4096,
@@ -340,31 +383,47 @@ fn parameters_after_a_step_do_not_depend_on_ranks_micro_batches_or_padding() {
         let (want, _) = step(&base, &trajs, case);
         let moved = max_abs_diff(&want, &start);
         assert!(moved > 1e-3, "{mode}: the step barely moved ({moved:e})");
-        let mut worst: f64 = 0.0;
-        for dp in [1, 2, 4] {
-            for budget in BUDGETS {
-                for extra_padding in [false, true] {
-                    for batching in [Layout::Padded, Layout::Packed, Layout::SharedPrefix] {
-                        let case = Case {
-                            dp,
-                            budget,
-                            extra_padding,
-                            batching,
-                            old_pass: false,
-                            ..case
-                        };
-                        let (got, _) = step(&base, &trajs, case);
-                        let diff = max_abs_diff(&got, &want);
-                        assert!(
-                            diff <= REL_TOL * moved,
-                            "{case:?}: parameters differ by {diff:e} (step size {moved:e})"
-                        );
-                        worst = worst.max(diff / moved);
-                    }
-                }
-            }
-        }
+        let worst = worst_difference(
+            &base,
+            &trajs,
+            (case, &want),
+            &[1, 2, 4],
+            &BUDGETS,
+            &[false, true],
+        );
         eprintln!("{mode}: largest step {moved:.3e}, worst relative difference {worst:.2e}");
+    }
+}
+
+/// Every policy loss steps alike whatever the ranks, micro-batches and layout: GSPO's
+/// per-sequence ratio is averaged over each row's own tokens in packed and shared-prefix
+/// lines as in padded ones, and SAPO's and DPPO's per-token terms are as global as PPO's.
+#[test]
+fn every_policy_loss_steps_alike_on_any_ranks_and_layout() {
+    tch::set_num_threads(1);
+    let base = base_model();
+    let start = flat(&base);
+    let trajs = trajectories();
+    for loss in [
+        PolicyLoss::Cispo,
+        PolicyLoss::Gspo,
+        PolicyLoss::Sapo,
+        PolicyLoss::Dppo,
+    ] {
+        let case = Case {
+            mode: LossAggMode::SeqMeanTokenMean,
+            dp: 1,
+            budget: 4096,
+            extra_padding: false,
+            batching: Layout::Padded,
+            old_pass: true,
+            rank_local: false,
+            loss,
+        };
+        let (want, _) = step(&base, &trajs, case);
+        let moved = max_abs_diff(&want, &start);
+        assert!(moved > 1e-3, "{loss:?}: the step barely moved ({moved:e})");
+        worst_difference(&base, &trajs, (case, &want), &[1, 2], &[16, 4096], &[false]);
     }
 }
 
@@ -378,6 +437,7 @@ fn drift_is_measured_over_the_mini_batches_after_a_step() {
     let base = base_model();
     let trajs = trajectories();
     let case = Case {
+        loss: PolicyLoss::Ppo,
         mode: LossAggMode::TokenMean,
         dp: 2,
         budget: 48,
@@ -416,6 +476,7 @@ fn a_rank_local_token_mean_makes_the_step_depend_on_dp() {
     let start = flat(&base);
     let trajs = trajectories();
     let case = |dp, rank_local| Case {
+        loss: PolicyLoss::Ppo,
         mode: LossAggMode::TokenMean,
         dp,
         budget: 48,
@@ -487,6 +548,7 @@ fn lora_dropout_of_the_warm_up_stays_off_on_every_rank() {
     let start = flat(&base);
     let trajs = trajectories();
     let case = |dp| Case {
+        loss: PolicyLoss::Ppo,
         mode: LossAggMode::TokenMean,
         dp,
         budget: 4096,
@@ -529,6 +591,7 @@ fn lora_adapters_step_alike_for_any_layout_and_the_base_stays_frozen() {
     let start = flat(&base);
     let trajs = trajectories();
     let case = Case {
+        loss: PolicyLoss::Ppo,
         mode: LossAggMode::TokenMean,
         dp: 1,
         budget: 4096,

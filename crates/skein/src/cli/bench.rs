@@ -157,6 +157,7 @@ fn time_train_steps(model: &Model, a: &BenchArgs) -> Result<Vec<f64>> {
                 importance_weights: &inputs.importance_weights,
                 loss_weights: &inputs.loss_weights,
                 mask: &mb.mask,
+                sequences: None,
             },
             &loss_cfg,
         );

@@ -455,14 +455,27 @@ pub struct AlgorithmConfig {
     /// their returns, and this weight times that step-relative advantage is added to each.
     /// Group estimators only (with `gae` the critic's advantages replace the group ones).
     pub step_group_weight: f64,
-    /// The policy-gradient term: `ppo` (the clipped surrogate) or `cispo` (a clipped,
-    /// stop-gradient importance weight on a REINFORCE term of every token; MiniMax-M1).
-    /// Both use `clip_low`/`clip_high` as the ratio's range; dual-clip is PPO's only.
+    /// The policy-gradient term: `ppo` (the clipped surrogate), `cispo` (a clipped,
+    /// stop-gradient importance weight on a REINFORCE term of every token; MiniMax-M1),
+    /// `gspo` (one clipped ratio per sequence, the geometric mean of its tokens'; needs
+    /// `loss_agg_mode = "seq-mean-token-mean"`), `sapo` (a soft, temperature-controlled gate
+    /// instead of a clip) or `dppo` (a trust region on the sampled token's probability, as
+    /// prime-rl trains). docs/losses.md has each one's formula.
     pub policy_loss: PolicyLoss,
-    pub clip_low: f64,
-    pub clip_high: f64,
-    /// Dual-clip constant (> 1); 0 disables.
+    /// The loss's trust region below and above: the ratio's range [1 − low, 1 + high] for
+    /// `ppo`, `cispo` and `gspo` (a sequence's ratio), the bounds of the probability's change
+    /// for `dppo`; `sapo` has none (refused set). Unset: 0.2 and 0.28 (`ppo`, `cispo`),
+    /// 3e-4 and 4e-4 (`gspo`, the paper's), 0.2 and 0.2 (`dppo`, prime-rl's).
+    pub clip_low: Option<f64>,
+    pub clip_high: Option<f64>,
+    /// Dual-clip constant (> 1); 0 disables. `ppo` only.
     pub dual_clip: f64,
+    /// `sapo`'s gate temperature for positive advantages and for the others (the paper's 1
+    /// and 1.05: a larger one damps negative updates faster as the ratio leaves 1).
+    pub sapo_tau_pos: f64,
+    pub sapo_tau_neg: f64,
+    /// `dppo`'s weight of (log π − log π_old)² on every loss token (prime-rl's `kl_tau`).
+    pub dppo_kl_coef: f64,
     /// KL-to-reference coefficient in the loss; 0 disables the reference model.
     pub kl_coef: f64,
     pub kl_estimator: KlEstimator,
@@ -492,14 +505,18 @@ pub struct AlgorithmConfig {
 impl AlgorithmConfig {
     /// The policy loss's settings these keys make.
     pub fn loss_config(&self) -> LossConfig {
+        let (low, high) = self.policy_loss.default_clip().unwrap_or((0.0, 0.0));
         LossConfig {
             kind: self.policy_loss,
-            clip_low: self.clip_low,
-            clip_high: self.clip_high,
+            clip_low: self.clip_low.unwrap_or(low),
+            clip_high: self.clip_high.unwrap_or(high),
             dual_clip: self.dual_clip,
             kl_coef: self.kl_coef,
             kl_estimator: self.kl_estimator,
             entropy_coef: self.entropy_coef,
+            sapo_tau_pos: self.sapo_tau_pos,
+            sapo_tau_neg: self.sapo_tau_neg,
+            dppo_kl_coef: self.dppo_kl_coef,
         }
     }
 }
@@ -515,9 +532,12 @@ impl Default for AlgorithmConfig {
             turn_gamma: 0.9,
             step_group_weight: 0.0,
             policy_loss: loss.kind,
-            clip_low: loss.clip_low,
-            clip_high: loss.clip_high,
+            clip_low: None,
+            clip_high: None,
             dual_clip: loss.dual_clip,
+            sapo_tau_pos: loss.sapo_tau_pos,
+            sapo_tau_neg: loss.sapo_tau_neg,
+            dppo_kl_coef: loss.dppo_kl_coef,
             kl_coef: loss.kl_coef,
             kl_estimator: loss.kl_estimator,
             entropy_coef: loss.entropy_coef,

@@ -53,18 +53,86 @@ fn validate_estimator_keys(a: &super::AlgorithmConfig, v: &mut Validator) {
         a.normalize_std,
     )
     .check(
-        a.policy_loss == PolicyLoss::Ppo || a.dual_clip == LossConfig::default().dual_clip,
-        "algorithm.dual_clip",
-        "bounds PPO's clipped surrogate, and `algorithm.policy_loss = \"cispo\"` has none (its \
-         clipped importance weight bounds every token already): remove it",
-        a.dual_clip,
-    )
-    .check(
         a.gamma == 1.0 || (a.estimator == Estimator::Gae && a.credit == CreditMode::Trajectory),
         "algorithm.gamma",
         "is the per-token discount of `gae` with `credit = \"trajectory\"` only (per turn: \
          `algorithm.turn_gamma`): remove it",
         a.gamma,
+    );
+}
+
+/// Keys that belong to one policy loss, refused set with another (they would be silently
+/// ignored), and GSPO's aggregation.
+fn validate_policy_loss_keys(a: &super::AlgorithmConfig, v: &mut Validator) {
+    let loss = a.policy_loss.as_str();
+    let defaults = LossConfig::default();
+    v.check(
+        a.policy_loss == PolicyLoss::Ppo || a.dual_clip == defaults.dual_clip,
+        "algorithm.dual_clip",
+        &format!(
+            "bounds PPO's clipped surrogate of a negative advantage, and `algorithm.policy_loss              = \"{loss}\"` has none: remove it"
+        ),
+        a.dual_clip,
+    )
+    .check(
+        a.policy_loss != PolicyLoss::Gspo || a.loss_agg_mode == LossAggMode::SeqMeanTokenMean,
+        "algorithm.loss_agg_mode",
+        "must be `seq-mean-token-mean` with `algorithm.policy_loss = \"gspo\"`: GSPO's \
+         objective is a mean over sequences of one clipped term each, which is its per-token \
+         terms averaged within each sequence, then over sequences",
+        a.loss_agg_mode.as_str(),
+    );
+    for (key, set) in [
+        ("algorithm.clip_low", a.clip_low.is_some()),
+        ("algorithm.clip_high", a.clip_high.is_some()),
+    ] {
+        v.check(
+            a.policy_loss != PolicyLoss::Sapo || !set,
+            key,
+            "does not apply to `algorithm.policy_loss = \"sapo\"`, whose soft gate replaces the \
+             clip (its width is `algorithm.sapo_tau_pos`/`sapo_tau_neg`): remove it",
+            "set",
+        );
+    }
+    for (key, value, default) in [
+        (
+            "algorithm.sapo_tau_pos",
+            a.sapo_tau_pos,
+            defaults.sapo_tau_pos,
+        ),
+        (
+            "algorithm.sapo_tau_neg",
+            a.sapo_tau_neg,
+            defaults.sapo_tau_neg,
+        ),
+    ] {
+        v.check(
+            value > 0.0 && value.is_finite(),
+            key,
+            "must be a finite number > 0",
+            value,
+        )
+        .check(
+            a.policy_loss == PolicyLoss::Sapo || value == default,
+            key,
+            &format!("is `sapo`'s only, not `{loss}`'s: remove it"),
+            value,
+        );
+    }
+    v.check(
+        a.dppo_kl_coef >= 0.0 && a.dppo_kl_coef.is_finite(),
+        "algorithm.dppo_kl_coef",
+        "must be a finite number >= 0",
+        a.dppo_kl_coef,
+    )
+    .check(
+        a.policy_loss == PolicyLoss::Dppo || a.dppo_kl_coef == defaults.dppo_kl_coef,
+        "algorithm.dppo_kl_coef",
+        &format!(
+            "is `dppo`'s only, not `{loss}`'s (a KL term to the reference for any loss: \
+             `algorithm.kl_coef`): remove it"
+        ),
+        a.dppo_kl_coef,
     );
 }
 
@@ -371,13 +439,33 @@ fn validate_dynamic_sampling(cfg: &TrainConfig, v: &mut Validator) {
 fn validate_algorithm(cfg: &TrainConfig, v: &mut Validator) {
     let a = &cfg.algorithm;
     validate_estimator_keys(a, v);
+    validate_policy_loss_keys(a, v);
+    let loss = a.loss_config();
+    let probability = a.policy_loss == PolicyLoss::Dppo;
     v.check(
-        (0.0..1.0).contains(&a.clip_low),
+        (0.0..1.0).contains(&loss.clip_low) || (probability && loss.clip_low == 1.0),
         "algorithm.clip_low",
-        "must be in [0, 1)",
-        a.clip_low,
+        if probability {
+            "must be in [0, 1] (a change of probability)"
+        } else {
+            "must be in [0, 1)"
+        },
+        loss.clip_low,
     )
-    .in_range("algorithm.clip_high", a.clip_high, 0.0, 1000.0)
+    .check(
+        if probability {
+            (0.0..=1.0).contains(&loss.clip_high)
+        } else {
+            (0.0..=1000.0).contains(&loss.clip_high)
+        },
+        "algorithm.clip_high",
+        if probability {
+            "must be in [0, 1] (a change of probability)"
+        } else {
+            "must be in [0, 1000]"
+        },
+        loss.clip_high,
+    )
     .check(
         a.dual_clip == 0.0 || a.dual_clip > 1.0,
         "algorithm.dual_clip",
@@ -1149,6 +1237,79 @@ mod tests {
         assert!(
             e.contains("algorithm.policy_loss") && e.contains("cispo"),
             "{e}"
+        );
+    }
+
+    /// Each loss's own keys are refused with another (they would be ignored), GSPO needs the
+    /// aggregation its objective implies, SAPO has no clip to set, and unset clip ranges take
+    /// each loss's own defaults.
+    #[test]
+    fn each_policy_loss_takes_its_own_keys_and_refuses_the_others() {
+        use crate::trainer::update::policy_loss::PolicyLoss;
+        let ok = |sets: &[&str]| {
+            let cfg = load(sets).unwrap();
+            assert!(validate(&cfg).is_ok(), "{sets:?}: {:?}", validate(&cfg));
+            cfg.algorithm.loss_config()
+        };
+        let refused = |sets: &[&str], needles: &[&str]| {
+            let e = validate(&load(sets).unwrap()).unwrap_err().to_string();
+            for n in needles {
+                assert!(e.contains(n), "{sets:?}: missing {n:?} in {e}");
+            }
+        };
+        let gspo = ok(&[
+            "algorithm.policy_loss=\"gspo\"",
+            "algorithm.loss_agg_mode=\"seq-mean-token-mean\"",
+        ]);
+        assert_eq!(
+            (gspo.kind, gspo.clip_low, gspo.clip_high),
+            (PolicyLoss::Gspo, 3e-4, 4e-4)
+        );
+        refused(
+            &["algorithm.policy_loss=\"gspo\""],
+            &["`algorithm.loss_agg_mode`", "seq-mean-token-mean", "gspo"],
+        );
+        let ppo = ok(&[]);
+        assert_eq!((ppo.clip_low, ppo.clip_high), (0.2, 0.28));
+        let sapo = ok(&[
+            "algorithm.policy_loss=\"sapo\"",
+            "algorithm.sapo_tau_neg=2.0",
+        ]);
+        assert_eq!((sapo.sapo_tau_pos, sapo.sapo_tau_neg), (1.0, 2.0));
+        refused(
+            &["algorithm.policy_loss=\"sapo\"", "algorithm.clip_high=0.3"],
+            &["`algorithm.clip_high`", "sapo"],
+        );
+        refused(
+            &["algorithm.sapo_tau_pos=2.0"],
+            &["`algorithm.sapo_tau_pos`", "`ppo`"],
+        );
+        refused(
+            &[
+                "algorithm.policy_loss=\"sapo\"",
+                "algorithm.sapo_tau_pos=0.0",
+            ],
+            &["`algorithm.sapo_tau_pos`", "> 0"],
+        );
+        let dppo = ok(&[
+            "algorithm.policy_loss=\"dppo\"",
+            "algorithm.dppo_kl_coef=0.01",
+        ]);
+        assert_eq!(
+            (dppo.clip_low, dppo.clip_high, dppo.dppo_kl_coef),
+            (0.2, 0.2, 0.01)
+        );
+        refused(
+            &["algorithm.policy_loss=\"dppo\"", "algorithm.clip_high=1.5"],
+            &["`algorithm.clip_high`", "change of probability"],
+        );
+        refused(
+            &["algorithm.dppo_kl_coef=0.01"],
+            &["`algorithm.dppo_kl_coef`", "kl_coef"],
+        );
+        refused(
+            &["algorithm.policy_loss=\"dppo\"", "algorithm.dual_clip=4.0"],
+            &["`algorithm.dual_clip`", "dppo"],
         );
     }
 

@@ -25,7 +25,7 @@ use self::critic::{critic_pass, ValueLossConfig};
 use self::head::{logprobs_of_hidden, Entropy};
 use self::optim::{Optimizer, StepStats};
 use self::pack::micro_batches;
-use self::policy_loss::{policy_loss, LossConfig, TokenBatch};
+use self::policy_loss::{policy_loss, LossConfig, PolicyLoss, TokenBatch};
 use self::ranks::{Job, PassSums, Ranks, RanksOut, Replica};
 use self::tensors::{MicroBatch, PolicyInputs};
 use crate::model::{Model, ValueModel};
@@ -44,6 +44,9 @@ pub struct UpdateStats {
     /// ½(log π − log π_old)². A mini-batch before any step has π = π_old exactly (its π_old is
     /// its own forward's, or a pass with the same weights), so it would only dilute them.
     pub clip_frac: f64,
+    /// The name `clip_frac` is logged under, by what the loss clips
+    /// ([`PolicyLoss::clip_metric`]); None: the loss has no clip (SAPO) and none is logged.
+    pub clip_metric: Option<&'static str>,
     pub approx_kl: f64,
     pub entropy: f64,
     pub ref_kl: f64,
@@ -89,7 +92,10 @@ impl UpdateStats {
             ]);
         }
         if self.drift_tokens > 0.0 {
-            m.extend([("clip_frac", self.clip_frac), ("approx_kl", self.approx_kl)]);
+            m.push(("approx_kl", self.approx_kl));
+            if let Some(name) = self.clip_metric {
+                m.push((name, self.clip_frac));
+            }
         }
         if self.loss_tokens > 0.0 {
             m.push(("entropy", self.entropy));
@@ -152,7 +158,10 @@ pub fn ppo_update<R: Ranks<Model>>(
         cfg: cfg.clone(),
     };
     ranks.begin(policy, &pass.job(rows, plan)?)?;
-    let mut stats = UpdateStats::default();
+    let mut stats = UpdateStats {
+        clip_metric: cfg.loss.kind.clip_metric(),
+        ..Default::default()
+    };
     let mut sums = PassSums::default();
     // The same sums over the mini-batches after an applied step: where drift exists.
     let mut drift = PassSums::default();
@@ -305,6 +314,7 @@ pub fn rank_pass(
         let inputs = PolicyInputs::new(&mb, rows, reference_on);
         let (hidden, recompute) = mb.train_hidden(&model.net, cfg.activation_checkpointing);
         let lp = logprobs_of_hidden(&model.net, &mb, &hidden, cfg.temperature, entropy);
+        let sequences = (cfg.loss.kind == PolicyLoss::Gspo).then(|| mb.sequence_index());
         let out = policy_loss(
             &TokenBatch {
                 logp: &lp.logp,
@@ -315,6 +325,7 @@ pub fn rank_pass(
                 importance_weights: &inputs.importance_weights,
                 loss_weights: &inputs.loss_weights,
                 mask: &mb.mask,
+                sequences: sequences.as_ref().map(|(index, n)| (index, *n)),
             },
             &cfg.loss,
         );
@@ -426,6 +437,7 @@ mod tests {
             optimizer_steps: 2,
             loss_tokens: 10.0,
             drift_tokens: 5.0,
+            clip_metric: Some("clip_frac"),
             ..Default::default()
         };
         for key in [

@@ -39,10 +39,11 @@ pub enum KlEstimator {
 pub const K3_MAX: f64 = 10.0;
 
 /// `algorithm.policy_loss`: the policy-gradient term of each token, with r = π/π_old its
-/// ratio and A its advantage. Both compose the same way with the rest: the term is scaled by
-/// the token's off-policy importance weight (`algorithm.off_policy`), the KL term and the
-/// entropy bonus are added to it, and the aggregation weight (`algorithm.loss_agg_mode`)
-/// sums the tokens; neither implies an aggregation of its own.
+/// ratio and A its advantage. Every loss composes the same way with the rest: the term is
+/// scaled by the token's off-policy importance weight (`algorithm.off_policy`), the KL term to
+/// the reference and the entropy bonus are added to it, and the aggregation weight
+/// (`algorithm.loss_agg_mode`) sums the tokens. GSPO alone implies an aggregation (its
+/// objective is a mean over sequences): the config refuses the others with it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PolicyLoss {
@@ -57,7 +58,72 @@ pub enum PolicyLoss {
     /// policy, by a bounded weight. Its gradient is −clip(r)·A·∇log π. Dual-clip does not
     /// apply (the weight is bounded already); the config refuses it set.
     Cispo,
+    /// GSPO (Zheng et al., 2025): one ratio per sequence, s = exp(mean over the sequence's
+    /// loss tokens of log r), the geometric mean of its token ratios, clipped per sequence:
+    /// −min(s·A, clip(s, 1 − `clip_low`, 1 + `clip_high`)·A). Computed per token as GSPO-token
+    /// does, s_t = sg(s)·π_t/sg(π_t): the value is s on every token of the sequence and the
+    /// gradient of a token is s·A·∇log π_t where s is inside the range (on the advantage's
+    /// side), so with `seq-mean-token-mean` aggregation (required: the objective is a mean
+    /// over sequences of one term each) the sequence's gradient is A·∇s, GSPO's. Its ranges
+    /// are in thousandths (the paper's 3e-4, 4e-4, the defaults when unset): a geometric mean
+    /// moves far less than a token's ratio. Dual-clip is PPO's only.
+    Gspo,
+    /// SAPO (Gao et al., Qwen, 2025): no hard clip; a soft gate of the ratio,
+    /// −(4/τ)·σ(τ·(r − 1))·A, τ = `sapo_tau_pos` where A > 0 and `sapo_tau_neg` elsewhere
+    /// (larger: negative advantages are damped faster). Its gradient is 4σ(1 − σ)·r·A·∇log π:
+    /// r·A·∇log π (PPO's unclipped gradient) at r = 1, fading smoothly as the ratio leaves 1
+    /// instead of dropping to 0 at a boundary. Clip keys and dual-clip do not apply; there
+    /// is no clipped share to log.
+    Sapo,
+    /// DPPO as prime-rl trains with it (Binary-TV; "Rethinking the Trust Region in LLM RL",
+    /// 2026): the trust region is on the sampled token's probability, not its ratio. With
+    /// δ = π − π_old, a token whose probability rose by more than `clip_high` with A > 0, or
+    /// fell by more than `clip_low` with A < 0, is masked (no policy-gradient term); the others
+    /// train −r·A. Every token also adds `dppo_kl_coef`·(log r)², a pull back toward π_old
+    /// (prime-rl's `kl_tau`). Defaults when unset: 0.2 and 0.2, as prime-rl's.
+    Dppo,
 }
+
+impl PolicyLoss {
+    /// Its name in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyLoss::Ppo => "ppo",
+            PolicyLoss::Cispo => "cispo",
+            PolicyLoss::Gspo => "gspo",
+            PolicyLoss::Sapo => "sapo",
+            PolicyLoss::Dppo => "dppo",
+        }
+    }
+
+    /// `(clip_low, clip_high)` where the config leaves them unset (None: the loss has no
+    /// clip range).
+    pub fn default_clip(self) -> Option<(f64, f64)> {
+        match self {
+            PolicyLoss::Ppo | PolicyLoss::Cispo => Some((0.2, 0.28)),
+            PolicyLoss::Gspo => Some((3e-4, 4e-4)),
+            PolicyLoss::Dppo => Some((0.2, 0.2)),
+            PolicyLoss::Sapo => None,
+        }
+    }
+
+    /// What the logged clip figure counts: `clip_frac`, the share of tokens a ratio (or, for
+    /// DPPO, a probability) bound cut off or capped; `clip_frac/sequence` for GSPO, the share
+    /// of tokens whose sequence's ratio was clipped; none for SAPO.
+    pub fn clip_metric(self) -> Option<&'static str> {
+        match self {
+            PolicyLoss::Ppo | PolicyLoss::Cispo | PolicyLoss::Dppo => Some("clip_frac"),
+            PolicyLoss::Gspo => Some("clip_frac/sequence"),
+            PolicyLoss::Sapo => None,
+        }
+    }
+}
+
+/// SAPO's temperatures of the paper: positive advantages' gate, and negative ones' (larger).
+pub const SAPO_TAU_POS: f64 = 1.0;
+pub const SAPO_TAU_NEG: f64 = 1.05;
+/// prime-rl's default `kl_tau`: the weight of DPPO's (log r)² term.
+pub const DPPO_KL_COEF: f64 = 1e-3;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LossConfig {
@@ -69,6 +135,11 @@ pub struct LossConfig {
     pub kl_coef: f64,
     pub kl_estimator: KlEstimator,
     pub entropy_coef: f64,
+    /// SAPO's gate temperatures for A > 0 and A ≤ 0.
+    pub sapo_tau_pos: f64,
+    pub sapo_tau_neg: f64,
+    /// DPPO's weight of (log π − log π_old)² on every token.
+    pub dppo_kl_coef: f64,
 }
 
 impl Default for LossConfig {
@@ -82,6 +153,9 @@ impl Default for LossConfig {
             kl_coef: 0.0,
             kl_estimator: KlEstimator::K3,
             entropy_coef: 0.0,
+            sapo_tau_pos: SAPO_TAU_POS,
+            sapo_tau_neg: SAPO_TAU_NEG,
+            dppo_kl_coef: DPPO_KL_COEF,
         }
     }
 }
@@ -99,6 +173,9 @@ pub struct TokenBatch<'a> {
     pub loss_weights: &'a Tensor,
     /// Plain 0/1 loss mask, for metrics.
     pub mask: &'a Tensor,
+    /// GSPO: the index of each token's sequence (row) in the micro-batch, int64 (any value off
+    /// the mask), and how many sequences there are.
+    pub sequences: Option<(&'a Tensor, i64)>,
 }
 
 /// The micro-batch's contribution to the mini-batch loss, and sums for metrics (over masked
@@ -117,6 +194,22 @@ pub fn policy_loss(b: &TokenBatch, cfg: &LossConfig) -> LossOut {
     let (pg, is_clipped) = match cfg.kind {
         PolicyLoss::Ppo => ppo_term(&log_ratio, b.advantages, cfg),
         PolicyLoss::Cispo => cispo_term(b.logp, &log_ratio, b.advantages, cfg),
+        PolicyLoss::Gspo => {
+            let (index, n) = b
+                .sequences
+                .expect("GSPO's loss is given each token's sequence");
+            let seq_log_ratio = sequence_log_ratio(b.logp, &log_ratio, b.mask, index, n);
+            ppo_term(
+                &seq_log_ratio,
+                b.advantages,
+                &LossConfig {
+                    dual_clip: 0.0,
+                    ..*cfg
+                },
+            )
+        }
+        PolicyLoss::Sapo => sapo_term(&log_ratio, b.advantages, cfg),
+        PolicyLoss::Dppo => dppo_term(b.logp, b.old_logp, &log_ratio, b.advantages, cfg),
     };
     let mut per_token = pg * b.importance_weights;
     let mut ref_kl_sum = 0.0;
@@ -184,6 +277,68 @@ fn cispo_term(
     (-(adv * weight * logp), is_clipped)
 }
 
+/// GSPO-token's per-token log-ratio: every token of a sequence carries the mean log-ratio of
+/// its sequence's loss tokens, sg(mean) + log π_t − sg(log π_t), so its value is the
+/// sequence's and its gradient is the token's own ∇log π_t (times the ratio, once
+/// exponentiated). `index` gives each position's sequence (0..n); off the mask it is ignored.
+fn sequence_log_ratio(
+    logp: &Tensor,
+    log_ratio: &Tensor,
+    mask: &Tensor,
+    index: &Tensor,
+    n: i64,
+) -> Tensor {
+    let mean = tch::no_grad(|| {
+        let flat_index = index.reshape([-1]);
+        let m = mask.reshape([-1]).to_kind(Kind::Double);
+        let zeros = Tensor::zeros([n], (Kind::Double, logp.device()));
+        let sums = zeros.index_add(
+            0,
+            &flat_index,
+            &(log_ratio.reshape([-1]).to_kind(Kind::Double) * &m),
+        );
+        let counts = zeros.index_add(0, &flat_index, &m).clamp_min(1.0);
+        (sums / counts)
+            .index_select(0, &flat_index)
+            .reshape(log_ratio.size())
+            .to_kind(log_ratio.kind())
+    });
+    mean + logp - logp.detach()
+}
+
+/// SAPO's soft gate per token, −(4/τ)·σ(τ(r − 1))·A with τ by the advantage's sign. No
+/// token is clipped.
+fn sapo_term(log_ratio: &Tensor, adv: &Tensor, cfg: &LossConfig) -> (Tensor, Tensor) {
+    let ratio = log_ratio.exp();
+    let tau = Tensor::full_like(adv, cfg.sapo_tau_pos)
+        .where_self(&adv.gt(0.0), &Tensor::full_like(adv, cfg.sapo_tau_neg));
+    let gate = ((ratio - 1.0) * &tau).sigmoid() * 4.0 / &tau;
+    (-(adv * gate), adv.zeros_like().to_kind(Kind::Bool))
+}
+
+/// DPPO's term per token (prime-rl's Binary-TV form): −r·A where the sampled token's
+/// probability has not left its trust region on the side the advantage pushes (π − π_old
+/// above `clip_high` with A > 0, below −`clip_low` with A < 0), plus `dppo_kl_coef`·(log r)²
+/// on every token; and which tokens the region masked.
+fn dppo_term(
+    logp: &Tensor,
+    old_logp: &Tensor,
+    log_ratio: &Tensor,
+    adv: &Tensor,
+    cfg: &LossConfig,
+) -> (Tensor, Tensor) {
+    let masked = tch::no_grad(|| {
+        let delta = logp.exp() - old_logp.exp();
+        let up = delta.gt(cfg.clip_high).logical_and(&adv.gt(0.0));
+        let down = delta.lt(-cfg.clip_low).logical_and(&adv.lt(0.0));
+        up.logical_or(&down)
+    });
+    let keep = masked.logical_not().to_kind(log_ratio.kind());
+    let pg = -(adv * log_ratio.exp()) * keep;
+    let trust = log_ratio.pow_tensor_scalar(2) * cfg.dppo_kl_coef;
+    (pg + trust, masked)
+}
+
 /// KL(π‖π_ref) estimators from per-token log-probs (Schulman's k1, k2, k3).
 pub fn kl_penalty(logp: &Tensor, ref_logp: &Tensor, est: KlEstimator) -> Tensor {
     let diff = logp - ref_logp;
@@ -223,7 +378,20 @@ mod tests {
             importance_weights: ones,
             loss_weights: ones,
             mask: ones,
+            sequences: None,
         }
+    }
+
+    /// The loss's value and its gradient in log π.
+    fn value_and_grad(batch: &TokenBatch, logp: &Tensor, cfg: &LossConfig) -> (f64, Vec<f64>) {
+        let out = policy_loss(batch, cfg);
+        let value = out.loss.double_value(&[]);
+        let g = Tensor::run_backward(&[out.loss], &[logp], false, false);
+        (value, Vec::<f64>::try_from(g[0].view([-1])).unwrap())
+    }
+
+    fn f64s(v: &[f64]) -> Tensor {
+        Tensor::from_slice(v).view([1, -1])
     }
 
     fn t(v: &[f32]) -> Tensor {
@@ -290,6 +458,136 @@ mod tests {
         let (_, g) = grad(PolicyLoss::Ppo);
         assert_eq!(g[0], 0.0);
         assert!((g[1] - 2.0 * w1).abs() < 1e-9, "{g:?}");
+    }
+
+    /// GSPO on two sequences of two tokens, by hand, with a ±0.2 range to make the clip
+    /// visible. Sequence 0: log-ratios 0.5 and 0 (mean 0.25, s = e^0.25 ≈ 1.284, above 1.2)
+    /// with A = 1: clipped, no gradient. Sequence 1: log-ratios −0.1 and 0.2 (mean 0.05,
+    /// s = e^0.05) with A = −2: inside, every token's gradient −A·s times its weight. With
+    /// `seq-mean-token-mean` weights (¼ each) that is ½·s per token: the gradient of the
+    /// sequence objective −½·s·A in each token's log π, s = exp(mean log r). A fifth position
+    /// off the mask, in sequence 0, changes nothing. Token-level PPO gives the last token a
+    /// different gradient (its own ratio e^0.2 is inside the range, but it is not s).
+    #[test]
+    fn gspo_two_sequence_toy() {
+        let logp = f64s(&[-0.5, -1.0, -1.1, -0.8, 3.0]).set_requires_grad(true);
+        let old = f64s(&[-1.0, -1.0, -1.0, -1.0, -1.0]);
+        let adv = f64s(&[1.0, 1.0, -2.0, -2.0, 1.0]);
+        let ones = f64s(&[1.0; 5]);
+        let mask = f64s(&[1.0, 1.0, 1.0, 1.0, 0.0]);
+        let weights = f64s(&[0.25, 0.25, 0.25, 0.25, 0.0]);
+        let index = Tensor::from_slice(&[0i64, 0, 1, 1, 0]).view([1, -1]);
+        let batch = TokenBatch {
+            loss_weights: &weights,
+            mask: &mask,
+            sequences: Some((&index, 2)),
+            ..plain_batch(&logp, &old, &adv, &ones)
+        };
+        let cfg = LossConfig {
+            kind: PolicyLoss::Gspo,
+            clip_low: 0.2,
+            clip_high: 0.2,
+            ..cfg()
+        };
+        let (value, g) = value_and_grad(&batch, &logp, &cfg);
+        let s1 = 0.05f64.exp();
+        let want = 0.25 * 2.0 * -1.2 + 0.25 * 2.0 * (2.0 * s1);
+        assert!((value - want).abs() < 1e-6, "{value} vs {want}");
+        let want_grad = [0.0, 0.0, 0.5 * s1, 0.5 * s1, 0.0];
+        assert!(
+            g.iter().zip(want_grad).all(|(a, b)| (a - b).abs() < 1e-9),
+            "{g:?} vs {want_grad:?}"
+        );
+        let out = policy_loss(&batch, &cfg);
+        assert_eq!(
+            out.clipped_tokens, 2.0,
+            "both tokens of the clipped sequence"
+        );
+        let (_, ppo) = value_and_grad(
+            &batch,
+            &logp,
+            &LossConfig {
+                kind: PolicyLoss::Ppo,
+                ..cfg
+            },
+        );
+        assert!((ppo[3] - 0.25 * 2.0 * 0.2f64.exp()).abs() < 1e-9, "{ppo:?}");
+    }
+
+    /// SAPO's gate by hand: −(4/τ)·σ(τ(r − 1))·A, gradient −4σ(1 − σ)·r·A in log π, with τ 1
+    /// for A > 0 and 1.05 for A < 0. At r = 1 the gradient is −A exactly (PPO's), and far
+    /// from 1 it fades (7e-4 at r = e^2.5) but does not drop to 0, as PPO's clip does.
+    #[test]
+    fn sapo_two_token_toy() {
+        let logp = f64s(&[-0.5, -1.1, -1.0, 1.5]).set_requires_grad(true);
+        let old = f64s(&[-1.0, -1.0, -1.0, -1.0]);
+        let adv = f64s(&[1.0, -2.0, 1.0, 1.0]);
+        let ones = f64s(&[1.0; 4]);
+        let batch = plain_batch(&logp, &old, &adv, &ones);
+        let cfg = LossConfig {
+            kind: PolicyLoss::Sapo,
+            ..cfg()
+        };
+        let (value, g) = value_and_grad(&batch, &logp, &cfg);
+        let sigmoid = |x: f64| 1.0 / (1.0 + (-x).exp());
+        let (mut want, mut want_grad) = (0.0, Vec::new());
+        for (log_r, a) in [(0.5f64, 1.0f64), (-0.1, -2.0), (0.0, 1.0), (2.5, 1.0)] {
+            let tau = if a > 0.0 { 1.0 } else { 1.05 };
+            let r = log_r.exp();
+            let sg = sigmoid(tau * (r - 1.0));
+            want -= 4.0 / tau * sg * a;
+            want_grad.push(-4.0 * sg * (1.0 - sg) * r * a);
+        }
+        assert!((value - want).abs() < 1e-6, "{value} vs {want}");
+        assert!(
+            g.iter().zip(&want_grad).all(|(x, y)| (x - y).abs() < 1e-9),
+            "{g:?} vs {want_grad:?}"
+        );
+        assert_eq!(g[2], -1.0);
+        assert!(g[3] < 0.0, "a ratio of e^2.5 still trains: {}", g[3]);
+        assert_eq!(policy_loss(&batch, &cfg).clipped_tokens, 0.0);
+    }
+
+    /// DPPO by hand on probabilities (prime-rl's Binary-TV mask), bounds 0.2 and kl 0.003:
+    /// token 0 rose from 0.1 to 0.5 with A > 0 (masked: only the trust term trains it);
+    /// token 1 fell from 0.5 to 0.1 with A < 0 (masked); token 2 fell the same way with
+    /// A > 0 (kept: the probability moved against its advantage); token 3 rose 0.2 → 0.3 with
+    /// A < 0 (inside). Kept tokens train −r·A; every token adds 0.003·(log r)².
+    #[test]
+    fn dppo_two_token_toy() {
+        let probs = [
+            (0.5f64, 0.1f64, 1.0f64),
+            (0.1, 0.5, -1.0),
+            (0.1, 0.5, 1.0),
+            (0.3, 0.2, -1.0),
+        ];
+        let logp = f64s(&probs.map(|p| p.0.ln())).set_requires_grad(true);
+        let old = f64s(&probs.map(|p| p.1.ln()));
+        let adv = f64s(&probs.map(|p| p.2));
+        let ones = f64s(&[1.0; 4]);
+        let batch = plain_batch(&logp, &old, &adv, &ones);
+        let cfg = LossConfig {
+            kind: PolicyLoss::Dppo,
+            clip_low: 0.2,
+            clip_high: 0.2,
+            dppo_kl_coef: 0.003,
+            ..cfg()
+        };
+        let (value, g) = value_and_grad(&batch, &logp, &cfg);
+        let kept = [false, false, true, true];
+        let (mut want, mut want_grad) = (0.0, Vec::new());
+        for (&(p, p_old, a), keep) in probs.iter().zip(kept) {
+            let (r, log_r) = (p / p_old, (p / p_old).ln());
+            let pg = if keep { -r * a } else { 0.0 };
+            want += pg + 0.003 * log_r * log_r;
+            want_grad.push(pg + 2.0 * 0.003 * log_r);
+        }
+        assert!((value - want).abs() < 1e-6, "{value} vs {want}");
+        assert!(
+            g.iter().zip(&want_grad).all(|(x, y)| (x - y).abs() < 1e-9),
+            "{g:?} vs {want_grad:?}"
+        );
+        assert_eq!(policy_loss(&batch, &cfg).clipped_tokens, 2.0);
     }
 
     #[test]

@@ -206,6 +206,23 @@ impl MicroBatch {
             .to_device(self.device)
     }
 
+    /// The index of each position's row among this micro-batch's rows (0..rows), int64
+    /// [lines, T] (0 off the rows' responses), and the number of rows: a sequence-level loss
+    /// (GSPO) averages over each row's tokens with it. A row is whole in one micro-batch.
+    pub fn sequence_index(&self) -> (Tensor, i64) {
+        let width = self.shape[1] as usize;
+        let mut out = vec![0i64; self.shape.iter().product::<i64>() as usize];
+        for (j, (&(_, (line, first)), &n)) in
+            self.places.iter().zip(&self.response_lens).enumerate()
+        {
+            out[line * width + first..line * width + first + n].fill(j as i64);
+        }
+        let index = Tensor::from_slice(&out)
+            .view(self.shape)
+            .to_device(self.device);
+        (index, self.places.len() as i64)
+    }
+
     /// Flat indices into [lines × T] of every position that predicts a response token (loss
     /// mask 0 or 1), row by row: where log-probs are read.
     pub fn response_index(&self) -> Tensor {
