@@ -42,7 +42,7 @@ pub const DEFAULT_PANELS: &[&str] = &[
     "entropy",
     "grad_norm",
     "clip_frac|clip_frac/sequence",
-    "is/masked_tokens|is/masked_rows",
+    "is/masked_tokens|is/masked_rows|is/weighted_rows",
     "response_len/mean",
     "throughput/tokens_per_s|throughput/generated_tokens_per_s",
     "time/step_s",

@@ -496,8 +496,10 @@ pub struct AlgorithmConfig {
     /// `tis` scales their surrogate by min(π_old/π_behavior, `is_cap`); `decoupled` scales it
     /// by π_old/π_behavior (the proximal policy is π_old) and leaves out tokens whose weight
     /// exceeds `is_cap`; `mis` scales it by π_old/π_behavior and leaves out tokens whose
-    /// weight is outside [1/`is_cap`, `is_cap`]. Tokens of the current version always weigh
-    /// exactly 1.
+    /// weight is outside [1/`is_cap`, `is_cap`]; `seq-mis` leaves out whole sequences whose
+    /// weights' geometric mean is outside that band and truncates the rest; `icepop` weighs
+    /// and masks as `mis` on every token, the current version's included (the engine's
+    /// mismatch). Otherwise tokens of the current version weigh exactly 1.
     pub off_policy: OffPolicy,
     pub is_cap: f64,
 }
@@ -803,6 +805,19 @@ pub enum OffPolicy {
     /// truncated. A token far below its behavior probability is as untrustworthy as one far
     /// above it.
     Mis,
+    /// Masked importance sampling per sequence: a row whose off-policy tokens' raw weights
+    /// have a geometric mean outside [1/cap, cap] is left out whole (every token weight 0,
+    /// counted in `is/masked_tokens` and `is/masked_rows`); the tokens of a row kept are
+    /// truncated as `tis` does. One far-off token does not reject an otherwise close sample,
+    /// and a sample drifting a little on every token is rejected as a whole.
+    #[serde(rename = "seq-mis")]
+    SeqMis,
+    /// IcePop-style masking of the engine–trainer mismatch: every token, those of the step's
+    /// own version too, is weighted by π_old/π_behavior inside [1/cap, cap] and left out
+    /// outside it (π_old is recomputed for every row). On-policy, the ratio is the engine's
+    /// numerical mismatch with the trainer (low precision, other kernels), 1 to round-off in
+    /// float32; IcePop's paper masks its tails at [0.5, 5].
+    Icepop,
 }
 
 /// `trainer.dp_backend`: where data-parallel ranks run.

@@ -101,7 +101,8 @@ impl PreparedBatch {
 /// With one PPO epoch, the first mini-batch is trained on the step-start weights, so its
 /// forward computes π_old itself: its rows (those sampled entirely by this version, whose
 /// importance weights need no π_old) are left without one and the update takes it from that
-/// forward, detached. Every other row gets π_old here.
+/// forward, detached. Every other row gets π_old here, and with `icepop` every row does (its
+/// weights need π_old on every token).
 pub fn prepare(
     mut batch: StepBatch,
     models: &Models,
@@ -109,7 +110,8 @@ pub fn prepare(
     cfg: &PrepareConfig,
 ) -> PreparedBatch {
     let mut needs_old = vec![true; batch.rows.len()];
-    if cfg.epochs == 1 {
+    // `icepop` weighs every token by π_old/π_behavior, so every row needs its π_old first.
+    if cfg.epochs == 1 && cfg.off_policy != OffPolicy::Icepop {
         for &i in batch.plan.first().into_iter().flatten().flatten() {
             let row = &batch.rows[i];
             needs_old[i] = row.versions.iter().any(|&v| v < version);

@@ -5,6 +5,9 @@
 //!
 //! Tokens sampled by the step's own version weigh exactly 1: recomputed and recorded
 //! log-probs of the same weights differ only by float round-off, which is no policy change.
+//! `icepop` is the exception: it exists to catch where they differ by more than round-off
+//! (an engine computing in another precision or with other kernels), so it weighs and masks
+//! every token.
 
 use crate::trainer::batch::TrainRow;
 use crate::trainer::config::OffPolicy;
@@ -23,12 +26,17 @@ pub struct ImportanceStats {
     pub truncated_fraction: f64,
     /// Tokens sampled by an older version than the step's.
     pub off_policy_fraction: f64,
-    /// Tokens left out (weight 0: `decoupled` above the cap, `mis` outside its band), and
-    /// rows with loss tokens all of which were left out: those train nothing, and are
-    /// counted rather than trained as zeros unseen.
+    /// Tokens the correction weighted by something other than exactly 1 and kept, and rows
+    /// (trajectories) with at least one such token.
+    pub weighted_tokens: usize,
+    pub weighted_rows: usize,
+    /// Tokens left out (weight 0: `decoupled` above the cap, `mis` and `icepop` outside their
+    /// band, every token of a sequence `seq-mis` rejects), and rows with loss tokens all of
+    /// which were left out: those train nothing, and are counted rather than trained as
+    /// zeros unseen.
     pub masked_tokens: usize,
     pub masked_rows: usize,
-    /// The mode leaves tokens out (`decoupled`, `mis`): only then are the counts logged.
+    /// The mode leaves tokens out (all but `tis`): only then are the masked counts logged.
     pub masking: bool,
 }
 
@@ -38,6 +46,8 @@ impl ImportanceStats {
             ("is/weight_mean", self.weight_mean),
             ("is/truncated_fraction", self.truncated_fraction),
             ("is/off_policy_fraction", self.off_policy_fraction),
+            ("is/weighted_tokens", self.weighted_tokens as f64),
+            ("is/weighted_rows", self.weighted_rows as f64),
         ];
         if self.masking {
             m.push(("is/masked_tokens", self.masked_tokens as f64));
@@ -50,62 +60,83 @@ impl ImportanceStats {
     }
 }
 
-/// Fills every row's `importance_weights` (needs `old_logp`, so call after recomputing it).
+/// Fills every row's `importance_weights` (needs `old_logp`, of every row for `icepop`, so
+/// call after recomputing it).
 pub fn importance_weights(
     rows: &mut [TrainRow],
     version: u64,
     mode: OffPolicy,
     cap: f64,
 ) -> ImportanceStats {
-    let (mut sum, mut tokens, mut truncated, mut off) = (0.0, 0usize, 0usize, 0usize);
-    let (mut raw_sum, mut masked_tokens, mut masked_rows) = (0.0, 0usize, 0usize);
+    let mut s = ImportanceStats {
+        masking: mode != OffPolicy::Tis,
+        ..Default::default()
+    };
+    let (mut sum, mut tokens, mut truncated, mut off, mut raw_sum) = (0.0, 0usize, 0, 0, 0.0);
+    let band = |raw: f64| (1.0 / cap..=cap).contains(&raw);
     for row in rows.iter_mut() {
-        let (mut row_tokens, mut row_masked) = (0usize, 0usize);
-        row.importance_weights = (0..row.loss_mask.len())
-            .map(|k| {
-                if row.loss_mask[k] == 0 {
-                    return 1.0;
-                }
-                tokens += 1;
-                row_tokens += 1;
-                let w = if row.versions.get(k).is_none_or(|&v| v >= version) {
-                    1.0
-                } else {
+        let raw_of = |k: usize| (row.old_logp[k] as f64 - row.behavior_logp[k] as f64).exp();
+        let stale = |k: usize| row.versions.get(k).is_some_and(|&v| v < version);
+        let loss_tokens: Vec<usize> = (0..row.loss_mask.len())
+            .filter(|&k| row.loss_mask[k] != 0)
+            .collect();
+        // `seq-mis` judges the sequence by the geometric mean of its off-policy tokens' raw
+        // weights: a length-independent measure of how far the whole sample is off-policy.
+        let rejected = mode == OffPolicy::SeqMis && {
+            let logs: Vec<f64> = loss_tokens
+                .iter()
+                .filter(|&&k| stale(k))
+                .map(|&k| raw_of(k).ln())
+                .collect();
+            !logs.is_empty() && !band((logs.iter().sum::<f64>() / logs.len() as f64).exp())
+        };
+        let mut weights = vec![1.0f32; row.loss_mask.len()];
+        let (mut row_masked, mut row_weighted) = (0usize, 0usize);
+        for &k in &loss_tokens {
+            tokens += 1;
+            let is_stale = stale(k);
+            let w = if is_stale || mode == OffPolicy::Icepop {
+                let raw = raw_of(k);
+                if is_stale {
                     off += 1;
-                    let raw = (row.old_logp[k] as f64 - row.behavior_logp[k] as f64).exp();
                     raw_sum += raw;
                     truncated += usize::from(raw > cap);
-                    weight(raw, mode, cap)
-                };
-                if w == 0.0 {
-                    masked_tokens += 1;
-                    row_masked += 1;
                 }
-                sum += w;
-                w as f32
-            })
-            .collect();
-        masked_rows += usize::from(row_tokens > 0 && row_masked == row_tokens);
+                weight(raw, mode, cap)
+            } else {
+                1.0
+            };
+            let w = if rejected { 0.0 } else { w };
+            if w == 0.0 {
+                row_masked += 1;
+            } else if w != 1.0 {
+                row_weighted += 1;
+            }
+            sum += w;
+            weights[k] = w as f32;
+        }
+        row.importance_weights = weights;
+        s.masked_tokens += row_masked;
+        s.masked_rows += usize::from(!loss_tokens.is_empty() && row_masked == loss_tokens.len());
+        s.weighted_tokens += row_weighted;
+        s.weighted_rows += usize::from(row_weighted > 0);
     }
     let n = tokens.max(1) as f64;
-    ImportanceStats {
-        weight_mean: if tokens == 0 { 1.0 } else { sum / n },
-        raw_weight_mean: (off > 0).then(|| raw_sum / off as f64),
-        truncated_fraction: truncated as f64 / n,
-        off_policy_fraction: off as f64 / n,
-        masked_tokens,
-        masked_rows,
-        masking: mode != OffPolicy::Tis,
-    }
+    s.weight_mean = if tokens == 0 { 1.0 } else { sum / n };
+    s.raw_weight_mean = (off > 0).then(|| raw_sum / off as f64);
+    s.truncated_fraction = truncated as f64 / n;
+    s.off_policy_fraction = off as f64 / n;
+    s
 }
 
-/// The weight of an off-policy token whose raw weight π_old/π_behavior is `raw`.
+/// The weight of a token whose raw weight π_old/π_behavior is `raw` (off-policy tokens; with
+/// `icepop`, every token). A sequence `seq-mis` keeps is truncated as `tis` does.
 fn weight(raw: f64, mode: OffPolicy, cap: f64) -> f64 {
     match mode {
-        OffPolicy::Tis => raw.min(cap),
+        OffPolicy::Tis | OffPolicy::SeqMis => raw.min(cap),
         OffPolicy::Decoupled if raw > cap => 0.0,
-        OffPolicy::Mis if raw > cap || raw < 1.0 / cap => 0.0,
-        OffPolicy::Decoupled | OffPolicy::Mis => raw,
+        OffPolicy::Mis | OffPolicy::Icepop if raw > cap || raw < 1.0 / cap => 0.0,
+        OffPolicy::Decoupled | OffPolicy::Mis | OffPolicy::Icepop => raw,
     }
 }
 
@@ -201,6 +232,73 @@ mod tests {
         let mut rows = vec![row(vec![3], vec![-3.0], vec![-1.0])];
         let s = importance_weights(&mut rows, 7, OffPolicy::Tis, 2.0);
         assert_eq!((s.masked_tokens, s.masked_rows), (0, 0));
+    }
+
+    /// `seq-mis` rejects a whole sequence when the geometric mean of its off-policy tokens'
+    /// raw weights leaves [1/cap, cap], on-policy tokens included, and truncates the tokens of
+    /// the sequences it keeps. Row 0: raw weights e^0.5 and e^1 (mean log 0.75, e^0.75 ≈ 2.1
+    /// above 2): rejected, its on-policy token with it. Row 1: e^2 and e^-1.5 (mean log 0.25):
+    /// kept, though each token alone is outside the band (token-level `mis` drops both, and
+    /// keeps two of row 0's three tokens); the far one is truncated to 2.
+    #[test]
+    fn sequence_level_mis_rejects_whole_sequences_by_their_geometric_mean() {
+        let make = || {
+            vec![
+                row(
+                    vec![3, 3, 7],
+                    vec![-1.0, -1.0, -1.0],
+                    vec![-1.5, -2.0, -1.2],
+                ),
+                row(vec![3, 3], vec![-1.0, -3.0], vec![-3.0, -1.5]),
+            ]
+        };
+        let mut rows = make();
+        let s = importance_weights(&mut rows, 7, OffPolicy::SeqMis, 2.0);
+        assert_eq!(rows[0].importance_weights, vec![0.0, 0.0, 0.0]);
+        let w = &rows[1].importance_weights;
+        assert!(
+            w[0] == 2.0 && (w[1] - (-1.5f32).exp()).abs() < 1e-6,
+            "{w:?}"
+        );
+        assert_eq!((s.masked_tokens, s.masked_rows), (3, 1), "{s:?}");
+        assert_eq!((s.weighted_tokens, s.weighted_rows), (2, 1), "{s:?}");
+        let mut rows = make();
+        let s = importance_weights(&mut rows, 7, OffPolicy::Mis, 2.0);
+        assert_eq!(rows[1].importance_weights, vec![0.0, 0.0]);
+        assert_eq!(rows[0].importance_weights[1..], [0.0, 1.0]);
+        assert_eq!((s.masked_tokens, s.masked_rows), (3, 1), "{s:?}");
+    }
+
+    /// `icepop` weighs and masks every token by π_old/π_behavior, those of the step's own
+    /// version too: there the ratio is the engine's mismatch with the trainer, which it
+    /// exists to catch. Other modes give the same tokens exactly 1.
+    #[test]
+    fn icepop_masks_the_mismatch_of_on_policy_tokens() {
+        // All on-policy (version 7): raw e^0.1 (inside), e^1 ≈ 2.7 (above), e^-1 (below).
+        let make = || {
+            vec![row(
+                vec![7, 7, 7],
+                vec![-1.0, -1.0, -2.0],
+                vec![-1.1, -2.0, -1.0],
+            )]
+        };
+        let mut rows = make();
+        let s = importance_weights(&mut rows, 7, OffPolicy::Icepop, 2.0);
+        let w = &rows[0].importance_weights;
+        assert!(
+            (w[0] - 0.1f32.exp()).abs() < 1e-6 && w[1] == 0.0 && w[2] == 0.0,
+            "{w:?}"
+        );
+        assert_eq!(
+            (s.masked_tokens, s.masked_rows, s.weighted_tokens),
+            (2, 0, 1)
+        );
+        assert_eq!(s.raw_weight_mean, None, "no token is off-policy");
+        for mode in [OffPolicy::Mis, OffPolicy::SeqMis] {
+            let mut rows = make();
+            importance_weights(&mut rows, 7, mode, 2.0);
+            assert_eq!(rows[0].importance_weights, vec![1.0; 3]);
+        }
     }
 
     #[test]
