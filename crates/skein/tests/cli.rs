@@ -91,6 +91,13 @@ fn train_config_errors_name_the_key_and_print_config_shows_defaults() {
         out.contains("[algorithm]") && out.contains("estimator = \"grpo\""),
         "{out}"
     );
+    // The clip range's default depends on the loss: unset, it is shown with what unset means,
+    // and the printed config still reads back as TOML.
+    assert!(
+        out.contains("# clip_low is unset by default") && out.contains("3e-4 (gspo)"),
+        "{out}"
+    );
+    assert!(out.parse::<toml::Table>().is_ok(), "{out}");
 }
 
 /// The three layouts run in child processes of their own and agree on the loss; sharing the

@@ -24,7 +24,7 @@ pub fn run(
         check_fixed_on_resume(dir, &cfg)?;
     }
     if print_config {
-        print!("{}", skein_config::to_toml_string(&cfg));
+        print!("{}", skein_config::render_documented(&cfg, PER_LOSS_KEYS));
         return Ok(());
     }
     // A resumed run keeps the size its config.toml recorded; a new one may have it fitted.
@@ -129,6 +129,22 @@ fn positions_as_built(
 }
 
 /// A training config: the file at `path` (or the default job) with `--set` overrides.
+/// Keys whose unset value depends on `algorithm.policy_loss`: `--print-config` shows them, with
+/// what unset means, set or not.
+const PER_LOSS_KEYS: &[skein_config::KeyDoc] = &[
+    skein_config::KeyDoc {
+        key: "algorithm.clip_low",
+        doc: "The trust region below: 1 - clip_low for a ratio (ppo, cispo, gspo), a fall of\n\
+              probability (dppo). Unset: 0.2 (ppo, cispo, dppo), 3e-4 (gspo); sapo has none.",
+    },
+    skein_config::KeyDoc {
+        key: "algorithm.clip_high",
+        doc:
+            "The trust region above: 1 + clip_high for a ratio (ppo, cispo, gspo), a rise of\n\
+              probability (dppo). Unset: 0.28 (ppo, cispo), 4e-4 (gspo), 0.2 (dppo); sapo has none.",
+    },
+];
+
 pub fn load_config(
     path: Option<&std::path::Path>,
     overrides: &[String],
