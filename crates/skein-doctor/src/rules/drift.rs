@@ -9,7 +9,9 @@ use crate::history::{step_span, History};
 /// first has π = π_old exactly). A step of one mini-batch and one epoch logs none: its one
 /// step's drift is seen by no pass, and the rule does not apply there.
 pub const MAX_APPROX_KL: f64 = 0.1;
-/// Share of the same tokens whose ratio was clipped (`clip_frac`).
+/// Share of the same tokens where the loss's trust region bound (`clip_frac`: clipped by
+/// `ppo`, capped by `cispo`, masked by `dppo`). GSPO's `clip_frac/sequence` is not bounded:
+/// its range is in thousandths and a healthy run clips far more; SAPO has no clip.
 pub const MAX_CLIP_FRAC: f64 = 0.3;
 /// Mean raw importance weight π_old/π_behavior of off-policy tokens, before `is_cap`
 /// (`is/raw_weight_mean`), outside this range. The applied weight (`is/weight_mean`) is
