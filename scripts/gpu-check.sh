@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every path of skein on one device once and prints a pass/fail table with its figures:
 # the default job, LoRA on a bfloat16 base with activation checkpointing, two data-parallel
-# ranks, the calculator agent, partial rollout, then the update's layouts (`skein bench
+# ranks, the calculator agent, partial rollout, the update's memory in four setups (`skein
+# bench memory`), then the update's layouts (`skein bench
 # train-tokens`) and the training step and decode against PyTorch eager on the same shapes.
 #
 #   scripts/gpu-check.sh                      # cuda, the real shapes (docs/speed.md)
@@ -37,12 +38,15 @@ if [ "$tiny" = 1 ]; then
   shape=(--hidden 64 --layers 2 --heads 4 --kv-heads 2 --intermediate 128)
   bench=(--batch 4 --seq 64 --iters 2)
   tokens=(--groups 2 --samples 3 --prompt 200 --median-response 8 --max-response 40 --iters 1)
+  memory=(--shape tiny --sequences 1 --tokens 64 --warmup-steps 0)
 else
   short=(--set trainer.steps=5 --set sft.steps=200)
   # A Qwen2.5-0.5B-sized body (character vocabulary): the shape of docs/speed.md's GPU rows.
   shape=(--hidden 896 --layers 24 --heads 14 --kv-heads 2 --intermediate 4864)
   bench=(--batch 64 --seq 160 --iters 5)
   tokens=(--groups 32 --samples 8 --prompt 32 --median-response 12 --max-response 128 --iters 3)
+  # Qwen2.5-0.5B's own shape and vocabulary, four sequences of 256 tokens.
+  memory=(--shape qwen2.5-0.5b)
 fi
 dev=(--set "run.device=$device")
 
@@ -77,6 +81,7 @@ run calculator-agent "eval after RL" "$skein" train --overwrite --config configs
 run partial-rollout "eval after RL" "$skein" train --overwrite "${dev[@]}" "${short[@]}" \
   --set task.name=reverse --set model.max_positions=256 --set rollout.partial.enabled=true \
   --set "run.dir=$out/partial"
+run bench-memory "peak / full float32 peak" "$skein" bench memory --device "$device" "${memory[@]}"
 for dtype in float32 bfloat16; do
   lora=()
   [ "$dtype" = float32 ] || lora=(--lora-rank 64)

@@ -3,6 +3,7 @@
 pub mod cli;
 pub mod devices;
 pub mod engine;
+pub mod gpu_memory;
 pub mod memory;
 pub mod model;
 pub mod reward_model;

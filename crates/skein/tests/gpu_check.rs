@@ -31,9 +31,9 @@ fn gpu_check_passes_every_row_on_the_cpu() {
         .lines()
         .filter(|l| l.starts_with("| ") && !l.starts_with("| ---"))
         .collect();
-    // Header, then one row per check: devices, five training paths, and per dtype the
-    // layouts, skein's bench and eager's.
-    assert_eq!(rows.len(), 1 + 6 + 2 * 3, "{table}");
+    // Header, then one row per check: devices, five training paths, the update's memory, and
+    // per dtype the layouts, skein's bench and eager's.
+    assert_eq!(rows.len(), 1 + 7 + 2 * 3, "{table}");
     for row in &rows[1..] {
         assert!(row.contains("| pass |"), "{row}");
     }
@@ -41,5 +41,6 @@ fn gpu_check_passes_every_row_on_the_cpu() {
     assert!(table.contains("eval after RL"), "{table}");
     assert!(table.contains("shared-prefix"), "{table}");
     assert!(table.contains("pytorch eager train step"), "{table}");
+    assert!(table.contains("peak / full float32 peak"), "{table}");
     std::fs::remove_dir_all(&out_dir).ok();
 }

@@ -203,3 +203,19 @@ fn bench_memory_refuses_sizes_it_cannot_run_and_states_the_range_it_takes() {
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("peak_mib"), "{out}");
 }
+
+/// `--device` names where the setups run; a device this machine lacks is refused before any
+/// setup starts, naming the flag and why (on a machine with a GPU, `cuda:99` still is).
+#[test]
+fn bench_memory_refuses_a_device_this_machine_lacks() {
+    let (code, _, err) = skein(&["bench", "memory", "--shape", "tiny", "--device", "cuda:99"]);
+    assert_ne!(code, 0, "{err}");
+    assert!(err.contains("--device"), "{err}");
+    assert!(
+        !err.contains("setup"),
+        "refused before any setup runs: {err}"
+    );
+    let (code, _, err) = skein(&["bench", "memory", "--shape", "tiny", "--device", "tpu"]);
+    assert_ne!(code, 0, "{err}");
+    assert!(err.contains("--device") && err.contains("cuda"), "{err}");
+}

@@ -5,6 +5,11 @@
 //! resident memory it reports (VmHWM) is that setup's alone; beside it stands the trainer's
 //! preflight estimate of the same update, from the same functions, so the estimate's error
 //! is measured rather than guessed.
+//!
+//! `--device cuda` runs the same on a GPU: there the peak is the GPU memory in use after the
+//! steps (the CUDA context and what libtorch's caching allocator reserved, which it keeps:
+//! its peak), read from the driver ([`crate::gpu_memory`]), and the start is that once CUDA is
+//! up, before the model. Each setup fixes its own dtype, so the bench has no `--dtype`.
 
 use super::bench_args::at_least_one;
 use crate::model::{Dtype, LoraConfig, Model, ModelConfig, ModelOptions};
@@ -57,6 +62,9 @@ pub struct MemoryBenchArgs {
     /// libtorch threads (0 keeps its default).
     #[arg(long, default_value_t = 0)]
     threads: usize,
+    /// `cpu`, `cuda` or `cuda:N` (`skein devices` lists what this machine has).
+    #[arg(long, default_value = "cpu")]
+    device: String,
     /// Run one setup and print its figures as JSON (what the parent runs in each child).
     #[arg(long, value_enum, hide = true)]
     only: Option<Setup>,
@@ -172,9 +180,11 @@ impl Setup {
 #[derive(Debug, Serialize, Deserialize)]
 struct Outcome {
     trainable: usize,
-    /// Resident memory once libtorch had initialised, before the model.
+    /// Resident memory once libtorch had initialised, before the model (on a GPU: the GPU's
+    /// memory in use once CUDA is up).
     start_mib: f64,
-    /// Peak resident memory of the whole child (VmHWM).
+    /// Peak resident memory of the whole child (VmHWM; on a GPU, the GPU's memory in use
+    /// after the steps, which the caching allocator keeps at its peak).
     peak_mib: f64,
     step_s: f64,
 }
@@ -188,12 +198,13 @@ pub fn run(a: &MemoryBenchArgs) -> Result<()> {
     }
     let (name, cfg) = a.model_config()?;
     eprintln!(
-        "bench memory: {} ({:.1}M parameters), {} sequences x {} tokens, one per micro-batch; \
-         each setup in its own process",
+        "bench memory: {} ({:.1}M parameters), {} sequences x {} tokens, one per micro-batch, \
+         on {}; each setup in its own process",
         name,
         cfg.parameter_count() / 1e6,
         a.sequences,
-        a.tokens
+        a.tokens,
+        crate::devices::describe(a.start_device()?)
     );
     let mut results = Vec::new();
     for setup in Setup::ALL {
@@ -212,8 +223,21 @@ pub fn run(a: &MemoryBenchArgs) -> Result<()> {
     Ok(())
 }
 
+impl MemoryBenchArgs {
+    /// The device `--device` names, refused with its reason when this machine lacks it.
+    fn start_device(&self) -> Result<Device> {
+        crate::trainer::config::start_device(&self.device, self.threads)
+            .map_err(|e| anyhow::anyhow!("{e:#}").context("--device"))
+    }
+}
+
 fn check(a: &MemoryBenchArgs) -> Result<()> {
     at_least_one(&[("--sequences", a.sequences), ("--steps", a.steps)])?;
+    let device = a.start_device()?;
+    if let Device::Cuda(n) = device {
+        crate::gpu_memory::used_bytes(n)
+            .map_err(|e| anyhow::anyhow!("--device {}: {e}", a.device))?;
+    }
     let (name, cfg) = a.model_config()?;
     let positions = cfg.max_position_embeddings;
     if a.tokens < 4 || a.tokens > positions {
@@ -242,18 +266,18 @@ fn check(a: &MemoryBenchArgs) -> Result<()> {
     if a.threads > max {
         bail!("invalid value for `--threads`: at most {max} on this machine (0 keeps the default)");
     }
-    check_fits(a, &name, &cfg)
+    check_fits(a, &name, &cfg, device)
 }
 
 /// The largest setup's update, as the preflight estimates it, fits in the free memory: a
 /// child that cannot allocate would be killed rather than report.
-fn check_fits(a: &MemoryBenchArgs, name: &str, cfg: &ModelConfig) -> Result<()> {
+fn check_fits(a: &MemoryBenchArgs, name: &str, cfg: &ModelConfig, device: Device) -> Result<()> {
     let setups = a.only.map_or(Setup::ALL.to_vec(), |s| vec![s]);
     let need = setups
         .into_iter()
-        .map(|s| estimate(a, cfg, s))
+        .map(|s| estimate(a, cfg, s, device))
         .fold(0.0, f64::max);
-    if let Some(free) = crate::memory::available_on(Device::Cpu).filter(|&free| need > free) {
+    if let Some(free) = crate::memory::available_on(device).filter(|&free| need > free) {
         bail!(
             "a {}-token update of {} needs about {:.1} GiB, but {:.1} GiB of memory is free: \
              lower --tokens",
@@ -266,20 +290,21 @@ fn check_fits(a: &MemoryBenchArgs, name: &str, cfg: &ModelConfig) -> Result<()> 
     Ok(())
 }
 
-/// The preflight's estimate of `setup`'s update, in bytes.
-fn estimate(a: &MemoryBenchArgs, cfg: &ModelConfig, setup: Setup) -> f64 {
+/// The preflight's estimate of `setup`'s update on `device`, in bytes.
+fn estimate(a: &MemoryBenchArgs, cfg: &ModelConfig, setup: Setup, device: Device) -> f64 {
     let shape = setup.update_shape(a.tokens);
-    preflight::total(&preflight::update_parts(cfg, &shape, Device::Cpu, false))
+    preflight::total(&preflight::update_parts(cfg, &shape, device, false))
 }
 
 fn print_table(a: &MemoryBenchArgs, cfg: &ModelConfig, results: &[(Setup, Outcome)]) {
+    let device = a.start_device().unwrap_or(Device::Cpu);
     println!(
         "| setup | trainable params | RSS at start (MiB) | measured peak (MiB) | preflight \
          estimate (MiB) | estimate / measured | step (s) |"
     );
     println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
     for (setup, out) in results {
-        let est = estimate(a, cfg, *setup) / MIB;
+        let est = estimate(a, cfg, *setup, device) / MIB;
         println!(
             "| {} | {:.2}M | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} |",
             setup.label(),
@@ -304,10 +329,11 @@ fn print_goals(a: &MemoryBenchArgs, cfg: &ModelConfig, results: &[(Setup, Outcom
         return;
     };
     let verdict = |ok: bool| if ok { "met" } else { "not met" };
+    let device = a.start_device().unwrap_or(Device::Cpu);
     let share = ckpt.peak_mib / full.peak_mib;
     let worst = results
         .iter()
-        .map(|(s, o)| (estimate(a, cfg, *s) / MIB / o.peak_mib - 1.0).abs())
+        .map(|(s, o)| (estimate(a, cfg, *s, device) / MIB / o.peak_mib - 1.0).abs())
         .fold(0.0, f64::max);
     let slowdown = ckpt.step_s / plain.step_s;
     println!();
@@ -331,7 +357,14 @@ fn print_goals(a: &MemoryBenchArgs, cfg: &ModelConfig, results: &[(Setup, Outcom
 fn in_child(a: &MemoryBenchArgs, setup: Setup) -> Result<Outcome> {
     let exe = std::env::current_exe().context("locating the skein binary")?;
     let mut cmd = Command::new(exe);
-    cmd.args(["bench", "memory", "--only", setup.flag()]);
+    cmd.args([
+        "bench",
+        "memory",
+        "--only",
+        setup.flag(),
+        "--device",
+        &a.device,
+    ]);
     match &a.model {
         Some(dir) => cmd.arg("--model").arg(dir),
         None => cmd.args(["--shape", a.shape.name()]),
@@ -384,12 +417,12 @@ fn rows(a: &MemoryBenchArgs, vocab: usize) -> Vec<TrainRow> {
 /// One setup, in this process: resident memory once libtorch is up, then the model, a
 /// warm-up step and the timed steps, then the peak.
 fn measure(a: &MemoryBenchArgs, setup: Setup) -> Result<Outcome> {
-    crate::trainer::config::start_device("cpu", a.threads)?;
-    // libtorch sets itself up on the first operation.
-    let _ = tch::Tensor::zeros([1], (tch::Kind::Float, Device::Cpu)).sum(tch::Kind::Float);
-    let start_mib = proc_status_mib("VmRSS").context("reading /proc/self/status")?;
+    let device = a.start_device()?;
+    // libtorch (and CUDA) set themselves up on the first operation.
+    let _ = tch::Tensor::zeros([1], (tch::Kind::Float, device)).sum(tch::Kind::Float);
+    let start_mib = in_use_mib(device)?;
     let (_, cfg) = a.model_config()?;
-    let policy = Model::random_with(&cfg, &setup.options(), Device::Cpu, 0)?;
+    let policy = Model::random_with(&cfg, &setup.options(), device, 0)?;
     let rows = rows(a, cfg.vocab_size);
     let update = UpdateConfig {
         loss: LossConfig::default(),
@@ -424,9 +457,35 @@ fn measure(a: &MemoryBenchArgs, setup: Setup) -> Result<Outcome> {
             .map(|(_, t)| t.numel())
             .sum(),
         start_mib,
-        peak_mib: proc_status_mib("VmHWM").context("reading /proc/self/status")?,
+        peak_mib: peak_mib(device)?,
         step_s: times[times.len() / 2],
     })
+}
+
+/// Memory in use now: this process's resident memory, or the GPU's memory in use.
+fn in_use_mib(device: Device) -> Result<f64> {
+    match device {
+        Device::Cuda(n) => gpu_mib(n),
+        _ => proc_status_mib("VmRSS").context("reading /proc/self/status"),
+    }
+}
+
+/// The peak so far: this process's peak resident memory, or the GPU's memory in use (the
+/// caching allocator keeps its peak reservation; the work is waited for first).
+fn peak_mib(device: Device) -> Result<f64> {
+    match device {
+        Device::Cuda(n) => {
+            tch::Cuda::synchronize(n as i64);
+            gpu_mib(n)
+        }
+        _ => proc_status_mib("VmHWM").context("reading /proc/self/status"),
+    }
+}
+
+fn gpu_mib(n: usize) -> Result<f64> {
+    crate::gpu_memory::used_bytes(n)
+        .map(|b| b as f64 / MIB)
+        .map_err(|e| anyhow::anyhow!(e))
 }
 
 /// A `kB` field of /proc/self/status (`VmRSS`, `VmHWM`), in MiB.
