@@ -342,6 +342,7 @@ mod tests {
                 loss_mask: vec![1],
                 logprobs: vec![0.0],
                 versions: vec![0],
+                kept: Default::default(),
                 reward: None,
                 state: None,
             }],
@@ -357,6 +358,7 @@ mod tests {
             loss_mask: vec![1],
             logprobs: vec![0.0],
             versions: vec![0],
+            kept: Default::default(),
             reward,
             state,
         }

@@ -28,6 +28,11 @@ pub struct Transition {
     pub logprobs: Vec<f32>,
     /// Policy version that sampled each response token.
     pub versions: Vec<u64>,
+    /// What the sampler's top-k/top-p truncation kept for each response token, when it
+    /// truncated (empty otherwise): the behavior log-prob is of that renormalised
+    /// distribution, and the trainer computes π under the same sets.
+    #[serde(default, skip_serializing_if = "KeptSets::is_empty")]
+    pub kept: KeptSets,
     /// Optional per-transition reward.
     pub reward: Option<f64>,
     /// The environment's state when the model wrote this turn, if the environment names one
@@ -48,6 +53,12 @@ impl Transition {
                 self.versions.len()
             ));
         }
+        if !self.kept.is_empty() && self.kept.len() != n {
+            return err(format!(
+                "response has {n} tokens but kept sets for {}",
+                self.kept.len()
+            ));
+        }
         if self.prompt.is_empty() {
             return err("a transition needs at least one prompt token");
         }
@@ -59,6 +70,67 @@ impl Transition {
 
     pub fn loss_tokens(&self) -> usize {
         self.loss_mask.iter().filter(|&&m| m != 0).count()
+    }
+}
+
+/// Per token, the ids a truncated sampler (top-k, top-p) kept: the support of the distribution
+/// the token was drawn from, recorded exactly, so the trainer's renormalised log-prob is over
+/// the very same set at ties and boundaries. Packed: `ends[k]` is where token k's ids end in
+/// `ids`. Empty (no token) when the sampler did not truncate; a token with no ids (inserted
+/// text) has the whole vocabulary. Costs 4 bytes per token plus 4 per kept id.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct KeptSets {
+    pub ends: Vec<u32>,
+    pub ids: Vec<u32>,
+}
+
+impl KeptSets {
+    /// Whether there is no set at all (the sampler did not truncate).
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// Tokens with a set (or, for inserted tokens, none).
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// Token k's kept ids; empty for the whole vocabulary (or no record).
+    pub fn get(&self, k: usize) -> &[u32] {
+        let Some(&end) = self.ends.get(k) else {
+            return &[];
+        };
+        let start = if k == 0 { 0 } else { self.ends[k - 1] };
+        &self.ids[start as usize..end as usize]
+    }
+
+    /// Appends one token's set (empty: the whole vocabulary).
+    pub fn push(&mut self, ids: &[u32]) {
+        self.ids.extend_from_slice(ids);
+        self.ends.push(self.ids.len() as u32);
+    }
+
+    /// Appends `n` tokens with the whole vocabulary (inserted text).
+    pub fn push_whole(&mut self, n: usize) {
+        let end = self.ids.len() as u32;
+        self.ends.extend(std::iter::repeat_n(end, n));
+    }
+
+    /// Appends the sets of `tokens` more tokens, `other` (none recorded when it is empty),
+    /// to these sets of a sequence of `covered` tokens so far: tokens this has no set for yet
+    /// get the whole vocabulary. Nothing is recorded while neither side truncated.
+    pub fn extend(&mut self, covered: usize, other: &KeptSets, tokens: usize) {
+        if other.is_empty() && self.is_empty() {
+            return;
+        }
+        self.push_whole(covered.saturating_sub(self.len()));
+        if other.is_empty() {
+            self.push_whole(tokens);
+        } else {
+            for k in 0..other.len() {
+                self.push(other.get(k));
+            }
+        }
     }
 }
 

@@ -58,7 +58,7 @@ pub use advantage::{
     compute_advantages, gae, rewards_all_equal, turn_returns, turn_rewards, AdvantageConfig,
     AdvantageResult, Credit, Estimator, StepGroups,
 };
-pub use data::{reward_in_range, Status, Trajectory, Transition, MAX_REWARD};
+pub use data::{reward_in_range, KeptSets, Status, Trajectory, Transition, MAX_REWARD};
 pub use error::PlanError;
 pub use loss::{rank_contribution, row_token_weight, LossAggMode, RowLoss};
 pub use metrics::{

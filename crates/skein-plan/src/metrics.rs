@@ -151,6 +151,7 @@ mod tests {
                 loss_mask: vec![1; response],
                 logprobs: vec![0.0; response],
                 versions: vec![0; response],
+                kept: Default::default(),
                 reward: None,
                 state: None,
             }],

@@ -1,7 +1,7 @@
 //! Rows: what a rank trains on. One transition each, or a whole trajectory merged into one
 //! sequence when every turn's prompt extends the previous context token for token.
 
-use crate::data::Trajectory;
+use crate::data::{KeptSets, Trajectory};
 use crate::error::{err, PlanError};
 use crate::padding::PaddingId;
 use std::ops::Range;
@@ -46,6 +46,8 @@ pub struct Row {
     pub loss_mask: Vec<u8>,
     pub logprobs: Vec<f32>,
     pub versions: Vec<u64>,
+    /// Per response token, what a truncated sampler kept (empty: it did not truncate).
+    pub kept: KeptSets,
     /// Per response token: the advantage of the turn that sampled it (the trajectory's, unless
     /// credit is per turn); 0 on inserted tokens.
     pub advantages: Vec<f64>,
@@ -80,6 +82,7 @@ impl Row {
             loss_mask: vec![0],
             logprobs: vec![0.0],
             versions: vec![0],
+            kept: KeptSets::default(),
             advantages: vec![0.0],
             turn_spans: Vec::new(),
             padding: Some(id),
@@ -156,6 +159,7 @@ pub fn build_turn_rows(
                         loss_mask: tr.loss_mask.clone(),
                         logprobs: tr.logprobs.clone(),
                         versions: tr.versions.clone(),
+                        kept: tr.kept.clone(),
                         advantages: on_sampled(&tr.loss_mask, turns[k]),
                         turn_spans: std::iter::once(0..tr.response.len()).collect(),
                         padding: None,
@@ -198,6 +202,8 @@ fn merge(t: &Trajectory, ti: usize, group: usize, turns: &[f64]) -> Result<Row, 
     let (mut response, mut mask, mut logprobs, mut versions, mut advantages) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut turn_spans = Vec::with_capacity(t.transitions.len());
+    // Kept sets only where a turn has them: inserted tokens then get the whole vocabulary.
+    let mut kept = KeptSets::default();
     for (k, tr) in t.transitions.iter().enumerate() {
         if !tr.prompt.starts_with(&context) {
             return err(format!(
@@ -213,6 +219,7 @@ fn merge(t: &Trajectory, ti: usize, group: usize, turns: &[f64]) -> Result<Row, 
         advantages.extend(std::iter::repeat_n(0.0, inserted.len()));
         advantages.extend(on_sampled(&tr.loss_mask, turns[k]));
         turn_spans.push(response.len()..response.len() + tr.response.len());
+        kept.extend(response.len(), &tr.kept, tr.response.len());
         response.extend_from_slice(&tr.response);
         mask.extend_from_slice(&tr.loss_mask);
         logprobs.extend_from_slice(&tr.logprobs);
@@ -235,6 +242,7 @@ fn merge(t: &Trajectory, ti: usize, group: usize, turns: &[f64]) -> Result<Row, 
         loss_mask: mask,
         logprobs,
         versions,
+        kept,
         advantages,
         turn_spans,
         padding: None,
@@ -254,9 +262,43 @@ mod tests {
             loss_mask: vec![1; n],
             logprobs: vec![-1.0; n],
             versions: vec![3; n],
+            kept: Default::default(),
             reward: None,
             state: None,
         }
+    }
+
+    /// A merged row carries each turn's kept sets at its sampled tokens and the whole
+    /// vocabulary (no ids) at the inserted ones; a trajectory sampled without truncation
+    /// has none at all.
+    #[test]
+    fn merging_places_each_turns_kept_sets_at_its_tokens() {
+        let mut first = tr(vec![1, 2], vec![3, 4]);
+        first.kept.push(&[3, 8]);
+        first.kept.push(&[4]);
+        let mut second = tr(vec![1, 2, 3, 4, 9, 9], vec![5]);
+        second.kept.push(&[5, 6, 7]);
+        let t = Trajectory {
+            id: "t".into(),
+            group: "g".into(),
+            transitions: vec![first, second],
+            reward: 1.0,
+            status: Status::Finished,
+        };
+        let rows = build_rows(std::slice::from_ref(&t), &[Some(0.5)], RowMode::Trajectory).unwrap();
+        let kept = &rows[0].kept;
+        assert_eq!(kept.len(), 5);
+        let sets: Vec<&[u32]> = (0..5).map(|k| kept.get(k)).collect();
+        assert_eq!(sets, [&[3, 8][..], &[4], &[], &[], &[5, 6, 7]]);
+        let per_turn =
+            build_rows(std::slice::from_ref(&t), &[Some(0.5)], RowMode::Transition).unwrap();
+        assert_eq!(per_turn[1].kept.get(0), &[5, 6, 7]);
+        let mut plain = t.clone();
+        for tr in &mut plain.transitions {
+            tr.kept = KeptSets::default();
+        }
+        let rows = build_rows(&[plain], &[Some(0.5)], RowMode::Trajectory).unwrap();
+        assert!(rows[0].kept.is_empty());
     }
 
     #[test]

@@ -233,6 +233,7 @@ mod tests {
             loss_mask: mask,
             logprobs: vec![0.0; n],
             versions: vec![0; n],
+            kept: Default::default(),
             reward,
             state: None,
         }

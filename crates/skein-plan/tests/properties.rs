@@ -331,6 +331,7 @@ fn arb_trajectories() -> impl Strategy<Value = Vec<Trajectory>> {
                         loss_mask: mask,
                         logprobs: vec![-0.5; response],
                         versions: vec![k as u64; response],
+                        kept: Default::default(),
                         reward: own.map(|r| r as f64 * 0.5),
                         state: state.map(|s| format!("turn {k}, state {s}")),
                     });

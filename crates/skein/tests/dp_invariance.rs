@@ -87,6 +87,7 @@ fn trajectories() -> Vec<Trajectory> {
                     loss_mask,
                     logprobs: (0..n).map(|k| -1.0 - 0.1 * k as f32).collect(),
                     versions: vec![0; n],
+                    kept: Default::default(),
                     reward: None,
                     state: None,
                 });

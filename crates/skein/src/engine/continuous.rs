@@ -1,8 +1,9 @@
 //! Continuous-batching generation: a fixed pool of KV-cache slots; requests join as soon as a
 //! slot is free and leave the moment they finish, so no step waits for the longest sequence.
 
-use super::sampling::{sample, SamplingParams};
+use super::sampling::{kept_ids, sample, SamplingParams};
 use crate::model::{AttnMode, KvCache, Model};
+use skein_plan::KeptSets;
 use std::collections::VecDeque;
 use tch::{Kind, Tensor};
 
@@ -50,6 +51,8 @@ pub struct GenOutput {
     pub logprobs: Vec<f32>,
     /// Policy version that sampled each token.
     pub versions: Vec<u64>,
+    /// What top-k/top-p kept for each token (empty when sampling does not truncate).
+    pub kept: KeptSets,
     pub finish: Finish,
 }
 
@@ -61,6 +64,7 @@ impl GenOutput {
             tokens: Vec::new(),
             logprobs: Vec::new(),
             versions: Vec::new(),
+            kept: KeptSets::default(),
             finish,
         }
     }
@@ -446,11 +450,12 @@ impl Engine {
         for (params, rows) in groups {
             let idx = Tensor::from_slice(&rows.iter().map(|&r| r as i64).collect::<Vec<_>>())
                 .to_device(device);
-            let (tokens, logprobs) = sample(&logits.index_select(0, &idx), &params);
+            let drawn = sample(&logits.index_select(0, &idx), &params);
             let tokens =
-                Vec::<i64>::try_from(&tokens.to_device(tch::Device::Cpu)).unwrap_or_default();
-            let logprobs =
-                Vec::<f32>::try_from(&logprobs.to_device(tch::Device::Cpu)).unwrap_or_default();
+                Vec::<i64>::try_from(&drawn.tokens.to_device(tch::Device::Cpu)).unwrap_or_default();
+            let logprobs = Vec::<f32>::try_from(&drawn.logprobs.to_device(tch::Device::Cpu))
+                .unwrap_or_default();
+            let mut kept = drawn.kept.as_ref().map(kept_ids).map(Vec::into_iter);
             for ((&row, tok), lp) in rows.iter().zip(tokens).zip(logprobs) {
                 let slot = slots[row];
                 let r = running[slot].as_mut().expect("slot is running");
@@ -458,6 +463,9 @@ impl Engine {
                 r.out.tokens.push(tok);
                 r.out.logprobs.push(lp);
                 r.out.versions.push(version);
+                if let Some(ids) = kept.as_mut().and_then(Iterator::next) {
+                    r.out.kept.push(&ids);
+                }
                 r.last = tok;
                 r.next_pos += 1;
                 let total = r.req.resumed.len() + r.out.tokens.len();

@@ -147,6 +147,9 @@ impl RemoteEngine {
             tokens: exact.completion_token_ids,
             logprobs: exact.logprobs,
             versions: vec![version; n],
+            // A remote server samples without recording a kept set: training refuses
+            // top-k/top-p with it.
+            kept: skein_plan::KeptSets::default(),
             finish,
         })
     }

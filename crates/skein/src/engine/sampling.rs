@@ -8,9 +8,12 @@ use tch::{Kind, Tensor};
 pub struct SamplingParams {
     /// 0 means greedy.
     pub temperature: f64,
-    /// 1.0 disables nucleus filtering.
+    /// Nucleus sampling: the smallest head of the distribution holding this much mass; 1.0
+    /// disables it. In training the engine records the ids it kept and the trainer computes
+    /// π over them (docs/sampling.md), so the sample stays on-policy.
     pub top_p: f64,
-    /// 0 disables top-k filtering.
+    /// Top-k sampling: the k most likely tokens (ties at the cut included); 0 disables it.
+    /// Recorded and trained on as `top_p` is.
     pub top_k: usize,
     pub max_new_tokens: usize,
     pub stop_token_ids: Vec<u32>,
@@ -28,49 +31,92 @@ impl Default for SamplingParams {
     }
 }
 
-/// Samples one token per row of `logits` [A, vocab]. Returns (tokens [A], log-probs [A]).
+/// One sampling step's draws, one per row of the logits.
+pub struct Sampled {
+    pub tokens: Tensor,
+    /// Each token's log-prob under the distribution it was drawn from.
+    pub logprobs: Tensor,
+    /// [A, vocab] bool: what top-k/top-p kept, when either truncated (None otherwise).
+    pub kept: Option<Tensor>,
+}
+
+/// Samples one token per row of `logits` [A, vocab].
 ///
-/// The log-prob recorded is that of the temperature-scaled distribution before top-k/top-p
-/// truncation: the same quantity the trainer recomputes (it divides logits by the same
-/// temperature), so the importance ratio of an unchanged policy is exactly 1. Truncated
-/// samples would not be drawn from that distribution, so training refuses top-k/top-p
-/// (`rollout.sampling`, and requests in a `skein serve` rollout); they are for serving.
+/// The log-prob recorded is that of the temperature-scaled distribution the token was drawn
+/// from: the whole one, or with top-k/top-p the truncated one, renormalised over the kept
+/// tokens, which are returned so the trainer can compute π over the same set. Top-k keeps
+/// every token whose scaled logit is at least the k-th largest (ties at the cut all stay);
+/// top-p then keeps, in descending order, each token while the mass before it is below
+/// `top_p` (among tokens tied at the boundary, the sort's order decides, which is why the set
+/// is recorded as ids rather than as a threshold to recompute). The trainer divides its logits
+/// by the same temperature and masks the same ids, so the importance ratio of an unchanged
+/// policy is 1 to round-off either way.
 ///
 /// Non-finite logits (a diverged policy) are mapped to finite ones first, so sampling still
 /// returns tokens: the update then sees the non-finite loss and skips it, counted, instead of
 /// the sampler aborting the run.
-pub fn sample(logits: &Tensor, p: &SamplingParams) -> (Tensor, Tensor) {
+pub fn sample(logits: &Tensor, p: &SamplingParams) -> Sampled {
     let logits = logits.to_kind(Kind::Float).nan_to_num(0.0, None, None);
     if p.temperature <= 0.0 {
         let logp = logits.log_softmax(-1, Kind::Float);
         let tokens = logits.argmax(-1, false);
-        let chosen = logp.gather(1, &tokens.unsqueeze(1), false).squeeze_dim(1);
-        return (tokens, chosen);
+        let logprobs = logp.gather(1, &tokens.unsqueeze(1), false).squeeze_dim(1);
+        return Sampled {
+            tokens,
+            logprobs,
+            kept: None,
+        };
     }
     let scaled = logits / p.temperature;
-    let logp = scaled.log_softmax(-1, Kind::Float);
-    let mut filtered = scaled;
-    let vocab = filtered.size()[1];
+    let vocab = scaled.size()[1];
+    let mut dropped: Option<Tensor> = None;
     if p.top_k > 0 && (p.top_k as i64) < vocab {
-        let (top, _) = filtered.topk(p.top_k as i64, -1, true, true);
+        let (top, _) = scaled.topk(p.top_k as i64, -1, true, true);
         let threshold = top.narrow(1, p.top_k as i64 - 1, 1);
-        filtered = filtered.masked_fill(&filtered.lt_tensor(&threshold), f64::NEG_INFINITY);
+        dropped = Some(scaled.lt_tensor(&threshold));
     }
     if p.top_p < 1.0 {
-        let (sorted, order) = filtered.sort(-1, true);
+        let after_k = match &dropped {
+            Some(d) => scaled.masked_fill(d, f64::NEG_INFINITY),
+            None => scaled.shallow_clone(),
+        };
+        let (sorted, order) = after_k.sort(-1, true);
         let probs = sorted.softmax(-1, Kind::Float);
         // Drop a token when the mass strictly before it already reaches top_p.
         let before = probs.cumsum(-1, Kind::Float) - &probs;
         let drop_sorted = before.ge(p.top_p);
         let drop = drop_sorted.scatter(1, &order, &drop_sorted);
-        filtered = filtered.masked_fill(&drop, f64::NEG_INFINITY);
+        dropped = Some(match dropped {
+            Some(d) => d.logical_or(&drop),
+            None => drop,
+        });
     }
-    let tokens = filtered
-        .softmax(-1, Kind::Float)
-        .multinomial(1, true)
-        .squeeze_dim(1);
-    let chosen = logp.gather(1, &tokens.unsqueeze(1), false).squeeze_dim(1);
-    (tokens, chosen)
+    let logp = match &dropped {
+        Some(d) => scaled.masked_fill(d, f64::NEG_INFINITY),
+        None => scaled,
+    }
+    .log_softmax(-1, Kind::Float);
+    let tokens = logp.exp().multinomial(1, true).squeeze_dim(1);
+    let logprobs = logp.gather(1, &tokens.unsqueeze(1), false).squeeze_dim(1);
+    Sampled {
+        tokens,
+        logprobs,
+        kept: dropped.map(|d| d.logical_not()),
+    }
+}
+
+/// The kept ids of each row of a [A, vocab] kept mask, row by row (one device-to-host copy of
+/// the kept pairs, not of the mask).
+pub fn kept_ids(kept: &Tensor) -> Vec<Vec<u32>> {
+    let rows = kept.size()[0] as usize;
+    let pairs = Vec::<i64>::try_from(kept.nonzero().to_device(tch::Device::Cpu).reshape([-1]))
+        .unwrap_or_default();
+    let mut out = vec![Vec::new(); rows];
+    // nonzero lists (row, id) pairs in row-major order.
+    for pair in pairs.chunks_exact(2) {
+        out[pair[0] as usize].push(pair[1] as u32);
+    }
+    out
 }
 
 #[cfg(test)]
@@ -84,7 +130,8 @@ mod tests {
             temperature: 0.0,
             ..Default::default()
         };
-        let (tok, lp) = sample(&logits, &params);
+        let out = sample(&logits, &params);
+        let (tok, lp) = (out.tokens, out.logprobs);
         assert_eq!(Vec::<i64>::try_from(&tok).unwrap(), vec![1, 0]);
         let expected = 2.0 - (1f64.exp() + 2f64.exp() + 1.0).ln();
         assert!((lp.double_value(&[0]) - expected).abs() < 1e-5);
@@ -100,17 +147,54 @@ mod tests {
             top_k: 1,
             ..Default::default()
         };
-        let (tok, _) = sample(&logits, &k1);
+        let tok = sample(&logits, &k1).tokens;
         assert!(Vec::<i64>::try_from(&tok).unwrap().iter().all(|&t| t == 1));
         // The two top tokens hold ~85% of the mass: top_p 0.5 keeps only them.
         let p = SamplingParams {
             top_p: 0.5,
             ..Default::default()
         };
-        let (tok, _) = sample(&logits, &p);
+        let tok = sample(&logits, &p).tokens;
         assert!(Vec::<i64>::try_from(&tok)
             .unwrap()
             .iter()
             .all(|&t| t == 1 || t == 3));
+    }
+
+    /// With truncation the recorded log-prob is of the renormalised distribution over the kept
+    /// set, and the set is returned: top-k keeps every token tied at its cut; top-p keeps, of
+    /// tokens tied at its boundary, those the sort put first, and exactly as many as the mass
+    /// rule allows.
+    #[test]
+    fn truncation_records_its_kept_set_and_renormalised_logprobs() {
+        tch::manual_seed(1);
+        // Top-k 2 of [3, 3, 3, 1]: the three tied at the top stay, each 1/3.
+        let logits = Tensor::from_slice(&[3.0f32, 3.0, 3.0, 1.0]).view([1, 4]);
+        let k2 = SamplingParams {
+            top_k: 2,
+            ..Default::default()
+        };
+        let out = sample(&logits, &k2);
+        assert_eq!(kept_ids(out.kept.as_ref().unwrap()), vec![vec![0, 1, 2]]);
+        assert!((out.logprobs.double_value(&[0]) - (1.0f64 / 3.0).ln()).abs() < 1e-6);
+        // Top-p 0.5 over 16 equal logits: 8 kept (the mass before the 9th reaches 0.5).
+        let flat = Tensor::zeros([3, 16], (Kind::Float, tch::Device::Cpu));
+        let p = SamplingParams {
+            top_p: 0.5,
+            ..Default::default()
+        };
+        let out = sample(&flat, &p);
+        let kept = kept_ids(out.kept.as_ref().unwrap());
+        let tokens = Vec::<i64>::try_from(&out.tokens).unwrap();
+        for (set, tok) in kept.iter().zip(tokens) {
+            assert_eq!(set.len(), 8, "{set:?}");
+            assert!(set.contains(&(tok as u32)));
+        }
+        for lp in Vec::<f32>::try_from(&out.logprobs).unwrap() {
+            assert!((lp as f64 - (1.0f64 / 8.0).ln()).abs() < 1e-6, "{lp}");
+        }
+        // No truncation: nothing recorded, the whole distribution's log-prob.
+        let out = sample(&logits, &SamplingParams::default());
+        assert!(out.kept.is_none());
     }
 }

@@ -307,6 +307,7 @@ mod tests {
             loss_mask: vec![1; n],
             logprobs: vec![0.0; n],
             versions: vec![0; n],
+            kept: Default::default(),
             reward: None,
             state: None,
         }

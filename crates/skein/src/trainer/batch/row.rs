@@ -34,6 +34,9 @@ pub struct TrainRow {
     /// The loss's aggregation weight of each of the row's loss tokens (global counts
     /// included; 0 for padding rows).
     pub loss_weight: f64,
+    /// Per response token, the ids a truncated sampler (top-k/top-p) kept; empty when it did
+    /// not truncate. The trainer's log-probs are over the same sets, renormalised.
+    pub kept: skein_plan::KeptSets,
 }
 
 impl TrainRow {
@@ -63,6 +66,7 @@ impl TrainRow {
             behavior_logp: r.logprobs.clone(),
             advantages: r.advantages.iter().map(|&a| a as f32).collect(),
             versions: r.versions.clone(),
+            kept: r.kept.clone(),
             loss_weight: 0.0,
             ..Default::default()
         }

@@ -247,26 +247,31 @@ fn validate_rollout(cfg: &TrainConfig, v: &mut Validator) {
              greedy is for `skein eval` (its default with --n 1) and `skein serve`",
             s.temperature,
         )
-        // The trainer's π and π_old are the whole temperature-scaled distribution, and so is
-        // the behaviour log-prob the engine records: sampling from a truncated one would make
-        // every ratio wrong, with nothing to correct it.
         .check(
-            s.top_p == 1.0,
+            s.top_p > 0.0 && s.top_p <= 1.0,
             "rollout.sampling.top_p",
-            "must be 1 in training: nucleus sampling would draw from a truncated distribution \
-             while the importance ratio uses the whole one (off-policy, uncorrected); top_p is \
-             for `skein serve` requests outside a rollout",
+            "must be in (0, 1] (1: no nucleus truncation)",
             s.top_p,
         )
-        .check(
-            s.top_k == 0,
-            "rollout.sampling.top_k",
-            "must be 0 in training: top-k sampling would draw from a truncated distribution \
-             while the importance ratio uses the whole one (off-policy, uncorrected); top_k is \
-             for `skein serve` requests outside a rollout",
-            s.top_k,
-        )
         .at_least("rollout.sampling.max_new_tokens", s.max_new_tokens, 1);
+    // Truncated sampling stays on-policy only where the engine records what it kept and the
+    // trainer computes π over the same ids: skein's own engine running its own episodes. A
+    // remote engine or an external agent's server returns tokens without their kept sets.
+    let records_kept = r.engine == EngineKind::Local && cfg.agent.kind != AgentKind::External;
+    for (key, truncates, value) in [
+        ("rollout.sampling.top_p", s.top_p < 1.0, s.top_p.to_string()),
+        ("rollout.sampling.top_k", s.top_k > 0, s.top_k.to_string()),
+    ] {
+        v.check(
+            records_kept || !truncates,
+            key,
+            "truncates the sampling distribution, which stays on-policy only with skein's own \
+             engine and agents (they record the ids kept, and the trainer computes π over \
+             them); with `rollout.engine = \"remote\"` or `agent.kind = \"external\"` leave it \
+             at its default (top_p 1, top_k 0)",
+            value,
+        );
+    }
     let p = &r.partial;
     if p.enabled {
         // A version step of one training step: a sample paused now resumes that much later.
@@ -1027,14 +1032,25 @@ mod tests {
     }
 
     #[test]
-    fn truncated_sampling_is_refused_for_training() {
+    fn truncated_sampling_trains_only_where_the_kept_sets_are_recorded() {
         for (set, key) in [
             ("rollout.sampling.top_p=0.9", "`rollout.sampling.top_p`"),
             ("rollout.sampling.top_k=5", "`rollout.sampling.top_k`"),
         ] {
-            let e = validate(&load(&[set]).unwrap()).unwrap_err().to_string();
-            assert!(e.contains(key) && e.contains("off-policy"), "{e}");
+            let cfg = load(&[set]).unwrap();
+            assert!(validate(&cfg).is_ok(), "{set}: {:?}", validate(&cfg));
+            let mut cfg = cfg;
+            cfg.rollout.engine = EngineKind::Remote;
+            let e = validate(&cfg).unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains("remote"), "{e}");
         }
+        let e = validate(&load(&["rollout.sampling.top_p=0.0"]).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`rollout.sampling.top_p`") && e.contains("(0, 1]"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -238,9 +238,16 @@ mod tests {
 
     /// Rows of `policy`'s own samples (version 5), as the engine recorded them.
     fn sampled_rows(policy: &Model) -> Vec<TrainRow> {
+        sampled_rows_with(policy, 1.0, 0)
+    }
+
+    /// [`sampled_rows`] sampled with `top_p` and `top_k`, kept sets recorded.
+    fn sampled_rows_with(policy: &Model, top_p: f64, top_k: usize) -> Vec<TrainRow> {
         let params = SamplingParams {
             temperature: 1.0,
             max_new_tokens: 8,
+            top_p,
+            top_k,
             ..Default::default()
         };
         let requests = (0..6u64)
@@ -263,6 +270,7 @@ mod tests {
                 loss_mask: vec![1; n],
                 behavior_logp: out.logprobs.clone(),
                 versions: vec![5; n],
+                kept: out.kept.clone(),
                 loss_weight: 1.0,
                 ..Default::default()
             });
@@ -300,5 +308,36 @@ mod tests {
         assert!(other.mean > 1e-2, "{other:?}");
         // Tokens of an older version are the importance weights' business, not this check's.
         assert!(logp_mismatch(&other_weights, &rows, 6, &prepare).is_none());
+    }
+
+    /// Where every logit ties (a zero LM head), top-k keeps every token tied at its cut and
+    /// top-p keeps the first half of the sort's order, 20 ids of 40 at 0.5: no threshold on
+    /// the logits can tell those ids from the others. The recorded ids can, and the trainer's
+    /// log-probs over them equal the engine's, ln(1/20), where a threshold would give ln(1/40).
+    #[test]
+    fn kept_sets_at_ties_give_the_engines_logprobs() {
+        let mut cfg = ModelConfig::tiny_qwen2(40, 32, 2, 4, 2, 64, 64);
+        cfg.tie_word_embeddings = false;
+        let policy = Model::random(&cfg, Device::Cpu, 7).unwrap();
+        let mut head = policy.vs.variables()["lm_head.weight"].shallow_clone();
+        let _ = tch::no_grad(|| head.fill_(0.0));
+        for (top_p, top_k, kept) in [(1.0, 5, 40.0), (0.5, 0, 20.0), (0.5, 12, 20.0)] {
+            let mut rows = sampled_rows_with(&policy, top_p, top_k);
+            let needs_old = vec![true; rows.len()];
+            let batching = Batching {
+                micro_batch_tokens: 4096,
+                packing: true,
+                shared_prefix: true,
+            };
+            recompute_logprobs(&policy, None, &mut rows, &needs_old, &batching, 1.0);
+            for row in &rows {
+                for k in 0..row.loss_mask.len() {
+                    assert_eq!(row.kept.get(k).len() as f64, kept);
+                    let want = -(kept as f32).ln();
+                    assert!((row.behavior_logp[k] - want).abs() < 1e-6);
+                    assert!((row.old_logp[k] - want).abs() < 1e-6, "{}", row.old_logp[k]);
+                }
+            }
+        }
     }
 }

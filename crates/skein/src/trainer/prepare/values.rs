@@ -199,6 +199,7 @@ mod tests {
             loss_mask: vec![1; response.len()],
             logprobs: vec![0.0; response.len()],
             versions: vec![0; response.len()],
+            kept: Default::default(),
             prompt,
             response,
             reward,

@@ -340,6 +340,8 @@ impl GroupBuffer {
                 Sample::Paused(p) => p,
                 _ => Sampled::default(),
             };
+            part.kept
+                .extend(part.tokens.len(), &out.kept, out.tokens.len());
             part.tokens.extend(out.tokens);
             part.logprobs.extend(out.logprobs);
             part.versions.extend(out.versions);

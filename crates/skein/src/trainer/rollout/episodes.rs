@@ -524,6 +524,7 @@ impl AgentContext<'_> {
             loss_mask: vec![1; n],
             logprobs: out.logprobs,
             versions: out.versions,
+            kept: out.kept,
             reward: None,
             state,
         });
@@ -993,32 +994,88 @@ mod tests {
     /// log-probs of the sampled tokens equal the engine's behavior log-probs.
     #[test]
     fn merged_rows_recompute_the_behavior_logprobs() {
-        use crate::trainer::batch::{build_step_batch, StepBatchConfig};
         let task = agent_task_by_name("guess", 1).unwrap().unwrap();
         let tokenizer = Tokenizer::char_level(task.alphabet()).unwrap();
-        let (params, limits) = (params(&tokenizer), limits());
+        let params = params(&tokenizer);
+        let policy = model(&tokenizer);
+        let mut batch = plain_episode_rows(task.as_ref(), &tokenizer, &params, &policy);
+        assert_eq!(batch.real_rows, 16, "one merged row per episode");
+        recomputed_logprobs_are_the_behavior_ones(&policy, &mut batch.rows, params.temperature);
+    }
+
+    /// The step batch of 16 plain-text episodes of `task` sampled by `policy` with `params`.
+    fn plain_episode_rows(
+        task: &dyn AgentTask,
+        tokenizer: &Tokenizer,
+        params: &SamplingParams,
+        policy: &Model,
+    ) -> crate::trainer::batch::StepBatch {
+        use crate::trainer::batch::{build_step_batch, StepBatchConfig};
+        let limits = limits();
         let ctx = AgentContext {
-            task: task.as_ref(),
-            tokenizer: &tokenizer,
+            task,
+            tokenizer,
             format: &TurnFormat::Plain,
-            params: &params,
+            params,
             limits: &limits,
         };
-        let policy = model(&tokenizer);
         let r = ctx.run(
             &Generator::Local(Engine::new(16)),
-            &policy,
+            policy,
             0,
             &runtime(),
-            specs(task.as_ref(), 16),
+            specs(task, 16),
         );
         let trajectories: Vec<Trajectory> = r.episodes.into_iter().map(|e| e.trajectory).collect();
         let mut cfg = crate::trainer::TrainConfig::default();
         cfg.algorithm.normalize_std = false;
         let batch_cfg = StepBatchConfig::from_config(&cfg, 8);
-        let mut batch = build_step_batch(&trajectories, &batch_cfg, 1).unwrap();
-        assert_eq!(batch.real_rows, 16, "one merged row per episode");
-        recomputed_logprobs_are_the_behavior_ones(&policy, &mut batch.rows, params.temperature);
+        build_step_batch(&trajectories, &batch_cfg, 1).unwrap()
+    }
+
+    /// Sampling truncated by top-p or top-k stays on-policy: the engine records the ids it
+    /// kept, and the trainer's recomputed log-prob of every sampled token, over those ids
+    /// renormalised, equals the behavior one to round-off, in merged multi-turn rows (whose
+    /// inserted tokens have no set) padded, packed and with shared prompts. Without the sets
+    /// the recomputed log-probs are the whole distribution's, and differ: the check would fail
+    /// were the truncation ignored.
+    #[test]
+    fn truncated_sampling_recomputes_the_behavior_logprobs() {
+        use crate::trainer::config::Batching;
+        use crate::trainer::prepare::recompute_logprobs;
+        let task = agent_task_by_name("guess", 1).unwrap().unwrap();
+        let tokenizer = Tokenizer::char_level(task.alphabet()).unwrap();
+        let policy = model(&tokenizer);
+        for (top_p, top_k) in [(0.9, 0), (1.0, 5)] {
+            let params = SamplingParams {
+                top_p,
+                top_k,
+                ..params(&tokenizer)
+            };
+            let mut batch = plain_episode_rows(task.as_ref(), &tokenizer, &params, &policy);
+            assert!(batch.rows.iter().any(|r| !r.kept.is_empty()));
+            recomputed_logprobs_are_the_behavior_ones(&policy, &mut batch.rows, params.temperature);
+            // The whole distribution's log-probs of the same tokens are higher (a truncated
+            // set renormalises to more mass per kept token) on some tokens by far more than
+            // round-off.
+            for row in batch.rows.iter_mut() {
+                row.kept = Default::default();
+            }
+            let needs_old = vec![true; batch.rows.len()];
+            let batching = Batching::padded(4096);
+            recompute_logprobs(&policy, None, &mut batch.rows, &needs_old, &batching, 1.0);
+            let gap = batch
+                .rows
+                .iter()
+                .flat_map(|r| r.behavior_logp.iter().zip(&r.old_logp).zip(&r.loss_mask))
+                .filter(|(_, &m)| m == 1)
+                .map(|((b, o), _)| (b - o) as f64)
+                .fold(0.0, f64::max);
+            assert!(
+                gap > 0.01,
+                "top_p {top_p}, top_k {top_k}: largest gap {gap}"
+            );
+        }
     }
 
     /// Recomputes every row's log-probs padded, packed, and packed with shared prompts, and
@@ -1251,6 +1308,7 @@ mod tests {
                     id: req.id,
                     logprobs: (0..tokens.len()).map(|j| logprob(*k, j)).collect(),
                     versions: vec![7; tokens.len()],
+                    kept: Default::default(),
                     tokens,
                     finish: Finish::Stop,
                 };

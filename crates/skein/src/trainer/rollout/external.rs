@@ -210,6 +210,7 @@ pub fn trajectory(r: RecordedRollout) -> (Trajectory, bool) {
             response: c.completion_ids,
             logprobs: c.logprobs,
             versions: c.versions,
+            kept: Default::default(),
             reward: None,
             state: None,
         })

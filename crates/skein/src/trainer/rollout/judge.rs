@@ -11,7 +11,7 @@ use crate::engine::{EngineStats, Finish, GenRequest, Generator, SamplingParams};
 use crate::model::Model;
 use crate::trainer::config::CorrectBy;
 use serde::{Deserialize, Serialize};
-use skein_plan::{Status, Trajectory, Transition};
+use skein_plan::{KeptSets, Status, Trajectory, Transition};
 use skein_reward::Rewarder;
 use skein_tasks::{Problem, Task};
 use skein_text::Tokenizer;
@@ -99,6 +99,7 @@ pub fn answer_prompts(a: &Answering, batch: &PromptBatch, n: usize, tag: &str) -
             tokens: out.tokens,
             logprobs: out.logprobs,
             versions: out.versions,
+            kept: out.kept,
         };
         let correct = judged.correct;
         let trajectory = single_turn(
@@ -213,6 +214,9 @@ pub struct Sampled {
     pub tokens: Vec<u32>,
     pub logprobs: Vec<f32>,
     pub versions: Vec<u64>,
+    /// What top-k/top-p kept for each token (empty when sampling does not truncate).
+    #[serde(default, skip_serializing_if = "KeptSets::is_empty")]
+    pub kept: KeptSets,
 }
 
 /// A one-call trajectory whose every response token was sampled by the policy, with the
@@ -234,6 +238,7 @@ pub fn single_turn(
             loss_mask: vec![1; len],
             logprobs: sampled.logprobs,
             versions: sampled.versions,
+            kept: sampled.kept,
             reward: None,
             state: None,
         }],

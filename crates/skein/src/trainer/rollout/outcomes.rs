@@ -195,6 +195,7 @@ mod tests {
                 loss_mask: vec![1; len],
                 logprobs: vec![0.0; len],
                 versions: vec![0; len],
+                kept: Default::default(),
                 reward: None,
                 state: None,
             }],

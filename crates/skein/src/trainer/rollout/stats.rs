@@ -254,6 +254,9 @@ impl StepRollout {
             )]));
         }
         m.extend(self.outcome_metrics());
+        if let Some(kept) = self.kept_ids_mean() {
+            m.push(("sampling/kept_ids_mean".into(), kept.into()));
+        }
         if remote {
             m.push(("rollout/engine_failed".into(), self.engine.failed.into()));
         }
@@ -289,6 +292,19 @@ impl StepRollout {
 }
 
 impl StepRollout {
+    /// Under top-k/top-p sampling, the mean number of ids the truncation kept per sampled
+    /// token: how much of the vocabulary the policy was drawn from (None without truncation).
+    fn kept_ids_mean(&self) -> Option<f64> {
+        let (mut ids, mut tokens) = (0usize, 0usize);
+        for tr in self.trajectories.iter().flat_map(|t| &t.transitions) {
+            for k in (0..tr.kept.len()).filter(|&k| tr.loss_mask[k] != 0) {
+                ids += tr.kept.get(k).len();
+                tokens += 1;
+            }
+        }
+        (tokens > 0).then(|| ids as f64 / tokens as f64)
+    }
+
     /// Reward, accuracy and response lengths ([`Outcomes::metrics`]) and the share of groups
     /// with equal rewards: of what was drawn, and under dynamic sampling the kept groups'
     /// figures beside them (`kept/…`; their equal share is 0 by construction).
@@ -446,6 +462,7 @@ mod tests {
                 loss_mask: vec![1; response],
                 logprobs: vec![0.0; response],
                 versions: vec![0; response],
+                kept: Default::default(),
                 reward: None,
                 state: None,
             }],

@@ -19,6 +19,7 @@
 //!
 //! Every path computes the same numbers; `tests` hold them equal.
 
+use super::kept::KeptPositions;
 use super::tensors::MicroBatch;
 use crate::model::Transformer;
 use tch::{Kind, Tensor};
@@ -108,6 +109,7 @@ fn logprobs_in_chunks<'a>(
         targets,
         shape,
         chunk,
+        kept: mb.kept.as_ref().map(KeptPositions::shallow_clone),
     };
     let flat = hidden.reshape([-1, width]);
     let positions = at.targets.size()[0] as usize;
@@ -148,6 +150,8 @@ struct Positions {
     /// [lines, T].
     shape: Vec<i64>,
     chunk: usize,
+    /// The sampler's kept sets, where it truncated.
+    kept: Option<KeptPositions>,
 }
 
 impl Positions {
@@ -204,10 +208,26 @@ impl Positions {
         } else {
             logits
         };
+        // Where the sampler truncated, the distribution is over its kept ids, renormalised.
+        let allowed = self
+            .kept
+            .as_ref()
+            .and_then(|k| k.allowed(start, len, logits.size()[1]));
+        let logits = match &allowed {
+            Some(a) => logits.masked_fill(&a.logical_not(), f64::NEG_INFINITY),
+            None => logits,
+        };
         let logp_all = logits.log_softmax(-1, Kind::Float);
         let targets = self.targets.narrow(0, start, len).unsqueeze(1);
         let logp = logp_all.gather(1, &targets, false).squeeze_dim(1);
-        let of = |l: &Tensor| -(l.exp() * l).sum_dim_intlist(-1, false, Kind::Float);
+        // p·log p of a dropped id is 0 (not 0·−∞): its log-prob counts as 0 there.
+        let of = |l: &Tensor| {
+            let finite = match &allowed {
+                Some(a) => l.masked_fill(&a.logical_not(), 0.0),
+                None => l.shallow_clone(),
+            };
+            -(l.exp() * finite).sum_dim_intlist(-1, false, Kind::Float)
+        };
         let entropy = match entropy {
             Entropy::Skip => None,
             Entropy::Metric => Some(tch::no_grad(|| of(&logp_all.detach()))),

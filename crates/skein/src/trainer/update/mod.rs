@@ -7,14 +7,17 @@
 //! | file | job |
 //! | --- | --- |
 //! | `pack.rs` | where rows sit in a micro-batch: padded, packed, or sharing a prompt |
-//! | `tensors.rs` | rows → the tensors of a micro-batch; per-token log-probs |
-//! | `policy_loss.rs` | the clipped surrogate, KL and entropy terms per token |
+//! | `tensors.rs` | rows → the tensors of a micro-batch |
+//! | `head.rs` | per-token log-probs and entropies of the targets, the LM head in chunks |
+//! | `kept.rs` | a truncated sampler's kept ids, laid out for the head |
+//! | `policy_loss.rs` | each policy loss's term, KL and entropy terms per token |
 //! | `critic.rs` | the clipped value loss and the critic's update |
 //! | `optim.rs` | AdamW with clipping, schedules and non-finite skips |
 //! | `ranks/` | data-parallel ranks: threads or MPI processes, one optimizer, exact replicas |
 
 pub mod critic;
 pub mod head;
+pub mod kept;
 pub mod optim;
 pub mod pack;
 pub mod policy_loss;

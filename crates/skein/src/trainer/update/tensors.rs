@@ -6,6 +6,7 @@
 //! per-token tensor here is [lines, T], aligned with `input`, and `targets` holds the next
 //! tokens.
 
+use super::kept::KeptPositions;
 use super::pack::{attention_mask, input_len, LineAttention, MicroPlan};
 use crate::model::transformer::positions_like;
 use crate::model::{
@@ -102,6 +103,8 @@ pub struct MicroBatch {
     places: Vec<(usize, (usize, usize))>,
     /// Per row of the plan: its response tokens.
     response_lens: Vec<usize>,
+    /// What a truncated sampler kept at each response position, when a row has sets.
+    pub kept: Option<KeptPositions>,
     shape: [i64; 2],
     device: Device,
 }
@@ -176,12 +179,18 @@ impl MicroBatch {
             positions,
             attention,
             mask: Tensor::new(),
+            kept: None,
             places,
             response_lens,
             shape,
             device,
         };
         mb.mask = mb.response_tensor(rows, 0.0, |r, k| r.loss_mask[k] as f32);
+        let sets = mb.places.iter().flat_map(|&(i, _)| {
+            let r: &TrainRow = rows[i].borrow();
+            (0..r.loss_mask.len()).map(move |k| r.kept.get(k))
+        });
+        mb.kept = KeptPositions::new(sets, device);
         mb
     }
 

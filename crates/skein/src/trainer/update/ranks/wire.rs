@@ -4,6 +4,7 @@
 
 use crate::trainer::batch::TrainRow;
 use anyhow::{bail, Result};
+use skein_plan::KeptSets;
 
 pub fn encode_rows(rows: &[TrainRow]) -> Vec<u8> {
     let mut w = Writer::default();
@@ -30,6 +31,8 @@ pub fn encode_rows(rows: &[TrainRow]) -> Vec<u8> {
         w.u64(r.loss_weight.to_bits());
         w.bytes(&r.value_mask);
         w.u64(r.value_loss_weight.to_bits());
+        w.u32s(&r.kept.ends);
+        w.u32s(&r.kept.ids);
     }
     w.0
 }
@@ -52,6 +55,21 @@ pub fn decode_rows(bytes: &[u8]) -> Result<Vec<TrainRow>> {
         let loss_weight = f64::from_bits(r.u64()?);
         let value_mask = r.bytes()?.to_vec();
         let value_loss_weight = f64::from_bits(r.u64()?);
+        let kept = KeptSets {
+            ends: r.u32s()?,
+            ids: r.u32s()?,
+        };
+        if kept
+            .ends
+            .last()
+            .is_some_and(|&end| end as usize != kept.ids.len())
+        {
+            bail!(
+                "a row's kept sets end at id {:?} of {}",
+                kept.ends.last(),
+                kept.ids.len()
+            );
+        }
         rows.push(TrainRow {
             tokens,
             prompt_len,
@@ -67,6 +85,7 @@ pub fn decode_rows(bytes: &[u8]) -> Result<Vec<TrainRow>> {
             loss_weight,
             value_mask,
             value_loss_weight,
+            kept,
         });
     }
     if r.at != bytes.len() {
@@ -161,6 +180,10 @@ mod tests {
             loss_weight: 1.0 / 3.0,
             value_mask: vec![1, 0, 0],
             value_loss_weight: 0.1,
+            kept: KeptSets {
+                ends: vec![2, 2, 3],
+                ids: vec![seed, 4, 9],
+            },
         }
     }
 
