@@ -344,7 +344,16 @@ mod tests {
     /// The log-probs, entropies, loss and every parameter's gradient of one training forward
     /// with the head run `chunk` positions at a time.
     fn pass(model: &Model, chunk: usize, entropy: Entropy) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-        let rows = rows();
+        pass_over(model, &rows(), chunk, entropy)
+    }
+
+    /// [`pass`] over `rows`.
+    fn pass_over(
+        model: &Model,
+        rows: &[TrainRow],
+        chunk: usize,
+        entropy: Entropy,
+    ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
         let refs: Vec<&TrainRow> = rows.iter().collect();
         let mb = MicroBatch::padded(&refs, Device::Cpu);
         for mut t in model.vs.trainable_variables() {
@@ -387,6 +396,55 @@ mod tests {
             assert!(grads.iter().any(|g| *g != 0.0), "{entropy:?}: no gradient");
             for chunk in [1, 2, 5] {
                 let (v, g, _) = pass(&model, chunk, entropy);
+                assert_close(&v, &values, &format!("{entropy:?} chunk {chunk} values"));
+                assert_close(&g, &grads, &format!("{entropy:?} chunk {chunk} gradients"));
+            }
+        }
+    }
+
+    /// Where rows carry a sampler's kept sets, the log-probs are the log-softmax over the kept
+    /// ids only (the others masked out), elsewhere the whole one's; in chunks the values and
+    /// gradients (entropy a term of the loss, whose p·log p must not turn the masked ids' 0·∞
+    /// into NaN) equal one whole pass's.
+    #[test]
+    fn kept_sets_restrict_the_log_softmax_in_every_chunking() {
+        let model = model();
+        let mut rows = rows();
+        rows[0].kept.push(&[9, 3, 0]);
+        rows[0].kept.push(&[]);
+        rows[0].kept.push(&[7, 11]);
+        rows[2].kept.push(&[10]);
+        rows[2].kept.push(&[2, 5]);
+        rows[2].kept.push(&[5, 1, 14, 13]);
+        let refs: Vec<&TrainRow> = rows.iter().collect();
+        let mb = MicroBatch::padded(&refs, Device::Cpu);
+        let hidden = tch::no_grad(|| mb.hidden(&model.net));
+        let lp =
+            tch::no_grad(|| logprobs_in_chunks(&model.net, &mb, &hidden, 0.8, Entropy::Skip, 2));
+        // By hand: the log-softmax of the scaled logits over the kept ids.
+        let logits = tch::no_grad(|| model.net.logits(&hidden) / 0.8);
+        let by_hand = |line: i64, col: i64, kept: &[i64], target: i64| {
+            let l = logits.get(line).get(col);
+            let kept_l = l.index_select(0, &Tensor::from_slice(kept));
+            l.double_value(&[target]) - kept_l.logsumexp([0], false).double_value(&[])
+        };
+        let got = |line: i64, col: i64| lp.logp.double_value(&[line, col]);
+        // Row 0 (prompt 3, response [3, 4, 7]): id 3 is predicted at column 2 from [9, 3, 0];
+        // id 4, at column 3, has no set: the whole distribution.
+        assert!((got(0, 2) - by_hand(0, 2, &[9, 3, 0], 3)).abs() < 1e-5);
+        let whole = logits.get(0).get(3).log_softmax(0, Kind::Float);
+        assert!((got(0, 3) - whole.double_value(&[4])).abs() < 1e-5);
+        // Row 2 (prompt 4, response [10, 2, 5]): a set of one is certain; id 5 at column 5.
+        assert_eq!(got(2, 3), 0.0);
+        assert!((got(2, 5) - by_hand(2, 5, &[5, 1, 14, 13], 5)).abs() < 1e-5);
+        for entropy in [Entropy::Metric, Entropy::Loss] {
+            let (values, grads, _) = pass_over(&model, &rows, usize::MAX, entropy);
+            assert!(
+                values.iter().chain(&grads).all(|x| x.is_finite()),
+                "{entropy:?}"
+            );
+            for chunk in [1, 2] {
+                let (v, g, _) = pass_over(&model, &rows, chunk, entropy);
                 assert_close(&v, &values, &format!("{entropy:?} chunk {chunk} values"));
                 assert_close(&g, &grads, &format!("{entropy:?} chunk {chunk} gradients"));
             }
