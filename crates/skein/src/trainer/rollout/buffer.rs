@@ -520,6 +520,48 @@ mod tests {
         assert!(resumed_checked > 0, "no paused sample finished");
     }
 
+    /// Under top-k sampling a paused sample resumes with the kept sets of its first part,
+    /// and every finished trajectory has one set per token, holding that token.
+    #[test]
+    fn paused_samples_keep_their_kept_sets() {
+        let mut s = setup();
+        s.params.top_k = 3;
+        let cfg = iteration(Some(3), OnStale::FinishFirst);
+        let mut buf = GroupBuffer::default();
+        let mut resumed = 0;
+        for k in 0..3u64 {
+            let paused: HashMap<String, Sampled> = buf
+                .groups
+                .iter()
+                .flat_map(|g| {
+                    g.samples
+                        .iter()
+                        .enumerate()
+                        .filter_map(move |(i, x)| match x {
+                            Sample::Paused(p) => Some((format!("{}-s{i}", g.id), p.clone())),
+                            _ => None,
+                        })
+                })
+                .collect();
+            let out = step(&mut s, &mut buf, 2 * k, &cfg);
+            for t in &out.trajectories {
+                let tr = &t.transitions[0];
+                assert_eq!(tr.kept.len(), tr.response.len(), "{}", t.id);
+                for (j, tok) in tr.response.iter().enumerate() {
+                    assert!(tr.kept.get(j).contains(tok) && tr.kept.get(j).len() >= 3);
+                }
+                if let Some(p) = paused.get(&t.id) {
+                    assert_eq!(p.kept.len(), p.tokens.len());
+                    for j in 0..p.tokens.len() {
+                        assert_eq!(tr.kept.get(j), p.kept.get(j));
+                    }
+                    resumed += 1;
+                }
+            }
+        }
+        assert!(resumed > 0, "no paused sample finished");
+    }
+
     #[test]
     fn staleness_never_exceeds_the_cap_in_either_mode() {
         for mode in [OnStale::Drop, OnStale::FinishFirst] {
