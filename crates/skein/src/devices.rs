@@ -62,11 +62,14 @@ fn dlopen(name: &str, flags: i32) -> Result<(), String> {
     if !handle.is_null() {
         return Ok(());
     }
+    Err(last_dl_error().unwrap_or_else(|| format!("{name} could not be loaded")))
+}
+
+/// The dynamic loader's message about the last failed `dlopen` or `dlsym`, if it has one.
+pub(crate) fn last_dl_error() -> Option<String> {
     // SAFETY: dlerror returns null or a NUL-terminated message owned by libc.
     let err = unsafe { libc::dlerror() };
-    Err(if err.is_null() {
-        format!("{name} could not be loaded")
-    } else {
+    (!err.is_null()).then(|| {
         unsafe { CStr::from_ptr(err) }
             .to_string_lossy()
             .into_owned()

@@ -95,7 +95,7 @@ impl Library {
             return Err(format!(
                 "{name} did not load ({}): the GPU's memory is read through the NVIDIA \
                  driver's management library",
-                last_dl_error()
+                dl_error()
             ));
         }
         Ok(Library(handle))
@@ -109,28 +109,20 @@ impl Library {
         let c_name = CString::new(name).map_err(|e| e.to_string())?;
         let ptr = libc::dlsym(self.0, c_name.as_ptr());
         if ptr.is_null() {
-            return Err(format!("{LIBRARY} has no {name} ({})", last_dl_error()));
+            return Err(format!("{LIBRARY} has no {name} ({})", dl_error()));
         }
         Ok(std::mem::transmute_copy(&ptr))
     }
+}
+
+fn dl_error() -> String {
+    crate::devices::last_dl_error().unwrap_or_else(|| "no message".into())
 }
 
 impl Drop for Library {
     fn drop(&mut self) {
         // SAFETY: a handle dlopen returned, closed once.
         unsafe { libc::dlclose(self.0) };
-    }
-}
-
-fn last_dl_error() -> String {
-    // SAFETY: dlerror returns null or a NUL-terminated message owned by libc.
-    let err = unsafe { libc::dlerror() };
-    if err.is_null() {
-        "no message".into()
-    } else {
-        unsafe { CStr::from_ptr(err) }
-            .to_string_lossy()
-            .into_owned()
     }
 }
 

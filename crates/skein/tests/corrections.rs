@@ -4,10 +4,9 @@
 
 mod common;
 
-use common::{step_metrics, TINY_RUN};
+use common::step_metrics;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// A partial-rollout run of the tiny model with coin-flip rewards, a learning rate high enough
 /// to move the policy between versions, and a band of [1/1.05, 1.05] so stale tokens leave
@@ -17,8 +16,7 @@ fn partial_run(off_policy: &str) -> PathBuf {
     let worker =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/diagnosis_reward_worker.py");
     let python = common::python_with("json").unwrap_or_else(|| "python3".into());
-    let sets = [
-        format!("run.dir={:?}", dir.display().to_string()),
+    let sets = vec![
         "reward.sources.w.kind=\"worker\"".into(),
         format!(
             "reward.sources.w.command=[{:?}, {:?}, \"--coin\"]",
@@ -38,17 +36,7 @@ fn partial_run(off_policy: &str) -> PathBuf {
         "algorithm.is_cap=1.05".into(),
         format!("algorithm.off_policy={off_policy:?}"),
     ];
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_skein"));
-    cmd.args(["train", "--overwrite"]);
-    for s in TINY_RUN.iter().map(|s| s.to_string()).chain(sets) {
-        cmd.args(["--set", &s]);
-    }
-    let out = cmd.output().expect("skein train runs");
-    assert!(
-        out.status.success(),
-        "{off_policy}: the run failed\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::train_tiny(&dir, &sets);
     dir
 }
 

@@ -4,30 +4,21 @@
 
 mod common;
 
-use common::{step_metrics, TINY_RUN};
-use std::process::Command;
+use common::step_metrics;
 
-fn train(name: &str, sets: &[&str]) -> std::path::PathBuf {
+fn train(name: &str, set: &str) -> std::path::PathBuf {
     let dir = common::workdir("truncated-sampling", name);
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_skein"));
-    cmd.args(["train", "--overwrite", "--set"])
-        .arg(format!("run.dir={:?}", dir.display().to_string()));
-    let base = [
+    let sets: Vec<String> = [
         "sft.steps=40",
         "trainer.steps=3",
         "eval.problems=8",
         "rollout.prompts_per_step=8",
         "rollout.samples_per_prompt=4",
-    ];
-    for s in TINY_RUN.iter().chain(&base).chain(sets) {
-        cmd.args(["--set", s]);
-    }
-    let out = cmd.output().expect("skein train runs");
-    assert!(
-        out.status.success(),
-        "{name}: the run failed\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        set,
+    ]
+    .map(String::from)
+    .to_vec();
+    common::train_tiny(&dir, &sets);
     dir
 }
 
@@ -37,7 +28,7 @@ fn top_p_and_top_k_train_with_logprob_mismatch_at_round_off() {
         ("top-p", "rollout.sampling.top_p=0.9"),
         ("top-k", "rollout.sampling.top_k=5"),
     ] {
-        let dir = train(name, &[set]);
+        let dir = train(name, set);
         let steps = step_metrics(&dir);
         assert_eq!(steps.len(), 3, "{name}");
         for m in &steps {

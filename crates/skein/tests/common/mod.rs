@@ -53,6 +53,28 @@ pub const TINY_RUN: &[&str] = &[
     "eval.every=0",
 ];
 
+/// Runs `skein train --overwrite` in `dir` on the tiny model ([`TINY_RUN`]) with `sets` after
+/// it; panics with the run's stderr when it fails.
+pub fn train_tiny(dir: &Path, sets: &[String]) {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_skein"));
+    cmd.args(["train", "--overwrite", "--set"])
+        .arg(format!("run.dir={:?}", dir.display().to_string()));
+    for s in TINY_RUN
+        .iter()
+        .map(|s| s.to_string())
+        .chain(sets.iter().cloned())
+    {
+        cmd.args(["--set", &s]);
+    }
+    let out = cmd.output().expect("skein train runs");
+    assert!(
+        out.status.success(),
+        "{}: the run failed\n{}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A fresh, empty temporary directory for a test of `file` named `name`.
 pub fn workdir(file: &str, name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("skein-{file}-{}-{name}", std::process::id()));

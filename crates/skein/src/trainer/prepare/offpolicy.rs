@@ -73,9 +73,8 @@ pub fn importance_weights(
         ..Default::default()
     };
     let (mut sum, mut tokens, mut truncated, mut off, mut raw_sum) = (0.0, 0usize, 0, 0, 0.0);
-    let band = |raw: f64| (1.0 / cap..=cap).contains(&raw);
     for row in rows.iter_mut() {
-        let raw_of = |k: usize| (row.old_logp[k] as f64 - row.behavior_logp[k] as f64).exp();
+        let log_raw = |k: usize| row.old_logp[k] as f64 - row.behavior_logp[k] as f64;
         let stale = |k: usize| row.versions.get(k).is_some_and(|&v| v < version);
         let loss_tokens: Vec<usize> = (0..row.loss_mask.len())
             .filter(|&k| row.loss_mask[k] != 0)
@@ -86,9 +85,9 @@ pub fn importance_weights(
             let logs: Vec<f64> = loss_tokens
                 .iter()
                 .filter(|&&k| stale(k))
-                .map(|&k| raw_of(k).ln())
+                .map(|&k| log_raw(k))
                 .collect();
-            !logs.is_empty() && !band((logs.iter().sum::<f64>() / logs.len() as f64).exp())
+            !logs.is_empty() && !in_band((logs.iter().sum::<f64>() / logs.len() as f64).exp(), cap)
         };
         let mut weights = vec![1.0f32; row.loss_mask.len()];
         let (mut row_masked, mut row_weighted) = (0usize, 0usize);
@@ -96,7 +95,7 @@ pub fn importance_weights(
             tokens += 1;
             let is_stale = stale(k);
             let w = if is_stale || mode == OffPolicy::Icepop {
-                let raw = raw_of(k);
+                let raw = log_raw(k).exp();
                 if is_stale {
                     off += 1;
                     raw_sum += raw;
@@ -129,13 +128,18 @@ pub fn importance_weights(
     s
 }
 
+/// Whether a raw weight lies in the masking modes' band [1/cap, cap].
+fn in_band(raw: f64, cap: f64) -> bool {
+    (1.0 / cap..=cap).contains(&raw)
+}
+
 /// The weight of a token whose raw weight π_old/π_behavior is `raw` (off-policy tokens; with
 /// `icepop`, every token). A sequence `seq-mis` keeps is truncated as `tis` does.
 fn weight(raw: f64, mode: OffPolicy, cap: f64) -> f64 {
     match mode {
         OffPolicy::Tis | OffPolicy::SeqMis => raw.min(cap),
         OffPolicy::Decoupled if raw > cap => 0.0,
-        OffPolicy::Mis | OffPolicy::Icepop if raw > cap || raw < 1.0 / cap => 0.0,
+        OffPolicy::Mis | OffPolicy::Icepop if !in_band(raw, cap) => 0.0,
         OffPolicy::Decoupled | OffPolicy::Mis | OffPolicy::Icepop => raw,
     }
 }

@@ -469,6 +469,22 @@ mod tests {
         check_whole_groups(&out, 4);
     }
 
+    /// The buffer's paused samples by trajectory id, as they paused.
+    fn paused(buf: &GroupBuffer) -> HashMap<String, Sampled> {
+        buf.groups
+            .iter()
+            .flat_map(|g| {
+                g.samples
+                    .iter()
+                    .enumerate()
+                    .filter_map(move |(i, x)| match x {
+                        Sample::Paused(p) => Some((format!("{}-s{i}", g.id), p.clone())),
+                        _ => None,
+                    })
+            })
+            .collect()
+    }
+
     /// Groups leave the buffer only when all their samples have finished, and a paused
     /// sample resumes with exactly the tokens, log-probs and versions it paused with.
     #[test]
@@ -478,19 +494,7 @@ mod tests {
         let mut buf = GroupBuffer::default();
         let mut resumed_checked = 0;
         for k in 0..4u64 {
-            let before: HashMap<String, Sampled> = buf
-                .groups
-                .iter()
-                .flat_map(|g| {
-                    g.samples
-                        .iter()
-                        .enumerate()
-                        .filter_map(move |(i, x)| match x {
-                            Sample::Paused(p) => Some((format!("{}-s{i}", g.id), p.clone())),
-                            _ => None,
-                        })
-                })
-                .collect();
+            let before = paused(&buf);
             let out = step(&mut s, &mut buf, 2 * k, &cfg);
             check_whole_groups(&out, 4);
             // Short of min_groups, more rounds start new groups, up to their limit.
@@ -530,19 +534,7 @@ mod tests {
         let mut buf = GroupBuffer::default();
         let mut resumed = 0;
         for k in 0..3u64 {
-            let paused: HashMap<String, Sampled> = buf
-                .groups
-                .iter()
-                .flat_map(|g| {
-                    g.samples
-                        .iter()
-                        .enumerate()
-                        .filter_map(move |(i, x)| match x {
-                            Sample::Paused(p) => Some((format!("{}-s{i}", g.id), p.clone())),
-                            _ => None,
-                        })
-                })
-                .collect();
+            let before = paused(&buf);
             let out = step(&mut s, &mut buf, 2 * k, &cfg);
             for t in &out.trajectories {
                 let tr = &t.transitions[0];
@@ -550,7 +542,7 @@ mod tests {
                 for (j, tok) in tr.response.iter().enumerate() {
                     assert!(tr.kept.get(j).contains(tok) && tr.kept.get(j).len() >= 3);
                 }
-                if let Some(p) = paused.get(&t.id) {
+                if let Some(p) = before.get(&t.id) {
                     assert_eq!(p.kept.len(), p.tokens.len());
                     for j in 0..p.tokens.len() {
                         assert_eq!(tr.kept.get(j), p.kept.get(j));

@@ -186,11 +186,15 @@ impl MicroBatch {
             device,
         };
         mb.mask = mb.response_tensor(rows, 0.0, |r, k| r.loss_mask[k] as f32);
-        let sets = mb.places.iter().flat_map(|&(i, _)| {
-            let r: &TrainRow = rows[i].borrow();
-            (0..r.loss_mask.len()).map(move |k| r.kept.get(k))
-        });
-        mb.kept = KeptPositions::new(sets, device);
+        let row = |i: usize| -> &TrainRow { rows[i].borrow() };
+        // Untruncated sampling (no row with sets) costs no walk over the positions.
+        if mb.places.iter().any(|&(i, _)| !row(i).kept.is_empty()) {
+            let sets = mb.places.iter().flat_map(|&(i, _)| {
+                let r = row(i);
+                (0..r.loss_mask.len()).map(move |k| r.kept.get(k))
+            });
+            mb.kept = KeptPositions::new(sets, device);
+        }
         mb
     }
 
