@@ -5,6 +5,8 @@
 //! - **libtorch's directory as an rpath**, so `skein` runs without `LD_LIBRARY_PATH`.
 //! - **csrc/varlen_attention.cpp**, a thin C++ shim over libtorch's fused variable-length
 //!   attention kernels, which tch does not expose (`src/model/attention.rs` calls it).
+//! - **csrc/op_count.cpp**, which counts libtorch operator calls through RecordFunction, the
+//!   hook libtorch's profiler uses (`src/op_count.rs`).
 //!
 //! libtorch is found as torch-sys finds it by default: the `LIBTORCH` directory, which
 //! `.cargo/config.toml` points at the project's `.venv/torch`.
@@ -14,6 +16,7 @@ use std::path::PathBuf;
 fn main() {
     println!("cargo:rerun-if-env-changed=LIBTORCH");
     println!("cargo:rerun-if-changed=csrc/varlen_attention.cpp");
+    println!("cargo:rerun-if-changed=csrc/op_count.cpp");
     let Some(libtorch) = std::env::var_os("LIBTORCH").map(PathBuf::from) else {
         panic!(
             "LIBTORCH is not set: run `make setup` (it installs libtorch into .venv/torch, \
@@ -34,10 +37,11 @@ fn main() {
     cc::Build::new()
         .cpp(true)
         .file("csrc/varlen_attention.cpp")
+        .file("csrc/op_count.cpp")
         .include(libtorch.join("include"))
         .flag("-std=c++17")
         .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"))
         .flag("-DGLOG_USE_GLOG_EXPORT")
         .warnings(false)
-        .compile("skein_varlen_attention");
+        .compile("skein_shims");
 }

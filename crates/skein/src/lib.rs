@@ -6,6 +6,7 @@ pub mod engine;
 pub mod gpu_memory;
 pub mod memory;
 pub mod model;
+pub mod op_count;
 pub mod reward_model;
 pub mod serve;
 pub mod trainer;

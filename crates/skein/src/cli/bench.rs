@@ -8,8 +8,9 @@ use super::bench_args::{at_least_one, synchronize, ModelShape, Placement};
 use super::bench_memory::{self, MemoryBenchArgs};
 use super::bench_rewards::{self, RewardBenchArgs};
 use super::bench_tokens::{self, TokenBenchArgs};
-use crate::engine::{Engine, GenRequest, SamplingParams};
+use crate::engine::{Engine, EngineStats, GenRequest, SamplingParams};
 use crate::model::Model;
+use crate::op_count;
 use crate::trainer::batch::TrainRow;
 use crate::trainer::update::head::{token_logprobs, Entropy};
 use crate::trainer::update::optim::{OptimConfig, Optimizer};
@@ -66,6 +67,9 @@ pub struct BenchArgs {
     /// Prompt tokens per sequence in the decode benchmark; it generates up to `seq`.
     #[arg(long, default_value_t = 16)]
     decode_prompt: usize,
+    /// Also list the operators a decode step calls, most frequent first.
+    #[arg(long)]
+    op_breakdown: bool,
 }
 
 pub fn run(a: &BenchArgs) -> Result<()> {
@@ -103,6 +107,25 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         tokens,
         secs
     );
+    let (steps, ops) = op_count::count(|| decode(&model, a, 3).decode_steps);
+    let per_step = |n: u64| n as f64 / steps.max(1) as f64;
+    println!(
+        "decode ops per step: {:.0} computing (kernels on a GPU), {:.0} made by skein, {:.0} in all (prefill included)",
+        per_step(ops.computing_total()),
+        per_step(ops.top_level_total()),
+        per_step(ops.all)
+    );
+    if a.op_breakdown {
+        for (what, counts) in [
+            ("made by skein", &ops.top_level),
+            ("computing", &ops.computing),
+        ] {
+            println!("  per step, {what}:");
+            for (name, calls) in counts {
+                println!("  {:>8.1}  {name}", per_step(*calls));
+            }
+        }
+    }
     Ok(())
 }
 
@@ -173,6 +196,17 @@ fn time_train_steps(model: &Model, a: &BenchArgs) -> Result<Vec<f64>> {
 }
 
 fn time_decode(model: &Model, a: &BenchArgs) -> (f64, usize) {
+    decode(model, a, 1);
+    synchronize(model.vs.device());
+    let t = Instant::now();
+    let stats = decode(model, a, 2);
+    synchronize(model.vs.device());
+    (t.elapsed().as_secs_f64(), stats.generated_tokens)
+}
+
+/// One batch of `a.batch` sequences generated to `a.seq` tokens, from prompts that `seed`
+/// varies.
+fn decode(model: &Model, a: &BenchArgs, seed: usize) -> EngineStats {
     let engine = Engine::new(a.batch);
     let max_new = a.seq - a.decode_prompt;
     let requests = |seed: usize| -> Vec<GenRequest> {
@@ -192,12 +226,7 @@ fn time_decode(model: &Model, a: &BenchArgs) -> (f64, usize) {
             })
             .collect()
     };
-    engine.generate(model, 0, requests(1), |_| {});
-    synchronize(model.vs.device());
-    let t = Instant::now();
-    let stats = engine.generate(model, 0, requests(2), |_| {});
-    synchronize(model.vs.device());
-    (t.elapsed().as_secs_f64(), stats.generated_tokens)
+    engine.generate(model, 0, requests(seed), |_| {})
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

@@ -1,0 +1,110 @@
+//! How many libtorch operator calls a piece of work makes (`csrc/op_count.cpp`, through the
+//! RecordFunction hook libtorch's profiler uses).
+//!
+//! A decode step's kernels are tiny, so on a GPU its time is the host's: one dispatch per call
+//! and a kernel launch per computing call. The counts are the same on every device for the
+//! same ops, so a change to the decode path can be weighed on a machine without a GPU
+//! (`skein bench` prints them per decode step; docs/speed.md). Composite ops may decompose
+//! differently by device (attention above all), which the counts then show on that device.
+
+use std::ffi::{c_char, CStr};
+
+/// The calls counted over one piece of work; by name, most frequent first.
+#[derive(Debug, Clone, Default)]
+pub struct OpCounts {
+    /// Every call, those made inside other calls included.
+    pub all: u64,
+    /// The calls the program made itself.
+    pub top_level: Vec<(String, u64)>,
+    /// The lowest calls that compute: not views, metadata or allocations, and with no
+    /// computing call inside (a linear's matmul, not the linear; a cast's copy, and nothing for
+    /// a cast to the same dtype). On a GPU, one kernel launch each. One made inside a
+    /// top-level call is named after both: `aten::linear > aten::mm`.
+    pub computing: Vec<(String, u64)>,
+}
+
+impl OpCounts {
+    /// Calls the program made itself.
+    pub fn top_level_total(&self) -> u64 {
+        self.top_level.iter().map(|(_, n)| n).sum()
+    }
+
+    /// Computing calls: on a GPU, the kernels launched.
+    pub fn computing_total(&self) -> u64 {
+        self.computing.iter().map(|(_, n)| n).sum()
+    }
+}
+
+/// Runs `work` and counts the operator calls this thread makes meanwhile (the engine and a
+/// bench's steps run on their caller's thread; libtorch's own worker threads compute parts of
+/// a call and make none). A count inside another counts nothing of its own.
+pub fn count<T>(work: impl FnOnce() -> T) -> (T, OpCounts) {
+    // SAFETY: the shim's functions take no pointers but the name buffer, which is live and
+    // whose length is passed.
+    unsafe { skein_op_count_start() };
+    let out = work();
+    let all = unsafe { skein_op_count_stop() };
+    let counts = OpCounts {
+        all: all.max(0) as u64,
+        top_level: by_name(true),
+        computing: by_name(false),
+    };
+    (out, counts)
+}
+
+fn by_name(top: bool) -> Vec<(String, u64)> {
+    let names = unsafe { skein_op_count_names(top) };
+    let mut out = Vec::with_capacity(names.max(0) as usize);
+    let mut buf = [0 as c_char; 256];
+    for i in 0..names {
+        // SAFETY: see `count`.
+        let n = unsafe { skein_op_count_entry(top, i, buf.as_mut_ptr(), buf.len()) };
+        if n >= 0 {
+            // SAFETY: the shim wrote a NUL-terminated name within the buffer.
+            let name = unsafe { CStr::from_ptr(buf.as_ptr()) };
+            out.push((name.to_string_lossy().into_owned(), n as u64));
+        }
+    }
+    out.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    out
+}
+
+extern "C" {
+    fn skein_op_count_start();
+    fn skein_op_count_stop() -> i64;
+    fn skein_op_count_names(top: bool) -> i64;
+    fn skein_op_count_entry(top: bool, i: i64, name: *mut c_char, name_len: usize) -> i64;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::{Kind, Tensor};
+
+    /// Each top-level call is counted once by name, and each computing call at its lowest.
+    #[test]
+    fn counts_top_level_calls_and_the_computing_calls_beneath_them() {
+        let a = Tensor::ones([4, 4], (Kind::Float, tch::Device::Cpu));
+        let (_, counts) = count(|| {
+            let b = &a + &a;
+            let c = (&b + &a).to_kind(Kind::Float);
+            c.matmul(&a.transpose(0, 1))
+        });
+        let of = |list: &[(String, u64)], name: &str| {
+            list.iter().find(|(n, _)| n == name).map_or(0, |(_, c)| *c)
+        };
+        assert_eq!(of(&counts.top_level, "aten::add"), 2, "{counts:?}");
+        assert_eq!(of(&counts.top_level, "aten::matmul"), 1, "{counts:?}");
+        assert_eq!(counts.top_level_total(), 5, "{counts:?}");
+        // The matmul computes through the mm inside it, named after both; a cast to the same
+        // dtype computes nothing.
+        let mm = of(&counts.computing, "aten::matmul > aten::mm");
+        assert_eq!(mm, 1, "{counts:?}");
+        assert_eq!(of(&counts.computing, "aten::add"), 2, "{counts:?}");
+        assert_eq!(counts.computing_total(), 3, "{counts:?}");
+        assert!(counts.all > counts.top_level_total(), "{counts:?}");
+        // Nothing is counted once the work is done.
+        let (_, none) = count(|| ());
+        assert_eq!(none.all, 0);
+    }
+}
