@@ -2,7 +2,7 @@
 //! slot is free and leave the moment they finish, so no step waits for the longest sequence.
 
 use super::sampling::{kept_ids, sample, SamplingParams};
-use crate::model::{AttnMode, KvCache, Model};
+use crate::model::{AttnMode, KvCache, Model, Transformer};
 use skein_plan::KeptSets;
 use std::collections::VecDeque;
 use tch::{Kind, Tensor};
@@ -170,7 +170,9 @@ impl Engine {
             generated.set(generated.get() + out.tokens.len());
             on_finish(out)
         };
-        let net = &model.net;
+        // Adapters in the form decoding runs fastest; the weights do not change during a run.
+        let decoding = model.net.for_decoding();
+        let net = &decoding;
         let capacity = capacity.clamp(1, net.max_positions());
         let cfg = &net.config;
         let slots = self.max_slots.min(max_requests.max(1));
@@ -206,7 +208,7 @@ impl Engine {
                     cfg.kv_heads() as i64,
                     cfg.head_dim() as i64,
                     kind,
-                    model.vs.device(),
+                    net.device(),
                 )
             });
             let admitted = admit(
@@ -225,7 +227,7 @@ impl Engine {
             }
             for bucket in length_buckets(admitted) {
                 stats.prefill_tokens += self.prefill(
-                    model,
+                    net,
                     cache,
                     bucket,
                     version,
@@ -239,7 +241,7 @@ impl Engine {
                 continue;
             }
             self.decode(
-                model,
+                net,
                 cache,
                 &active,
                 version,
@@ -258,7 +260,7 @@ impl Engine {
     #[allow(clippy::too_many_arguments)]
     fn prefill(
         &self,
-        model: &Model,
+        net: &Transformer,
         cache: &mut KvCache,
         admitted: Vec<(usize, GenRequest)>,
         version: u64,
@@ -266,7 +268,7 @@ impl Engine {
         parked: &mut [Option<Parked>],
         on_finish: &mut impl FnMut(GenOutput),
     ) -> usize {
-        let device = model.vs.device();
+        let device = net.device();
         let contexts: Vec<Vec<u32>> = admitted
             .iter()
             .map(|(_, r)| {
@@ -293,7 +295,7 @@ impl Engine {
         let slots: Vec<i64> = admitted.iter().map(|(s, _)| *s as i64).collect();
         let lens: Vec<i64> = contexts.iter().map(|c| c.len() as i64).collect();
         let first_slots: Vec<i64> = distinct.iter().map(|&c| slots[c]).collect();
-        let hidden = model.net.hidden(
+        let hidden = net.hidden(
             &input,
             &positions,
             AttnMode::Prefill {
@@ -305,7 +307,7 @@ impl Engine {
             .to_device(device);
         let rows = Tensor::arange(distinct.len() as i64, (Kind::Int64, device));
         let h_last = hidden.index(&[Some(rows), Some(last)]);
-        let mut logits = model.net.logits(&h_last);
+        let mut logits = net.logits(&h_last);
         if distinct.len() < contexts.len() {
             let (from, to): (Vec<i64>, Vec<i64>) = source
                 .iter()
@@ -353,7 +355,7 @@ impl Engine {
     #[allow(clippy::too_many_arguments)]
     fn decode(
         &self,
-        model: &Model,
+        net: &Transformer,
         cache: &mut KvCache,
         active: &[usize],
         version: u64,
@@ -361,7 +363,7 @@ impl Engine {
         parked: &mut [Option<Parked>],
         on_finish: &mut impl FnMut(GenOutput),
     ) {
-        let device = model.vs.device();
+        let device = net.device();
         let mut last = Vec::with_capacity(active.len());
         let mut pos = Vec::with_capacity(active.len());
         for &s in active {
@@ -376,7 +378,7 @@ impl Engine {
             .to_device(device);
         let dense = active.iter().enumerate().all(|(i, &s)| i == s);
         let mask = crate::model::kv_cache::decode_mask(&positions, span);
-        let hidden = model.net.hidden(
+        let hidden = net.hidden(
             &input,
             &positions.view([-1, 1]),
             AttnMode::Decode {
@@ -388,7 +390,7 @@ impl Engine {
                 dense,
             },
         );
-        let logits = model.net.logits(&hidden.squeeze_dim(1));
+        let logits = net.logits(&hidden.squeeze_dim(1));
         // Slots still feeding a reused session's new prompt tokens take the next one; the
         // others sample.
         let mut sampling_rows = Vec::with_capacity(active.len());

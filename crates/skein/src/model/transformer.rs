@@ -119,12 +119,13 @@ impl Attention {
         [&self.q, &self.k, &self.v, &self.o]
     }
 
-    fn base_only(&self) -> Self {
+    /// The same attention with each projection replaced by `f` of it.
+    fn map_projections(&self, f: &impl Fn(&Projection) -> Projection) -> Self {
         Attention {
-            q: self.q.base_only(),
-            k: self.k.base_only(),
-            v: self.v.base_only(),
-            o: self.o.base_only(),
+            q: f(&self.q),
+            k: f(&self.k),
+            v: f(&self.v),
+            o: f(&self.o),
             q_norm: self.q_norm.as_ref().map(RmsNorm::shared),
             k_norm: self.k_norm.as_ref().map(RmsNorm::shared),
             ..*self
@@ -248,11 +249,11 @@ impl Mlp {
         [&self.gate, &self.up, &self.down]
     }
 
-    fn base_only(&self) -> Self {
+    fn map_projections(&self, f: &impl Fn(&Projection) -> Projection) -> Self {
         Mlp {
-            gate: self.gate.base_only(),
-            up: self.up.base_only(),
-            down: self.down.base_only(),
+            gate: f(&self.gate),
+            up: f(&self.up),
+            down: f(&self.down),
         }
     }
 
@@ -386,6 +387,41 @@ impl Transformer {
     /// The same frozen weights (shared, not copied) with no adapters: the LoRA policy's KL
     /// reference.
     pub fn base_only(&self) -> Self {
+        self.map_projections(&Projection::base_only)
+    }
+
+    /// The same weights for decoding, without gradients: the base shared, adapters as
+    /// [`Projection::for_decoding`] makes them. Without adapters it is the model itself,
+    /// shared. Made once per engine run, since it does not follow later updates of the
+    /// adapters.
+    ///
+    /// On CUDA the adapters are in the base's dtype: two matrix products per projection.
+    /// Decode steps are small enough that a GPU's time goes to launching kernels, and the
+    /// trainable adapter's six launches per projection (a cast in, two products, a scale, a
+    /// cast out, an add) were most of what LoRA added to one (`skein bench --op-breakdown`).
+    /// On the CPU they stay float32, as in training: its bfloat16 products are slower than its
+    /// float32 ones (bfloat16 LoRA decode measured 8–17% slower with them).
+    pub fn for_decoding(&self) -> Self {
+        let kind = if self.device().is_cuda() {
+            self.kind()
+        } else {
+            Kind::Float
+        };
+        self.for_decoding_in(kind)
+    }
+
+    /// [`for_decoding`](Self::for_decoding) with the adapters in `kind`.
+    pub fn for_decoding_in(&self, kind: Kind) -> Self {
+        self.map_projections(&|p| p.for_decoding(kind))
+    }
+
+    /// The device of the weights.
+    pub fn device(&self) -> tch::Device {
+        self.embed.device()
+    }
+
+    /// The same structure with every projection replaced by `f` of it; everything else shared.
+    fn map_projections(&self, f: &impl Fn(&Projection) -> Projection) -> Self {
         Transformer {
             config: self.config.clone(),
             embed: self.embed.shallow_clone(),
@@ -394,9 +430,9 @@ impl Transformer {
                 .iter()
                 .map(|b| Block {
                     input_norm: b.input_norm.shared(),
-                    attn: b.attn.base_only(),
+                    attn: b.attn.map_projections(f),
                     post_norm: b.post_norm.shared(),
-                    mlp: b.mlp.base_only(),
+                    mlp: b.mlp.map_projections(f),
                 })
                 .collect(),
             norm: self.norm.shared(),
