@@ -377,7 +377,7 @@ impl Engine {
         let slots = Tensor::from_slice(&active.iter().map(|&s| s as i64).collect::<Vec<_>>())
             .to_device(device);
         let dense = active.iter().enumerate().all(|(i, &s)| i == s);
-        let mask = crate::model::kv_cache::decode_mask(&positions, span);
+        let mask = crate::model::kv_cache::decode_mask(&positions, span, net.kind());
         let hidden = net.hidden(
             &input,
             &positions.view([-1, 1]),

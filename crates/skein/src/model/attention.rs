@@ -1,5 +1,6 @@
 //! How packed lines attend, and which kernel computes it on which device: the one place
-//! that choice is made ([`packed_kernel`]).
+//! that choice is made ([`packed_kernel`]); and how a decode step's single queries attend to
+//! the cache ([`decode`]).
 //!
 //! A packed line holds several rows end to end, and a row may read a shared prefix placed
 //! before it in the same line (`trainer/update/pack.rs` lays them out). Three kernels compute
@@ -36,6 +37,22 @@ pub fn packed_kernel(device: Device, wide: bool) -> PackedKernel {
         (false, true) => PackedKernel::Spans,
         (false, false) => PackedKernel::Mask,
     }
+}
+
+/// Attention of one new token per sequence against its cached keys (a decode step): `q`
+/// [A, heads, 1, D], `k` and `v` [A, kv heads, span, D], `mask` [A, 1, 1, span].
+///
+/// The query heads of a group share one key head, so they are laid out as that head's queries
+/// ([A, kv heads, group, D]), all at one position and under one mask: plain attention then
+/// reads each cached key once. Passed as grouped-query attention instead, the cache is
+/// expanded to every query head first, and on CUDA a mask with grouping leaves only the
+/// unfused kernel; this way the memory-efficient kernel takes it.
+pub fn decode(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor) -> Tensor {
+    let (a, heads, one, d) = q.size4().expect("queries are [batch, heads, 1, dim]");
+    let kv_heads = k.size()[1];
+    let grouped = q.reshape([a, kv_heads, heads / kv_heads * one, d]);
+    Tensor::scaled_dot_product_attention(&grouped, k, v, Some(mask), 0.0, false, None, false)
+        .view([a, heads, one, d])
 }
 
 /// Spans of packed lines, for [`super::AttnMode::Spans`].
@@ -255,4 +272,43 @@ extern "C" {
         error: *mut std::ffi::c_char,
         error_len: usize,
     ) -> *mut torch_sys::C_tensor;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A decode step's grouped layout gives grouped-query attention under a boolean mask, with
+    /// the mask made additive once (`kv_cache::decode_mask`).
+    #[test]
+    fn grouped_decode_is_grouped_query_attention() {
+        tch::manual_seed(3);
+        let (a, span, d) = (3, 7, 8);
+        let positions = Tensor::from_slice(&[6i64, 2, 4]);
+        for (heads, kv_heads) in [(6, 2), (4, 4), (4, 1)] {
+            let opts = (Kind::Float, Device::Cpu);
+            let q = Tensor::randn([a, heads, 1, d], opts);
+            let k = Tensor::randn([a, kv_heads, span, d], opts);
+            let v = Tensor::randn([a, kv_heads, span, d], opts);
+            let seen = Tensor::arange(span, (Kind::Int64, Device::Cpu))
+                .unsqueeze(0)
+                .le_tensor(&positions.unsqueeze(1))
+                .view([a, 1, 1, span]);
+            let want = Tensor::scaled_dot_product_attention(
+                &q,
+                &k,
+                &v,
+                Some(seen),
+                0.0,
+                false,
+                None,
+                heads != kv_heads,
+            );
+            let mask = super::super::kv_cache::decode_mask(&positions, span, Kind::Float);
+            let got = decode(&q, &k, &v, &mask);
+            let diff = (&got - &want).abs().max().double_value(&[]);
+            assert!(diff < 1e-6, "{heads}/{kv_heads}: {diff}");
+            assert_eq!(got.size(), want.size());
+        }
+    }
 }

@@ -87,10 +87,14 @@ impl KvCache {
     }
 }
 
-/// Which of the first `span` cached positions each sequence may attend to: [A, 1, 1, span].
-pub fn decode_mask(positions: &Tensor, span: i64) -> Tensor {
-    Tensor::arange(span, (Kind::Int64, positions.device()))
+/// Which of the first `span` cached positions each sequence may attend to, as the additive
+/// mask attention takes ([A, 1, 1, span] of 0 and −∞ in `kind`, the queries' dtype): made once
+/// per step, where a boolean mask would be converted by every layer's attention.
+pub fn decode_mask(positions: &Tensor, span: i64, kind: Kind) -> Tensor {
+    let beyond = Tensor::arange(span, (Kind::Int64, positions.device()))
         .unsqueeze(0)
-        .le_tensor(&positions.unsqueeze(1))
+        .gt_tensor(&positions.unsqueeze(1));
+    Tensor::zeros(beyond.size(), (kind, positions.device()))
+        .masked_fill(&beyond, f64::NEG_INFINITY)
         .view([-1, 1, 1, span])
 }

@@ -61,7 +61,8 @@ pub enum AttnMode<'a> {
         slots: &'a Tensor,
     },
     /// One new token per sequence: appended at `positions` of `slots`, attending to the cache.
-    /// `mask` comes from `kv_cache::decode_mask`; `dense` says the slots are exactly 0..A.
+    /// `mask` (additive) comes from `kv_cache::decode_mask`; `dense` says the slots are
+    /// exactly 0..A.
     Decode {
         cache: &'a mut KvCache,
         slots: &'a Tensor,
@@ -202,16 +203,7 @@ impl Attention {
             } => {
                 let (keys, values) =
                     cache.append_and_read(layer, &k, &v, slots, positions, *span, *dense);
-                Tensor::scaled_dot_product_attention(
-                    &q,
-                    &keys,
-                    &values,
-                    Some(*mask),
-                    0.0,
-                    false,
-                    None,
-                    gqa,
-                )
+                super::attention::decode(&q, &keys, &values, mask)
             }
         };
         self.o.forward(
