@@ -3,7 +3,8 @@
 # the default job, LoRA on a bfloat16 base with activation checkpointing, two data-parallel
 # ranks, the calculator agent, partial rollout, the update's memory in four setups (`skein
 # bench memory`), then the update's layouts (`skein bench
-# train-tokens`) and the training step and decode against PyTorch eager on the same shapes.
+# train-tokens`) and the training step and decode (with its kernels per step) against PyTorch
+# eager on the same shapes.
 #
 #   scripts/gpu-check.sh                      # cuda, the real shapes (docs/speed.md)
 #   scripts/gpu-check.sh --device cpu --tiny  # every path in a minute or two (the tests run it)
@@ -53,7 +54,7 @@ dev=(--set "run.device=$device")
 rows=()
 failed=0
 # run NAME FIGURE_PATTERN COMMAND...: runs COMMAND with its output in $out/NAME.log; the figure
-# is the lines matching FIGURE_PATTERN, joined.
+# is the last three lines matching FIGURE_PATTERN, joined.
 run() {
   local name=$1 pattern=$2
   shift 2
@@ -62,7 +63,7 @@ run() {
   timeout "${GPU_CHECK_ROW_SECONDS:-900}" "$@" >"$out/$name.log" 2>&1
   status=$?
   end=$(date +%s.%N)
-  figure=$(grep -E "$pattern" "$out/$name.log" | tail -2 | tr -s ' ' | paste -sd ';' -)
+  figure=$(grep -E "$pattern" "$out/$name.log" | tail -3 | tr -s ' ' | paste -sd ';' -)
   local verdict=pass
   [ $status -eq 0 ] || { verdict="FAIL ($status)"; failed=1; figure=$(tail -1 "$out/$name.log" | cut -c1-110); }
   rows+=("| $name | $verdict | $(awk "BEGIN { printf \"%.1f\", $end - $start }") | $figure |")

@@ -41,6 +41,7 @@ fn gpu_check_passes_every_row_on_the_cpu() {
     assert!(table.contains("eval after RL"), "{table}");
     assert!(table.contains("shared-prefix"), "{table}");
     assert!(table.contains("pytorch eager train step"), "{table}");
+    assert!(table.contains("decode ops per step"), "{table}");
     assert!(table.contains("peak / full float32 peak"), "{table}");
     std::fs::remove_dir_all(&out_dir).ok();
 }
