@@ -167,11 +167,12 @@ impl Setup {
     }
 
     /// The update as the preflight sizes it.
-    fn update_shape(self, tokens: usize) -> UpdateShape {
+    fn update_shape(self, tokens: usize, device: Device) -> UpdateShape {
         UpdateShape {
             options: self.options(),
             micro_batch_tokens: tokens,
             checkpointing: self.checkpointing(),
+            cuda: device.is_cuda(),
         }
     }
 }
@@ -292,7 +293,7 @@ fn check_fits(a: &MemoryBenchArgs, name: &str, cfg: &ModelConfig, device: Device
 
 /// The preflight's estimate of `setup`'s update on `device`, in bytes.
 fn estimate(a: &MemoryBenchArgs, cfg: &ModelConfig, setup: Setup, device: Device) -> f64 {
-    let shape = setup.update_shape(a.tokens);
+    let shape = setup.update_shape(a.tokens, device);
     preflight::total(&preflight::update_parts(cfg, &shape, device, false))
 }
 

@@ -96,6 +96,59 @@ struct Trainable {
     dropout: f64,
 }
 
+impl Trainable {
+    /// The adapter's input: `x` with dropout in a training pass (a loaded model's supervised
+    /// warm-up, which records gradients); sampling and the warm-up's evaluations run under
+    /// `no_grad` and see the whole adapter, as PEFT's eval mode does. RL's passes come after
+    /// `stop_dropout`.
+    fn input(&self, x: Tensor) -> Tensor {
+        if self.dropout > 0.0 && grad_mode_enabled() {
+            x.dropout(self.dropout, true)
+        } else {
+            x
+        }
+    }
+
+    /// The CPU's form: float32 products on a float32 copy of the input, the update cast to the
+    /// base's dtype and added. The CPU's float32 products are faster than its bfloat16 ones.
+    fn add_in_float32(&self, y: Tensor, x: &Tensor) -> Tensor {
+        let xf = self.input(x.to_kind(Kind::Float));
+        let delta = xf.matmul(&self.a.tr()).matmul(&self.b.tr()) * self.scale;
+        let kind = y.kind();
+        y + delta.to_kind(kind)
+    }
+
+    /// CUDA's form: the float32 weights cast to the base's dtype, and the products in it, as
+    /// mixed precision computes (the weights, their gradients and the optimizer's moments stay
+    /// float32). In float32 a GPU's products run without its tensor cores (libtorch leaves
+    /// TF32 off), at a fraction of their speed, so float32 products on a bfloat16 base cost
+    /// more than the base's own; and the adapter keeps no float32 copy of its input for the
+    /// backward. It computes what the decoding copy in the base's dtype computes, from the
+    /// same values.
+    fn add_in_base_dtype(&self, y: Tensor, x: &Tensor) -> Tensor {
+        let (a_t, scaled_b_t) = self.products_in(y.kind());
+        low_rank_add(&y, &self.input(x.shallow_clone()), &a_t, &scaled_b_t)
+    }
+
+    /// `Aᵀ` and `(scale · B)ᵀ` in `kind`, as the products take them.
+    fn products_in(&self, kind: Kind) -> (Tensor, Tensor) {
+        (
+            self.a.tr().to_kind(kind),
+            (&self.b * self.scale).tr().to_kind(kind),
+        )
+    }
+}
+
+/// `y + (x · a_t) · scaled_b_t`, the second product adding onto `y` in the same kernel.
+fn low_rank_add(y: &Tensor, x: &Tensor, a_t: &Tensor, scaled_b_t: &Tensor) -> Tensor {
+    let shape = y.size();
+    let low = x.matmul(a_t);
+    let rank = a_t.size()[1];
+    y.reshape([-1, *shape.last().expect("outputs have a last dimension")])
+        .addmm(&low.reshape([-1, rank]), scaled_b_t)
+        .view(shape.as_slice())
+}
+
 /// An adapter as decoding uses it: `Aᵀ` and `(scale · B)ᵀ`, made once per engine run. In
 /// the base's dtype, a pass costs two matrix products, the second adding onto the base's
 /// output, instead of a cast in, two products, a scale, a cast out and an add; in another
@@ -140,33 +193,17 @@ impl Projection {
         }));
     }
 
+    /// The base's output plus the adapter's. A trainable adapter computes its products on
+    /// CUDA in the base's dtype ([`Trainable::add_in_base_dtype`]) and elsewhere in float32
+    /// ([`Trainable::add_in_float32`]); a decoding copy as it was made.
     pub fn forward(&self, x: &Tensor) -> Tensor {
         let y = self.base.forward(x);
         match &self.adapter {
             None => y,
-            Some(Adapter::Trainable(ad)) => {
-                let at = ad.a.tr();
-                // Dropout is a training pass's (a loaded model's supervised warm-up, which
-                // records gradients); sampling and the warm-up's evaluations run under
-                // `no_grad` and see the whole adapter, as PEFT's eval mode does. RL's passes
-                // come after `stop_dropout`.
-                let xf = x.to_kind(Kind::Float);
-                let xf = if ad.dropout > 0.0 && grad_mode_enabled() {
-                    xf.dropout(ad.dropout, true)
-                } else {
-                    xf
-                };
-                let delta = xf.matmul(&at).matmul(&ad.b.tr()) * ad.scale;
-                let kind = y.kind();
-                y + delta.to_kind(kind)
-            }
+            Some(Adapter::Trainable(ad)) if x.device().is_cuda() => ad.add_in_base_dtype(y, x),
+            Some(Adapter::Trainable(ad)) => ad.add_in_float32(y, x),
             Some(Adapter::Frozen(ad)) if ad.a_t.kind() == x.kind() => {
-                let shape = y.size();
-                let low = x.matmul(&ad.a_t);
-                let rank = ad.a_t.size()[1];
-                y.reshape([-1, *shape.last().expect("outputs have a last dimension")])
-                    .addmm(&low.reshape([-1, rank]), &ad.scaled_b_t)
-                    .view(shape.as_slice())
+                low_rank_add(&y, x, &ad.a_t, &ad.scaled_b_t)
             }
             Some(Adapter::Frozen(ad)) => {
                 let delta = x
@@ -194,9 +231,10 @@ impl Projection {
     pub fn for_decoding(&self, kind: Kind) -> Self {
         let adapter = self.adapter.as_ref().map(|ad| match ad {
             Adapter::Trainable(t) => tch::no_grad(|| {
+                let (a_t, scaled_b_t) = t.products_in(kind);
                 Adapter::Frozen(Frozen {
-                    a_t: t.a.tr().to_kind(kind).contiguous(),
-                    scaled_b_t: (&t.b * t.scale).tr().to_kind(kind).contiguous(),
+                    a_t: a_t.contiguous(),
+                    scaled_b_t: scaled_b_t.contiguous(),
                 })
             }),
             Adapter::Frozen(f) => Adapter::Frozen(Frozen {
@@ -431,6 +469,62 @@ mod tests {
                 "a copy, not a view"
             );
         }
+    }
+
+    /// CUDA's form of a trainable adapter (products in the base's dtype) computes the CPU's
+    /// (float32 products) to the base dtype's rounding, values and gradients alike, and the
+    /// decoding copy in the base's dtype computes exactly it: on CUDA the engine's and the
+    /// trainer's adapters agree to the bit.
+    #[test]
+    fn products_in_the_base_dtype_match_float32_and_the_decoding_copy() {
+        let vs = nn::VarStore::new(Device::Cpu);
+        let cfg = LoraConfig {
+            rank: 4,
+            ..Default::default()
+        };
+        let mut proj = Projection::new(vs.root() / "q", 32, 24, true);
+        proj.attach(vs.root() / "q", &cfg);
+        tch::manual_seed(8);
+        tch::no_grad(|| {
+            proj.base.ws = (proj.base.ws.randn_like() * 0.2).to_kind(Kind::BFloat16);
+            proj.base.bs = proj.base.bs.as_ref().map(|b| b.to_kind(Kind::BFloat16));
+            if let Some(Adapter::Trainable(ad)) = &proj.adapter {
+                ad.b.shallow_clone().copy_(&(ad.b.randn_like() * 0.3));
+            }
+        });
+        let Some(Adapter::Trainable(ad)) = &proj.adapter else {
+            unreachable!("attached above")
+        };
+        let x = Tensor::randn([3, 5, 32], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
+        let y = || tch::no_grad(|| proj.base.forward(&x));
+        let f32 = |t: &Tensor| t.to_kind(Kind::Float);
+        let grads = |out: Tensor| {
+            for t in [&ad.a, &ad.b] {
+                t.shallow_clone().zero_grad();
+            }
+            (f32(&out) * Tensor::arange(24, (Kind::Float, Device::Cpu)))
+                .sum(Kind::Float)
+                .backward();
+            (ad.a.grad().copy(), ad.b.grad().copy())
+        };
+        let (float32, base_dtype) = (ad.add_in_float32(y(), &x), ad.add_in_base_dtype(y(), &x));
+        let effect = (f32(&float32) - f32(&y())).abs().max().double_value(&[]);
+        let diff = (f32(&float32) - f32(&base_dtype))
+            .abs()
+            .max()
+            .double_value(&[]);
+        assert!(diff < effect / 20.0, "{diff} vs the adapter's {effect}");
+        let ((ga, gb), (ga_b, gb_b)) = (grads(float32), grads(base_dtype.shallow_clone()));
+        for (g, h) in [(ga, ga_b), (gb, gb_b)] {
+            let rel = (&g - &h).norm().double_value(&[]) / g.norm().double_value(&[]);
+            assert!(rel < 0.02, "gradients differ by {rel} of their norm");
+        }
+        let decoding = proj.for_decoding(Kind::BFloat16);
+        let copied = tch::no_grad(|| decoding.forward(&x));
+        assert!(
+            copied.equal(&base_dtype.detach()),
+            "the decoding copy computes the same"
+        );
     }
 
     #[test]

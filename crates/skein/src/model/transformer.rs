@@ -409,12 +409,11 @@ impl Transformer {
     /// shared. Made once per engine run, since it does not follow later updates of the
     /// adapters.
     ///
-    /// On CUDA the adapters are in the base's dtype: two matrix products per projection.
-    /// Decode steps are small enough that a GPU's time goes to launching kernels, and the
-    /// trainable adapter's six launches per projection (a cast in, two products, a scale, a
-    /// cast out, an add) were most of what LoRA added to one (`skein bench --op-breakdown`).
-    /// On the CPU they stay float32, as in training: its bfloat16 products are slower than its
-    /// float32 ones (bfloat16 LoRA decode measured 8–17% slower with them).
+    /// The adapters' products are in the dtype the trainer computes them in on the device:
+    /// on CUDA the base's, so the engine's adapters compute the trainer's to the bit, with two
+    /// kernels per projection where the trainable form launches up to five (its casts of the
+    /// weights, a scale, the products); on the CPU float32, as the trainer's, whose input a
+    /// low-precision base casts.
     pub fn for_decoding(&self) -> Self {
         let kind = if self.device().is_cuda() {
             self.kind()

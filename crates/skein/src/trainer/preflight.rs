@@ -58,6 +58,9 @@ pub struct UpdateShape {
     pub micro_batch_tokens: usize,
     /// Each layer keeps only its input and is recomputed in the backward.
     pub checkpointing: bool,
+    /// On CUDA, where LoRA's products run in the base's dtype (`model::lora`), keeping no
+    /// float32 copy of their input.
+    pub cuda: bool,
 }
 
 impl UpdateShape {
@@ -67,6 +70,7 @@ impl UpdateShape {
             options: cfg.model_options(),
             micro_batch_tokens: cfg.trainer.micro_batch_tokens,
             checkpointing: cfg.trainer.activation_checkpointing,
+            cuda: cfg.run.device.starts_with("cuda"),
         }
     }
 }
@@ -124,19 +128,21 @@ fn base_layer_bytes_per_token(model: &ModelConfig, dtype: Dtype) -> f64 {
     kept + norms
 }
 
-/// Bytes one layer's adapters keep per token: each its rank-sized intermediate, and a float32
-/// copy of its input when the base is not float32.
-fn adapter_bytes_per_token(model: &ModelConfig, options: &ModelOptions) -> f64 {
+/// Bytes one layer's adapters keep per token: each its rank-sized intermediate, in float32
+/// with a float32 copy of its input when the base is not float32; on CUDA, where the products
+/// run in the base's dtype, the intermediate alone, in that dtype.
+fn adapter_bytes_per_token(model: &ModelConfig, options: &ModelOptions, cuda: bool) -> f64 {
     let lora = &options.lora;
     if !lora.enabled() {
         return 0.0;
     }
-    let copy = options.dtype != Dtype::Float32;
+    let copy = options.dtype != Dtype::Float32 && !cuda;
+    let bytes = if cuda { options.dtype.bytes() } else { F32 };
     model
         .projection_shapes()
         .iter()
         .filter(|(name, _, _)| lora.targets.iter().any(|t| t == name))
-        .map(|&(_, input, _)| F32 * (lora.rank as f64 + if copy { input as f64 } else { 0.0 }))
+        .map(|&(_, input, _)| bytes * (lora.rank as f64 + if copy { input as f64 } else { 0.0 }))
         .sum()
 }
 
@@ -161,7 +167,7 @@ pub fn micro_batch_parts(model: &ModelConfig, shape: &UpdateShape) -> Vec<Part> 
     let tokens = shape.micro_batch_tokens as f64;
     let layers = model.num_hidden_layers as f64;
     let base = base_layer_bytes_per_token(model, shape.options.dtype);
-    let adapters = adapter_bytes_per_token(model, &shape.options);
+    let adapters = adapter_bytes_per_token(model, &shape.options, shape.cuda);
     // With checkpointing: each layer's input and the last one's output, and one layer at a
     // time recomputed, with the gradients of its activations.
     let (inputs, kept_layers) = if shape.checkpointing {
@@ -472,6 +478,26 @@ mod tests {
         // rank · (in + out) per projection and layer, float32, with gradients and two moments.
         assert_eq!(part(&bf16, "LoRA adapters"), 16.0 * 8_798_208.0);
         assert!(part(&bf16, "activations") < part(&adapters, "activations"));
+    }
+
+    /// On CUDA a bfloat16 base's adapters keep their rank-sized intermediate in bfloat16 and
+    /// no float32 copy of their input (their products run in the base's dtype).
+    #[test]
+    fn adapters_on_cuda_keep_less() {
+        let qwen = ModelConfig::qwen2_5_0_5b();
+        let mut shape = UpdateShape::of(&lora(Dtype::Bfloat16));
+        let adapters = |shape: &UpdateShape| {
+            let parts = update_parts(&qwen, shape, Device::Cpu, false);
+            part(&parts, "activations of the LoRA adapters")
+        };
+        let on_cpu = adapters(&shape);
+        shape.cuda = true;
+        let on_cuda = adapters(&shape);
+        // Per token and layer: 16 · Σ rank against 4 · Σ (rank + input) over 7 projections.
+        let (rank, inputs) = (16.0 * 7.0, 896.0 * 6.0 + 4864.0);
+        let ratio = on_cuda / on_cpu;
+        let want = 2.0 * rank / (4.0 * (rank + inputs));
+        assert!((ratio - want).abs() < 1e-9, "{ratio} against {want}");
     }
 
     #[test]
