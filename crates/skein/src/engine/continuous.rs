@@ -449,10 +449,17 @@ impl Engine {
             }
         }
         let device = logits.device();
+        let whole = groups.len() == 1;
         for (params, rows) in groups {
-            let idx = Tensor::from_slice(&rows.iter().map(|&r| r as i64).collect::<Vec<_>>())
-                .to_device(device);
-            let drawn = sample(&logits.index_select(0, &idx), &params);
+            // One group holds every row in order: its logits are all of them, with no index
+            // to copy to the device (a copy that waits for the forward) and no gather.
+            let drawn = if whole {
+                sample(logits, &params)
+            } else {
+                let idx = Tensor::from_slice(&rows.iter().map(|&r| r as i64).collect::<Vec<_>>())
+                    .to_device(device);
+                sample(&logits.index_select(0, &idx), &params)
+            };
             let tokens =
                 Vec::<i64>::try_from(&drawn.tokens.to_device(tch::Device::Cpu)).unwrap_or_default();
             let logprobs = Vec::<f32>::try_from(&drawn.logprobs.to_device(tch::Device::Cpu))
