@@ -24,7 +24,7 @@ pub const MIN_STEPS: usize = 2;
 
 /// Mean |behavior log-prob − recomputed π_old log-prob| over tokens the step's own policy
 /// sampled: the same weights give the same numbers up to float round-off (the default job's
-/// steps: a mean of at most 1.4e-7), so more is an engine that does not compute what the
+/// steps: a mean of at most 3.6e-7), so more is an engine that does not compute what the
 /// trainer does. The bound of a float32 run, and of runs that did not log theirs: the trainer
 /// logs the bound of its dtype as `logp_mismatch/tolerance` (bfloat16 rounds far coarser).
 pub const MAX_LOGP_MISMATCH: f64 = 1e-3;

@@ -36,7 +36,7 @@ impl Dtype {
     /// when the engine and the trainer run the same weights in this dtype: the engine's cached
     /// decode and the trainer's full forward add in different orders. Beyond it the engine
     /// computes another policy (`logprob-mismatch`).
-    /// - float32: 1e-3, far above what is measured (the default job: at most 1.4e-7; a 358M
+    /// - float32: 1e-3, far above what is measured (the default job: at most 3.6e-7; a 358M
     ///   body on an H200: 2–4e-6).
     /// - bfloat16: 0.05. A 358M body, LoRA 64 on an H200 measured a mean of 0.013–0.014 in
     ///   every attention layout (docs/speed.md); its 8-bit mantissa rounds every product.
