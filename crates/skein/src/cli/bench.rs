@@ -9,7 +9,7 @@ use super::bench_memory::{self, MemoryBenchArgs};
 use super::bench_rewards::{self, RewardBenchArgs};
 use super::bench_tokens::{self, TokenBenchArgs};
 use crate::engine::{Engine, EngineStats, GenRequest, SamplingParams};
-use crate::model::Model;
+use crate::model::{DecodeForm, Model};
 use crate::op_count;
 use crate::trainer::batch::TrainRow;
 use crate::trainer::update::head::{token_logprobs, Entropy};
@@ -70,6 +70,26 @@ pub struct BenchArgs {
     /// Also list the operators a decode step calls, most frequent first.
     #[arg(long)]
     op_breakdown: bool,
+    /// The form of the decoding copy: `separate` (the CPU's) or `fused` (CUDA's). By default
+    /// the device's; naming the other counts its calls on this machine.
+    #[arg(long, value_enum)]
+    decode_form: Option<DecodeFormArg>,
+}
+
+/// `--decode-form`'s values, [`DecodeForm`]'s.
+#[derive(clap::ValueEnum, Debug, Clone, Copy)]
+enum DecodeFormArg {
+    Separate,
+    Fused,
+}
+
+impl From<DecodeFormArg> for DecodeForm {
+    fn from(form: DecodeFormArg) -> Self {
+        match form {
+            DecodeFormArg::Separate => DecodeForm::Separate,
+            DecodeFormArg::Fused => DecodeForm::Fused,
+        }
+    }
 }
 
 pub fn run(a: &BenchArgs) -> Result<()> {
@@ -100,9 +120,14 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         (a.batch * a.seq) as f64 / train
     );
     let (secs, tokens) = time_decode(&model, a);
+    let form = decode_form(&model, a);
     println!(
-        "decode (batch {}, KV cache): {:.0} tokens/s ({} tokens in {:.2} s)",
+        "decode (batch {}, KV cache, {} form): {:.0} tokens/s ({} tokens in {:.2} s)",
         a.batch,
+        match form {
+            DecodeForm::Separate => "separate",
+            DecodeForm::Fused => "fused",
+        },
         tokens as f64 / secs,
         tokens,
         secs
@@ -204,10 +229,18 @@ fn time_decode(model: &Model, a: &BenchArgs) -> (f64, usize) {
     (t.elapsed().as_secs_f64(), stats.generated_tokens)
 }
 
+/// The decoding copy's form: `--decode-form`, or the device's.
+fn decode_form(model: &Model, a: &BenchArgs) -> DecodeForm {
+    a.decode_form
+        .map(DecodeForm::from)
+        .unwrap_or_else(|| DecodeForm::for_device(model.vs.device()))
+}
+
 /// One batch of `a.batch` sequences generated to `a.seq` tokens, from prompts that `seed`
 /// varies.
 fn decode(model: &Model, a: &BenchArgs, seed: usize) -> EngineStats {
-    let engine = Engine::new(a.batch);
+    let mut engine = Engine::new(a.batch);
+    engine.decode_form = Some(decode_form(model, a));
     let max_new = a.seq - a.decode_prompt;
     let requests = |seed: usize| -> Vec<GenRequest> {
         (0..a.batch)

@@ -2,7 +2,7 @@
 //! slot is free and leave the moment they finish, so no step waits for the longest sequence.
 
 use super::sampling::{kept_ids, sample, SamplingParams};
-use crate::model::{AttnMode, KvCache, Model, Transformer};
+use crate::model::{AttnMode, DecodeForm, KvCache, Model, Transformer};
 use skein_plan::KeptSets;
 use std::collections::VecDeque;
 use tch::{Kind, Tensor};
@@ -108,6 +108,9 @@ pub struct EngineStats {
 
 pub struct Engine {
     pub max_slots: usize,
+    /// The form the decoding copy takes; `None`: the fastest on the model's device
+    /// ([`DecodeForm::for_device`]). `skein bench --decode-form` counts another's calls.
+    pub decode_form: Option<DecodeForm>,
 }
 
 /// What a feed hands the engine loop when asked for requests.
@@ -123,6 +126,7 @@ impl Engine {
     pub fn new(max_slots: usize) -> Self {
         Engine {
             max_slots: max_slots.max(1),
+            decode_form: None,
         }
     }
 
@@ -170,8 +174,11 @@ impl Engine {
             generated.set(generated.get() + out.tokens.len());
             on_finish(out)
         };
-        // Adapters in the form decoding runs fastest; the weights do not change during a run.
-        let decoding = model.net.for_decoding();
+        // The weights in the form decoding runs fastest; they do not change during a run.
+        let decoding = match self.decode_form {
+            Some(form) => model.net.for_decoding_as(form),
+            None => model.net.for_decoding(),
+        };
         let net = &decoding;
         let capacity = capacity.clamp(1, net.max_positions());
         let cfg = &net.config;
@@ -717,9 +724,16 @@ mod tests {
     }
 
     /// Greedy decoding with the KV cache must pick the same tokens, with the same log-probs,
-    /// as recomputing the whole sequence without a cache at every step.
+    /// as recomputing the whole sequence without a cache at every step, in either form of the
+    /// decoding copy.
     #[test]
     fn cached_decoding_matches_full_recomputation() {
+        for form in [DecodeForm::Separate, DecodeForm::Fused] {
+            cached_decoding_in_form_matches_full_recomputation(form);
+        }
+    }
+
+    fn cached_decoding_in_form_matches_full_recomputation(form: DecodeForm) {
         let model = tiny();
         let prompts: Vec<Vec<u32>> = vec![vec![1, 2, 3], vec![5, 6, 7, 8, 9, 10, 11], vec![4]];
         let reqs = prompts
@@ -735,7 +749,9 @@ mod tests {
             })
             .collect();
         // Two slots for three requests: the third joins when the first slot frees up.
-        let outs = run(&Engine::new(2), &model, reqs);
+        let mut engine = Engine::new(2);
+        engine.decode_form = Some(form);
+        let outs = run(&engine, &model, reqs);
         for (p, out) in prompts.iter().zip(&outs) {
             let mut seq: Vec<i64> = p.iter().map(|&t| t as i64).collect();
             for (tok, lp) in out.tokens.iter().zip(&out.logprobs) {

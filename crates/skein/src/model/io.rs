@@ -74,6 +74,8 @@ impl Model {
         }
         options.check(self.vs.device())?;
         tch::no_grad(|| self.vs.set_kind(options.dtype.kind()));
+        // The cast gave every weight storage of its own.
+        self.net.share_storage();
         self.options.dtype = options.dtype;
         self.attach_adapters(&options.lora);
         Ok(())

@@ -140,7 +140,7 @@ impl Trainable {
 }
 
 /// `y + (x · a_t) · scaled_b_t`, the second product adding onto `y` in the same kernel.
-fn low_rank_add(y: &Tensor, x: &Tensor, a_t: &Tensor, scaled_b_t: &Tensor) -> Tensor {
+pub(super) fn low_rank_add(y: &Tensor, x: &Tensor, a_t: &Tensor, scaled_b_t: &Tensor) -> Tensor {
     let shape = y.size();
     let low = x.matmul(a_t);
     let rank = a_t.size()[1];
@@ -246,6 +246,29 @@ impl Projection {
             base: self.shared_base(),
             adapter,
         }
+    }
+
+    /// The base projection (its weight and bias).
+    pub(super) fn base(&self) -> &nn::Linear {
+        &self.base
+    }
+
+    /// The base projection, to point its variables elsewhere ([`super::fused::Storage`]).
+    pub(super) fn base_mut(&mut self) -> &mut nn::Linear {
+        &mut self.base
+    }
+
+    /// A decoding copy's adapter as its two products take it: `Aᵀ` and `(scale · B)ᵀ`.
+    pub(super) fn decoding_products(&self) -> Option<(&Tensor, &Tensor)> {
+        match &self.adapter {
+            Some(Adapter::Frozen(f)) => Some((&f.a_t, &f.scaled_b_t)),
+            _ => None,
+        }
+    }
+
+    /// Whether the adapter is a trainable one (not a decoding copy).
+    pub(super) fn has_trainable_adapter(&self) -> bool {
+        matches!(self.adapter, Some(Adapter::Trainable(_)))
     }
 
     fn shared_base(&self) -> nn::Linear {

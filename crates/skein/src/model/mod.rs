@@ -5,6 +5,7 @@ pub mod attention;
 pub mod bert;
 pub mod checkpoint;
 pub mod config;
+pub mod fused;
 pub mod io;
 pub mod kv_cache;
 pub mod lora;
@@ -21,7 +22,7 @@ pub use io::Model;
 pub use kv_cache::KvCache;
 pub use lora::LoraConfig;
 pub use options::{Dtype, ModelOptions};
-pub use transformer::{AttnMode, Transformer};
+pub use transformer::{AttnMode, DecodeForm, Transformer};
 pub use value::ValueModel;
 
 use tch::{nn, Tensor};

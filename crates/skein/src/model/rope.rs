@@ -92,7 +92,8 @@ fn scale_frequency(f: f64, scaling: &RopeScaling) -> f64 {
 }
 
 /// `x` is [B, heads, T, head_dim]; `cos` and `signed_sin` are [B, 1, T, head_dim], from
-/// [`Rope::tables`]. Rotates each half pair: x·cos + (−x₂, x₁)·sin, computed as
+/// [`Rope::tables`] (or, all three with dimensions 1 and 2 swapped, [B, T, heads, head_dim]
+/// and [B, T, 1, head_dim]). Rotates each half pair: x·cos + (−x₂, x₁)·sin, computed as
 /// x·cos + (x₂, x₁)·signed_sin, which is the same to the bit. (A fused multiply-add for the
 /// last two kernels would save one more, but it rounds once where they round twice, and that
 /// changes every trained number a little.)

@@ -4,6 +4,7 @@
 
 use super::attention::{Spans, Varlen};
 use super::config::ModelConfig;
+use super::fused::{Fused, Storage};
 use super::kv_cache::KvCache;
 use super::lora::{LoraConfig, Projection};
 use super::rope::{self, Rope};
@@ -102,6 +103,10 @@ struct Attention {
     o: Projection,
     q_norm: Option<RmsNorm>,
     k_norm: Option<RmsNorm>,
+    /// The storage q, k and v's weights are views of.
+    qkv_storage: Option<Storage>,
+    /// q, k and v as one product (a decoding copy in [`DecodeForm::Fused`]).
+    qkv: Option<Fused>,
     heads: i64,
     kv_heads: i64,
     head_dim: i64,
@@ -116,17 +121,34 @@ impl Attention {
             cfg.qk_norm()
                 .then(|| RmsNorm::new(&p / name, hd as usize, cfg.rms_norm_eps))
         };
-        Attention {
+        let mut attention = Attention {
             q: Projection::new(&p / "q_proj", h, heads * hd, bias),
             k: Projection::new(&p / "k_proj", h, kv_heads * hd, bias),
             v: Projection::new(&p / "v_proj", h, kv_heads * hd, bias),
             o: Projection::new(&p / "o_proj", heads * hd, h, false),
             q_norm: norm("q_norm"),
             k_norm: norm("k_norm"),
+            qkv_storage: None,
+            qkv: None,
             heads,
             kv_heads,
             head_dim: hd,
-        }
+        };
+        attention.share_storage();
+        attention
+    }
+
+    /// Puts q, k and v's weights into one storage ([`Storage::share`]).
+    fn share_storage(&mut self) {
+        self.qkv_storage = Storage::share(&mut [&mut self.q, &mut self.k, &mut self.v]);
+    }
+
+    /// Computes q, k and v with one product from their storage, while it holds them.
+    fn fuse(&mut self) {
+        self.qkv = self
+            .qkv_storage
+            .as_ref()
+            .and_then(|s| Fused::new(s, &[&self.q, &self.k, &self.v]));
     }
 
     fn projections(&mut self) -> [(&'static str, &mut Projection); 4] {
@@ -151,6 +173,8 @@ impl Attention {
             o: f(&self.o),
             q_norm: self.q_norm.as_ref().map(RmsNorm::shared),
             k_norm: self.k_norm.as_ref().map(RmsNorm::shared),
+            qkv_storage: self.qkv_storage.as_ref().map(Storage::shared),
+            qkv: None,
             ..*self
         }
     }
@@ -165,6 +189,46 @@ impl Attention {
         y.transpose(1, 2)
     }
 
+    /// Queries, keys and values [B, heads, T, D] from one product. Without q/k norms the
+    /// queries and keys lie side by side in it, head after head, and rotate in one pass: the
+    /// same element-wise arithmetic as two.
+    fn fused_queries_keys_values(
+        &self,
+        qkv: &Fused,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+    ) -> (Tensor, Tensor, Tensor) {
+        let (b, t, _) = x.size3().expect("hidden states are [batch, time, hidden]");
+        let (heads, kv_heads) = (self.heads, self.kv_heads);
+        let y = qkv
+            .forward(x)
+            .view([b, t, heads + 2 * kv_heads, self.head_dim]);
+        // The tables broadcast over the heads, here dimension 2.
+        let (cos, sin) = (cos.transpose(1, 2), sin.transpose(1, 2));
+        let v = y.narrow(2, heads + kv_heads, kv_heads);
+        let (q, k) = match (&self.q_norm, &self.k_norm) {
+            (None, None) => {
+                let qk = rope::apply(&y.narrow(2, 0, heads + kv_heads), &cos, &sin);
+                (qk.narrow(2, 0, heads), qk.narrow(2, heads, kv_heads))
+            }
+            (q_norm, k_norm) => {
+                let rotate = |part: Tensor, norm: &Option<RmsNorm>| {
+                    let part = match norm {
+                        Some(n) => n.forward(&part),
+                        None => part,
+                    };
+                    rope::apply(&part, &cos, &sin)
+                };
+                (
+                    rotate(y.narrow(2, 0, heads), q_norm),
+                    rotate(y.narrow(2, heads, kv_heads), k_norm),
+                )
+            }
+        };
+        (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    }
+
     fn forward(
         &self,
         x: &Tensor,
@@ -174,17 +238,22 @@ impl Attention {
         mode: &mut AttnMode,
     ) -> Tensor {
         let (b, t, _) = x.size3().expect("hidden states are [batch, time, hidden]");
-        let q = rope::apply(
-            &self.project(&self.q, &self.q_norm, x, self.heads),
-            cos,
-            sin,
-        );
-        let k = rope::apply(
-            &self.project(&self.k, &self.k_norm, x, self.kv_heads),
-            cos,
-            sin,
-        );
-        let v = self.project(&self.v, &None, x, self.kv_heads);
+        let (q, k, v) = match &self.qkv {
+            Some(qkv) => self.fused_queries_keys_values(qkv, x, cos, sin),
+            None => (
+                rope::apply(
+                    &self.project(&self.q, &self.q_norm, x, self.heads),
+                    cos,
+                    sin,
+                ),
+                rope::apply(
+                    &self.project(&self.k, &self.k_norm, x, self.kv_heads),
+                    cos,
+                    sin,
+                ),
+                self.project(&self.v, &None, x, self.kv_heads),
+            ),
+        };
         let gqa = self.heads != self.kv_heads;
         let out = match mode {
             AttnMode::Causal => Tensor::scaled_dot_product_attention(
@@ -239,16 +308,37 @@ struct Mlp {
     gate: Projection,
     up: Projection,
     down: Projection,
+    /// The storage gate and up's weights are views of.
+    gate_up_storage: Option<Storage>,
+    /// gate and up as one product (a decoding copy in [`DecodeForm::Fused`]).
+    gate_up: Option<Fused>,
 }
 
 impl Mlp {
     fn new(p: nn::Path, cfg: &ModelConfig) -> Self {
         let (h, i) = (cfg.hidden_size as i64, cfg.intermediate_size as i64);
-        Mlp {
+        let mut mlp = Mlp {
             gate: Projection::new(&p / "gate_proj", h, i, false),
             up: Projection::new(&p / "up_proj", h, i, false),
             down: Projection::new(&p / "down_proj", i, h, false),
-        }
+            gate_up_storage: None,
+            gate_up: None,
+        };
+        mlp.share_storage();
+        mlp
+    }
+
+    /// Puts gate and up's weights into one storage ([`Storage::share`]).
+    fn share_storage(&mut self) {
+        self.gate_up_storage = Storage::share(&mut [&mut self.gate, &mut self.up]);
+    }
+
+    /// Computes gate and up with one product from their storage, while it holds them.
+    fn fuse(&mut self) {
+        self.gate_up = self
+            .gate_up_storage
+            .as_ref()
+            .and_then(|s| Fused::new(s, &[&self.gate, &self.up]));
     }
 
     fn projections(&mut self) -> [(&'static str, &mut Projection); 3] {
@@ -268,12 +358,21 @@ impl Mlp {
             gate: f(&self.gate),
             up: f(&self.up),
             down: f(&self.down),
+            gate_up_storage: self.gate_up_storage.as_ref().map(Storage::shared),
+            gate_up: None,
         }
     }
 
     fn forward(&self, x: &Tensor) -> Tensor {
-        self.down
-            .forward(&(self.gate.forward(x).silu() * self.up.forward(x)))
+        let hidden = match &self.gate_up {
+            Some(gate_up) => {
+                let y = gate_up.forward(x);
+                let width = self.gate.base().ws.size()[0];
+                y.narrow(-1, 0, width).silu() * y.narrow(-1, width, width)
+            }
+            None => self.gate.forward(x).silu() * self.up.forward(x),
+        };
+        self.down.forward(&hidden)
     }
 }
 
@@ -282,6 +381,34 @@ struct Block {
     attn: Attention,
     post_norm: RmsNorm,
     mlp: Mlp,
+}
+
+/// How a decoding copy computes ([`Transformer::for_decoding_as`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodeForm {
+    /// The CPU's: every projection on its own, and adapters in float32, as the trainer
+    /// computes them there. The CPU's matrix products may round differently at another width,
+    /// so the engine computes the trainer's numbers.
+    Separate,
+    /// CUDA's, where a decode step costs its kernel launches: q, k and v as one product, gate
+    /// and up as another (their weights share a storage, `model/fused.rs`), the queries and
+    /// keys rotated in one pass, and adapters in the base's dtype, as the trainer computes
+    /// them there. Per layer, seven kernels fewer than each projection on its own (three
+    /// products and the rotation's four element-wise kernels), and six more with adapters on
+    /// every projection. A product of another width may round differently, so the engine's
+    /// numbers differ from the trainer's by round-off, as they do between any two GPU kernels.
+    Fused,
+}
+
+impl DecodeForm {
+    /// The form that runs fastest on `device`.
+    pub fn for_device(device: tch::Device) -> Self {
+        if device.is_cuda() {
+            DecodeForm::Fused
+        } else {
+            DecodeForm::Separate
+        }
+    }
 }
 
 /// A decoder-only transformer (Qwen2 / Qwen3 / Llama) with its LM head.
@@ -404,28 +531,61 @@ impl Transformer {
         self.map_projections(&Projection::base_only)
     }
 
-    /// The same weights for decoding, without gradients: the base shared, adapters as
-    /// [`Projection::for_decoding`] makes them. Without adapters it is the model itself,
-    /// shared. Made once per engine run, since it does not follow later updates of the
-    /// adapters.
+    /// The same weights for decoding, without gradients, in the [`DecodeForm`] of the
+    /// device: the base shared, adapters as [`Projection::for_decoding`] makes them. Made once
+    /// per engine run, since it does not follow later updates of the adapters.
     ///
     /// The adapters' products are in the dtype the trainer computes them in on the device:
-    /// on CUDA the base's, so the engine's adapters compute the trainer's to the bit, with two
-    /// kernels per projection where the trainable form launches up to five (its casts of the
-    /// weights, a scale, the products); on the CPU float32, as the trainer's, whose input a
-    /// low-precision base casts.
+    /// on CUDA the base's, with two kernels per projection where the trainable form launches
+    /// up to five (its casts of the weights, a scale, the products); on the CPU float32, as
+    /// the trainer's, whose input a low-precision base casts.
     pub fn for_decoding(&self) -> Self {
-        let kind = if self.device().is_cuda() {
-            self.kind()
-        } else {
-            Kind::Float
-        };
-        self.for_decoding_in(kind)
+        self.for_decoding_as(DecodeForm::for_device(self.device()))
     }
 
-    /// [`for_decoding`](Self::for_decoding) with the adapters in `kind`.
+    /// [`for_decoding`](Self::for_decoding) in `form`, whatever the device.
+    pub fn for_decoding_as(&self, form: DecodeForm) -> Self {
+        match form {
+            DecodeForm::Separate => self.for_decoding_in(Kind::Float),
+            DecodeForm::Fused => {
+                let mut copy = self.for_decoding_in(self.kind());
+                for block in &mut copy.blocks {
+                    block.attn.fuse();
+                    block.mlp.fuse();
+                }
+                copy
+            }
+        }
+    }
+
+    /// A decoding copy with the adapters in `kind`, each projection on its own.
     pub fn for_decoding_in(&self, kind: Kind) -> Self {
         self.map_projections(&|p| p.for_decoding(kind))
+    }
+
+    /// Whether every layer's q/k/v and gate/up weights are views of their group's storage,
+    /// as [`DecodeForm::Fused`] needs.
+    pub fn shares_storage(&self) -> bool {
+        self.blocks.iter().all(|b| {
+            let attn = &b.attn;
+            let mlp = &b.mlp;
+            attn.qkv_storage
+                .as_ref()
+                .is_some_and(|s| s.holds(&[&attn.q, &attn.k, &attn.v]))
+                && mlp
+                    .gate_up_storage
+                    .as_ref()
+                    .is_some_and(|s| s.holds(&[&mlp.gate, &mlp.up]))
+        })
+    }
+
+    /// Puts the weights of q, k and v, and of gate and up, into one storage per layer again
+    /// ([`Storage::share`]): after a cast of the var store, which gives each its own.
+    pub fn share_storage(&mut self) {
+        for block in &mut self.blocks {
+            block.attn.share_storage();
+            block.mlp.share_storage();
+        }
     }
 
     /// The device of the weights.
