@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Runs every path of skein on one device once and prints a pass/fail table with its figures:
-# the default job, LoRA on a bfloat16 base with activation checkpointing, two data-parallel
-# ranks, the calculator agent, partial rollout, the update's memory in four setups (`skein
-# bench memory`), then the update's layouts (`skein bench
-# train-tokens`) and the training step and decode (with its kernels per step) against PyTorch
-# eager on the same shapes.
+# - the default job, LoRA on a bfloat16 base with activation checkpointing, two data-parallel
+#   ranks, the calculator agent and partial rollout, each followed by its engine-versus-trainer
+#   log-prob gap (`scripts/logp-gap.sh`), which fails above its dtype's round-off bound: an
+#   engine that computes another policy;
+# - the update's memory in four setups (`skein bench memory`);
+# - per dtype, the update's layouts (`skein bench train-tokens`), the training step and decode
+#   (with its kernels per step) against PyTorch eager on the same shapes, and decode in the
+#   other form of the decoding copy (`skein bench --decode-form`: on CUDA the CPU's, elsewhere
+#   CUDA's).
 #
 #   scripts/gpu-check.sh                      # cuda, the real shapes (docs/speed.md)
 #   scripts/gpu-check.sh --device cpu --tiny  # every path in a minute or two (the tests run it)
@@ -50,6 +54,8 @@ else
   memory=(--shape qwen2.5-0.5b)
 fi
 dev=(--set "run.device=$device")
+# The form of the decoding copy the device does not take (DecodeForm::for_device).
+case "$device" in cuda*) other_form=separate ;; *) other_form=fused ;; esac
 
 rows=()
 failed=0
@@ -70,18 +76,23 @@ run() {
   echo "gpu-check: $name: $verdict" >&2
 }
 
+# train NAME ARGS...: a training row writing $out/NAME, then its log-prob gap's row.
+train() {
+  local name=$1
+  shift
+  run "$name" "eval after RL" "$skein" train --overwrite "${dev[@]}" "${short[@]}" "$@" \
+    --set "run.dir=$out/$name"
+  run "$name-logp-gap" "mean" scripts/logp-gap.sh "$out/$name"
+}
+
 run devices "^cuda|^cpu" "$skein" devices
-run default-job "eval after RL" "$skein" train --overwrite "${dev[@]}" "${short[@]}" --set "run.dir=$out/default"
-run lora-bf16-checkpointing "eval after RL" "$skein" train --overwrite "${dev[@]}" "${short[@]}" \
-  --set lora.rank=16 --set model.dtype=bfloat16 --set trainer.activation_checkpointing=true \
-  --set "run.dir=$out/lora"
-run dp2-threads "eval after RL" "$skein" train --overwrite "${dev[@]}" "${short[@]}" \
-  --set trainer.dp_size=2 --set "run.dir=$out/dp2"
-run calculator-agent "eval after RL" "$skein" train --overwrite --config configs/calculator.toml \
-  "${dev[@]}" "${short[@]}" --set "run.dir=$out/calculator"
-run partial-rollout "eval after RL" "$skein" train --overwrite "${dev[@]}" "${short[@]}" \
-  --set task.name=reverse --set model.max_positions=256 --set rollout.partial.enabled=true \
-  --set "run.dir=$out/partial"
+train default-job
+train lora-bf16-checkpointing --set lora.rank=16 --set model.dtype=bfloat16 \
+  --set trainer.activation_checkpointing=true
+train dp2-threads --set trainer.dp_size=2
+train calculator-agent --config configs/calculator.toml
+train partial-rollout --set task.name=reverse --set model.max_positions=256 \
+  --set rollout.partial.enabled=true
 run bench-memory "peak / full float32 peak" "$skein" bench memory --device "$device" "${memory[@]}"
 for dtype in float32 bfloat16; do
   lora=()
@@ -93,6 +104,8 @@ for dtype in float32 bfloat16; do
   run "bench-eager-$dtype" "eager train step|eager decode" "$python" \
     scripts/bench_pytorch_eager.py --device "$device" --dtype "$dtype" "${shape[@]}" --vocab 64 \
     "${bench[@]}"
+  run "decode-$other_form-$dtype" "^decode" "$skein" bench --device "$device" --dtype "$dtype" \
+    "${lora[@]}" "${shape[@]}" --vocab 64 "${bench[@]}" --decode-form "$other_form"
 done
 
 echo "skein gpu-check on $device$([ "$tiny" = 1 ] && echo ', tiny shapes'); logs in $out"
