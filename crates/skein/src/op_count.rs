@@ -33,6 +33,28 @@ impl OpCounts {
     pub fn computing_total(&self) -> u64 {
         self.computing.iter().map(|(_, n)| n).sum()
     }
+
+    /// The calls made beyond `base`'s, name by name (none below zero): what a longer piece of
+    /// work adds to a shorter one that does the same first.
+    pub fn beyond(&self, base: &OpCounts) -> OpCounts {
+        let minus = |list: &[(String, u64)], less: &[(String, u64)]| {
+            let mut out: Vec<(String, u64)> = list
+                .iter()
+                .map(|(name, n)| {
+                    let fewer = less.iter().find(|(m, _)| m == name).map_or(0, |(_, c)| *c);
+                    (name.clone(), n.saturating_sub(fewer))
+                })
+                .filter(|(_, n)| *n > 0)
+                .collect();
+            out.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+            out
+        };
+        OpCounts {
+            all: self.all.saturating_sub(base.all),
+            top_level: minus(&self.top_level, &base.top_level),
+            computing: minus(&self.computing, &base.computing),
+        }
+    }
 }
 
 /// Runs `work` and counts the operator calls this thread makes meanwhile (the engine and a
@@ -106,5 +128,15 @@ mod tests {
         // Nothing is counted once the work is done.
         let (_, none) = count(|| ());
         assert_eq!(none.all, 0);
+        // What a longer piece of work adds: here one more add.
+        let (_, more) = count(|| {
+            let b = &a + &a;
+            let c = (&b + &a).to_kind(Kind::Float);
+            let _ = c.matmul(&a.transpose(0, 1));
+            &c + &a
+        });
+        let added = more.beyond(&counts);
+        assert_eq!(added.computing, [("aten::add".to_string(), 1)], "{added:?}");
+        assert_eq!(added.top_level, [("aten::add".to_string(), 1)], "{added:?}");
     }
 }

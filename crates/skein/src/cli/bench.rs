@@ -132,10 +132,14 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         tokens,
         secs
     );
-    let (steps, ops) = op_count::count(|| decode(&model, a, 3).decode_steps);
+    // A decode step's calls: those of a run beyond one of the same prompts that stops after
+    // its prefill (the same prefill, decoding copy and first token), per step.
+    let (_, prefill) = op_count::count(|| decode_to(&model, a, 3, 1));
+    let (steps, whole) = op_count::count(|| decode(&model, a, 3).decode_steps);
+    let ops = whole.beyond(&prefill);
     let per_step = |n: u64| n as f64 / steps.max(1) as f64;
     println!(
-        "decode ops per step: {:.0} computing (kernels on a GPU), {:.0} made by skein, {:.0} in all (prefill included)",
+        "decode ops per step: {:.0} computing (kernels on a GPU), {:.0} made by skein, {:.0} in all",
         per_step(ops.computing_total()),
         per_step(ops.top_level_total()),
         per_step(ops.all)
@@ -239,9 +243,13 @@ fn decode_form(model: &Model, a: &BenchArgs) -> DecodeForm {
 /// One batch of `a.batch` sequences generated to `a.seq` tokens, from prompts that `seed`
 /// varies.
 fn decode(model: &Model, a: &BenchArgs, seed: usize) -> EngineStats {
+    decode_to(model, a, seed, a.seq - a.decode_prompt)
+}
+
+/// [`decode`], each sequence generating `max_new` tokens.
+fn decode_to(model: &Model, a: &BenchArgs, seed: usize, max_new: usize) -> EngineStats {
     let mut engine = Engine::new(a.batch);
     engine.decode_form = Some(decode_form(model, a));
-    let max_new = a.seq - a.decode_prompt;
     let requests = |seed: usize| -> Vec<GenRequest> {
         (0..a.batch)
             .map(|b| GenRequest {
