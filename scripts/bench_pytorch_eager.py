@@ -11,12 +11,13 @@ flags, to get ratios:
 `--device` and `--dtype` place the whole model (eager trains every weight in that dtype);
 `--kv-heads` gives grouped-query attention as `skein bench --kv-heads` does.
 """
-import argparse
 import statistics
 import time
 
 import torch
 import torch.nn.functional as F
+
+import bench_flags
 
 
 class Block(torch.nn.Module):
@@ -83,20 +84,7 @@ class Model(torch.nn.Module):
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--vocab", type=int, default=512)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--kv-heads", type=int, default=0, help="0: as many as --heads")
-    p.add_argument("--intermediate", type=int, default=688)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--seq", type=int, default=256)
-    p.add_argument("--iters", type=int, default=5)
-    p.add_argument("--decode-prompt", type=int, default=16)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
-    a = p.parse_args()
+    a = bench_flags.parse("PyTorch eager reference for skein bench")
     torch.manual_seed(0)
     dev, dtype = torch.device(a.device), getattr(torch, a.dtype)
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)

@@ -6,9 +6,9 @@
 #   engine that computes another policy;
 # - the update's memory in four setups (`skein bench memory`);
 # - per dtype, the update's layouts (`skein bench train-tokens`), the training step and decode
-#   (with its kernels per step) against PyTorch eager on the same shapes, and decode in the
-#   other form of the decoding copy (`skein bench --decode-form`: on CUDA the CPU's, elsewhere
-#   CUDA's).
+#   (with its kernels per step) against PyTorch eager on the same shapes, decode against
+#   transformers' `generate` (`scripts/bench_hf_generate.py`), and decode in the other form of
+#   the decoding copy (`skein bench --decode-form`: on CUDA the CPU's, elsewhere CUDA's).
 #
 #   scripts/gpu-check.sh                      # cuda, the real shapes (docs/speed.md)
 #   scripts/gpu-check.sh --device cpu --tiny  # every path in a minute or two (the tests run it)
@@ -103,6 +103,9 @@ for dtype in float32 bfloat16; do
     --dtype "$dtype" "${lora[@]}" "${shape[@]}" --vocab 64 "${bench[@]}"
   run "bench-eager-$dtype" "eager train step|eager decode" "$python" \
     scripts/bench_pytorch_eager.py --device "$device" --dtype "$dtype" "${shape[@]}" --vocab 64 \
+    "${bench[@]}"
+  run "bench-generate-$dtype" "transformers generate \\(" "$python" \
+    scripts/bench_hf_generate.py --device "$device" --dtype "$dtype" "${shape[@]}" --vocab 64 \
     "${bench[@]}"
   run "decode-$other_form-$dtype" "^decode" "$skein" bench --device "$device" --dtype "$dtype" \
     "${lora[@]}" "${shape[@]}" --vocab 64 "${bench[@]}" --decode-form "$other_form"

@@ -32,9 +32,9 @@ fn gpu_check_passes_every_row_on_the_cpu() {
         .filter(|l| l.starts_with("| ") && !l.starts_with("| ---"))
         .collect();
     // Header, then one row per check: devices, five training paths each with its log-prob
-    // gap, the update's memory, and per dtype the layouts, skein's bench, eager's and decode
-    // in the other form of the decoding copy.
-    assert_eq!(rows.len(), 1 + 1 + 5 * 2 + 1 + 2 * 4, "{table}");
+    // gap, the update's memory, and per dtype the layouts, skein's bench, eager's,
+    // transformers' `generate` and decode in the other form of the decoding copy.
+    assert_eq!(rows.len(), 1 + 1 + 5 * 2 + 1 + 2 * 5, "{table}");
     for row in &rows[1..] {
         assert!(row.contains("| pass |"), "{row}");
     }
@@ -42,6 +42,7 @@ fn gpu_check_passes_every_row_on_the_cpu() {
     assert!(table.contains("eval after RL"), "{table}");
     assert!(table.contains("shared-prefix"), "{table}");
     assert!(table.contains("pytorch eager train step"), "{table}");
+    assert!(table.contains("transformers generate (batch"), "{table}");
     assert!(table.contains("decode ops per step"), "{table}");
     assert!(table.contains("peak / full float32 peak"), "{table}");
     assert!(table.contains("bound on the mean"), "{table}");
