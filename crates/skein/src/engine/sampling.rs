@@ -96,13 +96,24 @@ pub fn sample(logits: &Tensor, p: &SamplingParams) -> Sampled {
         None => scaled,
     }
     .log_softmax(-1, Kind::Float);
-    let tokens = logp.exp().multinomial(1, true).squeeze_dim(1);
+    let tokens = draw(&logp.exp());
     let logprobs = logp.gather(1, &tokens.unsqueeze(1), false).squeeze_dim(1);
     Sampled {
         tokens,
         logprobs,
         kept: dropped.map(|d| d.logical_not()),
     }
+}
+
+/// One draw per row of `probs` [A, vocab], the draw libtorch's `multinomial(1)` makes from
+/// the same generator: the exponential race, the argmax of p / E with E ~ Exp(1) drawn per
+/// entry. Without its checks that the probabilities are finite, non-negative and not all zero:
+/// each reads a value back to the host, which on a GPU waits for the whole forward and leaves
+/// the GPU idle while the sampling's kernels are launched after it; and probabilities here are
+/// a softmax of finite logits.
+fn draw(probs: &Tensor) -> Tensor {
+    let race = probs.empty_like().exponential_(1.0);
+    (probs / race).argmax(-1, false)
 }
 
 /// The kept ids of each row of a [A, vocab] kept mask, row by row (one device-to-host copy of
@@ -122,6 +133,29 @@ pub fn kept_ids(kept: &Tensor) -> Vec<Vec<u32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The draws are `multinomial`'s from the same generator state, in fewer calls and with no
+    /// value read back to the host.
+    #[test]
+    fn draws_are_multinomials_without_its_host_reads() {
+        let probs = Tensor::rand([64, 50], (Kind::Float, tch::Device::Cpu))
+            .pow_tensor_scalar(4)
+            .softmax(-1, Kind::Float);
+        for seed in 0..4 {
+            tch::manual_seed(seed);
+            let want = probs.multinomial(1, true).squeeze_dim(1);
+            tch::manual_seed(seed);
+            let (got, ops) = crate::op_count::count(|| draw(&probs));
+            assert!(got.equal(&want), "seed {seed}");
+            let reads = ops
+                .computing
+                .iter()
+                .filter(|(name, _)| name.contains("_local_scalar_dense"))
+                .count();
+            assert_eq!(reads, 0, "{ops:?}");
+            assert!(ops.computing_total() <= 3, "{ops:?}");
+        }
+    }
 
     #[test]
     fn greedy_picks_argmax_and_reports_its_logprob() {
