@@ -263,6 +263,18 @@ mod tests {
                 assert_eq!(saved, 2 * (3 + rotation + adapters), "{case}");
             }
         }
+        // Adapters on some projections of a group: the others' blocks are zero.
+        let mut options = adapted(Dtype::Float32, 4);
+        options.lora.targets = vec!["q_proj".into(), "v_proj".into(), "up_proj".into()];
+        let model =
+            Model::random_with(&configs()[0], &options, Device::Cpu, 6).expect("a tiny model");
+        perturb(&model);
+        let fused = model.net.for_decoding_as(DecodeForm::Fused);
+        assert!(max_diff(&logp(&fused), &logp(&model.net)) < 1e-5);
+        let separate = model.net.for_decoding_in(Kind::Float);
+        // q and v's adapters take two calls where they took four; up's takes two either way.
+        let saved = calls(&separate) as i64 - calls(&fused) as i64;
+        assert_eq!(saved, 2 * (3 + 4 + 2));
     }
 
     /// Each weight of a group is a view of the group's storage, in every model built: the
