@@ -387,8 +387,9 @@ struct Block {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DecodeForm {
     /// The CPU's: every projection on its own, and adapters in float32, as the trainer
-    /// computes them there. The CPU's matrix products may round differently at another width,
-    /// so the engine computes the trainer's numbers.
+    /// computes them there. The CPU's matrix products may round differently at another
+    /// width, so this way the engine stays as close to the trainer's numbers as decoding one
+    /// token at a time allows, and CPU runs compute what they always did.
     Separate,
     /// CUDA's, where a decode step costs its kernel launches: q, k and v as one product, gate
     /// and up as another (their weights share a storage, `model/fused.rs`), the queries and
@@ -401,7 +402,8 @@ pub enum DecodeForm {
 }
 
 impl DecodeForm {
-    /// The form that runs fastest on `device`.
+    /// The form decoding takes on `device`: fused on CUDA, where it launches fewer kernels;
+    /// separate elsewhere, where it keeps the trainer's numbers.
     pub fn for_device(device: tch::Device) -> Self {
         if device.is_cuda() {
             DecodeForm::Fused
