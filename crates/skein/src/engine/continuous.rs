@@ -371,18 +371,22 @@ impl Engine {
         on_finish: &mut impl FnMut(GenOutput),
     ) {
         let device = net.device();
-        let mut last = Vec::with_capacity(active.len());
-        let mut pos = Vec::with_capacity(active.len());
-        for &s in active {
+        let n = active.len();
+        // The step's index rows side by side (last tokens, positions, slots), for one copy to
+        // the device: a copy from host memory waits for the device to be idle, so three copies
+        // would wait three times.
+        let mut host = vec![0i64; 3 * n];
+        for (i, &s) in active.iter().enumerate() {
             let r = running[s].as_ref().expect("active slots are running");
-            last.push(r.last as i64);
-            pos.push(r.next_pos);
+            host[i] = r.last as i64;
+            host[n + i] = r.next_pos;
+            host[2 * n + i] = s as i64;
         }
-        let span = pos.iter().max().copied().unwrap_or(0) + 1;
-        let input = Tensor::from_slice(&last).view([-1, 1]).to_device(device);
-        let positions = Tensor::from_slice(&pos).to_device(device);
-        let slots = Tensor::from_slice(&active.iter().map(|&s| s as i64).collect::<Vec<_>>())
+        let span = host[n..2 * n].iter().max().copied().unwrap_or(0) + 1;
+        let step = Tensor::from_slice(&host)
+            .view([3, n as i64])
             .to_device(device);
+        let (input, positions, slots) = (step.get(0).view([-1, 1]), step.get(1), step.get(2));
         let dense = active.iter().enumerate().all(|(i, &s)| i == s);
         let mask = crate::model::kv_cache::decode_mask(&positions, span, net.kind());
         let hidden = net.hidden(
