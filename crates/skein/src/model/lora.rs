@@ -216,6 +216,32 @@ impl Projection {
         }
     }
 
+    /// `residual` plus the projection of `x`, the base's product adding the residual itself
+    /// (one kernel where a product and an add take two), as a fused decoding copy computes
+    /// it. Where the base has a bias, or the adapter is not a decoding copy in `x`'s dtype,
+    /// the product and the add run apart. Folded, the sum may round once where the two round
+    /// twice.
+    pub fn forward_onto(&self, x: &Tensor, residual: &Tensor) -> Tensor {
+        let frozen = match &self.adapter {
+            None => None,
+            Some(Adapter::Frozen(f)) if f.a_t.kind() == x.kind() => Some(f),
+            Some(_) => return residual + self.forward(x),
+        };
+        if self.base.bs.is_some() {
+            return residual + self.forward(x);
+        }
+        let shape = residual.size();
+        let (output, input) = self.base.ws.size2().expect("a projection weight is 2-d");
+        let y = residual
+            .reshape([-1, output])
+            .addmm(&x.reshape([-1, input]), &self.base.ws.tr())
+            .view(shape.as_slice());
+        match frozen {
+            Some(f) => low_rank_add(&y, x, &f.a_t, &f.scaled_b_t),
+            None => y,
+        }
+    }
+
     /// The same frozen weights (shared, not copied) without the adapter.
     pub fn base_only(&self) -> Self {
         Projection {

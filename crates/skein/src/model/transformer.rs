@@ -191,7 +191,7 @@ impl Attention {
 
     /// Queries, keys and values [B, heads, T, D] from one product. Without q/k norms the
     /// queries and keys lie side by side in it, head after head, and rotate in one pass: the
-    /// same element-wise arithmetic as two.
+    /// same element-wise arithmetic as two. The rotation ends in a fused multiply-add.
     fn fused_queries_keys_values(
         &self,
         qkv: &Fused,
@@ -209,7 +209,7 @@ impl Attention {
         let v = y.narrow(2, heads + kv_heads, kv_heads);
         let (q, k) = match (&self.q_norm, &self.k_norm) {
             (None, None) => {
-                let qk = rope::apply(&y.narrow(2, 0, heads + kv_heads), &cos, &sin);
+                let qk = rope::apply_fused(&y.narrow(2, 0, heads + kv_heads), &cos, &sin);
                 (qk.narrow(2, 0, heads), qk.narrow(2, heads, kv_heads))
             }
             (q_norm, k_norm) => {
@@ -218,7 +218,7 @@ impl Attention {
                         Some(n) => n.forward(&part),
                         None => part,
                     };
-                    rope::apply(&part, &cos, &sin)
+                    rope::apply_fused(&part, &cos, &sin)
                 };
                 (
                     rotate(y.narrow(2, 0, heads), q_norm),
@@ -229,9 +229,13 @@ impl Attention {
         (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
     }
 
+    /// `residual` plus the attention of `x`: the residual stream after this attention. A fused
+    /// decoding copy adds the residual in the output projection's product.
+    #[allow(clippy::too_many_arguments)]
     fn forward(
         &self,
         x: &Tensor,
+        residual: &Tensor,
         cos: &Tensor,
         sin: &Tensor,
         layer: usize,
@@ -297,10 +301,13 @@ impl Attention {
                 super::attention::decode(&q, &keys, &values, mask)
             }
         };
-        self.o.forward(
-            &out.transpose(1, 2)
-                .reshape([b, t, self.heads * self.head_dim]),
-        )
+        let out = out
+            .transpose(1, 2)
+            .reshape([b, t, self.heads * self.head_dim]);
+        match self.qkv {
+            Some(_) => self.o.forward_onto(&out, residual),
+            None => self.o.forward(&out) + residual,
+        }
     }
 }
 
@@ -363,16 +370,23 @@ impl Mlp {
         }
     }
 
-    fn forward(&self, x: &Tensor) -> Tensor {
-        let hidden = match &self.gate_up {
+    /// `residual` plus the MLP of `x`. A fused decoding copy adds the residual in the down
+    /// projection's product.
+    fn forward(&self, x: &Tensor, residual: &Tensor) -> Tensor {
+        match &self.gate_up {
             Some(gate_up) => {
                 let y = gate_up.forward(x);
                 let width = self.gate.base().ws.size()[0];
-                y.narrow(-1, 0, width).silu() * y.narrow(-1, width, width)
+                let hidden = y.narrow(-1, 0, width).silu() * y.narrow(-1, width, width);
+                self.down.forward_onto(&hidden, residual)
             }
-            None => self.gate.forward(x).silu() * self.up.forward(x),
-        };
-        self.down.forward(&hidden)
+            None => {
+                residual
+                    + self
+                        .down
+                        .forward(&(self.gate.forward(x).silu() * self.up.forward(x)))
+            }
+        }
     }
 }
 
@@ -393,11 +407,13 @@ pub enum DecodeForm {
     Separate,
     /// CUDA's, where a decode step costs its kernel launches: q, k and v as one product, gate
     /// and up as another (their weights share a storage, `model/fused.rs`), the queries and
-    /// keys rotated in one pass, and adapters in the base's dtype, as the trainer computes
-    /// them there. Per layer, seven kernels fewer than each projection on its own (three
-    /// products and the rotation's four element-wise kernels), and six more with adapters on
-    /// every projection. A product of another width may round differently, so the engine's
-    /// numbers differ from the trainer's by round-off, as they do between any two GPU kernels.
+    /// keys rotated in one pass that ends in a fused multiply-add, the residual adds inside
+    /// the output projections' products, and adapters in the base's dtype, as the trainer
+    /// computes them there. Per layer, ten kernels fewer than the separate form (three
+    /// products, five of the rotation's, two adds; seven with q/k norms, whose queries and keys
+    /// rotate apart), and six more with adapters on every projection. Another width of product
+    /// and the fused sums may round differently, so the engine's numbers differ from the
+    /// trainer's by round-off, as they do between any two GPU kernels.
     Fused,
 }
 
@@ -656,12 +672,12 @@ impl Transformer {
         mode: &mut AttnMode,
     ) -> Tensor {
         let block = &self.blocks[i];
-        let a = block
+        // Each residual add is out of place: `+=` on a tensor autograd has saved breaks
+        // backward.
+        let x = block
             .attn
-            .forward(&block.input_norm.forward(x), cos, sin, i, mode);
-        // Out of place on purpose: `+=` on a tensor autograd has saved breaks backward.
-        let x = a + x;
-        &x + block.mlp.forward(&block.post_norm.forward(&x))
+            .forward(&block.input_norm.forward(x), x, cos, sin, i, mode);
+        block.mlp.forward(&block.post_norm.forward(&x), &x)
     }
 
     /// The norm after the last layer.
