@@ -95,8 +95,9 @@ fn scale_frequency(f: f64, scaling: &RopeScaling) -> f64 {
 /// [`Rope::tables`] (or, all three with dimensions 1 and 2 swapped, [B, T, heads, head_dim]
 /// and [B, T, 1, head_dim]). Rotates each half pair: x·cos + (−x₂, x₁)·sin, computed as
 /// x·cos + (x₂, x₁)·signed_sin, which is the same to the bit. (A fused multiply-add for the
-/// last two kernels would save one more, but it rounds once where they round twice, and that
-/// changes every trained number a little.)
+/// last two kernels saves one more, but it rounds once where they round twice, which would
+/// change every trained number a little: only the fused decoding form takes it,
+/// [`apply_fused`].)
 pub fn apply(x: &Tensor, cos: &Tensor, signed_sin: &Tensor) -> Tensor {
     x * cos + swapped(x) * signed_sin
 }
