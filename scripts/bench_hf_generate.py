@@ -16,15 +16,14 @@ it with the flags of `skein bench`:
 `--iters` is taken for the flags' sake and not used. Needs the `transformers` package.
 """
 import sys
-import time
 
 import torch
 
-import bench_flags
+import bench_common
 
 
 def main():
-    a = bench_flags.parse("transformers' generate on skein bench's body")
+    a = bench_common.parse("transformers' generate on skein bench's body")
     if a.seq <= a.decode_prompt:
         sys.exit(f"bench_hf_generate: --seq ({a.seq}) must be longer than --decode-prompt ({a.decode_prompt})")
     try:
@@ -70,17 +69,7 @@ def main():
             )
         return (out.shape[1] - a.decode_prompt) * a.batch
 
-    generate()
-    sync()
-    t = time.perf_counter()
-    n = generate()
-    sync()
-    secs = time.perf_counter() - t
-    print(
-        f"transformers generate (batch {a.batch}, KV cache): {n / secs:.0f} tokens/s "
-        f"({n} tokens in {secs:.2f} s)"
-    )
-
+    bench_common.print_decode_rate("transformers generate", a.batch, generate, sync)
 
 if __name__ == "__main__":
     main()

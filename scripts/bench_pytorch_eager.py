@@ -17,7 +17,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-import bench_flags
+import bench_common
 
 
 class Block(torch.nn.Module):
@@ -84,7 +84,7 @@ class Model(torch.nn.Module):
 
 
 def main():
-    a = bench_flags.parse("PyTorch eager reference for skein bench")
+    a = bench_common.parse("PyTorch eager reference for skein bench")
     torch.manual_seed(0)
     dev, dtype = torch.device(a.device), getattr(torch, a.dtype)
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
@@ -134,14 +134,7 @@ def main():
                 pos += 1
         return n
 
-    decode()
-    sync()
-    t = time.perf_counter()
-    n = decode()
-    sync()
-    secs = time.perf_counter() - t
-    print(f"pytorch eager decode (batch {a.batch}, KV cache): {n / secs:.0f} tokens/s ({n} tokens in {secs:.2f} s)")
-
+    bench_common.print_decode_rate("pytorch eager decode", a.batch, decode, sync)
 
 if __name__ == "__main__":
     main()

@@ -1,6 +1,8 @@
-"""The flags of `skein bench` that the Python reference benches take too, with the same
-defaults, so each runs with the same command line as the bench it is compared with."""
+"""What the Python reference benches share: the flags of `skein bench`, with the same defaults,
+so each runs with the same command line as the bench it is compared with; and the timing of a
+decode, one warm-up call and one timed call."""
 import argparse
+import time
 
 
 def parse(description):
@@ -18,3 +20,15 @@ def parse(description):
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     return p.parse_args()
+
+
+def print_decode_rate(name, batch, decode, sync):
+    """Calls `decode` (which returns the tokens it generated) once to warm up, then times a
+    second call, waiting for the device with `sync`, and prints its tokens per second."""
+    decode()
+    sync()
+    t = time.perf_counter()
+    n = decode()
+    sync()
+    secs = time.perf_counter() - t
+    print(f"{name} (batch {batch}, KV cache): {n / secs:.0f} tokens/s ({n} tokens in {secs:.2f} s)")
