@@ -154,6 +154,15 @@ impl Engine {
         self.run(model, version, capacity, slots, &mut feed, on_finish)
     }
 
+    /// The model's weights in the form decoding takes ([`Engine::decode_form`], else the
+    /// device's), made once per run: they do not change during one.
+    fn decoding_copy(&self, model: &Model) -> Transformer {
+        match self.decode_form {
+            Some(form) => model.net.for_decoding_as(form),
+            None => model.net.for_decoding(),
+        }
+    }
+
     /// The engine loop: admits what `feed` hands over whenever a slot is free, decodes every
     /// running sequence one token per step, and calls `on_finish` the moment one stops. Runs
     /// until the feed is closed and nothing is left running. `capacity` is the longest context
@@ -174,11 +183,7 @@ impl Engine {
             generated.set(generated.get() + out.tokens.len());
             on_finish(out)
         };
-        // The weights in the form decoding runs fastest; they do not change during a run.
-        let decoding = match self.decode_form {
-            Some(form) => model.net.for_decoding_as(form),
-            None => model.net.for_decoding(),
-        };
+        let decoding = self.decoding_copy(model);
         let net = &decoding;
         let capacity = capacity.clamp(1, net.max_positions());
         let cfg = &net.config;
