@@ -197,7 +197,11 @@ impl Projection {
     /// CUDA in the base's dtype ([`Trainable::add_in_base_dtype`]) and elsewhere in float32
     /// ([`Trainable::add_in_float32`]); a decoding copy as it was made.
     pub fn forward(&self, x: &Tensor) -> Tensor {
-        let y = self.base.forward(x);
+        self.add_adapter(self.base.forward(x), x)
+    }
+
+    /// `y`, the base's output for `x`, plus the adapter's output for `x`.
+    fn add_adapter(&self, y: Tensor, x: &Tensor) -> Tensor {
         match &self.adapter {
             None => y,
             Some(Adapter::Trainable(ad)) if x.device().is_cuda() => ad.add_in_base_dtype(y, x),
@@ -218,15 +222,9 @@ impl Projection {
 
     /// `residual` plus the projection of `x`, the base's product adding the residual itself
     /// (one kernel where a product and an add take two), as a fused decoding copy computes
-    /// it. Where the base has a bias, or the adapter is not a decoding copy in `x`'s dtype,
-    /// the product and the add run apart. Folded, the sum may round once where the two round
-    /// twice.
+    /// it; a base with a bias runs the product and the add apart. Folded, the sum may round
+    /// once where the two round twice.
     pub fn forward_onto(&self, x: &Tensor, residual: &Tensor) -> Tensor {
-        let frozen = match &self.adapter {
-            None => None,
-            Some(Adapter::Frozen(f)) if f.a_t.kind() == x.kind() => Some(f),
-            Some(_) => return residual + self.forward(x),
-        };
         if self.base.bs.is_some() {
             return residual + self.forward(x);
         }
@@ -236,10 +234,7 @@ impl Projection {
             .reshape([-1, output])
             .addmm(&x.reshape([-1, input]), &self.base.ws.tr())
             .view(shape.as_slice());
-        match frozen {
-            Some(f) => low_rank_add(&y, x, &f.a_t, &f.scaled_b_t),
-            None => y,
-        }
+        self.add_adapter(y, x)
     }
 
     /// The same frozen weights (shared, not copied) without the adapter.

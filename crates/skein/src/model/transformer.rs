@@ -583,6 +583,7 @@ impl Transformer {
 
     /// Whether every layer's q/k/v and gate/up weights are views of their group's storage,
     /// as [`DecodeForm::Fused`] needs.
+    #[cfg(test)]
     pub fn shares_storage(&self) -> bool {
         self.blocks.iter().all(|b| {
             let attn = &b.attn;
