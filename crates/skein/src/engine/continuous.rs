@@ -108,7 +108,7 @@ pub struct EngineStats {
 
 pub struct Engine {
     pub max_slots: usize,
-    /// The form the decoding copy takes; `None`: the fastest on the model's device
+    /// The form the decoding copy takes; `None`: the model's device's
     /// ([`DecodeForm::for_device`]). `skein bench --decode-form` counts another's calls.
     pub decode_form: Option<DecodeForm>,
 }
