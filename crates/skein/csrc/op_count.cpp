@@ -7,9 +7,9 @@
 //
 // Counted: every call; by name, the calls the program made itself (the top level); and by
 // name, the computing calls: the lowest calls that compute, those that are not views,
-// metadata or allocations and made no computing call of their own. A linear is not one
-// (its matmul is), a cast that copies counts its copy, a cast to the same dtype nothing. A
-// computing call inside another is named after the top-level call it serves as well
+// metadata, allocations or backward nodes and made no computing call of their own. A linear
+// is not one (its matmul is), a cast that copies counts its copy, a cast to the same dtype
+// nothing. A computing call inside another is named after the top-level call it serves as well
 // ("aten::linear > aten::mm").
 #include <ATen/record_function.h>
 
@@ -34,6 +34,9 @@ const std::unordered_set<std::string> not_computing = {
     "aten::split",          "aten::split_with_sizes", "aten::squeeze", "aten::t",
     "aten::to",             "aten::transpose",    "aten::unsqueeze",   "aten::view",
     "aten::expand_as",      "aten::view_as",      "aten::chunk",       "aten::unbind",
+    "aten::detach_",
+    // Autograd's own calls of them, recorded without the namespace.
+    "detach",               "detach_",
 };
 
 thread_local int64_t all_calls = 0;
@@ -44,6 +47,13 @@ thread_local std::vector<bool> open_calls;
 // The top-level call open now, which computing calls are attributed to.
 thread_local std::string open_top_level;
 thread_local at::CallbackHandle handle = 0;
+// A backward node's call: what it computes is the calls inside it. One with none (a view's
+// or a sum's backward passing its gradient on, autograd taking a result as a gradient)
+// launches nothing.
+bool is_backward_node(const char* name) {
+  static const char prefix[] = "autograd::engine::evaluate_function: ";
+  return std::strncmp(name, prefix, sizeof(prefix) - 1) == 0;
+}
 
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   all_calls += 1;
@@ -60,7 +70,8 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   if (open_calls.empty()) return;
   bool computed = open_calls.back();
   open_calls.pop_back();
-  if (!computed && !not_computing.count(fn.name())) {
+  const bool leaf = !computed && !not_computing.count(fn.name()) && !is_backward_node(fn.name());
+  if (leaf) {
     const bool top = open_calls.empty();
     computing[top ? fn.name() : open_top_level + " > " + fn.name()] += 1;
     computed = true;

@@ -16,9 +16,10 @@ pub struct OpCounts {
     pub all: u64,
     /// The calls the program made itself.
     pub top_level: Vec<(String, u64)>,
-    /// The lowest calls that compute: not views, metadata or allocations, and with no
-    /// computing call inside (a linear's matmul, not the linear; a cast's copy, and nothing for
-    /// a cast to the same dtype). On a GPU, one kernel launch each. One made inside a
+    /// The lowest calls that compute: not views, metadata, allocations or autograd's backward
+    /// nodes (whose computing calls are inside them), and with no computing call inside (a
+    /// linear's matmul, not the linear; a cast's copy, and nothing for a cast to the same
+    /// dtype). On a GPU, one kernel launch each. One made inside a
     /// top-level call is named after both: `aten::linear > aten::mm`.
     pub computing: Vec<(String, u64)>,
 }
@@ -138,5 +139,25 @@ mod tests {
         let added = more.beyond(&counts);
         assert_eq!(added.computing, [("aten::add".to_string(), 1)], "{added:?}");
         assert_eq!(added.top_level, [("aten::add".to_string(), 1)], "{added:?}");
+    }
+
+    /// A backward node computes through the calls inside it; a view's, which passes its
+    /// gradient on, computes nothing.
+    #[test]
+    fn backward_nodes_count_only_the_calls_inside_them() {
+        let x = Tensor::ones([3, 4], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+        let y = (x.view([12]) * 2.0).sum(Kind::Float);
+        let (_, counts) = count(|| y.backward());
+        let names: Vec<&str> = counts.computing.iter().map(|(n, _)| n.as_str()).collect();
+        assert!(
+            names.iter().all(|n| !n.contains("ViewBackward0")),
+            "{names:?}"
+        );
+        assert!(
+            names
+                .iter()
+                .any(|n| n.contains("MulBackward") && n.contains(" > aten::")),
+            "{names:?}"
+        );
     }
 }

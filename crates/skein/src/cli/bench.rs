@@ -67,7 +67,7 @@ pub struct BenchArgs {
     /// Prompt tokens per sequence in the decode benchmark; it generates up to `seq`.
     #[arg(long, default_value_t = 16)]
     decode_prompt: usize,
-    /// Also list the operators a decode step calls, most frequent first.
+    /// Also list the operators a training step and a decode step call, most frequent first.
     #[arg(long)]
     op_breakdown: bool,
     /// The form of the decoding copy: `separate` (the CPU's) or `fused` (CUDA's). By default
@@ -111,13 +111,24 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         m.intermediate,
         a.place.describe(model.vs.device())
     );
-    let train = median(time_train_steps(&model, a)?);
+    let (times, train_ops) = time_train_steps(&model, a)?;
+    let train = median(times);
     println!(
         "train step (batch {} x {} tokens): {:.1} ms, {:.0} tokens/s",
         a.batch,
         a.seq,
         train * 1e3,
         (a.batch * a.seq) as f64 / train
+    );
+    // On a GPU the backward runs on libtorch's device thread, which the count does not see.
+    let whose = match model.vs.device() {
+        tch::Device::Cpu => "",
+        _ => " on this thread (not the backward's)",
+    };
+    println!(
+        "train ops per step: {} computing (kernels on a GPU){whose}, {} of them the optimizer's",
+        train_ops.step.computing_total(),
+        train_ops.optimizer.computing_total()
     );
     let (secs, tokens) = time_decode(&model, a);
     let form = decode_form(&model, a);
@@ -146,10 +157,19 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     );
     if a.op_breakdown {
         for (what, counts) in [
+            ("computing", &train_ops.step.computing),
+            ("the optimizer's computing", &train_ops.optimizer.computing),
+        ] {
+            println!("  per training step, {what}:");
+            for (name, calls) in counts {
+                println!("  {calls:>8}  {name}");
+            }
+        }
+        for (what, counts) in [
             ("made by skein", &ops.top_level),
             ("computing", &ops.computing),
         ] {
-            println!("  per step, {what}:");
+            println!("  per decode step, {what}:");
             for (name, calls) in counts {
                 println!("  {:>8.1}  {name}", per_step(*calls));
             }
@@ -167,10 +187,10 @@ fn run_other(what: &BenchWhat) -> Result<()> {
     }
 }
 
-fn time_train_steps(model: &Model, a: &BenchArgs) -> Result<Vec<f64>> {
-    let mut opt = Optimizer::new(&model.vs, &OptimConfig::default(), a.iters + 1)?;
+/// The bench's training rows: `a.batch` rows of `a.seq` tokens, the first quarter prompt.
+fn train_rows(a: &BenchArgs) -> Vec<TrainRow> {
     let prompt = a.seq / 4;
-    let rows: Vec<TrainRow> = (0..a.batch)
+    (0..a.batch)
         .map(|b| {
             let tokens: Vec<u32> = (0..a.seq)
                 .map(|i| ((i * 31 + b * 17) % a.model.vocab) as u32)
@@ -189,39 +209,64 @@ fn time_train_steps(model: &Model, a: &BenchArgs) -> Result<Vec<f64>> {
                 ..Default::default()
             }
         })
-        .collect();
+        .collect()
+}
+
+/// The forward log-probs, clipped loss and backward of one training step, leaving the
+/// gradients for the optimizer.
+fn gradients(model: &Model, refs: &[&TrainRow], opt: &mut Optimizer) {
+    let mb = MicroBatch::padded(refs, model.vs.device());
+    opt.zero_grad();
+    let inputs = PolicyInputs::new(&mb, refs, false);
+    let lp = token_logprobs(&model.net, &mb, 1.0, Entropy::Skip);
+    let out = policy_loss(
+        &TokenBatch {
+            logp: &lp.logp,
+            old_logp: &inputs.old_logp_or(&lp.logp),
+            ref_logp: None,
+            entropy: None,
+            advantages: &inputs.advantages,
+            importance_weights: &inputs.importance_weights,
+            loss_weights: &inputs.loss_weights,
+            mask: &mb.mask,
+            sequences: None,
+        },
+        &LossConfig::default(),
+    );
+    out.loss.backward();
+    lp.backward();
+}
+
+/// What a training step calls: the whole step, and its optimizer step alone.
+struct TrainOps {
+    step: op_count::OpCounts,
+    optimizer: op_count::OpCounts,
+}
+
+/// Times `a.iters` training steps after one warm-up step, then counts the calls of two more
+/// (a count inside another counts nothing, so the optimizer's are counted in a step of their
+/// own).
+fn time_train_steps(model: &Model, a: &BenchArgs) -> Result<(Vec<f64>, TrainOps)> {
+    let mut opt = Optimizer::new(&model.vs, &OptimConfig::default(), a.iters + 3)?;
+    let rows = train_rows(a);
     let refs: Vec<&TrainRow> = rows.iter().collect();
-    let loss_cfg = LossConfig::default();
     let mut times = Vec::new();
     for i in 0..=a.iters {
         let t = Instant::now();
-        let mb = MicroBatch::padded(&refs, model.vs.device());
-        opt.zero_grad();
-        let inputs = PolicyInputs::new(&mb, &refs, false);
-        let lp = token_logprobs(&model.net, &mb, 1.0, Entropy::Skip);
-        let out = policy_loss(
-            &TokenBatch {
-                logp: &lp.logp,
-                old_logp: &inputs.old_logp_or(&lp.logp),
-                ref_logp: None,
-                entropy: None,
-                advantages: &inputs.advantages,
-                importance_weights: &inputs.importance_weights,
-                loss_weights: &inputs.loss_weights,
-                mask: &mb.mask,
-                sequences: None,
-            },
-            &loss_cfg,
-        );
-        out.loss.backward();
-        lp.backward();
+        gradients(model, &refs, &mut opt);
         opt.step();
         synchronize(model.vs.device());
         if i > 0 {
             times.push(t.elapsed().as_secs_f64());
         }
     }
-    Ok(times)
+    let (_, step) = op_count::count(|| {
+        gradients(model, &refs, &mut opt);
+        opt.step();
+    });
+    gradients(model, &refs, &mut opt);
+    let (_, optimizer) = op_count::count(|| opt.step());
+    Ok((times, TrainOps { step, optimizer }))
 }
 
 fn time_decode(model: &Model, a: &BenchArgs) -> (f64, usize) {
