@@ -7,6 +7,8 @@
 //!   attention kernels, which tch does not expose (`src/model/attention.rs` calls it).
 //! - **csrc/op_count.cpp**, which counts libtorch operator calls through RecordFunction, the
 //!   hook libtorch's profiler uses (`src/op_count.rs`).
+//! - **csrc/optimizer.cpp**, AdamW over many tensors at once through libtorch's
+//!   multi-tensor ops (`src/trainer/update/optim_ops.rs`).
 //!
 //! libtorch is found as torch-sys finds it by default: the `LIBTORCH` directory, which
 //! `.cargo/config.toml` points at the project's `.venv/torch`.
@@ -17,6 +19,7 @@ fn main() {
     println!("cargo:rerun-if-env-changed=LIBTORCH");
     println!("cargo:rerun-if-changed=csrc/varlen_attention.cpp");
     println!("cargo:rerun-if-changed=csrc/op_count.cpp");
+    println!("cargo:rerun-if-changed=csrc/optimizer.cpp");
     let Some(libtorch) = std::env::var_os("LIBTORCH").map(PathBuf::from) else {
         panic!(
             "LIBTORCH is not set: run `make setup` (it installs libtorch into .venv/torch, \
@@ -38,6 +41,7 @@ fn main() {
         .cpp(true)
         .file("csrc/varlen_attention.cpp")
         .file("csrc/op_count.cpp")
+        .file("csrc/optimizer.cpp")
         .include(libtorch.join("include"))
         .flag("-std=c++17")
         .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"))

@@ -17,6 +17,7 @@
 
 use super::config::{DpBackend, TrainConfig};
 use super::update::head::chunk_positions;
+use super::update::optim::group_elements;
 use crate::memory::GIB;
 use crate::model::{Dtype, ModelConfig, ModelOptions};
 use anyhow::{bail, Result};
@@ -204,13 +205,13 @@ pub fn micro_batch_parts(model: &ModelConfig, shape: &UpdateShape) -> Vec<Part> 
 }
 
 /// The AdamW step's temporaries beyond the memory the logits gave back: the step works one
-/// tensor at a time and holds about four float32 copies of it (the clipped gradient, the
-/// squared one, the denominator and the update), so the largest trainable tensor sizes them
-/// (`largest` elements). The activations' memory is not given back by then: their many small
-/// blocks stay with the allocator (glibc's arenas, CUDA's cache) and cannot hold a tensor of
-/// the embedding's size, while the logits' few large ones do go back.
-pub fn optimizer_step_part(largest: f64, logits: f64) -> Option<Part> {
-    let bytes = 4.0 * F32 * largest - logits;
+/// group of tensors at a time (`optim::group_elements`: the largest trainable tensor, or up to
+/// 2^26 elements of smaller ones) and holds two float32 copies of it (the denominator and the
+/// update); `group` is its elements. The activations' memory is not given back by then: their
+/// many small blocks stay with the allocator (glibc's arenas, CUDA's cache) and cannot hold a
+/// tensor of the embedding's size, while the logits' few large ones do go back.
+pub fn optimizer_step_part(group: f64, logits: f64) -> Option<Part> {
+    let bytes = 2.0 * F32 * group - logits;
     (bytes > 0.0).then_some(Part {
         what: "AdamW step's temporaries beyond the logits' memory",
         bytes,
@@ -249,11 +250,19 @@ pub fn update_parts(
     let micro = micro_batch_parts(model, shape);
     let logits = micro.last().map_or(0.0, |p| p.bytes);
     parts.extend(micro);
-    let mut largest = model.largest_trainable(&shape.options.lora);
+    let lora = &shape.options.lora;
+    let mut group = group_elements(
+        model.largest_trainable(lora),
+        trainable_count(model, &shape.options),
+    );
     if critic {
-        largest = largest.max(model.largest_trainable(&Default::default()));
+        let full = group_elements(
+            model.largest_trainable(&Default::default()),
+            model.parameter_count(),
+        );
+        group = group.max(full);
     }
-    parts.extend(optimizer_step_part(largest, logits));
+    parts.extend(optimizer_step_part(group, logits));
     parts
 }
 

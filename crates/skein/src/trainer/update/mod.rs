@@ -13,12 +13,14 @@
 //! | `policy_loss.rs` | each policy loss's term, KL and entropy terms per token |
 //! | `critic.rs` | the clipped value loss and the critic's update |
 //! | `optim.rs` | AdamW with clipping, schedules and non-finite skips |
+//! | `optim_ops.rs` | the optimizer's libtorch calls that tch lacks: AdamW on tensor groups |
 //! | `ranks/` | data-parallel ranks: threads or MPI processes, one optimizer, exact replicas |
 
 pub mod critic;
 pub mod head;
 pub mod kept;
 pub mod optim;
+pub mod optim_ops;
 pub mod pack;
 pub mod policy_loss;
 pub mod ranks;

@@ -1,6 +1,9 @@
 //! AdamW with a learning-rate schedule (linear warm-up, then constant or cosine) and
-//! gradient-norm clipping.
+//! gradient-norm clipping. Its arithmetic runs over a group of tensors at a time, through
+//! libtorch's multi-tensor ops (`optim_ops.rs`): on a GPU a few launches per op for the whole
+//! model instead of one per tensor.
 
+use super::optim_ops::{self, AdamwGroup, AdamwScalars};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use tch::nn;
@@ -120,12 +123,14 @@ impl Optimizer {
     }
 
     pub fn zero_grad(&mut self) {
-        for (_, p) in &self.params {
-            let mut g = p.grad();
-            if g.defined() {
-                let _ = g.detach_().zero_();
-            }
-        }
+        let grads: Vec<Tensor> = self
+            .params
+            .iter()
+            .map(|(_, p)| p.grad())
+            .filter(Tensor::defined)
+            .map(|mut g| g.detach_())
+            .collect();
+        optim_ops::zero(&grads.iter().collect::<Vec<_>>());
     }
 
     /// Clips the accumulated gradients, applies one update, and advances the schedule; with a
@@ -134,19 +139,14 @@ impl Optimizer {
         let grads: Vec<Tensor> = self.params.iter().map(|(_, p)| p.grad()).collect();
         let grad_norm = tch::no_grad(|| {
             // One device-to-host read for the whole norm, not one per parameter.
-            let squares: Vec<Tensor> = grads
-                .iter()
-                .filter(|g| g.defined())
-                .map(|g| g.to_kind(Kind::Float).square().sum(Kind::Float))
-                .collect();
-            let sq = if squares.is_empty() {
-                0.0
-            } else {
-                Tensor::stack(&squares, 0)
-                    .sum(Kind::Double)
-                    .double_value(&[])
-            };
-            sq.sqrt()
+            let defined: Vec<&Tensor> = grads.iter().filter(|g| g.defined()).collect();
+            if defined.is_empty() {
+                return 0.0;
+            }
+            optim_ops::square_sums(&defined)
+                .sum(Kind::Double)
+                .double_value(&[])
+                .sqrt()
         });
         if !grad_norm.is_finite() {
             self.zero_grad();
@@ -162,30 +162,51 @@ impl Optimizer {
             1.0
         };
         let lr = self.lr();
-        let t = (self.steps_done + 1) as i32;
-        let (b1, b2) = (self.cfg.beta1, self.cfg.beta2);
-        let (bc1, bc2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
-        tch::no_grad(|| {
-            for (k, g) in grads.iter().enumerate() {
-                if !g.defined() {
-                    continue;
-                }
-                let g = g * clip;
-                let p = &mut self.params[k].1;
-                if self.cfg.weight_decay != 0.0 {
-                    let _ = p.g_mul_scalar_(1.0 - lr * self.cfg.weight_decay);
-                }
-                let _ = self.m[k].g_mul_scalar_(b1).g_add_(&(&g * (1.0 - b1)));
-                let _ = self.v[k].g_mul_scalar_(b2).g_add_(&(&g * &g * (1.0 - b2)));
-                let denom = (self.v[k].sqrt() / bc2.sqrt()) + self.cfg.eps;
-                let _ = p.g_sub_(&(&self.m[k] / denom * (lr / bc1)));
-            }
-        });
+        let scalars = self.scalars(clip, lr);
+        tch::no_grad(|| self.apply(&grads, &scalars));
         self.steps_done += 1;
         StepStats {
             grad_norm,
             lr,
             skipped: false,
+        }
+    }
+
+    /// The scalars of the next step, at learning rate `lr` with gradients scaled by `clip`.
+    fn scalars(&self, clip: f64, lr: f64) -> AdamwScalars {
+        let t = (self.steps_done + 1) as i32;
+        let (b1, b2) = (self.cfg.beta1, self.cfg.beta2);
+        AdamwScalars {
+            clip,
+            decay: 1.0 - lr * self.cfg.weight_decay,
+            beta1: b1,
+            beta2: b2,
+            bias2_sqrt: (1.0 - b2.powi(t)).sqrt(),
+            eps: self.cfg.eps,
+            step_size: lr / (1.0 - b1.powi(t)),
+        }
+    }
+
+    /// One AdamW step of every parameter with a gradient, a group of them at a time
+    /// ([`group_elements`]).
+    fn apply(&self, grads: &[Tensor], scalars: &AdamwScalars) {
+        let with_grads: Vec<usize> = (0..grads.len()).filter(|&k| grads[k].defined()).collect();
+        let sizes: Vec<i64> = with_grads
+            .iter()
+            .map(|&k| grads[k].numel() as i64)
+            .collect();
+        let largest = sizes.iter().copied().max().unwrap_or(0);
+        let budget = group_elements(largest as f64, sizes.iter().sum::<i64>() as f64);
+        for range in groups(&sizes, budget as i64) {
+            let ks = &with_grads[range];
+            let params: Vec<&Tensor> = ks.iter().map(|&k| &self.params[k].1).collect();
+            let group = AdamwGroup {
+                params: &params,
+                grads: &pick(grads, ks),
+                m: &pick(&self.m, ks),
+                v: &pick(&self.v, ks),
+            };
+            optim_ops::adamw_step(&group, scalars);
         }
     }
 
@@ -225,6 +246,42 @@ impl Optimizer {
         self.steps_done = steps_done;
         Ok(())
     }
+}
+
+/// The elements an AdamW group may hold beyond its largest tensor: 256 MiB of float32.
+const GROUP_ELEMENTS: f64 = (1u64 << 26) as f64;
+
+/// The most elements one AdamW group holds, for trainable tensors of `total` elements, the
+/// largest of them `largest`: that tensor, or up to [`GROUP_ELEMENTS`] of the smaller ones
+/// together. A group's step holds two float32 temporaries of its size (the denominator and the
+/// update; the preflight counts them). On a GPU each op of a group is one launch per few dozen
+/// tensors or 20M elements, so a model's few hundred tensors take a few launches per op. The
+/// same on every device, so the CPU counts the GPU's calls (`skein bench`).
+pub fn group_elements(largest: f64, total: f64) -> f64 {
+    largest.max(total.min(GROUP_ELEMENTS))
+}
+
+/// The tensors of `list` at `ks`.
+fn pick<'a>(list: &'a [Tensor], ks: &[usize]) -> Vec<&'a Tensor> {
+    ks.iter().map(|&k| &list[k]).collect()
+}
+
+/// Consecutive runs of tensors whose sizes sum to at most `budget` elements each (a tensor
+/// larger than the budget is a group alone), in order.
+fn groups(sizes: &[i64], budget: i64) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let (mut start, mut held) = (0, 0);
+    for (k, &n) in sizes.iter().enumerate() {
+        if k > start && held + n > budget {
+            out.push(start..k);
+            (start, held) = (k, 0);
+        }
+        held += n;
+    }
+    if start < sizes.len() {
+        out.push(start..sizes.len());
+    }
+    out
 }
 
 #[cfg(test)]
@@ -286,6 +343,112 @@ mod tests {
             assert_eq!(lrs, want, "{per_step} optimizer steps per RL step");
             assert_eq!(opt.steps_done, 4 * per_step);
         }
+    }
+
+    /// AdamW tensor by tensor, as the optimizer computed it before its multi-tensor step: the
+    /// reference that step must equal to the bit on the CPU.
+    fn per_tensor_step(
+        ps: &mut [Tensor],
+        ms: &mut [Tensor],
+        vs: &mut [Tensor],
+        c: &OptimConfig,
+        t: i32,
+    ) {
+        let grads: Vec<Tensor> = ps.iter().map(Tensor::grad).collect();
+        let squares: Vec<Tensor> = grads
+            .iter()
+            .map(|g| g.to_kind(Kind::Float).square().sum(Kind::Float))
+            .collect();
+        let norm = Tensor::stack(&squares, 0)
+            .sum(Kind::Double)
+            .double_value(&[])
+            .sqrt();
+        let clip = if norm > c.grad_clip {
+            c.grad_clip / (norm + 1e-6)
+        } else {
+            1.0
+        };
+        let (b1, b2) = (c.beta1, c.beta2);
+        let (bc1, bc2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
+        tch::no_grad(|| {
+            for (k, g) in grads.iter().enumerate() {
+                let g = g * clip;
+                let _ = ps[k].g_mul_scalar_(1.0 - c.lr * c.weight_decay);
+                let _ = ms[k].g_mul_scalar_(b1).g_add_(&(&g * (1.0 - b1)));
+                let _ = vs[k].g_mul_scalar_(b2).g_add_(&(&g * &g * (1.0 - b2)));
+                let denom = (vs[k].sqrt() / bc2.sqrt()) + c.eps;
+                let _ = ps[k].g_sub_(&(&ms[k] / denom * (c.lr / bc1)));
+            }
+        });
+    }
+
+    /// The multi-tensor step computes the per-tensor one's weights and moments to the bit on
+    /// the CPU, gradients clipped or not.
+    #[test]
+    fn the_multi_tensor_step_is_the_per_tensor_step_on_the_cpu() {
+        tch::manual_seed(5);
+        let vs = nn::VarStore::new(tch::Device::Cpu);
+        let shapes: [&[i64]; 4] = [&[7, 5], &[3], &[11, 2], &[4, 4]];
+        for (k, shape) in shapes.iter().enumerate() {
+            let _ = vs.root().randn(&format!("w{k}"), shape, 0.0, 1.0);
+        }
+        let mut theirs: Vec<Tensor> = crate::model::sorted_trainable(&vs)
+            .iter()
+            .map(|(_, p)| p.detach().copy().set_requires_grad(true))
+            .collect();
+        let (mut m, mut v): (Vec<Tensor>, Vec<Tensor>) = theirs
+            .iter()
+            .map(|p| (p.zeros_like(), p.zeros_like()))
+            .unzip();
+        for clip in [1e-3, 1e3] {
+            let c = OptimConfig {
+                grad_clip: clip,
+                ..cfg()
+            };
+            let mut ours = Optimizer::new(&vs, &c, 4).unwrap();
+            ours.steps_done = 0;
+            for t in 1..=3 {
+                let ps = crate::model::sorted_trainable(&vs);
+                ours.zero_grad();
+                for p in &mut theirs {
+                    p.zero_grad();
+                }
+                let loss = |ws: Vec<&Tensor>| {
+                    ws.iter()
+                        .map(|w| (w.sin() * *w).sum(Kind::Float))
+                        .fold(Tensor::from(0f32), |a, b| a + b)
+                };
+                loss(ps.iter().map(|(_, p)| p).collect()).backward();
+                loss(theirs.iter().collect()).backward();
+                ours.step();
+                per_tensor_step(&mut theirs, &mut m, &mut v, &c, t);
+                for (k, (name, p)) in ps.iter().enumerate() {
+                    assert!(p.equal(&theirs[k]), "{name} at step {t}, clip {clip}");
+                    assert!(
+                        ours.m[k].equal(&m[k]) && ours.v[k].equal(&v[k]),
+                        "{name}'s moments"
+                    );
+                }
+            }
+            m.iter_mut().chain(v.iter_mut()).for_each(|t| {
+                let _ = t.zero_();
+            });
+        }
+    }
+
+    /// Groups are consecutive, hold at most the budget (a larger tensor alone), and cover
+    /// every tensor once; the budget is the largest tensor or up to 2^26 elements together.
+    #[test]
+    fn groups_are_bounded_consecutive_runs() {
+        assert_eq!(groups(&[5, 3, 3, 10, 1], 8), [0..2, 2..3, 3..4, 4..5]);
+        assert_eq!(groups(&[1, 1, 1], 8), vec![0..3]);
+        assert!(groups(&[], 8).is_empty());
+        assert_eq!(group_elements(10.0, 18.0), 18.0);
+        assert_eq!(group_elements(2f64.powi(27), 2f64.powi(28)), 2f64.powi(27));
+        assert_eq!(
+            group_elements(2f64.powi(20), 100.0 * 2f64.powi(20)),
+            2f64.powi(26)
+        );
     }
 
     #[test]

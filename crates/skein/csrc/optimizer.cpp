@@ -1,0 +1,122 @@
+// The optimizer's libtorch calls that tch does not expose (src/trainer/update/optim_ops.rs):
+// AdamW over a group of tensors at once, through libtorch's multi-tensor ("foreach") ops. On
+// CUDA each foreach op is a few launches for the whole group instead of one per tensor; on the
+// CPU libtorch runs it as the same per-tensor op in a loop, so the CPU computes exactly what a
+// per-tensor loop would.
+//
+// Every function takes arrays of `n` live tensors and returns false with a message in `error`
+// when libtorch throws.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/_foreach_add.h>
+#include <ATen/ops/_foreach_div.h>
+#include <ATen/ops/_foreach_mul.h>
+#include <ATen/ops/_foreach_norm.h>
+#include <ATen/ops/_foreach_sqrt.h>
+#include <ATen/ops/_foreach_sub.h>
+#include <ATen/ops/_foreach_zero.h>
+#include <ATen/ops/square.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/sum.h>
+
+#include <cstring>
+#include <exception>
+#include <vector>
+
+namespace {
+
+std::vector<at::Tensor> list(const at::Tensor* const* tensors, size_t n) {
+  std::vector<at::Tensor> out;
+  out.reserve(n);
+  for (size_t i = 0; i < n; ++i) out.push_back(*tensors[i]);
+  return out;
+}
+
+bool fail(const std::exception& e, char* error, size_t error_len) {
+  if (error_len > 0) {
+    std::strncpy(error, e.what(), error_len - 1);
+    error[error_len - 1] = '\0';
+  }
+  return false;
+}
+
+}  // namespace
+
+// The scalars of one step, computed by the caller (src/trainer/update/optim_ops.rs).
+struct SkeinAdamwScalars {
+  double clip;           // the gradients' factor; 1 leaves them as they are
+  double decay;          // the weights' factor, 1 - lr * weight_decay; 1 skips it
+  double beta1;
+  double beta2;
+  double bias2_sqrt;     // sqrt(1 - beta2^t)
+  double eps;
+  double step_size;      // lr / (1 - beta1^t)
+};
+
+// The sum of squares of each gradient in float32, as a tensor [n]: the global norm's parts.
+// On the CPU each is the float32 square summed, as a per-tensor loop computes it; elsewhere
+// each is its multi-tensor norm squared, which rounds differently and launches a few kernels
+// for the group instead of two per tensor.
+extern "C" at::Tensor* skein_square_sums(const at::Tensor* const* grads, size_t n, char* error,
+                                         size_t error_len) {
+  try {
+    auto g = list(grads, n);
+    std::vector<at::Tensor> sums;
+    if (n > 0 && g[0].is_cpu()) {
+      sums.reserve(n);
+      for (const auto& t : g) sums.push_back(t.to(at::kFloat).square().sum(at::kFloat));
+    } else {
+      sums = at::_foreach_norm(g, 2, at::kFloat);
+      at::_foreach_mul_(sums, sums);
+    }
+    return new at::Tensor(at::stack(sums, 0));
+  } catch (const std::exception& e) {
+    fail(e, error, error_len);
+    return nullptr;
+  }
+}
+
+// One AdamW step of every parameter in the group, in the order of a per-tensor step:
+//   g *= clip;  p *= decay;  m = m * b1 + g * (1 - b1);  v = v * b2 + (g * g) * (1 - b2);
+//   p -= m / (sqrt(v) / bias2_sqrt + eps) * step_size
+// The gradients are clipped in place (the next step zeroes them).
+extern "C" bool skein_adamw_step(const at::Tensor* const* params, const at::Tensor* const* grads,
+                                 const at::Tensor* const* m, const at::Tensor* const* v,
+                                 size_t n, const SkeinAdamwScalars* s, char* error,
+                                 size_t error_len) {
+  try {
+    auto p = list(params, n), g = list(grads, n), mm = list(m, n), vv = list(v, n);
+    if (s->clip != 1.0) at::_foreach_mul_(g, s->clip);
+    if (s->decay != 1.0) at::_foreach_mul_(p, s->decay);
+    at::_foreach_mul_(mm, s->beta1);
+    at::_foreach_add_(mm, at::_foreach_mul(g, 1.0 - s->beta1));
+    at::_foreach_mul_(vv, s->beta2);
+    {
+      auto squares = at::_foreach_mul(g, g);
+      at::_foreach_mul_(squares, 1.0 - s->beta2);
+      at::_foreach_add_(vv, squares);
+    }
+    auto update = [&] {
+      auto denom = at::_foreach_sqrt(vv);
+      at::_foreach_div_(denom, s->bias2_sqrt);
+      at::_foreach_add_(denom, s->eps);
+      return at::_foreach_div(mm, denom);
+    }();
+    at::_foreach_mul_(update, s->step_size);
+    at::_foreach_sub_(p, update);
+    return true;
+  } catch (const std::exception& e) {
+    return fail(e, error, error_len);
+  }
+}
+
+// Zeroes every tensor of the list.
+extern "C" bool skein_zero(const at::Tensor* const* tensors, size_t n, char* error,
+                           size_t error_len) {
+  try {
+    auto t = list(tensors, n);
+    at::_foreach_zero_(t);
+    return true;
+  } catch (const std::exception& e) {
+    return fail(e, error, error_len);
+  }
+}
