@@ -1,8 +1,11 @@
 // The optimizer's libtorch calls that tch does not expose (src/trainer/update/optim_ops.rs):
-// AdamW over a group of tensors at once, through libtorch's multi-tensor ("foreach") ops. On
-// CUDA each foreach op is a few launches for the whole group instead of one per tensor; on the
-// CPU libtorch runs it as the same per-tensor op in a loop, so the CPU computes exactly what a
-// per-tensor loop would.
+//
+// - AdamW over a group of tensors at once, through libtorch's multi-tensor ("foreach") ops. On
+//   CUDA each foreach op is a few launches for the whole group instead of one per tensor; on the
+//   CPU libtorch runs it as the same per-tensor op in a loop, so the CPU computes exactly what a
+//   per-tensor loop would.
+// - Dropping parameters' gradients, so the next backward writes them instead of adding to
+//   zeros.
 //
 // Every function takes arrays of `n` live tensors and returns false with a message in `error`
 // when libtorch throws.
@@ -13,7 +16,6 @@
 #include <ATen/ops/_foreach_norm.h>
 #include <ATen/ops/_foreach_sqrt.h>
 #include <ATen/ops/_foreach_sub.h>
-#include <ATen/ops/_foreach_zero.h>
 #include <ATen/ops/square.h>
 #include <ATen/ops/stack.h>
 #include <ATen/ops/sum.h>
@@ -109,12 +111,14 @@ extern "C" bool skein_adamw_step(const at::Tensor* const* params, const at::Tens
   }
 }
 
-// Zeroes every tensor of the list.
-extern "C" bool skein_zero(const at::Tensor* const* tensors, size_t n, char* error,
-                           size_t error_len) {
+// Drops the gradient of every tensor of the list (PyTorch's `zero_grad(set_to_none=True)`).
+extern "C" bool skein_forget_grads(const at::Tensor* const* tensors, size_t n, char* error,
+                                   size_t error_len) {
   try {
-    auto t = list(tensors, n);
-    at::_foreach_zero_(t);
+    for (size_t i = 0; i < n; ++i) {
+      at::Tensor t = *tensors[i];
+      t.mutable_grad().reset();
+    }
     return true;
   } catch (const std::exception& e) {
     return fail(e, error, error_len);

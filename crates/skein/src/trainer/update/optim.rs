@@ -122,19 +122,16 @@ impl Optimizer {
         self.cfg.lr_at(step, self.total_steps)
     }
 
+    /// Drops every parameter's gradient (PyTorch's `zero_grad(set_to_none=True)`): the next
+    /// backward writes them instead of adding to zeros.
     pub fn zero_grad(&mut self) {
-        let grads: Vec<Tensor> = self
-            .params
-            .iter()
-            .map(|(_, p)| p.grad())
-            .filter(Tensor::defined)
-            .map(|mut g| g.detach_())
-            .collect();
-        optim_ops::zero(&grads.iter().collect::<Vec<_>>());
+        let params: Vec<&Tensor> = self.params.iter().map(|(_, p)| p).collect();
+        optim_ops::forget_grads(&params);
     }
 
     /// Clips the accumulated gradients, applies one update, and advances the schedule; with a
-    /// NaN or infinite gradient it changes nothing and reports the step as skipped.
+    /// NaN or infinite gradient it changes nothing and reports the step as skipped. A parameter
+    /// that got no gradient since [`Optimizer::zero_grad`] is left as it is, moments and all.
     pub fn step(&mut self) -> StepStats {
         let grads: Vec<Tensor> = self.params.iter().map(|(_, p)| p.grad()).collect();
         let grad_norm = tch::no_grad(|| {
@@ -433,6 +430,26 @@ mod tests {
             m.iter_mut().chain(v.iter_mut()).for_each(|t| {
                 let _ = t.zero_();
             });
+        }
+    }
+
+    /// `zero_grad` drops the gradients, and the next backward writes them afresh.
+    #[test]
+    fn zero_grad_drops_the_gradients() {
+        let (vs, lin, x, y) = problem(6);
+        let mut opt = Optimizer::new(&vs, &cfg(), 10).unwrap();
+        loss(&lin, &x, &y).backward();
+        let first: Vec<Tensor> = vs
+            .trainable_variables()
+            .iter()
+            .map(|t| t.grad().copy())
+            .collect();
+        loss(&lin, &x, &y).backward();
+        opt.zero_grad();
+        assert!(vs.trainable_variables().iter().all(|t| !t.grad().defined()));
+        loss(&lin, &x, &y).backward();
+        for (t, g) in vs.trainable_variables().iter().zip(&first) {
+            assert!(t.grad().equal(g), "not added to the dropped gradient");
         }
     }
 

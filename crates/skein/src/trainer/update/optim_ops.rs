@@ -1,10 +1,11 @@
 //! The optimizer's libtorch calls that tch does not expose (`csrc/optimizer.cpp`): its
-//! arithmetic over many tensors at once, through libtorch's multi-tensor ("foreach") ops.
+//! arithmetic over many tensors at once, through libtorch's multi-tensor ("foreach") ops, and
+//! dropping gradients.
 //!
-//! A per-tensor AdamW step is about fifteen kernels for every trainable tensor: on a GPU,
-//! thousands of launches a step for a model's few hundred tensors (LoRA's adapters are two per
-//! projection), each of them waiting on the host. A foreach op computes the same arithmetic
-//! over a whole list in a few launches. On the CPU libtorch runs it as the per-tensor op in a
+//! A per-tensor AdamW step is fourteen kernels for every trainable tensor: on a GPU, thousands
+//! of launches from the host a step for a model's few hundred tensors (LoRA's adapters are two
+//! per projection). A foreach op computes the same arithmetic over a whole list in a few
+//! launches. On the CPU libtorch runs it as the per-tensor op in a
 //! loop, so the CPU computes to the bit what it computed before (`optim::tests`).
 
 use std::ffi::{c_char, CStr};
@@ -87,17 +88,16 @@ pub fn adamw_step(group: &AdamwGroup, scalars: &AdamwScalars) {
     }
 }
 
-/// Zeroes every tensor of `tensors` in place.
-pub fn zero(tensors: &[&Tensor]) {
-    if tensors.is_empty() {
-        return; // libtorch refuses an empty list
-    }
-    let ptrs = pointers(tensors);
+/// Drops the gradients of `params`: the next backward writes each one afresh (autograd takes
+/// its result as the gradient) instead of adding it to zeros, one kernel fewer per parameter.
+pub fn forget_grads(params: &[&Tensor]) {
+    let ptrs = pointers(params);
     let mut error = [0 as c_char; 512];
     // SAFETY: `ptrs` holds live tensors for the call.
-    let ok = unsafe { skein_zero(ptrs.as_ptr(), ptrs.len(), error.as_mut_ptr(), error.len()) };
+    let ok =
+        unsafe { skein_forget_grads(ptrs.as_ptr(), ptrs.len(), error.as_mut_ptr(), error.len()) };
     if !ok {
-        failed("zeroing the gradients", &error);
+        failed("dropping the gradients", &error);
     }
 }
 
@@ -129,7 +129,7 @@ extern "C" {
         error: *mut c_char,
         error_len: usize,
     ) -> bool;
-    fn skein_zero(
+    fn skein_forget_grads(
         tensors: *const *const C_tensor,
         n: usize,
         error: *mut c_char,
