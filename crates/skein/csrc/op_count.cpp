@@ -10,7 +10,10 @@
 // metadata, allocations or backward nodes and made no computing call of their own. A linear
 // is not one (its matmul is), a cast that copies counts its copy, a cast to the same dtype
 // nothing. A computing call inside another is named after the top-level call it serves as well
-// ("aten::linear > aten::mm").
+// ("aten::linear > aten::mm"). A multi-tensor op (`aten::_foreach_*`) is one computing call,
+// whatever it calls inside: on a GPU it launches one kernel for a whole list of tensors (a few
+// for a list of very many or very large ones), while the CPU runs it as a per-tensor loop,
+// whose calls would count what a GPU does not launch.
 #include <ATen/record_function.h>
 
 #include <cstdint>
@@ -47,6 +50,11 @@ thread_local std::vector<bool> open_calls;
 // The top-level call open now, which computing calls are attributed to.
 thread_local std::string open_top_level;
 thread_local at::CallbackHandle handle = 0;
+// Multi-tensor calls open now: the calls inside them are counted as theirs.
+thread_local int64_t open_foreach = 0;
+
+bool is_foreach(const char* name) { return std::strncmp(name, "aten::_foreach_", 15) == 0; }
+
 // A backward node's call: what it computes is the calls inside it. One with none (a view's
 // or a sum's backward passing its gradient on, autograd taking a result as a gradient)
 // launches nothing.
@@ -62,6 +70,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     open_top_level = fn.name();
   }
   open_calls.push_back(false);
+  if (is_foreach(fn.name())) open_foreach += 1;
   return nullptr;
 }
 
@@ -70,8 +79,15 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   if (open_calls.empty()) return;
   bool computed = open_calls.back();
   open_calls.pop_back();
+  const bool foreach_call = is_foreach(fn.name());
+  if (foreach_call) open_foreach -= 1;
+  if (open_foreach > 0) {
+    // Inside a multi-tensor call, which counts itself.
+    if (!open_calls.empty()) open_calls.back() = true;
+    return;
+  }
   const bool leaf = !computed && !not_computing.count(fn.name()) && !is_backward_node(fn.name());
-  if (leaf) {
+  if (foreach_call || leaf) {
     const bool top = open_calls.empty();
     computing[top ? fn.name() : open_top_level + " > " + fn.name()] += 1;
     computed = true;
@@ -90,6 +106,7 @@ void skein_op_count_start() {
   top_level.clear();
   computing.clear();
   open_calls.clear();
+  open_foreach = 0;
   handle = at::addThreadLocalCallback(
       at::RecordFunctionCallback(on_enter, on_exit).scopes({at::RecordScope::FUNCTION}));
 }
