@@ -9,6 +9,8 @@
 //!   hook libtorch's profiler uses (`src/op_count.rs`).
 //! - **csrc/optimizer.cpp**, AdamW over many tensors at once through libtorch's
 //!   multi-tensor ops (`src/trainer/update/optim_ops.rs`).
+//! - **csrc/inference_mode.cpp**, libtorch's inference mode for the engine's decoding
+//!   (`src/engine/inference_mode.rs`).
 //!
 //! libtorch is found as torch-sys finds it by default: the `LIBTORCH` directory, which
 //! `.cargo/config.toml` points at the project's `.venv/torch`.
@@ -20,6 +22,7 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/varlen_attention.cpp");
     println!("cargo:rerun-if-changed=csrc/op_count.cpp");
     println!("cargo:rerun-if-changed=csrc/optimizer.cpp");
+    println!("cargo:rerun-if-changed=csrc/inference_mode.cpp");
     let Some(libtorch) = std::env::var_os("LIBTORCH").map(PathBuf::from) else {
         panic!(
             "LIBTORCH is not set: run `make setup` (it installs libtorch into .venv/torch, \
@@ -42,6 +45,7 @@ fn main() {
         .file("csrc/varlen_attention.cpp")
         .file("csrc/op_count.cpp")
         .file("csrc/optimizer.cpp")
+        .file("csrc/inference_mode.cpp")
         .include(libtorch.join("include"))
         .flag("-std=c++17")
         .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"))

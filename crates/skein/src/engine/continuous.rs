@@ -1,6 +1,7 @@
 //! Continuous-batching generation: a fixed pool of KV-cache slots; requests join as soon as a
 //! slot is free and leave the moment they finish, so no step waits for the longest sequence.
 
+use super::inference_mode::InferenceMode;
 use super::sampling::{kept_ids, sample, SamplingParams};
 use crate::model::{AttnMode, DecodeForm, KvCache, Model, Transformer};
 use skein_plan::KeptSets;
@@ -177,11 +178,19 @@ impl Engine {
         feed: &mut dyn FnMut(bool) -> Feed,
         mut on_finish: impl FnMut(GenOutput),
     ) -> EngineStats {
+        // Every tensor of the run is the engine's and dies with it; the caller's callbacks
+        // run outside inference mode, as they would outside the engine.
+        let _inference = InferenceMode::on();
         let mut stats = EngineStats::default();
         let generated = std::cell::Cell::new(0usize);
         let mut on_finish = |out: GenOutput| {
             generated.set(generated.get() + out.tokens.len());
+            let _callers = InferenceMode::off();
             on_finish(out)
+        };
+        let mut feed = |idle: bool| {
+            let _callers = InferenceMode::off();
+            feed(idle)
         };
         let decoding = self.decoding_copy(model);
         let net = &decoding;
@@ -690,6 +699,39 @@ mod tests {
         engine.generate(model, 3, reqs, |o| outs.push(o));
         outs.sort_by_key(|o| o.id);
         outs
+    }
+
+    /// The engine decodes in inference mode, and the caller's callbacks run outside it, with
+    /// tensors they can train on; the caller's mode is restored after the run.
+    #[test]
+    fn callbacks_run_outside_inference_mode() {
+        let model = tiny();
+        let w = Tensor::ones([2], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+        let mut batch = Some(vec![GenRequest {
+            id: 0,
+            prompt: vec![1, 2, 3],
+            resumed: vec![],
+            params: greedy(3),
+            budget: None,
+            session: None,
+        }]);
+        let mut fed_outside = Vec::new();
+        let mut feed = |_: bool| {
+            fed_outside.push(!InferenceMode::is_enabled());
+            match batch.take() {
+                Some(r) => Feed::Requests(r),
+                None => Feed::Closed,
+            }
+        };
+        let mut finished_outside = Vec::new();
+        Engine::new(2).run(&model, 0, 16, 2, &mut feed, |_| {
+            // A tensor made here takes part in autograd, as it would outside the engine.
+            let made = Tensor::ones([2], (Kind::Float, Device::Cpu)) * 2.0;
+            finished_outside.push(!InferenceMode::is_enabled() && made.f_mul(&w).is_ok());
+        });
+        assert!(!fed_outside.is_empty() && fed_outside.iter().all(|&o| o));
+        assert_eq!(finished_outside, [true]);
+        assert!(!InferenceMode::is_enabled());
     }
 
     /// A context longer than the cache finishes at once as `ContextTooLong` with

@@ -4,6 +4,7 @@
 
 pub mod continuous;
 pub mod handle;
+pub mod inference_mode;
 pub mod remote;
 pub mod sampling;
 
