@@ -7,8 +7,8 @@
 // - Dropping parameters' gradients, so the next backward writes them instead of adding to
 //   zeros.
 //
-// Every function takes arrays of `n` live tensors and returns false with a message in `error`
-// when libtorch throws.
+// Every function takes arrays of `n` live tensors; when libtorch throws it returns false (or
+// null) with the message in `error`.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_foreach_add.h>
 #include <ATen/ops/_foreach_div.h>

@@ -5,8 +5,8 @@
 //! A per-tensor AdamW step is fourteen kernels for every trainable tensor: on a GPU, thousands
 //! of launches from the host a step for a model's few hundred tensors (LoRA's adapters are two
 //! per projection). A foreach op computes the same arithmetic over a whole list in a few
-//! launches. On the CPU libtorch runs it as the per-tensor op in a
-//! loop, so the CPU computes to the bit what it computed before (`optim::tests`).
+//! launches. On the CPU libtorch runs it as the per-tensor op in a loop, so the CPU computes
+//! to the bit what it computed before (`optim::tests`).
 
 use std::ffi::{c_char, CStr};
 use tch::Tensor;
