@@ -60,7 +60,7 @@ case "$device" in cuda*) other_form=separate ;; *) other_form=fused ;; esac
 rows=()
 failed=0
 # run NAME FIGURE_PATTERN COMMAND...: runs COMMAND with its output in $out/NAME.log; the figure
-# is the last three lines matching FIGURE_PATTERN, joined.
+# is the last four lines matching FIGURE_PATTERN, joined.
 run() {
   local name=$1 pattern=$2
   shift 2
@@ -69,7 +69,7 @@ run() {
   timeout "${GPU_CHECK_ROW_SECONDS:-900}" "$@" >"$out/$name.log" 2>&1
   status=$?
   end=$(date +%s.%N)
-  figure=$(grep -E "$pattern" "$out/$name.log" | tail -3 | tr -s ' ' | paste -sd ';' -)
+  figure=$(grep -E "$pattern" "$out/$name.log" | tail -4 | tr -s ' ' | paste -sd ';' -)
   local verdict=pass
   [ $status -eq 0 ] || { verdict="FAIL ($status)"; failed=1; figure=$(tail -1 "$out/$name.log" | cut -c1-110); }
   rows+=("| $name | $verdict | $(awk "BEGIN { printf \"%.1f\", $end - $start }") | $figure |")
@@ -99,7 +99,7 @@ for dtype in float32 bfloat16; do
   [ "$dtype" = float32 ] || lora=(--lora-rank 64)
   run "layouts-$dtype" "shared-prefix" "$skein" bench train-tokens --device "$device" \
     --dtype "$dtype" "${lora[@]}" "${shape[@]}" --vocab 64 "${tokens[@]}"
-  run "bench-skein-$dtype" "train step|^decode" "$skein" bench --device "$device" \
+  run "bench-skein-$dtype" "train step|train ops|^decode" "$skein" bench --device "$device" \
     --dtype "$dtype" "${lora[@]}" "${shape[@]}" --vocab 64 "${bench[@]}"
   run "bench-eager-$dtype" "eager train step|eager decode" "$python" \
     scripts/bench_pytorch_eager.py --device "$device" --dtype "$dtype" "${shape[@]}" --vocab 64 \

@@ -42,6 +42,7 @@ fn gpu_check_passes_every_row_on_the_cpu() {
     assert!(table.contains("eval after RL"), "{table}");
     assert!(table.contains("shared-prefix"), "{table}");
     assert!(table.contains("pytorch eager train step"), "{table}");
+    assert!(table.contains("of them the optimizer's"), "{table}");
     assert!(table.contains("transformers generate (batch"), "{table}");
     assert!(table.contains("decode ops per step"), "{table}");
     assert!(table.contains("peak / full float32 peak"), "{table}");
