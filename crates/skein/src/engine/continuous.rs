@@ -195,9 +195,7 @@ impl Engine {
         let decoding = self.decoding_copy(model);
         let net = &decoding;
         let capacity = capacity.clamp(1, net.max_positions());
-        let cfg = &net.config;
         let slots = self.max_slots.min(max_requests.max(1));
-        let kind = net.kind();
         let mut cache: Option<KvCache> = None;
         let mut pending: VecDeque<GenRequest> = VecDeque::new();
         let mut running: Vec<Option<Running>> = (0..slots).map(|_| None).collect();
@@ -221,17 +219,7 @@ impl Engine {
                 continue;
             }
             // The cache is allocated once, when the first request arrives.
-            let cache = cache.get_or_insert_with(|| {
-                KvCache::new(
-                    cfg.num_hidden_layers,
-                    slots as i64,
-                    capacity,
-                    cfg.kv_heads() as i64,
-                    cfg.head_dim() as i64,
-                    kind,
-                    net.device(),
-                )
-            });
+            let cache = cache.get_or_insert_with(|| kv_cache_for(net, slots, capacity));
             let admitted = admit(
                 &mut pending,
                 &mut running,
@@ -663,6 +651,20 @@ fn distinct_contexts(contexts: &[Vec<u32>]) -> (Vec<usize>, Vec<usize>) {
 
 fn same_sampling(a: &SamplingParams, b: &SamplingParams) -> bool {
     a.temperature == b.temperature && a.top_p == b.top_p && a.top_k == b.top_k
+}
+
+/// A KV cache of `slots` slots of `capacity` positions each, for `net`'s layers and dtype.
+fn kv_cache_for(net: &Transformer, slots: usize, capacity: i64) -> KvCache {
+    let cfg = &net.config;
+    KvCache::new(
+        cfg.num_hidden_layers,
+        slots as i64,
+        capacity,
+        cfg.kv_heads() as i64,
+        cfg.head_dim() as i64,
+        net.kind(),
+        net.device(),
+    )
 }
 
 #[cfg(test)]
