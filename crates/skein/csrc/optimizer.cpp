@@ -6,11 +6,14 @@
 //   per-tensor loop would.
 // - Dropping parameters' gradients, so the next backward writes them instead of adding to
 //   zeros.
+// - Copying a list of tensors into another of another dtype (float32 master weights and the
+//   low-precision weights a model computes with).
 //
 // Every function takes arrays of `n` live tensors; when libtorch throws it returns false (or
 // null) with the message in `error`.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_foreach_add.h>
+#include <ATen/ops/_foreach_copy.h>
 #include <ATen/ops/_foreach_div.h>
 #include <ATen/ops/_foreach_mul.h>
 #include <ATen/ops/_foreach_norm.h>
@@ -119,6 +122,19 @@ extern "C" bool skein_forget_grads(const at::Tensor* const* tensors, size_t n, c
       at::Tensor t = *tensors[i];
       t.mutable_grad().reset();
     }
+    return true;
+  } catch (const std::exception& e) {
+    return fail(e, error, error_len);
+  }
+}
+
+// Copies each of `src` into `dst` of the same shape, casting to `dst`'s dtype (rounding to
+// nearest): a few launches for the list on CUDA, a per-tensor copy in a loop on the CPU.
+extern "C" bool skein_copy_lists(const at::Tensor* const* dst, const at::Tensor* const* src,
+                                 size_t n, char* error, size_t error_len) {
+  try {
+    auto d = list(dst, n);
+    at::_foreach_copy_(d, list(src, n));
     return true;
   } catch (const std::exception& e) {
     return fail(e, error, error_len);

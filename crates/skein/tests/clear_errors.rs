@@ -179,8 +179,8 @@ fn lora_and_precision_settings_that_cannot_train_are_refused() {
         refused(&args, says);
     };
     train(
-        &["model.dtype=\"bfloat16\""],
-        &["model.dtype", "`lora.rank`"],
+        &["model.dtype=\"float16\""],
+        &["model.dtype", "loss scaling", "bfloat16", "`lora.rank`"],
     );
     train(&["model.dtype=\"int8\""], &["model.dtype", "bfloat16"]);
     train(

@@ -26,10 +26,10 @@ fn table_rows(out: &str) -> Vec<Vec<String>> {
         .collect()
 }
 
-/// All four setups run in their own processes on the tiny shape; each reports a positive
+/// All five setups run in their own processes on the tiny shape; each reports a positive
 /// peak, and the LoRA setups' peaks are below full float32's.
 #[test]
-fn bench_memory_measures_four_setups_and_lora_stays_below_full() {
+fn bench_memory_measures_five_setups_and_lora_stays_below_full() {
     let (code, out, err) = skein(&[
         "bench",
         "memory",
@@ -49,6 +49,7 @@ fn bench_memory_measures_four_setups_and_lora_stays_below_full() {
         setups,
         [
             "full float32",
+            "full bfloat16, float32 masters",
             "LoRA r16",
             "LoRA r16 + bfloat16",
             "LoRA r16 + bfloat16 + checkpointing"
@@ -64,7 +65,8 @@ fn bench_memory_measures_four_setups_and_lora_stays_below_full() {
     };
     let peaks: Vec<f64> = rows.iter().map(|r| number(r, 3)).collect();
     assert!(peaks.iter().all(|&p| p > 0.0), "{out}");
-    assert!(peaks[1..].iter().all(|&p| p < peaks[0]), "{out}");
+    // Training every weight in bfloat16 holds float32's 16 bytes per parameter; LoRA does not.
+    assert!(peaks[2..].iter().all(|&p| p < peaks[0]), "{out}");
     assert!(rows.iter().all(|r| number(r, 4) > 0.0), "{out}");
     assert!(
         out.contains("goal ≤ 0.25"),
@@ -156,7 +158,7 @@ fn plan_memory_errors_name_the_flag_and_the_allowed_values() {
         "--model",
         dir.to_str().unwrap(),
         "--set",
-        "model.dtype=bfloat16",
+        "model.dtype=float16",
     ]);
     assert_eq!(code, 2);
     assert!(err.contains("`lora.rank`"), "{err}");

@@ -225,6 +225,23 @@ fn a_killed_lora_run_on_a_bfloat16_base_resumes_exactly() {
     let _ = std::fs::remove_dir_all(&cut);
 }
 
+/// A bfloat16 run training every weight resumes exactly: the optimizer's float32 master
+/// weights come back with the moments, and the KL reference in bfloat16.
+#[test]
+fn a_killed_bfloat16_run_training_every_weight_resumes_exactly() {
+    let (whole, cut, from) = whole_and_resumed("bf16", &["model.dtype=\"bfloat16\""]);
+    let optimizer =
+        std::fs::read(cut.join(format!("checkpoint-{from}/optimizer.safetensors"))).unwrap();
+    let header = String::from_utf8_lossy(&optimizer[..optimizer.len().min(1 << 16)]);
+    assert!(
+        header.contains("\"w.model.embed_tokens.weight\""),
+        "no masters saved"
+    );
+    assert_same_steps(&whole, &cut);
+    let _ = std::fs::remove_dir_all(&whole);
+    let _ = std::fs::remove_dir_all(&cut);
+}
+
 /// The first Ctrl-C lets the step finish, writes a resumable checkpoint of it and exits with
 /// success; the run then continues from there.
 #[test]

@@ -112,14 +112,16 @@ impl Shape {
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 enum Setup {
     Full,
+    FullBf16,
     Lora,
     LoraBf16,
     LoraBf16Ckpt,
 }
 
 impl Setup {
-    const ALL: [Setup; 4] = [
+    const ALL: [Setup; 5] = [
         Setup::Full,
+        Setup::FullBf16,
         Setup::Lora,
         Setup::LoraBf16,
         Setup::LoraBf16Ckpt,
@@ -128,6 +130,7 @@ impl Setup {
     fn flag(self) -> &'static str {
         match self {
             Setup::Full => "full",
+            Setup::FullBf16 => "full-bf16",
             Setup::Lora => "lora",
             Setup::LoraBf16 => "lora-bf16",
             Setup::LoraBf16Ckpt => "lora-bf16-ckpt",
@@ -137,6 +140,7 @@ impl Setup {
     fn label(self) -> &'static str {
         match self {
             Setup::Full => "full float32",
+            Setup::FullBf16 => "full bfloat16, float32 masters",
             Setup::Lora => "LoRA r16",
             Setup::LoraBf16 => "LoRA r16 + bfloat16",
             Setup::LoraBf16Ckpt => "LoRA r16 + bfloat16 + checkpointing",
@@ -151,6 +155,10 @@ impl Setup {
         };
         match self {
             Setup::Full => ModelOptions::default(),
+            Setup::FullBf16 => ModelOptions {
+                dtype: Dtype::Bfloat16,
+                ..Default::default()
+            },
             Setup::Lora => ModelOptions {
                 dtype: Dtype::Float32,
                 lora,

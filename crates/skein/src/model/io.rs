@@ -67,7 +67,7 @@ impl Model {
 
     /// A model whose every weight trained (float32, no adapters) becomes a frozen base in
     /// `options.dtype` with fresh adapters: how a model built from scratch, warmed up in
-    /// full, goes on with LoRA.
+    /// full, goes on with LoRA. Without LoRA its weights go on training, in `options.dtype`.
     pub fn adapt(&mut self, options: &ModelOptions) -> Result<()> {
         if self.options.lora.enabled() {
             bail!("the model already has LoRA adapters");

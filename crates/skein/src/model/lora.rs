@@ -653,7 +653,15 @@ mod tests {
             dtype: Dtype::Bfloat16,
             ..Default::default()
         };
-        let err = bf16_full.check(Device::Cpu).unwrap_err().to_string();
-        assert!(err.contains("`lora.rank`"), "{err}");
+        bf16_full.check(Device::Cpu).unwrap();
+        let f16_full = ModelOptions {
+            dtype: Dtype::Float16,
+            ..Default::default()
+        };
+        let err = f16_full.check(Device::Cuda(0)).unwrap_err().to_string();
+        assert!(
+            err.contains("loss scaling") && err.contains("`lora.rank`"),
+            "{err}"
+        );
     }
 }

@@ -6,7 +6,9 @@ use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind};
 
-/// `model.dtype`: the dtype of the frozen weights and of the forward.
+/// `model.dtype`: the dtype of the weights and of the forward. What trains stays float32:
+/// LoRA's adapters, or with every weight trained, the optimizer's master copy of each weight
+/// (`trainer::update::optim`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Dtype {
@@ -62,12 +64,12 @@ impl ModelOptions {
     /// An error naming the key for a combination that cannot train.
     pub fn check(&self, device: Device) -> Result<()> {
         self.lora.check()?;
-        if self.dtype != Dtype::Float32 && !self.lora.enabled() {
+        if self.dtype == Dtype::Float16 && !self.lora.enabled() {
             bail!(
-                "`model.dtype = \"{}\"` holds frozen weights in low precision, and full \
-                 fine-tuning freezes none: set `lora.rank` (e.g. 16) to train adapters on a \
-                 low-precision base, or keep `model.dtype = \"float32\"`",
-                self.dtype.name()
+                "`model.dtype = \"float16\"` with every weight trained needs loss scaling \
+                 (float16's gradients underflow), which skein does not do: use \"bfloat16\" \
+                 (float32's range), or set `lora.rank` (e.g. 16) to train adapters on a \
+                 float16 base"
             );
         }
         if self.dtype == Dtype::Float16 && device == Device::Cpu {

@@ -185,9 +185,14 @@ impl Loaded {
         let policy = read_policy(dir, device, options)?;
         let optimizer = read_tensors(&dir.join(OPTIMIZER_FILE))?;
         let reference_dir = dir.join(REFERENCE_DIR);
+        // Without LoRA (its reference is the base), in the policy's dtype.
+        let reference_options = ModelOptions {
+            dtype: options.dtype,
+            ..Default::default()
+        };
         let reference = reference_dir
             .is_dir()
-            .then(|| Model::load_dir(&reference_dir, device))
+            .then(|| Model::load_dir_with(&reference_dir, &reference_options, device))
             .transpose()?;
         let critic = if dir.join(CRITIC_FILE).exists() {
             Some((

@@ -5,7 +5,9 @@
 //! and micro-batch, so the figure it sets beside a measured peak is the trainer's own:
 //!
 //! - the policy: frozen base weights in `model.dtype`, and the trainable parameters (all of
-//!   them, or LoRA's adapters alone) in float32 with gradients and two AdamW moments;
+//!   them, or LoRA's adapters alone) in float32 with gradients and two AdamW moments; with
+//!   every weight trained below float32, the weights and gradients in `model.dtype` and the
+//!   optimizer's float32 master copies beside the moments;
 //! - one micro-batch: what autograd keeps per layer (dtype-aware; with activation
 //!   checkpointing only each layer's input, plus one layer recomputed), and the logits with
 //!   their float32 log-softmax and gradients, vocabulary-sized per token, of at most one chunk
@@ -91,6 +93,15 @@ fn trainable_count(model: &ModelConfig, options: &ModelOptions) -> f64 {
 pub fn policy_parts(model: &ModelConfig, options: &ModelOptions) -> Vec<Part> {
     let trainable = trainable_count(model, options);
     let rope = model.build_bytes(0.0);
+    if !options.lora.enabled() && options.dtype != Dtype::Float32 {
+        return vec![Part {
+            what: "policy weights and gradients (`model.dtype`), float32 master weights and \
+                   AdamW moments",
+            bytes: (2.0 * options.dtype.bytes() + 3.0 * F32) * trainable + rope,
+            lower: "the model size (`model.*`, or a smaller `model.path`), or train LoRA \
+                    adapters (`lora.rank`)",
+        }];
+    }
     if !options.lora.enabled() {
         return vec![Part {
             what: "policy weights, gradients and AdamW moments (float32)",
@@ -206,18 +217,28 @@ pub fn micro_batch_parts(model: &ModelConfig, shape: &UpdateShape) -> Vec<Part> 
 
 /// The AdamW step's temporaries beyond the memory the logits gave back: the step works one
 /// group of tensors at a time (`optim::group_elements`: the largest trainable tensor, or up to
-/// 2^26 elements of smaller ones) and holds two float32 copies of it (the denominator and the
-/// update); `group` is its elements. The activations' memory is not given back by then: their
+/// 2^26 elements of smaller ones) and holds `copies` float32 copies of it: the denominator and
+/// the update, and for weights held below float32 the gradients cast to float32 ([`step_copies`]);
+/// `group` is its elements. The activations' memory is not given back by then: their
 /// many small blocks stay with the allocator (glibc's arenas, CUDA's cache) and cannot hold a
 /// tensor of the embedding's size, while the logits' few large ones do go back.
-pub fn optimizer_step_part(group: f64, logits: f64) -> Option<Part> {
-    let bytes = 2.0 * F32 * group - logits;
+pub fn optimizer_step_part(group: f64, copies: f64, logits: f64) -> Option<Part> {
+    let bytes = copies * F32 * group - logits;
     (bytes > 0.0).then_some(Part {
         what: "AdamW step's temporaries beyond the logits' memory",
         bytes,
         lower: "the largest trained tensor: the embedding in full fine-tuning (`lora.rank` \
                 trains adapters alone)",
     })
+}
+
+/// The float32 copies of a group the AdamW step holds ([`optimizer_step_part`]).
+pub fn step_copies(options: &ModelOptions) -> f64 {
+    if options.lora.enabled() || options.dtype == Dtype::Float32 {
+        2.0
+    } else {
+        3.0
+    }
 }
 
 /// The process and libtorch (on the CPU), or the CUDA context (on a GPU).
@@ -262,7 +283,11 @@ pub fn update_parts(
         );
         group = group.max(full);
     }
-    parts.extend(optimizer_step_part(group, logits));
+    parts.extend(optimizer_step_part(
+        group,
+        step_copies(&shape.options),
+        logits,
+    ));
     parts
 }
 
@@ -276,8 +301,8 @@ pub fn estimate(cfg: &TrainConfig, model: &ModelConfig, device: Device) -> Vec<P
     let params = model.parameter_count() * F32;
     if cfg.algorithm.kl_coef > 0.0 && !shape.options.lora.enabled() {
         parts.push(Part {
-            what: "frozen reference model (float32)",
-            bytes: params,
+            what: "frozen reference model (`model.dtype`)",
+            bytes: model.parameter_count() * shape.options.dtype.bytes(),
             lower: "`algorithm.kl_coef` (0 needs no reference), or LoRA (`lora.rank`): its \
                     frozen base is the reference",
         });
@@ -308,7 +333,13 @@ fn other_ranks_part(
         return None;
     }
     let options = &shape.options;
-    let trainable = 2.0 * F32 * trainable_count(model, options);
+    // Weights and gradients, in float32 (adapters) or in `model.dtype` (every weight).
+    let held = if options.lora.enabled() {
+        F32
+    } else {
+        options.dtype.bytes()
+    };
+    let trainable = 2.0 * held * trainable_count(model, options);
     let base = if options.lora.enabled() {
         model.build_bytes(options.dtype.bytes())
     } else {

@@ -507,7 +507,8 @@ fn update_models(
                 )
             })?,
             None => {
-                let mut r = Model::random(&policy.net.config, device, 0)?;
+                // In the policy's dtype, so the KL term starts at zero.
+                let mut r = Model::random_with(&policy.net.config, &policy.options, device, 0)?;
                 r.copy_from(policy)?;
                 r
             }
@@ -591,8 +592,9 @@ fn publish_weights(
 }
 
 /// RL's adapters, and its KL reference, start from the warmed-up model: a model built from
-/// scratch (nothing pretrained for an adapter to adapt) trained every weight in the warm-up
-/// and gets its adapters now; a loaded one trained its adapters, which fold into its base.
+/// scratch (nothing pretrained for an adapter to adapt) trained every weight in the warm-up, in
+/// float32, and is cast to `model.dtype` and gets its adapters now; a loaded one trained its
+/// adapters, which fold into its base.
 fn lora_after_warm_up(cfg: &TrainConfig, policy: &mut Model) -> Result<()> {
     if cfg.model.path.is_empty() {
         policy.adapt(&cfg.model_options())

@@ -158,9 +158,10 @@ pub struct ModelSection {
     pub num_kv_heads: usize,
     pub intermediate_size: usize,
     pub max_positions: usize,
-    /// Dtype of the frozen weights and of the forward: "float32", "bfloat16", or "float16"
-    /// (CUDA only). Anything but float32 needs LoRA (`lora.rank` > 0): adapters, optimizer
-    /// moments, the loss and the log-softmax stay float32.
+    /// Dtype of the weights and of the forward: "float32", "bfloat16", or "float16" (CUDA
+    /// only, and with LoRA: without loss scaling its gradients underflow). Below float32 what
+    /// trains stays float32: LoRA's adapters (`lora.rank` > 0), or with every weight trained
+    /// the optimizer's master copies; the moments, the loss and the log-softmax too.
     pub dtype: crate::model::Dtype,
 }
 

@@ -73,9 +73,17 @@ impl OptimConfig {
 /// AdamW (decoupled weight decay, bias-corrected moments) over a var store's trainable
 /// variables. Written out rather than taken from libtorch so its moments can be saved in a
 /// checkpoint and a resumed run continues exactly.
+///
+/// A variable held in bfloat16 or float16 (every weight trained in `model.dtype` below
+/// float32) trains through a float32 master copy, as mixed precision does: the step reads its
+/// gradient in float32, updates the master and the moments there, and the variable becomes the
+/// master rounded. Updated in the low precision itself, a step smaller than half the weight's
+/// last digit would be lost, and most of a fine-tuning run's are.
 pub struct Optimizer {
     /// Trainable variables by name (sorted), with their first and second moments.
     params: Vec<(String, Tensor)>,
+    /// The float32 master copy of each variable held in lower precision ([`needs_master`]).
+    masters: Vec<Option<Tensor>>,
     m: Vec<Tensor>,
     v: Vec<Tensor>,
     cfg: OptimConfig,
@@ -96,11 +104,25 @@ pub struct StepStats {
 impl Optimizer {
     pub fn new(vs: &nn::VarStore, cfg: &OptimConfig, total_steps: usize) -> Result<Self> {
         let params = crate::model::sorted_trainable(vs);
-        let zeros = || -> Vec<Tensor> { params.iter().map(|(_, p)| p.zeros_like()).collect() };
+        let masters: Vec<Option<Tensor>> = tch::no_grad(|| {
+            params
+                .iter()
+                .map(|(_, p)| needs_master(p.kind()).then(|| p.detach().to_kind(Kind::Float)))
+                .collect()
+        });
+        // The moments are float32 wherever the weight the step updates is.
+        let zeros = || -> Vec<Tensor> {
+            params
+                .iter()
+                .zip(&masters)
+                .map(|((_, p), master)| master.as_ref().unwrap_or(p).zeros_like())
+                .collect()
+        };
         Ok(Optimizer {
             m: zeros(),
             v: zeros(),
             params,
+            masters,
             cfg: cfg.clone(),
             total_steps,
             steps_done: 0,
@@ -185,7 +207,9 @@ impl Optimizer {
     }
 
     /// One AdamW step of every parameter with a gradient, a group of them at a time
-    /// ([`group_elements`]).
+    /// ([`group_elements`]). A group's low-precision gradients are copied to float32 for the
+    /// step, which updates their masters, and the masters are copied back rounded: two
+    /// multi-tensor copies a group.
     fn apply(&self, grads: &[Tensor], scalars: &AdamwScalars) {
         let with_grads: Vec<usize> = (0..grads.len()).filter(|&k| grads[k].defined()).collect();
         let sizes: Vec<i64> = with_grads
@@ -196,52 +220,110 @@ impl Optimizer {
         let budget = group_elements(largest as f64, sizes.iter().sum::<i64>() as f64);
         for range in groups(&sizes, budget as i64) {
             let ks = &with_grads[range];
-            let params: Vec<&Tensor> = ks.iter().map(|&k| &self.params[k].1).collect();
+            let cast: Vec<Option<Tensor>> = ks
+                .iter()
+                .map(|&k| self.masters[k].as_ref().map(Tensor::empty_like))
+                .collect();
+            let (to, from): (Vec<&Tensor>, Vec<&Tensor>) = ks
+                .iter()
+                .zip(&cast)
+                .filter_map(|(&k, c)| c.as_ref().map(|c| (c, &grads[k])))
+                .unzip();
+            if !to.is_empty() {
+                optim_ops::copy_lists(&to, &from);
+            }
+            let step_grads: Vec<&Tensor> = ks
+                .iter()
+                .zip(&cast)
+                .map(|(&k, c)| c.as_ref().unwrap_or(&grads[k]))
+                .collect();
+            let stepped: Vec<&Tensor> = ks.iter().map(|&k| self.stepped(k)).collect();
             let group = AdamwGroup {
-                params: &params,
-                grads: &pick(grads, ks),
+                params: &stepped,
+                grads: &step_grads,
                 m: &pick(&self.m, ks),
                 v: &pick(&self.v, ks),
             };
             optim_ops::adamw_step(&group, scalars);
+            let (low, masters): (Vec<&Tensor>, Vec<&Tensor>) = ks
+                .iter()
+                .filter_map(|&k| self.masters[k].as_ref().map(|w| (&self.params[k].1, w)))
+                .unzip();
+            if !low.is_empty() {
+                optim_ops::copy_lists(&low, &masters);
+            }
         }
     }
 
-    /// The moments, named `m.<variable>` and `v.<variable>`, for a checkpoint.
+    /// The tensor the step updates for parameter `k`: its master, or the parameter itself.
+    fn stepped(&self, k: usize) -> &Tensor {
+        self.masters[k].as_ref().unwrap_or(&self.params[k].1)
+    }
+
+    /// The moments, named `m.<variable>` and `v.<variable>`, and the float32 masters,
+    /// `w.<variable>`, for a checkpoint.
     pub fn state(&self) -> Vec<(String, Tensor)> {
-        let mut out = Vec::with_capacity(2 * self.params.len());
+        let mut out = Vec::with_capacity(3 * self.params.len());
         for (k, (name, _)) in self.params.iter().enumerate() {
             out.push((format!("m.{name}"), self.m[k].shallow_clone()));
             out.push((format!("v.{name}"), self.v[k].shallow_clone()));
+            if let Some(w) = &self.masters[k] {
+                out.push((format!("w.{name}"), w.shallow_clone()));
+            }
         }
         out
     }
 
-    /// Restores moments saved by `state` and the number of steps taken.
+    /// Restores moments (and masters) saved by `state` and the number of steps taken.
     pub fn restore(&mut self, state: &[(String, Tensor)], steps_done: usize) -> Result<()> {
         let saved: std::collections::HashMap<&str, &Tensor> =
             state.iter().map(|(n, t)| (n.as_str(), t)).collect();
         tch::no_grad(|| -> Result<()> {
             for (k, (name, p)) in self.params.iter().enumerate() {
-                for (prefix, moment) in [("m", &mut self.m[k]), ("v", &mut self.v[k])] {
+                let mut slots = vec![("m", &mut self.m[k]), ("v", &mut self.v[k])];
+                if let Some(w) = self.masters[k].as_mut() {
+                    slots.push(("w", w));
+                }
+                for (prefix, slot) in slots {
                     let key = format!("{prefix}.{name}");
-                    let t = saved
-                        .get(key.as_str())
-                        .with_context(|| format!("the optimizer state has no moment `{key}`"))?;
+                    let t = saved.get(key.as_str()).with_context(|| {
+                        format!(
+                            "the optimizer state has no `{key}` ({})",
+                            state_name(prefix)
+                        )
+                    })?;
                     if t.size() != p.size() {
                         bail!(
-                            "optimizer moment `{key}` has shape {:?}, the model {:?}",
+                            "optimizer state `{key}` has shape {:?}, the model {:?}",
                             t.size(),
                             p.size()
                         );
                     }
-                    moment.copy_(&t.to_kind(moment.kind()).to_device(moment.device()));
+                    slot.copy_(&t.to_kind(slot.kind()).to_device(slot.device()));
                 }
             }
             Ok(())
         })?;
         self.steps_done = steps_done;
         Ok(())
+    }
+}
+
+/// Whether a parameter held in `kind` trains through a float32 master copy: the 16-bit
+/// floats, whose 8 (bfloat16) or 11 (float16) bits of mantissa lose small steps.
+pub fn needs_master(kind: Kind) -> bool {
+    matches!(kind, Kind::BFloat16 | Kind::Half)
+}
+
+/// What an optimizer state's entry of `prefix` holds, for an error naming a missing one.
+fn state_name(prefix: &str) -> &'static str {
+    match prefix {
+        "m" => "a first moment",
+        "v" => "a second moment",
+        _ => {
+            "a float32 master weight: the checkpoint was saved by a run in another \
+              `model.dtype`"
+        }
     }
 }
 
@@ -570,6 +652,97 @@ mod tests {
         assert!(
             b.restore(&state[1..], 3).is_err(),
             "a missing moment is an error"
+        );
+    }
+
+    /// A var store of one bfloat16 variable `w` near 1, where bfloat16's spacing (2⁻⁷) is
+    /// far wider than a step of learning rate 1e-4.
+    fn bfloat16_weights() -> (nn::VarStore, Tensor) {
+        let mut vs = nn::VarStore::new(tch::Device::Cpu);
+        let _ = vs
+            .root()
+            .var_copy("w", &Tensor::from_slice(&[1.0f32, -1.0, 0.5, 2.0]));
+        tch::no_grad(|| vs.set_kind(Kind::BFloat16));
+        let w = vs.variables()["w"].shallow_clone();
+        (vs, w)
+    }
+
+    /// A constant gradient of ±1 per weight, in bfloat16 as the forward makes it.
+    fn push(opt: &mut Optimizer, w: &Tensor) {
+        opt.zero_grad();
+        let signs = Tensor::from_slice(&[1.0f32, -1.0, 1.0, -1.0]).to_kind(Kind::BFloat16);
+        (w * signs).sum(Kind::Float).backward();
+        assert!(!opt.step().skipped);
+    }
+
+    fn small_steps() -> OptimConfig {
+        OptimConfig {
+            lr: 1e-4,
+            weight_decay: 0.0,
+            ..cfg()
+        }
+    }
+
+    /// A bfloat16 weight trains through a float32 master: the master takes every step, the
+    /// weight is the master rounded, and so it moves, where each step taken in bfloat16 would
+    /// round back to where it started.
+    #[test]
+    fn a_bfloat16_weight_trains_through_a_float32_master() {
+        let (vs, w) = bfloat16_weights();
+        let start = w.to_kind(Kind::Float);
+        let mut opt = Optimizer::new(&vs, &small_steps(), 100).unwrap();
+        for _ in 0..100 {
+            push(&mut opt, &w);
+        }
+        let state: std::collections::HashMap<String, Tensor> = opt.state().into_iter().collect();
+        let master = &state["w.w"];
+        assert_eq!(master.kind(), Kind::Float);
+        assert_eq!(state["m.w"].kind(), Kind::Float);
+        // A hundred Adam steps of about 1e-4 each, against the gradient's sign.
+        let moved = Vec::<f32>::try_from(master - &start).unwrap();
+        for (k, d) in moved.iter().enumerate() {
+            let want = if k % 2 == 0 { -0.01 } else { 0.01 };
+            assert!((d - want).abs() < 1e-3, "weight {k} moved {d}");
+        }
+        assert!(w.equal(&master.to_kind(Kind::BFloat16)));
+        assert!(!w.to_kind(Kind::Float).equal(&start), "the weight moved");
+        // In bfloat16 itself a step of 1e-4 is lost: 1 - 1e-4 rounds to 1.
+        let one = Tensor::from_slice(&[1.0f32]).to_kind(Kind::BFloat16);
+        assert!((&one - 1e-4).equal(&one));
+    }
+
+    /// The masters are saved with the moments: a restored optimizer continues to the bit, and
+    /// a state without them (a float32 run's) is refused by name.
+    #[test]
+    fn restored_masters_continue_bitwise() {
+        let (vs_a, w_a) = bfloat16_weights();
+        let mut a = Optimizer::new(&vs_a, &small_steps(), 100).unwrap();
+        for _ in 0..30 {
+            push(&mut a, &w_a);
+        }
+        let (mut vs_b, w_b) = bfloat16_weights();
+        vs_b.copy(&vs_a).unwrap();
+        let mut b = Optimizer::new(&vs_b, &small_steps(), 100).unwrap();
+        let state: Vec<(String, Tensor)> =
+            a.state().into_iter().map(|(n, t)| (n, t.copy())).collect();
+        b.restore(&state, a.steps_done).unwrap();
+        for _ in 0..30 {
+            push(&mut a, &w_a);
+            push(&mut b, &w_b);
+        }
+        assert!(w_a.equal(&w_b));
+        let (sa, sb) = (a.state(), b.state());
+        for ((name, x), (_, y)) in sa.iter().zip(&sb) {
+            assert!(x.equal(y), "{name} differs after restore");
+        }
+        let without: Vec<(String, Tensor)> = state
+            .into_iter()
+            .filter(|(n, _)| !n.starts_with("w."))
+            .collect();
+        let err = b.restore(&without, 30).unwrap_err().to_string();
+        assert!(
+            err.contains("`w.w`") && err.contains("master weight"),
+            "{err}"
         );
     }
 

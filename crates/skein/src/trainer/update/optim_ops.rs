@@ -1,6 +1,6 @@
 //! The optimizer's libtorch calls that tch does not expose (`csrc/optimizer.cpp`): its
-//! arithmetic over many tensors at once, through libtorch's multi-tensor ("foreach") ops, and
-//! dropping gradients.
+//! arithmetic over many tensors at once, through libtorch's multi-tensor ("foreach") ops,
+//! copies between lists of tensors of two dtypes, and dropping gradients.
 //!
 //! A per-tensor AdamW step is fourteen kernels for every trainable tensor: on a GPU, thousands
 //! of launches from the host a step for a model's few hundred tensors (LoRA's adapters are two
@@ -101,6 +101,28 @@ pub fn forget_grads(params: &[&Tensor]) {
     }
 }
 
+/// Copies each tensor of `src` into the one of `dst` at its place, cast to `dst`'s dtype
+/// (float32 master weights into the low-precision weights a model computes with, and
+/// gradients the other way).
+pub fn copy_lists(dst: &[&Tensor], src: &[&Tensor]) {
+    assert_eq!(dst.len(), src.len(), "copied lists differ in length");
+    let (d, s) = (pointers(dst), pointers(src));
+    let mut error = [0 as c_char; 512];
+    // SAFETY: both lists hold `d.len()` live tensors for the call.
+    let ok = unsafe {
+        skein_copy_lists(
+            d.as_ptr(),
+            s.as_ptr(),
+            d.len(),
+            error.as_mut_ptr(),
+            error.len(),
+        )
+    };
+    if !ok {
+        failed("copying a list of tensors", &error);
+    }
+}
+
 fn pointers(tensors: &[&Tensor]) -> Vec<*const C_tensor> {
     tensors.iter().map(|t| t.as_ptr()).collect()
 }
@@ -126,6 +148,13 @@ extern "C" {
         v: *const *const C_tensor,
         n: usize,
         scalars: *const AdamwScalars,
+        error: *mut c_char,
+        error_len: usize,
+    ) -> bool;
+    fn skein_copy_lists(
+        dst: *const *const C_tensor,
+        src: *const *const C_tensor,
+        n: usize,
         error: *mut c_char,
         error_len: usize,
     ) -> bool;
