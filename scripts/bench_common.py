@@ -5,7 +5,8 @@ import argparse
 import time
 
 
-def parse(description):
+def parse(description, more=None):
+    """The flags of `skein bench`, and those `more(parser)` adds."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--vocab", type=int, default=512)
     p.add_argument("--hidden", type=int, default=256)
@@ -19,6 +20,8 @@ def parse(description):
     p.add_argument("--decode-prompt", type=int, default=16)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    if more:
+        more(p)
     return p.parse_args()
 
 

@@ -9,7 +9,10 @@ flags, to get ratios:
         --layers 24 --heads 14 --kv-heads 2 --intermediate 4864 --batch 64 --seq 160
 
 `--device` and `--dtype` place the whole model (eager trains every weight in that dtype);
-`--kv-heads` gives grouped-query attention as `skein bench --kv-heads` does.
+`--kv-heads` gives grouped-query attention as `skein bench --kv-heads` does. With
+`--master-weights` AdamW updates float32 copies of the weights, as `skein bench --dtype
+bfloat16` does with every weight trained: the gradients are copied to float32 and the updated
+copies back to the weights, each list in one multi-tensor copy.
 """
 import statistics
 import time
@@ -83,15 +86,30 @@ class Model(torch.nn.Module):
         return self.norm(x) @ self.embed.weight.T
 
 
+def master_weights_flag(p):
+    p.add_argument(
+        "--master-weights",
+        action="store_true",
+        help="AdamW on float32 copies of the weights (mixed precision)",
+    )
+
+
 def main():
-    a = bench_common.parse("PyTorch eager reference for skein bench")
+    a = bench_common.parse("PyTorch eager reference for skein bench", master_weights_flag)
     torch.manual_seed(0)
     dev, dtype = torch.device(a.device), getattr(torch, a.dtype)
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
     kv = a.kv_heads or a.heads
     m = Model(a.vocab, a.hidden, a.layers, a.heads, kv, a.intermediate, a.seq).to(dev, dtype)
-    print(f"pytorch eager: {sum(p.numel() for p in m.parameters()) / 1e6:.2f}M parameters, {a.dtype} on {dev}")
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.0)
+    masters = "float32 master weights, " if a.master_weights else ""
+    print(f"pytorch eager: {sum(p.numel() for p in m.parameters()) / 1e6:.2f}M parameters, {a.dtype} on {dev}, {masters}every weight trained")
+    params = list(m.parameters())
+    # Mixed precision: AdamW steps float32 copies, whose gradients are allocated once.
+    stepped = [p.detach().float() for p in params] if a.master_weights else params
+    if a.master_weights:
+        for w in stepped:
+            w.grad = torch.empty_like(w)
+    opt = torch.optim.AdamW(stepped, lr=1e-3, betas=(0.9, 0.99), weight_decay=0.0)
     ids = torch.randint(0, a.vocab, (a.batch, a.seq), device=dev)
     prompt = a.seq // 4
     adv = torch.ones(a.batch, a.seq - 1, device=dev)
@@ -101,15 +119,20 @@ def main():
     times = []
     for i in range(a.iters + 1):
         t = time.perf_counter()
-        opt.zero_grad()
+        m.zero_grad()
         logits = m(ids)[:, :-1].float()
         logp = logits.log_softmax(-1).gather(2, ids[:, 1:, None]).squeeze(2)
         ratio = (logp - old).exp()
         loss = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.28))
         loss = (loss * mask).sum() / mask.sum()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+        if a.master_weights:
+            torch._foreach_copy_([w.grad for w in stepped], [p.grad for p in params])
+        torch.nn.utils.clip_grad_norm_(stepped, 1.0)
         opt.step()
+        if a.master_weights:
+            with torch.no_grad():
+                torch._foreach_copy_(params, stepped)
         sync()
         if i:
             times.append(time.perf_counter() - t)

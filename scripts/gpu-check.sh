@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Runs every path of skein on one device once and prints a pass/fail table with its figures:
-# - the default job, LoRA on a bfloat16 base with activation checkpointing, two data-parallel
-#   ranks, the calculator agent and partial rollout, each followed by its engine-versus-trainer
-#   log-prob gap (`scripts/logp-gap.sh`), which fails above its dtype's round-off bound: an
-#   engine that computes another policy;
-# - the update's memory in four setups (`skein bench memory`);
-# - per dtype, the update's layouts (`skein bench train-tokens`), the training step and decode
-#   (with its kernels per step) against PyTorch eager on the same shapes, decode against
-#   transformers' `generate` (`scripts/bench_hf_generate.py`), and decode in the other form of
-#   the decoding copy (`skein bench --decode-form`: on CUDA the CPU's, elsewhere CUDA's).
+# - the default job, the same in bfloat16 with every weight trained, LoRA on a bfloat16 base
+#   with activation checkpointing, two data-parallel ranks, the calculator agent and partial
+#   rollout, each followed by its engine-versus-trainer log-prob gap (`scripts/logp-gap.sh`),
+#   which fails above its dtype's round-off bound: an engine that computes another policy;
+# - the update's memory in five setups (`skein bench memory`);
+# - float32, bfloat16 (every weight trained, through float32 master weights) and bfloat16 with
+#   LoRA 64: the update's layouts (`skein bench train-tokens`), the training step and decode
+#   (with its kernels per step), and decode in the other form of the decoding copy (`skein
+#   bench --decode-form`: on CUDA the CPU's, elsewhere CUDA's); for the first two, which train
+#   what eager trains, the same against PyTorch eager on the same shapes (with master weights
+#   in bfloat16) and decode against transformers' `generate` (`scripts/bench_hf_generate.py`).
 #
 #   scripts/gpu-check.sh                      # cuda, the real shapes (docs/speed.md)
 #   scripts/gpu-check.sh --device cpu --tiny  # every path in a minute or two (the tests run it)
@@ -87,6 +89,7 @@ train() {
 
 run devices "^cuda|^cpu" "$skein" devices
 train default-job
+train full-bf16 --set model.dtype=bfloat16
 train lora-bf16-checkpointing --set lora.rank=16 --set model.dtype=bfloat16 \
   --set trainer.activation_checkpointing=true
 train dp2-threads --set trainer.dp_size=2
@@ -94,20 +97,23 @@ train calculator-agent --config configs/calculator.toml
 train partial-rollout --set task.name=reverse --set model.max_positions=256 \
   --set rollout.partial.enabled=true
 run bench-memory "peak / full float32 peak" "$skein" bench memory --device "$device" "${memory[@]}"
-for dtype in float32 bfloat16; do
-  lora=()
-  [ "$dtype" = float32 ] || lora=(--lora-rank 64)
-  run "layouts-$dtype" "shared-prefix" "$skein" bench train-tokens --device "$device" \
+for config in float32 bfloat16 bfloat16-lora64; do
+  dtype=${config%%-*} lora=() masters=()
+  [ "$config" = "$dtype" ] || lora=(--lora-rank 64)
+  [ "$dtype" = float32 ] || masters=(--master-weights)
+  run "layouts-$config" "shared-prefix" "$skein" bench train-tokens --device "$device" \
     --dtype "$dtype" "${lora[@]}" "${shape[@]}" --vocab 64 "${tokens[@]}"
-  run "bench-skein-$dtype" "train step|train ops|^decode" "$skein" bench --device "$device" \
+  run "bench-skein-$config" "train step|train ops|^decode" "$skein" bench --device "$device" \
     --dtype "$dtype" "${lora[@]}" "${shape[@]}" --vocab 64 "${bench[@]}"
-  run "bench-eager-$dtype" "eager train step|eager decode" "$python" \
-    scripts/bench_pytorch_eager.py --device "$device" --dtype "$dtype" "${shape[@]}" --vocab 64 \
-    "${bench[@]}"
-  run "bench-generate-$dtype" "transformers generate \\(" "$python" \
-    scripts/bench_hf_generate.py --device "$device" --dtype "$dtype" "${shape[@]}" --vocab 64 \
-    "${bench[@]}"
-  run "decode-$other_form-$dtype" "^decode" "$skein" bench --device "$device" --dtype "$dtype" \
+  if [ ${#lora[@]} -eq 0 ]; then
+    run "bench-eager-$config" "eager train step|eager decode" "$python" \
+      scripts/bench_pytorch_eager.py --device "$device" --dtype "$dtype" "${masters[@]}" \
+      "${shape[@]}" --vocab 64 "${bench[@]}"
+    run "bench-generate-$config" "transformers generate \\(" "$python" \
+      scripts/bench_hf_generate.py --device "$device" --dtype "$dtype" "${shape[@]}" --vocab 64 \
+      "${bench[@]}"
+  fi
+  run "decode-$other_form-$config" "^decode" "$skein" bench --device "$device" --dtype "$dtype" \
     "${lora[@]}" "${shape[@]}" --vocab 64 "${bench[@]}" --decode-form "$other_form"
 done
 

@@ -31,10 +31,11 @@ fn gpu_check_passes_every_row_on_the_cpu() {
         .lines()
         .filter(|l| l.starts_with("| ") && !l.starts_with("| ---"))
         .collect();
-    // Header, then one row per check: devices, five training paths each with its log-prob
-    // gap, the update's memory, and per dtype the layouts, skein's bench, eager's,
-    // transformers' `generate` and decode in the other form of the decoding copy.
-    assert_eq!(rows.len(), 1 + 1 + 5 * 2 + 1 + 2 * 5, "{table}");
+    // Header, then one row per check: devices, six training paths each with its log-prob
+    // gap, the update's memory, in float32 and in bfloat16 with every weight trained the
+    // layouts, skein's bench, eager's, transformers' `generate` and decode in the other form
+    // of the decoding copy, and for bfloat16 LoRA all but eager's and `generate`.
+    assert_eq!(rows.len(), 1 + 1 + 6 * 2 + 1 + 2 * 5 + 3, "{table}");
     for row in &rows[1..] {
         assert!(row.contains("| pass |"), "{row}");
     }
@@ -42,6 +43,7 @@ fn gpu_check_passes_every_row_on_the_cpu() {
     assert!(table.contains("eval after RL"), "{table}");
     assert!(table.contains("shared-prefix"), "{table}");
     assert!(table.contains("pytorch eager train step"), "{table}");
+    assert!(table.contains("| full-bf16 | pass |"), "{table}");
     assert!(table.contains("of them the optimizer's"), "{table}");
     assert!(table.contains("transformers generate (batch"), "{table}");
     assert!(table.contains("decode ops per step"), "{table}");

@@ -92,8 +92,8 @@ impl ModelShape {
     }
 }
 
-/// Where a bench's model runs and in which precision: `--device`, `--dtype` and `--lora-rank`
-/// (a low-precision base trains adapters only, as in training).
+/// Where a bench's model runs and in which precision: `--device`, `--dtype` and `--lora-rank`,
+/// checked as training checks them.
 #[derive(clap::Args, Debug, Clone)]
 pub struct Placement {
     /// `cpu`, `cuda` or `cuda:N` (`skein devices` lists what this machine has).
@@ -102,7 +102,8 @@ pub struct Placement {
     /// The weights' and the forward's dtype.
     #[arg(long, value_enum, default_value_t = BenchDtype::Float32)]
     pub dtype: BenchDtype,
-    /// LoRA adapters of this rank on every projection; 0 trains every weight (float32 only).
+    /// LoRA adapters of this rank on every projection; 0 trains every weight (below float32,
+    /// through the optimizer's float32 master copies).
     #[arg(long, default_value_t = 0)]
     pub lora_rank: usize,
 }
@@ -157,9 +158,10 @@ impl Placement {
 
     /// A line saying where the bench runs.
     pub fn describe(&self, device: Device) -> String {
-        let lora = match self.lora_rank {
-            0 => "full".to_string(),
-            r => format!("LoRA {r}"),
+        let lora = match (self.lora_rank, self.dtype) {
+            (0, BenchDtype::Float32) => "full".to_string(),
+            (0, _) => "full, float32 master weights".to_string(),
+            (r, _) => format!("LoRA {r}"),
         };
         format!(
             "{} weights, {lora}, on {}",
