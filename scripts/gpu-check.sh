@@ -7,10 +7,12 @@
 # - the update's memory in five setups (`skein bench memory`);
 # - float32, bfloat16 (every weight trained, through float32 master weights) and bfloat16 with
 #   LoRA 64: the update's layouts (`skein bench train-tokens`), the training step and decode
-#   (with its kernels per step), and decode in the other form of the decoding copy (`skein
-#   bench --decode-form`: on CUDA the CPU's, elsewhere CUDA's); for the first two, which train
-#   what eager trains, the same against PyTorch eager on the same shapes (with master weights
-#   in bfloat16) and decode against transformers' `generate` (`scripts/bench_hf_generate.py`).
+#   (with its kernels per step), decode in the other form of the decoding copy (`skein bench
+#   --decode-form`: on CUDA the CPU's, elsewhere CUDA's) and the training step with the other
+#   form of AdamW (`--optimizer-form`: on CUDA op by op, elsewhere fused); for the first two,
+#   which train what eager trains, the same against PyTorch eager on the same shapes (with
+#   master weights in bfloat16) and decode against transformers' `generate`
+#   (`scripts/bench_hf_generate.py`).
 #
 #   scripts/gpu-check.sh                      # cuda, the real shapes (docs/speed.md)
 #   scripts/gpu-check.sh --device cpu --tiny  # every path in a minute or two (the tests run it)
@@ -58,6 +60,8 @@ fi
 dev=(--set "run.device=$device")
 # The form of the decoding copy the device does not take (DecodeForm::for_device).
 case "$device" in cuda*) other_form=separate ;; *) other_form=fused ;; esac
+# The form of AdamW the device does not take (AdamwForm::for_device).
+case "$device" in cpu) other_adamw=fused ;; *) other_adamw=op-by-op ;; esac
 
 rows=()
 failed=0
@@ -115,6 +119,9 @@ for config in float32 bfloat16 bfloat16-lora64; do
   fi
   run "decode-$other_form-$config" "^decode" "$skein" bench --device "$device" --dtype "$dtype" \
     "${lora[@]}" "${shape[@]}" --vocab 64 "${bench[@]}" --decode-form "$other_form"
+  run "adamw-$other_adamw-$config" "train step|train ops" "$skein" bench --device "$device" \
+    --dtype "$dtype" "${lora[@]}" "${shape[@]}" --vocab 64 "${bench[@]}" \
+    --optimizer-form "$other_adamw"
 done
 
 echo "skein gpu-check on $device$([ "$tiny" = 1 ] && echo ', tiny shapes'); logs in $out"

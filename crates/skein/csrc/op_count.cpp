@@ -10,7 +10,8 @@
 // metadata, allocations or backward nodes and made no computing call of their own. A linear
 // is not one (its matmul is), a cast that copies counts its copy, a cast to the same dtype
 // nothing. A computing call inside another is named after the top-level call it serves as well
-// ("aten::linear > aten::mm"). A multi-tensor op (`aten::_foreach_*`) is one computing call,
+// ("aten::linear > aten::mm"). A multi-tensor op (`aten::_foreach_*`, and the fused optimizer
+// steps `aten::_fused_adam*`) is one computing call,
 // whatever it calls inside: on a GPU it launches one kernel for a whole list of tensors (a few
 // for a list of very many or very large ones), while the CPU runs it as a per-tensor loop,
 // whose calls would count what a GPU does not launch.
@@ -53,7 +54,10 @@ thread_local at::CallbackHandle handle = 0;
 // Multi-tensor calls open now: the calls inside them are counted as theirs.
 thread_local int64_t open_foreach = 0;
 
-bool is_foreach(const char* name) { return std::strncmp(name, "aten::_foreach_", 15) == 0; }
+bool is_foreach(const char* name) {
+  return std::strncmp(name, "aten::_foreach_", 15) == 0 ||
+         std::strncmp(name, "aten::_fused_adam", 17) == 0;
+}
 
 // A backward node's call: what it computes is the calls inside it. One with none (a view's
 // or a sum's backward passing its gradient on, autograd taking a result as a gradient)

@@ -21,7 +21,7 @@ pub struct OpCounts {
     /// linear's matmul, not the linear; a cast's copy, and nothing for a cast to the same
     /// dtype). On a GPU, one kernel launch each. One made inside a
     /// top-level call is named after both: `aten::linear > aten::mm`. A multi-tensor op
-    /// (`aten::_foreach_*`) counts once, as the launch it is on a GPU (a few for a list of
+    /// (`aten::_foreach_*`, `aten::_fused_adamw_`) counts once, as the launch it is on a GPU (a few for a list of
     /// very many or very large tensors), though the CPU runs it as a per-tensor loop.
     pub computing: Vec<(String, u64)>,
 }
@@ -164,43 +164,43 @@ mod tests {
     }
 
     /// A multi-tensor op is one computing call, though the CPU runs it tensor by tensor: an
-    /// AdamW step over three tensors makes as many computing calls as over one.
+    /// AdamW step over three tensors makes as many computing calls as over one, in either
+    /// form.
     #[test]
     fn a_multi_tensor_op_counts_once() {
-        use crate::trainer::update::optim_ops::{adamw_step, AdamwGroup, AdamwScalars};
-        let scalars = AdamwScalars {
-            clip: 1.0,
-            decay: 1.0,
-            beta1: 0.9,
-            beta2: 0.99,
-            bias2_sqrt: 0.1,
-            eps: 1e-8,
-            step_size: 1e-3,
-        };
-        let counts = |n: i64| {
-            let ts: Vec<Tensor> = (1..=n)
-                .map(|k| Tensor::ones([k, 4], (Kind::Float, tch::Device::Cpu)))
-                .collect();
-            let refs: Vec<&Tensor> = ts.iter().collect();
-            let group = AdamwGroup {
-                params: &refs,
-                grads: &refs,
-                m: &refs,
-                v: &refs,
+        use crate::trainer::update::optim_ops::{adamw_step, AdamwForm, AdamwGroup, AdamwScalars};
+        let scalars = AdamwScalars::new(0.5, 1e-3, 0.1, 0.9, 0.99, 1e-8, 1);
+        for form in [AdamwForm::OpByOp, AdamwForm::Fused] {
+            let counts = |n: i64| {
+                let ts: Vec<Tensor> = (1..=n)
+                    .map(|k| Tensor::ones([k, 4], (Kind::Float, tch::Device::Cpu)))
+                    .collect();
+                let refs: Vec<&Tensor> = ts.iter().collect();
+                let group = AdamwGroup {
+                    params: &refs,
+                    grads: &refs,
+                    m: &refs,
+                    v: &refs,
+                };
+                count(|| adamw_step(&group, &scalars, form).unwrap()).1
             };
-            count(|| adamw_step(&group, &scalars)).1
-        };
-        let (one, three) = (counts(1), counts(3));
-        assert!(
-            one.computing
-                .iter()
-                .all(|(name, _)| name.starts_with("aten::_foreach_")),
-            "{one:?}"
-        );
-        assert_eq!(one.computing, three.computing);
-        assert!(
-            three.all > one.all,
-            "the CPU's loop makes its calls all the same"
-        );
+            let (one, three) = (counts(1), counts(3));
+            assert!(
+                one.computing
+                    .iter()
+                    .all(|(name, _)| name.starts_with("aten::_foreach_")
+                    || name.starts_with("aten::_fused_adamw_")
+                    // The step number the fused op reads, filled once for the group.
+                    || name == "aten::full > aten::fill_"),
+                "{one:?}"
+            );
+            assert_eq!(one.computing, three.computing);
+            if form == AdamwForm::OpByOp {
+                assert!(
+                    three.all > one.all,
+                    "the CPU's loop makes its calls all the same"
+                );
+            }
+        }
     }
 }

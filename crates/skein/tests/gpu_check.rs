@@ -33,9 +33,10 @@ fn gpu_check_passes_every_row_on_the_cpu() {
         .collect();
     // Header, then one row per check: devices, six training paths each with its log-prob
     // gap, the update's memory, in float32 and in bfloat16 with every weight trained the
-    // layouts, skein's bench, eager's, transformers' `generate` and decode in the other form
-    // of the decoding copy, and for bfloat16 LoRA all but eager's and `generate`.
-    assert_eq!(rows.len(), 1 + 1 + 6 * 2 + 1 + 2 * 5 + 3, "{table}");
+    // layouts, skein's bench, eager's, transformers' `generate`, decode in the other form of
+    // the decoding copy and the training step in the other form of AdamW, and for bfloat16
+    // LoRA all but eager's and `generate`.
+    assert_eq!(rows.len(), 1 + 1 + 6 * 2 + 1 + 2 * 6 + 4, "{table}");
     for row in &rows[1..] {
         assert!(row.contains("| pass |"), "{row}");
     }
@@ -51,6 +52,8 @@ fn gpu_check_passes_every_row_on_the_cpu() {
     assert!(table.contains("bound on the mean"), "{table}");
     assert!(table.contains("separate form"), "{table}");
     assert!(table.contains("fused form"), "{table}");
+    assert!(table.contains("(AdamW fused)"), "{table}");
+    assert!(table.contains("(AdamW op by op)"), "{table}");
     std::fs::remove_dir_all(&out_dir).ok();
 }
 

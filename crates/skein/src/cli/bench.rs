@@ -14,6 +14,7 @@ use crate::op_count;
 use crate::trainer::batch::TrainRow;
 use crate::trainer::update::head::{token_logprobs, Entropy};
 use crate::trainer::update::optim::{OptimConfig, Optimizer};
+use crate::trainer::update::optim_ops::AdamwForm;
 use crate::trainer::update::policy_loss::{policy_loss, LossConfig, TokenBatch};
 use crate::trainer::update::tensors::{MicroBatch, PolicyInputs};
 use anyhow::Result;
@@ -74,6 +75,26 @@ pub struct BenchArgs {
     /// the device's; naming the other counts its calls on this machine.
     #[arg(long, value_enum)]
     decode_form: Option<DecodeFormArg>,
+    /// The form of the AdamW step: `op-by-op` (the CPU's) or `fused` (a GPU's). By default the
+    /// device's; naming the other times and counts it on this machine.
+    #[arg(long, value_enum)]
+    optimizer_form: Option<OptimizerFormArg>,
+}
+
+/// `--optimizer-form`'s values, [`AdamwForm`]'s.
+#[derive(clap::ValueEnum, Debug, Clone, Copy)]
+enum OptimizerFormArg {
+    OpByOp,
+    Fused,
+}
+
+impl From<OptimizerFormArg> for AdamwForm {
+    fn from(form: OptimizerFormArg) -> Self {
+        match form {
+            OptimizerFormArg::OpByOp => AdamwForm::OpByOp,
+            OptimizerFormArg::Fused => AdamwForm::Fused,
+        }
+    }
 }
 
 /// `--decode-form`'s values, [`DecodeForm`]'s.
@@ -125,8 +146,13 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         tch::Device::Cpu => "",
         _ => " on this thread (not the backward's)",
     };
+    let adamw = match train_ops.form {
+        AdamwForm::Fused => "fused",
+        AdamwForm::OpByOp => "op by op",
+    };
     println!(
-        "train ops per step: {} computing (kernels on a GPU){whose}, {} of them the optimizer's",
+        "train ops per step: {} computing (kernels on a GPU){whose}, {} of them the optimizer's \
+         (AdamW {adamw})",
         train_ops.step.computing_total(),
         train_ops.optimizer.computing_total()
     );
@@ -241,6 +267,8 @@ fn gradients(model: &Model, refs: &[&TrainRow], opt: &mut Optimizer) {
 struct TrainOps {
     step: op_count::OpCounts,
     optimizer: op_count::OpCounts,
+    /// The form the optimizer computed in.
+    form: AdamwForm,
 }
 
 /// Times `a.iters` training steps after one warm-up step, then counts the calls of two more
@@ -248,6 +276,9 @@ struct TrainOps {
 /// own).
 fn time_train_steps(model: &Model, a: &BenchArgs) -> Result<(Vec<f64>, TrainOps)> {
     let mut opt = Optimizer::new(&model.vs, &OptimConfig::default(), a.iters + 3)?;
+    if let Some(form) = a.optimizer_form {
+        opt.set_form(form.into());
+    }
     let rows = train_rows(a);
     let refs: Vec<&TrainRow> = rows.iter().collect();
     let mut times = Vec::new();
@@ -266,7 +297,15 @@ fn time_train_steps(model: &Model, a: &BenchArgs) -> Result<(Vec<f64>, TrainOps)
     });
     gradients(model, &refs, &mut opt);
     let (_, optimizer) = op_count::count(|| opt.step());
-    Ok((times, TrainOps { step, optimizer }))
+    let form = opt.form();
+    Ok((
+        times,
+        TrainOps {
+            step,
+            optimizer,
+            form,
+        },
+    ))
 }
 
 fn time_decode(model: &Model, a: &BenchArgs) -> (f64, usize) {

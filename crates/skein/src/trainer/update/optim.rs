@@ -3,7 +3,7 @@
 //! libtorch's multi-tensor ops (`optim_ops.rs`): on a GPU a few launches per op for the whole
 //! model instead of one per tensor.
 
-use super::optim_ops::{self, AdamwGroup, AdamwScalars};
+use super::optim_ops::{self, AdamwForm, AdamwGroup, AdamwScalars};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use tch::nn;
@@ -84,6 +84,8 @@ pub struct Optimizer {
     params: Vec<(String, Tensor)>,
     /// The float32 master copy of each variable held in lower precision ([`needs_master`]).
     masters: Vec<Option<Tensor>>,
+    /// How a step computes (by the variables' device).
+    form: AdamwForm,
     m: Vec<Tensor>,
     v: Vec<Tensor>,
     cfg: OptimConfig,
@@ -121,6 +123,7 @@ impl Optimizer {
         Ok(Optimizer {
             m: zeros(),
             v: zeros(),
+            form: AdamwForm::for_device(vs.device()),
             params,
             masters,
             cfg: cfg.clone(),
@@ -137,6 +140,16 @@ impl Optimizer {
     /// the schedule early or late.
     pub fn schedule_at(&mut self, step: usize) {
         self.schedule_step = Some(step);
+    }
+
+    /// Computes every later step in `form` instead of the device's (a bench measures the other
+    /// form this way).
+    pub fn set_form(&mut self, form: AdamwForm) {
+        self.form = form;
+    }
+
+    pub fn form(&self) -> AdamwForm {
+        self.form
     }
 
     fn lr(&self) -> f64 {
@@ -193,24 +206,16 @@ impl Optimizer {
 
     /// The scalars of the next step, at learning rate `lr` with gradients scaled by `clip`.
     fn scalars(&self, clip: f64, lr: f64) -> AdamwScalars {
-        let t = (self.steps_done + 1) as i32;
-        let (b1, b2) = (self.cfg.beta1, self.cfg.beta2);
-        AdamwScalars {
-            clip,
-            decay: 1.0 - lr * self.cfg.weight_decay,
-            beta1: b1,
-            beta2: b2,
-            bias2_sqrt: (1.0 - b2.powi(t)).sqrt(),
-            eps: self.cfg.eps,
-            step_size: lr / (1.0 - b1.powi(t)),
-        }
+        let c = &self.cfg;
+        let step = (self.steps_done + 1) as i32;
+        AdamwScalars::new(clip, lr, c.weight_decay, c.beta1, c.beta2, c.eps, step)
     }
 
     /// One AdamW step of every parameter with a gradient, a group of them at a time
     /// ([`group_elements`]). A group's low-precision gradients are copied to float32 for the
     /// step, which updates their masters, and the masters are copied back rounded: two
     /// multi-tensor copies a group.
-    fn apply(&self, grads: &[Tensor], scalars: &AdamwScalars) {
+    fn apply(&mut self, grads: &[Tensor], scalars: &AdamwScalars) {
         let with_grads: Vec<usize> = (0..grads.len()).filter(|&k| grads[k].defined()).collect();
         let sizes: Vec<i64> = with_grads
             .iter()
@@ -244,7 +249,14 @@ impl Optimizer {
                 m: &pick(&self.m, ks),
                 v: &pick(&self.v, ks),
             };
-            optim_ops::adamw_step(&group, scalars);
+            if let Err(why) = optim_ops::adamw_step(&group, scalars, self.form) {
+                // The same step was taken op by op; later steps go straight there.
+                eprintln!(
+                    "skein: libtorch's fused AdamW refused a group of tensors ({why}); the \
+                     optimizer steps op by op from now on, with the same arithmetic"
+                );
+                self.form = AdamwForm::OpByOp;
+            }
             let (low, masters): (Vec<&Tensor>, Vec<&Tensor>) = ks
                 .iter()
                 .filter_map(|&k| self.masters[k].as_ref().map(|w| (&self.params[k].1, w)))
@@ -438,8 +450,8 @@ mod tests {
         vs
     }
 
-    /// AdamW tensor by tensor, as the optimizer computed it before its multi-tensor step: the
-    /// reference that step must equal to the bit on the CPU.
+    /// AdamW tensor by tensor and op by op, as the optimizer once computed it: the reference
+    /// the fused step must meet to round-off.
     fn per_tensor_step(
         ps: &mut [Tensor],
         ms: &mut [Tensor],
@@ -475,10 +487,10 @@ mod tests {
         });
     }
 
-    /// The multi-tensor step computes the per-tensor one's weights and moments to the bit on
-    /// the CPU, gradients clipped or not.
-    #[test]
-    fn the_multi_tensor_step_is_the_per_tensor_step_on_the_cpu() {
+    /// Six steps of `form` (three with the gradients clipped, three not, weights decayed)
+    /// against the per-tensor reference: `agree` holds for the weights and both moments after
+    /// each.
+    fn against_per_tensor(form: AdamwForm, agree: impl Fn(&Tensor, &Tensor) -> bool) {
         let vs = fixed_vars(&[&[7, 5], &[3], &[11, 2], &[4, 4]]);
         let mut theirs: Vec<Tensor> = crate::model::sorted_trainable(&vs)
             .iter()
@@ -494,7 +506,7 @@ mod tests {
                 ..cfg()
             };
             let mut ours = Optimizer::new(&vs, &c, 4).unwrap();
-            ours.steps_done = 0;
+            ours.form = form;
             for t in 1..=3 {
                 let ps = crate::model::sorted_trainable(&vs);
                 ours.zero_grad();
@@ -511,9 +523,9 @@ mod tests {
                 ours.step();
                 per_tensor_step(&mut theirs, &mut m, &mut v, &c, t);
                 for (k, (name, p)) in ps.iter().enumerate() {
-                    assert!(p.equal(&theirs[k]), "{name} at step {t}, clip {clip}");
+                    assert!(agree(p, &theirs[k]), "{name} at step {t}, clip {clip}");
                     assert!(
-                        ours.m[k].equal(&m[k]) && ours.v[k].equal(&v[k]),
+                        agree(&ours.m[k], &m[k]) && agree(&ours.v[k], &v[k]),
                         "{name}'s moments"
                     );
                 }
@@ -522,6 +534,58 @@ mod tests {
                 let _ = t.zero_();
             });
         }
+    }
+
+    /// The op-by-op multi-tensor step (the CPU's) computes the per-tensor one's weights and
+    /// moments to the bit, gradients clipped or not.
+    #[test]
+    fn the_op_by_op_step_is_the_per_tensor_step_on_the_cpu() {
+        against_per_tensor(AdamwForm::OpByOp, |a, b| a.equal(b));
+    }
+
+    /// The fused step (a GPU's) computes them to round-off: within a few float32 roundings
+    /// of each value.
+    #[test]
+    fn the_fused_step_is_the_per_tensor_step_to_round_off() {
+        against_per_tensor(AdamwForm::Fused, |a, b| {
+            let gap = (a - b).abs() - b.abs() * 1e-5;
+            gap.max().double_value(&[]) <= 1e-8
+        });
+    }
+
+    /// A group the fused op refuses (here gradients of another dtype than the weights') is
+    /// stepped op by op instead, with the refusal's reason: the same numbers as asking for the
+    /// op-by-op form.
+    #[test]
+    fn a_group_the_fused_op_refuses_is_stepped_op_by_op() {
+        let fresh = || {
+            let w = Tensor::from_slice(&[0.5f32, -1.0, 2.0]);
+            let g = Tensor::from_slice(&[0.1f64, 0.2, -0.3]);
+            (
+                w,
+                g,
+                Tensor::zeros([3], tch::kind::FLOAT_CPU),
+                Tensor::zeros([3], tch::kind::FLOAT_CPU),
+            )
+        };
+        let scalars = AdamwScalars::new(1.0, 1e-2, 0.1, 0.9, 0.99, 1e-8, 1);
+        let step = |form: AdamwForm| {
+            let (w, g, m, v) = fresh();
+            let group = AdamwGroup {
+                params: &[&w],
+                grads: &[&g],
+                m: &[&m],
+                v: &[&v],
+            };
+            (optim_ops::adamw_step(&group, &scalars, form), w, m, v)
+        };
+        let (refused, w, m, v) = step(AdamwForm::Fused);
+        let why = refused.unwrap_err();
+        assert!(why.contains("Double"), "{why}");
+        let (done, w2, m2, v2) = step(AdamwForm::OpByOp);
+        done.unwrap();
+        assert!(w.equal(&w2) && m.equal(&m2) && v.equal(&v2));
+        assert!(!w.equal(&fresh().0), "the weights moved");
     }
 
     /// `zero_grad` drops the gradients, and the next backward writes them afresh.

@@ -1,12 +1,11 @@
-//! The optimizer's libtorch calls that tch does not expose (`csrc/optimizer.cpp`): its
-//! arithmetic over many tensors at once, through libtorch's multi-tensor ("foreach") ops,
-//! copies between lists of tensors of two dtypes, and dropping gradients.
+//! The optimizer's libtorch calls that tch does not expose (`csrc/optimizer.cpp`): AdamW over
+//! many tensors at once, copies between lists of tensors of two dtypes, and dropping gradients.
 //!
-//! A per-tensor AdamW step is fourteen kernels for every trainable tensor: on a GPU, thousands
-//! of launches from the host a step for a model's few hundred tensors (LoRA's adapters are two
-//! per projection). A foreach op computes the same arithmetic over a whole list in a few
-//! launches. On the CPU libtorch runs it as the per-tensor op in a loop, so the CPU computes
-//! to the bit what it computed before (`optim::tests`).
+//! AdamW written out tensor by tensor is fourteen kernels for every trainable tensor: on a GPU,
+//! thousands of launches from the host a step for a model's few hundred tensors (LoRA's
+//! adapters are two per projection). Over a group of tensors it takes one of two forms
+//! ([`AdamwForm`]): libtorch's multi-tensor ("foreach") ops, fourteen passes over the group's
+//! memory with a few launches each, or libtorch's fused AdamW, one pass and a few launches.
 
 use std::ffi::{c_char, CStr};
 use tch::Tensor;
@@ -18,15 +17,71 @@ use torch_sys::C_tensor;
 pub struct AdamwScalars {
     /// The gradients' factor from clipping; 1 leaves them alone.
     pub clip: f64,
-    /// The weights' factor from decoupled weight decay, `1 - lr·weight_decay`; 1 skips it.
-    pub decay: f64,
+    pub lr: f64,
+    /// Decoupled weight decay: each step shrinks the weights by `lr · weight_decay` of
+    /// themselves.
+    pub weight_decay: f64,
     pub beta1: f64,
     pub beta2: f64,
-    /// `sqrt(1 - beta2^t)`, the second moment's bias correction.
-    pub bias2_sqrt: f64,
     pub eps: f64,
-    /// `lr / (1 - beta1^t)`.
+    /// This step's number, from 1: the moments' bias corrections are `1 - beta^step`.
+    pub step: f64,
+    /// The same, derived as [`AdamwForm::OpByOp`] reads them: `1 - lr·weight_decay`,
+    /// `sqrt(1 - beta2^step)` and `lr / (1 - beta1^step)`.
+    pub decay: f64,
+    pub bias2_sqrt: f64,
     pub step_size: f64,
+}
+
+impl AdamwScalars {
+    /// The scalars of step `step` (from 1).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        clip: f64,
+        lr: f64,
+        weight_decay: f64,
+        beta1: f64,
+        beta2: f64,
+        eps: f64,
+        step: i32,
+    ) -> Self {
+        AdamwScalars {
+            clip,
+            lr,
+            weight_decay,
+            beta1,
+            beta2,
+            eps,
+            step: step as f64,
+            decay: 1.0 - lr * weight_decay,
+            bias2_sqrt: (1.0 - beta2.powi(step)).sqrt(),
+            step_size: lr / (1.0 - beta1.powi(step)),
+        }
+    }
+}
+
+/// How an AdamW step computes a group ([`AdamwForm::for_device`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdamwForm {
+    /// libtorch's fused AdamW: the whole arithmetic in one pass over the group's memory, a
+    /// few kernel launches for the group on a GPU. It rounds differently from the op-by-op
+    /// form (`optim::tests` holds the two to round-off).
+    Fused,
+    /// Fourteen multi-tensor ops, each a pass over the group. The CPU runs each as the
+    /// per-tensor op in a loop, so CPU runs compute to the bit what a per-tensor AdamW did, as
+    /// they always have.
+    OpByOp,
+}
+
+impl AdamwForm {
+    /// Op by op on the CPU, whose runs keep their numbers; fused elsewhere, where each of the
+    /// fourteen passes over the weights and moments is memory traffic and a few launches.
+    pub fn for_device(device: tch::Device) -> Self {
+        match device {
+            tch::Device::Cpu => AdamwForm::OpByOp,
+            _ => AdamwForm::Fused,
+        }
+    }
 }
 
 /// One tensor group of an AdamW step: parameters with their gradients and moments, all the
@@ -55,8 +110,14 @@ pub fn square_sums(grads: &[&Tensor]) -> Tensor {
 }
 
 /// One AdamW step of a group, in place: the gradients clipped, the weights decayed, the
-/// moments updated and the weights moved (the arithmetic in `csrc/optimizer.cpp`).
-pub fn adamw_step(group: &AdamwGroup, scalars: &AdamwScalars) {
+/// moments updated and the weights moved (the arithmetic in `csrc/optimizer.cpp`). Every
+/// tensor of the group has one dtype and device. `Err` with libtorch's message when the fused
+/// form was refused: the step was then taken op by op.
+pub fn adamw_step(
+    group: &AdamwGroup,
+    scalars: &AdamwScalars,
+    form: AdamwForm,
+) -> Result<(), String> {
     let n = group.params.len();
     assert!(
         [group.grads.len(), group.m.len(), group.v.len()] == [n; 3],
@@ -71,7 +132,7 @@ pub fn adamw_step(group: &AdamwGroup, scalars: &AdamwScalars) {
     let mut error = [0 as c_char; 512];
     // SAFETY: each list holds `n` live tensors for the call and `scalars` is a live struct of
     // the shim's layout.
-    let ok = unsafe {
+    let status = unsafe {
         skein_adamw_step(
             p.as_ptr(),
             g.as_ptr(),
@@ -79,12 +140,18 @@ pub fn adamw_step(group: &AdamwGroup, scalars: &AdamwScalars) {
             v.as_ptr(),
             n,
             scalars,
+            form == AdamwForm::Fused,
             error.as_mut_ptr(),
             error.len(),
         )
     };
-    if !ok {
-        failed("the AdamW step", &error);
+    match status {
+        0 => Ok(()),
+        // SAFETY: the shim wrote a NUL-terminated message within the buffer.
+        1 => Err(unsafe { CStr::from_ptr(error.as_ptr()) }
+            .to_string_lossy()
+            .into_owned()),
+        _ => failed("the AdamW step", &error),
     }
 }
 
@@ -148,9 +215,10 @@ extern "C" {
         v: *const *const C_tensor,
         n: usize,
         scalars: *const AdamwScalars,
+        fused: bool,
         error: *mut c_char,
         error_len: usize,
-    ) -> bool;
+    ) -> i32;
     fn skein_copy_lists(
         dst: *const *const C_tensor,
         src: *const *const C_tensor,
