@@ -24,7 +24,7 @@ use super::update::{critic_update, ppo_update, CriticStats, UpdateStats};
 use super::update::{serve_other_rank, UpdateConfig};
 use super::{preflight, sft};
 use crate::engine::{Engine, Generator, RemoteEngine, SamplingParams};
-use crate::model::{Model, ValueModel};
+use crate::model::{Dtype, Model, ValueModel};
 use anyhow::{bail, Context, Result};
 use skein_report::record;
 use skein_report::MetricsLog;
@@ -155,7 +155,13 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
     let resumed_workload = restore.as_ref().map(|r| &r.state.workload);
     let mut workload = tasks.into_workload(cfg, &tokenizer, &policy, resumed_workload)?;
     check_context(cfg, workload.as_ref(), &policy)?;
-    announce(&policy, &trains_on, &run_dir.path, workload.held_out());
+    announce(
+        &policy,
+        cfg.model.dtype,
+        &trains_on,
+        &run_dir.path,
+        workload.held_out(),
+    );
     let (first_step, rewards) = restore.as_ref().map_or((1, Vec::new()), |r| {
         (r.state.step + 1, r.state.rewards.clone())
     });
@@ -391,13 +397,19 @@ fn run_dir_and_checkpoint(
 }
 
 /// The run's first line: the model, its dtype and device, what it trains on ([`Tasks::describe`]) and where the
-/// run writes; then whether the evaluation can be on held-out problems.
-fn announce(policy: &Model, trains_on: &str, dir: &Path, held_out: bool) {
+/// run writes; then whether the evaluation can be on held-out problems. A model built from
+/// scratch warms up in float32 and takes `dtype` after the warm-up, and the line says so.
+fn announce(policy: &Model, dtype: Dtype, trains_on: &str, dir: &Path, held_out: bool) {
+    let now = crate::devices::dtype_name(policy.net.kind());
+    let later = if now == dtype.name() {
+        String::new()
+    } else {
+        format!(" ({} after the warm-up)", dtype.name())
+    };
     eprintln!(
-        "skein: {} model, {:.2}M parameters, {} on {}, {trains_on}, run directory {}",
+        "skein: {} model, {:.2}M parameters, {now}{later} on {}, {trains_on}, run directory {}",
         policy.net.config.model_type,
         policy.net.config.num_parameters() as f64 / 1e6,
-        crate::devices::dtype_name(policy.net.kind()),
         crate::devices::describe(policy.vs.device()),
         dir.display()
     );
