@@ -52,9 +52,9 @@ thread_local std::vector<bool> open_calls;
 thread_local std::string open_top_level;
 thread_local at::CallbackHandle handle = 0;
 // Multi-tensor calls open now: the calls inside them are counted as theirs.
-thread_local int64_t open_foreach = 0;
+thread_local int64_t open_multi_tensor = 0;
 
-bool is_foreach(const char* name) {
+bool is_multi_tensor(const char* name) {
   return std::strncmp(name, "aten::_foreach_", 15) == 0 ||
          std::strncmp(name, "aten::_fused_adam", 17) == 0;
 }
@@ -74,7 +74,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     open_top_level = fn.name();
   }
   open_calls.push_back(false);
-  if (is_foreach(fn.name())) open_foreach += 1;
+  if (is_multi_tensor(fn.name())) open_multi_tensor += 1;
   return nullptr;
 }
 
@@ -83,15 +83,15 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   if (open_calls.empty()) return;
   bool computed = open_calls.back();
   open_calls.pop_back();
-  const bool foreach_call = is_foreach(fn.name());
-  if (foreach_call) open_foreach -= 1;
-  if (open_foreach > 0) {
+  const bool multi_tensor_call = is_multi_tensor(fn.name());
+  if (multi_tensor_call) open_multi_tensor -= 1;
+  if (open_multi_tensor > 0) {
     // Inside a multi-tensor call, which counts itself.
     if (!open_calls.empty()) open_calls.back() = true;
     return;
   }
   const bool leaf = !computed && !not_computing.count(fn.name()) && !is_backward_node(fn.name());
-  if (foreach_call || leaf) {
+  if (multi_tensor_call || leaf) {
     const bool top = open_calls.empty();
     computing[top ? fn.name() : open_top_level + " > " + fn.name()] += 1;
     computed = true;
@@ -110,7 +110,7 @@ void skein_op_count_start() {
   top_level.clear();
   computing.clear();
   open_calls.clear();
-  open_foreach = 0;
+  open_multi_tensor = 0;
   handle = at::addThreadLocalCallback(
       at::RecordFunctionCallback(on_enter, on_exit).scopes({at::RecordScope::FUNCTION}));
 }

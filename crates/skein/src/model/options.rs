@@ -61,6 +61,12 @@ pub struct ModelOptions {
 }
 
 impl ModelOptions {
+    /// Every weight trains in a dtype below float32: the optimizer then keeps float32 master
+    /// copies of them (`trainer::update::optim`).
+    pub fn master_weights(&self) -> bool {
+        !self.lora.enabled() && self.dtype != Dtype::Float32
+    }
+
     /// An error naming the key for a combination that cannot train.
     pub fn check(&self, device: Device) -> Result<()> {
         self.lora.check()?;

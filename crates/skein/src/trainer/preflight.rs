@@ -93,7 +93,7 @@ fn trainable_count(model: &ModelConfig, options: &ModelOptions) -> f64 {
 pub fn policy_parts(model: &ModelConfig, options: &ModelOptions) -> Vec<Part> {
     let trainable = trainable_count(model, options);
     let rope = model.build_bytes(0.0);
-    if !options.lora.enabled() && options.dtype != Dtype::Float32 {
+    if options.master_weights() {
         return vec![Part {
             what: "policy weights and gradients (`model.dtype`), float32 master weights and \
                    AdamW moments",
@@ -234,10 +234,10 @@ pub fn optimizer_step_part(group: f64, copies: f64, logits: f64) -> Option<Part>
 
 /// The float32 copies of a group the AdamW step holds ([`optimizer_step_part`]).
 pub fn step_copies(options: &ModelOptions) -> f64 {
-    if options.lora.enabled() || options.dtype == Dtype::Float32 {
-        2.0
-    } else {
+    if options.master_weights() {
         3.0
+    } else {
+        2.0
     }
 }
 

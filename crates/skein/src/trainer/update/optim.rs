@@ -234,9 +234,7 @@ impl Optimizer {
                 .zip(&cast)
                 .filter_map(|(&k, c)| c.as_ref().map(|c| (c, &grads[k])))
                 .unzip();
-            if !to.is_empty() {
-                optim_ops::copy_lists(&to, &from);
-            }
+            optim_ops::copy_lists(&to, &from);
             let step_grads: Vec<&Tensor> = ks
                 .iter()
                 .zip(&cast)
@@ -261,9 +259,7 @@ impl Optimizer {
                 .iter()
                 .filter_map(|&k| self.masters[k].as_ref().map(|w| (&self.params[k].1, w)))
                 .unzip();
-            if !low.is_empty() {
-                optim_ops::copy_lists(&low, &masters);
-            }
+            optim_ops::copy_lists(&low, &masters);
         }
     }
 
@@ -323,7 +319,7 @@ impl Optimizer {
 
 /// Whether a parameter held in `kind` trains through a float32 master copy: the 16-bit
 /// floats, whose 8 (bfloat16) or 11 (float16) bits of mantissa lose small steps.
-pub fn needs_master(kind: Kind) -> bool {
+fn needs_master(kind: Kind) -> bool {
     matches!(kind, Kind::BFloat16 | Kind::Half)
 }
 

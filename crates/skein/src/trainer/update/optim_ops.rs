@@ -147,10 +147,7 @@ pub fn adamw_step(
     };
     match status {
         0 => Ok(()),
-        // SAFETY: the shim wrote a NUL-terminated message within the buffer.
-        1 => Err(unsafe { CStr::from_ptr(error.as_ptr()) }
-            .to_string_lossy()
-            .into_owned()),
+        1 => Err(message(&error)),
         _ => failed("the AdamW step", &error),
     }
 }
@@ -170,9 +167,12 @@ pub fn forget_grads(params: &[&Tensor]) {
 
 /// Copies each tensor of `src` into the one of `dst` at its place, cast to `dst`'s dtype
 /// (float32 master weights into the low-precision weights a model computes with, and
-/// gradients the other way).
+/// gradients the other way). Empty lists copy nothing.
 pub fn copy_lists(dst: &[&Tensor], src: &[&Tensor]) {
     assert_eq!(dst.len(), src.len(), "copied lists differ in length");
+    if dst.is_empty() {
+        return; // libtorch refuses an empty list
+    }
     let (d, s) = (pointers(dst), pointers(src));
     let mut error = [0 as c_char; 512];
     // SAFETY: both lists hold `d.len()` live tensors for the call.
@@ -196,9 +196,15 @@ fn pointers(tensors: &[&Tensor]) -> Vec<*const C_tensor> {
 
 /// libtorch threw inside the shim: as a failing tch op does, this panics with its message.
 fn failed(what: &str, error: &[c_char]) -> ! {
+    panic!("{what} failed: {}", message(error));
+}
+
+/// The message the shim wrote into `error`.
+fn message(error: &[c_char]) -> String {
     // SAFETY: the shim wrote a NUL-terminated message within the buffer.
-    let msg = unsafe { CStr::from_ptr(error.as_ptr()) };
-    panic!("{what} failed: {}", msg.to_string_lossy());
+    unsafe { CStr::from_ptr(error.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 extern "C" {
