@@ -54,6 +54,14 @@ fn open_cuda_library() -> CudaLibrary {
     }
 }
 
+/// Whether libtorch's CUDA library is open in this process (its symbols global).
+pub fn cuda_library_loaded() -> bool {
+    matches!(
+        CUDA_LIBRARY.get_or_init(open_cuda_library),
+        CudaLibrary::Loaded { .. }
+    )
+}
+
 /// Opens a shared library for the rest of the process, or says why it could not.
 fn dlopen(name: &str, flags: i32) -> Result<(), String> {
     let c_name = CString::new(name).map_err(|e| e.to_string())?;

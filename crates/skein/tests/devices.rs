@@ -64,10 +64,18 @@ fn the_cuda_library_of_libtorch_loads() {
         libtorch.contains("with CUDA: yes; libtorch_cuda.so loaded: yes"),
         "{report}"
     );
+    // The CUDA graph plugin, built into the binary, opens against it: its every symbol
+    // resolves in the library just loaded.
+    let graphs = line(&report, "graphs ");
+    assert!(
+        graphs.contains("plugin loaded") || graphs.contains("available: "),
+        "{report}"
+    );
     // Not forced, on a machine without a driver, nothing is loaded.
     let plain = devices(false);
     if line(&plain, "cuda ").contains("no NVIDIA driver") {
         assert!(line(&plain, "libtorch ").contains("loaded: no"), "{plain}");
+        assert!(line(&plain, "graphs ").contains("not available"), "{plain}");
     }
 }
 

@@ -141,6 +141,7 @@ pub fn main() -> ExitCode {
         Command::Export(args) => export::run(&args),
         Command::Devices => {
             println!("{}", crate::devices::report());
+            println!("{}", crate::engine::cuda_graph::report());
             Ok(())
         }
         Command::Eval(args) => eval::run(&args),

@@ -3,6 +3,7 @@
 //! request so it can be resumed from its tokens later.
 
 pub mod continuous;
+pub mod cuda_graph;
 pub mod handle;
 pub mod inference_mode;
 pub mod remote;
