@@ -9,10 +9,13 @@
 #   LoRA 64: the update's layouts (`skein bench train-tokens`), the training step and decode
 #   (with its kernels per step), decode in the other form of the decoding copy (`skein bench
 #   --decode-form`: on CUDA the CPU's, elsewhere CUDA's) and the training step with the other
-#   form of AdamW (`--optimizer-form`: on CUDA op by op, elsewhere fused); for the first two,
+#   form of AdamW (`--optimizer-form`: on CUDA op by op, elsewhere fused) and decode through
+#   CUDA graphs (`--cuda-graphs`; elsewhere in their fixed shapes, eagerly); for the first two,
 #   which train what eager trains, the same against PyTorch eager on the same shapes (with
 #   master weights in bfloat16) and decode against transformers' `generate`
-#   (`scripts/bench_hf_generate.py`).
+#   (`scripts/bench_hf_generate.py`);
+# - on CUDA, the default job decoding through CUDA graphs (`rollout.cuda_graphs`), with its
+#   log-prob gap.
 #
 #   scripts/gpu-check.sh                      # cuda, the real shapes (docs/speed.md)
 #   scripts/gpu-check.sh --device cpu --tiny  # every path in a minute or two (the tests run it)
@@ -100,6 +103,7 @@ train dp2-threads --set trainer.dp_size=2
 train calculator-agent --config configs/calculator.toml
 train partial-rollout --set task.name=reverse --set model.max_positions=256 \
   --set rollout.partial.enabled=true
+case "$device" in cuda*) train cuda-graphs --set rollout.cuda_graphs=true ;; esac
 run bench-memory "peak / full float32 peak" "$skein" bench memory --device "$device" "${memory[@]}"
 for config in float32 bfloat16 bfloat16-lora64; do
   dtype=${config%%-*} lora=() masters=()
@@ -122,6 +126,8 @@ for config in float32 bfloat16 bfloat16-lora64; do
   run "adamw-$other_adamw-$config" "train step|train ops" "$skein" bench --device "$device" \
     --dtype "$dtype" "${lora[@]}" "${shape[@]}" --vocab 64 "${bench[@]}" \
     --optimizer-form "$other_adamw"
+  run "decode-graphs-$config" "^decode" "$skein" bench --device "$device" --dtype "$dtype" \
+    "${lora[@]}" "${shape[@]}" --vocab 64 "${bench[@]}" --cuda-graphs
 done
 
 echo "skein gpu-check on $device$([ "$tiny" = 1 ] && echo ', tiny shapes'); logs in $out"

@@ -79,6 +79,11 @@ pub struct BenchArgs {
     /// device's; naming the other times and counts it on this machine.
     #[arg(long, value_enum)]
     optimizer_form: Option<OptimizerFormArg>,
+    /// Decode in the fixed shapes of `rollout.cuda_graphs`: captured and replayed as CUDA
+    /// graphs on a GPU, computed eagerly in those shapes elsewhere. Each timed run captures
+    /// its own graphs, as each rollout of a training run does.
+    #[arg(long)]
+    cuda_graphs: bool,
 }
 
 /// `--optimizer-form`'s values, [`AdamwForm`]'s.
@@ -159,11 +164,16 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let (secs, tokens) = time_decode(&model, a);
     let form = decode_form(&model, a);
     println!(
-        "decode (batch {}, KV cache, {} form): {:.0} tokens/s ({} tokens in {:.2} s)",
+        "decode (batch {}, KV cache, {} form{}): {:.0} tokens/s ({} tokens in {:.2} s)",
         a.batch,
         match form {
             DecodeForm::Separate => "separate",
             DecodeForm::Fused => "fused",
+        },
+        match (a.cuda_graphs, model.vs.device().is_cuda()) {
+            (false, _) => "",
+            (true, true) => ", CUDA graphs",
+            (true, false) => ", fixed shapes",
         },
         tokens as f64 / secs,
         tokens,
@@ -334,6 +344,7 @@ fn decode(model: &Model, a: &BenchArgs, seed: usize) -> EngineStats {
 fn decode_to(model: &Model, a: &BenchArgs, seed: usize, max_new: usize) -> EngineStats {
     let mut engine = Engine::new(a.batch);
     engine.decode_form = Some(decode_form(model, a));
+    engine.cuda_graphs = a.cuda_graphs;
     let requests = |seed: usize| -> Vec<GenRequest> {
         (0..a.batch)
             .map(|b| GenRequest {

@@ -103,7 +103,9 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     };
     let params = sampling_params(args, &cfg, &tokenizer)?;
     tch::manual_seed(cfg.run.seed as i64);
-    let engine = Generator::Local(Engine::new(cfg.rollout.max_slots));
+    let mut engine = Engine::new(cfg.rollout.max_slots);
+    engine.cuda_graphs = cfg.rollout.cuda_graphs;
+    let engine = Generator::Local(engine);
     let answering = Answering {
         engine: &engine,
         policy: &policy,

@@ -1,6 +1,7 @@
 //! Continuous-batching generation: a fixed pool of KV-cache slots; requests join as soon as a
 //! slot is free and leave the moment they finish, so no step waits for the longest sequence.
 
+use super::graph_decode::{step_logits, GraphDecoder};
 use super::inference_mode::InferenceMode;
 use super::sampling::{kept_ids, sample, SamplingParams};
 use crate::model::{AttnMode, DecodeForm, KvCache, Model, Transformer};
@@ -112,6 +113,9 @@ pub struct Engine {
     /// The form the decoding copy takes; `None`: the model's device's
     /// ([`DecodeForm::for_device`]). `skein bench --decode-form` counts another's calls.
     pub decode_form: Option<DecodeForm>,
+    /// Decode steps of fixed shapes, replayed as CUDA graphs on a GPU and computed eagerly in
+    /// those shapes elsewhere (`rollout.cuda_graphs`, [`super::graph_decode`]).
+    pub cuda_graphs: bool,
 }
 
 /// What a feed hands the engine loop when asked for requests.
@@ -128,6 +132,7 @@ impl Engine {
         Engine {
             max_slots: max_slots.max(1),
             decode_form: None,
+            cuda_graphs: false,
         }
     }
 
@@ -197,6 +202,10 @@ impl Engine {
         let capacity = capacity.clamp(1, net.max_positions());
         let slots = self.max_slots.min(max_requests.max(1));
         let mut cache: Option<KvCache> = None;
+        let mut graphs = self
+            .cuda_graphs
+            .then(|| GraphDecoder::new(slots, capacity, net.device()));
+        let cache_slots = graphs.as_ref().map_or(slots, GraphDecoder::cache_slots);
         let mut pending: VecDeque<GenRequest> = VecDeque::new();
         let mut running: Vec<Option<Running>> = (0..slots).map(|_| None).collect();
         let mut parked: Vec<Option<Parked>> = (0..slots).map(|_| None).collect();
@@ -219,7 +228,7 @@ impl Engine {
                 continue;
             }
             // The cache is allocated once, when the first request arrives.
-            let cache = cache.get_or_insert_with(|| kv_cache_for(net, slots, capacity));
+            let cache = cache.get_or_insert_with(|| kv_cache_for(net, cache_slots, capacity));
             let admitted = admit(
                 &mut pending,
                 &mut running,
@@ -252,6 +261,7 @@ impl Engine {
             self.decode(
                 net,
                 cache,
+                graphs.as_mut(),
                 &active,
                 version,
                 &mut running,
@@ -366,6 +376,7 @@ impl Engine {
         &self,
         net: &Transformer,
         cache: &mut KvCache,
+        graphs: Option<&mut GraphDecoder>,
         active: &[usize],
         version: u64,
         running: &mut [Option<Running>],
@@ -384,26 +395,17 @@ impl Engine {
             host[n + i] = r.next_pos;
             host[2 * n + i] = s as i64;
         }
-        let span = host[n..2 * n].iter().max().copied().unwrap_or(0) + 1;
-        let step = Tensor::from_slice(&host)
-            .view([3, n as i64])
-            .to_device(device);
-        let (input, positions, slots) = (step.get(0).view([-1, 1]), step.get(1), step.get(2));
-        let dense = active.iter().enumerate().all(|(i, &s)| i == s);
-        let mask = crate::model::kv_cache::decode_mask(&positions, span, net.kind());
-        let hidden = net.hidden(
-            &input,
-            &positions.view([-1, 1]),
-            AttnMode::Decode {
-                cache,
-                slots: &slots,
-                positions: &positions,
-                mask: &mask,
-                span,
-                dense,
-            },
-        );
-        let logits = net.logits(&hidden.squeeze_dim(1));
+        let logits = match graphs.and_then(|g| g.logits(net, cache, &host)) {
+            Some(logits) => logits,
+            None => {
+                let span = host[n..2 * n].iter().max().copied().unwrap_or(0) + 1;
+                let step = Tensor::from_slice(&host)
+                    .view([3, n as i64])
+                    .to_device(device);
+                let dense = active.iter().enumerate().all(|(i, &s)| i == s);
+                step_logits(net, cache, &step, span, dense)
+            }
+        };
         // Slots still feeding a reused session's new prompt tokens take the next one; the
         // others sample.
         let mut sampling_rows = Vec::with_capacity(active.len());
@@ -776,6 +778,39 @@ mod tests {
         );
     }
 
+    /// A greedy request per prompt, request `i` generating `max_new(i)` tokens.
+    fn greedy_requests(prompts: &[Vec<u32>], max_new: impl Fn(usize) -> usize) -> Vec<GenRequest> {
+        prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| GenRequest {
+                id: i as u64,
+                prompt: p.clone(),
+                resumed: vec![],
+                params: greedy(max_new(i)),
+                budget: None,
+                session: None,
+            })
+            .collect()
+    }
+
+    /// `out`'s tokens are what greedy decoding picks when the whole sequence (`prompt` and
+    /// the tokens before) is recomputed at every step, with its log-probs.
+    fn assert_recomputed(model: &Model, prompt: &[u32], out: &GenOutput) {
+        let mut seq: Vec<i64> = prompt.iter().map(|&t| t as i64).collect();
+        for (tok, lp) in out.tokens.iter().zip(&out.logprobs) {
+            let input = Tensor::from_slice(&seq).view([1, -1]);
+            let logits = tch::no_grad(|| model.net.forward(&input))
+                .get(0)
+                .get(seq.len() as i64 - 1);
+            let want = logits.argmax(-1, false).int64_value(&[]);
+            let want_lp = logits.log_softmax(-1, Kind::Float).double_value(&[want]);
+            assert_eq!(*tok as i64, want);
+            assert!((*lp as f64 - want_lp).abs() < 1e-4, "{lp} vs {want_lp}");
+            seq.push(want);
+        }
+    }
+
     /// Greedy decoding with the KV cache must pick the same tokens, with the same log-probs,
     /// as recomputing the whole sequence without a cache at every step, in either form of the
     /// decoding copy.
@@ -789,39 +824,50 @@ mod tests {
     fn cached_decoding_in_form_matches_full_recomputation(form: DecodeForm) {
         let model = tiny();
         let prompts: Vec<Vec<u32>> = vec![vec![1, 2, 3], vec![5, 6, 7, 8, 9, 10, 11], vec![4]];
-        let reqs = prompts
-            .iter()
-            .enumerate()
-            .map(|(i, p)| GenRequest {
-                id: i as u64,
-                prompt: p.clone(),
-                resumed: vec![],
-                params: greedy(6),
-                budget: None,
-                session: None,
-            })
-            .collect();
+        let reqs = greedy_requests(&prompts, |_| 6);
         // Two slots for three requests: the third joins when the first slot frees up.
         let mut engine = Engine::new(2);
         engine.decode_form = Some(form);
         let outs = run(&engine, &model, reqs);
         for (p, out) in prompts.iter().zip(&outs) {
-            let mut seq: Vec<i64> = p.iter().map(|&t| t as i64).collect();
-            for (tok, lp) in out.tokens.iter().zip(&out.logprobs) {
-                let input = Tensor::from_slice(&seq).view([1, -1]);
-                let logits = tch::no_grad(|| model.net.forward(&input))
-                    .get(0)
-                    .get(seq.len() as i64 - 1);
-                let want = logits.argmax(-1, false).int64_value(&[]);
-                let want_lp = logits.log_softmax(-1, Kind::Float).double_value(&[want]);
-                assert_eq!(*tok as i64, want);
-                assert!((*lp as f64 - want_lp).abs() < 1e-4, "{lp} vs {want_lp}");
-                seq.push(want);
-            }
+            assert_recomputed(&model, p, out);
             assert_eq!(out.tokens.len(), 6);
             assert_eq!(out.finish, Finish::Length);
             assert!(out.versions.iter().all(|&v| v == 3));
         }
+    }
+
+    /// Decoding in the fixed shapes CUDA graphs replay (the batch padded with rows into a
+    /// scratch slot, the cache read up to a span bucket) picks what recomputing the whole
+    /// sequence picks, with its log-probs, and what the ordinary decode picks. Five requests
+    /// in five slots finish one after another, so the batch of three is padded to four (a
+    /// padding row written anywhere but the scratch slot would overwrite a sequence's cache),
+    /// and the furthest position crosses the first span bucket (16).
+    #[test]
+    fn fixed_shape_decoding_matches_full_recomputation() {
+        let model = tiny();
+        let prompts: Vec<Vec<u32>> = vec![
+            vec![1, 2, 3],
+            vec![5, 6, 7, 8, 9, 10, 11],
+            vec![4],
+            vec![12, 13],
+            vec![20, 21, 22, 23, 24],
+        ];
+        // The first slot's request is the longest: it is running when the batch is padded.
+        let reqs = greedy_requests(&prompts, |i| 8 + 4 * (4 - i));
+        let mut engine = Engine::new(5);
+        engine.cuda_graphs = true;
+        let outs = run(&engine, &model, reqs.clone());
+        let plain = run(&Engine::new(5), &model, reqs);
+        for ((p, out), plain) in prompts.iter().zip(&outs).zip(&plain) {
+            assert_eq!(out.tokens, plain.tokens);
+            for (a, b) in out.logprobs.iter().zip(&plain.logprobs) {
+                assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+            }
+            assert_recomputed(&model, p, out);
+        }
+        let furthest = prompts[0].len() + 8 + 4 * 4;
+        assert!(furthest > 16 && outs[0].tokens.len() == 8 + 4 * 4);
     }
 
     #[test]

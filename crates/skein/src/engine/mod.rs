@@ -4,6 +4,7 @@
 
 pub mod continuous;
 pub mod cuda_graph;
+mod graph_decode;
 pub mod handle;
 pub mod inference_mode;
 pub mod remote;

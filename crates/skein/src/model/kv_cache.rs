@@ -46,6 +46,12 @@ impl KvCache {
         }
     }
 
+    /// Layer `layer`'s cached keys of slot `slot`, [capacity, kv_heads, head_dim].
+    #[cfg(test)]
+    pub fn slot_keys(&self, layer: usize, slot: i64) -> Tensor {
+        self.keys[layer].get(slot)
+    }
+
     /// Copies the first `len` positions of slot `from[i]` into slot `to[i]`, in every layer:
     /// sequences with the same context share one prefill.
     pub fn copy_slots(&mut self, from: &Tensor, to: &Tensor, len: i64) {

@@ -474,7 +474,11 @@ fn rollout_engine(cfg: &TrainConfig, policy: &Model) -> Result<Generator> {
     }
     Ok(match cfg.rollout.engine {
         EngineKind::Remote => Generator::Remote(RemoteEngine::new(&cfg.rollout.remote)),
-        EngineKind::Local => Generator::Local(Engine::new(cfg.rollout.max_slots)),
+        EngineKind::Local => {
+            let mut engine = Engine::new(cfg.rollout.max_slots);
+            engine.cuda_graphs = cfg.rollout.cuda_graphs;
+            Generator::Local(engine)
+        }
     })
 }
 

@@ -349,6 +349,10 @@ pub struct RolloutConfig {
     /// server at `rollout.remote.url`, given the policy's weights after every step).
     pub engine: EngineKind,
     pub remote: crate::engine::RemoteEngineConfig,
+    /// The embedded engine's decode steps as CUDA graphs on a GPU (`run.device = "cuda"`):
+    /// each step in one of a few fixed shapes, captured on its second use and replayed with
+    /// one launch instead of one per kernel (docs/speed.md). Off by default until measured.
+    pub cuda_graphs: bool,
 }
 
 /// Partial rollout: each iteration caps the tokens a sample may generate; samples that reach
@@ -418,6 +422,7 @@ impl Default for RolloutConfig {
             partial: PartialConfig::default(),
             skip_zero_variance_groups: false,
             max_draws_per_step: 0,
+            cuda_graphs: false,
             engine: EngineKind::Local,
             remote: Default::default(),
         }

@@ -272,6 +272,22 @@ fn validate_rollout(cfg: &TrainConfig, v: &mut Validator) {
             value,
         );
     }
+    if r.cuda_graphs {
+        let cuda = cfg.run.device().is_ok_and(|d| d.is_cuda());
+        v.check(
+            cuda && r.engine == EngineKind::Local,
+            "rollout.cuda_graphs",
+            "replays the embedded engine's decode steps as CUDA graphs, so it needs \
+             `run.device = \"cuda\"` and `rollout.engine = \"local\"`: set it to false \
+             elsewhere",
+            true,
+        );
+        if cuda {
+            if let Err(why) = crate::engine::cuda_graph::available() {
+                v.problem(format!("`rollout.cuda_graphs` = true: {why}"));
+            }
+        }
+    }
     let p = &r.partial;
     if p.enabled {
         // A version step of one training step: a sample paused now resumes that much later.
@@ -984,6 +1000,11 @@ mod tests {
         );
         let e = problems(&|c| c.run.threads = 1 << 20);
         assert!(e.contains("`run.threads`") && e.contains("per core"), "{e}");
+        let e = problems(&|c| c.rollout.cuda_graphs = true);
+        assert!(
+            e.contains("`rollout.cuda_graphs`") && e.contains("`run.device = \"cuda\"`"),
+            "{e}"
+        );
         if !tch::Cuda::is_available() {
             let e = problems(&|c| c.run.device = "cuda:0".into());
             assert!(e.contains("`run.device`") && e.contains("has 0"), "{e}");

@@ -1,0 +1,266 @@
+//! Decode steps of fixed shapes, replayed as CUDA graphs (`rollout.cuda_graphs`).
+//!
+//! A decode step of a small model on a GPU costs its kernel launches more than its
+//! arithmetic: a few hundred launches of a few microseconds of host time each. A CUDA graph
+//! records a step's kernels once and replays them with one launch, but only a step whose
+//! shapes and memory never change. So a step here is of one of a few shapes:
+//!
+//! - **the batch padded** to the next power of two (at most the engine's slots): a padding row
+//!   decodes token 0 at position 0 into a scratch slot no sequence owns;
+//! - **the cache read up to a span bucket**: the next power of two above the step's furthest
+//!   position (at least 16, at most the cache's capacity), each row masked past its own;
+//! - **the step's inputs copied into tensors the shape owns**, which its graph reads.
+//!
+//! A shape is computed directly (eagerly) the first time it is used, captured on its second
+//! use, and replayed after: a shape the run needs once costs no capture. Sampling reads the
+//! replayed logits before any other shape replays (all graphs of a run share one memory
+//! pool, so one graph's replay may write where another's outputs were). Off CUDA nothing is
+//! captured and every step is computed eagerly in these shapes: the same numbers, which is
+//! how the CPU tests them.
+//!
+//! The graphs live as long as the run (`Engine::run`): they read the decoding copy's weights
+//! and the run's cache where they were when captured.
+
+use super::cuda_graph::CudaGraph;
+use crate::model::{AttnMode, KvCache, Transformer};
+use std::collections::HashMap;
+use tch::{Device, Tensor};
+
+/// The fewest cached positions a step reads: steps at the start of short contexts share one
+/// shape.
+const MIN_SPAN: i64 = 16;
+
+pub struct GraphDecoder {
+    /// The cache slot padding rows write to: one past the engine's, never attended to.
+    scratch_slot: i64,
+    slots: i64,
+    capacity: i64,
+    /// Whether shapes are captured (CUDA), or computed eagerly (elsewhere).
+    capture: bool,
+    shapes: HashMap<(i64, i64), Shape>,
+    graphs: Vec<Captured>,
+    /// Why graphs stopped for this run, once one failed: steps then go back to the engine's
+    /// ordinary decode.
+    stopped: Option<String>,
+}
+
+/// One fixed shape: [batch, span].
+struct Shape {
+    /// The step's rows as the graph reads them: [3, batch] of last tokens, positions, slots.
+    inputs: Tensor,
+    uses: usize,
+    graph: Option<usize>,
+}
+
+/// A captured shape. The logits are declared first so they are dropped first: they live in
+/// the graph's memory pool, which the graph releases.
+struct Captured {
+    /// The logits each replay writes: [batch, vocab].
+    logits: Tensor,
+    graph: CudaGraph,
+}
+
+impl GraphDecoder {
+    /// For a run of `slots` slots of `capacity` positions on `device`: its cache needs
+    /// [`GraphDecoder::cache_slots`] slots.
+    pub fn new(slots: usize, capacity: i64, device: Device) -> Self {
+        GraphDecoder {
+            scratch_slot: slots as i64,
+            slots: slots as i64,
+            capacity,
+            capture: device.is_cuda(),
+            shapes: HashMap::new(),
+            graphs: Vec::new(),
+            stopped: None,
+        }
+    }
+
+    /// The slots the run's cache holds: the engine's and the scratch slot.
+    pub fn cache_slots(&self) -> usize {
+        self.scratch_slot as usize + 1
+    }
+
+    /// The logits [n, vocab] of one decode step whose rows are `host` ([3, n] end to end:
+    /// last tokens, positions, slots), computed in the step's fixed shape. `None` once graphs
+    /// failed for this run (the reason is printed once): the caller decodes as it would
+    /// without them.
+    pub fn logits(
+        &mut self,
+        net: &Transformer,
+        cache: &mut KvCache,
+        host: &[i64],
+    ) -> Option<Tensor> {
+        self.stopped.is_none().then_some(())?;
+        let n = (host.len() / 3) as i64;
+        let furthest = host[n as usize..2 * n as usize]
+            .iter()
+            .max()
+            .copied()
+            .unwrap_or(0);
+        let key = (self.batch_bucket(n), self.span_bucket(furthest + 1));
+        let padded = self.padded(host, key.0);
+        let (inputs, uses, graph) = {
+            let shape = self.shapes.entry(key).or_insert_with(|| Shape {
+                inputs: Tensor::zeros([3, key.0], (tch::Kind::Int64, net.device())),
+                uses: 0,
+                graph: None,
+            });
+            shape
+                .inputs
+                .copy_(&Tensor::from_slice(&padded).view([3, key.0]));
+            shape.uses += 1;
+            (shape.inputs.shallow_clone(), shape.uses, shape.graph)
+        };
+        let result = match graph {
+            Some(g) => {
+                let captured = &self.graphs[g];
+                captured
+                    .graph
+                    .replay()
+                    .map(|()| captured.logits.shallow_clone())
+            }
+            None if self.capture && uses >= 2 => self.capture_shape(net, cache, key, &inputs),
+            None => Ok(step_logits(net, cache, &inputs, key.1, false)),
+        };
+        match result {
+            Ok(logits) => Some(logits.narrow(0, 0, n)),
+            Err(why) => {
+                eprintln!("skein: decoding without CUDA graphs from here on: {why}");
+                self.stopped = Some(why);
+                None
+            }
+        }
+    }
+
+    /// Captures the step of shape `key` (its first use ran it eagerly) and returns the
+    /// logits of this step, which the capture's warm-up computed.
+    fn capture_shape(
+        &mut self,
+        net: &Transformer,
+        cache: &mut KvCache,
+        key: (i64, i64),
+        inputs: &Tensor,
+    ) -> Result<Tensor, String> {
+        let device = match net.device() {
+            Device::Cuda(i) => i,
+            other => return Err(format!("no CUDA graphs on {other:?}")),
+        };
+        let mut graph = CudaGraph::new(device)?;
+        let pool = self.graphs.first().map(|c| &c.graph);
+        let (now, replayed) =
+            graph.capture(pool, || step_logits(net, cache, inputs, key.1, false))?;
+        self.graphs.push(Captured {
+            logits: replayed,
+            graph,
+        });
+        if let Some(shape) = self.shapes.get_mut(&key) {
+            shape.graph = Some(self.graphs.len() - 1);
+        }
+        Ok(now)
+    }
+
+    /// The batch a step of `n` rows is padded to.
+    fn batch_bucket(&self, n: i64) -> i64 {
+        (n.max(1) as u64).next_power_of_two().min(self.slots as u64) as i64
+    }
+
+    /// The cached positions a step whose furthest row reads `span` of them reads.
+    fn span_bucket(&self, span: i64) -> i64 {
+        (span.max(MIN_SPAN) as u64)
+            .next_power_of_two()
+            .min(self.capacity as u64) as i64
+    }
+
+    /// `host`'s rows followed by padding rows up to `batch`, as [3, batch] end to end.
+    fn padded(&self, host: &[i64], batch: i64) -> Vec<i64> {
+        let n = host.len() / 3;
+        let pad = batch as usize - n;
+        let mut rows = Vec::with_capacity(3 * batch as usize);
+        for (part, fill) in [(0, 0), (1, 0), (2, self.scratch_slot)] {
+            rows.extend_from_slice(&host[part * n..(part + 1) * n]);
+            rows.extend(std::iter::repeat_n(fill, pad));
+        }
+        rows
+    }
+}
+
+/// The logits [A, vocab] of one decode step whose rows are `step` ([3, A] on the device: last
+/// tokens, positions, slots), reading the first `span` cached positions of each slot. `dense`:
+/// the slots are exactly 0..A, so the cache is read as a view.
+pub fn step_logits(
+    net: &Transformer,
+    cache: &mut KvCache,
+    step: &Tensor,
+    span: i64,
+    dense: bool,
+) -> Tensor {
+    let (input, positions, slots) = (step.get(0).view([-1, 1]), step.get(1), step.get(2));
+    let mask = crate::model::kv_cache::decode_mask(&positions, span, net.kind());
+    let hidden = net.hidden(
+        &input,
+        &positions.view([-1, 1]),
+        AttnMode::Decode {
+            cache,
+            slots: &slots,
+            positions: &positions,
+            mask: &mask,
+            span,
+            dense,
+        },
+    );
+    net.logits(&hidden.squeeze_dim(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Model, ModelConfig};
+    use tch::Kind;
+
+    /// A step of three rows runs in the shape [4, 16]: the padding row writes only the scratch
+    /// slot, the three rows get the logits the step's own shape gives, and a step of five rows
+    /// at position 20 takes the shape [6, 32] (the batch capped at the slots, 6).
+    #[test]
+    fn a_step_runs_in_its_bucket_and_padding_touches_only_the_scratch_slot() {
+        let cfg = ModelConfig::tiny_qwen2(40, 32, 2, 4, 2, 64, 64);
+        let model = Model::random(&cfg, Device::Cpu, 5).expect("a tiny model");
+        let net = model.net.for_decoding();
+        let mut graphs = GraphDecoder::new(6, 40, Device::Cpu);
+        let cache_for = || {
+            KvCache::new(
+                2,
+                graphs.cache_slots() as i64,
+                40,
+                2,
+                8,
+                Kind::Float,
+                Device::Cpu,
+            )
+        };
+        let (mut fixed, mut plain) = (cache_for(), cache_for());
+        // Rows: tokens 3, 9, 27 at positions 0 in slots 1, 4, 2.
+        let host = [3i64, 9, 27, 0, 0, 0, 1, 4, 2];
+        let got = tch::no_grad(|| graphs.logits(&net, &mut fixed, &host)).expect("no failure");
+        let want = tch::no_grad(|| {
+            let step = Tensor::from_slice(&host).view([3, 3]);
+            step_logits(&net, &mut plain, &step, 1, false)
+        });
+        assert_eq!(got.size(), [3, 40]);
+        assert!((&got - &want).abs().max().double_value(&[]) < 1e-5);
+        assert_eq!(graphs.shapes.keys().copied().collect::<Vec<_>>(), [(4, 16)]);
+        // The padding row wrote the scratch slot's first position, and no other slot.
+        let keys = |cache: &KvCache, slot: i64| cache.slot_keys(0, slot).abs().sum(Kind::Float);
+        assert!(keys(&fixed, 6).double_value(&[]) > 0.0);
+        for slot in 0..6 {
+            let diff = (keys(&fixed, slot) - keys(&plain, slot))
+                .abs()
+                .double_value(&[]);
+            assert!(diff < 1e-4, "slot {slot}: {diff}");
+        }
+
+        let host = [1i64, 2, 3, 4, 5, 20, 20, 20, 20, 20, 0, 1, 2, 3, 5];
+        let got = tch::no_grad(|| graphs.logits(&net, &mut fixed, &host)).expect("no failure");
+        assert_eq!(got.size(), [5, 40]);
+        assert!(graphs.shapes.contains_key(&(6, 32)));
+    }
+}
