@@ -131,6 +131,10 @@ fn cuda_include(libtorch: &Path) -> Option<PathBuf> {
         candidates.push(site.join("nvidia/cuda_runtime/include"));
     }
     candidates.push(PathBuf::from("/usr/local/cuda/include"));
+    // Headers installed after a first build (`make setup` adds crt/) build the plugin then.
+    for dir in candidates.iter().filter(|d| d.is_dir()) {
+        println!("cargo:rerun-if-changed={}", dir.display());
+    }
     candidates.into_iter().find(|dir| {
         dir.join("cuda_runtime_api.h").exists() && dir.join("crt/host_defines.h").exists()
     })
