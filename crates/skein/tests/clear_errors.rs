@@ -167,6 +167,20 @@ fn sizes_beyond_the_machine_are_refused_before_anything_is_allocated() {
     refused(&["eval", "/nonexistent", "--n", "1000000000000"], &["--n"]);
 }
 
+/// CUDA graphs replay GPU kernels: asked for on the CPU (the default device), the training
+/// key and the server's flag are refused with the device they need.
+#[test]
+fn cuda_graphs_off_a_gpu_are_refused_with_the_device_they_need() {
+    refused(
+        &["train", "--set", "rollout.cuda_graphs=true"],
+        &["`rollout.cuda_graphs`", "`run.device = \"cuda\"`"],
+    );
+    refused(
+        &["serve", "--cuda-graphs"],
+        &["--cuda-graphs", "--device cuda"],
+    );
+}
+
 /// LoRA, low-precision weights and checkpointing: settings that cannot train name their key
 /// and the way out, before anything runs.
 #[test]

@@ -52,6 +52,10 @@ pub struct ServeArgs {
     /// Seed of the random tiny model (without --model).
     #[arg(long, default_value_t = 0)]
     seed: i64,
+    /// Decode through CUDA graphs (`rollout.cuda_graphs`; a CUDA device only). Graphs are
+    /// captured again after each weight reload or end of a phase (a new engine run).
+    #[arg(long)]
+    cuda_graphs: bool,
 }
 
 /// Requests in flight at once; more wait for a permit.
@@ -202,6 +206,13 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         );
     }
     let device = crate::trainer::config::parse_device(&args.device)?;
+    if args.cuda_graphs {
+        if !device.is_cuda() {
+            bail!("--cuda-graphs replays CUDA kernels: it needs --device cuda (or cuda:N)");
+        }
+        crate::engine::cuda_graph::available()
+            .map_err(|why| anyhow::anyhow!("--cuda-graphs: {why}"))?;
+    }
     let (model, tokenizer, default_name) = load(args, device)?;
     let model_context = model.net.max_positions() as usize;
     if let Some(c) = args.context.filter(|c| !(2..=model_context).contains(c)) {
@@ -253,7 +264,8 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     };
     let (handle, queue) = engine::channel();
     let version = Arc::new(AtomicU64::new(0));
-    let engine = Engine::new(slots);
+    let mut engine = Engine::new(slots);
+    engine.cuda_graphs = args.cuda_graphs;
     let store = Arc::new(serve::RolloutStore::new());
     let state = ServeState::from_parts(handle, text, config, store, version.clone());
     let _engine_thread = serve::spawn_engine_thread(model, engine, queue, context as i64, version)
