@@ -161,7 +161,8 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         train_ops.step.computing_total(),
         train_ops.optimizer.computing_total()
     );
-    let (secs, tokens) = time_decode(&model, a);
+    let (secs, decoded) = time_decode(&model, a);
+    let tokens = decoded.generated_tokens;
     let form = decode_form(&model, a);
     println!(
         "decode (batch {}, KV cache, {} form{}): {:.0} tokens/s ({} tokens in {:.2} s)",
@@ -179,6 +180,12 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         tokens,
         secs
     );
+    if a.cuda_graphs {
+        println!(
+            "decode graphs: {} shapes captured, {} of {} steps replayed",
+            decoded.graph_captures, decoded.graph_replays, decoded.decode_steps
+        );
+    }
     // A decode step's calls: those of a run beyond one of the same prompts that stops after
     // its prefill (the same prefill, decoding copy and first token), per step.
     let (_, prefill) = op_count::count(|| decode_to(&model, a, 3, 1));
@@ -318,13 +325,14 @@ fn time_train_steps(model: &Model, a: &BenchArgs) -> Result<(Vec<f64>, TrainOps)
     ))
 }
 
-fn time_decode(model: &Model, a: &BenchArgs) -> (f64, usize) {
+/// The seconds one timed decode run took, after an untimed one, and its counts.
+fn time_decode(model: &Model, a: &BenchArgs) -> (f64, EngineStats) {
     decode(model, a, 1);
     synchronize(model.vs.device());
     let t = Instant::now();
     let stats = decode(model, a, 2);
     synchronize(model.vs.device());
-    (t.elapsed().as_secs_f64(), stats.generated_tokens)
+    (t.elapsed().as_secs_f64(), stats)
 }
 
 /// The decoding copy's form: `--decode-form`, or the device's.

@@ -106,6 +106,10 @@ pub struct EngineStats {
     pub reused_tokens: usize,
     /// Requests finished as [`Finish::ContextTooLong`].
     pub context_too_long: usize,
+    /// With [`Engine::cuda_graphs`]: decode shapes captured as CUDA graphs, and decode steps
+    /// replayed from one (the others ran eagerly).
+    pub graph_captures: usize,
+    pub graph_replays: usize,
 }
 
 pub struct Engine {
@@ -271,6 +275,9 @@ impl Engine {
             stats.decode_steps += 1;
         });
         stats.generated_tokens = generated.get();
+        if let Some(g) = &graphs {
+            (stats.graph_captures, stats.graph_replays) = (g.captures(), g.replays());
+        }
         stats
     }
 

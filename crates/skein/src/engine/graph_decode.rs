@@ -42,6 +42,8 @@ pub struct GraphDecoder {
     /// Why graphs stopped for this run, once one failed: steps then go back to the engine's
     /// ordinary decode.
     stopped: Option<String>,
+    /// Steps replayed from a graph.
+    replays: usize,
 }
 
 /// One fixed shape: [batch, span].
@@ -72,7 +74,18 @@ impl GraphDecoder {
             shapes: HashMap::new(),
             graphs: Vec::new(),
             stopped: None,
+            replays: 0,
         }
+    }
+
+    /// Shapes captured so far.
+    pub fn captures(&self) -> usize {
+        self.graphs.len()
+    }
+
+    /// Steps replayed from a graph so far.
+    pub fn replays(&self) -> usize {
+        self.replays
     }
 
     /// The slots the run's cache holds: the engine's and the scratch slot.

@@ -129,6 +129,8 @@ fn append(into: &mut Iteration, it: Iteration) {
         failed: e.failed + o.failed,
         reused_tokens: e.reused_tokens + o.reused_tokens,
         context_too_long: e.context_too_long + o.context_too_long,
+        graph_captures: e.graph_captures + o.graph_captures,
+        graph_replays: e.graph_replays + o.graph_replays,
     };
     into.stats.requests += it.stats.requests;
     into.stats.rounds += it.stats.rounds;
