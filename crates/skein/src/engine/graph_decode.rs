@@ -227,7 +227,7 @@ pub fn step_logits(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Model, ModelConfig};
+    use crate::model::{DecodeForm, Dtype, LoraConfig, Model, ModelConfig, ModelOptions};
     use tch::Kind;
 
     /// A step of three rows runs in the shape [4, 16]: the padding row writes only the scratch
@@ -275,5 +275,56 @@ mod tests {
         let got = tch::no_grad(|| graphs.logits(&net, &mut fixed, &host)).expect("no failure");
         assert_eq!(got.size(), [5, 40]);
         assert!(graphs.shapes.contains_key(&(6, 32)));
+    }
+
+    /// A capture records kernels without running them, so a step that reads a value back to
+    /// the host (an `item`, a `nonzero`) cannot be captured, and fails only on a GPU. The
+    /// fixed-shape step of CUDA's decoding form reads nothing back, in float32 and in
+    /// bfloat16 with adapters.
+    #[test]
+    fn a_fixed_shape_step_reads_nothing_back_to_the_host() {
+        let cfg = ModelConfig::tiny_qwen2(40, 32, 2, 4, 2, 64, 64);
+        for (dtype, rank) in [(Dtype::Float32, 0), (Dtype::Bfloat16, 4)] {
+            let options = ModelOptions {
+                dtype,
+                lora: LoraConfig {
+                    rank,
+                    ..Default::default()
+                },
+            };
+            let model = Model::random_with(&cfg, &options, Device::Cpu, 2).expect("a tiny model");
+            let net = model.net.for_decoding_as(DecodeForm::Fused);
+            let mut graphs = GraphDecoder::new(4, 40, Device::Cpu);
+            let mut cache = KvCache::new(
+                2,
+                graphs.cache_slots() as i64,
+                40,
+                2,
+                8,
+                net.kind(),
+                Device::Cpu,
+            );
+            let host = [3i64, 9, 27, 5, 2, 7, 0, 1, 3];
+            let (logits, ops) =
+                crate::op_count::count(|| tch::no_grad(|| graphs.logits(&net, &mut cache, &host)));
+            assert!(logits.is_some());
+            let steps: Vec<&String> = ops.computing.iter().map(|(name, _)| name).collect();
+            assert!(
+                steps.iter().any(|n| n.contains("scaled_dot_product")),
+                "{steps:?}"
+            );
+            for read in [
+                "_local_scalar_dense",
+                "item",
+                "nonzero",
+                "masked_select",
+                "unique",
+            ] {
+                assert!(
+                    !steps.iter().any(|n| n.contains(read)),
+                    "{dtype:?}: {read} in {steps:?}"
+                );
+            }
+        }
     }
 }
