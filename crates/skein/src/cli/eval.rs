@@ -104,7 +104,8 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     let params = sampling_params(args, &cfg, &tokenizer)?;
     tch::manual_seed(cfg.run.seed as i64);
     let mut engine = Engine::new(cfg.rollout.max_slots);
-    engine.cuda_graphs = cfg.rollout.cuda_graphs;
+    // A run that decoded through CUDA graphs, evaluated on the CPU, decodes the ordinary way.
+    engine.cuda_graphs = cfg.rollout.cuda_graphs && device.is_cuda();
     let engine = Generator::Local(engine);
     let answering = Answering {
         engine: &engine,
