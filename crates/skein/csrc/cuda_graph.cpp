@@ -125,7 +125,8 @@ extern "C" int skein_cuda_graph_begin(void* g, void* pool_of, char* err, size_t 
   auto* c = static_cast<Capture*>(g);
   return guarded(
       [&] {
-        at::cuda::MempoolId_t pool = {0, 0};
+        // The pool's id type, whatever this libtorch names it: {0, 0} is a pool of its own.
+        decltype(c->graph.pool()) pool = {0, 0};
         if (pool_of != nullptr) {
           pool = static_cast<Capture*>(pool_of)->graph.pool();
         }
