@@ -197,6 +197,22 @@ impl GraphDecoder {
     }
 }
 
+/// The most memory the captured shapes' logits of one run hold: every (batch, span) shape
+/// of `slots` slots and `capacity` positions captured, each keeping its [batch, vocab] logits
+/// of `element_bytes` each (the graphs' intermediates share one pool, the size of one step's).
+pub fn captured_logits_bound(slots: usize, capacity: i64, vocab: usize, element_bytes: f64) -> f64 {
+    let decoder = GraphDecoder::new(slots, capacity, Device::Cpu);
+    let buckets = |last: i64, bucket: &dyn Fn(i64) -> i64| {
+        let mut seen: Vec<i64> = (1..=last).map(bucket).collect();
+        seen.dedup();
+        seen
+    };
+    let batches = buckets(slots as i64, &|n| decoder.batch_bucket(n));
+    let spans = buckets(capacity, &|s| decoder.span_bucket(s));
+    let rows: i64 = batches.iter().sum();
+    rows as f64 * spans.len() as f64 * vocab as f64 * element_bytes
+}
+
 /// The logits [A, vocab] of one decode step whose rows are `step` ([3, A] on the device: last
 /// tokens, positions, slots), reading the first `span` cached positions of each slot. `dense`:
 /// the slots are exactly 0..A, so the cache is read as a view.
@@ -326,5 +342,13 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The bound counts each batch bucket once per span bucket: 6 slots pad to 1, 2, 4 and 6
+    /// rows, and 40 positions are read in spans of 16, 32 and 40.
+    #[test]
+    fn the_logits_bound_counts_every_shape_once() {
+        let bytes = captured_logits_bound(6, 40, 10, 2.0);
+        assert_eq!(bytes, ((1 + 2 + 4 + 6) * 3 * 10 * 2) as f64);
     }
 }

@@ -369,11 +369,26 @@ fn rollout_parts(cfg: &TrainConfig, model: &ModelConfig, device: Device) -> Vec<
         cfg.data.max_prompt_tokens
     };
     let context = (prompt + r.sampling.max_new_tokens).min(model.max_position_embeddings);
+    // CUDA graphs pad their batches into a scratch slot the cache holds beyond the engine's.
+    let cache_slots = slots + usize::from(r.cuda_graphs);
+    let element = cfg.model.dtype.bytes();
     let mut parts = vec![Part {
         what: "rollout KV cache",
-        bytes: model.kv_cache_bytes(slots, context, cfg.model.dtype.bytes()),
+        bytes: model.kv_cache_bytes(cache_slots, context, element),
         lower: "`rollout.max_slots` or `rollout.sampling.max_new_tokens`",
     }];
+    if r.cuda_graphs {
+        parts.push(Part {
+            what: "CUDA graphs' logits, at most one [batch, vocab] per decode shape",
+            bytes: crate::engine::captured_logits_bound(
+                slots,
+                context as i64,
+                model.vocab_size,
+                element,
+            ),
+            lower: "`rollout.max_slots`, or `rollout.cuda_graphs` (false)",
+        });
+    }
     if device == Device::Cpu {
         // Ids, behavior/old/reference log-probs, versions, masks, advantages, values,
         // weights: about 64 bytes per token.
@@ -457,6 +472,27 @@ mod tests {
             .to_string();
         assert!(err.contains("`rollout.max_slots`"), "{err}");
         assert!(err.contains("rollout KV cache"), "{err}");
+    }
+
+    /// CUDA graphs add a scratch slot to the cache and, at most, one set of logits per
+    /// decode shape: at the default 256 slots and 72 positions (64-token prompts, 8 new
+    /// tokens), batches of 1, 2, …, 256 rows and spans of 16, 32, 64 and 72, of Qwen2.5-0.5B's
+    /// vocabulary in float32 (1.2 GB).
+    #[test]
+    fn cuda_graphs_count_their_logits_and_scratch_slot() {
+        let qwen = ModelConfig::qwen2_5_0_5b();
+        let mut cfg = TrainConfig::default();
+        let plain = cpu(&cfg, &qwen);
+        cfg.rollout.cuda_graphs = true;
+        let graphs = cpu(&cfg, &qwen);
+        let (cache, with) = (part(&plain, "rollout KV"), part(&graphs, "rollout KV"));
+        assert!(
+            (with / cache - 257.0 / 256.0).abs() < 1e-9,
+            "{with} / {cache}"
+        );
+        let logits = part(&graphs, "CUDA graphs");
+        assert_eq!(logits, 511.0 * 4.0 * qwen.vocab_size as f64 * 4.0);
+        assert_eq!(part(&plain, "CUDA graphs"), 0.0);
     }
 
     #[test]
