@@ -161,13 +161,23 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         train_ops.step.computing_total(),
         train_ops.optimizer.computing_total()
     );
-    let (secs, decoded) = time_decode(&model, a);
+    let (decode_ops, steps) = report_decode(&model, a);
+    if a.op_breakdown {
+        print_op_breakdown(&train_ops, &decode_ops, steps);
+    }
+    Ok(())
+}
+
+/// Times decode and prints its tokens/s (with `--cuda-graphs`, the shapes captured and steps
+/// replayed) and its calls per step; returns the calls of its counted run and that run's
+/// steps.
+fn report_decode(model: &Model, a: &BenchArgs) -> (op_count::OpCounts, usize) {
+    let (secs, decoded) = time_decode(model, a);
     let tokens = decoded.generated_tokens;
-    let form = decode_form(&model, a);
     println!(
         "decode (batch {}, KV cache, {} form{}): {:.0} tokens/s ({} tokens in {:.2} s)",
         a.batch,
-        match form {
+        match decode_form(model, a) {
             DecodeForm::Separate => "separate",
             DecodeForm::Fused => "fused",
         },
@@ -188,8 +198,8 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     }
     // A decode step's calls: those of a run beyond one of the same prompts that stops after
     // its prefill (the same prefill, decoding copy and first token), per step.
-    let (_, prefill) = op_count::count(|| decode_to(&model, a, 3, 1));
-    let (steps, whole) = op_count::count(|| decode(&model, a, 3).decode_steps);
+    let (_, prefill) = op_count::count(|| decode_to(model, a, 3, 1));
+    let (steps, whole) = op_count::count(|| decode(model, a, 3).decode_steps);
     let ops = whole.beyond(&prefill);
     let per_step = |n: u64| n as f64 / steps.max(1) as f64;
     println!(
@@ -198,27 +208,31 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         per_step(ops.top_level_total()),
         per_step(ops.all)
     );
-    if a.op_breakdown {
-        for (what, counts) in [
-            ("computing", &train_ops.step.computing),
-            ("the optimizer's computing", &train_ops.optimizer.computing),
-        ] {
-            println!("  per training step, {what}:");
-            for (name, calls) in counts {
-                println!("  {calls:>8}  {name}");
-            }
-        }
-        for (what, counts) in [
-            ("made by skein", &ops.top_level),
-            ("computing", &ops.computing),
-        ] {
-            println!("  per decode step, {what}:");
-            for (name, calls) in counts {
-                println!("  {:>8.1}  {name}", per_step(*calls));
-            }
+    (ops, steps)
+}
+
+/// `--op-breakdown`: the calls of a training step and of a decode step (`steps` of them in
+/// `decode_ops`), by name.
+fn print_op_breakdown(train_ops: &TrainOps, decode_ops: &op_count::OpCounts, steps: usize) {
+    for (what, counts) in [
+        ("computing", &train_ops.step.computing),
+        ("the optimizer's computing", &train_ops.optimizer.computing),
+    ] {
+        println!("  per training step, {what}:");
+        for (name, calls) in counts {
+            println!("  {calls:>8}  {name}");
         }
     }
-    Ok(())
+    let per_step = |n: u64| n as f64 / steps.max(1) as f64;
+    for (what, counts) in [
+        ("made by skein", &decode_ops.top_level),
+        ("computing", &decode_ops.computing),
+    ] {
+        println!("  per decode step, {what}:");
+        for (name, calls) in counts {
+            println!("  {:>8.1}  {name}", per_step(*calls));
+        }
+    }
 }
 
 /// Runs the bench `what` names.

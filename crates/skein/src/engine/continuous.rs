@@ -240,13 +240,7 @@ impl Engine {
                 capacity,
                 &mut stats,
             );
-            let (admitted, too_long): (Vec<_>, Vec<_>) = admitted
-                .into_iter()
-                .partition(|(_, r)| ((r.prompt.len() + r.resumed.len()) as i64) <= capacity);
-            for (_, r) in too_long {
-                stats.context_too_long += 1;
-                on_finish(GenOutput::empty(r.id, Finish::ContextTooLong));
-            }
+            let admitted = fitting(admitted, capacity, &mut stats, &mut on_finish);
             for bucket in length_buckets(admitted) {
                 stats.prefill_tokens += self.prefill(
                     net,
@@ -528,6 +522,24 @@ impl Engine {
             }
         }
     }
+}
+
+/// The admitted requests whose context fits a slot of `capacity` positions; each other one
+/// finishes at once as [`Finish::ContextTooLong`], counted.
+fn fitting(
+    admitted: Vec<(usize, GenRequest)>,
+    capacity: i64,
+    stats: &mut EngineStats,
+    on_finish: &mut impl FnMut(GenOutput),
+) -> Vec<(usize, GenRequest)> {
+    let (fit, too_long): (Vec<_>, Vec<_>) = admitted
+        .into_iter()
+        .partition(|(_, r)| ((r.prompt.len() + r.resumed.len()) as i64) <= capacity);
+    for (_, r) in too_long {
+        stats.context_too_long += 1;
+        on_finish(GenOutput::empty(r.id, Finish::ContextTooLong));
+    }
+    fit
 }
 
 /// Places pending requests in slots, in order: a session's request whose prompt extends its
