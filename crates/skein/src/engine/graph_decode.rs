@@ -31,17 +31,17 @@ use tch::{Device, Tensor};
 const MIN_SPAN: i64 = 16;
 
 pub struct GraphDecoder {
-    /// The cache slot padding rows write to: one past the engine's, never attended to.
-    scratch_slot: i64,
+    /// The engine's slots; the cache holds one more, the scratch slot (index `slots`), which
+    /// padding rows write to and nothing attends to.
     slots: i64,
     capacity: i64,
     /// Whether shapes are captured (CUDA), or computed eagerly (elsewhere).
     capture: bool,
     shapes: HashMap<(i64, i64), Shape>,
     graphs: Vec<Captured>,
-    /// Why graphs stopped for this run, once one failed: steps then go back to the engine's
-    /// ordinary decode.
-    stopped: Option<String>,
+    /// Whether graphs stopped for this run, once one failed (the reason is printed then):
+    /// steps go back to the engine's ordinary decode.
+    stopped: bool,
     /// Steps replayed from a graph.
     replays: usize,
 }
@@ -67,13 +67,12 @@ impl GraphDecoder {
     /// [`GraphDecoder::cache_slots`] slots.
     pub fn new(slots: usize, capacity: i64, device: Device) -> Self {
         GraphDecoder {
-            scratch_slot: slots as i64,
             slots: slots as i64,
             capacity,
             capture: device.is_cuda(),
             shapes: HashMap::new(),
             graphs: Vec::new(),
-            stopped: None,
+            stopped: false,
             replays: 0,
         }
     }
@@ -90,7 +89,7 @@ impl GraphDecoder {
 
     /// The slots the run's cache holds: the engine's and the scratch slot.
     pub fn cache_slots(&self) -> usize {
-        self.scratch_slot as usize + 1
+        self.slots as usize + 1
     }
 
     /// The logits [n, vocab] of one decode step whose rows are `host` ([3, n] end to end:
@@ -103,14 +102,17 @@ impl GraphDecoder {
         cache: &mut KvCache,
         host: &[i64],
     ) -> Option<Tensor> {
-        self.stopped.is_none().then_some(())?;
+        (!self.stopped).then_some(())?;
         let n = (host.len() / 3) as i64;
         let furthest = host[n as usize..2 * n as usize]
             .iter()
             .max()
             .copied()
             .unwrap_or(0);
-        let key = (self.batch_bucket(n), self.span_bucket(furthest + 1));
+        let key = (
+            batch_bucket(n, self.slots),
+            span_bucket(furthest + 1, self.capacity),
+        );
         let padded = self.padded(host, key.0);
         let (inputs, uses, graph) = {
             let shape = self.shapes.entry(key).or_insert_with(|| Shape {
@@ -139,7 +141,7 @@ impl GraphDecoder {
             Ok(logits) => Some(logits.narrow(0, 0, n)),
             Err(why) => {
                 eprintln!("skein: decoding without CUDA graphs from here on: {why}");
-                self.stopped = Some(why);
+                self.stopped = true;
                 None
             }
         }
@@ -172,24 +174,12 @@ impl GraphDecoder {
         Ok(now)
     }
 
-    /// The batch a step of `n` rows is padded to.
-    fn batch_bucket(&self, n: i64) -> i64 {
-        (n.max(1) as u64).next_power_of_two().min(self.slots as u64) as i64
-    }
-
-    /// The cached positions a step whose furthest row reads `span` of them reads.
-    fn span_bucket(&self, span: i64) -> i64 {
-        (span.max(MIN_SPAN) as u64)
-            .next_power_of_two()
-            .min(self.capacity as u64) as i64
-    }
-
     /// `host`'s rows followed by padding rows up to `batch`, as [3, batch] end to end.
     fn padded(&self, host: &[i64], batch: i64) -> Vec<i64> {
         let n = host.len() / 3;
         let pad = batch as usize - n;
         let mut rows = Vec::with_capacity(3 * batch as usize);
-        for (part, fill) in [(0, 0), (1, 0), (2, self.scratch_slot)] {
+        for (part, fill) in [(0, 0), (1, 0), (2, self.slots)] {
             rows.extend_from_slice(&host[part * n..(part + 1) * n]);
             rows.extend(std::iter::repeat_n(fill, pad));
         }
@@ -201,16 +191,28 @@ impl GraphDecoder {
 /// of `slots` slots and `capacity` positions captured, each keeping its [batch, vocab] logits
 /// of `element_bytes` each (the graphs' intermediates share one pool, the size of one step's).
 pub fn captured_logits_bound(slots: usize, capacity: i64, vocab: usize, element_bytes: f64) -> f64 {
-    let decoder = GraphDecoder::new(slots, capacity, Device::Cpu);
     let buckets = |last: i64, bucket: &dyn Fn(i64) -> i64| {
         let mut seen: Vec<i64> = (1..=last).map(bucket).collect();
         seen.dedup();
         seen
     };
-    let batches = buckets(slots as i64, &|n| decoder.batch_bucket(n));
-    let spans = buckets(capacity, &|s| decoder.span_bucket(s));
+    let batches = buckets(slots as i64, &|n| batch_bucket(n, slots as i64));
+    let spans = buckets(capacity, &|s| span_bucket(s, capacity));
     let rows: i64 = batches.iter().sum();
     rows as f64 * spans.len() as f64 * vocab as f64 * element_bytes
+}
+
+/// The batch a step of `n` rows is padded to, of an engine of `slots` slots.
+fn batch_bucket(n: i64, slots: i64) -> i64 {
+    (n.max(1) as u64).next_power_of_two().min(slots as u64) as i64
+}
+
+/// The cached positions a step whose furthest row reads `span` of them reads, in a cache of
+/// `capacity` positions.
+fn span_bucket(span: i64, capacity: i64) -> i64 {
+    (span.max(MIN_SPAN) as u64)
+        .next_power_of_two()
+        .min(capacity as u64) as i64
 }
 
 /// The logits [A, vocab] of one decode step whose rows are `step` ([3, A] on the device: last
