@@ -22,12 +22,17 @@
 #
 # Options: --device D (cuda, cuda:N, cpu), --tiny (small shapes, few steps), --skein PATH (the
 # binary; default target/release/skein), --python PATH (with torch, for the eager rows; default
-# .venv/bin/python, else python3), --out DIR (logs; default a fresh temporary folder). Each row
-# is stopped after GPU_CHECK_ROW_SECONDS (default 900) and then fails.
-# Exit status: 0 when every row passed, 1 otherwise.
+# .venv/bin/python, else python3), --out DIR (logs; default a fresh temporary folder), --only
+# REGEX (run only the rows whose name matches the extended regular expression; a training
+# row's log-prob gap goes with it), --seconds N (a time budget for the whole check: a row not
+# started within it is listed as not run, and a running row is stopped when it runs out).
+# Each row is also stopped after GPU_CHECK_ROW_SECONDS (default 900), and then fails.
+# The table is rewritten to DIR/table.md after every row, so a check stopped from outside
+# still leaves the rows it finished.
+# Exit status: 0 when every row run passed and none was left out by the budget, 1 otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-device=cuda tiny=0 skein=target/release/skein python="" out=""
+device=cuda tiny=0 skein=target/release/skein python="" out="" only="" seconds=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --device) device=$2; shift 2 ;;
@@ -35,6 +40,8 @@ while [ $# -gt 0 ]; do
     --skein) skein=$2; shift 2 ;;
     --python) python=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
+    --only) only=$2; shift 2 ;;
+    --seconds) seconds=$2; shift 2 ;;
     *) echo "gpu-check: unknown option $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -66,35 +73,85 @@ case "$device" in cuda*) other_form=separate ;; *) other_form=fused ;; esac
 # The form of AdamW the device does not take (AdamwForm::for_device).
 case "$device" in cpu) other_adamw=fused ;; *) other_adamw=op-by-op ;; esac
 
+title="skein gpu-check on $device$([ "$tiny" = 1 ] && echo ', tiny shapes')"
+[ -z "$only" ] || title+=", rows matching /$only/"
+[ -z "$seconds" ] || title+=", within $seconds s"
+began=$(date +%s)
 rows=()
 failed=0
+
+# table: the header and the rows so far.
+table() {
+  echo "$title; logs in $out"
+  echo "| check | result | seconds | figure |"
+  echo "| --- | --- | ---: | --- |"
+  printf '%s\n' "${rows[@]}"
+}
+
+# add_row ROW: records a row and rewrites $out/table.md.
+add_row() {
+  rows+=("$1")
+  table >"$out/table.md"
+}
+
+# row_seconds: what a row may run for: GPU_CHECK_ROW_SECONDS, and no longer than the budget
+# left; 0 when the budget is spent.
+row_seconds() {
+  local limit=${GPU_CHECK_ROW_SECONDS:-900}
+  if [ -n "$seconds" ]; then
+    local left=$((began + seconds - $(date +%s)))
+    [ $left -gt 0 ] || left=0
+    [ $left -ge "$limit" ] || limit=$left
+  fi
+  echo "$limit"
+}
+
 # run NAME FIGURE_PATTERN COMMAND...: runs COMMAND with its output in $out/NAME.log; the figure
 # is the last four lines matching FIGURE_PATTERN, joined.
 run() {
   local name=$1 pattern=$2
   shift 2
-  local start end status figure
+  local start end status figure limit
+  limit=$(row_seconds)
+  if [ "$limit" -eq 0 ]; then
+    add_row "| $name | not run (time budget spent) | 0.0 | |"
+    failed=1
+    echo "gpu-check: $name: not run" >&2
+    return
+  fi
   start=$(date +%s.%N)
-  timeout "${GPU_CHECK_ROW_SECONDS:-900}" "$@" >"$out/$name.log" 2>&1
+  timeout "$limit" "$@" >"$out/$name.log" 2>&1
   status=$?
   end=$(date +%s.%N)
   figure=$(grep -E "$pattern" "$out/$name.log" | tail -4 | tr -s ' ' | paste -sd ';' -)
   local verdict=pass
   [ $status -eq 0 ] || { verdict="FAIL ($status)"; failed=1; figure=$(tail -1 "$out/$name.log" | cut -c1-110); }
-  rows+=("| $name | $verdict | $(awk "BEGIN { printf \"%.1f\", $end - $start }") | $figure |")
+  add_row "| $name | $verdict | $(awk "BEGIN { printf \"%.1f\", $end - $start }") | $figure |"
   echo "gpu-check: $name: $verdict" >&2
+}
+
+# selected NAME: whether --only lets row NAME run.
+selected() {
+  [ -z "$only" ] || [[ $1 =~ $only ]]
+}
+
+# check NAME FIGURE_PATTERN COMMAND...: `run`, for the rows --only selects.
+check() {
+  selected "$1" || return 0
+  run "$@"
 }
 
 # train NAME ARGS...: a training row writing $out/NAME, then its log-prob gap's row.
 train() {
   local name=$1
   shift
+  selected "$name" || return 0
   run "$name" "eval after RL" "$skein" train --overwrite "${dev[@]}" "${short[@]}" "$@" \
     --set "run.dir=$out/$name"
   run "$name-logp-gap" "mean" scripts/logp-gap.sh "$out/$name"
 }
 
-run devices "^cuda|^cpu" "$skein" devices
+check devices "^cuda|^cpu" "$skein" devices
 train default-job
 train full-bf16 --set model.dtype=bfloat16
 train lora-bf16-checkpointing --set lora.rank=16 --set model.dtype=bfloat16 \
@@ -104,34 +161,32 @@ train calculator-agent --config configs/calculator.toml
 train partial-rollout --set task.name=reverse --set model.max_positions=256 \
   --set rollout.partial.enabled=true
 case "$device" in cuda*) train cuda-graphs --set rollout.cuda_graphs=true ;; esac
-run bench-memory "peak / full float32 peak" "$skein" bench memory --device "$device" "${memory[@]}"
+check bench-memory "peak / full float32 peak" "$skein" bench memory --device "$device" "${memory[@]}"
 for config in float32 bfloat16 bfloat16-lora64; do
   dtype=${config%%-*} lora=() masters=()
   [ "$config" = "$dtype" ] || lora=(--lora-rank 64)
   [ "$dtype" = float32 ] || masters=(--master-weights)
-  run "layouts-$config" "shared-prefix" "$skein" bench train-tokens --device "$device" \
+  check "layouts-$config" "shared-prefix" "$skein" bench train-tokens --device "$device" \
     --dtype "$dtype" "${lora[@]}" "${shape[@]}" --vocab 64 "${tokens[@]}"
-  run "bench-skein-$config" "train step|train ops|^decode" "$skein" bench --device "$device" \
+  check "bench-skein-$config" "train step|train ops|^decode" "$skein" bench --device "$device" \
     --dtype "$dtype" "${lora[@]}" "${shape[@]}" --vocab 64 "${bench[@]}"
   if [ ${#lora[@]} -eq 0 ]; then
-    run "bench-eager-$config" "eager train step|eager decode" "$python" \
+    check "bench-eager-$config" "eager train step|eager decode" "$python" \
       scripts/bench_pytorch_eager.py --device "$device" --dtype "$dtype" "${masters[@]}" \
       "${shape[@]}" --vocab 64 "${bench[@]}"
-    run "bench-generate-$config" "transformers generate \\(" "$python" \
+    check "bench-generate-$config" "transformers generate \\(" "$python" \
       scripts/bench_hf_generate.py --device "$device" --dtype "$dtype" "${shape[@]}" --vocab 64 \
       "${bench[@]}"
   fi
-  run "decode-$other_form-$config" "^decode" "$skein" bench --device "$device" --dtype "$dtype" \
+  check "decode-$other_form-$config" "^decode" "$skein" bench --device "$device" --dtype "$dtype" \
     "${lora[@]}" "${shape[@]}" --vocab 64 "${bench[@]}" --decode-form "$other_form"
-  run "adamw-$other_adamw-$config" "train step|train ops" "$skein" bench --device "$device" \
+  check "adamw-$other_adamw-$config" "train step|train ops" "$skein" bench --device "$device" \
     --dtype "$dtype" "${lora[@]}" "${shape[@]}" --vocab 64 "${bench[@]}" \
     --optimizer-form "$other_adamw"
-  run "decode-graphs-$config" "^decode" "$skein" bench --device "$device" --dtype "$dtype" \
+  check "decode-graphs-$config" "^decode" "$skein" bench --device "$device" --dtype "$dtype" \
     "${lora[@]}" "${shape[@]}" --vocab 64 "${bench[@]}" --cuda-graphs
 done
 
-echo "skein gpu-check on $device$([ "$tiny" = 1 ] && echo ', tiny shapes'); logs in $out"
-echo "| check | result | seconds | figure |"
-echo "| --- | --- | ---: | --- |"
-printf '%s\n' "${rows[@]}"
+[ ${#rows[@]} -gt 0 ] || { echo "gpu-check: no row's name matches /$only/" >&2; exit 2; }
+table
 exit $failed
