@@ -100,6 +100,9 @@ fn train_config_errors_name_the_key_and_print_config_shows_defaults() {
     assert!(out.parse::<toml::Table>().is_ok(), "{out}");
 }
 
+/// The body of the benches' tests: one layer, 32 wide, two heads.
+const TINY_BODY: [&str; 6] = ["--hidden", "32", "--heads", "2", "--layers", "1"];
+
 /// The three layouts run in child processes of their own and agree on the loss; sharing the
 /// groups' prompts computes fewer tokens than padding, and the same loss tokens.
 #[test]
@@ -117,16 +120,10 @@ fn bench_train_tokens_compares_the_layouts_on_one_loss() {
         "8",
         "--max-response",
         "40",
-        "--hidden",
-        "32",
-        "--heads",
-        "2",
-        "--layers",
-        "1",
         "--iters",
         "1",
     ];
-    let (code, out, err) = skein(&args, "");
+    let (code, out, err) = skein(&[&args[..], &TINY_BODY].concat(), "");
     assert_eq!(code, 0, "{out}\n{err}");
     let row = |name: &str| -> Vec<f64> {
         let line = out
@@ -151,6 +148,39 @@ fn bench_train_tokens_compares_the_layouts_on_one_loss() {
     let (code, _, err) = skein(&["bench", "train-tokens", "--vocab", "1"], "");
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("`--vocab`"), "{err}");
+}
+
+/// `--decode-only` times decode and nothing else; without it the training step comes first.
+#[test]
+fn bench_decode_only_skips_the_training_step() {
+    let tiny = [
+        "bench",
+        "--intermediate",
+        "64",
+        "--vocab",
+        "40",
+        "--batch",
+        "2",
+        "--seq",
+        "24",
+        "--iters",
+        "1",
+    ];
+    let lines = |extra: &[&str]| {
+        let (code, out, err) = skein(&[&tiny[..], &TINY_BODY, extra].concat(), "");
+        assert_eq!(code, 0, "{out}\n{err}");
+        let starts = |prefix: &str| out.lines().filter(|l| l.starts_with(prefix)).count();
+        let train_ops = out.contains("per training step");
+        (starts("train step ("), starts("decode ("), train_ops)
+    };
+    assert_eq!(lines(&["--op-breakdown"]), (1, 1, true));
+    assert_eq!(lines(&["--decode-only", "--op-breakdown"]), (0, 1, false));
+    let (code, _, err) = skein(
+        &[&tiny[..], &["--decode-only", "--optimizer-form", "fused"]].concat(),
+        "",
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--optimizer-form"), "{err}");
 }
 
 #[test]

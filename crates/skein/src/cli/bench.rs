@@ -84,6 +84,10 @@ pub struct BenchArgs {
     /// its own graphs, as each rollout of a training run does.
     #[arg(long)]
     cuda_graphs: bool,
+    /// Time decode alone, without the training step: a batch whose decode fits where a
+    /// training step of it would not (its activations), or a decode change measured sooner.
+    #[arg(long, conflicts_with = "optimizer_form")]
+    decode_only: bool,
 }
 
 /// `--optimizer-form`'s values, [`AdamwForm`]'s.
@@ -137,7 +141,21 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         m.intermediate,
         a.place.describe(model.vs.device())
     );
-    let (times, train_ops) = time_train_steps(&model, a)?;
+    let train_ops = if a.decode_only {
+        None
+    } else {
+        Some(report_train(&model, a)?)
+    };
+    let (decode_ops, steps) = report_decode(&model, a);
+    if a.op_breakdown {
+        print_op_breakdown(train_ops.as_ref(), &decode_ops, steps);
+    }
+    Ok(())
+}
+
+/// Times the training step and prints its tokens/s and its calls per step, which it returns.
+fn report_train(model: &Model, a: &BenchArgs) -> Result<TrainOps> {
+    let (times, train_ops) = time_train_steps(model, a)?;
     let train = median(times);
     println!(
         "train step (batch {} x {} tokens): {:.1} ms, {:.0} tokens/s",
@@ -161,11 +179,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         train_ops.step.computing_total(),
         train_ops.optimizer.computing_total()
     );
-    let (decode_ops, steps) = report_decode(&model, a);
-    if a.op_breakdown {
-        print_op_breakdown(&train_ops, &decode_ops, steps);
-    }
-    Ok(())
+    Ok(train_ops)
 }
 
 /// Times decode and prints its tokens/s (with `--cuda-graphs`, the shapes captured and steps
@@ -213,14 +227,16 @@ fn report_decode(model: &Model, a: &BenchArgs) -> (op_count::OpCounts, usize) {
 
 /// `--op-breakdown`: the calls of a training step and of a decode step (`steps` of them in
 /// `decode_ops`), by name.
-fn print_op_breakdown(train_ops: &TrainOps, decode_ops: &op_count::OpCounts, steps: usize) {
-    for (what, counts) in [
-        ("computing", &train_ops.step.computing),
-        ("the optimizer's computing", &train_ops.optimizer.computing),
-    ] {
-        println!("  per training step, {what}:");
-        for (name, calls) in counts {
-            println!("  {calls:>8}  {name}");
+fn print_op_breakdown(train_ops: Option<&TrainOps>, decode_ops: &op_count::OpCounts, steps: usize) {
+    if let Some(train_ops) = train_ops {
+        for (what, counts) in [
+            ("computing", &train_ops.step.computing),
+            ("the optimizer's computing", &train_ops.optimizer.computing),
+        ] {
+            println!("  per training step, {what}:");
+            for (name, calls) in counts {
+                println!("  {calls:>8}  {name}");
+            }
         }
     }
     let per_step = |n: u64| n as f64 / steps.max(1) as f64;
