@@ -179,12 +179,12 @@ for config in float32 bfloat16 bfloat16-lora64; do
       "${bench[@]}"
   fi
   check "decode-$other_form-$config" "^decode" "$skein" bench --device "$device" --dtype "$dtype" \
-    "${lora[@]}" "${shape[@]}" --vocab 64 "${bench[@]}" --decode-form "$other_form"
+    "${lora[@]}" "${shape[@]}" --vocab 64 "${bench[@]}" --decode-form "$other_form" --decode-only
   check "adamw-$other_adamw-$config" "train step|train ops" "$skein" bench --device "$device" \
     --dtype "$dtype" "${lora[@]}" "${shape[@]}" --vocab 64 "${bench[@]}" \
     --optimizer-form "$other_adamw"
   check "decode-graphs-$config" "^decode" "$skein" bench --device "$device" --dtype "$dtype" \
-    "${lora[@]}" "${shape[@]}" --vocab 64 "${bench[@]}" --cuda-graphs
+    "${lora[@]}" "${shape[@]}" --vocab 64 "${bench[@]}" --cuda-graphs --decode-only
 done
 
 [ ${#rows[@]} -gt 0 ] || { echo "gpu-check: no row's name matches /$only/" >&2; exit 2; }
