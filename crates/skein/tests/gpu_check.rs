@@ -73,6 +73,7 @@ fn gpu_check_passes_every_row_on_the_cpu() {
     assert!(table.contains("fused form"), "{table}");
     assert!(table.contains("(AdamW fused)"), "{table}");
     assert!(table.contains("(AdamW op by op)"), "{table}");
+    assert!(table.contains("steps replayed; a step"), "{table}");
     // The table on disk, rewritten after each row, ends as the one printed.
     let on_disk = std::fs::read_to_string(out_dir.join("table.md")).unwrap();
     assert_eq!(on_disk, table, "table.md");

@@ -8,7 +8,7 @@ use super::bench_args::{at_least_one, synchronize, ModelShape, Placement};
 use super::bench_memory::{self, MemoryBenchArgs};
 use super::bench_rewards::{self, RewardBenchArgs};
 use super::bench_tokens::{self, TokenBenchArgs};
-use crate::engine::{Engine, EngineStats, GenRequest, SamplingParams};
+use crate::engine::{Engine, EngineStats, GenRequest, SamplingParams, StepTimes};
 use crate::model::{DecodeForm, Model};
 use crate::op_count;
 use crate::trainer::batch::TrainRow;
@@ -205,9 +205,13 @@ fn report_decode(model: &Model, a: &BenchArgs) -> (op_count::OpCounts, usize) {
         secs
     );
     if a.cuda_graphs {
+        let times = decoded.graph_steps;
         println!(
-            "decode graphs: {} shapes captured, {} of {} steps replayed",
-            decoded.graph_captures, decoded.graph_replays, decoded.decode_steps
+            "decode graphs: {} shapes captured, {} of {} steps replayed; a step {}",
+            decoded.graph_captures,
+            times.replayed.0,
+            decoded.decode_steps,
+            step_times(&times)
         );
     }
     // A decode step's calls: those of a run beyond one of the same prompts that stops after
@@ -249,6 +253,24 @@ fn print_op_breakdown(train_ops: Option<&TrainOps>, decode_ops: &op_count::OpCou
             println!("  {:>8.1}  {name}", per_step(*calls));
         }
     }
+}
+
+/// The mean time of a decode step by how its forward ran, e.g. `8.10 ms replayed, 40.31 ms
+/// capturing (5), 15.20 ms eager (7)`: what keeping graphs between runs would save is the
+/// capturing and eager steps' time beyond a replayed one's.
+fn step_times(times: &StepTimes) -> String {
+    let mean = |(steps, secs): (usize, f64), how: &str| {
+        (steps > 0).then(|| format!("{:.2} ms {how} ({steps})", secs * 1e3 / steps as f64))
+    };
+    [
+        mean(times.replayed, "replayed"),
+        mean(times.captured, "capturing"),
+        mean(times.eager, "eager"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect::<Vec<_>>()
+    .join(", ")
 }
 
 /// Runs the bench `what` names.

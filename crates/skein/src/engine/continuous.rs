@@ -1,12 +1,13 @@
 //! Continuous-batching generation: a fixed pool of KV-cache slots; requests join as soon as a
 //! slot is free and leave the moment they finish, so no step waits for the longest sequence.
 
-use super::graph_decode::{step_logits, GraphDecoder};
+use super::graph_decode::{step_logits, GraphDecoder, StepTimes};
 use super::inference_mode::InferenceMode;
 use super::sampling::{kept_ids, sample, SamplingParams};
 use crate::model::{AttnMode, DecodeForm, KvCache, Model, Transformer};
 use skein_plan::KeptSets;
 use std::collections::VecDeque;
+use std::time::Instant;
 use tch::{Kind, Tensor};
 
 /// One sequence to generate (or to continue, for a partial rollout paused earlier).
@@ -106,10 +107,10 @@ pub struct EngineStats {
     pub reused_tokens: usize,
     /// Requests finished as [`Finish::ContextTooLong`].
     pub context_too_long: usize,
-    /// With [`Engine::cuda_graphs`]: decode shapes captured as CUDA graphs, and decode steps
-    /// replayed from one (the others ran eagerly).
+    /// With [`Engine::cuda_graphs`]: decode shapes captured as CUDA graphs, and the decode
+    /// steps' count and time by how their forward ran (replayed, captured or eagerly).
     pub graph_captures: usize,
-    pub graph_replays: usize,
+    pub graph_steps: StepTimes,
 }
 
 pub struct Engine {
@@ -256,6 +257,7 @@ impl Engine {
             if active.is_empty() {
                 continue;
             }
+            let started = Instant::now();
             self.decode(
                 net,
                 cache,
@@ -266,11 +268,14 @@ impl Engine {
                 &mut parked,
                 &mut on_finish,
             );
+            if let Some(g) = graphs.as_mut() {
+                g.record_step(started.elapsed().as_secs_f64());
+            }
             stats.decode_steps += 1;
         });
         stats.generated_tokens = generated.get();
         if let Some(g) = &graphs {
-            (stats.graph_captures, stats.graph_replays) = (g.captures(), g.replays());
+            (stats.graph_captures, stats.graph_steps) = (g.captures(), g.step_times());
         }
         stats
     }
@@ -876,7 +881,14 @@ mod tests {
         let reqs = greedy_requests(&prompts, |i| 8 + 4 * (4 - i));
         let mut engine = Engine::new(5);
         engine.cuda_graphs = true;
-        let outs = run(&engine, &model, reqs.clone());
+        let mut outs = Vec::new();
+        let stats = engine.generate(&model, 3, reqs.clone(), |o| outs.push(o));
+        outs.sort_by_key(|o| o.id);
+        // Off CUDA every step is computed eagerly in its shape, and each one's time is kept.
+        let times = stats.graph_steps;
+        assert_eq!(times.eager.0, stats.decode_steps);
+        assert!(stats.decode_steps > 0 && times.eager.1 > 0.0);
+        assert_eq!((times.replayed.0, times.captured.0), (0, 0));
         let plain = run(&Engine::new(5), &model, reqs);
         for ((p, out), plain) in prompts.iter().zip(&outs).zip(&plain) {
             assert_eq!(out.tokens, plain.tokens);

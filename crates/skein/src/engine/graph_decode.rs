@@ -42,8 +42,43 @@ pub struct GraphDecoder {
     /// Whether graphs stopped for this run, once one failed (the reason is printed then):
     /// steps go back to the engine's ordinary decode.
     stopped: bool,
-    /// Steps replayed from a graph.
-    replays: usize,
+    /// How the last step's forward ran, until its time is recorded.
+    last: Option<StepKind>,
+    times: StepTimes,
+}
+
+/// How a decode step's forward ran.
+#[derive(Debug, Clone, Copy)]
+enum StepKind {
+    Replayed,
+    /// Captured, the capture's warm-up computing this step's logits.
+    Captured,
+    /// Computed directly in its fixed shape: a shape's first use, or any step off CUDA.
+    Eager,
+}
+
+/// Decode steps' count and wall time, by how their forward ran. A step's time is the
+/// engine's whole step: forward, sampling, reading the sampled tokens back (which waits for
+/// the device) and handing finished requests on. Graphs live for one run, so what keeping them between runs would save is the
+/// captured and eager steps' time beyond a replayed step's.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct StepTimes {
+    /// (steps, seconds)
+    pub replayed: (usize, f64),
+    pub captured: (usize, f64),
+    pub eager: (usize, f64),
+}
+
+impl StepTimes {
+    /// Both runs' steps.
+    pub fn combined(self, other: StepTimes) -> StepTimes {
+        let sum = |a: (usize, f64), b: (usize, f64)| (a.0 + b.0, a.1 + b.1);
+        StepTimes {
+            replayed: sum(self.replayed, other.replayed),
+            captured: sum(self.captured, other.captured),
+            eager: sum(self.eager, other.eager),
+        }
+    }
 }
 
 /// One fixed shape: [batch, span].
@@ -73,7 +108,8 @@ impl GraphDecoder {
             shapes: HashMap::new(),
             graphs: Vec::new(),
             stopped: false,
-            replays: 0,
+            last: None,
+            times: StepTimes::default(),
         }
     }
 
@@ -82,9 +118,22 @@ impl GraphDecoder {
         self.graphs.len()
     }
 
-    /// Steps replayed from a graph so far.
-    pub fn replays(&self) -> usize {
-        self.replays
+    /// The recorded steps' times so far.
+    pub fn step_times(&self) -> StepTimes {
+        self.times
+    }
+
+    /// Records the wall time of the step whose logits [`GraphDecoder::logits`] last gave; a
+    /// step decoded without graphs (they stopped) is not recorded.
+    pub fn record_step(&mut self, seconds: f64) {
+        let into = match self.last.take() {
+            Some(StepKind::Replayed) => &mut self.times.replayed,
+            Some(StepKind::Captured) => &mut self.times.captured,
+            Some(StepKind::Eager) => &mut self.times.eager,
+            None => return,
+        };
+        into.0 += 1;
+        into.1 += seconds;
     }
 
     /// The slots the run's cache holds: the engine's and the scratch slot.
@@ -126,19 +175,29 @@ impl GraphDecoder {
             shape.uses += 1;
             (shape.inputs.shallow_clone(), shape.uses, shape.graph)
         };
-        let result = match graph {
+        let (kind, result) = match graph {
             Some(g) => {
                 let captured = &self.graphs[g];
-                captured
+                let replayed = captured
                     .graph
                     .replay()
-                    .map(|()| captured.logits.shallow_clone())
+                    .map(|()| captured.logits.shallow_clone());
+                (StepKind::Replayed, replayed)
             }
-            None if self.capture && uses >= 2 => self.capture_shape(net, cache, key, &inputs),
-            None => Ok(step_logits(net, cache, &inputs, key.1, false)),
+            None if self.capture && uses >= 2 => (
+                StepKind::Captured,
+                self.capture_shape(net, cache, key, &inputs),
+            ),
+            None => (
+                StepKind::Eager,
+                Ok(step_logits(net, cache, &inputs, key.1, false)),
+            ),
         };
         match result {
-            Ok(logits) => Some(logits.narrow(0, 0, n)),
+            Ok(logits) => {
+                self.last = Some(kind);
+                Some(logits.narrow(0, 0, n))
+            }
             Err(why) => {
                 eprintln!("skein: decoding without CUDA graphs from here on: {why}");
                 self.stopped = true;
@@ -293,6 +352,13 @@ mod tests {
         let got = tch::no_grad(|| graphs.logits(&net, &mut fixed, &host)).expect("no failure");
         assert_eq!(got.size(), [5, 40]);
         assert!(graphs.shapes.contains_key(&(6, 32)));
+
+        // A step's time goes to how its forward ran (eagerly, off CUDA), once.
+        graphs.record_step(0.25);
+        graphs.record_step(0.5);
+        assert_eq!(graphs.step_times().eager, (1, 0.25));
+        let both = graphs.step_times().combined(graphs.step_times());
+        assert_eq!((both.eager, both.replayed), ((2, 0.5), (0, 0.0)));
     }
 
     /// A capture records kernels without running them, so a step that reads a value back to

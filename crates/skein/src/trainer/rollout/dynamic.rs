@@ -130,7 +130,7 @@ fn append(into: &mut Iteration, it: Iteration) {
         reused_tokens: e.reused_tokens + o.reused_tokens,
         context_too_long: e.context_too_long + o.context_too_long,
         graph_captures: e.graph_captures + o.graph_captures,
-        graph_replays: e.graph_replays + o.graph_replays,
+        graph_steps: e.graph_steps.combined(o.graph_steps),
     };
     into.stats.requests += it.stats.requests;
     into.stats.rounds += it.stats.rounds;
