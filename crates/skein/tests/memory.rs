@@ -120,22 +120,35 @@ fn plan_memory_fits_qwen_7b_on_80_gib_with_lora_and_bfloat16_only() {
         "{full}"
     );
 
-    let (code, lora, err) = skein(&[
-        "plan-memory",
-        "--model",
-        dir.to_str().unwrap(),
-        "--device",
-        "cuda:80GiB",
-        "--set",
-        "lora.rank=16",
-        "--set",
-        "model.dtype=bfloat16",
-        "--set",
-        "trainer.micro_batch_tokens=2048",
-    ]);
-    assert_eq!(code, 0, "{err}");
+    // LoRA on a bfloat16 base, planned for the device `--device` names, whatever the
+    // config's `run.device` (the CPU by default), adapters' activations included.
+    let plan_lora = |run_device: &[&str]| {
+        let (code, out, err) = skein(
+            &[
+                &[
+                    "plan-memory",
+                    "--model",
+                    dir.to_str().unwrap(),
+                    "--device",
+                    "cuda:80GiB",
+                    "--set",
+                    "lora.rank=16",
+                    "--set",
+                    "model.dtype=bfloat16",
+                    "--set",
+                    "trainer.micro_batch_tokens=2048",
+                ],
+                run_device,
+            ]
+            .concat(),
+        );
+        assert_eq!(code, 0, "{err}");
+        out
+    };
+    let lora = plan_lora(&[]);
     assert!(lora.contains("frozen base weights"), "{lora}");
     assert!(lora.lines().any(|l| l.starts_with("fits")), "{lora}");
+    assert_eq!(plan_lora(&["--set", "run.device=cuda"]), lora);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -4,7 +4,7 @@
 
 use crate::memory::GIB;
 use crate::model::ModelConfig;
-use crate::trainer::preflight::{self, Part, UpdateShape};
+use crate::trainer::preflight::{self, Part};
 use crate::trainer::TrainConfig;
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -111,12 +111,12 @@ fn model_config(arg: Option<&Path>, cfg: &TrainConfig) -> Result<ModelConfig> {
 
 /// One line: the model's shape and the settings that size the estimate.
 fn describe(cfg: &TrainConfig, model: &ModelConfig) -> String {
-    let shape = UpdateShape::of(cfg);
-    let lora = if shape.options.lora.enabled() {
+    let options = cfg.model_options();
+    let lora = if options.lora.enabled() {
         format!(
             "lora.rank {} on {}",
-            shape.options.lora.rank,
-            shape.options.lora.targets.join(", ")
+            options.lora.rank,
+            options.lora.targets.join(", ")
         )
     } else {
         "lora.rank 0 (full fine-tuning)".into()
@@ -129,9 +129,13 @@ fn describe(cfg: &TrainConfig, model: &ModelConfig) -> String {
         model.hidden_size,
         model.num_hidden_layers,
         model.vocab_size,
-        shape.options.dtype.name(),
-        shape.micro_batch_tokens,
-        if shape.checkpointing { "on" } else { "off" }
+        options.dtype.name(),
+        cfg.trainer.micro_batch_tokens,
+        if cfg.trainer.activation_checkpointing {
+            "on"
+        } else {
+            "off"
+        }
     )
 }
 

@@ -67,13 +67,14 @@ pub struct UpdateShape {
 }
 
 impl UpdateShape {
-    /// The update of a training run.
-    pub fn of(cfg: &TrainConfig) -> Self {
+    /// The update of a training run on `device`: the device estimated for, which `skein
+    /// plan-memory --device` names apart from the config's `run.device`.
+    pub fn of(cfg: &TrainConfig, device: Device) -> Self {
         UpdateShape {
             options: cfg.model_options(),
             micro_batch_tokens: cfg.trainer.micro_batch_tokens,
             checkpointing: cfg.trainer.activation_checkpointing,
-            cuda: cfg.run.device.starts_with("cuda"),
+            cuda: device.is_cuda(),
         }
     }
 }
@@ -295,7 +296,7 @@ pub fn update_parts(
 /// critic, the other thread ranks (on the CPU, where they share the memory), the rollout KV
 /// cache and (in host memory) the step's trajectories and rows.
 pub fn estimate(cfg: &TrainConfig, model: &ModelConfig, device: Device) -> Vec<Part> {
-    let shape = UpdateShape::of(cfg);
+    let shape = UpdateShape::of(cfg, device);
     let critic = cfg.algorithm.estimator.needs_critic();
     let mut parts = update_parts(model, &shape, device, critic);
     let params = model.parameter_count() * F32;
@@ -561,7 +562,7 @@ mod tests {
     #[test]
     fn adapters_on_cuda_keep_less() {
         let qwen = ModelConfig::qwen2_5_0_5b();
-        let mut shape = UpdateShape::of(&lora(Dtype::Bfloat16));
+        let mut shape = UpdateShape::of(&lora(Dtype::Bfloat16), Device::Cpu);
         let adapters = |shape: &UpdateShape| {
             let parts = update_parts(&qwen, shape, Device::Cpu, false);
             part(&parts, "activations of the LoRA adapters")
@@ -579,7 +580,7 @@ mod tests {
     #[test]
     fn checkpointing_shrinks_the_activations_alone() {
         let qwen = ModelConfig::qwen2_5_0_5b();
-        let mut shape = UpdateShape::of(&lora(Dtype::Bfloat16));
+        let mut shape = UpdateShape::of(&lora(Dtype::Bfloat16), Device::Cpu);
         let plain = update_parts(&qwen, &shape, Device::Cpu, false);
         shape.checkpointing = true;
         let ckpt = update_parts(&qwen, &shape, Device::Cpu, false);
