@@ -8,6 +8,7 @@
 
 use crate::devices::last_dl_error;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::panic::AssertUnwindSafe;
 use std::sync::OnceLock;
 
 /// The plugin build.rs compiled, or an empty file when it could not.
@@ -118,6 +119,18 @@ unsafe fn function<F: Copy>(handle: *mut c_void, name: &str) -> Result<F, String
     Ok(unsafe { std::mem::transmute_copy::<*mut c_void, F>(&f) })
 }
 
+/// Runs `work`, turning a panic into its message (`what` says when it happened).
+fn unwound<T>(work: &mut impl FnMut() -> T, what: &str) -> Result<T, String> {
+    std::panic::catch_unwind(AssertUnwindSafe(work)).map_err(|panic| {
+        let message = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("a panic without a message");
+        format!("{what} failed: {message}")
+    })
+}
+
 /// Runs a plugin call with an error buffer; its message when it returns non-zero.
 fn checked(call: impl FnOnce(*mut c_char, usize) -> c_int) -> Result<(), String> {
     let mut err = vec![0 as c_char; 1024];
@@ -166,17 +179,22 @@ impl CudaGraph {
         // SAFETY (every call below): `self.raw` is a live graph of this plugin, and the error
         // buffer's length is passed with it.
         checked(|err, len| unsafe { (p.enter)(self.raw, err, len) })?;
-        let warm = work();
+        // A libtorch error inside `work` panics (tch's calls unwrap it). The capture is ended
+        // and the side stream left whatever `work` did, or every later call would run on a
+        // stream still capturing; the caller then decodes without graphs.
+        let warm = unwound(&mut work, "warming up");
         let pool = pool_of.map_or(std::ptr::null_mut(), |g| g.raw);
-        let captured = checked(|err, len| unsafe { (p.begin)(self.raw, pool, err, len) })
-            .map(|()| work())
-            .and_then(|out| {
-                checked(|err, len| unsafe { (p.end)(self.raw, err, len) }).map(|()| out)
-            });
+        let captured = warm.and_then(|warm| {
+            checked(|err, len| unsafe { (p.begin)(self.raw, pool, err, len) })?;
+            let out = unwound(&mut work, "capturing");
+            let ended = checked(|err, len| unsafe { (p.end)(self.raw, err, len) });
+            let out = out?;
+            ended.map(|()| (warm, out))
+        });
         let left = checked(|err, len| unsafe { (p.leave)(self.raw, err, len) });
-        let out = captured?;
+        let both = captured?;
         left?;
-        Ok((warm, out))
+        Ok(both)
     }
 
     /// Enqueues the captured work once on the current stream.
@@ -197,6 +215,28 @@ impl Drop for CudaGraph {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A libtorch error inside a capture panics; the capture turns it into an error with its
+    /// message (and ends the capture), so the engine decodes on without graphs.
+    #[test]
+    fn a_panic_in_captured_work_becomes_its_message() {
+        let mut calls = 0;
+        let mut fine = || {
+            calls += 1;
+            calls
+        };
+        assert_eq!(unwound(&mut fine, "capturing"), Ok(1));
+        let mut failing = || -> i32 { panic!("operation not permitted when stream is capturing") };
+        assert_eq!(
+            unwound(&mut failing, "capturing"),
+            Err("capturing failed: operation not permitted when stream is capturing".into())
+        );
+        let mut formatted = || -> i32 { panic!("{} of {}", 1, 2) };
+        assert_eq!(
+            unwound(&mut formatted, "warming up"),
+            Err("warming up failed: 1 of 2".into())
+        );
+    }
 
     /// The plugin is built wherever libtorch has CUDA (the PyPI wheel `make setup` installs),
     /// and on a machine without a GPU it says so instead of capturing.
