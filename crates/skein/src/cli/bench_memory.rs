@@ -11,7 +11,7 @@
 //! its peak), read from the driver ([`crate::gpu_memory`]), and the start is that once CUDA is
 //! up, before the model. Each setup fixes its own dtype, so the bench has no `--dtype`.
 
-use super::bench_args::at_least_one;
+use super::bench_args::{at_least_one, synchronize};
 use crate::model::{Dtype, LoraConfig, Model, ModelConfig, ModelOptions};
 use crate::trainer::batch::TrainRow;
 use crate::trainer::config::Batching;
@@ -451,6 +451,8 @@ fn measure(a: &MemoryBenchArgs, setup: Setup) -> Result<Outcome> {
             rank_pass(m, false, &rows, r, &update, s)
         })?;
         step.context("the update was skipped: its loss or gradient was not finite")?;
+        // On a GPU the optimizer's kernels are still queued: the step ends when they do.
+        synchronize(device);
         let secs = t.elapsed().as_secs_f64();
         let warm_up = i < a.warmup_steps;
         let what = if warm_up { "warm-up step" } else { "step" };
