@@ -59,7 +59,9 @@ enum StepKind {
 
 /// Decode steps' count and wall time, by how their forward ran. A step's time is the
 /// engine's whole step: forward, sampling, reading the sampled tokens back (which waits for
-/// the device) and handing finished requests on. Graphs live for one run, so what keeping them between runs would save is the
+/// the device) and handing finished requests on. A step whose every row takes a reused
+/// session's next prompt token samples nothing and reads nothing back: its time is only what
+/// launching it took. Graphs live for one run, so what keeping them between runs would save is the
 /// captured and eager steps' time beyond a replayed step's.
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
 pub struct StepTimes {
