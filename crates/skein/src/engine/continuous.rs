@@ -113,6 +113,17 @@ pub struct EngineStats {
     pub graph_steps: StepTimes,
 }
 
+impl EngineStats {
+    /// The share of decode steps replayed from a CUDA graph; `None` where no step went
+    /// through the graph decoder (`rollout.cuda_graphs` off, or nothing decoded). Steps
+    /// decoded the ordinary way after graphs failed count as not replayed.
+    pub fn graph_replayed_fraction(&self) -> Option<f64> {
+        let g = &self.graph_steps;
+        let through_graphs = g.replayed.0 + g.captured.0 + g.eager.0;
+        (through_graphs > 0).then(|| g.replayed.0 as f64 / self.decode_steps.max(1) as f64)
+    }
+}
+
 pub struct Engine {
     pub max_slots: usize,
     /// The form the decoding copy takes; `None`: the model's device's
@@ -889,6 +900,21 @@ mod tests {
         assert_eq!(times.eager.0, stats.decode_steps);
         assert!(stats.decode_steps > 0 && times.eager.1 > 0.0);
         assert_eq!((times.replayed.0, times.captured.0), (0, 0));
+        // What a training step logs (`rollout/graph_replayed_fraction`): none of these steps
+        // replayed; an engine without graphs logs nothing.
+        assert_eq!(stats.graph_replayed_fraction(), Some(0.0));
+        let replaying = EngineStats {
+            decode_steps: 8,
+            graph_steps: StepTimes {
+                replayed: (6, 0.1),
+                captured: (1, 0.1),
+                eager: (1, 0.1),
+            },
+            ..stats
+        };
+        assert_eq!(replaying.graph_replayed_fraction(), Some(0.75));
+        let plain_stats = Engine::new(5).generate(&model, 3, reqs.clone(), |_| {});
+        assert_eq!(plain_stats.graph_replayed_fraction(), None);
         let plain = run(&Engine::new(5), &model, reqs);
         for ((p, out), plain) in prompts.iter().zip(&outs).zip(&plain) {
             assert_eq!(out.tokens, plain.tokens);

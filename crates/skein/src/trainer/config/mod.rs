@@ -352,6 +352,8 @@ pub struct RolloutConfig {
     /// The embedded engine's decode steps as CUDA graphs on a GPU (`run.device = "cuda"`):
     /// each step in one of a few fixed shapes, captured on its second use and replayed with
     /// one launch instead of one per kernel (docs/speed.md). Off by default until measured.
+    /// A step then logs `rollout/graph_replayed_fraction` (of its decode steps) and
+    /// `rollout/graph_captures` (shapes its rollout captured).
     pub cuda_graphs: bool,
 }
 

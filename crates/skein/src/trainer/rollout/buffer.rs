@@ -225,6 +225,8 @@ impl GroupBuffer {
             engine_stats.decode_steps += round.decode_steps;
             engine_stats.generated_tokens += round.generated_tokens;
             engine_stats.failed += round.failed;
+            engine_stats.graph_captures += round.graph_captures;
+            engine_stats.graph_steps = engine_stats.graph_steps.combined(round.graph_steps);
             stats.rounds += 1;
             let (done, waiting): (Vec<Group>, Vec<Group>) = std::mem::take(&mut self.groups)
                 .into_iter()

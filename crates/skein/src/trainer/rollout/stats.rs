@@ -260,6 +260,12 @@ impl StepRollout {
         if remote {
             m.push(("rollout/engine_failed".into(), self.engine.failed.into()));
         }
+        if let Some(replayed) = self.engine.graph_replayed_fraction() {
+            m.extend(floats(&[
+                ("rollout/graph_replayed_fraction", replayed),
+                ("rollout/graph_captures", self.engine.graph_captures as f64),
+            ]));
+        }
         match &s.source {
             SourceStats::Prompts { partial, rewards } => {
                 if let Some(p) = partial {
