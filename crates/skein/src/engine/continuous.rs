@@ -114,6 +114,20 @@ pub struct EngineStats {
 }
 
 impl EngineStats {
+    /// Both runs' counts: the stats of a step whose rollout ran the engine more than once.
+    pub fn combined(self, o: EngineStats) -> EngineStats {
+        EngineStats {
+            prefill_tokens: self.prefill_tokens + o.prefill_tokens,
+            decode_steps: self.decode_steps + o.decode_steps,
+            generated_tokens: self.generated_tokens + o.generated_tokens,
+            failed: self.failed + o.failed,
+            reused_tokens: self.reused_tokens + o.reused_tokens,
+            context_too_long: self.context_too_long + o.context_too_long,
+            graph_captures: self.graph_captures + o.graph_captures,
+            graph_steps: self.graph_steps.combined(o.graph_steps),
+        }
+    }
+
     /// The share of decode steps replayed from a CUDA graph; `None` where no step went
     /// through the graph decoder (`rollout.cuda_graphs` off, or nothing decoded). Steps
     /// decoded the ordinary way after graphs failed count as not replayed.

@@ -221,12 +221,7 @@ impl GroupBuffer {
             stats.requests += requests.len();
             let (round, round_rewards) = self.run_round(r, cfg, requests);
             rewards.add(&round_rewards);
-            engine_stats.prefill_tokens += round.prefill_tokens;
-            engine_stats.decode_steps += round.decode_steps;
-            engine_stats.generated_tokens += round.generated_tokens;
-            engine_stats.failed += round.failed;
-            engine_stats.graph_captures += round.graph_captures;
-            engine_stats.graph_steps = engine_stats.graph_steps.combined(round.graph_steps);
+            engine_stats = engine_stats.combined(round);
             stats.rounds += 1;
             let (done, waiting): (Vec<Group>, Vec<Group>) = std::mem::take(&mut self.groups)
                 .into_iter()

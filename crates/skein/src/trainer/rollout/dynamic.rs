@@ -121,17 +121,7 @@ fn append(into: &mut Iteration, it: Iteration) {
     into.trajectories.extend(it.trajectories);
     into.correct.extend(it.correct);
     into.sources.extend(it.sources);
-    let (e, o) = (&mut into.engine, &it.engine);
-    *e = EngineStats {
-        prefill_tokens: e.prefill_tokens + o.prefill_tokens,
-        decode_steps: e.decode_steps + o.decode_steps,
-        generated_tokens: e.generated_tokens + o.generated_tokens,
-        failed: e.failed + o.failed,
-        reused_tokens: e.reused_tokens + o.reused_tokens,
-        context_too_long: e.context_too_long + o.context_too_long,
-        graph_captures: e.graph_captures + o.graph_captures,
-        graph_steps: e.graph_steps.combined(o.graph_steps),
-    };
+    into.engine = into.engine.combined(it.engine);
     into.stats.requests += it.stats.requests;
     into.stats.rounds += it.stats.rounds;
     into.rewards.add(&it.rewards);
