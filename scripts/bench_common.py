@@ -25,13 +25,18 @@ def parse(description, more=None):
     return p.parse_args()
 
 
-def print_decode_rate(name, batch, decode, sync):
+def time_decode(decode, sync):
     """Calls `decode` (which returns the tokens it generated) once to warm up, then times a
-    second call, waiting for the device with `sync`, and prints its tokens per second."""
+    second call, waiting for the device with `sync`: its tokens and seconds."""
     decode()
     sync()
     t = time.perf_counter()
     n = decode()
     sync()
-    secs = time.perf_counter() - t
+    return n, time.perf_counter() - t
+
+
+def print_decode_rate(name, batch, decode, sync):
+    """Times `decode` as `time_decode` does and prints its tokens per second."""
+    n, secs = time_decode(decode, sync)
     print(f"{name} (batch {batch}, KV cache): {n / secs:.0f} tokens/s ({n} tokens in {secs:.2f} s)")

@@ -12,8 +12,9 @@
 #   form of AdamW (`--optimizer-form`: on CUDA op by op, elsewhere fused) and decode through
 #   CUDA graphs (`--cuda-graphs`; elsewhere in their fixed shapes, eagerly); for the first two,
 #   which train what eager trains, the same against PyTorch eager on the same shapes (with
-#   master weights in bfloat16) and decode against transformers' `generate`
-#   (`scripts/bench_hf_generate.py`);
+#   master weights in bfloat16), decode against transformers' `generate`
+#   (`scripts/bench_hf_generate.py`) and the decode step's matrix products alone, the most a
+#   decode of the body can reach (`scripts/bench_decode_bound.py`);
 # - on CUDA, the default job decoding through CUDA graphs (`rollout.cuda_graphs`), with its
 #   log-prob gap.
 #
@@ -177,6 +178,8 @@ for config in float32 bfloat16 bfloat16-lora64; do
     check "bench-generate-$config" "transformers generate \\(" "$python" \
       scripts/bench_hf_generate.py --device "$device" --dtype "$dtype" "${shape[@]}" --vocab 64 \
       "${bench[@]}"
+    check "decode-bound-$config" "products alone" "$python" scripts/bench_decode_bound.py \
+      --device "$device" --dtype "$dtype" "${shape[@]}" --vocab 64 "${bench[@]}"
   fi
   check "decode-$other_form-$config" "^decode" "$skein" bench --device "$device" --dtype "$dtype" \
     "${lora[@]}" "${shape[@]}" --vocab 64 "${bench[@]}" --decode-form "$other_form" --decode-only

@@ -39,10 +39,11 @@ fn scratch(name: &str) -> PathBuf {
 
 // Header, then one row per check: devices, six training paths each with its log-prob gap, the
 // update's memory, in float32 and in bfloat16 with every weight trained the layouts, skein's
-// bench, eager's, transformers' `generate`, decode in the other form of the decoding copy, the
-// training step in the other form of AdamW and decode in CUDA graphs' fixed shapes, and for
-// bfloat16 LoRA all but eager's and `generate` (the run through CUDA graphs is for CUDA only).
-const ROWS_ON_THE_CPU: usize = 1 + 1 + 6 * 2 + 1 + 2 * 7 + 5;
+// bench, eager's, transformers' `generate`, the decode step's products alone, decode in the
+// other form of the decoding copy, the training step in the other form of AdamW and decode in
+// CUDA graphs' fixed shapes, and for bfloat16 LoRA all but eager's, `generate` and the products
+// alone (the run through CUDA graphs is for CUDA only).
+const ROWS_ON_THE_CPU: usize = 1 + 1 + 6 * 2 + 1 + 2 * 8 + 5;
 
 #[test]
 fn gpu_check_passes_every_row_on_the_cpu() {
@@ -66,6 +67,7 @@ fn gpu_check_passes_every_row_on_the_cpu() {
     assert!(table.contains("| full-bf16 | pass |"), "{table}");
     assert!(table.contains("of them the optimizer's"), "{table}");
     assert!(table.contains("transformers generate (batch"), "{table}");
+    assert!(table.contains("products alone (batch"), "{table}");
     assert!(table.contains("decode ops per step"), "{table}");
     assert!(table.contains("peak / full float32 peak"), "{table}");
     assert!(table.contains("bound on the mean"), "{table}");
