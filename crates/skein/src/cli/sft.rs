@@ -105,10 +105,11 @@ pub fn run(args: &SftArgs) -> Result<()> {
         let batch: Vec<TrainRow> = (0..args.batch_size)
             .map(|_| rows[order.next_index()].clone())
             .collect();
-        let loss = sft_step(&policy, &mut opt, &batch);
-        if !loss.is_finite() {
-            bail!("step {step}: the loss is {loss}; lower --lr");
+        let outcome = sft_step(&policy, &mut opt, &batch);
+        if let Some(why) = outcome.failure() {
+            bail!("step {step}: {why}; lower --lr");
         }
+        let loss = outcome.loss;
         losses.push(loss);
         progress.update(step as u64, &[("loss", loss)]);
     }

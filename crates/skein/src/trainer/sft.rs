@@ -144,7 +144,8 @@ pub fn warm_up(
                 long.tokens.len()
             );
         }
-        let loss = sft_step(policy, &mut opt, &rows);
+        let outcome = sft_step(policy, &mut opt, &rows);
+        let loss = outcome.loss;
         let logged = first + step - 1;
         let mut record = skein_report::record(logged, [("sft/loss", loss)]);
         let evaluate = eval_every > 0
@@ -158,9 +159,9 @@ pub fn warm_up(
         }
         log.append(&record)?;
         progress.update(step as u64, &[("sft loss", loss)]);
-        if !loss.is_finite() {
+        if let Some(why) = outcome.failure() {
             progress.finish();
-            anyhow::bail!("the warm-up's loss is {loss} at step {logged}: lower `sft.lr`");
+            anyhow::bail!("warm-up step {logged}: {why}; lower `sft.lr`");
         }
     }
     progress.finish();
@@ -204,16 +205,44 @@ pub fn sft_row_masked(tokens: Vec<u32>, prompt_len: usize, loss_mask: Vec<u8>) -
     }
 }
 
-/// One optimizer step on a batch; returns the mean response-token cross-entropy.
-pub fn sft_step(model: &Model, opt: &mut Optimizer, rows: &[TrainRow]) -> f64 {
+/// What one supervised step did.
+#[derive(Debug, Clone, Copy)]
+pub struct SftStep {
+    /// The mean response-token cross-entropy.
+    pub loss: f64,
+    /// The optimizer skipped the update: the gradient was NaN or infinite.
+    pub skipped: bool,
+}
+
+impl SftStep {
+    /// Why training cannot go on from this step, if it cannot: a loss or a gradient that is not
+    /// a finite number. Either alone says the weights diverged: weights so large that the
+    /// forward saturates give a finite loss and an infinite gradient, and how large that is
+    /// depends on the CPU's kernels.
+    pub fn failure(&self) -> Option<String> {
+        if !self.loss.is_finite() {
+            Some(format!("the loss is {}", self.loss))
+        } else if self.skipped {
+            Some("the gradient is NaN or infinite (the update was skipped)".into())
+        } else {
+            None
+        }
+    }
+}
+
+/// One optimizer step on a batch.
+pub fn sft_step(model: &Model, opt: &mut Optimizer, rows: &[TrainRow]) -> SftStep {
     opt.zero_grad();
     let mb = MicroBatch::new(rows, &sft_layout(rows), model.vs.device());
     let lp = token_logprobs(&model.net, &mb, 1.0, Entropy::Skip);
     let loss = sft_loss(&lp.logp, &mb);
     loss.backward();
     lp.backward();
-    opt.step();
-    loss.double_value(&[])
+    let stats = opt.step();
+    SftStep {
+        loss: loss.double_value(&[]),
+        skipped: stats.skipped,
+    }
 }
 
 /// The mean response-token cross-entropy of micro-batch `mb` from its log-probs `logp`.
@@ -270,16 +299,38 @@ mod tests {
         )
         .unwrap();
         let rows = vec![sft_row(&[1, 2, 3], &[7, 8, 9])];
-        let first = sft_step(&model, &mut opt, &rows);
+        let first = sft_step(&model, &mut opt, &rows).loss;
         let mut last = first;
         for _ in 0..40 {
-            last = sft_step(&model, &mut opt, &rows);
+            last = sft_step(&model, &mut opt, &rows).loss;
         }
         assert!(
             first > 2.0,
             "a random model starts near ln(16) ≈ 2.77, got {first}"
         );
         assert!(last < 0.1, "loss after 40 steps: {last}");
+    }
+
+    /// Weights blown up by a step far too large fail the next step, whether the CPU's kernels
+    /// turn them into a NaN loss or into a finite loss with an infinite gradient, and the
+    /// update is not taken.
+    #[test]
+    fn a_step_from_diverged_weights_fails() {
+        let cfg = ModelConfig::tiny_qwen2(16, 32, 1, 2, 2, 64, 32);
+        let model = Model::random(&cfg, Device::Cpu, 1).unwrap();
+        let mut opt = Optimizer::new(&model.vs, &OptimConfig::default(), 10).unwrap();
+        let rows = vec![sft_row(&[1, 2, 3], &[7, 8, 9])];
+        let healthy = sft_step(&model, &mut opt, &rows);
+        assert!(healthy.failure().is_none(), "{healthy:?}");
+        tch::no_grad(|| {
+            for mut w in model.vs.trainable_variables() {
+                let _ = w.g_mul_scalar_(1e30);
+            }
+        });
+        let diverged = sft_step(&model, &mut opt, &rows);
+        let why = diverged.failure();
+        assert!(why.is_some(), "{diverged:?}");
+        assert!(diverged.skipped || !diverged.loss.is_finite());
     }
 
     /// Rows numbered by their first token; evaluations answer the step count so far.
