@@ -29,7 +29,8 @@
 # started within it is listed as not run, and a running row is stopped when it runs out).
 # Each row is also stopped after GPU_CHECK_ROW_SECONDS (default 900), and then fails.
 # The table is rewritten to DIR/table.md after every row, so a check stopped from outside
-# still leaves the rows it finished.
+# still leaves the rows it finished. After it come the ratios skein's speed is held to, read
+# from the rows' logs (`scripts/gpu_check_targets.py`, also in DIR/targets.md).
 # Exit status: 0 when every row run passed and none was left out by the budget, 1 otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -192,4 +193,8 @@ done
 
 [ ${#rows[@]} -gt 0 ] || { echo "gpu-check: no row's name matches /$only/" >&2; exit 2; }
 table
+echo
+echo "Targets, from the rows above (also in $out/targets.md):"
+"$python" scripts/gpu_check_targets.py "$out" >"$out/targets.md" || failed=1
+cat "$out/targets.md"
 exit $failed

@@ -33,6 +33,40 @@ fn table_rows(table: &str) -> Vec<&str> {
         .collect()
 }
 
+/// What the check prints: its table of rows, then the targets read from them.
+fn sections(stdout: &str) -> (&str, &str) {
+    const TARGETS: &str = "\nTargets, from the rows above";
+    let at = stdout
+        .find(TARGETS)
+        .unwrap_or_else(|| panic!("no targets in {stdout}"));
+    let targets = &stdout[at + TARGETS.len()..];
+    let table_end = targets.find('\n').map_or(targets.len(), |i| i + 1);
+    (&stdout[..at], &targets[table_end..])
+}
+
+/// The number before " tokens/s" in the one row of `table` named `row`, after `label`.
+fn rate(table: &str, row: &str, label: &str) -> f64 {
+    let line = table
+        .lines()
+        .find(|l| l.starts_with(&format!("| {row} |")))
+        .unwrap_or_else(|| panic!("no row {row} in {table}"));
+    let after = &line[line
+        .find(label)
+        .unwrap_or_else(|| panic!("{label} in {line}"))..];
+    let figure = &after[..after.find(" tokens/s").unwrap()];
+    figure.rsplit([' ', ',']).next().unwrap().parse().unwrap()
+}
+
+/// The ratio the targets table gives `target`.
+fn target_ratio(targets: &str, target: &str) -> f64 {
+    let line = targets
+        .lines()
+        .find(|l| l.starts_with(&format!("| {target} |")))
+        .unwrap_or_else(|| panic!("no target {target} in {targets}"));
+    let measured = line.split('|').nth(2).unwrap().trim();
+    measured.trim_end_matches('x').parse().unwrap()
+}
+
 fn scratch(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("skein-{name}-{}", std::process::id()))
 }
@@ -49,13 +83,14 @@ const ROWS_ON_THE_CPU: usize = 1 + 1 + 6 * 2 + 1 + 2 * 8 + 5;
 fn gpu_check_passes_every_row_on_the_cpu() {
     let out_dir = scratch("gpu-check");
     let out = gpu_check(&out_dir, &[]);
-    let table = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
-        "{table}\n{}",
+        "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let rows = table_rows(&table);
+    let (table, targets) = sections(&stdout);
+    let rows = table_rows(table);
     assert_eq!(rows.len(), ROWS_ON_THE_CPU, "{table}");
     for row in &rows[1..] {
         assert!(row.contains("| pass |"), "{row}");
@@ -79,7 +114,50 @@ fn gpu_check_passes_every_row_on_the_cpu() {
     // The table on disk, rewritten after each row, ends as the one printed.
     let on_disk = std::fs::read_to_string(out_dir.join("table.md")).unwrap();
     assert_eq!(on_disk, table, "table.md");
+    assert_targets_read_the_rows(table, targets);
+    let on_disk = std::fs::read_to_string(out_dir.join("targets.md")).unwrap();
+    assert_eq!(on_disk, targets, "targets.md");
     std::fs::remove_dir_all(&out_dir).ok();
+}
+
+/// Every target is measured on the CPU, and each ratio is the one of its rows' figures.
+fn assert_targets_read_the_rows(table: &str, targets: &str) {
+    // Per configuration, the training step and three layouts against eager and shared
+    // prefixes against packing; per dtype, decode, decode in graphs and the products alone
+    // against `generate`; bfloat16 against float32 in the step and in decode.
+    assert_eq!(
+        table_rows(targets).len(),
+        1 + 3 * 5 + 2 * 3 + 2,
+        "{targets}"
+    );
+    for row in &table_rows(targets)[1..] {
+        let verdict = row.rsplit('|').nth(1).unwrap().trim();
+        assert!(
+            ["met", "not met", "1x met", "2x met"].contains(&verdict),
+            "{row}"
+        );
+    }
+    let close = |target: &str, want: f64| {
+        let got = target_ratio(targets, target);
+        assert!(
+            (got - want).abs() <= 0.006 + 0.003 * want,
+            "{target}: {got} against {want}"
+        );
+    };
+    let step = |row| rate(table, row, "train step");
+    let decode = |row| rate(table, row, "decode (batch");
+    close(
+        "training step, float32, against eager",
+        step("bench-skein-float32") / step("bench-eager-float32"),
+    );
+    close(
+        "skein's decode, bfloat16, against `generate`",
+        decode("bench-skein-bfloat16") / rate(table, "bench-generate-bfloat16", "generate (batch"),
+    );
+    close(
+        "decode, bfloat16 against float32",
+        decode("bench-skein-bfloat16") / decode("bench-skein-float32"),
+    );
 }
 
 /// `--only` runs the rows it names and no other, and a spent `--seconds` budget lists every
@@ -88,9 +166,11 @@ fn gpu_check_passes_every_row_on_the_cpu() {
 fn gpu_check_runs_the_rows_asked_for_within_its_budget() {
     let out_dir = scratch("gpu-check-only");
     let out = gpu_check(&out_dir, &["--only", "^(devices|default-job)$"]);
-    let table = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{table}");
-    let rows = table_rows(&table);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    let (table, targets) = sections(&stdout);
+    assert_eq!(targets, "(no target's rows were in the check)\n");
+    let rows = table_rows(table);
     // The training row brings its log-prob gap.
     let names: Vec<&str> = rows[1..]
         .iter()
@@ -108,12 +188,17 @@ fn gpu_check_runs_the_rows_asked_for_within_its_budget() {
     std::fs::remove_dir_all(&out_dir).ok();
 
     let out = gpu_check(&out_dir, &["--seconds", "0"]);
-    let table = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(1), "{table}");
-    let rows = table_rows(&table);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    let (table, targets) = sections(&stdout);
+    let rows = table_rows(table);
     assert_eq!(rows.len(), ROWS_ON_THE_CPU, "{table}");
     for row in &rows[1..] {
         assert!(row.contains("| not run (time budget spent) |"), "{row}");
+    }
+    // A row that did not run measures nothing.
+    for row in &table_rows(targets)[1..] {
+        assert!(row.contains("| not measured ("), "{row}");
     }
     std::fs::remove_dir_all(&out_dir).ok();
 
