@@ -9,7 +9,9 @@
 //
 // Every function catches what libtorch throws and returns -1 (or null) with the message in
 // `err` (a buffer of `len` bytes), so no C++ exception crosses into Rust.
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -22,19 +24,31 @@
 
 namespace {
 
-// A graph and the side stream it is captured on: libtorch refuses to capture on a device's
-// default stream.
+// The id of a memory pool of CUDA graphs, whatever this libtorch names its type.
+using PoolId = decltype(at::cuda::graph_pool_handle());
+
+// A graph, the side stream it is captured on (libtorch refuses to capture on a device's
+// default stream) and the memory pool its capture allocates from.
+//
+// Graphs that share a pool must share the stream too: libtorch's caching allocator hands a
+// freed block only to a request on the stream it was allocated on, in a graph's pool as
+// elsewhere, so graphs captured on streams of their own would each keep their own blocks in
+// the pool they "share", and each warm-up's memory would stay cached on its own stream.
 struct Capture {
   at::cuda::CUDAGraph graph;
   c10::DeviceIndex device;
   c10::cuda::CUDAStream side;
+  PoolId pool;
   // While the side stream is current (between enter and leave): the stream it replaced and
   // the guard that keeps `device` current.
   std::optional<c10::cuda::CUDAStream> previous;
   std::optional<c10::cuda::CUDAGuard> device_guard;
 
-  explicit Capture(c10::DeviceIndex d)
-      : device(d), side(c10::cuda::getStreamFromPool(false, d)) {}
+  // A graph on `d` with a new side stream and pool, or the stream and pool of `shares`.
+  Capture(c10::DeviceIndex d, const Capture* shares)
+      : device(d),
+        side(shares != nullptr ? shares->side : c10::cuda::getStreamFromPool(false, d)),
+        pool(shares != nullptr ? shares->pool : at::cuda::graph_pool_handle()) {}
 };
 
 int fail(const char* what, char* err, size_t len) {
@@ -61,6 +75,30 @@ void order(c10::cuda::CUDAStream first, c10::cuda::CUDAStream waiting) {
   check(cudaEventDestroy(done), "cudaEventDestroy");
 }
 
+// Ends a capture that an operation not allowed in a capture invalidated, without libtorch's
+// capture_end: that throws on such a capture before it tells the allocators the capture
+// ended, so they would go on asking the graph (freed with it) about every allocation, and
+// the graph's destructor gives back its hold on the pool only for a capture that ended.
+void abandon(Capture& c) {
+  cudaGraph_t partial = nullptr;
+  // Fails with cudaErrorStreamCaptureInvalidated, and the stream stops capturing.
+  (void)cudaStreamEndCapture(c.side.stream(), &partial);
+  if (partial != nullptr) {
+    (void)cudaGraphDestroy(partial);
+  }
+  (void)cudaGetLastError();
+  c10::cuda::CUDACachingAllocator::endAllocateToPool(c.device, c.pool);
+  c10::cuda::CUDACachingAllocator::releasePool(c.device, c.pool);
+  // Pinned host memory goes to the capture's pool too, where this libtorch's capture_begin
+  // told the host allocator of the capture; where it did not, that allocator says so here.
+  try {
+    auto* host = at::getHostAllocator(at::kCUDA);
+    host->end_allocate_to_pool(c.pool);
+    host->release_pool(c.pool);
+  } catch (const std::exception&) {
+  }
+}
+
 template <typename F>
 int guarded(F f, char* err, size_t len) {
   try {
@@ -73,10 +111,17 @@ int guarded(F f, char* err, size_t len) {
 
 }  // namespace
 
-// A graph to capture on GPU `device`, or null with the reason in `err`.
-extern "C" void* skein_cuda_graph_new(int device, char* err, size_t len) {
+// A graph to capture on GPU `device`, or null with the reason in `err`. `shares` (or null)
+// is a graph on the same GPU whose side stream and memory pool this one shares: graphs that
+// are never replayed at once, and whose outputs are read before another one replays, can.
+extern "C" void* skein_cuda_graph_new(int device, void* shares, char* err, size_t len) {
   try {
-    return new Capture(static_cast<c10::DeviceIndex>(device));
+    const auto* other = static_cast<const Capture*>(shares);
+    const auto d = static_cast<c10::DeviceIndex>(device);
+    if (other != nullptr && other->device != d) {
+      throw std::runtime_error("a graph shares the stream and pool of a graph on another GPU");
+    }
+    return new Capture(d, other);
   } catch (const std::exception& e) {
     fail(e.what(), err, len);
     return nullptr;
@@ -118,28 +163,33 @@ extern "C" int skein_cuda_graph_leave(void* g, char* err, size_t len) {
       err, len);
 }
 
-// Starts capturing what this thread enqueues on the side stream (which must be current).
-// `pool_of` (or null) is a graph whose memory pool this one shares: graphs that are never
-// replayed at once, and whose outputs are read before another one replays, can share one.
-extern "C" int skein_cuda_graph_begin(void* g, void* pool_of, char* err, size_t len) {
+// Starts capturing what this thread enqueues on the side stream (which must be current),
+// allocating from the graph's pool.
+extern "C" int skein_cuda_graph_begin(void* g, char* err, size_t len) {
   auto* c = static_cast<Capture*>(g);
   return guarded(
       [&] {
-        // The pool's id type, whatever this libtorch names it: {0, 0} is a pool of its own.
-        decltype(c->graph.pool()) pool = {0, 0};
-        if (pool_of != nullptr) {
-          pool = static_cast<Capture*>(pool_of)->graph.pool();
-        }
         // Thread-local: another thread's allocations (a trainer's, say) do not end the capture.
-        c->graph.capture_begin(pool, cudaStreamCaptureModeThreadLocal);
+        c->graph.capture_begin(c->pool, cudaStreamCaptureModeThreadLocal);
       },
       err, len);
 }
 
-// Ends the capture and makes the graph ready to replay.
+// Ends the capture and makes the graph ready to replay; a capture that an operation
+// invalidated is ended all the same, and fails.
 extern "C" int skein_cuda_graph_end(void* g, char* err, size_t len) {
   auto* c = static_cast<Capture*>(g);
-  return guarded([&] { c->graph.capture_end(); }, err, len);
+  return guarded(
+      [&] {
+        cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+        check(cudaStreamIsCapturing(c->side.stream(), &status), "cudaStreamIsCapturing");
+        if (status == cudaStreamCaptureStatusInvalidated) {
+          abandon(*c);
+          throw std::runtime_error("an operation not allowed in a capture invalidated it");
+        }
+        c->graph.capture_end();
+      },
+      err, len);
 }
 
 // Enqueues the captured work once on the current stream.

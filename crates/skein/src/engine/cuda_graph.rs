@@ -14,9 +14,8 @@ use std::sync::OnceLock;
 /// The plugin build.rs compiled, or an empty file when it could not.
 static PLUGIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libskein_cuda_graph.so"));
 
-type New = unsafe extern "C" fn(c_int, *mut c_char, usize) -> *mut c_void;
+type New = unsafe extern "C" fn(c_int, *mut c_void, *mut c_char, usize) -> *mut c_void;
 type Call = unsafe extern "C" fn(*mut c_void, *mut c_char, usize) -> c_int;
-type Begin = unsafe extern "C" fn(*mut c_void, *mut c_void, *mut c_char, usize) -> c_int;
 type Free = unsafe extern "C" fn(*mut c_void);
 
 /// The plugin's functions.
@@ -24,7 +23,7 @@ struct Plugin {
     new: New,
     enter: Call,
     leave: Call,
-    begin: Begin,
+    begin: Call,
     end: Call,
     replay: Call,
     free: Free,
@@ -143,20 +142,25 @@ fn checked(call: impl FnOnce(*mut c_char, usize) -> c_int) -> Result<(), String>
         .into_owned())
 }
 
-/// One CUDA graph and the side stream it is captured on.
+/// One CUDA graph, the side stream it is captured on and the memory pool it allocates from.
 pub struct CudaGraph {
     raw: *mut c_void,
     plugin: &'static Plugin,
 }
 
 impl CudaGraph {
-    /// A graph to capture on GPU `device`.
-    pub fn new(device: usize) -> Result<Self, String> {
+    /// A graph to capture on GPU `device`, with a side stream and memory pool of its own or
+    /// those of `shares` (a graph on the same GPU): graphs that are never replayed at once,
+    /// and whose outputs are read before another one replays, can share them. Sharing the
+    /// pool takes sharing the stream, which libtorch's allocator reuses memory within.
+    pub fn new(device: usize, shares: Option<&CudaGraph>) -> Result<Self, String> {
         let plugin = plugin()?;
+        let shared = shares.map_or(std::ptr::null_mut(), |g| g.raw);
         let mut raw = std::ptr::null_mut();
-        // SAFETY: the plugin's constructor, with an error buffer of the length passed.
+        // SAFETY: the plugin's constructor, with a live graph of this plugin or null and an
+        // error buffer of the length passed.
         checked(|err, len| {
-            raw = unsafe { (plugin.new)(device as c_int, err, len) };
+            raw = unsafe { (plugin.new)(device as c_int, shared, err, len) };
             if raw.is_null() {
                 -1
             } else {
@@ -169,12 +173,8 @@ impl CudaGraph {
     /// Runs `work` twice on the graph's side stream: once uncaptured, as a warm-up (libtorch
     /// and cuBLAS set up what a stream needs on its first use, which a capture must not), then
     /// captured. Returns both results: the warm-up's holds computed values, the capture's the
-    /// tensors each replay writes. The graph shares the memory pool of `pool_of`, when given.
-    pub fn capture<T>(
-        &mut self,
-        pool_of: Option<&CudaGraph>,
-        mut work: impl FnMut() -> T,
-    ) -> Result<(T, T), String> {
+    /// tensors each replay writes.
+    pub fn capture<T>(&mut self, mut work: impl FnMut() -> T) -> Result<(T, T), String> {
         let p = self.plugin;
         // SAFETY (every call below): `self.raw` is a live graph of this plugin, and the error
         // buffer's length is passed with it.
@@ -183,9 +183,8 @@ impl CudaGraph {
         // and the side stream left whatever `work` did, or every later call would run on a
         // stream still capturing; the caller then decodes without graphs.
         let warm = unwound(&mut work, "warming up");
-        let pool = pool_of.map_or(std::ptr::null_mut(), |g| g.raw);
         let captured = warm.and_then(|warm| {
-            checked(|err, len| unsafe { (p.begin)(self.raw, pool, err, len) })?;
+            checked(|err, len| unsafe { (p.begin)(self.raw, err, len) })?;
             let out = unwound(&mut work, "capturing");
             let ended = checked(|err, len| unsafe { (p.end)(self.raw, err, len) });
             let out = out?;
@@ -238,6 +237,35 @@ mod tests {
         );
     }
 
+    /// On a GPU: graphs that share a stream and pool replay what they captured; a capture
+    /// that a read back to the host invalidates fails with a message; and the next graph
+    /// sharing that stream and pool still captures and replays, which it could not with the
+    /// allocator left recording into the failed capture. Without a GPU there is nothing to run.
+    #[test]
+    fn an_invalidated_capture_fails_and_graphs_after_it_replay() {
+        if tch::Cuda::device_count() == 0 || available().is_err() {
+            return;
+        }
+        let device = tch::Device::Cuda(0);
+        let x = tch::Tensor::ones([4], (tch::Kind::Float, device));
+        let mut first = CudaGraph::new(0, None).expect("a graph");
+        let (_, doubled) = first.capture(|| &x * 2.0).expect("a capture");
+        let mut reading = CudaGraph::new(0, Some(&first)).expect("a graph");
+        let failed = reading.capture(|| (&x * 3.0).sum(tch::Kind::Float).double_value(&[]));
+        assert!(failed.is_err(), "a host read was captured");
+        drop(reading);
+        let mut next = CudaGraph::new(0, Some(&first)).expect("a graph");
+        let (_, plus_one) = next
+            .capture(|| &x + 1.0)
+            .expect("a capture after a failed one");
+        // The graphs read `x` where it was captured: fill it in place.
+        let _ = x.shallow_clone().fill_(5.0);
+        first.replay().expect("a replay");
+        next.replay().expect("a replay");
+        let sum = |t: &tch::Tensor| t.sum(tch::Kind::Float).double_value(&[]);
+        assert_eq!((sum(&doubled), sum(&plus_one)), (40.0, 24.0));
+    }
+
     /// The plugin is built wherever libtorch has CUDA (the PyPI wheel `make setup` installs),
     /// and on a machine without a GPU it says so instead of capturing.
     #[test]
@@ -252,7 +280,7 @@ mod tests {
             assert!(available().is_ok());
             return;
         }
-        let why = match CudaGraph::new(0) {
+        let why = match CudaGraph::new(0, None) {
             Ok(_) => panic!("a graph on a GPU this machine lacks"),
             Err(why) => why,
         };

@@ -221,10 +221,9 @@ impl GraphDecoder {
             Device::Cuda(i) => i,
             other => return Err(format!("no CUDA graphs on {other:?}")),
         };
-        let mut graph = CudaGraph::new(device)?;
-        let pool = self.graphs.first().map(|c| &c.graph);
-        let (now, replayed) =
-            graph.capture(pool, || step_logits(net, cache, inputs, key.1, false))?;
+        // Every shape shares the first one's stream and memory pool: one step's intermediates.
+        let mut graph = CudaGraph::new(device, self.graphs.first().map(|c| &c.graph))?;
+        let (now, replayed) = graph.capture(|| step_logits(net, cache, inputs, key.1, false))?;
         self.graphs.push(Captured {
             logits: replayed,
             graph,
