@@ -10,14 +10,17 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_efficient_attention_forward.h>
 #include <ATen/ops/_flash_attention_forward.h>
+#include <c10/util/Exception.h>
 
+#include <atomic>
 #include <cstring>
 #include <exception>
 
 namespace {
 
-// Flash attention: half precision only, grouped key/value heads natively. Its causal mask is
-// bottom-right aligned when a sequence has more keys than queries.
+// Flash attention: half precision only, on Ampere or newer, grouped key/value heads
+// natively. Its causal mask is bottom-right aligned when a sequence has more keys than
+// queries.
 at::Tensor flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                  const at::Tensor& cu_q, const at::Tensor& cu_k, int64_t max_q, int64_t max_k) {
   auto out = at::_flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0,
@@ -45,11 +48,22 @@ extern "C" at::Tensor* skein_varlen_attention(const at::Tensor* q, const at::Ten
                                                const at::Tensor* v, const at::Tensor* cu_q,
                                                const at::Tensor* cu_k, int64_t max_q,
                                                int64_t max_k, char* error, size_t error_len) {
+  // Set once flash attention refuses a call (a GPU older than Ampere, a head wider than
+  // its kernels): every later call then goes to memory-efficient attention, which takes half
+  // precision on those too, instead of paying for flash's refusal every layer.
+  static std::atomic<bool> flash_refused{false};
   try {
     const bool half = q->scalar_type() == at::kBFloat16 || q->scalar_type() == at::kHalf;
-    auto out = half ? flash(*q, *k, *v, *cu_q, *cu_k, max_q, max_k)
-                    : efficient(*q, *k, *v, *cu_q, *cu_k, max_q, max_k);
-    return new at::Tensor(std::move(out));
+    if (half && !flash_refused.load(std::memory_order_relaxed)) {
+      try {
+        return new at::Tensor(flash(*q, *k, *v, *cu_q, *cu_k, max_q, max_k));
+      } catch (const c10::OutOfMemoryError&) {
+        throw;  // not a refusal: the other kernel would need memory too
+      } catch (const std::exception&) {
+        flash_refused.store(true, std::memory_order_relaxed);
+      }
+    }
+    return new at::Tensor(efficient(*q, *k, *v, *cu_q, *cu_k, max_q, max_k));
   } catch (const std::exception& e) {
     if (error_len > 0) {
       std::strncpy(error, e.what(), error_len - 1);

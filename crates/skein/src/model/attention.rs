@@ -12,10 +12,11 @@
 //!   CPU it beats the mask for wide lines, whose mask computes every query against every key.
 //!   On a GPU its launch per span is what costs.
 //! - **Varlen** ([`Varlen`]): every span a variable-length sequence of one fused kernel call
-//!   per layer (flash attention in half precision, memory-efficient attention in float32,
-//!   `csrc/varlen_attention.cpp`), keys gathered once per layer so that a row's sequence is its
-//!   prefix and itself. No mask, no loop. CUDA only; elsewhere [`Varlen`] computes the same
-//!   numbers sequence by sequence, which the tests use to hold it to the other two.
+//!   per layer (flash attention in half precision, memory-efficient attention in float32 and
+//!   where flash refuses the GPU, `csrc/varlen_attention.cpp`), keys gathered once per layer
+//!   so that a row's sequence is its prefix and itself. No mask, no loop. CUDA only;
+//!   elsewhere [`Varlen`] computes the same numbers sequence by sequence, which the tests use
+//!   to hold it to the other two.
 
 use std::ops::Range;
 use tch::{Device, Kind, Tensor};
