@@ -20,6 +20,7 @@
 use super::config::{DpBackend, TrainConfig};
 use super::update::head::chunk_positions;
 use super::update::optim::group_elements;
+use super::update::ranks::rank_device;
 use crate::memory::GIB;
 use crate::model::{Dtype, ModelConfig, ModelOptions};
 use anyhow::{bail, Result};
@@ -320,9 +321,11 @@ pub fn estimate(cfg: &TrainConfig, model: &ModelConfig, device: Device) -> Vec<P
     parts
 }
 
-/// Thread ranks beyond the first, on the CPU: each a replica (frozen base, trainable weights
-/// and gradients; the critic's too) running a micro-batch of its own at the same time. MPI
-/// ranks are other processes, and on GPUs each rank has a device of its own.
+/// Thread ranks beyond the first on rank 0's device: each a replica (frozen base, trainable
+/// weights and gradients; the critic's too) running a micro-batch of its own at the same
+/// time. On the CPU that is every other rank; on GPUs the ranks [`rank_device`] puts on rank
+/// 0's GPU, every one where the machine has one GPU and the ranks that wrap around onto it
+/// where it has fewer GPUs than ranks. MPI ranks are other processes.
 fn other_ranks_part(
     cfg: &TrainConfig,
     model: &ModelConfig,
@@ -330,7 +333,13 @@ fn other_ranks_part(
     device: Device,
 ) -> Option<Part> {
     let t = &cfg.trainer;
-    if t.dp_size <= 1 || t.dp_backend != DpBackend::Threads || device != Device::Cpu {
+    if t.dp_backend != DpBackend::Threads {
+        return None;
+    }
+    let sharing = (1..t.dp_size)
+        .filter(|&rank| rank_device(device, rank) == device)
+        .count();
+    if sharing == 0 {
         return None;
     }
     let options = &shape.options;
@@ -354,7 +363,7 @@ fn other_ranks_part(
     let replica = base + trainable + critic + total(&micro_batch_parts(model, shape));
     Some(Part {
         what: "replicas and micro-batches of the other data-parallel ranks",
-        bytes: replica * (t.dp_size - 1) as f64,
+        bytes: replica * sharing as f64,
         lower: "`trainer.dp_size`",
     })
 }
@@ -494,6 +503,28 @@ mod tests {
         let logits = part(&graphs, "CUDA graphs");
         assert_eq!(logits, 511.0 * 4.0 * qwen.vocab_size as f64 * 4.0);
         assert_eq!(part(&plain, "CUDA graphs"), 0.0);
+    }
+
+    /// Thread ranks that share rank 0's device hold their replicas there: on the CPU, and on
+    /// a machine with one GPU (or, as here, none to spread them over), every other rank.
+    #[test]
+    fn thread_ranks_on_rank_zeros_device_count_their_replicas() {
+        let mut cfg = TrainConfig::default();
+        let replicas = |cfg: &TrainConfig, device| {
+            part(
+                &estimate(cfg, &model(), device),
+                "replicas and micro-batches",
+            )
+        };
+        assert_eq!(replicas(&cfg, Device::Cpu), 0.0);
+        cfg.trainer.dp_size = 3;
+        let on_cpu = replicas(&cfg, Device::Cpu);
+        assert!(on_cpu > 0.0);
+        if tch::Cuda::device_count() <= 1 {
+            assert_eq!(replicas(&cfg, Device::Cuda(0)), on_cpu);
+        }
+        cfg.trainer.dp_backend = DpBackend::Mpi;
+        assert_eq!(replicas(&cfg, Device::Cpu), 0.0);
     }
 
     #[test]
