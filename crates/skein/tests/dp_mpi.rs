@@ -277,6 +277,8 @@ fn an_mpi_rank_that_computes_with_other_weights_fails_the_update() {
 /// One rank's side of the test above: two mini-batches of a loss of the weights alone.
 fn diverging_ranks() {
     let group = Rc::new(MpiGroup::start(2).expect("two MPI processes"));
+    // Both processes run on this machine, so each one's rank on it is its rank in the job.
+    assert_eq!(group.local_rank(), group.rank());
     let cfg = ModelConfig::tiny_qwen2(16, 32, 1, 2, 2, 64, 32);
     let model = Model::random(&cfg, Device::Cpu, 5).expect("tiny model");
     let pass = |m: &Model, rows: &[usize], _: &mut PassSums| -> f64 {

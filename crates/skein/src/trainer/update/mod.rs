@@ -351,8 +351,9 @@ pub fn rank_pass(
     loss
 }
 
-/// In an MPI job, a rank other than 0 serves rank 0's updates until rank 0 stops it (rank 0's
-/// device is `device`); nothing to do for thread ranks.
+/// In an MPI job, a rank other than 0 serves rank 0's updates until rank 0 stops it, on the
+/// GPU of its rank among its machine's processes (`device` is rank 0's, the first of each
+/// machine's); nothing to do for thread ranks.
 pub fn serve_other_rank(dp: &ranks::DataParallel, device: tch::Device) -> Result<()> {
     match dp {
         ranks::DataParallel::Threads { .. } => {
@@ -361,7 +362,7 @@ pub fn serve_other_rank(dp: &ranks::DataParallel, device: tch::Device) -> Result
         }
         #[cfg(feature = "mpi")]
         ranks::DataParallel::Mpi(group) => {
-            serve_rank(group, ranks::rank_device(device, group.rank()))
+            serve_rank(group, ranks::rank_device(device, group.local_rank()))
         }
     }
 }

@@ -38,6 +38,8 @@ pub struct MpiGroup {
     world: SimpleCommunicator,
     // Dropped after `world`: dropping the universe finalises MPI.
     _universe: Universe,
+    /// This process's rank among the job's processes on its own machine: the GPU it takes.
+    local_rank: usize,
     /// Rank 0 is inside an update (the other ranks wait in a collective, not for a command).
     in_update: Cell<bool>,
 }
@@ -72,15 +74,24 @@ impl MpiGroup {
                  `mpirun -np {dp_size} skein train ...` (or set trainer.dp_size={size})"
             );
         }
+        // The processes that share this one's memory (its machine), ordered by world rank.
+        let local_rank = world.split_shared(world.rank()).rank() as usize;
         Ok(MpiGroup {
             world,
             _universe: universe,
+            local_rank,
             in_update: Cell::new(false),
         })
     }
 
     pub fn rank(&self) -> usize {
         self.world.rank() as usize
+    }
+
+    /// The rank among this machine's processes of the job, whatever order `mpirun` placed
+    /// the ranks on machines in: on a machine of GPUs, local rank k takes the k-th.
+    pub fn local_rank(&self) -> usize {
+        self.local_rank
     }
 
     pub fn size(&self) -> usize {
