@@ -10,11 +10,12 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_efficient_attention_forward.h>
 #include <ATen/ops/_flash_attention_forward.h>
-#include <c10/util/Exception.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <exception>
+#include <string>
 
 namespace {
 
@@ -42,6 +43,15 @@ at::Tensor efficient(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   return std::get<0>(out).squeeze(0);
 }
 
+// Whether `e` is flash attention refusing the call's GPU or head size ("FlashAttention only
+// supports Ampere GPUs or newer", "... only supports head dimension at most 256"): a call
+// memory-efficient attention may take. Any other failure is not a refusal and is reported.
+bool flash_refusal(const std::exception& e) {
+  const std::string what = e.what();
+  return what.find("FlashAttention") != std::string::npos &&
+         what.find("only support") != std::string::npos;
+}
+
 }  // namespace
 
 extern "C" at::Tensor* skein_varlen_attention(const at::Tensor* q, const at::Tensor* k,
@@ -49,18 +59,27 @@ extern "C" at::Tensor* skein_varlen_attention(const at::Tensor* q, const at::Ten
                                                const at::Tensor* cu_k, int64_t max_q,
                                                int64_t max_k, char* error, size_t error_len) {
   // Set once flash attention refuses a call (a GPU older than Ampere, a head wider than
-  // its kernels): every later call then goes to memory-efficient attention, which takes half
-  // precision on those too, instead of paying for flash's refusal every layer.
+  // its kernels): every later call then goes to memory-efficient attention, which takes
+  // float16 on those GPUs (bfloat16 needs Ampere for either kernel), instead of paying for
+  // flash's refusal every layer.
   static std::atomic<bool> flash_refused{false};
   try {
     const bool half = q->scalar_type() == at::kBFloat16 || q->scalar_type() == at::kHalf;
     if (half && !flash_refused.load(std::memory_order_relaxed)) {
       try {
         return new at::Tensor(flash(*q, *k, *v, *cu_q, *cu_k, max_q, max_k));
-      } catch (const c10::OutOfMemoryError&) {
-        throw;  // not a refusal: the other kernel would need memory too
-      } catch (const std::exception&) {
-        flash_refused.store(true, std::memory_order_relaxed);
+      } catch (const std::exception& e) {
+        if (!flash_refusal(e)) {
+          throw;
+        }
+        if (!flash_refused.exchange(true)) {
+          // The message's first line: libtorch may append a backtrace.
+          const std::string what = e.what();
+          std::fprintf(stderr,
+                       "skein: flash attention refused packed lines (%s); they use "
+                       "memory-efficient attention from here on\n",
+                       what.substr(0, what.find('\n')).c_str());
+        }
       }
     }
     return new at::Tensor(efficient(*q, *k, *v, *cu_q, *cu_k, max_q, max_k));
