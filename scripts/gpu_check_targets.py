@@ -38,9 +38,10 @@ class Logs:
     def __init__(self, folder):
         self.folder = Path(folder)
         table = (self.folder / "table.md").read_text()
+        # The rows alone: the title may hold `|` too (an --only pattern).
         verdicts = {
             cells[1].strip(): cells[2].strip()
-            for cells in (line.split("|") for line in table.splitlines())
+            for cells in (line.split("|") for line in table.splitlines() if line.startswith("| "))
             if len(cells) > 2
         }
         self.listed = set(verdicts)
