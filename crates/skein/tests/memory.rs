@@ -149,6 +149,10 @@ fn plan_memory_fits_qwen_7b_on_80_gib_with_lora_and_bfloat16_only() {
     assert!(lora.contains("frozen base weights"), "{lora}");
     assert!(lora.lines().any(|l| l.starts_with("fits")), "{lora}");
     assert_eq!(plan_lora(&["--set", "run.device=cuda"]), lora);
+    // The plan is for one GPU: two thread ranks put a second replica on it.
+    assert!(!lora.contains("other data-parallel ranks"), "{lora}");
+    let two = plan_lora(&["--set", "trainer.dp_size=2"]);
+    assert!(two.contains("other data-parallel ranks"), "{two}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

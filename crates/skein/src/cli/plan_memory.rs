@@ -81,7 +81,10 @@ pub fn run(a: &PlanMemoryArgs) -> Result<()> {
     let cfg = super::train::load_config(a.config.as_deref(), &a.overrides)?;
     cfg.model_options().check(target.device())?;
     let model = model_config(a.model.as_deref(), &cfg)?;
-    let parts = preflight::estimate(&cfg, &model, target.device());
+    // One device, whichever: every thread rank's replica on it (a GPU of this machine, or
+    // none, does not change the plan).
+    let sharing = cfg.trainer.dp_size.saturating_sub(1);
+    let parts = preflight::estimate_sharing(&cfg, &model, target.device(), sharing);
     let (available, offered) = target.available()?;
     println!("{}", describe(&cfg, &model));
     println!();

@@ -293,10 +293,27 @@ pub fn update_parts(
     parts
 }
 
-/// The estimate of a training run on `device`: one update's memory, and the reference, the
-/// critic, the other thread ranks (on the CPU, where they share the memory), the rollout KV
-/// cache and (in host memory) the step's trajectories and rows.
+/// The estimate of a training run on `device` of this machine: [`estimate_sharing`] with the
+/// thread ranks [`rank_device`] places on rank 0's device here (every other one on the CPU or
+/// on a machine's only GPU; those that wrap around onto it where a machine has fewer GPUs
+/// than ranks).
 pub fn estimate(cfg: &TrainConfig, model: &ModelConfig, device: Device) -> Vec<Part> {
+    let t = &cfg.trainer;
+    let sharing = (1..t.dp_size)
+        .filter(|&rank| rank_device(device, rank) == device)
+        .count();
+    estimate_sharing(cfg, model, device, sharing)
+}
+
+/// The estimate of a training run on `device` with `sharing` thread ranks beyond the first on
+/// the same device: one update's memory, and the reference, the critic, those ranks'
+/// replicas, the rollout KV cache and (in host memory) the step's trajectories and rows.
+pub fn estimate_sharing(
+    cfg: &TrainConfig,
+    model: &ModelConfig,
+    device: Device,
+    sharing: usize,
+) -> Vec<Part> {
     let shape = UpdateShape::of(cfg, device);
     let critic = cfg.algorithm.estimator.needs_critic();
     let mut parts = update_parts(model, &shape, device, critic);
@@ -316,30 +333,22 @@ pub fn estimate(cfg: &TrainConfig, model: &ModelConfig, device: Device) -> Vec<P
             lower: "`algorithm.estimator` (a critic-free estimator such as grpo)",
         });
     }
-    parts.extend(other_ranks_part(cfg, model, &shape, device));
+    parts.extend(other_ranks_part(cfg, model, &shape, sharing));
     parts.extend(rollout_parts(cfg, model, device));
     parts
 }
 
-/// Thread ranks beyond the first on rank 0's device: each a replica (frozen base, trainable
-/// weights and gradients; the critic's too) running a micro-batch of its own at the same
-/// time. On the CPU that is every other rank; on GPUs the ranks [`rank_device`] puts on rank
-/// 0's GPU, every one where the machine has one GPU and the ranks that wrap around onto it
-/// where it has fewer GPUs than ranks. MPI ranks are other processes.
+/// The `sharing` thread ranks beyond the first on rank 0's device: each a replica (frozen
+/// base, trainable weights and gradients; the critic's too) running a micro-batch of its own
+/// at the same time. MPI ranks are other processes.
 fn other_ranks_part(
     cfg: &TrainConfig,
     model: &ModelConfig,
     shape: &UpdateShape,
-    device: Device,
+    sharing: usize,
 ) -> Option<Part> {
     let t = &cfg.trainer;
-    if t.dp_backend != DpBackend::Threads {
-        return None;
-    }
-    let sharing = (1..t.dp_size)
-        .filter(|&rank| rank_device(device, rank) == device)
-        .count();
-    if sharing == 0 {
+    if t.dp_backend != DpBackend::Threads || sharing == 0 {
         return None;
     }
     let options = &shape.options;
