@@ -20,7 +20,7 @@
 use super::config::{DpBackend, TrainConfig};
 use super::update::head::chunk_positions;
 use super::update::optim::group_elements;
-use super::update::ranks::rank_device;
+use super::update::ranks::ranks_sharing;
 use crate::memory::GIB;
 use crate::model::{Dtype, ModelConfig, ModelOptions};
 use anyhow::{bail, Result};
@@ -294,14 +294,9 @@ pub fn update_parts(
 }
 
 /// The estimate of a training run on `device` of this machine: [`estimate_sharing`] with the
-/// thread ranks [`rank_device`] places on rank 0's device here (every other one on the CPU or
-/// on a machine's only GPU; those that wrap around onto it where a machine has fewer GPUs
-/// than ranks).
+/// thread ranks placed on rank 0's device here ([`ranks_sharing`]).
 pub fn estimate(cfg: &TrainConfig, model: &ModelConfig, device: Device) -> Vec<Part> {
-    let t = &cfg.trainer;
-    let sharing = (1..t.dp_size)
-        .filter(|&rank| rank_device(device, rank) == device)
-        .count();
+    let sharing = ranks_sharing(device, cfg.trainer.dp_size);
     estimate_sharing(cfg, model, device, sharing)
 }
 

@@ -207,6 +207,15 @@ pub fn rank_device(base: Device, rank: usize) -> Device {
     }
 }
 
+/// How many of ranks 1..`dp_size` [`rank_device`] places on rank 0's device `base`: every one
+/// on the CPU or a machine's only GPU, those that wrap around onto it where a machine has
+/// fewer GPUs than ranks.
+pub fn ranks_sharing(base: Device, dp_size: usize) -> usize {
+    (1..dp_size)
+        .filter(|&rank| rank_device(base, rank) == base)
+        .count()
+}
+
 /// Adds `g` to `p`'s gradient, creating it when `p` has none yet.
 pub fn add_grad(p: &Tensor, g: &Tensor) {
     let mut own = p.grad();
