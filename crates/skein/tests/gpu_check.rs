@@ -44,12 +44,17 @@ fn sections(stdout: &str) -> (&str, &str) {
     (&stdout[..at], &targets[table_end..])
 }
 
+/// The line of the markdown `table` whose first cell is `name`.
+fn named_line<'a>(table: &'a str, name: &str) -> &'a str {
+    table
+        .lines()
+        .find(|l| l.starts_with(&format!("| {name} |")))
+        .unwrap_or_else(|| panic!("no row {name} in {table}"))
+}
+
 /// The number before " tokens/s" in the one row of `table` named `row`, after `label`.
 fn rate(table: &str, row: &str, label: &str) -> f64 {
-    let line = table
-        .lines()
-        .find(|l| l.starts_with(&format!("| {row} |")))
-        .unwrap_or_else(|| panic!("no row {row} in {table}"));
+    let line = named_line(table, row);
     let after = &line[line
         .find(label)
         .unwrap_or_else(|| panic!("{label} in {line}"))..];
@@ -59,11 +64,11 @@ fn rate(table: &str, row: &str, label: &str) -> f64 {
 
 /// The ratio the targets table gives `target`.
 fn target_ratio(targets: &str, target: &str) -> f64 {
-    let line = targets
-        .lines()
-        .find(|l| l.starts_with(&format!("| {target} |")))
-        .unwrap_or_else(|| panic!("no target {target} in {targets}"));
-    let measured = line.split('|').nth(2).unwrap().trim();
+    let measured = named_line(targets, target)
+        .split('|')
+        .nth(2)
+        .unwrap()
+        .trim();
     measured.trim_end_matches('x').parse().unwrap()
 }
 
