@@ -212,18 +212,21 @@ pub fn policy_loss(b: &TokenBatch, cfg: &LossConfig) -> LossOut {
         PolicyLoss::Dppo => dppo_term(b.logp, b.old_logp, &log_ratio, b.advantages, cfg),
     };
     let mut per_token = pg * b.importance_weights;
+    // A token the off-policy correction left out (weight 0) trains nothing under any term: the
+    // KL penalty and the entropy bonus are not weighted by π_old/π_behavior, but they skip it.
+    let trained = || b.importance_weights.ne(0.0).to_kind(b.logp.kind());
     let mut ref_kl_sum = 0.0;
     if let Some(ref_logp) = b.ref_logp {
         let kl = kl_penalty(b.logp, ref_logp, cfg.kl_estimator);
         ref_kl_sum = tch::no_grad(|| (&kl * b.mask).sum(Kind::Double).double_value(&[]));
         // Out of place: in-place ops on tensors autograd saved break backward.
-        per_token = kl * cfg.kl_coef + &per_token;
+        per_token = kl * cfg.kl_coef * trained() + &per_token;
     }
     let mut entropy_sum = 0.0;
     if let Some(entropy) = b.entropy {
         entropy_sum = tch::no_grad(|| (entropy * b.mask).sum(Kind::Double).double_value(&[]));
         if cfg.entropy_coef != 0.0 {
-            per_token = entropy * (-cfg.entropy_coef) + &per_token;
+            per_token = entropy * (-cfg.entropy_coef) * trained() + &per_token;
         }
     }
     let loss = (per_token * b.loss_weights).sum(Kind::Float);
@@ -623,6 +626,38 @@ mod tests {
         assert!(close(&expected(KlEstimator::K1), &[0.0, 0.0]));
         assert!(close(&expected(KlEstimator::K2), &reverse), "{reverse:?}");
         assert!(close(&expected(KlEstimator::K3), &forward), "{forward:?}");
+    }
+
+    /// A token the correction left out (weight 0) gets no gradient from the KL penalty or the
+    /// entropy bonus either; a kept token's KL and entropy terms are not scaled by its weight.
+    #[test]
+    fn a_masked_token_trains_no_kl_and_no_entropy() {
+        let logp = f64s(&[-1.0, -1.0, -1.0]).set_requires_grad(true);
+        let old = f64s(&[-1.0, -1.0, -1.0]);
+        let reference = f64s(&[-2.0, -2.0, -2.0]);
+        let entropy = f64s(&[0.5, 0.5, 0.5]).set_requires_grad(true);
+        let adv = f64s(&[0.0, 0.0, 0.0]);
+        let ones = f64s(&[1.0, 1.0, 1.0]);
+        let weights = f64s(&[1.0, 0.5, 0.0]);
+        let batch = TokenBatch {
+            ref_logp: Some(&reference),
+            entropy: Some(&entropy),
+            importance_weights: &weights,
+            ..plain_batch(&logp, &old, &adv, &ones)
+        };
+        let cfg = LossConfig {
+            kl_coef: 0.1,
+            kl_estimator: KlEstimator::K1,
+            entropy_coef: 0.01,
+            ..cfg()
+        };
+        let out = policy_loss(&batch, &cfg);
+        let g = Tensor::run_backward(&[out.loss], &[&logp, &entropy], false, false);
+        let grads = |t: &Tensor| Vec::<f64>::try_from(t.view([-1])).unwrap();
+        assert_eq!(grads(&g[0]), vec![0.1, 0.1, 0.0]);
+        assert_eq!(grads(&g[1]), vec![-0.01, -0.01, 0.0]);
+        // The metrics still read every token of the mask.
+        assert_eq!((out.ref_kl_sum, out.entropy_sum), (3.0, 1.5));
     }
 
     /// k3 stays at most K3_MAX where π has left a token π_ref likes (d = −20 would be 4.8e8).
