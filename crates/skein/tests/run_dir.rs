@@ -187,6 +187,62 @@ fn a_second_process_is_refused_while_a_run_owns_the_directory() {
     assert_eq!(code, 0, "{err}");
 }
 
+/// A run `--overwrite` replaces waits whole in `.replaced/` while the new run trains, its
+/// diagnoses included: a process killed then leaves every file of it to move back.
+#[test]
+fn a_killed_overwrite_leaves_the_whole_previous_run_set_aside() {
+    let dir = workdir("killed-overwrite");
+    let (code, err) = skein_train(&dir, &[], &[]);
+    assert_eq!(code, 0, "{err}");
+    // A finished run that named a failure mode while it trained.
+    let diagnosis = "{\"step\":2,\"name\":\"entropy-collapse\"}\n";
+    std::fs::write(dir.join("diagnoses.jsonl"), diagnosis).unwrap();
+    let finished: BTreeMap<PathBuf, Vec<u8>> = snapshot(&dir)
+        .into_iter()
+        .filter(|(p, _)| !p.ends_with("run.lock"))
+        .collect();
+
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_skein"));
+    cmd.args(["train", "--overwrite"]);
+    let run_dir = format!("run.dir=\"{}\"", dir.display());
+    let long = [
+        "trainer.steps=100000",
+        "trainer.checkpoint_every=0",
+        run_dir.as_str(),
+    ];
+    for s in TINY_RUN.iter().chain(SMALL).chain(&long).copied() {
+        cmd.args(["--set", s]);
+    }
+    let mut second = cmd
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("skein runs");
+    // Killed once it has logged an RL step: past every file it opens before its first step.
+    let started = std::time::Instant::now();
+    let logged_a_step = || {
+        dir.join(".replaced/metrics.jsonl").exists()
+            && std::fs::read_to_string(dir.join("metrics.jsonl"))
+                .is_ok_and(|m| m.contains("\"rollout/trajectories\""))
+    };
+    while !logged_a_step() {
+        assert!(
+            started.elapsed().as_secs() < 120,
+            "the second run logged no step"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    second.kill().unwrap();
+    second.wait().unwrap();
+
+    let set_aside = dir.join(".replaced");
+    for (path, bytes) in &finished {
+        let name = path.strip_prefix(&dir).unwrap();
+        let kept = std::fs::read(set_aside.join(name))
+            .unwrap_or_else(|e| panic!("{} is not set aside: {e}", name.display()));
+        assert!(&kept == bytes, "{} changed", name.display());
+    }
+}
+
 /// A resume cannot relabel a run's steps: fewer steps than its checkpoint has are refused
 /// with nothing changed, and records missing from metrics.jsonl are reported.
 #[test]

@@ -21,6 +21,7 @@ const RUN_FILES: &[&str] = &[
     "checkpoint",
     "published",
     trajectories::DIR,
+    skein_doctor::log::FILE,
 ];
 
 /// Whether a directory entry named `name` is a run's: its files and `checkpoint-N`
@@ -151,7 +152,12 @@ impl RunDir {
     /// Every path the run writes is of a kind it can write: a directory where a directory goes,
     /// a file where a file goes (else training would end without its weights or curves).
     fn check_outputs(&self) -> Result<()> {
-        for name in ["config.toml", "metrics.jsonl", "plot.png"] {
+        for name in [
+            "config.toml",
+            "metrics.jsonl",
+            "plot.png",
+            skein_doctor::log::FILE,
+        ] {
             let p = self.path.join(name);
             if p.is_dir() {
                 bail!(
