@@ -406,3 +406,36 @@ fn config_toml_records_the_context_the_model_is_built_with() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(recorded_positions(&loaded), 256);
 }
+
+/// The benches that train several runs check every run directory before the first run: a
+/// finished run in the last one is refused without `--overwrite`, and the first run never
+/// starts.
+#[test]
+fn benches_refuse_a_finished_run_before_their_first_run() {
+    for (bench, first, last) in [
+        ("bench-partial", "sync", "partial"),
+        ("bench-agents", "calculator", "guess-turn"),
+    ] {
+        let out = workdir(bench);
+        std::fs::create_dir_all(out.join(last)).unwrap();
+        std::fs::write(out.join(last).join("config.toml"), "# a finished run\n").unwrap();
+        std::fs::write(out.join(last).join("metrics.jsonl"), "{\"step\":1}\n").unwrap();
+        let finished = snapshot(&out);
+        let run = Command::new(env!("CARGO_BIN_EXE_skein"))
+            .args([bench, "--out", out.to_str().unwrap()])
+            .output()
+            .expect("skein runs");
+        let err = String::from_utf8_lossy(&run.stderr);
+        assert_eq!(run.status.code(), Some(2), "{bench}: {err}");
+        assert!(
+            err.contains(last) && err.contains("holds another run") && err.contains("--overwrite"),
+            "{bench}: {err}"
+        );
+        assert!(!out.join(first).exists(), "{bench} started its first run");
+        assert!(
+            snapshot(&out) == finished,
+            "{bench} changed {}",
+            out.display()
+        );
+    }
+}

@@ -3,7 +3,7 @@
 //! game runs once per credit mode with the same seed. Each run's greedy evaluation before and
 //! after RL goes in one table, and its curves in a PNG.
 
-use crate::trainer::run::{train_overwriting, RunSummary};
+use crate::trainer::run::{check_new_run, train_new, RunSummary};
 use crate::trainer::TrainConfig;
 use anyhow::Result;
 use serde_json::{Map, Value};
@@ -32,6 +32,10 @@ pub struct AgentsBenchArgs {
     /// Further `KEY=VALUE` overrides applied to every run.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     overrides: Vec<String>,
+    /// Replace the runs already in the run directories under `OUT`; without it, a directory
+    /// that holds a run is refused before the first run starts.
+    #[arg(long)]
+    overwrite: bool,
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,16 +92,19 @@ pub fn run(a: &AgentsBenchArgs) -> Result<()> {
             Which::Guess => s.name.starts_with("guess"),
         })
         .collect();
-    // Every config is checked before the first run spends any time.
+    // Every config and run directory is checked before the first run spends any time.
     let configs = chosen
         .iter()
         .map(|s| config(s, &a.overrides, &a.out))
         .collect::<Result<Vec<_>>>()?;
+    for cfg in &configs {
+        check_new_run(cfg, a.overwrite)?;
+    }
     let mut done = Vec::new();
     for (spec, cfg) in chosen.iter().zip(&configs) {
         eprintln!("skein bench-agents: {} ({})", spec.name, spec.config.0);
         let start = Instant::now();
-        let summary = train_overwriting(cfg)?;
+        let summary = train_new(cfg, a.overwrite)?;
         let records = read_metrics(&summary.dir.join("metrics.jsonl"))?;
         done.push(Figures {
             name: spec.name,

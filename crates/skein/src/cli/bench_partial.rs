@@ -3,7 +3,7 @@
 //! Reports trained tokens per second and the spread of step times, and draws both runs'
 //! curves in one PNG.
 
-use crate::trainer::run::train_overwriting;
+use crate::trainer::run::{check_new_run, train_new};
 use crate::trainer::TrainConfig;
 use anyhow::{Context, Result};
 use serde_json::{json, Map, Value};
@@ -31,6 +31,10 @@ pub struct PartialBenchArgs {
     /// Further `KEY=VALUE` overrides applied to both runs.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     overrides: Vec<String>,
+    /// Replace the runs already in `OUT/sync` and `OUT/partial`; without it, a directory that
+    /// holds a run is refused before either run starts.
+    #[arg(long)]
+    overwrite: bool,
 }
 
 /// Both runs' settings, before `rollout.partial.*`.
@@ -66,15 +70,22 @@ struct RunFigures {
 
 pub fn run(a: &PartialBenchArgs) -> Result<()> {
     let base = base_config(a)?;
-    let mut runs = Vec::new();
-    for (name, partial) in [("sync", false), ("partial", true)] {
+    let configs = [("sync", false), ("partial", true)].map(|(name, partial)| {
         let mut cfg = base.clone();
         cfg.run.dir = a.out.join(name).display().to_string();
         cfg.rollout.partial.enabled = partial;
         cfg.rollout.partial.token_budget = a.budget;
         cfg.rollout.partial.max_staleness = a.max_staleness;
+        (name, cfg)
+    });
+    // Both directories are checked before the first run spends any time.
+    for (_, cfg) in &configs {
+        check_new_run(cfg, a.overwrite)?;
+    }
+    let mut runs = Vec::new();
+    for (name, cfg) in &configs {
         eprintln!("skein bench-partial: {name} run");
-        train_overwriting(&cfg)?;
+        train_new(cfg, a.overwrite)?;
         let metrics = a.out.join(name).join("metrics.jsonl");
         let records = rl_records(&metrics)?;
         let figures =

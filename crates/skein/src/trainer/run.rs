@@ -50,6 +50,25 @@ pub fn train_overwriting(cfg: &TrainConfig) -> Result<RunSummary> {
     run(cfg, Begin::Overwrite)
 }
 
+/// Refuses a new run in `cfg.run.dir` as [`train`] (or, with `overwrite`, [`train_overwriting`])
+/// would, without taking the directory: for a command that trains several runs and checks
+/// every directory before the first one spends any time.
+pub fn check_new_run(cfg: &TrainConfig, overwrite: bool) -> Result<()> {
+    super::run_dir::RunDir::for_new_run(cfg, overwrite).map(drop)
+}
+
+/// A new run in `cfg.run.dir`: [`train_overwriting`] when `overwrite`, else [`train`].
+pub fn train_new(cfg: &TrainConfig, overwrite: bool) -> Result<RunSummary> {
+    run(
+        cfg,
+        if overwrite {
+            Begin::Overwrite
+        } else {
+            Begin::New
+        },
+    )
+}
+
 /// Continues the run in `cfg.run.dir` from its newest intact `checkpoint-N`, exactly where it
 /// stopped.
 pub fn resume(cfg: &TrainConfig) -> Result<RunSummary> {
