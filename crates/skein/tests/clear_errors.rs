@@ -181,6 +181,25 @@ fn cuda_graphs_off_a_gpu_are_refused_with_the_device_they_need() {
     );
 }
 
+/// A stop id the tokenizer does not have would never end a sample: refused with its key,
+/// before the run directory is written.
+#[test]
+fn a_stop_id_outside_the_vocabulary_is_refused() {
+    let dir = common::workdir("clear-errors", "stop-id");
+    let run_dir = format!("run.dir=\"{}\"", dir.display());
+    refused(
+        &[
+            "train",
+            "--set",
+            "rollout.sampling.stop_token_ids=[100000]",
+            "--set",
+            &run_dir,
+        ],
+        &["`rollout.sampling.stop_token_ids`", "100000"],
+    );
+    assert!(!dir.join("config.toml").exists());
+}
+
 /// LoRA, low-precision weights and checkpointing: settings that cannot train name their key
 /// and the way out, before anything runs.
 #[test]

@@ -139,16 +139,16 @@ pub fn run(args: &EvalArgs) -> Result<()> {
 }
 
 /// The evaluation's sampling: greedy for one sample a problem unless --temperature says
-/// otherwise, else the config's temperature; stopping at the tokenizer's end of sequence.
+/// otherwise, else the config's temperature; stopping where a run's samples stop (each of the
+/// tokenizer's end-of-sequence ids and the config's `stop_token_ids`).
 fn sampling_params(
     args: &EvalArgs,
     cfg: &TrainConfig,
     tokenizer: &Tokenizer,
 ) -> Result<SamplingParams> {
-    let eos = *tokenizer
-        .eos_token_ids()
-        .first()
-        .context("the tokenizer defines no end-of-sequence token")?;
+    if tokenizer.eos_token_ids().is_empty() {
+        bail!("the tokenizer defines no end-of-sequence token");
+    }
     let temperature = args.temperature.unwrap_or(if args.n == 1 {
         0.0
     } else {
@@ -159,8 +159,7 @@ fn sampling_params(
     }
     Ok(SamplingParams {
         temperature,
-        stop_token_ids: vec![eos],
-        ..cfg.rollout.sampling.clone()
+        ..cfg.rollout.sampling.stopping_at(tokenizer.eos_token_ids())
     })
 }
 

@@ -16,6 +16,8 @@ pub struct SamplingParams {
     /// Recorded and trained on as `top_p` is.
     pub top_k: usize,
     pub max_new_tokens: usize,
+    /// Ids that end a sample. In a run's config: ids that end it besides the tokenizer's
+    /// end-of-sequence ids, which always do ([`SamplingParams::stopping_at`]).
     pub stop_token_ids: Vec<u32>,
 }
 
@@ -27,6 +29,26 @@ impl Default for SamplingParams {
             top_k: 0,
             max_new_tokens: 64,
             stop_token_ids: Vec::new(),
+        }
+    }
+}
+
+impl SamplingParams {
+    /// These settings stopping at every one of `eos` (a tokenizer's end-of-sequence ids, in
+    /// its order: the first is the one a demonstration ends with) and then at each id of
+    /// `stop_token_ids` not among them. A chat model often has several (Qwen2.5's instruct
+    /// models end a turn with `<|im_end|>` and a text with `<|endoftext|>`); stopping at the
+    /// first alone would sample past the others.
+    pub fn stopping_at(&self, eos: &[u32]) -> SamplingParams {
+        let mut stops = eos.to_vec();
+        for &id in &self.stop_token_ids {
+            if !stops.contains(&id) {
+                stops.push(id);
+            }
+        }
+        SamplingParams {
+            stop_token_ids: stops,
+            ..self.clone()
         }
     }
 }
@@ -165,6 +187,17 @@ mod tests {
             assert_eq!(reads, 0, "{ops:?}");
             assert!(ops.computing_total() <= 3, "{ops:?}");
         }
+    }
+
+    #[test]
+    fn a_run_stops_at_every_eos_id_then_at_the_configs_own() {
+        let configured = SamplingParams {
+            stop_token_ids: vec![7, 151643],
+            ..Default::default()
+        };
+        let run = configured.stopping_at(&[151645, 151643]);
+        assert_eq!(run.stop_token_ids, vec![151645, 151643, 7]);
+        assert_eq!(run.max_new_tokens, configured.max_new_tokens);
     }
 
     #[test]

@@ -431,17 +431,26 @@ fn as_built(cfg: &TrainConfig, policy: &Model) -> TrainConfig {
     built
 }
 
-/// The run's sampling settings, stopping at the tokenizer's end-of-sequence token.
+/// The run's sampling settings, stopping at each of the tokenizer's end-of-sequence ids and
+/// at the config's `stop_token_ids`.
 fn sampling_params(cfg: &TrainConfig, tokenizer: &Tokenizer) -> Result<SamplingParams> {
-    let eos = tokenizer
-        .eos_token_ids()
-        .first()
-        .copied()
-        .context("the tokenizer defines no end-of-sequence token")?;
-    Ok(SamplingParams {
-        stop_token_ids: vec![eos],
-        ..cfg.rollout.sampling.clone()
-    })
+    if tokenizer.eos_token_ids().is_empty() {
+        anyhow::bail!("the tokenizer defines no end-of-sequence token");
+    }
+    let vocab = tokenizer.vocab_size();
+    if let Some(id) = cfg
+        .rollout
+        .sampling
+        .stop_token_ids
+        .iter()
+        .find(|&&id| id as usize >= vocab)
+    {
+        anyhow::bail!(
+            "`rollout.sampling.stop_token_ids` has {id}, which is no token of the model's \
+             tokenizer (ids 0..{vocab}): a sample would never stop there"
+        );
+    }
+    Ok(cfg.rollout.sampling.stopping_at(tokenizer.eos_token_ids()))
 }
 
 /// The task's prompts and `max_new_tokens` fit in the model's positions; else most
