@@ -116,6 +116,11 @@ impl StepRollout {
     /// Fails every trajectory with a row longer than the model's context: it cannot be
     /// trained on, so it is counted with the failed trajectories rather than crash the update.
     /// Returns how many.
+    ///
+    /// A row of n tokens takes n − 1 positions: its last token is predicted, never read
+    /// (`update::pack::input_len`). So a sample the engine ended at a full context, whose
+    /// last position still predicted one more token, trains: it has one token more than the
+    /// model has positions.
     pub fn fail_longer_than(&mut self, max_positions: usize) -> usize {
         self.fail_each(|t| {
             let longest = t
@@ -124,10 +129,11 @@ impl StepRollout {
                 .map(|x| x.prompt.len() + x.response.len())
                 .max()
                 .unwrap_or(0);
-            (longest > max_positions).then(|| {
+            (longest > max_positions + 1).then(|| {
                 format!(
-                    "{longest} tokens, more than the model's {max_positions} positions \
-                     (model.max_positions)"
+                    "{longest} tokens, which take {} positions, more than the model's \
+                     {max_positions} (model.max_positions)",
+                    longest - 1
                 )
             })
         })
@@ -524,18 +530,19 @@ mod tests {
 
     #[test]
     fn rows_longer_than_the_context_fail_their_trajectory_and_train_nothing() {
+        // 65 tokens read 64 positions: a sample the engine ended at a full context trains.
         let mut r = StepRollout::new(
-            vec![trajectory(60, 4), trajectory(60, 8)],
+            vec![trajectory(60, 5), trajectory(60, 6)],
             vec![true, true],
             EngineStats::default(),
             0,
             SourceStats::default(),
         );
-        assert_eq!(r.stats.trained_tokens, 12);
+        assert_eq!(r.stats.trained_tokens, 11);
         assert_eq!(r.fail_longer_than(64), 1);
         assert!(!r.trajectories[0].is_failed());
         assert!(r.trajectories[1].is_failed());
-        assert_eq!(r.stats.trained_tokens, 4);
+        assert_eq!(r.stats.trained_tokens, 5);
         assert_eq!(
             r.fail_longer_than(64),
             0,

@@ -375,6 +375,28 @@ mod tests {
         (logp.into_iter().chain(ent).collect(), grads, flat(&hidden))
     }
 
+    /// A row one token longer than the model's positions (a sample the engine ended at a full
+    /// context, its last position predicting one more token) reads exactly those positions:
+    /// it trains, as `StepRollout::fail_longer_than` lets it.
+    #[test]
+    fn a_row_one_token_longer_than_the_context_trains() {
+        let cfg = ModelConfig::tiny_qwen2(16, 32, 2, 4, 2, 64, 6);
+        let model = Model::random(&cfg, Device::Cpu, 7).expect("a tiny model");
+        let full = TrainRow {
+            tokens: vec![1, 5, 9, 3, 4, 7, 2],
+            prompt_len: 3,
+            loss_mask: vec![1; 4],
+            behavior_logp: vec![0.0; 4],
+            advantages: vec![0.5; 4],
+            loss_weight: 0.1,
+            ..Default::default()
+        };
+        let (values, grads, _) = pass_over(&model, &[full], 64, Entropy::Skip);
+        assert_eq!(values.len(), 6);
+        assert!(values.iter().all(|v| v.is_finite()), "{values:?}");
+        assert!(grads.iter().any(|&g| g != 0.0));
+    }
+
     fn assert_close(a: &[f32], b: &[f32], what: &str) {
         assert_eq!(a.len(), b.len(), "{what}: lengths");
         let worst = a
