@@ -326,7 +326,8 @@ fn validate_rollout(cfg: &TrainConfig, v: &mut Validator) {
 /// Skipping groups whose rewards are all equal (`rollout.skip_zero_variance_groups`) or
 /// dropping them (`algorithm.drop_equal_reward_groups`) loses nothing only where a group
 /// baseline gives such a group an advantage of zero: grpo, dr-grpo, rloo and
-/// reinforce++-baseline with trajectory credit. (reinforce++-baseline then whitens over the
+/// reinforce++-baseline with trajectory credit, and without step groups whose discounted
+/// returns tell its episodes apart. (reinforce++-baseline then whitens over the
 /// groups kept, as it would had the others never been drawn.) Elsewhere those groups carry
 /// signal, and skipping them would throw it away and shift the batch's whitening.
 fn validate_equal_group_skipping(cfg: &TrainConfig, v: &mut Validator) {
@@ -339,6 +340,7 @@ fn validate_equal_group_skipping(cfg: &TrainConfig, v: &mut Validator) {
         return;
     };
     let a = &cfg.algorithm;
+    let weight = a.step_group_weight.to_string();
     let signal = match (a.estimator, a.credit) {
         (Estimator::ReinforcePP, _) => Some((
             "algorithm.estimator",
@@ -358,6 +360,14 @@ fn validate_equal_group_skipping(cfg: &TrainConfig, v: &mut Validator) {
             "\"turn\"",
             "turn credit gives each turn its own discounted return, which differs between the \
              turns and episodes of a group whose final rewards are equal",
+        )),
+        _ if a.step_group_weight > 0.0 && a.turn_gamma < 1.0 => Some((
+            "algorithm.step_group_weight",
+            weight.as_str(),
+            "GiGPO's step groups compare turns by their returns discounted by \
+             `algorithm.turn_gamma` < 1, which differ between episodes of unequal length in a \
+             group whose final rewards are equal (`algorithm.step_group_weight = 0` or \
+             `algorithm.turn_gamma = 1` gives such a group no advantage)",
         )),
         _ => None,
     };
@@ -1390,6 +1400,10 @@ mod tests {
                 ),
                 ("algorithm.estimator=\"gae\"", "`algorithm.estimator`"),
                 ("algorithm.credit=\"turn\"", "`algorithm.credit`"),
+                (
+                    "algorithm.step_group_weight=0.5",
+                    "`algorithm.step_group_weight`",
+                ),
             ] {
                 let cfg = load(&[on, set]).unwrap();
                 let e = validate(&cfg).unwrap_err().to_string();
@@ -1405,6 +1419,17 @@ mod tests {
                     .unwrap_or_default();
                 assert!(!e.contains("would throw"), "{set}: {e}");
             }
+            // Undiscounted, an equal-reward group's step returns are all equal too.
+            let undiscounted = [
+                "algorithm.step_group_weight=0.5",
+                "algorithm.turn_gamma=1.0",
+            ];
+            let cfg = load(&[on, undiscounted[0], undiscounted[1]]).unwrap();
+            let e = validate(&cfg)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(!e.contains("would throw"), "{on}: {e}");
         }
     }
 
