@@ -51,7 +51,7 @@ impl StepReport<'_> {
     pub fn record(&self) -> Map<String, Value> {
         let t = &self.times;
         let batch: &StepBatch = self.batch.batch();
-        let trained = self.rollout.stats.trained_tokens as f64;
+        let trained = batch.trained_tokens() as f64;
         let mut m = record(self.step, []);
         extend(
             &mut m,

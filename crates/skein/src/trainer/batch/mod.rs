@@ -282,14 +282,24 @@ pub fn credit_metrics<'a>(per_turn: impl Iterator<Item = &'a Vec<f64>>) -> Vec<(
 }
 
 impl StepBatch {
+    /// Loss tokens of the real rows: what the update trains. Failed trajectories and the
+    /// groups `drop_equal_reward_groups` dropped have no row.
+    pub fn trained_tokens(&self) -> usize {
+        self.rows[..self.real_rows]
+            .iter()
+            .map(|r| r.loss_mask.iter().filter(|&&m| m != 0).count())
+            .sum()
+    }
+
     /// The batch's counts for the step's metrics.
     /// (`batch/equal_reward_group_fraction` is the rollout's: it describes what was drawn.)
-    pub fn metrics(&self) -> [(&'static str, f64); 4] {
+    pub fn metrics(&self) -> [(&'static str, f64); 5] {
         [
             ("batch/dropped_groups", self.dropped_groups as f64),
             ("batch/failed_trajectories", self.failed_trajectories as f64),
             ("batch/padding_rows", self.padding_rows as f64),
             ("batch/rows", self.real_rows as f64),
+            ("tokens/trained", self.trained_tokens() as f64),
         ]
     }
 }
@@ -311,6 +321,38 @@ mod tests {
             reward: None,
             state: None,
         }
+    }
+
+    /// A group dropped for equal rewards trains nothing, and its tokens are not counted as
+    /// trained; a failed trajectory's neither.
+    #[test]
+    fn trained_tokens_leave_out_dropped_groups_and_failed_trajectories() {
+        let trajectory = |id: &str, group: &str, reward: f64, response: usize| Trajectory {
+            id: id.into(),
+            group: group.into(),
+            transitions: vec![turn(vec![1, 2], vec![3; response])],
+            reward,
+            status: Status::Finished,
+        };
+        let mut failed = trajectory("f", "varied", 0.0, 7);
+        failed.status = Status::Failed("a tool crashed".into());
+        let trajs = [
+            trajectory("a", "varied", 1.0, 3),
+            trajectory("b", "varied", 0.0, 4),
+            failed,
+            trajectory("c", "equal", 1.0, 5),
+            trajectory("d", "equal", 1.0, 6),
+        ];
+        let mut cfg = crate::trainer::TrainConfig::default();
+        cfg.algorithm.drop_equal_reward_groups = true;
+        let batch = build_step_batch(&trajs, &StepBatchConfig::from_config(&cfg, 8), 1).unwrap();
+        assert_eq!((batch.dropped_groups, batch.failed_trajectories), (1, 1));
+        assert_eq!(batch.trained_tokens(), 3 + 4);
+        let trained = batch
+            .metrics()
+            .into_iter()
+            .find(|(k, _)| *k == "tokens/trained");
+        assert_eq!(trained, Some(("tokens/trained", 7.0)));
     }
 
     /// Turn-level GAE: a token-exact episode of two turns (one merged row) and one whose

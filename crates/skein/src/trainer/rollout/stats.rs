@@ -28,7 +28,8 @@ pub struct StepRollout {
 /// Figures of one step's rollout: the ones every source has, and its own.
 #[derive(Debug, Clone, Default)]
 pub struct RolloutStats {
-    /// Loss tokens of the trajectories that train (failed ones excluded).
+    /// Loss tokens of the trajectories that did not fail: what the step has to train (its
+    /// `tokens/trained` is the batch's, without the groups it drops for equal rewards).
     pub trained_tokens: usize,
     /// Versions between each trained token and the policy at the step's start.
     pub staleness_mean: f64,
@@ -237,7 +238,6 @@ impl StepRollout {
         let mut m: Vec<(String, Value)> = [
             ("rollout/trajectories", self.trajectories.len() as f64),
             ("tokens/generated", self.engine.generated_tokens as f64),
-            ("tokens/trained", s.trained_tokens as f64),
             (
                 "throughput/generated_tokens_per_s",
                 self.engine.generated_tokens as f64 / rollout_s.max(1e-9),
