@@ -483,6 +483,9 @@ fn rollout_calls_are_recorded_token_exactly_and_closed_by_the_reward() {
         )
         .await;
         assert_error(s, &b, 409, "exists already");
+        // A trainer's server takes its weights from the trainer, never from /v1/reload.
+        let (s, b) = post(&c, &format!("{base}/v1/reload"), json!({"path": "/tmp"})).await;
+        assert_error(s, &b, 409, "trainer's");
 
         let next: Value = c
             .get(format!("{base}/tasks/next"))

@@ -21,7 +21,7 @@
 //! | `POST /rollouts/{id}/reward` | `{"reward": f64, "correct": bool?}` closes it |
 //! | `POST /rollouts/{id}/fail` | `{"error": "..."}` closes it as failed |
 //! | `GET /rollouts/{id}` | its recording and state (`waiting`, `open`, `closed`) |
-//! | `POST /v1/reload` | `{"path": HF dir}`: load new weights, answer `{"version": N}` |
+//! | `POST /v1/reload` | `{"path": HF dir}`: load new weights, answer `{"version": N}` (409 on a trainer's server) |
 //!
 //! Each choice carries `"skein": {"prompt_token_ids", "completion_token_ids", "logprobs",
 //! "versions"}`. `stream`, `stop` strings and OpenAI's `logprobs` are not supported and are

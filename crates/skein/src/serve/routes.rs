@@ -271,11 +271,19 @@ struct ReloadRequest {
 
 /// Loads new weights into the engine (after the requests it is running finish) and answers
 /// with the new policy version. The path is any directory on the server, and a failed load
-/// says whether it exists, so a server other hosts reach without an API key refuses it.
+/// says whether it exists, so a server other hosts reach without an API key refuses it. A
+/// trainer's server refuses it too: the trainer owns its weights, and the reload would end
+/// its engine's phase, leaving every open rollout of the step to time out.
 async fn reload(
     State(s): State<ServeState>,
     Body(req): Body<ReloadRequest>,
 ) -> Result<Json<Value>, ApiError> {
+    if s.0.config.rollout_temperature.is_some() {
+        return Err(ApiError::conflict(
+            "this server is a trainer's: its weights change with each update of the policy, \
+             and a reload would end the step's rollouts; reload a `skein serve` of your own",
+        ));
+    }
     if s.open_to_other_hosts() {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
