@@ -374,8 +374,13 @@ fn bad_requests_get_openai_errors_that_say_what_to_change() {
         let rollout = format!("{}/rollouts/nope/v1/chat/completions", server.url);
         let (s, b) = post_key(rollout.clone(), good.clone()).await;
         assert_error(s, &b, 404, "no open rollout `nope`");
-        // A rollout's samples are training data: truncated sampling is refused there.
-        for (key, value) in [("top_p", json!(0.9)), ("top_k", json!(5))] {
+        // A rollout's samples are training data: truncated sampling and greedy decoding are
+        // refused there.
+        for (key, value) in [
+            ("top_p", json!(0.9)),
+            ("top_k", json!(5)),
+            ("temperature", json!(0)),
+        ] {
             let mut truncated = good.clone();
             truncated[key] = value;
             let (s, b) = post_key(rollout.clone(), truncated).await;

@@ -106,6 +106,14 @@ pub fn sampling(
     }
     // Near-zero temperatures are greedy (as in vLLM): dividing logits by them would overflow.
     let temperature = if temperature < 1e-5 { 0.0 } else { temperature };
+    if recorded && temperature == 0.0 {
+        return Err(ApiError::bad_request(
+            "`temperature` = 0 in a rollout: greedy decoding draws nothing from the policy, so \
+             the recorded log-probs would be of no distribution its tokens came from (off-policy \
+             for any update); send a temperature above 0 here (greedy is fine outside a \
+             rollout, at /v1/...)",
+        ));
+    }
     let top_p = req.top_p.unwrap_or(1.0);
     if !(top_p > 0.0 && top_p <= 1.0) {
         return Err(ApiError::bad_request(format!(
