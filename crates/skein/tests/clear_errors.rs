@@ -56,6 +56,25 @@ fn eval_and_sft_refuse_values_that_cannot_work() {
     );
     refused(&["eval", m, "--temperature", "-1"], &["--temperature"]);
     refused(&["eval", m, "--problems", "0"], &["--problems"]);
+    // Where the results go is checked before the evaluation, and a failed evaluation leaves
+    // no --samples file behind to refuse its rerun.
+    let root_dir = root.to_str().unwrap();
+    refused(
+        &["eval", m, "--out", root_dir],
+        &["--out", "is a directory"],
+    );
+    let nowhere = root.join("no/such/dir/out.jsonl");
+    refused(
+        &["eval", m, "--out", nowhere.to_str().unwrap()],
+        &["--out", "does not exist"],
+    );
+    let samples = root.join("samples.jsonl");
+    let s = samples.to_str().unwrap();
+    refused(
+        &["eval", "/no/such/model", "--samples", s],
+        &["/no/such/model"],
+    );
+    assert!(!samples.exists(), "a failed eval left {s}");
 
     let chat = root.join("chat.jsonl");
     std::fs::write(

@@ -63,12 +63,29 @@ pub struct EvalArgs {
 /// Most samples one evaluation answers (problems × --n); each is held in memory to the end.
 const MAX_SAMPLES: usize = 1 << 20;
 
+/// Checks the paths it writes, then evaluates; a failed evaluation removes the `--samples`
+/// file it created, so the same command can run again.
 pub fn run(args: &EvalArgs) -> Result<()> {
     let ks = pass_ks(args)?;
-    let mut samples_file = match &args.samples {
+    if let Some(out) = &args.out {
+        check_appendable(out)?;
+    }
+    let samples_file = match &args.samples {
         Some(path) => Some(create_new(path)?),
         None => None,
     };
+    let result = evaluate(args, &ks, samples_file);
+    if let (Err(_), Some(path)) = (&result, &args.samples) {
+        let _ = std::fs::remove_file(path);
+    }
+    result
+}
+
+fn evaluate(
+    args: &EvalArgs,
+    ks: &[usize],
+    mut samples_file: Option<std::io::BufWriter<std::fs::File>>,
+) -> Result<()> {
     let (model_dir, cfg) = resolve(args)?;
     let correct_by = cfg.correct_by().map_err(anyhow::Error::msg)?;
     let device = cfg.run.start_device()?;
@@ -125,7 +142,7 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     line.insert("n".into(), json!(args.n));
     line.insert("temperature".into(), json!(params.temperature));
     line.insert("correct_by".into(), json!(correct_by.describe(&checker)));
-    insert_scores(&mut line, &r, args.n, &ks);
+    insert_scores(&mut line, &r, args.n, ks);
     if let (Some(file), Some(path)) = (&mut samples_file, &args.samples) {
         write_samples(file, &r, &batch, args.n, &tokenizer)
             .with_context(|| format!("writing {}", path.display()))?;
@@ -191,6 +208,29 @@ fn append_line(out: &std::path::Path, text: &str) -> Result<()> {
         .open(out)
         .with_context(|| format!("opening {}", out.display()))?;
     writeln!(f, "{text}").with_context(|| format!("writing {}", out.display()))
+}
+
+/// `--out`, checked before any model is loaded: a file it can append to, or a new file in an
+/// existing directory (an evaluation's minutes are not spent to find it cannot be written).
+fn check_appendable(out: &std::path::Path) -> Result<()> {
+    if out.is_dir() {
+        bail!("--out {} is a directory: name a JSONL file", out.display());
+    }
+    if out.exists() {
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(out)
+            .with_context(|| format!("--out {}: cannot append to it", out.display()))?;
+        return Ok(());
+    }
+    let parent = out.parent().filter(|p| !p.as_os_str().is_empty());
+    if parent.is_some_and(|p| !p.is_dir()) {
+        bail!(
+            "--out {}: its directory does not exist: create it, or name another file",
+            out.display()
+        );
+    }
+    Ok(())
 }
 
 /// A file for `--samples`, checked before any model is loaded: an existing file is never
