@@ -439,3 +439,38 @@ fn benches_refuse_a_finished_run_before_their_first_run() {
         );
     }
 }
+
+/// An overlay of several runs is written only to a `.png` path: a slip of `--out` cannot
+/// replace a run's config or metrics with an image.
+#[test]
+fn an_overlay_never_writes_over_a_runs_files() {
+    let root = workdir("overlay");
+    let runs: Vec<PathBuf> = ["a", "b"].iter().map(|n| root.join(n)).collect();
+    for run in &runs {
+        std::fs::create_dir_all(run).unwrap();
+        std::fs::write(run.join("config.toml"), "# the run's config\n").unwrap();
+        let metrics = "{\"step\":1,\"reward/mean\":0.25}\n{\"step\":2,\"reward/mean\":0.5}\n";
+        std::fs::write(run.join("metrics.jsonl"), metrics).unwrap();
+    }
+    let before = snapshot(&root);
+    let plot = |out: &Path| {
+        let o = Command::new(env!("CARGO_BIN_EXE_skein"))
+            .arg("plot")
+            .args(&runs)
+            .arg("--out")
+            .arg(out)
+            .output()
+            .expect("skein runs");
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (code, err) = plot(&runs[0].join("config.toml"));
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--out") && err.contains(".png"), "{err}");
+    assert!(snapshot(&root) == before, "a refused overlay changed a run");
+    let (code, err) = plot(&root.join("overlay.png"));
+    assert_eq!(code, Some(0), "{err}");
+    assert!(root.join("overlay.png").is_file());
+}

@@ -91,7 +91,7 @@ enum Command {
         /// eval/accuracy, time/step_s).
         #[arg(long, value_delimiter = ',')]
         keys: Vec<String>,
-        /// Where the overlay goes (several runs).
+        /// Where the overlay goes (several runs): a file ending in .png.
         #[arg(long, default_value = "compare.png")]
         out: PathBuf,
     },

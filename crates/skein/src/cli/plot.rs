@@ -12,6 +12,17 @@ pub fn run(run_dirs: &[PathBuf], keys: &[String], out: &std::path::Path) -> Resu
         println!("{}", png.display());
         return Ok(());
     }
+    // The overlay goes where the user says, over whatever is there: only a PNG's name is
+    // taken, so a slip of the path cannot turn a run's config or metrics into an image.
+    let is_png = out
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("png"));
+    if !is_png {
+        anyhow::bail!(
+            "--out {}: the overlay is a PNG image; name a file ending in .png",
+            out.display()
+        );
+    }
     let keys = if keys.is_empty() {
         skein_report::COMPARE_PANELS.to_vec()
     } else {
