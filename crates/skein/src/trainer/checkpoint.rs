@@ -46,6 +46,21 @@ pub struct TrainerState {
     /// Mean training reward of each step so far (null for a step whose every trajectory
     /// failed).
     pub rewards: Vec<Option<f64>>,
+    /// The streaks that stop a run, as they stood after this step (absent from checkpoints
+    /// written before they were kept: zero).
+    #[serde(default)]
+    pub streaks: StopStreaks,
+}
+
+/// Counts that stop a run when they grow too long, kept so a resumed run stops at the step
+/// the uninterrupted one would.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StopStreaks {
+    /// Consecutive policy updates skipped for a NaN or infinite loss or gradient
+    /// (`trainer.max_consecutive_skips`).
+    pub skipped_updates: usize,
+    /// Consecutive steps with no token to train (`MAX_UNTRAINED_STEPS`).
+    pub untrained_steps: usize,
 }
 
 /// What a checkpoint holds, borrowed from the running trainer.

@@ -3,6 +3,7 @@
 //! evaluate again, save the policy and plot the curves.
 
 use super::batch::build_step_batch;
+use super::checkpoint::StopStreaks;
 use super::diagnoses::{digests, summary, RunDoctor};
 use super::metrics::{extend, StageTimes, StepReport};
 use super::prepare::prepare;
@@ -81,8 +82,11 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
         Started::OtherRank { rank } => return Ok(RunSummary::other_rank(cfg, rank)),
     };
     let steps = cfg.trainer.steps;
-    let mut skips = SkipStreak::default();
-    let mut untrained = UntrainedSteps::default();
+    // A resumed run goes on with its checkpoint's streaks.
+    let mut skips = SkipStreak {
+        streak: t.streaks.skipped_updates,
+    };
+    let mut untrained = UntrainedSteps::resumed(t.streaks.untrained_steps);
     let mut interrupted = false;
     let mut progress = StepProgress::new(steps as u64);
     let mut doctor = RunDoctor::open(&t.dir, t.first_step)?;
@@ -152,6 +156,10 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
         let every = cfg.trainer.checkpoint_every;
         interrupted = interrupt::requested();
         if (every > 0 && step % every == 0) || interrupted {
+            t.streaks = StopStreaks {
+                skipped_updates: skips.streak,
+                untrained_steps: untrained.streak(),
+            };
             t.save_checkpoint(step)?;
         }
         progress.update(step as u64, &shown);
@@ -168,7 +176,6 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
 }
 
 /// Updates skipped for a NaN or infinite loss or gradient.
-#[derive(Default)]
 struct SkipStreak {
     /// Consecutive policy updates skipped (a step with an applied one resets it).
     streak: usize,

@@ -5,7 +5,7 @@
 
 use super::batch::StepBatchConfig;
 use super::batch::TrainRow;
-use super::checkpoint::{self, Restore, TrainerState};
+use super::checkpoint::{self, Restore, StopStreaks, TrainerState};
 use super::config::{EngineKind, TrainConfig};
 use super::metrics::extend;
 use super::prepare::PreparedBatch;
@@ -58,6 +58,9 @@ pub struct Trainer<'a> {
     pub eval_before: EvalResult,
     /// Mean training reward of each step so far.
     pub rewards: Vec<Option<f64>>,
+    /// The streaks that stop the run: a resumed checkpoint's at the start, and the step
+    /// loop's before each checkpoint it writes.
+    pub streaks: StopStreaks,
     /// The run `--overwrite` replaces, until this one has a checkpoint: put back if this one
     /// ends first ([`ReplacedRun`]). Dropped after the fields that write into the directory
     /// and before the lock.
@@ -162,9 +165,11 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
         &run_dir.path,
         workload.held_out(),
     );
-    let (first_step, rewards) = restore.as_ref().map_or((1, Vec::new()), |r| {
-        (r.state.step + 1, r.state.rewards.clone())
-    });
+    let (first_step, rewards, streaks) = restore
+        .as_ref()
+        .map_or((1, Vec::new(), StopStreaks::default()), |r| {
+            (r.state.step + 1, r.state.rewards.clone(), r.state.streaks)
+        });
 
     // A fresh run starts writing now: the warm-up on demonstrations, the weights to a remote
     // engine, the policy measured before RL, then the models the update needs beside it. A
@@ -224,6 +229,7 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
         first_step,
         eval_before,
         rewards,
+        streaks,
         _dp: dp,
     })))
 }
@@ -325,6 +331,7 @@ impl Trainer<'_> {
             eval_before_accuracy: self.eval_before.accuracy,
             eval_before_reward: self.eval_before.mean_reward,
             rewards: self.rewards.clone(),
+            streaks: self.streaks,
         };
         let snapshot = checkpoint::Snapshot {
             policy: &self.policy,

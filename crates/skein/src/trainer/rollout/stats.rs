@@ -359,6 +359,19 @@ pub struct UntrainedSteps {
 }
 
 impl UntrainedSteps {
+    /// A resumed run's count: `streak` steps in a row before it trained nothing.
+    pub fn resumed(streak: usize) -> Self {
+        UntrainedSteps {
+            streak,
+            last_failure: None,
+        }
+    }
+
+    /// Steps in a row, up to the last counted, that trained nothing.
+    pub fn streak(&self) -> usize {
+        self.streak
+    }
+
     /// Counts the step's rollout, warning when it trains nothing.
     pub fn count(&mut self, step: usize, rollout: &StepRollout) {
         if rollout.stats.trained_tokens > 0 {
