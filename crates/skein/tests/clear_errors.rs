@@ -118,15 +118,31 @@ fn eval_and_sft_refuse_values_that_cannot_work() {
         std::fs::read(model.join("model.safetensors")).unwrap(),
         before
     );
-    // An existing directory is replaced only when asked.
+    // An existing directory is replaced only when asked, and only when it holds a model.
     std::fs::create_dir_all(&out).unwrap();
     std::fs::write(out.join("notes.txt"), "mine").unwrap();
     run(sft(o, &[]), &["already holds files", "--overwrite"]);
+    run(sft(o, &["--overwrite"]), &["no model", "config.json"]);
+    // A sharded model there loses its index and shards, which would still be read as its
+    // weights beside the new model.safetensors; other files stay.
+    std::fs::write(out.join("config.json"), "{}").unwrap();
+    let shards = [
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    ];
+    let index = serde_json::json!({"weight_map": {"a": shards[0], "b": shards[1]}});
+    std::fs::write(out.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    for shard in shards {
+        std::fs::write(out.join(shard), "old weights").unwrap();
+    }
     let a = sft(o, &["--overwrite"]);
     let a: Vec<&str> = a.iter().map(String::as_str).collect();
     let (code, err) = skein(&a);
     assert_eq!(code, 0, "{err}");
     assert!(out.join("model.safetensors").is_file());
+    assert!(!out.join("model.safetensors.index.json").exists());
+    assert!(shards.iter().all(|s| !out.join(s).exists()));
+    assert!(out.join("notes.txt").is_file());
     let _ = std::fs::remove_dir_all(&root);
 }
 

@@ -34,7 +34,8 @@ pub struct SftArgs {
     /// model directory to replace (never the --model being fine-tuned).
     #[arg(long)]
     pub out: PathBuf,
-    /// Replace the model directory at --out.
+    /// Replace the model at --out: a directory that holds one (its config.json); the old
+    /// model's files are written over, its shard index and shards removed.
     #[arg(long)]
     pub overwrite: bool,
     #[arg(long, default_value_t = 100)]
@@ -120,6 +121,9 @@ pub fn run(args: &SftArgs) -> Result<()> {
         stop_token_ids: eos,
         ..SamplingParams::default()
     };
+    if args.overwrite {
+        remove_replaced_shards(&args.out)?;
+    }
     save_model_dir(&policy, &tokenizer, &sampling, &args.out)?;
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
     let k = losses.len().min(5);
@@ -199,7 +203,40 @@ fn check_out(args: &SftArgs) -> Result<()> {
             out.display()
         );
     }
+    if occupied && !out.join("config.json").is_file() {
+        bail!(
+            "--out {} holds files but no model (no config.json): --overwrite replaces a model \
+             directory, so choose a new directory",
+            out.display()
+        );
+    }
     Ok(())
+}
+
+/// Before a model is written over the one at `out`: that model's shard index and the shards
+/// it names, which the new single `model.safetensors` does not replace. Loaders that read
+/// the index (vLLM keeps only the files it names) would load the old weights.
+fn remove_replaced_shards(out: &Path) -> Result<()> {
+    let index = out.join("model.safetensors.index.json");
+    let Ok(text) = std::fs::read_to_string(&index) else {
+        return Ok(());
+    };
+    let parsed: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    let shards: BTreeSet<&str> = parsed["weight_map"]
+        .as_object()
+        .map(|m| m.values().filter_map(|v| v.as_str()).collect())
+        .unwrap_or_default();
+    for shard in shards {
+        // Only plain file names of this directory: an index cannot point elsewhere.
+        if Path::new(shard).file_name() == Some(std::ffi::OsStr::new(shard)) {
+            let path = out.join(shard);
+            if path.is_file() {
+                std::fs::remove_file(&path)
+                    .with_context(|| format!("removing {}", path.display()))?;
+            }
+        }
+    }
+    std::fs::remove_file(&index).with_context(|| format!("removing {}", index.display()))
 }
 
 /// The conversations as training rows, and what was cut, skipped or unknown on the way.
