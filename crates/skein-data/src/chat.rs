@@ -38,8 +38,7 @@ pub fn load_conversations(
     let mut all = Rows::default();
     for file in files {
         let rows = crate::jsonl::read(file, opts, conversation_from_json)?;
-        all.rows.extend(rows.rows);
-        all.skipped.extend(rows.skipped);
+        all.extend(rows);
     }
     if all.rows.is_empty() {
         let first = files.first().cloned().unwrap_or_default();

@@ -27,5 +27,5 @@ pub use error::DataError;
 pub use length::{fit, Fit, Truncation};
 pub use load::{load, Loaded};
 pub use row::{ChatMessage, PromptRow};
-pub use rows::{ReadOptions, Rows};
+pub use rows::{ReadOptions, RowPlace, Rows};
 pub use sampler::Sampler;

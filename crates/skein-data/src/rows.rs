@@ -2,7 +2,8 @@
 //! `skip_bad_rows`, the first bad one as the error. Every file format reads into this.
 
 use crate::error::DataError;
-use std::path::Path;
+use std::fmt;
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ReadOptions {
@@ -10,10 +11,34 @@ pub struct ReadOptions {
     pub skip_bad_rows: bool,
 }
 
-/// Rows read so far, and the bad ones skipped (each with its file, row and reason).
+/// Where a row was read: its file and 1-based row (a JSONL file's line, a parquet file's
+/// record), shown as a [`DataError`] shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowPlace {
+    pub file: PathBuf,
+    pub row: usize,
+}
+
+impl RowPlace {
+    /// An error about the row read here.
+    pub fn error(&self, message: impl Into<String>) -> DataError {
+        DataError::row(&self.file, self.row, message)
+    }
+}
+
+impl fmt::Display for RowPlace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}, row {}", self.file.display(), self.row)
+    }
+}
+
+/// Rows read so far, where each was read, and the bad ones skipped (each with its file, row
+/// and reason).
 #[derive(Debug, Clone)]
 pub struct Rows<T> {
     pub rows: Vec<T>,
+    /// Parallel to `rows`: so a check made after reading can still name the row.
+    pub places: Vec<RowPlace>,
     pub skipped: Vec<DataError>,
 }
 
@@ -21,6 +46,7 @@ impl<T> Default for Rows<T> {
     fn default() -> Self {
         Rows {
             rows: Vec::new(),
+            places: Vec::new(),
             skipped: Vec::new(),
         }
     }
@@ -36,7 +62,13 @@ impl<T> Rows<T> {
         opts: &ReadOptions,
     ) -> Result<(), DataError> {
         match parsed {
-            Ok(r) => self.rows.push(r),
+            Ok(r) => {
+                self.rows.push(r);
+                self.places.push(RowPlace {
+                    file: file.to_path_buf(),
+                    row,
+                });
+            }
             Err(message) => {
                 let err = DataError::row(file, row, message);
                 if !opts.skip_bad_rows {
@@ -50,6 +82,7 @@ impl<T> Rows<T> {
 
     pub(crate) fn extend(&mut self, other: Rows<T>) {
         self.rows.extend(other.rows);
+        self.places.extend(other.places);
         self.skipped.extend(other.skipped);
     }
 }

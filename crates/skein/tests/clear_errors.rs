@@ -351,7 +351,7 @@ fn text_outside_the_vocabulary_is_reported_and_text_of_nothing_else_refused() {
     assert!(
         warnings[0].contains("2 prompts with 3 characters outside the tokenizer's vocabulary")
             && warnings[0].contains("'é', 'ü'")
-            && warnings[0].contains("train prompt 2"),
+            && warnings[0].contains("train.jsonl, row 2"),
         "{err}"
     );
     let metrics = std::fs::read_to_string(root.join("some/metrics.jsonl")).unwrap();
@@ -364,8 +364,8 @@ fn text_outside_the_vocabulary_is_reported_and_text_of_nothing_else_refused() {
     refused(
         &a,
         &[
-            "train prompt 2",
-            "none of its characters",
+            "train.jsonl, row 2",
+            "none of the prompt's characters",
             "'é', 'ü'",
             "data.skip_bad_rows",
         ],

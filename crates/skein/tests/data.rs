@@ -229,7 +229,9 @@ fn data_problems_name_the_key_file_and_row() {
     cfg.data.skip_bad_rows = true;
     let err = format!("{:#}", Data::load(&cfg).err().unwrap());
     assert!(
-        err.contains("train prompt 1 has 20 tokens, over `data.max_prompt_tokens` = 12"),
+        err.contains(
+            "train.parquet, row 1: the prompt has 20 tokens, over `data.max_prompt_tokens` = 12"
+        ),
         "{err}"
     );
     cfg.data.truncation = Truncation::Left;
@@ -240,6 +242,26 @@ fn data_problems_name_the_key_file_and_row() {
         .map(|_| data.train.sample(&mut rng).prompt.len())
         .collect();
     assert!(lens.iter().all(|&l| l <= 12), "{lens:?}");
+
+    // An empty prompt (no chat template to add tokens) has nothing to predict a response
+    // from: an error naming its file and line, or a counted skip.
+    cfg.data.truncation = Truncation::Filter;
+    cfg.data.skip_bad_rows = false;
+    skein_data::parquet::write(&dir.join("train.parquet"), &rows(10, 1, 0)).unwrap();
+    let empty = r#"{"prompt": "", "data_source": "a", "reward_model": {"ground_truth": "1"}}"#;
+    write_jsonl(
+        &dir.join("val.jsonl"),
+        &rows(3, 2, 0),
+        &format!("{empty}\n"),
+    );
+    let err = format!("{:#}", Data::load(&cfg).err().unwrap());
+    assert!(
+        err.contains("val.jsonl, row 4: the prompt is empty") && err.contains("data.skip_bad_rows"),
+        "{err}"
+    );
+    cfg.data.skip_bad_rows = true;
+    let data = Data::load(&cfg).unwrap();
+    assert_eq!((data.val.len(), data.counts.skipped_rows), (3, 1));
 }
 
 #[test]

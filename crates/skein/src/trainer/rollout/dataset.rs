@@ -6,7 +6,7 @@
 use super::judge::PromptBatch;
 use crate::trainer::config::{DataConfig, TrainConfig};
 use anyhow::{bail, Context, Result};
-use skein_data::{fit, Fit, PromptRow, ReadOptions, Sampler};
+use skein_data::{fit, Fit, PromptRow, ReadOptions, RowPlace, Sampler};
 use skein_reward::math;
 use skein_tasks::{Problem, Score, Task, TaskRng};
 use skein_text::{ChatTemplate, Message, Tokenizer, UnknownChars};
@@ -94,7 +94,7 @@ impl Data {
             read_split(&cfg.data, &cfg.data.val_files, "val", &renderer)?
         };
         counts.add(val_counts);
-        let alphabet = alphabet_of(train.iter().chain(&val));
+        let alphabet = alphabet_of(train.iter().chain(&val).map(|(_, p)| p));
         let tokenizer = if cfg.model.path.is_empty() {
             Tokenizer::char_level(&alphabet)?
         } else {
@@ -200,13 +200,15 @@ impl Renderer {
     }
 }
 
-/// Reads one split's files and renders its prompts (no length limit yet).
+/// Reads one split's files and renders its prompts (no length limit yet), each with the file
+/// and row it was read from. A row whose chat template fails is a bad row: an error naming it,
+/// or with `data.skip_bad_rows` skipped and counted.
 pub fn read_split(
     cfg: &DataConfig,
     files: &[String],
     split: &str,
     renderer: &Renderer,
-) -> Result<(Vec<Problem>, DataCounts)> {
+) -> Result<(Vec<(RowPlace, Problem)>, DataCounts)> {
     let paths: Vec<PathBuf> = files.iter().map(PathBuf::from).collect();
     let opts = ReadOptions {
         skip_bad_rows: cfg.skip_bad_rows,
@@ -223,16 +225,32 @@ pub fn read_split(
             loaded.skipped.len()
         );
     }
-    let problems = loaded
-        .rows
-        .into_iter()
-        .enumerate()
-        .map(|(i, row)| problem(row, renderer).with_context(|| format!("{split} prompt {}", i + 1)))
-        .collect::<Result<Vec<_>>>()?;
-    let counts = DataCounts {
+    let mut counts = DataCounts {
         skipped_rows: loaded.skipped.len(),
         ..Default::default()
     };
+    let mut problems = Vec::with_capacity(loaded.rows.len());
+    let mut first_skipped = None;
+    for (place, row) in loaded.places.into_iter().zip(loaded.rows) {
+        match problem(row, renderer) {
+            Ok(p) => problems.push((place, p)),
+            Err(e) if cfg.skip_bad_rows => {
+                counts.skipped_rows += 1;
+                first_skipped.get_or_insert_with(|| place.error(format!("{e:#}")));
+            }
+            Err(e) => {
+                return Err(e.context(format!(
+                    "{place}: rendering the prompt through the model's chat template \
+                     (`data.skip_bad_rows = true` skips and counts such rows)"
+                )))
+            }
+        }
+    }
+    if let Some(first) = first_skipped {
+        eprintln!(
+            "skein: {split} split: skipped rows whose chat template failed; the first: {first}"
+        );
+    }
     Ok((problems, counts))
 }
 
@@ -248,8 +266,11 @@ fn problem(row: PromptRow, renderer: &Renderer) -> Result<Problem> {
 /// Holds a split to `data.max_prompt_tokens` by `data.truncation`, counting what it drops or
 /// cuts, and says which prompts have characters the tokenizer lacks (a prompt with nothing
 /// else is a bad row).
+///
+/// A prompt of no token at all (an empty text without a chat template) is a bad row: nothing
+/// would predict its first response token.
 pub fn fit_split(
-    problems: Vec<Problem>,
+    problems: Vec<(RowPlace, Problem)>,
     tokenizer: &Tokenizer,
     cfg: &DataConfig,
     split: &str,
@@ -258,19 +279,30 @@ pub fn fit_split(
     let mut counts = DataCounts::default();
     let mut unknown = UnknownRows::default();
     let mut kept = Vec::with_capacity(problems.len());
-    for (i, mut p) in problems.into_iter().enumerate() {
+    for (place, mut p) in problems {
         let (ids, chars) = tokenizer.encode_checked(&p.prompt, false)?;
-        if !unknown.note(i + 1, chars, cfg, split)? {
+        if !unknown.note(&place, chars, cfg)? {
             counts.skipped_rows += 1;
             continue;
+        }
+        if ids.is_empty() {
+            if cfg.skip_bad_rows {
+                counts.skipped_rows += 1;
+                continue;
+            }
+            return Err(place
+                .error(
+                    "the prompt is empty: it has no token to predict the response's first \
+                     from; fix the row, or set `data.skip_bad_rows = true` to skip such rows",
+                )
+                .into());
         }
         match fit(ids.len(), max, truncation) {
             Fit::Keep => kept.push(p),
             Fit::Drop => counts.filtered_prompts += 1,
             Fit::TooLong => bail!(
-                "{split} prompt {} has {} tokens, over `data.max_prompt_tokens` = {max} \
+                "{place}: the prompt has {} tokens, over `data.max_prompt_tokens` = {max} \
                  (set `data.truncation` to `filter`, `left` or `right`, or raise the limit)",
-                i + 1,
                 ids.len()
             ),
             Fit::Cut(range) => {
@@ -288,32 +320,26 @@ pub fn fit_split(
 /// The prompts of a split with characters outside the tokenizer's vocabulary.
 #[derive(Default)]
 struct UnknownRows {
-    /// Prompts with some, and the first of them (1-based).
+    /// Prompts with some, and the first of them.
     prompts: usize,
-    first: Option<usize>,
+    first: Option<RowPlace>,
     /// Prompts with nothing else, skipped (`data.skip_bad_rows`), and the first of them.
     skipped: usize,
-    first_skipped: Option<usize>,
+    first_skipped: Option<RowPlace>,
     chars: UnknownChars,
 }
 
 impl UnknownRows {
     /// Counts prompt `row`'s unknown characters; false when the row is to be skipped (it has
     /// nothing else, and `data.skip_bad_rows` is set), an error when it is not.
-    fn note(
-        &mut self,
-        row: usize,
-        chars: UnknownChars,
-        cfg: &DataConfig,
-        split: &str,
-    ) -> Result<bool> {
+    fn note(&mut self, place: &RowPlace, chars: UnknownChars, cfg: &DataConfig) -> Result<bool> {
         if chars.is_empty() {
             return Ok(true);
         }
         if chars.is_total() {
             if !cfg.skip_bad_rows {
                 bail!(
-                    "{split} prompt {row}: none of its characters is in the tokenizer's \
+                    "{place}: none of the prompt's characters is in the tokenizer's \
                      vocabulary ({}): the model would read only unknown tokens; fix the row, \
                      use a model whose tokenizer has them, or set `data.skip_bad_rows = true` \
                      to skip such rows",
@@ -321,11 +347,11 @@ impl UnknownRows {
                 );
             }
             self.skipped += 1;
-            self.first_skipped.get_or_insert(row);
+            self.first_skipped.get_or_insert_with(|| place.clone());
             return Ok(false);
         }
         self.prompts += 1;
-        self.first.get_or_insert(row);
+        self.first.get_or_insert_with(|| place.clone());
         self.chars.add(&chars);
         Ok(true)
     }
@@ -336,20 +362,19 @@ impl UnknownRows {
             1 => "1 prompt".to_string(),
             n => format!("{n} prompts"),
         };
-        if let Some(first) = self.first {
+        if let Some(first) = &self.first {
             eprintln!(
                 "skein: warning: {split} split: {} with {} in all, which the model reads as \
-                 its unknown token (the first: {split} prompt {first}; counted as \
+                 its unknown token (the first: {first}; counted as \
                  data/unknown_char_prompts)",
                 prompts(self.prompts),
                 self.chars
             );
         }
-        if let Some(first) = self.first_skipped {
+        if let Some(first) = &self.first_skipped {
             eprintln!(
                 "skein: warning: {split} split: skipped {} with no character in the \
-                 tokenizer's vocabulary (`data.skip_bad_rows`; the first: {split} prompt \
-                 {first})",
+                 tokenizer's vocabulary (`data.skip_bad_rows`; the first: {first})",
                 prompts(self.skipped)
             );
         }
@@ -550,12 +575,24 @@ mod tests {
         }
     }
 
+    /// `prompts` as read from lines 1, 2, … of d.jsonl.
+    fn placed(prompts: Vec<Problem>) -> Vec<(RowPlace, Problem)> {
+        prompts
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let file = PathBuf::from("d.jsonl");
+                (RowPlace { file, row: i + 1 }, p)
+            })
+            .collect()
+    }
+
     #[test]
     fn prompts_with_unknown_characters_are_counted_and_one_without_known_ones_is_a_bad_row() {
         let tok = Tokenizer::char_level("0123456789+=").unwrap();
         let mut cfg = DataConfig::default();
         let prompts = ["1+1=", "1+é=", "2€+2=", "1+2="].map(problem).to_vec();
-        let (kept, counts) = fit_split(prompts.clone(), &tok, &cfg, "train").unwrap();
+        let (kept, counts) = fit_split(placed(prompts.clone()), &tok, &cfg, "train").unwrap();
         assert_eq!(kept.len(), 4, "text is kept as it is");
         assert_eq!(counts.unknown_char_prompts, 2);
         assert_eq!(counts.skipped_rows, 0);
@@ -564,16 +601,16 @@ mod tests {
 
         let mut bad = prompts;
         bad.insert(2, problem(" éé "));
-        let err = fit_split(bad.clone(), &tok, &cfg, "train").unwrap_err();
+        let err = fit_split(placed(bad.clone()), &tok, &cfg, "train").unwrap_err();
         let err = format!("{err:#}");
         assert!(
-            err.contains("train prompt 3") && err.contains("'é'"),
+            err.contains("d.jsonl, row 3") && err.contains("'é'"),
             "{err}"
         );
         assert!(err.contains("data.skip_bad_rows"), "{err}");
 
         cfg.skip_bad_rows = true;
-        let (kept, counts) = fit_split(bad, &tok, &cfg, "train").unwrap();
+        let (kept, counts) = fit_split(placed(bad), &tok, &cfg, "train").unwrap();
         assert_eq!(kept.len(), 4);
         assert_eq!((counts.skipped_rows, counts.unknown_char_prompts), (1, 2));
     }
