@@ -4,8 +4,10 @@
 //! Each process is a [`crate::lines::LineProcess`]: a writer and a reader thread, so the caller
 //! only ever waits on channels with a deadline, and a worker that hangs, stops reading, or
 //! floods its output can never block a caller past the timeout. A worker that dies (exit, EOF,
-//! broken pipe) or answers out of step fails the request it held, is killed (with its whole
-//! process group) and is started again for the rest. One that does not answer within the
+//! broken pipe) or answers out of step (a line for another request's id) fails the request it
+//! held, is killed (with its whole process group) and is started again for the rest; a line
+//! that answers the request unusably (not JSON, a reward that is not a finite number) fails
+//! that request alone. One that does not answer within the
 //! timeout is killed and fails every request it held at once: a hung worker costs one timeout
 //! per batch, not one per request. A worker whose processes keep failing before any of them
 //! answers is given up on ([`GIVE_UP_AFTER`]): its requests then fail at once, with an error
@@ -165,10 +167,13 @@ impl WorkerPool {
         self.returned.notify_one();
     }
 
-    /// The slot's process, or a new one (a restart) for a slot whose process ended.
+    /// The slot's process, or a new one (a restart) for a slot whose process ended, in a
+    /// batch or since (a worker that died while idle fails no request it never held).
     fn process(&self, slot: Option<Process>) -> Result<Process, RewardError> {
-        if let Some(p) = slot {
-            return Ok(p);
+        if let Some(mut p) = slot {
+            if p.0.running() {
+                return Ok(p);
+            }
         }
         let p = Process::spawn(&self.command, &self.label)?;
         self.restarts.fetch_add(1, Ordering::Relaxed);
@@ -207,15 +212,27 @@ impl WorkerPool {
             } else {
                 self.timeout + self.start_timeout
             };
-            let answer = match proc.0.recv(allowed) {
-                Ok(line) => WireResponse::parse(&line, &self.label)
-                    .and_then(|w| w.into_result(&req.id, &self.label)),
+            // A line that answers this request, even unusably (not JSON, a reward that is not
+            // a finite number, an error), keeps the stream in step: it fails this request
+            // alone. A line for another id, or none, does not.
+            let (answer, in_step) = match proc.0.recv(allowed) {
+                Ok(line) => {
+                    let parsed = WireResponse::parse(&line, &self.label);
+                    let in_step = parsed
+                        .as_ref()
+                        .map_or(true, |w| w.id.as_str() == Some(req.id.as_str()));
+                    (
+                        parsed.and_then(|w| w.into_result(&req.id, &self.label)),
+                        in_step,
+                    )
+                }
                 Err(LineError::Closed(detail)) => {
                     self.crashes.fetch_add(1, Ordering::Relaxed);
-                    Err(RewardError::WorkerCrashed {
+                    let crashed = RewardError::WorkerCrashed {
                         command: self.label.clone(),
                         detail,
-                    })
+                    };
+                    (Err(crashed), false)
                 }
                 Err(LineError::Timeout) => {
                     let e = RewardError::Timeout {
@@ -229,14 +246,14 @@ impl WorkerPool {
                 }
             };
             match answer {
-                // A rejected request leaves the stream in step; anything else may not.
-                Ok(_) | Err(RewardError::Rejected { .. }) => {
-                    self.failing.store(0, Ordering::Relaxed);
-                    answers.push(answer);
-                }
-                Err(e) => {
+                Err(e) if !in_step => {
                     answers.push(Err(e.clone()));
                     return (answers, Some(e));
+                }
+                // The process answered this request: it works, whatever the answer was.
+                answer => {
+                    self.failing.store(0, Ordering::Relaxed);
+                    answers.push(answer);
                 }
             }
         }
@@ -373,15 +390,38 @@ mod tests {
     }
 
     #[test]
-    fn a_worker_that_prints_garbage_fails_the_request_and_is_replaced() {
-        // `cat` echoes the request back: valid JSON with an id but no reward.
+    fn a_worker_that_answers_without_a_reward_fails_those_requests_and_is_kept() {
+        // `cat` echoes each request back: an answer for its id, but with no reward.
         let pool = WorkerPool::new(&cfg(&["cat"]), "w").unwrap();
         let req = RewardRequest {
             id: "r1".into(),
             ..Default::default()
         };
+        for _ in 0..GIVE_UP_AFTER + 1 {
+            let out = pool.score_batch(&[req.clone(), req.clone()]);
+            assert_eq!(out.len(), 2);
+            assert!(
+                out.iter()
+                    .all(|r| matches!(r, Err(RewardError::Protocol { .. }))),
+                "{out:?}"
+            );
+        }
+        assert_eq!(pool.restarts(), 0);
+        assert!(
+            pool.given_up().is_none(),
+            "a worker that answers is not given up"
+        );
+    }
+
+    #[test]
+    fn a_worker_out_of_step_fails_the_request_and_is_replaced() {
+        let other = r#"while read l; do echo '{"id": "other", "reward": 1}'; done"#;
+        let pool = WorkerPool::new(&cfg(&["sh", "-c", other]), "w").unwrap();
+        let req = RewardRequest {
+            id: "r1".into(),
+            ..Default::default()
+        };
         let out = pool.score_batch(&[req.clone(), req]);
-        assert_eq!(out.len(), 2);
         assert!(
             out.iter()
                 .all(|r| matches!(r, Err(RewardError::Protocol { .. }))),

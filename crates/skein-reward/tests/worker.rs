@@ -28,7 +28,12 @@ for line in sys.stdin:
         time.sleep(60)
     if r == "sleep":
         time.sleep(0.2)
+    if r == "nan":
+        print('{"id": %s, "reward": NaN}' % json.dumps(req["id"]), flush=True)
+        continue
     print(json.dumps({"id": req["id"], "reward": len(r), "metrics": {"pid": os.getpid()}}), flush=True)
+    if r == "quit":
+        sys.exit(0)
 "#;
     std::fs::write(&path, script).expect("write worker");
     path
@@ -100,6 +105,45 @@ fn a_crashed_worker_fails_its_request_and_is_restarted_for_the_rest() {
         1.0
     );
     assert_eq!(pool.restarts(), 1);
+}
+
+/// An answer line that cannot be used (Python's `NaN` is not JSON) fails its request alone:
+/// the worker answered, so it is neither restarted nor, however often it happens, given up on.
+#[test]
+fn an_unusable_answer_fails_its_request_alone() {
+    let pool = pool(&test_worker("nan"), 1, 5_000);
+    let n = GIVE_UP_AFTER as usize + 1;
+    let mut batch: Vec<RewardRequest> = (0..n).map(|i| req(&i.to_string(), "nan")).collect();
+    batch.push(req("last", "ab"));
+    let out = pool.score_batch(&batch);
+    for answer in &out[..n] {
+        let e = answer.as_ref().unwrap_err();
+        assert!(matches!(e, RewardError::Protocol { .. }), "{e}");
+    }
+    assert_eq!(out[n].as_ref().expect("answered").reward, 2.0);
+    assert_eq!(pool.restarts(), 0);
+    assert!(pool.given_up().is_none());
+}
+
+/// A worker that exits between batches is started again for the next one, which loses no
+/// request to it.
+#[test]
+fn a_worker_that_exits_while_idle_is_restarted_before_its_next_batch() {
+    let pool = pool(&test_worker("idle-exit"), 1, 5_000);
+    assert_eq!(
+        pool.score_batch(&[req("1", "quit")])[0]
+            .as_ref()
+            .unwrap()
+            .reward,
+        4.0
+    );
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let out = pool.score_batch(&[req("2", "ab")]);
+    assert_eq!(
+        out[0].as_ref().expect("answered by a new process").reward,
+        2.0
+    );
+    assert_eq!((pool.restarts(), pool.crashes()), (1, 0));
 }
 
 /// A hung worker is killed after one timeout and fails every request it held at once; it is
