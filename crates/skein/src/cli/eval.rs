@@ -9,9 +9,9 @@ use crate::trainer::config::correct_by::{builtin_checker, DATASET_CHECKER};
 use crate::trainer::rollout::dataset::{
     eval_seed, fit_split, prompt_batch, read_split, Data, DatasetTask, Renderer,
 };
-use crate::trainer::rollout::evaluation_problems;
 use crate::trainer::rollout::judge::{answer_prompts, Answering, Answers, PromptBatch};
 use crate::trainer::rollout::reward::build_rewarder;
+use crate::trainer::rollout::{evaluation_problems, EvalResult};
 use crate::trainer::TrainConfig;
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Map, Value};
@@ -182,11 +182,12 @@ fn sampling_params(
 
 /// `eval/accuracy`, `eval/reward` and `eval/pass@k` of the answers, `n` per problem.
 fn insert_scores(line: &mut Map<String, Value>, r: &Answers, n: usize, ks: &[usize]) {
-    let total = r.trajectories.len().max(1) as f64;
-    let correct = r.correct.iter().filter(|&&c| c).count() as f64;
-    line.insert("eval/accuracy".into(), json!(correct / total));
-    let reward = r.trajectories.iter().map(|t| t.reward).sum::<f64>() / total;
-    line.insert("eval/reward".into(), json!(reward));
+    let scores = EvalResult::of(r.trajectories.iter().zip(r.correct.iter().copied()));
+    for (key, value) in scores.metrics() {
+        if key != "eval/problems" {
+            line.insert(key.into(), json!(value));
+        }
+    }
     // `answer_prompts` numbers samples problem-major: sample k of problem p is p·n + k.
     let per_problem: Vec<usize> = r
         .correct

@@ -42,7 +42,8 @@ pub struct TrainerState {
     /// Lines of metrics.jsonl written up to this step; a resumed run drops the rest.
     pub metrics_lines: usize,
     pub eval_before_accuracy: f64,
-    pub eval_before_reward: f64,
+    /// None when every answer of that evaluation failed (JSON has no NaN).
+    pub eval_before_reward: Option<f64>,
     /// Mean training reward of each step so far (null for a step whose every trajectory
     /// failed).
     pub rewards: Vec<Option<f64>>,

@@ -266,7 +266,8 @@ fn announce_resume(r: &Restore) -> EvalResult {
     );
     EvalResult {
         accuracy: r.state.eval_before_accuracy,
-        mean_reward: r.state.eval_before_reward,
+        mean_reward: r.state.eval_before_reward.unwrap_or(f64::NAN),
+        failed: 0,
         problems: 0,
         agent: None,
     }
@@ -329,7 +330,7 @@ impl Trainer<'_> {
             workload: self.workload.state(),
             metrics_lines: checkpoint::count_lines(&self.dir.join("metrics.jsonl")),
             eval_before_accuracy: self.eval_before.accuracy,
-            eval_before_reward: self.eval_before.mean_reward,
+            eval_before_reward: Some(self.eval_before.mean_reward).filter(|r| r.is_finite()),
             rewards: self.rewards.clone(),
             streaks: self.streaks,
         };

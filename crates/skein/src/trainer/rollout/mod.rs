@@ -38,6 +38,7 @@ use crate::trainer::batch::TrainRow;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use skein_plan::Trajectory;
 use skein_tasks::{draw_in, splits, Problem, Split, TaskRng};
 use skein_text::Tokenizer;
 use stats::StepRollout;
@@ -94,8 +95,14 @@ impl<'a> StepContext<'a> {
 /// Held-out greedy evaluation: the fraction judged correct and the mean reward.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct EvalResult {
+    /// Over every problem evaluated: an answer whose trajectory failed is not correct.
     pub accuracy: f64,
+    /// Over the answers whose trajectory did not fail (NaN when every one failed): a reward
+    /// that could not be had is not a reward of 0.
     pub mean_reward: f64,
+    /// Answers whose trajectory failed (a reward, environment or tool that failed, a
+    /// response that did not decode), `eval/failed`.
+    pub failed: usize,
     /// Distinct problems evaluated (`eval/problems`): `eval.problems`, or all of a smaller
     /// held-out split; 0 where not measured here (a resumed run's evaluation before RL).
     pub problems: usize,
@@ -115,13 +122,42 @@ pub struct AgentEval {
 }
 
 impl EvalResult {
-    /// The `eval/…` metrics of this evaluation.
+    /// Accuracy, mean reward and failures of one greedy answer per problem.
+    pub fn of<'a>(answers: impl Iterator<Item = (&'a Trajectory, bool)>) -> EvalResult {
+        let (mut problems, mut correct, mut failed, mut reward) = (0, 0, 0, 0.0);
+        for (t, is_correct) in answers {
+            problems += 1;
+            correct += usize::from(is_correct && !t.is_failed());
+            if t.is_failed() {
+                failed += 1;
+            } else {
+                reward += t.reward;
+            }
+        }
+        let kept = problems - failed;
+        EvalResult {
+            accuracy: correct as f64 / problems.max(1) as f64,
+            mean_reward: if kept == 0 {
+                f64::NAN
+            } else {
+                reward / kept as f64
+            },
+            failed,
+            problems,
+            agent: None,
+        }
+    }
+
+    /// The `eval/…` metrics of this evaluation (no `eval/reward` where every answer failed).
     pub fn metrics(&self) -> Vec<(&'static str, f64)> {
-        let mut m = vec![
-            ("eval/accuracy", self.accuracy),
-            ("eval/reward", self.mean_reward),
+        let mut m = vec![("eval/accuracy", self.accuracy)];
+        if self.mean_reward.is_finite() {
+            m.push(("eval/reward", self.mean_reward));
+        }
+        m.extend([
             ("eval/problems", self.problems as f64),
-        ];
+            ("eval/failed", self.failed as f64),
+        ]);
         if let Some(a) = &self.agent {
             m.push(("eval/turns_mean", a.turns_mean));
             if a.solved_turns_mean.is_finite() {
@@ -245,6 +281,39 @@ pub fn evaluation_problems(
 mod tests {
     use super::dataset::eval_seed;
     use super::*;
+
+    /// A failed answer is not correct, and its reward (none was had) is no 0 in the mean;
+    /// where every answer failed there is no mean reward to log.
+    #[test]
+    fn an_evaluation_counts_failed_answers_apart() {
+        let answer = |reward: f64, status: skein_plan::Status| Trajectory {
+            id: "t".into(),
+            group: "g".into(),
+            transitions: Vec::new(),
+            reward,
+            status,
+        };
+        let failed = || {
+            answer(
+                0.0,
+                skein_plan::Status::Failed("the reward service timed out".into()),
+            )
+        };
+        let answers = [
+            answer(1.0, skein_plan::Status::Finished),
+            answer(0.5, skein_plan::Status::Truncated),
+            failed(),
+        ];
+        let r = EvalResult::of(answers.iter().zip([true, false, true]));
+        assert_eq!((r.problems, r.failed), (3, 1));
+        assert_eq!((r.accuracy, r.mean_reward), (1.0 / 3.0, 0.75));
+        let m = r.metrics();
+        assert!(m.contains(&("eval/failed", 1.0)) && m.contains(&("eval/reward", 0.75)));
+        let none = [failed(), failed()];
+        let r = EvalResult::of(none.iter().zip([false, false]));
+        assert_eq!((r.accuracy, r.failed), (0.0, 2));
+        assert!(r.metrics().iter().all(|(k, _)| *k != "eval/reward"));
+    }
     use skein_tasks::{split_of, task_by_name};
 
     /// Problems of `task` at `difficulty` as training evaluates them.

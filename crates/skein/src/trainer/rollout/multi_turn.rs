@@ -284,14 +284,12 @@ impl Workload for MultiTurn {
         let turns = |e: &Episode| e.trajectory.transitions.len() as f64;
         let solved: Vec<f64> = r.episodes.iter().filter(|e| e.correct).map(turns).collect();
         EvalResult {
-            accuracy: solved.len() as f64 / n,
-            mean_reward: r.episodes.iter().map(|e| e.trajectory.reward).sum::<f64>() / n,
-            problems: r.episodes.len(),
             agent: Some(AgentEval {
                 turns_mean: r.episodes.iter().map(turns).sum::<f64>() / n,
                 solved_turns_mean: solved.iter().sum::<f64>() / solved.len() as f64,
                 tool_calls_mean: r.stats.tool_calls as f64 / n,
             }),
+            ..EvalResult::of(r.episodes.iter().map(|e| (&e.trajectory, e.correct)))
         }
     }
 

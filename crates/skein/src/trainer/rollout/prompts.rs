@@ -139,13 +139,7 @@ impl PromptTask {
             ..self.answering(ctx)
         };
         let r = answer_prompts(&a, &self.eval, 1, "eval");
-        let n = r.trajectories.len().max(1) as f64;
-        EvalResult {
-            accuracy: r.correct.iter().filter(|&&c| c).count() as f64 / n,
-            mean_reward: r.trajectories.iter().map(|t| t.reward).sum::<f64>() / n,
-            problems: r.trajectories.len(),
-            agent: None,
-        }
+        EvalResult::of(r.trajectories.iter().zip(r.correct.iter().copied()))
     }
 
     /// A supervised row: a problem's prompt, then its demonstrated answer and the stop token.
