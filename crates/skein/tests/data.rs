@@ -19,6 +19,25 @@ fn workdir(name: &str) -> PathBuf {
     dir
 }
 
+/// `n` distinct additions that [`rows`] never draws (its operands stop at 9), as a held-out
+/// split disjoint from its training rows.
+fn held_out_rows(n: usize) -> Vec<PromptRow> {
+    (0..n)
+        .map(|i| {
+            let (a, b) = (10 + i, 20 + i);
+            PromptRow {
+                prompt: vec![ChatMessage {
+                    role: "user".into(),
+                    content: format!("{a}+{b}="),
+                }],
+                data_source: "arith".into(),
+                ground_truth: (a + b).to_string(),
+                extra_info: json!({"index": i}),
+            }
+        })
+        .collect()
+}
+
 /// Arithmetic problems as verl rows; `long` of them padded past a 12-token limit.
 fn rows(n: usize, seed: u64, long: usize) -> Vec<PromptRow> {
     let task = Arithmetic::new(1);
@@ -97,7 +116,11 @@ fn metrics(run: &Path) -> Vec<Value> {
 fn trains_on_a_parquet_dataset_and_evaluates_its_validation_split() {
     let dir = workdir("train");
     skein_data::parquet::write(&dir.join("train.parquet"), &rows(200, 1, 3)).unwrap();
-    write_jsonl(&dir.join("val.jsonl"), &rows(20, 2, 0), "{\"prompt\": 5}\n");
+    write_jsonl(
+        &dir.join("val.jsonl"),
+        &held_out_rows(20),
+        "{\"prompt\": 5}\n",
+    );
     let cfg = config(&dir);
 
     // The held-out batch is the validation split, in file order.
@@ -108,7 +131,7 @@ fn trains_on_a_parquet_dataset_and_evaluates_its_validation_split() {
     let tokenizer =
         skein_text::Tokenizer::char_level(skein_tasks::Task::alphabet(&data.train)).unwrap();
     let batch = data.eval_batch(&tokenizer, 16, 0).unwrap();
-    let want: Vec<_> = rows(20, 2, 0)
+    let want: Vec<_> = held_out_rows(20)
         .into_iter()
         .take(16)
         .map(|r| r.prompt[0].content.clone())
@@ -217,7 +240,11 @@ fn data_problems_name_the_key_file_and_row() {
     cfg.data.truncation = Truncation::Error;
     cfg.data.skip_bad_rows = false;
     skein_data::parquet::write(&dir.join("train.parquet"), &rows(10, 1, 0)).unwrap();
-    write_jsonl(&dir.join("val.jsonl"), &rows(3, 2, 0), "{\"prompt\": 5}\n");
+    write_jsonl(
+        &dir.join("val.jsonl"),
+        &held_out_rows(3),
+        "{\"prompt\": 5}\n",
+    );
     let err = format!("{:#}", Data::load(&cfg).err().unwrap());
     assert!(
         err.contains("val.jsonl, row 4: `prompt` must be a list"),
@@ -251,7 +278,7 @@ fn data_problems_name_the_key_file_and_row() {
     let empty = r#"{"prompt": "", "data_source": "a", "reward_model": {"ground_truth": "1"}}"#;
     write_jsonl(
         &dir.join("val.jsonl"),
-        &rows(3, 2, 0),
+        &held_out_rows(3),
         &format!("{empty}\n"),
     );
     let err = format!("{:#}", Data::load(&cfg).err().unwrap());
@@ -350,8 +377,9 @@ fn eval_line(out: &std::process::Output) -> Value {
 /// decides the run's held-out accuracy and `skein eval`'s on its checkpoint: the same number
 /// on the same problems, named the same way. The training rows' ground truths are worked
 /// answers (`3+4=7`), so the warm-up teaches the model to answer with an equation, as chat
-/// models do; the validation rows' are the bare sums, which only the last number of such an
-/// answer matches: the dataset's own (strict) check finds none of them correct.
+/// models do; the validation rows (every fourth sum, which training never has) have the bare
+/// sums, which only the last number of such an answer matches: the dataset's own (strict)
+/// check finds none of them correct.
 #[test]
 fn skein_eval_of_a_run_reports_its_final_accuracy_by_the_runs_judge() {
     let dir = workdir("judge");
@@ -367,10 +395,12 @@ fn skein_eval_of_a_run_reports_its_final_accuracy_by_the_runs_judge() {
             extra_info: json!({"index": i}),
         }
     };
+    // Training has every problem but the held-out ones: every fourth, so the evaluation spans
+    // the table.
     let worked: Vec<_> = (0..100)
+        .filter(|i| i % 4 != 0)
         .map(|i| row(i, format!("{}+{}={}", i / 10, i % 10, i / 10 + i % 10)))
         .collect();
-    // Every fourth problem, so the evaluation spans the table.
     let bare: Vec<_> = (0..100)
         .step_by(4)
         .map(|i| row(i, (i / 10 + i % 10).to_string()))
@@ -393,7 +423,7 @@ intermediate_size = 128
 train_files = ["{train}"]
 val_files = ["{val}"]
 [sft]
-steps = 150
+steps = 500
 batch_size = 32
 lr = 5e-3
 eval_every = 0
@@ -501,6 +531,44 @@ sources = ["answer"]
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("`eval.correct_by`") && err.contains("(allowed: task, answer;"),
+        "{err}"
+    );
+}
+
+/// Held-out accuracy is over distinct problems training never draws: validation prompts the
+/// training files also have, and repeats, are left out and counted; a validation split with
+/// nothing else is refused.
+#[test]
+fn held_out_prompts_are_distinct_and_never_trained_on() {
+    let dir = workdir("held-out");
+    let cfg = config(&dir);
+    let train = rows(10, 1, 0);
+    skein_data::parquet::write(&dir.join("train.parquet"), &train).unwrap();
+    let fresh = |content: &str| PromptRow {
+        prompt: vec![ChatMessage {
+            role: "user".into(),
+            content: content.into(),
+        }],
+        ..train[0].clone()
+    };
+    let val = [
+        train[0].clone(),
+        fresh("91+92="),
+        fresh("91+92="),
+        train[3].clone(),
+        fresh("93+94="),
+    ];
+    write_jsonl(&dir.join("val.jsonl"), &val, "");
+    let data = Data::load(&cfg).unwrap();
+    let prompts: Vec<&str> = data.val.iter().map(|p| p.prompt.as_str()).collect();
+    assert_eq!(prompts, vec!["91+92=", "93+94="]);
+    assert_eq!((data.counts.val_in_train, data.counts.val_repeats), (2, 1));
+
+    write_jsonl(&dir.join("val.jsonl"), &train[..3], "");
+    let err = format!("{:#}", Data::load(&cfg).err().unwrap());
+    assert!(
+        err.contains("`data.val_files` leave no held-out prompt")
+            && err.contains("3 also in the training files"),
         "{err}"
     );
 }

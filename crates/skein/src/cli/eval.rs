@@ -358,7 +358,18 @@ fn problems(args: &EvalArgs, cfg: &TrainConfig, tokenizer: &Tokenizer) -> Result
     }
     let n = args.problems.unwrap_or(cfg.eval.problems);
     if !cfg.data.val_files.is_empty() {
-        return dataset_rows(cfg, &cfg.data.val_files, Some(n), tokenizer);
+        // The run's held-out set: its validation rows as it read, fitted and kept them
+        // (without the prompts training also has, each once).
+        let data = Data::load(cfg)?;
+        let problems: Vec<_> = data.val.into_iter().take(n).collect();
+        let task = DatasetTask::new("eval".into(), problems.clone(), "", &cfg.data);
+        return Ok(EvalSet {
+            scorer: Box::new(task.clone()),
+            task: Box::new(task),
+            problems,
+            source: format!("{} (held-out problems)", cfg.data.val_files.join(", ")),
+            checker: DATASET_CHECKER.to_string(),
+        });
     }
     let seed = eval_seed(cfg.run.seed);
     if !cfg.data.train_files.is_empty() {

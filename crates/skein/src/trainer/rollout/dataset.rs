@@ -30,6 +30,10 @@ pub struct DataCounts {
     pub truncated_prompts: usize,
     /// Prompts with characters outside the tokenizer's vocabulary (read as its unknown token).
     pub unknown_char_prompts: usize,
+    /// Validation prompts left out of the held-out set: also a training prompt, or a repeat
+    /// of one before it ([`held_out_split`]).
+    pub val_in_train: usize,
+    pub val_repeats: usize,
 }
 
 impl DataCounts {
@@ -38,9 +42,11 @@ impl DataCounts {
         self.filtered_prompts += o.filtered_prompts;
         self.truncated_prompts += o.truncated_prompts;
         self.unknown_char_prompts += o.unknown_char_prompts;
+        self.val_in_train += o.val_in_train;
+        self.val_repeats += o.val_repeats;
     }
 
-    pub fn metrics(&self) -> [(&'static str, f64); 4] {
+    pub fn metrics(&self) -> [(&'static str, f64); 6] {
         [
             ("data/skipped_rows", self.skipped_rows as f64),
             ("data/filtered_prompts", self.filtered_prompts as f64),
@@ -49,8 +55,31 @@ impl DataCounts {
                 "data/unknown_char_prompts",
                 self.unknown_char_prompts as f64,
             ),
+            ("data/val_in_train", self.val_in_train as f64),
+            ("data/val_repeats", self.val_repeats as f64),
         ]
     }
+}
+
+/// The held-out set of a validation split: each distinct prompt once, and none that training
+/// can draw, so held-out accuracy is over distinct problems the run never trains on. A prompt
+/// is the text the model reads (rendered and fitted to `data.max_prompt_tokens`).
+pub fn held_out_split(val: Vec<Problem>, train: &[Problem]) -> (Vec<Problem>, DataCounts) {
+    let trained: std::collections::HashSet<&str> =
+        train.iter().map(|p| p.prompt.as_str()).collect();
+    let mut seen = std::collections::HashSet::new();
+    let mut counts = DataCounts::default();
+    let mut kept = Vec::with_capacity(val.len());
+    for p in val {
+        if trained.contains(p.prompt.as_str()) {
+            counts.val_in_train += 1;
+        } else if !seen.insert(p.prompt.clone()) {
+            counts.val_repeats += 1;
+        } else {
+            kept.push(p);
+        }
+    }
+    (kept, counts)
 }
 
 /// The task a run trains on: its dataset when `data.train_files` is set, else the built-in
@@ -110,6 +139,28 @@ impl Data {
                  raise the limit or set `data.truncation` to `left` or `right`",
                 cfg.data.max_prompt_tokens,
                 counts.filtered_prompts
+            );
+        }
+        let (val, c) = held_out_split(val, &train);
+        counts.add(c);
+        if !cfg.data.val_files.is_empty() && val.is_empty() {
+            bail!(
+                "`data.val_files` leave no held-out prompt: {} also in the training files, {} \
+                 repeats, and the rest filtered or skipped ({} over `data.max_prompt_tokens` = \
+                 {} in both splits); give validation prompts training does not have",
+                c.val_in_train,
+                c.val_repeats,
+                counts.filtered_prompts,
+                cfg.data.max_prompt_tokens
+            );
+        }
+        if c.val_in_train + c.val_repeats > 0 {
+            eprintln!(
+                "skein: warning: val split: left {} prompts out of the held-out set that the \
+                 training files also have and {} repeats, so held-out accuracy counts \
+                 distinct problems the run never trains on (data/val_in_train, \
+                 data/val_repeats)",
+                c.val_in_train, c.val_repeats
             );
         }
         eprintln!(
