@@ -41,13 +41,19 @@ fn friendly(expected: &str) -> String {
 }
 
 /// "unknown key `trainer.lrr` (allowed keys in `trainer`: lr, steps; did you mean `lr`?)".
-/// serde_path_to_error's path already ends with the unknown field.
+/// serde_path_to_error's path ends with the unknown field, but for a section serde buffers
+/// before it reads it (an enum tagged by `kind`, such as a reward source), where the path
+/// stops at the section: the field is then appended to it.
 fn unknown_key(path: &str, field: &str, allowed: &[String]) -> String {
+    let path = match path.rsplit('.').next() {
+        Some(last) if !path.is_empty() && last != field => format!("{path}.{field}"),
+        _ => path.to_string(),
+    };
     let section = match path.rsplit_once('.') {
         Some((section, _)) => format!("in `{section}`"),
         None => "at the top level".to_string(),
     };
-    let key = if path.is_empty() { field } else { path };
+    let key = if path.is_empty() { field } else { &path };
     let allowed_list = if allowed.is_empty() {
         "none".to_string()
     } else {

@@ -130,6 +130,17 @@ fn unknown_keys_name_the_dotted_key_and_the_allowed_ones() {
             && e.contains("did you mean `temperature`?"),
         "{e}"
     );
+    // A section serde buffers before reading it (an enum tagged by `kind`) loses the path to
+    // the field: the field is named under the section all the same.
+    let e = crate::describe::deserialize_error(
+        "reward.sources.py",
+        "unknown field `cmd`, expected one of `command`, `processes`",
+    );
+    assert_eq!(
+        e,
+        "unknown key `reward.sources.py.cmd` (allowed keys in `reward.sources.py`: command, \
+         processes)"
+    );
     // A misspelt section, set from the command line.
     let e = err(None, &["trainr.lr=1"]);
     assert!(
