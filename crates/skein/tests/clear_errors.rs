@@ -400,7 +400,8 @@ fn text_outside_the_vocabulary_is_reported_and_text_of_nothing_else_refused() {
     assert_eq!(code, 0, "{err}");
     assert!(
         err.contains("1 conversation with 1 character outside the tokenizer's vocabulary ('é')")
-            && err.contains("the first: conversation 2"),
+            && err.contains("the first: ")
+            && err.contains("chat.jsonl, row 2"),
         "{err}"
     );
     let summary: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
@@ -416,7 +417,7 @@ fn text_outside_the_vocabulary_is_reported_and_text_of_nothing_else_refused() {
     refused(
         &a,
         &[
-            "conversation 2",
+            "chat.jsonl, row 2",
             "message 2 (assistant)",
             "'é'",
             "--skip-bad-rows",

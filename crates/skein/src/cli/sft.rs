@@ -15,7 +15,7 @@ use crate::trainer::sft::{sft_optim_config, sft_row_masked, sft_step};
 use crate::trainer::update::optim::Optimizer;
 use anyhow::{bail, Context, Result};
 use serde_json::json;
-use skein_data::{load_conversations, ChatMessage, Conversation, ReadOptions, Sampler};
+use skein_data::{load_conversations, ChatMessage, Conversation, ReadOptions, Rows, Sampler};
 use skein_report::StepProgress;
 use skein_text::{ChatTemplate, Message, Tokenizer, UnknownChars};
 use std::collections::BTreeSet;
@@ -88,7 +88,7 @@ pub fn run(args: &SftArgs) -> Result<()> {
             args.model.as_deref().unwrap_or(Path::new("the model")).display()
         )
         })?;
-    let tokenized = conversation_rows(&loaded.rows, &template, &tokenizer, args)?;
+    let tokenized = conversation_rows(&loaded, &template, &tokenizer, args)?;
     let rows = tokenized.rows;
     if rows.is_empty() {
         bail!(
@@ -254,32 +254,32 @@ struct ConversationRows {
 /// Tokenizes every conversation; one with a message the tokenizer has no character of is a
 /// bad row, and other characters it lacks are counted and reported once.
 fn conversation_rows(
-    conversations: &[Conversation],
+    conversations: &Rows<Conversation>,
     template: &ChatTemplate,
     tokenizer: &Tokenizer,
     args: &SftArgs,
 ) -> Result<ConversationRows> {
     let mut out = ConversationRows {
-        rows: Vec::with_capacity(conversations.len()),
+        rows: Vec::with_capacity(conversations.rows.len()),
         truncated: 0,
         skipped: 0,
         unknown_conversations: 0,
     };
     let (mut unknown, mut first_unknown, mut first_skipped) = (UnknownChars::default(), None, None);
-    for (i, c) in conversations.iter().enumerate() {
-        let at = || format!("conversation {}", i + 1);
+    for (place, c) in conversations.places.iter().zip(&conversations.rows) {
+        let at = || place.to_string();
         let chars = match unknown_in(tokenizer, &c.messages).with_context(at) {
             Ok(chars) => chars,
             Err(_) if args.skip_bad_rows => {
                 out.skipped += 1;
-                first_skipped.get_or_insert(i + 1);
+                first_skipped.get_or_insert(place);
                 continue;
             }
             Err(e) => return Err(e.context("pass --skip-bad-rows to skip such conversations")),
         };
         if !chars.is_empty() {
             out.unknown_conversations += 1;
-            first_unknown.get_or_insert(i + 1);
+            first_unknown.get_or_insert(place);
             unknown.add(&chars);
         }
         let (mut tokens, mut mask) =
@@ -300,14 +300,14 @@ fn conversation_rows(
     if let Some(first) = first_unknown {
         eprintln!(
             "skein: warning: {} with {unknown} in all, which the model reads as its unknown \
-             token (the first: conversation {first})",
+             token (the first: {first})",
             conversations(out.unknown_conversations)
         );
     }
     if let Some(first) = first_skipped {
         eprintln!(
             "skein: warning: skipped {} with a message of which no character is in the \
-             tokenizer's vocabulary (the first: conversation {first})",
+             tokenizer's vocabulary (the first: {first})",
             conversations(out.skipped)
         );
     }
