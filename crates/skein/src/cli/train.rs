@@ -32,10 +32,9 @@ pub fn run(
     if let Some(fitted) = crate::trainer::fit::fit_micro_batch(&mut cfg, chosen) {
         eprintln!("skein: {fitted}");
     }
-    let summary = match (resume, overwrite) {
-        (Some(_), _) => crate::trainer::run::resume(&cfg)?,
-        (None, true) => crate::trainer::run::train_overwriting(&cfg)?,
-        (None, false) => crate::trainer::run::train(&cfg)?,
+    let summary = match resume {
+        Some(_) => crate::trainer::run::resume(&cfg)?,
+        None => crate::trainer::run::train_new(&cfg, overwrite)?,
     };
     if summary.rank > 0 {
         // Another rank of an MPI job: rank 0 reports the run.

@@ -46,19 +46,15 @@ pub fn train(cfg: &TrainConfig) -> Result<RunSummary> {
     run(cfg, Begin::New)
 }
 
-/// A new run in `cfg.run.dir`, replacing the run there (its files are removed first).
-pub fn train_overwriting(cfg: &TrainConfig) -> Result<RunSummary> {
-    run(cfg, Begin::Overwrite)
-}
-
-/// Refuses a new run in `cfg.run.dir` as [`train`] (or, with `overwrite`, [`train_overwriting`])
-/// would, without taking the directory: for a command that trains several runs and checks
-/// every directory before the first one spends any time.
+/// Refuses a new run in `cfg.run.dir` as [`train_new`] would, without taking the directory:
+/// for a command that trains several runs and checks every directory before the first one
+/// spends any time.
 pub fn check_new_run(cfg: &TrainConfig, overwrite: bool) -> Result<()> {
     super::run_dir::RunDir::for_new_run(cfg, overwrite).map(drop)
 }
 
-/// A new run in `cfg.run.dir`: [`train_overwriting`] when `overwrite`, else [`train`].
+/// A new run in `cfg.run.dir`: with `overwrite`, replacing the run there (set aside until
+/// this one has a checkpoint), else refused where another run is ([`train`]).
 pub fn train_new(cfg: &TrainConfig, overwrite: bool) -> Result<RunSummary> {
     run(
         cfg,
