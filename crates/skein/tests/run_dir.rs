@@ -25,9 +25,8 @@ fn workdir(name: &str) -> PathBuf {
     common::workdir("run-dir", name)
 }
 
-/// `skein ARGS... train` with the small run's settings and `extra` ones in `dir`; exit code
-/// and stderr.
-fn skein_train(dir: &Path, args: &[&str], extra: &[&str]) -> (i32, String) {
+/// `skein train ARGS...` with the small run's settings and `extra` ones in `dir`.
+fn train_command(dir: &Path, args: &[&str], extra: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_skein"));
     cmd.arg("train").args(args);
     let run_dir = format!("run.dir=\"{}\"", dir.display());
@@ -37,7 +36,22 @@ fn skein_train(dir: &Path, args: &[&str], extra: &[&str]) -> (i32, String) {
     if !args.contains(&"--resume") {
         cmd.args(["--set", &run_dir]);
     }
-    let out = cmd.output().expect("skein runs");
+    cmd
+}
+
+/// [`train_command`], started in the background with its stderr dropped.
+fn spawn_train(dir: &Path, args: &[&str], extra: &[&str]) -> std::process::Child {
+    train_command(dir, args, extra)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("skein runs")
+}
+
+/// [`train_command`], run to its end; exit code and stderr.
+fn skein_train(dir: &Path, args: &[&str], extra: &[&str]) -> (i32, String) {
+    let out = train_command(dir, args, extra)
+        .output()
+        .expect("skein runs");
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stderr).into(),
@@ -144,17 +158,7 @@ fn a_second_run_refuses_a_finished_run_and_overwrite_replaces_it() {
 #[test]
 fn a_second_process_is_refused_while_a_run_owns_the_directory() {
     let dir = workdir("owned");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_skein"));
-    cmd.arg("train");
-    let run_dir = format!("run.dir=\"{}\"", dir.display());
-    let long = ["trainer.steps=100000", run_dir.as_str()];
-    for s in TINY_RUN.iter().chain(SMALL).chain(&long).copied() {
-        cmd.args(["--set", s]);
-    }
-    let mut first = cmd
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("skein runs");
+    let mut first = spawn_train(&dir, &[], &["trainer.steps=100000"]);
     let pid = first.id().to_string();
     // The owner names itself once it starts writing, and checkpoint-1 follows its first step.
     let started = std::time::Instant::now();
@@ -202,21 +206,8 @@ fn a_killed_overwrite_leaves_the_whole_previous_run_set_aside() {
         .filter(|(p, _)| !p.ends_with("run.lock"))
         .collect();
 
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_skein"));
-    cmd.args(["train", "--overwrite"]);
-    let run_dir = format!("run.dir=\"{}\"", dir.display());
-    let long = [
-        "trainer.steps=100000",
-        "trainer.checkpoint_every=0",
-        run_dir.as_str(),
-    ];
-    for s in TINY_RUN.iter().chain(SMALL).chain(&long).copied() {
-        cmd.args(["--set", s]);
-    }
-    let mut second = cmd
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("skein runs");
+    let long = ["trainer.steps=100000", "trainer.checkpoint_every=0"];
+    let mut second = spawn_train(&dir, &["--overwrite"], &long);
     // Killed once it has logged an RL step: past every file it opens before its first step.
     let started = std::time::Instant::now();
     let logged_a_step = || {
