@@ -94,21 +94,35 @@ impl BatchScorer for ModelScorer {
         match self.pool.score_batch(&items) {
             Ok(scores) => scores
                 .into_iter()
-                .map(|s| Ok(RewardOutput::new(s)))
+                .map(|s| model_reward(&self.source, s))
                 .collect(),
             // One bad item must not fail its batch-mates: score them one by one.
             Err(_) if items.len() > 1 => items
                 .iter()
                 .map(|it| {
-                    self.pool
-                        .score_batch(std::slice::from_ref(it))
-                        .map(|s| RewardOutput::new(s[0]))
+                    let scores = self.pool.score_batch(std::slice::from_ref(it));
+                    scores
                         .map_err(fail)
+                        .and_then(|s| model_reward(&self.source, s[0]))
                 })
                 .collect(),
             Err(e) => vec![Err(fail(e))],
         }
     }
+}
+
+/// A reward model's score as a reward. A non-finite score (weights or a dtype that overflow)
+/// fails its request here, naming the model, rather than later as a reward out of range.
+fn model_reward(source: &str, score: f64) -> Result<RewardOutput, RewardError> {
+    if score.is_finite() {
+        return Ok(RewardOutput::new(score));
+    }
+    Err(RewardError::Scorer {
+        source: format!("reward_models.{source}"),
+        detail: format!(
+            "the model scored {score}, not a finite number; check its weights and `model.dtype`"
+        ),
+    })
 }
 
 /// Problems with `[reward_models]`, with their keys: every entry must be a model directory and
@@ -366,6 +380,16 @@ mod tests {
             let out = scorer.score_batch(&[req]).remove(0).unwrap();
             assert_eq!(out.reward, task.score(&problem, &text).reward);
             assert_eq!((out.reward, out.metrics["correct"]), (want, want));
+        }
+    }
+
+    #[test]
+    fn a_non_finite_model_score_fails_its_request_naming_the_model() {
+        assert_eq!(model_reward("rm", 0.25).unwrap().reward, 0.25);
+        for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let e = model_reward("rm", bad).unwrap_err();
+            assert_eq!(e.kind(), "scorer");
+            assert!(e.to_string().contains("reward_models.rm"), "{e}");
         }
     }
 
