@@ -73,9 +73,12 @@ pub fn run(a: &PartialBenchArgs) -> Result<()> {
     let configs = [("sync", false), ("partial", true)].map(|(name, partial)| {
         let mut cfg = base.clone();
         cfg.run.dir = a.out.join(name).display().to_string();
-        cfg.rollout.partial.enabled = partial;
-        cfg.rollout.partial.token_budget = a.budget;
-        cfg.rollout.partial.max_staleness = a.max_staleness;
+        // The sync run leaves `rollout.partial` alone: its keys would do nothing there.
+        if partial {
+            cfg.rollout.partial.enabled = true;
+            cfg.rollout.partial.token_budget = a.budget;
+            cfg.rollout.partial.max_staleness = a.max_staleness;
+        }
         (name, cfg)
     });
     // Both directories are checked before the first run spends any time.

@@ -5,6 +5,7 @@
 
 mod batching;
 pub mod correct_by;
+mod inert;
 mod trajectories;
 pub mod validate;
 

@@ -27,6 +27,7 @@ pub fn validate(cfg: &TrainConfig) -> Result<()> {
     validate_data(cfg, &mut v);
     validate_task(cfg, &mut v);
     validate_agent(cfg, &mut v);
+    super::inert::validate_inert_keys(cfg, is_multi_turn(cfg), &mut v);
     Ok(v.finish()?)
 }
 
@@ -1048,7 +1049,7 @@ mod tests {
     }
 
     /// k1 as a loss term has a zero expected gradient: refused with a KL term on, with the
-    /// two estimators that do pull named; without one the estimator is never used.
+    /// two estimators that do pull named; without one the estimator is unused, so refused.
     #[test]
     fn k1_is_refused_as_a_loss_term() {
         let problem = |set: &[&str]| validate(&load(set).unwrap()).err().map(|e| e.to_string());
@@ -1059,7 +1060,8 @@ mod tests {
             "{e}"
         );
         assert!(problem(&["algorithm.kl_estimator=\"k2\"", "algorithm.kl_coef=0.1"]).is_none());
-        assert!(problem(&[k1]).is_none());
+        let e = problem(&[k1]).unwrap();
+        assert!(e.contains("`algorithm.kl_coef` > 0"), "{e}");
     }
 
     #[test]
