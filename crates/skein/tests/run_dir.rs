@@ -431,6 +431,49 @@ fn benches_refuse_a_finished_run_before_their_first_run() {
     }
 }
 
+/// The same benches check every run's config before the first run, and refuse a `--set` of a
+/// key they set themselves: the first run never starts.
+#[test]
+fn benches_refuse_a_config_their_last_run_cannot_use_before_their_first_run() {
+    for (bench, first, args, named) in [
+        (
+            "bench-partial",
+            "sync",
+            &["--max-staleness", "1"][..],
+            "`rollout.partial.max_staleness`",
+        ),
+        (
+            "bench-partial",
+            "sync",
+            &["--set", "rollout.partial.token_budget=4"][..],
+            "--budget",
+        ),
+        (
+            "bench-agents",
+            "calculator",
+            &["--set", "algorithm.estimator=\"gae\""][..],
+            "`algorithm.step_group_weight`",
+        ),
+        (
+            "bench-agents",
+            "calculator",
+            &["--set", "run.dir=\"x\""][..],
+            "--out",
+        ),
+    ] {
+        let out = workdir(&format!("{bench}-config"));
+        let run = Command::new(env!("CARGO_BIN_EXE_skein"))
+            .args([bench, "--out", out.to_str().unwrap()])
+            .args(args)
+            .output()
+            .expect("skein runs");
+        let err = String::from_utf8_lossy(&run.stderr);
+        assert_eq!(run.status.code(), Some(2), "{bench} {args:?}: {err}");
+        assert!(err.contains(named), "{bench} {args:?}: {err}");
+        assert!(!out.join(first).exists(), "{bench} started its first run");
+    }
+}
+
 /// An overlay of several runs is written only to a `.png` path: a slip of `--out` cannot
 /// replace a run's config or metrics with an image.
 #[test]

@@ -3,6 +3,7 @@
 //! game runs once per credit mode with the same seed. Each run's greedy evaluation before and
 //! after RL goes in one table, and its curves in a PNG.
 
+use super::bench_args::refuse_owned_keys;
 use crate::trainer::run::{check_new_run, train_new, RunSummary};
 use crate::trainer::TrainConfig;
 use anyhow::Result;
@@ -93,6 +94,7 @@ pub fn run(a: &AgentsBenchArgs) -> Result<()> {
         })
         .collect();
     // Every config and run directory is checked before the first run spends any time.
+    refuse_owned_keys("skein bench-agents", &a.overrides, &[("run.dir", "--out")])?;
     let configs = chosen
         .iter()
         .map(|s| config(s, &a.overrides, &a.out))

@@ -1,6 +1,7 @@
 //! What the benches share: the shape of their random model ([`ModelShape`]), where and in
-//! which precision it runs ([`Placement`]), and the check that a count is at least 1
-//! ([`at_least_one`]).
+//! which precision it runs ([`Placement`]), the check that a count is at least 1
+//! ([`at_least_one`]), and the refusal of a `--set` the command would overwrite
+//! ([`refuse_owned_keys`]).
 
 use crate::model::{Dtype, LoraConfig, Model, ModelConfig, ModelOptions};
 use anyhow::Result;
@@ -12,6 +13,28 @@ pub fn at_least_one(flags: &[(&str, usize)]) -> Result<()> {
         Some((flag, _)) => anyhow::bail!("invalid value for `{flag}`: must be ≥ 1 (got 0)"),
         None => Ok(()),
     }
+}
+
+/// Refuses a `--set` of a key the command sets itself (or of a key under it), which would
+/// otherwise be overwritten without a word; `owned` pairs each key with the flag to use.
+pub fn refuse_owned_keys(
+    command: &str,
+    overrides: &[String],
+    owned: &[(&str, &str)],
+) -> Result<()> {
+    for set in overrides {
+        let key = set.split('=').next().unwrap_or("").trim();
+        let hit = owned.iter().find(|(k, _)| {
+            key == *k
+                || key
+                    .strip_prefix(k)
+                    .is_some_and(|rest| rest.starts_with('.'))
+        });
+        if let Some((k, flag)) = hit {
+            anyhow::bail!("`--set {set}`: {command} sets `{k}` itself; use {flag} instead");
+        }
+    }
+    Ok(())
 }
 
 /// The shape of a benchmark's random Qwen2-layout model.

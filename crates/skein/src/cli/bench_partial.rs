@@ -3,6 +3,7 @@
 //! Reports trained tokens per second and the spread of step times, and draws both runs'
 //! curves in one PNG.
 
+use super::bench_args::refuse_owned_keys;
 use crate::trainer::run::{check_new_run, train_new};
 use crate::trainer::TrainConfig;
 use anyhow::{Context, Result};
@@ -51,6 +52,14 @@ fn base_config(a: &PartialBenchArgs) -> Result<TrainConfig> {
         "eval.problems=64".into(),
         "eval.every=0".into(),
     ];
+    refuse_owned_keys(
+        "skein bench-partial",
+        &a.overrides,
+        &[
+            ("run.dir", "--out"),
+            ("rollout.partial", "--budget and --max-staleness"),
+        ],
+    )?;
     sets.extend(a.overrides.iter().cloned());
     Ok(skein_config::load_with_defaults(
         None,
@@ -81,7 +90,7 @@ pub fn run(a: &PartialBenchArgs) -> Result<()> {
         }
         (name, cfg)
     });
-    // Both directories are checked before the first run spends any time.
+    // Both configs and directories are checked before the first run spends any time.
     for (_, cfg) in &configs {
         check_new_run(cfg, a.overwrite)?;
     }

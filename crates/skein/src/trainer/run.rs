@@ -46,10 +46,11 @@ pub fn train(cfg: &TrainConfig) -> Result<RunSummary> {
     run(cfg, Begin::New)
 }
 
-/// Refuses a new run in `cfg.run.dir` as [`train_new`] would, without taking the directory:
-/// for a command that trains several runs and checks every directory before the first one
+/// Refuses a new run as [`train_new`] would, its config or its directory, without taking the
+/// directory: for a command that trains several runs and checks every one before the first
 /// spends any time.
 pub fn check_new_run(cfg: &TrainConfig, overwrite: bool) -> Result<()> {
+    super::config::validate::validate(cfg)?;
     super::run_dir::RunDir::for_new_run(cfg, overwrite).map(drop)
 }
 
