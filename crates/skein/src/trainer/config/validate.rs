@@ -71,7 +71,7 @@ fn validate_policy_loss_keys(a: &super::AlgorithmConfig, v: &mut Validator) {
         a.policy_loss == PolicyLoss::Ppo || a.dual_clip == defaults.dual_clip,
         "algorithm.dual_clip",
         &format!(
-            "bounds PPO's clipped surrogate of a negative advantage, and `algorithm.policy_loss              = \"{loss}\"` has none: remove it"
+            "bounds PPO's clipped surrogate of a negative advantage, and `algorithm.policy_loss = \"{loss}\"` has none: remove it"
         ),
         a.dual_clip,
     )
@@ -604,6 +604,30 @@ fn validate_trainer(cfg: &TrainConfig, v: &mut Validator) {
             "optim.beta2",
             "must be in [0, 1)",
             o.beta2,
+        )
+        .check(
+            o.weight_decay >= 0.0 && o.weight_decay.is_finite(),
+            "optim.weight_decay",
+            "must be a finite number >= 0 (0: none)",
+            o.weight_decay,
+        )
+        .check(
+            o.eps > 0.0 && o.eps.is_finite(),
+            "optim.eps",
+            "must be a finite number > 0 (it keeps AdamW's division away from 0)",
+            o.eps,
+        )
+        .check(
+            (0.0..=1.0).contains(&o.min_lr_ratio),
+            "optim.min_lr_ratio",
+            "must be in [0, 1] (the cosine schedule's floor, as a fraction of `optim.lr`)",
+            o.min_lr_ratio,
+        )
+        .check(
+            cfg.algorithm.entropy_coef.is_finite(),
+            "algorithm.entropy_coef",
+            "must be a finite number (0: no entropy bonus)",
+            cfg.algorithm.entropy_coef,
         );
 }
 
@@ -715,9 +739,9 @@ fn min_positions(cfg: &TrainConfig) -> usize {
 fn validate_agent(cfg: &TrainConfig, v: &mut Validator) {
     let a = &cfg.agent;
     v.check(
-        a.env_timeout_s > 0.0 && a.env_timeout_s.is_finite(),
+        a.env_timeout_s > 0.0 && a.env_timeout_s <= MAX_TIMEOUT_S,
         "agent.env_timeout_s",
-        "must be a finite number of seconds > 0",
+        "must be a number of seconds in (0, 1e9]",
         a.env_timeout_s,
     );
     if a.kind == AgentKind::External {
@@ -741,9 +765,9 @@ fn validate_agent(cfg: &TrainConfig, v: &mut Validator) {
             true,
         )
         .check(
-            a.rollout_timeout_s > 0.0 && a.rollout_timeout_s.is_finite(),
+            a.rollout_timeout_s > 0.0 && a.rollout_timeout_s <= MAX_TIMEOUT_S,
             "agent.rollout_timeout_s",
-            "must be a finite number of seconds > 0",
+            "must be a number of seconds in (0, 1e9]",
             a.rollout_timeout_s,
         )
         .check(
@@ -787,6 +811,10 @@ fn validate_agent(cfg: &TrainConfig, v: &mut Validator) {
     }
 }
 
+/// Longest an `agent.*_timeout_s` may be (about 32 years): beyond it a duration overflows,
+/// and no run waits that long.
+const MAX_TIMEOUT_S: f64 = 1e9;
+
 /// Most environment worker processes (each is a process of its own).
 const MAX_ENV_WORKERS: usize = 1024;
 
@@ -798,14 +826,14 @@ fn validate_env_worker(cfg: &TrainConfig, v: &mut Validator) {
     check_command(
         "agent.command",
         &a.command,
-        "the environment worker's program and arguments, e.g. [\"python3\",          \"scripts/env_worker_example.py\"]",
+        "the environment worker's program and arguments, e.g. [\"python3\", \"scripts/env_worker_example.py\"]",
         v,
     );
     v.in_range("agent.workers", a.workers, 1, MAX_ENV_WORKERS)
         .check(
-            a.start_timeout_s > 0.0 && a.start_timeout_s.is_finite(),
+            a.start_timeout_s > 0.0 && a.start_timeout_s <= MAX_TIMEOUT_S,
             "agent.start_timeout_s",
-            "must be a finite number of seconds > 0",
+            "must be a number of seconds in (0, 1e9]",
             a.start_timeout_s,
         )
         .check(
@@ -1062,6 +1090,33 @@ mod tests {
         assert!(problem(&["algorithm.kl_estimator=\"k2\"", "algorithm.kl_coef=0.1"]).is_none());
         let e = problem(&[k1]).unwrap();
         assert!(e.contains("`algorithm.kl_coef` > 0"), "{e}");
+    }
+
+    /// Values the optimizer would use as given (a negative decay grows the weights, a floor
+    /// above 1 climbs) and timeouts a duration cannot hold are refused, naming the key.
+    #[test]
+    fn optimizer_values_and_timeouts_out_of_range_are_refused() {
+        let problem = |set: &[&str]| validate(&load(set).unwrap()).err().map(|e| e.to_string());
+        for (set, key) in [
+            (&["optim.weight_decay=-0.1"][..], "`optim.weight_decay`"),
+            (&["optim.eps=0.0"], "`optim.eps`"),
+            (
+                &["optim.schedule=\"cosine\"", "optim.min_lr_ratio=5.0"],
+                "`optim.min_lr_ratio`",
+            ),
+            (&["algorithm.entropy_coef=nan"], "`algorithm.entropy_coef`"),
+            (
+                &["task.name=\"guess\"", "agent.env_timeout_s=1e20"],
+                "`agent.env_timeout_s`",
+            ),
+        ] {
+            let e = problem(set).unwrap_or_else(|| panic!("{set:?} was accepted"));
+            assert!(e.contains(key), "{set:?}: {e}");
+        }
+        assert_eq!(
+            problem(&["optim.weight_decay=0.01", "optim.eps=1e-6"]),
+            None
+        );
     }
 
     #[test]
