@@ -98,7 +98,7 @@ fn same_or_nested(key: &str, path: &str) -> bool {
 }
 
 /// Writes `over` into `base`: tables merge key by key, any other value replaces.
-fn merge(base: &mut Table, over: Table) {
+pub(crate) fn merge(base: &mut Table, over: Table) {
     for (key, value) in over {
         match (base.get_mut(&key), value) {
             (Some(Value::Table(b)), Value::Table(o)) => merge(b, o),

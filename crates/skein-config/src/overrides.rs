@@ -40,7 +40,8 @@ impl Override {
         Ok(Override { key, value })
     }
 
-    /// Sets the value in `table`, creating the sections on the way.
+    /// Sets the value in `table`, creating the sections on the way; an inline table is merged
+    /// into the section there.
     pub fn apply(&self, table: &mut Table) -> Result<(), ConfigError> {
         let parts: Vec<&str> = self.key.split('.').collect();
         let (leaf, sections) = parts.split_last().unwrap_or((&"", &[]));
@@ -61,7 +62,14 @@ impl Override {
                 }
             };
         }
-        cur.insert(leaf.to_string(), self.value.clone());
+        // An inline table sets the keys it names, as a file's section does; the others keep
+        // their values (e.g. `rollout.sampling={temperature=0.7}` keeps `max_new_tokens`).
+        match (cur.get_mut(*leaf), &self.value) {
+            (Some(Value::Table(base)), Value::Table(over)) => crate::merge(base, over.clone()),
+            _ => {
+                cur.insert(leaf.to_string(), self.value.clone());
+            }
+        }
         Ok(())
     }
 }

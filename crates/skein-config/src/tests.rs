@@ -98,15 +98,17 @@ fn overrides_set_ints_floats_bools_strings_arrays_and_nested_keys_over_the_file(
     assert_eq!(cfg.rollout.estimator, Estimator::DrGrpo);
     assert_eq!(cfg.rollout.sampling.temperature, 0.7);
     assert_eq!(cfg.rollout.sampling.stop, ["</answer>"]);
-    // Later overrides win; an inline table sets a whole section.
+    // Later overrides win; an inline table sets the keys it names, as the file's section
+    // does, and the section keeps the rest.
     let cfg: Cfg = load(
-        None,
+        Some("[rollout.sampling]\nstop = [\"</a>\"]\n"),
         "d",
         &sets(&["seed=1", "seed=2", "rollout.sampling={ temperature = 1.5 }"]),
     )
     .unwrap();
     assert_eq!(cfg.seed, 2);
     assert_eq!(cfg.rollout.sampling.temperature, 1.5);
+    assert_eq!(cfg.rollout.sampling.stop, ["</a>"]);
 }
 
 #[test]

@@ -194,28 +194,27 @@ fn load_config_file(
 /// The key a run's memory fit may lower when the config leaves it at its default.
 const MICRO_BATCH_KEY: &str = "trainer.micro_batch_tokens";
 
-/// Whether the config file at `path` or an override sets the dotted `key` (a file that
-/// cannot be read or parsed has failed loading already).
+/// Whether the config file at `path` or an override sets the dotted `key`, as a key of its
+/// own or inside an inline table (a file that cannot be read or parsed, or an override that
+/// does not apply, has failed loading already).
 fn sets_key(path: Option<&std::path::Path>, overrides: &[String], key: &str) -> bool {
-    let by_override = overrides
-        .iter()
-        .any(|o| o.split_once('=').is_some_and(|(k, _)| k.trim() == key));
-    let in_file = path
+    let mut table = path
         .and_then(|p| std::fs::read_to_string(p).ok())
         .and_then(|text| text.parse::<toml::Table>().ok())
-        .is_some_and(|table| {
-            let mut at = Some(&table);
-            let mut parts = key.split('.').peekable();
-            while let Some(part) = parts.next() {
-                let Some(t) = at else { return false };
-                if parts.peek().is_none() {
-                    return t.contains_key(part);
-                }
-                at = t.get(part).and_then(toml::Value::as_table);
-            }
-            false
-        });
-    by_override || in_file
+        .unwrap_or_default();
+    for o in overrides {
+        let _ = skein_config::apply_override(&mut table, o);
+    }
+    let mut at = Some(&table);
+    let mut parts = key.split('.').peekable();
+    while let Some(part) = parts.next() {
+        let Some(t) = at else { return false };
+        if parts.peek().is_none() {
+            return t.contains_key(part);
+        }
+        at = t.get(part).and_then(toml::Value::as_table);
+    }
+    false
 }
 
 /// `s` as a TOML string literal, for an override value.
@@ -254,8 +253,8 @@ mod tests {
         std::fs::remove_dir_all(&dir).ok();
     }
 
-    /// A key counts as set by an override or by the file's table, never by a like-named key
-    /// elsewhere.
+    /// A key counts as set by an override (its own or an inline table's) or by the file's
+    /// table, never by a like-named key elsewhere.
     #[test]
     fn a_key_is_set_by_an_override_or_the_file() {
         let dir = std::env::temp_dir().join(format!("skein-sets-key-{}", std::process::id()));
@@ -276,6 +275,8 @@ mod tests {
             &["trainer.steps=2".into()],
             MICRO_BATCH_KEY
         ));
+        let inline = ["trainer={ micro_batch_tokens = 512 }".to_string()];
+        assert!(sets_key(None, &inline, MICRO_BATCH_KEY));
         std::fs::remove_dir_all(&dir).ok();
     }
 }
