@@ -371,8 +371,14 @@ fn write_png(path: &Path, (w, h): (u32, u32), rgb: &[u8]) -> Result<()> {
 /// Reads `dir/metrics.jsonl` and writes `dir/plot.png` beside it. `keys` are panel specs as for
 /// [`plot_metrics`]; `None` draws those of [`DEFAULT_PANELS`] the run has.
 pub fn plot_run_dir(dir: &Path, keys: Option<&[&str]>) -> Result<PathBuf> {
-    let records = read_metrics(&dir.join("metrics.jsonl"))?;
     let out = dir.join("plot.png");
+    plot_run_to(dir, keys, &out)?;
+    Ok(out)
+}
+
+/// [`plot_run_dir`]'s figure of the run in `dir`, written to `out` instead.
+pub fn plot_run_to(dir: &Path, keys: Option<&[&str]>, out: &Path) -> Result<()> {
+    let records = read_metrics(&dir.join("metrics.jsonl"))?;
     let name = dir
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -393,9 +399,8 @@ pub fn plot_run_dir(dir: &Path, keys: Option<&[&str]>) -> Result<PathBuf> {
         keys.unwrap_or(DEFAULT_PANELS),
         "step",
         &title,
-        &out,
-    )?;
-    Ok(out)
+        out,
+    )
 }
 
 /// Panels `compare_runs` draws when given none.

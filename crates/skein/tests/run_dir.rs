@@ -475,7 +475,7 @@ fn benches_refuse_a_config_their_last_run_cannot_use_before_their_first_run() {
 }
 
 /// An overlay of several runs is written only to a `.png` path: a slip of `--out` cannot
-/// replace a run's config or metrics with an image.
+/// replace a run's config or metrics with an image; one run's figure goes to `--out` too.
 #[test]
 fn an_overlay_never_writes_over_a_runs_files() {
     let root = workdir("overlay");
@@ -507,4 +507,16 @@ fn an_overlay_never_writes_over_a_runs_files() {
     let (code, err) = plot(&root.join("overlay.png"));
     assert_eq!(code, Some(0), "{err}");
     assert!(root.join("overlay.png").is_file());
+    // One run with `--out`: the figure goes there, and the run's own files stay as they were.
+    let before = snapshot(&runs[0]);
+    let o = Command::new(env!("CARGO_BIN_EXE_skein"))
+        .arg("plot")
+        .arg(&runs[0])
+        .args(["--keys", "reward/mean", "--out"])
+        .arg(root.join("a-reward.png"))
+        .output()
+        .expect("skein runs");
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    assert!(root.join("a-reward.png").is_file());
+    assert!(snapshot(&runs[0]) == before, "--out wrote into the run");
 }

@@ -91,9 +91,10 @@ enum Command {
         /// eval/accuracy, time/step_s).
         #[arg(long, value_delimiter = ',')]
         keys: Vec<String>,
-        /// Where the overlay goes (several runs): a file ending in .png.
-        #[arg(long, default_value = "compare.png")]
-        out: PathBuf,
+        /// Where the figure goes, a file ending in .png (default: one run's own plot.png;
+        /// several runs' overlay in compare.png).
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
     /// Name what went wrong in runs: replays each run's metrics and trajectories through the
     /// diagnoses (docs/diagnoses.md) and reports them. Exit status 0: healthy; 1: a diagnosis
@@ -150,7 +151,7 @@ pub fn main() -> ExitCode {
             run_dirs,
             keys,
             out,
-        } => plot::run(&run_dirs, &keys, &out),
+        } => plot::run(&run_dirs, &keys, out.as_deref()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

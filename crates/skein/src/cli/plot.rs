@@ -1,28 +1,31 @@
 //! `skein plot`: a run's curves as a PNG, or several runs overlaid.
 
 use anyhow::Result;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-/// `skein plot`: a run's own plot.png, or several runs overlaid in one PNG.
-pub fn run(run_dirs: &[PathBuf], keys: &[String], out: &std::path::Path) -> Result<()> {
+/// Where several runs' overlay goes when `--out` is not given.
+const DEFAULT_OVERLAY: &str = "compare.png";
+
+/// `skein plot`: a run's own plot.png (or, with `--out`, that figure elsewhere), or several
+/// runs overlaid in one PNG.
+pub fn run(run_dirs: &[PathBuf], keys: &[String], out: Option<&Path>) -> Result<()> {
+    if let Some(out) = out {
+        check_png(out)?;
+    }
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
     if let [dir] = run_dirs {
         let custom = (!keys.is_empty()).then_some(keys.as_slice());
-        let png = skein_report::plot_run_dir(dir, custom)?;
+        let png = match out {
+            Some(out) => {
+                skein_report::plot_run_to(dir, custom, out)?;
+                out.to_path_buf()
+            }
+            None => skein_report::plot_run_dir(dir, custom)?,
+        };
         println!("{}", png.display());
         return Ok(());
     }
-    // The overlay goes where the user says, over whatever is there: only a PNG's name is
-    // taken, so a slip of the path cannot turn a run's config or metrics into an image.
-    let is_png = out
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("png"));
-    if !is_png {
-        anyhow::bail!(
-            "--out {}: the overlay is a PNG image; name a file ending in .png",
-            out.display()
-        );
-    }
+    let out = out.unwrap_or(Path::new(DEFAULT_OVERLAY));
     let keys = if keys.is_empty() {
         skein_report::COMPARE_PANELS.to_vec()
     } else {
@@ -30,5 +33,20 @@ pub fn run(run_dirs: &[PathBuf], keys: &[String], out: &std::path::Path) -> Resu
     };
     skein_report::compare_runs(run_dirs, &keys, out)?;
     println!("{}", out.display());
+    Ok(())
+}
+
+/// The figure goes where the user says, over whatever is there: only a PNG's name is taken,
+/// so a slip of the path cannot turn a run's config or metrics into an image.
+fn check_png(out: &Path) -> Result<()> {
+    let is_png = out
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("png"));
+    if !is_png {
+        anyhow::bail!(
+            "--out {}: the figure is a PNG image; name a file ending in .png",
+            out.display()
+        );
+    }
     Ok(())
 }
