@@ -224,17 +224,18 @@ fn flat(model: &Model) -> Vec<f32> {
 /// One PPO step (two mini-batches) from `base`'s weights; the parameters after it, and the
 /// per-rank loss tokens of the first mini-batch.
 fn step(base: &Model, trajs: &[Trajectory], case: Case) -> (Vec<f32>, Vec<usize>) {
-    let (params, rank_tokens, _) = step_of(base, trajs, case, 2);
+    let (params, rank_tokens, _) = step_of(base, trajs, case, 2, 1);
     (params, rank_tokens)
 }
 
-/// [`step`] with `mini_batches` mini-batches, also returning the update's statistics and the
-/// loss tokens of each mini-batch.
+/// [`step`] with `mini_batches` mini-batches and `epochs` PPO epochs, also returning the
+/// update's statistics and the loss tokens of each mini-batch.
 fn step_of(
     base: &Model,
     trajs: &[Trajectory],
     case: Case,
     mini_batches: usize,
+    epochs: usize,
 ) -> (Vec<f32>, Vec<usize>, (UpdateStats, Vec<usize>)) {
     let policy = copy_of(base);
     let batch_cfg = StepBatchConfig {
@@ -269,7 +270,10 @@ fn step_of(
                 .sum()
         })
         .collect();
-    let cfg = update_config(case.budget, case.batching, case.loss);
+    let cfg = UpdateConfig {
+        epochs,
+        ..update_config(case.budget, case.batching, case.loss)
+    };
     let models = Models {
         policy: &policy,
         reference: None,
@@ -277,7 +281,7 @@ fn step_of(
     };
     let prepare_cfg = PrepareConfig {
         batching: cfg.batching,
-        epochs: if case.old_pass { 2 } else { 1 },
+        epochs: if case.old_pass { 2 } else { epochs },
         temperature: cfg.temperature,
         off_policy: OffPolicy::Tis,
         is_cap: 2.0,
@@ -293,7 +297,11 @@ fn step_of(
     assert_eq!(replicas.size(), case.dp);
     let mut opt = Optimizer::new(&policy.vs, &optim(), 2).expect("optimizer");
     let stats = ppo_update(&policy, &mut replicas, &mut opt, &batch, &cfg).expect("update");
-    assert_eq!(stats.optimizer_steps, mini_batches, "{case:?}: {stats:?}");
+    assert_eq!(
+        stats.optimizer_steps,
+        mini_batches * epochs,
+        "{case:?}: {stats:?}"
+    );
     // Only trainable weights (with LoRA, the adapters) have gradients, on every rank.
     for m in std::iter::once(&policy).chain(replicas.models()) {
         for (name, t) in m.vs.variables() {
@@ -447,7 +455,7 @@ fn drift_is_measured_over_the_mini_batches_after_a_step() {
         old_pass: false,
         rank_local: false,
     };
-    let (_, _, (one, _)) = step_of(&base, &trajs, case, 1);
+    let (_, _, (one, _)) = step_of(&base, &trajs, case, 1, 1);
     assert_eq!(one.drift_tokens, 0.0, "{one:?}");
     let keys: Vec<&str> = one.metrics(false).into_iter().map(|(k, _)| k).collect();
     assert!(
@@ -456,7 +464,13 @@ fn drift_is_measured_over_the_mini_batches_after_a_step() {
     );
     assert!(keys.contains(&"entropy"), "{keys:?}");
 
-    let (_, _, (two, tokens)) = step_of(&base, &trajs, case, 2);
+    // Every epoch computes the same plan: `tokens/computed` counts one, so a second epoch
+    // does not read as twice the padding.
+    let (_, _, (two_epochs, _)) = step_of(&base, &trajs, case, 1, 2);
+    assert!(one.computed_tokens > 0, "{one:?}");
+    assert_eq!(two_epochs.computed_tokens, one.computed_tokens);
+
+    let (_, _, (two, tokens)) = step_of(&base, &trajs, case, 2, 1);
     assert_eq!(
         two.drift_tokens, tokens[1] as f64,
         "the second mini-batch's tokens"

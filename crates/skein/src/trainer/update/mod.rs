@@ -66,8 +66,9 @@ pub struct UpdateStats {
     /// drift is not seen by any pass (the next step samples with the new weights).
     pub drift_tokens: f64,
     pub micro_batches: usize,
-    /// Token slots the forwards computed, padding and prompts included (against the loss's
-    /// tokens: what packing and shared prompts save).
+    /// Token slots one epoch's forwards computed, padding and prompts included (against the
+    /// loss's tokens, `tokens/trained`: what packing and shared prompts save). Every epoch
+    /// computes the same plan, so more epochs do not read as more waste.
     pub computed_tokens: usize,
     /// Mini-batches whose loss or gradient was NaN or infinite: not applied.
     pub skipped_updates: usize,
@@ -205,7 +206,7 @@ pub fn ppo_update<R: Ranks<Model>>(
     stats.micro_batches = sums.micro_batches;
     stats.loss_tokens = sums.tokens;
     stats.drift_tokens = drift.tokens;
-    stats.computed_tokens = sums.computed_tokens as usize;
+    stats.computed_tokens = (sums.computed_tokens / cfg.epochs.max(1) as f64) as usize;
     stats.loss /= n;
     stats.grad_norm = grad_norm / n;
     stats.clip_frac = drift.clipped / d;
