@@ -20,7 +20,9 @@ use skein_text::Tokenizer;
 pub struct Answers {
     pub trajectories: Vec<Trajectory>,
     /// Parallel to `trajectories`: whether the run's judge (`eval.correct_by`) found the
-    /// answer correct.
+    /// answer correct. A failed answer (its engine call or its reward failed) is not, whatever
+    /// the judge said, so every count built on this (accuracy, pass@k, a samples file)
+    /// agrees.
     pub correct: Vec<bool>,
     pub engine: EngineStats,
     pub rewards: RewardStats,
@@ -116,7 +118,7 @@ pub fn answer_prompts(a: &Answering, batch: &PromptBatch, n: usize, tag: &str) -
             apply_reward(t, result);
         }
     });
-    let (trajectories, correct) = slots.into_iter().flatten().unzip();
+    let (trajectories, correct) = settle(slots);
     Answers {
         trajectories,
         correct,
@@ -219,6 +221,19 @@ pub struct Sampled {
     pub kept: KeptSets,
 }
 
+/// The answers in order with their verdicts, once rewards are in: a judge's "correct" does
+/// not survive its answer failing (a reward service that timed out, say).
+fn settle(slots: Vec<Option<(Trajectory, bool)>>) -> (Vec<Trajectory>, Vec<bool>) {
+    slots
+        .into_iter()
+        .flatten()
+        .map(|(t, correct)| {
+            let correct = correct && !t.is_failed();
+            (t, correct)
+        })
+        .unzip()
+}
+
 /// A one-call trajectory whose every response token was sampled by the policy, with the
 /// judge's reward and status.
 pub fn single_turn(
@@ -244,5 +259,31 @@ pub fn single_turn(
         }],
         reward: judged.reward,
         status: judged.status,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use skein_plan::Status;
+
+    #[test]
+    fn an_answer_whose_reward_failed_is_not_correct() {
+        let answer = |status: Status| Trajectory {
+            id: "t".into(),
+            group: "g".into(),
+            transitions: Vec::new(),
+            reward: 0.0,
+            status,
+        };
+        let slots = vec![
+            Some((answer(Status::Finished), true)),
+            None,
+            Some((answer(Status::Failed("reward: timeout".into())), true)),
+            Some((answer(Status::Finished), false)),
+        ];
+        let (trajectories, correct) = settle(slots);
+        assert_eq!(trajectories.len(), 3);
+        assert_eq!(correct, [true, false, false]);
     }
 }
