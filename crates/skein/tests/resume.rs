@@ -259,6 +259,9 @@ fn ctrl_c_checkpoints_the_finished_step_and_exits_cleanly() {
         "trainer.steps=500",
         "--set",
         "trainer.checkpoint_every=0",
+        // Without numbered checkpoints the file's `keep_last` would do nothing: refused.
+        "--set",
+        "trainer.keep_last=0",
     ])
     .spawn()
     .unwrap();
