@@ -1,5 +1,5 @@
-//! `RUN_DIR/diagnoses.jsonl`: one [`Diagnosis`] per line, appended when it starts, flushed per
-//! line so a running run's file is readable. Reading is bounded: the file is the run's, but a
+//! `RUN_DIR/diagnoses.jsonl`: one [`Diagnosis`] per line, written when it starts and again as
+//! it lasts ([`rewrite`], atomic, so a running run's file is readable). Reading is bounded: the file is the run's, but a
 //! reader (`skein view`) must not be made to hold an unbounded one.
 
 use crate::diagnosis::Diagnosis;
@@ -40,20 +40,34 @@ impl DiagnosisLog {
     }
 }
 
-/// Keeps the lines of diagnoses that started at or before `step` (a resume from a checkpoint
-/// of that step redoes the steps after it, and finds their diagnoses again).
-pub fn truncate_after(run_dir: &Path, step: usize) -> Result<()> {
+/// Keeps the lines of diagnoses that started at or before `step`, each lasting at most to
+/// `step` (a resume from a checkpoint of that step redoes the steps after it, and finds their
+/// diagnoses again); returns them.
+pub fn truncate_after(run_dir: &Path, step: usize) -> Result<Vec<Diagnosis>> {
     let path = run_dir.join(FILE);
     if !path.exists() {
-        return Ok(());
+        return Ok(Vec::new());
     }
     let kept: Vec<Diagnosis> = read_diagnoses(&path)?
         .into_iter()
         .filter(|d| d.step <= step)
+        .map(|d| Diagnosis {
+            until: d.until.min(step),
+            ..d
+        })
         .collect();
+    rewrite(run_dir, &kept)?;
+    Ok(kept)
+}
+
+/// Replaces `RUN_DIR/diagnoses.jsonl` with `diagnoses`, one per line, through a temporary file
+/// and a rename: a reader sees the old file or the new one, never half of one. A diagnosis's
+/// `until` grows while it keeps holding, so the file is rewritten, not only appended to.
+pub fn rewrite(run_dir: &Path, diagnoses: &[Diagnosis]) -> Result<()> {
+    let path = run_dir.join(FILE);
     let tmp = run_dir.join(format!("{FILE}.tmp"));
     let mut out = String::new();
-    for d in &kept {
+    for d in diagnoses {
         out.push_str(&serde_json::to_string(d)?);
         out.push('\n');
     }
@@ -112,8 +126,21 @@ mod tests {
             read_diagnoses(p).unwrap().iter().map(|d| d.step).collect()
         };
         assert_eq!(steps(&path), vec![2, 5, 7]);
+        let mut lasting = diagnosis(3);
+        lasting.until = 9;
+        log.append(&lasting).unwrap();
         truncate_after(&dir, 5).unwrap();
-        assert_eq!(steps(&path), vec![2, 5]);
+        assert_eq!(steps(&path), vec![2, 5, 3]);
+        let untils: Vec<usize> = read_diagnoses(&path)
+            .unwrap()
+            .iter()
+            .map(|d| d.until)
+            .collect();
+        assert_eq!(
+            untils,
+            vec![2, 5, 5],
+            "a kept diagnosis lasts at most to the step kept"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

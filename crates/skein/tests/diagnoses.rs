@@ -103,6 +103,24 @@ fn diagnosed(dir: &Path, err: &str, name: &str) -> Value {
     let report = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{report}");
     assert!(report.contains(&format!("  {name} (")), "{report}");
+    // The file says how long it lasted, as the replay does (`skein view` reads the file).
+    let out = skein()
+        .args(["doctor", "--json"])
+        .arg(dir)
+        .output()
+        .expect("skein doctor runs");
+    let replayed: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let again = replayed
+        .iter()
+        .find(|r| r["name"] == name && r["step"] == d["step"])
+        .unwrap_or_else(|| panic!("skein doctor --json lacks {name}: {replayed:?}"));
+    assert_eq!(
+        again["until"], d["until"],
+        "{name}: file {d}, replay {again}"
+    );
     d
 }
 

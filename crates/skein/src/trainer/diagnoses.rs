@@ -1,46 +1,71 @@
 //! The run's doctor ([`skein_doctor`]): after each step's record, the diagnoses that start are
-//! announced in one line each and appended to `RUN_DIR/diagnoses.jsonl`. It starts from the
-//! records already in `metrics.jsonl` (the warm-up's evaluation; on a resume, every step up to
-//! the checkpoint), so a resumed run diagnoses what the uninterrupted one would have.
+//! announced in one line each and written to `RUN_DIR/diagnoses.jsonl`, and a diagnosis that
+//! keeps holding has its `until` carried there. It starts from the records already in
+//! `metrics.jsonl` (the warm-up's evaluation; on a resume, every step up to the checkpoint),
+//! so a resumed run diagnoses what the uninterrupted one would have.
 
 use super::rollout::stats::StepRollout;
 use anyhow::Result;
-use skein_doctor::{Diagnosis, DiagnosisLog, Digest, Doctor, Outcome};
+use skein_doctor::{Diagnosis, Digest, Doctor, Outcome};
 use skein_plan::Status;
 use skein_report::Record;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 pub struct RunDoctor {
     doctor: Doctor,
-    log: DiagnosisLog,
+    dir: PathBuf,
+    /// What `diagnoses.jsonl` holds: the lines kept from before a resume (with the examples
+    /// the run saw), then the diagnoses this process found.
+    written: Vec<Diagnosis>,
 }
 
 impl RunDoctor {
     /// The doctor of the run in `dir`, whose RL steps start at `first_step`: diagnoses of the
     /// steps from there on (a resume redoes them) are dropped from `diagnoses.jsonl`.
     pub fn open(dir: &Path, first_step: usize) -> Result<Self> {
-        skein_doctor::log::truncate_after(dir, first_step.saturating_sub(1))?;
+        let written = skein_doctor::log::truncate_after(dir, first_step.saturating_sub(1))?;
+        if !dir.join(skein_doctor::FILE).exists() {
+            // A healthy run's file is there, and empty.
+            skein_doctor::log::rewrite(dir, &[])?;
+        }
         let doctor = match dir.join("metrics.jsonl").is_file() {
             true => skein_doctor::replay(dir)?.0,
             false => Doctor::default(),
         };
         Ok(RunDoctor {
             doctor,
-            log: DiagnosisLog::open(dir)?,
+            dir: dir.to_path_buf(),
+            written,
         })
     }
 
     /// Reads a record as it went to `metrics.jsonl` (with the step's trajectories when it is
-    /// a step's first record); announces and records each diagnosis that starts.
+    /// a step's first record); announces each diagnosis that starts, and writes the file again
+    /// when one started or one that holds on lasted longer.
     pub fn observe(
         &mut self,
         record: Record,
         trajectories: Vec<Digest>,
         say: impl Fn(&str),
     ) -> Result<()> {
-        for d in self.doctor.observe(record, trajectories) {
+        let started = self.doctor.observe(record, trajectories);
+        let mut changed = !started.is_empty();
+        for d in started {
             say(&format!("skein: {}", d.line()));
-            self.log.append(&d)?;
+            self.written.push(d);
+        }
+        for found in self.doctor.found() {
+            let line = self
+                .written
+                .iter_mut()
+                .find(|w| w.name == found.name && w.step == found.step);
+            if let Some(w) = line.filter(|w| w.until != found.until) {
+                w.until = found.until;
+                changed = true;
+            }
+        }
+        if changed {
+            skein_doctor::log::rewrite(&self.dir, &self.written)?;
         }
         Ok(())
     }
