@@ -181,9 +181,12 @@ impl GroupBuffer {
         let mut started = 0;
         let limit = cfg.new_groups + cfg.min_groups;
         loop {
+            // Request id i answers sample `slots[i]` (group, sample): a table, not arithmetic
+            // on `cfg.samples`, so a group resumed from a checkpoint keeps its own size.
+            let mut slots = Vec::new();
             let mut requests = Vec::new();
             if stats.rounds == 0 {
-                requests = self.resume_requests(params, cfg, &finish_now);
+                requests = self.resume_requests(params, cfg, &finish_now, &mut slots);
                 stats.resumed = requests.len();
             }
             let to_start = if stats.rounds == 0 {
@@ -200,8 +203,9 @@ impl GroupBuffer {
                 let (problem, prompt) = next_prompt()?;
                 let gi = self.groups.len();
                 for k in 0..cfg.samples {
+                    slots.push((gi, k));
                     requests.push(GenRequest {
-                        id: (gi * cfg.samples + k) as u64,
+                        id: (slots.len() - 1) as u64,
                         prompt: prompt.clone(),
                         resumed: Vec::new(),
                         params: params.clone(),
@@ -219,7 +223,7 @@ impl GroupBuffer {
             }
             started += to_start;
             stats.requests += requests.len();
-            let (round, round_rewards) = self.run_round(r, cfg, requests);
+            let (round, round_rewards) = self.run_round(r, &slots, requests);
             rewards.add(&round_rewards);
             engine_stats = engine_stats.combined(round);
             stats.rounds += 1;
@@ -295,13 +299,15 @@ impl GroupBuffer {
         params: &SamplingParams,
         cfg: &IterationConfig,
         finish_now: &[bool],
+        slots: &mut Vec<(usize, usize)>,
     ) -> Vec<GenRequest> {
         let mut requests = Vec::new();
         for (gi, g) in self.groups.iter().enumerate() {
             for (k, s) in g.samples.iter().enumerate() {
                 if let Sample::Paused(p) = s {
+                    slots.push((gi, k));
                     requests.push(GenRequest {
-                        id: (gi * cfg.samples + k) as u64,
+                        id: (slots.len() - 1) as u64,
                         prompt: g.prompt.clone(),
                         resumed: p.tokens.clone(),
                         params: params.clone(),
@@ -324,14 +330,13 @@ impl GroupBuffer {
     fn run_round(
         &mut self,
         r: &Answering,
-        cfg: &IterationConfig,
+        slots: &[(usize, usize)],
         requests: Vec<GenRequest>,
     ) -> (EngineStats, RewardStats) {
         let groups = &mut self.groups;
         let mut round = RoundRewards::new(r.rewarder);
         let stats = r.engine.generate(r.policy, r.version, requests, |out| {
-            let id = out.id as usize;
-            let (gi, k) = (id / cfg.samples, id % cfg.samples);
+            let (gi, k) = slots[out.id as usize];
             let g = &mut groups[gi];
             let mut part = match std::mem::replace(&mut g.samples[k], Sample::Running) {
                 Sample::Paused(p) => p,
@@ -519,6 +524,61 @@ mod tests {
             }
         }
         assert!(resumed_checked > 0, "no paused sample finished");
+    }
+
+    /// A run resumed with another `rollout.samples_per_prompt` finishes the groups it carried
+    /// at their own size, each sample continuing its own tokens under its own prompt, and
+    /// starts new groups at the new size.
+    #[test]
+    fn carried_groups_keep_their_size_when_samples_per_prompt_changes() {
+        let mut s = setup();
+        let mut buf = GroupBuffer::default();
+        step(
+            &mut s,
+            &mut buf,
+            0,
+            &iteration(Some(3), OnStale::FinishFirst),
+        );
+        let before = paused(&buf);
+        let carried: HashMap<String, usize> = buf
+            .groups
+            .iter()
+            .map(|g| (g.id.clone(), g.samples.len()))
+            .collect();
+        assert!(
+            !before.is_empty() && !carried.is_empty(),
+            "nothing was carried"
+        );
+        let fewer = IterationConfig {
+            samples: 2,
+            ..iteration(Some(3), OnStale::FinishFirst)
+        };
+        let mut finished_carried = 0;
+        for k in 1..4u64 {
+            let groups: HashMap<String, Vec<u32>> = buf
+                .groups
+                .iter()
+                .map(|g| (g.id.clone(), g.prompt.clone()))
+                .collect();
+            let out = step(&mut s, &mut buf, 2 * k, &fewer);
+            let mut sizes: HashMap<&str, usize> = HashMap::new();
+            for t in &out.trajectories {
+                *sizes.entry(t.group.as_str()).or_default() += 1;
+                let tr = &t.transitions[0];
+                if let Some(prompt) = groups.get(&t.group) {
+                    assert_eq!(&tr.prompt, prompt, "{} answered another prompt", t.id);
+                }
+                if let Some(p) = before.get(&t.id) {
+                    assert_eq!(&tr.response[..p.tokens.len()], &p.tokens[..], "{}", t.id);
+                }
+            }
+            for (group, n) in sizes {
+                let want = carried.get(group).copied().unwrap_or(2);
+                finished_carried += usize::from(carried.contains_key(group));
+                assert_eq!(n, want, "group {group}");
+            }
+        }
+        assert!(finished_carried > 0, "no carried group finished");
     }
 
     /// Under top-k sampling a paused sample resumes with the kept sets of its first part,
