@@ -58,15 +58,15 @@ impl LogpMismatch {
     }
 }
 
-/// Rows to recompute for the comparison when none of `rows` has a π_old of its own: up to
-/// [`PROBE_ROWS`] real rows with loss tokens, spread over the batch.
+/// Rows to recompute for the comparison when no real row of `rows` has a π_old of its own
+/// (a padding row's says nothing: it has no loss token): up to [`PROBE_ROWS`] real rows with
+/// loss tokens, spread over the batch.
 pub fn probe_rows(rows: &[TrainRow]) -> Vec<usize> {
-    if rows.iter().any(|r| !r.old_logp.is_empty()) {
+    let real = |r: &TrainRow| r.loss_weight > 0.0 && r.loss_mask.contains(&1);
+    if rows.iter().any(|r| real(r) && !r.old_logp.is_empty()) {
         return Vec::new();
     }
-    let real: Vec<usize> = (0..rows.len())
-        .filter(|&i| rows[i].loss_weight > 0.0 && rows[i].loss_mask.contains(&1))
-        .collect();
+    let real: Vec<usize> = (0..rows.len()).filter(|&i| real(&rows[i])).collect();
     let k = real.len().min(PROBE_ROWS);
     (0..k).map(|j| real[j * real.len() / k]).collect()
 }
@@ -143,6 +143,9 @@ mod tests {
         let p = probe_rows(&rows);
         assert_eq!(p.len(), PROBE_ROWS);
         assert!(!p.contains(&3));
+        // A padding row with a π_old gives nothing to compare: the probes stay.
+        rows[3].old_logp = vec![0.0];
+        assert_eq!(probe_rows(&rows), p);
         rows[0].old_logp = vec![0.0];
         assert!(probe_rows(&rows).is_empty());
     }

@@ -101,20 +101,26 @@ impl PreparedBatch {
 /// With one PPO epoch, the first mini-batch is trained on the step-start weights, so its
 /// forward computes π_old itself: its rows (those sampled entirely by this version, whose
 /// importance weights need no π_old) are left without one and the update takes it from that
-/// forward, detached. Every other row gets π_old here, and with `icepop` every row does (its
-/// weights need π_old on every token).
+/// forward, detached. Every other row with a loss token gets π_old here, and with `icepop`
+/// every such row does (its weights need π_old on every token); a padding row never does.
 pub fn prepare(
     mut batch: StepBatch,
     models: &Models,
     version: u64,
     cfg: &PrepareConfig,
 ) -> PreparedBatch {
-    let mut needs_old = vec![true; batch.rows.len()];
+    // A row without a loss token (a padding row) has nothing to weigh or compare: the update
+    // takes its π_old from its own forward.
+    let mut needs_old: Vec<bool> = batch
+        .rows
+        .iter()
+        .map(|r| r.loss_mask.contains(&1))
+        .collect();
     // `icepop` weighs every token by π_old/π_behavior, so every row needs its π_old first.
     if cfg.epochs == 1 && cfg.off_policy != OffPolicy::Icepop {
         for &i in batch.plan.first().into_iter().flatten().flatten() {
             let row = &batch.rows[i];
-            needs_old[i] = row.versions.iter().any(|&v| v < version);
+            needs_old[i] &= row.versions.iter().any(|&v| v < version);
         }
     }
     recompute_logprobs(
