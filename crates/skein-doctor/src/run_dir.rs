@@ -122,7 +122,11 @@ impl<'a> StepFiles<'a> {
         };
         let new_step = self.last_step != Some(step);
         self.last_step = Some(step);
-        let names_file = step > 0 && new_step && record.contains_key("reward/mean");
+        // As `StepView::is_rl_step` decides: a step whose every trajectory failed logs no
+        // `reward/mean`, and its file is the one the failure examples come from.
+        let rl_step =
+            record.contains_key("rollout/trajectories") || record.contains_key("reward/mean");
+        let names_file = step > 0 && new_step && rl_step;
         if names_file {
             self.unread_newest = Some(step);
             self.named.push_back((step, false));

@@ -121,6 +121,10 @@ fn diagnosed(dir: &Path, err: &str, name: &str) -> Value {
         again["until"], d["until"],
         "{name}: file {d}, replay {again}"
     );
+    assert_eq!(
+        again["examples"], d["examples"],
+        "{name}: file {d}, replay {again}"
+    );
     d
 }
 
@@ -257,6 +261,21 @@ fn a_crashing_reward_worker_is_reward_trouble() {
     assert_eq!(d["step"], 1, "{d}");
     assert!(
         evidence(&d).starts_with("16 of 32 reward calls failed at step 1"),
+        "{d}"
+    );
+    assert_eq!(d["examples"].as_array().unwrap().len(), 2, "{d}");
+}
+
+/// A reward worker that crashes on every request: every trajectory of the step fails, so the
+/// step logs no reward mean; the replay still reads its trajectories for the examples.
+#[test]
+fn a_reward_worker_that_always_crashes_fails_every_trajectory() {
+    let mut s = reward_worker(&["--crash-every", "1"]);
+    s.extend(sets(&["trainer.steps=1"]));
+    let (dir, err) = train("always-crashing-reward", &s);
+    let d = diagnosed(&dir, &err, "reward-failures");
+    assert!(
+        evidence(&d).starts_with("32 of 32 reward calls failed at step 1"),
         "{d}"
     );
     assert_eq!(d["examples"].as_array().unwrap().len(), 2, "{d}");
