@@ -58,6 +58,8 @@ impl Default for RemoteEngineConfig {
 pub struct RemoteEngine {
     cfg: RemoteEngineConfig,
     agent: ureq::Agent,
+    /// The policy's vocabulary: a token id the server returns must be below it.
+    vocab_size: usize,
 }
 
 /// The `skein` field of a completion choice.
@@ -67,14 +69,49 @@ struct Exact {
     logprobs: Vec<f32>,
 }
 
+/// Largest log-prob a sampled token may have: 0, give or take the server's float rounding.
+const MAX_LOGPROB: f32 = 1e-4;
+
+/// Refuses a completion that cannot be training data: ids outside the policy's vocabulary
+/// (a server with another tokenizer; the trainer's forward would index past its embedding
+/// table), log-probs that are no log-probabilities, or more tokens than were asked for. Its
+/// trajectory fails alone, rather than the run at the update.
+fn check_completion(exact: &Exact, max_tokens: usize, vocab_size: usize) -> Result<()> {
+    let (ids, logprobs) = (&exact.completion_token_ids, &exact.logprobs);
+    if logprobs.len() != ids.len() {
+        bail!("the completion's token ids and log-probs differ in length");
+    }
+    if ids.len() > max_tokens {
+        bail!(
+            "the completion has {} tokens, over the {max_tokens} asked for",
+            ids.len()
+        );
+    }
+    if let Some(id) = ids.iter().find(|&&id| id as usize >= vocab_size) {
+        bail!(
+            "the completion has token id {id}, outside the policy's vocabulary of {vocab_size}: \
+             does the server run the policy's tokenizer?"
+        );
+    }
+    if let Some(lp) = logprobs
+        .iter()
+        .find(|lp| !(lp.is_finite() && **lp <= MAX_LOGPROB))
+    {
+        bail!("the completion has log-prob {lp}, which no probability has");
+    }
+    Ok(())
+}
+
 impl RemoteEngine {
-    pub fn new(cfg: &RemoteEngineConfig) -> Self {
+    /// An engine at `cfg.url` for a policy of `vocab_size` tokens.
+    pub fn new(cfg: &RemoteEngineConfig, vocab_size: usize) -> Self {
         let agent = ureq::AgentBuilder::new()
             .timeout(Duration::from_millis(cfg.timeout_ms.max(1)))
             .build();
         RemoteEngine {
             cfg: cfg.clone(),
             agent,
+            vocab_size,
         }
     }
 
@@ -127,9 +164,7 @@ impl RemoteEngine {
                 .ok_or_else(|| anyhow!("the completion carries no token ids (`skein` field)"))?,
         )
         .context("the completion's `skein` field")?;
-        if exact.logprobs.len() != exact.completion_token_ids.len() {
-            bail!("the completion's token ids and log-probs differ in length");
-        }
+        check_completion(&exact, max_tokens, self.vocab_size)?;
         let n = exact.completion_token_ids.len();
         let stopped = exact
             .completion_token_ids
@@ -218,5 +253,37 @@ impl RemoteEngine {
         resp.get("version")
             .and_then(Value::as_u64)
             .ok_or_else(|| anyhow!("the reload answer has no `version`: {resp}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exact(ids: &[u32], logprobs: &[f32]) -> Exact {
+        Exact {
+            completion_token_ids: ids.to_vec(),
+            logprobs: logprobs.to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_completion_that_cannot_be_training_data_is_refused_naming_why() {
+        let ok = exact(&[3, 9], &[-0.5, -1e-7]);
+        assert!(check_completion(&ok, 2, 10).is_ok());
+        for (bad, why) in [
+            (
+                exact(&[3, 10], &[-0.5, -0.5]),
+                "outside the policy's vocabulary",
+            ),
+            (exact(&[3], &[0.5]), "log-prob 0.5"),
+            (exact(&[3], &[f32::NAN]), "log-prob NaN"),
+            (exact(&[3], &[f32::NEG_INFINITY]), "log-prob -inf"),
+            (exact(&[3, 4, 5], &[-1.0; 3]), "over the 2 asked for"),
+            (exact(&[3, 4], &[-1.0]), "differ in length"),
+        ] {
+            let e = check_completion(&bad, 2, 10).unwrap_err().to_string();
+            assert!(e.contains(why), "{why}: {e}");
+        }
     }
 }

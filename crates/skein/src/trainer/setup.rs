@@ -490,7 +490,10 @@ fn rollout_engine(cfg: &TrainConfig, policy: &Model) -> Result<Generator> {
         preflight::check(&parts, available)?;
     }
     Ok(match cfg.rollout.engine {
-        EngineKind::Remote => Generator::Remote(RemoteEngine::new(&cfg.rollout.remote)),
+        EngineKind::Remote => Generator::Remote(RemoteEngine::new(
+            &cfg.rollout.remote,
+            policy.net.config.vocab_size,
+        )),
         EngineKind::Local => {
             let mut engine = Engine::new(cfg.rollout.max_slots);
             engine.cuda_graphs = cfg.rollout.cuda_graphs;
