@@ -247,6 +247,26 @@ fn chat_and_completions_return_the_exact_token_ids() {
         assert_eq!(ids(&x["prompt_token_ids"]), sent);
         assert!(ids(&x["completion_token_ids"]).len() <= 4);
         assert_eq!(body["object"], "text_completion");
+
+        // `stop_token_ids` (vLLM's extension) ends a completion at those ids too.
+        let completions = format!("{}/v1/completions", server.url);
+        let greedy = |stop: Value| {
+            let body = json!({"prompt": sent, "max_tokens": 8, "temperature": 0, "stop_token_ids": stop});
+            post(&c, &completions, body)
+        };
+        let (status, body) = greedy(json!([])).await;
+        assert_eq!(status, 200, "{body}");
+        let whole = ids(&body["choices"][0]["skein"]["completion_token_ids"]);
+        let j = (0..whole.len())
+            .find(|&j| !whole[..j].contains(&whole[j]))
+            .unwrap_or(0);
+        let (status, body) = greedy(json!([whole[j]])).await;
+        assert_eq!(status, 200, "{body}");
+        let cut = ids(&body["choices"][0]["skein"]["completion_token_ids"]);
+        assert_eq!(cut, whole[..=j], "{body}");
+        assert_eq!(body["choices"][0]["finish_reason"], "stop");
+        let (status, body) = greedy(json!([tok.vocab_size() + 1000])).await;
+        assert_error(status, &body, 400, "`stop_token_ids`");
     });
     let _ = std::fs::remove_dir_all(&dir);
 }

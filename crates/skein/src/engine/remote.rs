@@ -151,6 +151,8 @@ impl RemoteEngine {
             "temperature": p.temperature,
             "top_p": p.top_p,
             "top_k": p.top_k,
+            // The run's stop ids (vLLM's name): a sample ends at them, as on the local engine.
+            "stop_token_ids": p.stop_token_ids,
         });
         let resp = self.post("/v1/completions", &body)?;
         let choice = resp

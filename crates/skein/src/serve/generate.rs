@@ -134,9 +134,28 @@ pub fn sampling(
         top_p,
         top_k,
         max_new_tokens: max_new,
-        stop_token_ids: state.0.text.stop_ids().to_vec(),
+        stop_token_ids: stop_ids(state, req)?,
     };
     Ok((params, n))
+}
+
+/// The model's stop ids and the request's `stop_token_ids`, each of which must be a token of
+/// the vocabulary.
+fn stop_ids(state: &ServeState, req: &GenerateRequest) -> Result<Vec<u32>, ApiError> {
+    let text = &state.0.text;
+    let mut ids = text.stop_ids().to_vec();
+    for &id in req.stop_token_ids.iter().flatten() {
+        if id as usize >= text.vocab_size() {
+            return Err(ApiError::bad_request(format!(
+                "`stop_token_ids` has {id}, outside the vocabulary of {} tokens",
+                text.vocab_size()
+            )));
+        }
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    Ok(ids)
 }
 
 /// `stop` strings and OpenAI-style `logprobs` would change what the client gets back; asked

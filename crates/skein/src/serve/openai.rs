@@ -23,6 +23,9 @@ pub struct GenerateRequest {
     pub top_p: Option<f64>,
     /// vLLM's extension; 0 or -1 disables it.
     pub top_k: Option<i64>,
+    /// vLLM's extension: token ids that end a completion besides the model's own stop ids
+    /// (a trainer's `rollout.sampling.stop_token_ids`).
+    pub stop_token_ids: Option<Vec<u32>>,
     pub n: Option<usize>,
     pub stream: Option<bool>,
     /// Stop strings: refused unless null or empty (the model's stop tokens end a completion).

@@ -55,6 +55,28 @@ impl TextSide {
         &self.eos
     }
 
+    /// Rows of the model's embedding table.
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    /// The same, with `extra` ending every completion too (a trainer's
+    /// `rollout.sampling.stop_token_ids`, so its agents' turns end where its own engine's do).
+    pub fn with_stop_ids(mut self, extra: &[u32]) -> anyhow::Result<Self> {
+        for &id in extra {
+            if id as usize >= self.vocab_size {
+                anyhow::bail!(
+                    "stop token id {id} is outside the vocabulary of {} tokens",
+                    self.vocab_size
+                );
+            }
+            if !self.eos.contains(&id) {
+                self.eos.push(id);
+            }
+        }
+        Ok(self)
+    }
+
     /// The rendered chat prompt (generation prompt appended) and its ids, refused unread when
     /// its text is too long to fit in `capacity` tokens.
     pub fn chat_prompt(

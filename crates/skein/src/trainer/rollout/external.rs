@@ -52,7 +52,8 @@ impl External {
         let a = &cfg.agent;
         let (handle, queue) = engine::channel();
         let capacity = policy.net.max_positions();
-        let text = serve::TextSide::new(tokenizer.clone(), policy.net.config.vocab_size)?;
+        let text = serve::TextSide::new(tokenizer.clone(), policy.net.config.vocab_size)?
+            .with_stop_ids(&cfg.rollout.sampling.stop_token_ids)?;
         let config = ServeConfig {
             api_key: (!a.api_key.is_empty()).then(|| a.api_key.clone()),
             model_name: "skein-policy".into(),
