@@ -41,7 +41,8 @@ skein sets SKEIN_WORKER to the process's index (0 to agent.workers - 1).
 For tests: `--crash-every K` exits abruptly instead of answering every K-th step this process
 gets; `--hang-every K` stops answering (sleeps, reading nothing more) at every K-th step;
 `--answer-twice-every K` writes every K-th step's answer twice; `--fault-worker I` limits
-them to the process whose SKEIN_WORKER is I.
+them to the process whose SKEIN_WORKER is I; `--slow-ms MS` waits MS milliseconds before
+each reset or step answer.
 """
 
 import argparse
@@ -148,6 +149,7 @@ def main():
     parser.add_argument("--hang-every", type=int, default=0, metavar="K")
     parser.add_argument("--answer-twice-every", type=int, default=0, metavar="K")
     parser.add_argument("--fault-worker", type=int, default=None, metavar="I")
+    parser.add_argument("--slow-ms", type=int, default=0, metavar="MS")
     args = parser.parse_args()
     if args.fault_worker is not None and os.environ.get("SKEIN_WORKER") != str(args.fault_worker):
         args.crash_every = args.hang_every = args.answer_twice_every = 0
@@ -164,6 +166,8 @@ def main():
             if op == "close":
                 game.episodes.pop(request.get("episode"), None)
                 continue
+            if op in ("reset", "step") and args.slow_ms:
+                time.sleep(args.slow_ms / 1000)
             if op == "info":
                 answer = game.info()
             elif op == "reset":

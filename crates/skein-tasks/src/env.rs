@@ -57,6 +57,8 @@ pub struct EnvError {
     /// The process hosting the environment crashed, hung or broke its protocol: the
     /// environment itself may be fine, and its episode is lost.
     pub worker_failed: bool,
+    /// The environment took longer than its time limit (`agent.env_timeout_s`) to answer.
+    pub timed_out: bool,
 }
 
 impl EnvError {
@@ -64,6 +66,7 @@ impl EnvError {
         EnvError {
             message: message.into(),
             worker_failed: false,
+            timed_out: false,
         }
     }
 
@@ -72,6 +75,15 @@ impl EnvError {
         EnvError {
             message: message.into(),
             worker_failed: true,
+            timed_out: false,
+        }
+    }
+
+    /// An environment that did not answer within its time limit.
+    pub fn timed_out(message: impl Into<String>) -> Self {
+        EnvError {
+            timed_out: true,
+            ..EnvError::worker(message)
         }
     }
 }
@@ -102,6 +114,14 @@ pub trait Env: Send {
     /// step_group_weight`). None: the environment does not name its states.
     fn state_key(&self) -> Option<String> {
         None
+    }
+
+    /// Whether the environment enforces `agent.env_timeout_s` itself, from the moment its
+    /// call is served (a worker process answers one request at a time, so a call may first
+    /// wait its turn). The agent loop then leaves the clock to it; otherwise the loop times
+    /// each call whole.
+    fn keeps_own_time(&self) -> bool {
+        false
     }
 }
 

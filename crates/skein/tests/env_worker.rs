@@ -131,6 +131,23 @@ fn a_hanging_worker_fails_only_its_episodes() {
     check_faults(&step_metrics(&run.dir), true);
 }
 
+/// One process answers every episode's requests in turn, each well within the time limit
+/// but all of them together far beyond it: a request is timed from when the process takes
+/// it, so waiting for a busy process fails nothing.
+#[test]
+fn a_busy_worker_times_each_request_not_its_queue() {
+    let mut cfg = config("busy", &["--slow-ms", "60"]);
+    cfg.agent.workers = 1;
+    cfg.agent.env_timeout_s = 1.0;
+    cfg.trainer.steps = 1;
+    let run = train(&cfg).expect("a run on one slow worker");
+    let steps = step_metrics(&run.dir);
+    let m = &steps[0];
+    // 32 resets alone keep the one process busy for about 2 s.
+    assert_eq!(num(m, "agent/env_timeouts"), 0.0, "{m}");
+    assert_eq!(num(m, "batch/failed_trajectories"), 0.0, "{m}");
+}
+
 #[test]
 fn a_missing_script_is_a_config_error_naming_agent_command() {
     let mut cfg = config("missing", &[]);

@@ -685,8 +685,9 @@ pub struct AgentConfig {
     /// context; a from-scratch model gets at least 256 positions for a multi-turn task).
     pub max_tokens: usize,
     /// Longest an environment may take to answer one message (or, for an environment worker,
-    /// any request), in seconds; past it that episode fails (counted as `agent/env_timeouts`)
-    /// and the others go on. A worker that hangs is killed and started again.
+    /// any request, timed from when its process takes it), in seconds; past it that episode
+    /// fails (counted as `agent/env_timeouts`) and the others go on. A worker that hangs is
+    /// killed and started again.
     pub env_timeout_s: f64,
     /// Environment workers: extra time a newly started worker process gets for its first
     /// answer (imports, loading data), in seconds.

@@ -440,8 +440,9 @@ impl AgentContext<'_> {
         problem: &Problem,
     ) -> std::result::Result<(Box<dyn Env>, String), (Cutoff, String)> {
         let mut env = self.task.start(problem);
+        let own_time = env.keeps_own_time();
         let (env, opened) = self
-            .blocking_env_call(move || {
+            .blocking_env_call(own_time, move || {
                 let prompt = env.open()?;
                 Ok((env, prompt))
             })
@@ -538,7 +539,8 @@ impl AgentContext<'_> {
         mut env: Box<dyn Env>,
         message: String,
     ) -> std::result::Result<(Box<dyn Env>, EnvStep), (Cutoff, String)> {
-        self.blocking_env_call(move || {
+        let own_time = env.keeps_own_time();
+        self.blocking_env_call(own_time, move || {
             let step = env.step(&message)?;
             Ok((env, step))
         })
@@ -546,14 +548,21 @@ impl AgentContext<'_> {
     }
 
     /// Runs `call` (an environment's work, which may block) on a blocking thread under
-    /// `env_timeout`; its failure, panic or lateness is the episode's cut-off.
+    /// `env_timeout`, unless the environment keeps its own time (`own_time`); its failure,
+    /// panic or lateness is the episode's cut-off.
     async fn blocking_env_call<T: Send + 'static>(
         &self,
+        own_time: bool,
         call: impl FnOnce() -> std::result::Result<T, EnvError> + Send + 'static,
     ) -> std::result::Result<T, (Cutoff, String)> {
         let timeout = self.limits.env_timeout;
         let call = tokio::task::spawn_blocking(call);
-        match tokio::time::timeout(timeout, call).await {
+        let answered = if own_time {
+            Ok(call.await)
+        } else {
+            tokio::time::timeout(timeout, call).await
+        };
+        match answered {
             Err(_) => Err((
                 Cutoff::EnvTimeout,
                 format!(
@@ -562,6 +571,7 @@ impl AgentContext<'_> {
                 ),
             )),
             Ok(Err(_)) => Err((Cutoff::EnvError, "the environment panicked".into())),
+            Ok(Ok(Err(e))) if e.timed_out => Err((Cutoff::EnvTimeout, e.message)),
             Ok(Ok(Err(e))) if e.worker_failed => Err((Cutoff::EnvWorker, e.message)),
             Ok(Ok(Err(e))) => Err((Cutoff::EnvError, format!("environment error: {e}"))),
             Ok(Ok(Ok(v))) => Ok(v),

@@ -31,11 +31,6 @@ use std::time::Duration;
 /// Seeds are below 2^53, so every JSON reader keeps them exact.
 const SEED_LIMIT: u64 = 1 << 53;
 
-/// Past `agent.env_timeout_s` the agent loop has already failed the episode (counted as a
-/// timeout); the worker gets this much longer before it is killed, so the loop's clock, not
-/// the pool's, decides.
-const KILL_GRACE: Duration = Duration::from_millis(250);
-
 /// A multi-turn task whose environment runs in worker processes.
 pub struct WorkerTask {
     pool: Arc<Pool>,
@@ -54,7 +49,7 @@ impl WorkerTask {
         let (pool, infos) = Pool::start(
             &a.command,
             a.workers,
-            Duration::from_secs_f64(a.env_timeout_s) + KILL_GRACE,
+            Duration::from_secs_f64(a.env_timeout_s),
             Duration::from_secs_f64(a.start_timeout_s),
             &protocol::info(),
         )
@@ -272,6 +267,13 @@ impl Env for WorkerEnv {
 
     fn state_key(&self) -> Option<String> {
         self.state.clone()
+    }
+
+    /// The pool times each request from when its process takes it (`agent.env_timeout_s`,
+    /// plus `agent.start_timeout_s` for a process's first answer), not while it waits for a
+    /// process busy with other episodes' requests.
+    fn keeps_own_time(&self) -> bool {
+        true
     }
 }
 

@@ -221,15 +221,17 @@ impl Pool {
         };
         let line = match process.recv(allowed) {
             Ok(line) => line,
-            Err(e) => {
-                let why = match e {
-                    LineError::Closed(detail) => format!("it died: {detail}; its stderr says why"),
-                    LineError::Timeout => format!(
-                        "it did not answer within {:.1}s and was killed",
-                        allowed.as_secs_f64()
-                    ),
-                };
+            Err(LineError::Closed(detail)) => {
+                let why = format!("it died: {detail}; its stderr says why");
                 return Err(self.end(&mut slot, &name, why));
+            }
+            Err(LineError::Timeout) => {
+                let why = format!(
+                    "it did not answer within {:.1}s (agent.env_timeout_s) and was killed",
+                    allowed.as_secs_f64()
+                );
+                let e = self.end(&mut slot, &name, why);
+                return Err(EnvError::timed_out(e.message));
             }
         };
         let stdin = process.sender();
