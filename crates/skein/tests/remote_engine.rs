@@ -214,3 +214,51 @@ fn multi_turn_episodes_run_on_a_remote_engine() {
     }
     assert_eq!(server.version(), 3);
 }
+
+/// A server on loopback that loads weights (`/v1/reload` answers a version) but fails every
+/// completion with HTTP 500: a server that broke after it started.
+fn failing_server() -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 1 << 16];
+                let n = stream.read(&mut buf).unwrap_or(0);
+                let head = String::from_utf8_lossy(&buf[..n]).into_owned();
+                let (status, body) = if head.starts_with("POST /v1/reload") {
+                    ("200 OK", r#"{"version": 1}"#)
+                } else {
+                    ("500 Internal Server Error", r#"{"error": "out of memory"}"#)
+                };
+                let reply = format!(
+                    "HTTP/1.1 {status}\r\nContent-Type: application/json\r\n\
+                     Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(reply.as_bytes());
+            });
+        }
+    });
+    url
+}
+
+/// Every model call of the agent loop fails on the server: each episode fails alone, and
+/// the step counts them as the engine's failures.
+#[test]
+fn remote_failures_of_multi_turn_episodes_are_counted_as_the_engines() {
+    let init = initial_model("guess");
+    let dir = temp_dir("guess-failing");
+    let mut cfg = base_config("guess", &dir);
+    cfg.model.path = init.display().to_string();
+    cfg.trainer.steps = 1;
+    cfg.rollout.engine = skein::trainer::config::EngineKind::Remote;
+    cfg.rollout.remote.url = failing_server();
+    train(&cfg).expect("a step whose every episode fails ends normally");
+    let m = &steps(&dir)[0];
+    let failed = m["batch/failed_trajectories"].as_f64().unwrap();
+    assert!(failed > 0.0, "{m}");
+    assert_eq!(m["rollout/engine_failed"].as_f64(), Some(failed), "{m}");
+}

@@ -75,8 +75,10 @@ pub enum Cutoff {
     /// The process hosting the environment crashed, broke its protocol, or was restarted
     /// under the episode (an environment worker).
     EnvWorker,
+    /// The engine failed the model call (a remote server's error, or the engine stopped).
+    Engine,
     /// Text or template trouble (a message that does not decode, a reply that does not
-    /// render); or the engine stopped.
+    /// render).
     Other,
 }
 
@@ -100,7 +102,8 @@ impl Cutoff {
             Cutoff::EnvError => "an environment error",
             Cutoff::EnvTimeout => "an environment timeout (agent.env_timeout_s)",
             Cutoff::EnvWorker => "its environment worker's failure",
-            Cutoff::Other => "a text, template or engine failure",
+            Cutoff::Engine => "an engine failure",
+            Cutoff::Other => "a text or template failure",
         }
     }
 }
@@ -147,6 +150,9 @@ pub struct AgentStats {
     pub env_errors: usize,
     pub env_timeouts: usize,
     pub env_worker_failures: usize,
+    /// Episodes whose model call the engine failed (`rollout/engine_failed` with a remote
+    /// engine).
+    pub engine_failures: usize,
     pub other_failures: usize,
     /// Tokens inserted between turns (environment replies; never trained on): each later
     /// prompt's tokens past what it shares with the context before it.
@@ -207,6 +213,7 @@ impl AgentStats {
             Some(Cutoff::EnvError) => self.env_errors += 1,
             Some(Cutoff::EnvTimeout) => self.env_timeouts += 1,
             Some(Cutoff::EnvWorker) => self.env_worker_failures += 1,
+            Some(Cutoff::Engine) => self.engine_failures += 1,
             Some(Cutoff::Other) => self.other_failures += 1,
             None => {}
         }
@@ -278,7 +285,7 @@ impl AgentContext<'_> {
         runtime: &tokio::runtime::Runtime,
         specs: Vec<EpisodeSpec>,
     ) -> EpisodeBatch {
-        let (episodes, engine_stats) = match generator {
+        let (episodes, mut engine_stats) = match generator {
             Generator::Local(engine) => {
                 let (handle, mut queue) = engine::channel();
                 let capacity = self.limits.max_tokens as i64;
@@ -304,8 +311,27 @@ impl AgentContext<'_> {
                 (episodes, stats)
             }
         };
+        let stats = AgentStats::of(&episodes);
+        if matches!(generator, Generator::Remote(_)) {
+            // A remote call fails its episode only, with the server's error as its reason;
+            // counted as the single-turn rollout counts its failed requests.
+            engine_stats.failed = stats.engine_failures;
+            if let Some(why) =
+                episodes
+                    .iter()
+                    .find_map(|e| match (&e.cutoff, &e.trajectory.status) {
+                        (Some(Cutoff::Engine), Status::Failed(why)) => Some(why),
+                        _ => None,
+                    })
+            {
+                eprintln!(
+                    "skein: the remote engine failed {} episode(s) this step, e.g.: {why}",
+                    stats.engine_failures
+                );
+            }
+        }
         EpisodeBatch {
-            stats: AgentStats::of(&episodes),
+            stats,
             episodes,
             engine: engine_stats,
         }
@@ -507,7 +533,10 @@ impl AgentContext<'_> {
             budget: None,
             session: self.limits.reuse_prefix.then_some(session),
         };
-        let out = handle.generate(req).await.map_err(|e| (Cutoff::Other, e))?;
+        let out = handle
+            .generate(req)
+            .await
+            .map_err(|e| (Cutoff::Engine, e))?;
         if out.finish == Finish::ContextTooLong {
             return Err((
                 Cutoff::Tokens,
