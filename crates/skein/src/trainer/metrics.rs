@@ -42,7 +42,9 @@ pub struct StepReport<'a> {
     pub layout: Option<Layout>,
     pub policy_version: usize,
     pub times: StageTimes,
-    /// Partial rollout's staleness cap, when it is on.
+    /// Partial rollout's staleness cap as trained tokens can reach it
+    /// ([`PartialConfig::reachable_staleness`](crate::trainer::config::PartialConfig)), when
+    /// it is on.
     pub staleness_cap: Option<u64>,
 }
 

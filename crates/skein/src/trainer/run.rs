@@ -134,7 +134,9 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
                 update_s,
                 step_s: t0.elapsed().as_secs_f64(),
             },
-            staleness_cap: cfg.rollout.partial.staleness_cap(),
+            staleness_cap: cfg.rollout.partial.reachable_staleness(
+                (cfg.trainer.num_mini_batches * cfg.trainer.ppo_epochs) as u64,
+            ),
         };
         let record = t.log_step(report.record(), step)?;
         // Name what is going wrong, the moment it starts.

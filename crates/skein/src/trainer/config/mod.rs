@@ -379,9 +379,33 @@ pub struct PartialConfig {
 }
 
 impl PartialConfig {
-    /// The staleness cap when partial rollout is on.
-    pub fn staleness_cap(&self) -> Option<u64> {
-        self.enabled.then_some(self.max_staleness)
+    /// When partial rollout is on, the most versions behind a trained token can get: the cap
+    /// rounded down to whole steps, since a group is finished or dropped before a step would
+    /// take it past the cap, and a step advances `versions_per_step` versions (with a cap of
+    /// 5 and 2 versions a step, 4).
+    pub fn reachable_staleness(&self, versions_per_step: u64) -> Option<u64> {
+        let per_step = versions_per_step.max(1);
+        self.enabled
+            .then(|| (self.max_staleness - self.max_staleness % per_step).max(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PartialConfig;
+
+    #[test]
+    fn the_reachable_staleness_is_the_cap_in_whole_steps() {
+        let on = |max_staleness| PartialConfig {
+            enabled: true,
+            max_staleness,
+            ..Default::default()
+        };
+        assert_eq!(on(5).reachable_staleness(2), Some(4));
+        assert_eq!(on(16).reachable_staleness(3), Some(15));
+        assert_eq!(on(4).reachable_staleness(2), Some(4));
+        assert_eq!(on(4).reachable_staleness(1), Some(4));
+        assert_eq!(PartialConfig::default().reachable_staleness(2), None);
     }
 }
 
