@@ -3,6 +3,10 @@
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
+/// Temperatures below this are greedy (as in vLLM): dividing logits by them would overflow.
+/// `skein serve` rounds them to 0, and training refuses them.
+pub const MIN_SAMPLING_TEMPERATURE: f64 = 1e-5;
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SamplingParams {

@@ -104,8 +104,11 @@ pub fn sampling(
             "`temperature` is {temperature}; it must be a finite number ≥ 0 (0 is greedy)"
         )));
     }
-    // Near-zero temperatures are greedy (as in vLLM): dividing logits by them would overflow.
-    let temperature = if temperature < 1e-5 { 0.0 } else { temperature };
+    let temperature = if temperature < crate::engine::sampling::MIN_SAMPLING_TEMPERATURE {
+        0.0
+    } else {
+        temperature
+    };
     if recorded && temperature == 0.0 {
         return Err(ApiError::bad_request(
             "`temperature` = 0 in a rollout: greedy decoding draws nothing from the policy, so \

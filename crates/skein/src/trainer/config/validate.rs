@@ -5,6 +5,7 @@
 //! ranges, combinations and paths.
 
 use super::{AgentKind, CreditMode, DpBackend, EngineKind, Tracking, TrainConfig};
+use crate::engine::sampling::MIN_SAMPLING_TEMPERATURE;
 use crate::trainer::update::policy_loss::{KlEstimator, LossConfig, PolicyLoss};
 use anyhow::Result;
 use skein_config::Validator;
@@ -240,12 +241,13 @@ fn validate_rollout(cfg: &TrainConfig, v: &mut Validator) {
         // Greedy decoding is top-k 1: the engine takes the argmax while the trainer's π is the
         // whole distribution, and under a group estimator every sample of a prompt is the same.
         .check(
-            s.temperature > 0.0 && s.temperature.is_finite(),
+            s.temperature >= MIN_SAMPLING_TEMPERATURE && s.temperature.is_finite(),
             "rollout.sampling.temperature",
-            "must be a finite number > 0 in training: 0 is greedy decoding, which draws from a \
-             one-token distribution while the importance ratio uses the whole one (off-policy, \
-             uncorrected), and makes every sample of a prompt the same (no group signal); \
-             greedy is for `skein eval` (its default with --n 1) and `skein serve`",
+            "must be a finite number >= 1e-5 in training: below it (0 included) decoding is \
+             greedy, which draws from a one-token distribution while the importance ratio uses \
+             the whole one (off-policy, uncorrected), and makes every sample of a prompt the \
+             same (no group signal); greedy is for `skein eval` (its default with --n 1) and \
+             `skein serve`",
             s.temperature,
         )
         .check(
@@ -1421,11 +1423,12 @@ mod tests {
     /// group identical samples: training refuses it, naming the key.
     #[test]
     fn training_refuses_greedy_sampling() {
-        for t in ["0", "0.0", "-0.5", "nan"] {
+        // 1e-6: a server rounds it to greedy, while the trainer would divide by it.
+        for t in ["0", "0.0", "-0.5", "nan", "1e-6"] {
             let cfg = load(&[&format!("rollout.sampling.temperature={t}")]).unwrap();
             let e = validate(&cfg).unwrap_err().to_string();
             assert!(
-                e.contains("`rollout.sampling.temperature`: must be a finite number > 0"),
+                e.contains("`rollout.sampling.temperature`: must be a finite number >= 1e-5"),
                 "{t}: {e}"
             );
         }
