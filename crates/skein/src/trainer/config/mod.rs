@@ -604,9 +604,10 @@ pub struct TrainerConfig {
     pub dp_backend: DpBackend,
     /// Most padded tokens per micro-batch (gradient accumulation beyond that).
     pub micro_batch_tokens: usize,
-    /// What must stay in one mini-batch (and on one rank): `trajectory` or `group`. With
-    /// `shared_prefix`, `group` lets every sample of a prompt share its computation;
-    /// `trajectory` is as exact but shares only among the rows that land together.
+    /// What must stay in one mini-batch: `trajectory` or `group`. With `shared_prefix`,
+    /// `group` lets every sample of a prompt share its computation (with `dp_size` > 1, the
+    /// ranks are balanced row by row, so each rank computes the prompt once for the samples
+    /// it holds); `trajectory` is as exact but shares only among the rows that land together.
     pub unit: Unit,
     /// Rows end to end in a micro-batch (each at its own positions, blind to the others)
     /// instead of one right-padded row per line: no compute on padding.
@@ -651,7 +652,7 @@ impl Default for TrainerConfig {
             dp_size: 1,
             dp_backend: DpBackend::Threads,
             micro_batch_tokens: 8192,
-            // A group's rows share a mini-batch and a rank, so its prompt is computed once.
+            // A group's rows share a mini-batch, so its prompt is computed once per rank.
             unit: Unit::Group,
             packing: true,
             shared_prefix: true,
