@@ -208,32 +208,37 @@ fn build(
 
 /// Copies `tensors` into the same-named `variables` that `adapters` selects (adapter
 /// variables, or base ones), cast to each variable's dtype; a missing or misshapen tensor is
-/// an error naming `source`.
+/// an error naming `source`. Every tensor is checked before any is copied, so an error
+/// leaves the variables as they were (a server's failed reload keeps serving the old weights).
 pub fn copy_named(
     variables: &HashMap<String, Tensor>,
     tensors: &HashMap<String, Tensor>,
     source: &str,
     adapters: bool,
 ) -> Result<()> {
+    let mut pairs = Vec::new();
+    for (name, var) in variables {
+        if super::lora::is_adapter(name) != adapters {
+            continue;
+        }
+        let Some(t) = tensors.get(name) else {
+            bail!("{source}: no tensor `{name}` (was it saved from a model of this shape?)");
+        };
+        if t.size() != var.size() {
+            bail!(
+                "{source}: tensor `{name}` has shape {:?}, the config implies {:?}",
+                t.size(),
+                var.size()
+            );
+        }
+        pairs.push((var, t));
+    }
     tch::no_grad(|| {
-        for (name, var) in variables {
-            if super::lora::is_adapter(name) != adapters {
-                continue;
-            }
-            let Some(t) = tensors.get(name) else {
-                bail!("{source}: no tensor `{name}` (was it saved from a model of this shape?)");
-            };
-            if t.size() != var.size() {
-                bail!(
-                    "{source}: tensor `{name}` has shape {:?}, the config implies {:?}",
-                    t.size(),
-                    var.size()
-                );
-            }
+        for (var, t) in pairs {
             var.shallow_clone().copy_(&t.to_kind(var.kind()));
         }
-        Ok(())
-    })
+    });
+    Ok(())
 }
 
 fn read_weights(dir: &Path) -> Result<HashMap<String, Tensor>> {
@@ -285,4 +290,42 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One misshapen tensor among many fails the copy before any variable changes.
+    #[test]
+    fn a_failed_copy_changes_no_variable() {
+        let mut variables = HashMap::new();
+        let mut tensors = HashMap::new();
+        for i in 0..16 {
+            let name = format!("layers.{i}.weight");
+            variables.insert(name.clone(), Tensor::zeros([3], (Kind::Float, Device::Cpu)));
+            tensors.insert(name, Tensor::ones([3], (Kind::Float, Device::Cpu)));
+        }
+        tensors.insert(
+            "layers.7.weight".into(),
+            Tensor::ones([4], (Kind::Float, Device::Cpu)),
+        );
+        let e = copy_named(&variables, &tensors, "dir", false).unwrap_err();
+        assert!(e.to_string().contains("`layers.7.weight` has shape"), "{e}");
+        for (name, v) in &variables {
+            assert_eq!(
+                v.abs().sum(Kind::Float).double_value(&[]),
+                0.0,
+                "{name} changed"
+            );
+        }
+        tensors.insert(
+            "layers.7.weight".into(),
+            Tensor::ones([3], (Kind::Float, Device::Cpu)),
+        );
+        copy_named(&variables, &tensors, "dir", false).unwrap();
+        assert!(variables
+            .values()
+            .all(|v| v.sum(Kind::Float).double_value(&[]) == 3.0));
+    }
 }

@@ -68,9 +68,12 @@ fn reload_adapter(model: &mut Model, base: &mut Option<BaseId>, dir: &Path) -> R
             lora,
             ..Default::default()
         };
+        // The new base takes its adapters before it is served: a failure serves the old.
         let fresh = Model::load_dir_with(&named, &options, model.vs.device())?;
+        fresh.load_adapter(dir)?;
         replace(model, fresh, &named)?;
         *base = Some(id);
+        return Ok(());
     }
     model.load_adapter(dir)
 }
