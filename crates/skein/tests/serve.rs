@@ -675,6 +675,25 @@ fn reload_loads_new_weights_and_bumps_the_version() {
         .await;
         assert_eq!((s.as_u16(), body["version"].as_u64()), (200, Some(2)));
         assert_eq!(greedy().await.0, before, "the first weights again");
+
+        // A model with a shorter context is refused, and the server goes on as it was.
+        let short = dir.join("short");
+        save_model(&short, 2);
+        let config_path = short.join("config.json");
+        let mut config: Value =
+            serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+        config["max_position_embeddings"] = json!(16);
+        std::fs::write(&config_path, config.to_string()).unwrap();
+        let (s, body) = post(
+            &c,
+            &format!("{}/v1/reload", server.url),
+            json!({"path": short.to_str().unwrap()}),
+        )
+        .await;
+        assert_error(s, &body, 400, "shorter than the served model's");
+        let (again, versions) = greedy().await;
+        assert_eq!(again, before);
+        assert!(versions.iter().all(|&v| v == 2), "{versions:?}");
     });
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -87,6 +87,17 @@ fn replace(model: &mut Model, fresh: Model, dir: &Path) -> Result<()> {
             dir.display()
         );
     }
+    // The server admits prompts by the context it started with; a shorter one would cut them
+    // off inside the engine and answer empty completions.
+    let (had, has) = (model.net.max_positions(), fresh.net.max_positions());
+    if has < had {
+        bail!(
+            "{}: its context is {has} positions, shorter than the served model's {had}; serve it \
+             with `skein serve --model {}` instead",
+            dir.display(),
+            dir.display()
+        );
+    }
     *model = fresh;
     Ok(())
 }
