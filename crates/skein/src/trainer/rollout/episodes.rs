@@ -91,6 +91,9 @@ pub struct Episode {
     /// Characters of the environment's prompt and replies outside the tokenizer's vocabulary
     /// (the model read each as its unknown token).
     pub unknown: UnknownChars,
+    /// Messages cut at `rollout.sampling.max_new_tokens` with room left in the episode, and
+    /// handed to the environment as they were.
+    pub cut_turns: usize,
 }
 
 impl Cutoff {
@@ -154,6 +157,8 @@ pub struct AgentStats {
     /// engine).
     pub engine_failures: usize,
     pub other_failures: usize,
+    /// Messages cut at `rollout.sampling.max_new_tokens` and handed on as they were.
+    pub cut_turns: usize,
     /// Tokens inserted between turns (environment replies; never trained on): each later
     /// prompt's tokens past what it shares with the context before it.
     pub inserted_tokens: usize,
@@ -192,6 +197,7 @@ impl AgentStats {
         }
         self.tool_calls += e.tool_calls();
         self.tool_call_errors += e.tool_call_errors();
+        self.cut_turns += e.cut_turns;
         self.unknown.add(&e.unknown);
         let ts = &e.trajectory.transitions;
         for w in ts.windows(2) {
@@ -234,6 +240,7 @@ impl AgentStats {
             ("agent/env_timeouts", self.env_timeouts as f64),
             ("agent/tool_calls", self.tool_calls as f64),
             ("agent/tool_call_errors", self.tool_call_errors as f64),
+            ("agent/cut_turns", self.cut_turns as f64),
             ("agent/inserted_tokens", self.inserted_tokens as f64),
             ("agent/merged_trajectories", self.merged as f64),
             ("agent/stepwise_trajectories", self.stepwise as f64),
@@ -358,6 +365,7 @@ impl AgentContext<'_> {
             transitions: Vec::new(),
             transcript: Vec::new(),
             unknown: UnknownChars::default(),
+            cut_turns: 0,
         };
         let outcome = self.play(&handle, &spec.problem, session, &mut run).await;
         let (reward, correct, status, cutoff) = match outcome {
@@ -377,6 +385,7 @@ impl AgentContext<'_> {
             transcript: run.transcript,
             cutoff,
             unknown: run.unknown,
+            cut_turns: run.cut_turns,
         }
     }
 
@@ -420,6 +429,9 @@ impl AgentContext<'_> {
             if finish != Finish::Stop && context.len() >= self.limits.max_tokens {
                 return Ok(Outcome::Cut(Cutoff::Tokens));
             }
+            // Cut at the turn's token limit, not the episode's: the environment reads the
+            // message as it is, counted so a run whose turns are too short says so.
+            run.cut_turns += usize::from(finish == Finish::Length);
             let ids: Vec<u32> = tokens
                 .iter()
                 .copied()
@@ -722,6 +734,7 @@ struct EpisodeRun {
     transitions: Vec<Transition>,
     transcript: Vec<Turn>,
     unknown: UnknownChars,
+    cut_turns: usize,
 }
 
 enum Outcome {
@@ -1337,6 +1350,9 @@ mod tests {
             let seen = Arc::new(Mutex::new(Vec::new()));
             let turns = Mutex::new(std::collections::HashMap::new());
             let (rec, log) = (recorded.clone(), seen.clone());
+            // Under ChatML the first message says it was cut at its token limit: the loop
+            // hands it on all the same, and counts it.
+            let cut_first = !stepwise;
             let answer = move |req: &GenRequest| {
                 let session = req.session.expect("each episode is an engine session");
                 let mut turns = turns.lock().unwrap();
@@ -1349,7 +1365,11 @@ mod tests {
                     versions: vec![7; tokens.len()],
                     kept: Default::default(),
                     tokens,
-                    finish: Finish::Stop,
+                    finish: if cut_first && *k == 0 {
+                        Finish::Length
+                    } else {
+                        Finish::Stop
+                    },
                 };
                 *k += 1;
                 out
@@ -1377,6 +1397,7 @@ mod tests {
             }
             for e in &episodes {
                 assert_eq!(e.trajectory.status, Status::Finished, "{name}");
+                assert_eq!(e.cut_turns, usize::from(cut_first), "{name}");
                 let ts = &e.trajectory.transitions;
                 assert_eq!(ts.len(), recorded.len());
                 for (k, (t, want)) in ts.iter().zip(recorded.iter()).enumerate() {
