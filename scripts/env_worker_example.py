@@ -42,7 +42,7 @@ For tests: `--crash-every K` exits abruptly instead of answering every K-th step
 gets; `--hang-every K` stops answering (sleeps, reading nothing more) at every K-th step;
 `--answer-twice-every K` writes every K-th step's answer twice; `--fault-worker I` limits
 them to the process whose SKEIN_WORKER is I; `--slow-ms MS` waits MS milliseconds before
-each reset or step answer.
+each reset or step answer; `--error-every K` answers every K-th reset with an error.
 """
 
 import argparse
@@ -150,11 +150,12 @@ def main():
     parser.add_argument("--answer-twice-every", type=int, default=0, metavar="K")
     parser.add_argument("--fault-worker", type=int, default=None, metavar="I")
     parser.add_argument("--slow-ms", type=int, default=0, metavar="MS")
+    parser.add_argument("--error-every", type=int, default=0, metavar="K")
     args = parser.parse_args()
     if args.fault_worker is not None and os.environ.get("SKEIN_WORKER") != str(args.fault_worker):
         args.crash_every = args.hang_every = args.answer_twice_every = 0
     game = Game(args.difficulty)
-    steps = 0
+    steps = resets = 0
     for line in sys.stdin:
         if not line.strip():
             continue
@@ -171,7 +172,11 @@ def main():
             if op == "info":
                 answer = game.info()
             elif op == "reset":
-                answer = game.reset(request["episode"], request["task"])
+                resets += 1
+                if args.error_every and resets % args.error_every == 0:
+                    answer = {"error": f"no game at reset {resets}"}
+                else:
+                    answer = game.reset(request["episode"], request["task"])
             elif op == "step":
                 steps += 1
                 if args.crash_every and steps % args.crash_every == 0:

@@ -148,6 +148,20 @@ fn a_busy_worker_times_each_request_not_its_queue() {
     assert_eq!(num(m, "batch/failed_trajectories"), 0.0, "{m}");
 }
 
+/// An environment that reports an error now and then: a warm-up episode it fails is drawn
+/// again, and a rollout episode fails alone, counted; the run completes.
+#[test]
+fn an_environment_error_fails_one_episode_in_the_warm_up_and_in_rollouts() {
+    let mut cfg = config("errors", &["--error-every", "7"]);
+    cfg.sft.steps = 5;
+    cfg.trainer.steps = 1;
+    let run = train(&cfg).expect("the run goes on past environment errors");
+    let m = &step_metrics(&run.dir)[0];
+    let failed = num(m, "batch/failed_trajectories");
+    assert!(failed > 0.0, "{m}");
+    assert_eq!(num(m, "agent/env_errors"), failed, "{m}");
+}
+
 #[test]
 fn a_missing_script_is_a_config_error_naming_agent_command() {
     let mut cfg = config("missing", &[]);

@@ -24,12 +24,13 @@ use std::time::Duration;
 /// single answers; positions cost nothing until used).
 pub const MIN_AGENT_POSITIONS: usize = 256;
 
-/// Demonstration episodes drawn for one warm-up row when their worker process fails.
+/// Demonstration episodes drawn for one warm-up row when their environment fails (an error
+/// it reports, or its worker process failing): one bad episode does not stop the warm-up,
+/// and a broken environment still does, soon.
 const DEMONSTRATION_TRIES: usize = 3;
 
-fn worker_failed(e: &anyhow::Error) -> bool {
-    e.downcast_ref::<EnvError>()
-        .is_some_and(|e| e.worker_failed)
+fn env_failed(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<EnvError>().is_some()
 }
 
 /// A multi-turn task with what running it needs.
@@ -158,6 +159,13 @@ impl MultiTurn {
         let problem = draw(self.task.name(), train, rng, |r| self.task.sample(r))?;
         let mut env = self.task.start(&problem);
         let prompt = env.open()?.unwrap_or_else(|| problem.prompt.clone());
+        if prompt.trim().is_empty() {
+            // As in a rollout: the model would answer nothing at all.
+            return Err(EnvError::new(format!(
+                "the environment opened the episode with an empty first prompt ({prompt:?})"
+            ))
+            .into());
+        }
         let mut tokens = ctx.prompt_ids(&prompt)?;
         let mut unknown = tokenizer.unknown_chars(&prompt)?;
         let prompt_len = tokens.len();
@@ -304,7 +312,7 @@ impl Workload for MultiTurn {
         let mut tries = 1;
         loop {
             match self.demonstration_row(tokenizer, sampling, direct_share) {
-                Err(e) if tries < DEMONSTRATION_TRIES && worker_failed(&e) => {
+                Err(e) if tries < DEMONSTRATION_TRIES && env_failed(&e) => {
                     eprintln!("skein: a demonstration episode failed, drawing another: {e:#}");
                     tries += 1;
                 }
