@@ -106,6 +106,8 @@ fn initial_model(task: &str) -> PathBuf {
     cfg.trainer.steps = 1;
     cfg.rollout.prompts_per_step = 1;
     cfg.rollout.samples_per_prompt = 2;
+    // One group makes one mini-batch.
+    cfg.trainer.num_mini_batches = 1;
     train(&cfg).expect("initial run");
     dir.join("checkpoint")
 }

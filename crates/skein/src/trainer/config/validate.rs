@@ -570,6 +570,17 @@ fn validate_trainer(cfg: &TrainConfig, v: &mut Validator) {
     );
     v.at_least("trainer.ppo_epochs", t.ppo_epochs, 1)
         .at_least("trainer.num_mini_batches", t.num_mini_batches, 1)
+        .check(
+            t.unit != skein_plan::Unit::Group || t.num_mini_batches <= cfg.rollout.prompts_per_step,
+            "trainer.num_mini_batches",
+            &format!(
+                "must be at most rollout.prompts_per_step = {} with trainer.unit = \"group\" (a \
+                 group is never split over mini-batches, so a step of fewer groups would take \
+                 fewer optimizer steps than asked)",
+                cfg.rollout.prompts_per_step
+            ),
+            t.num_mini_batches,
+        )
         .at_least("trainer.dp_size", t.dp_size, 1)
         .check(
             t.dp_backend != DpBackend::Mpi || cfg!(feature = "mpi"),
@@ -1092,6 +1103,19 @@ mod tests {
         assert!(problem(&["algorithm.kl_estimator=\"k2\"", "algorithm.kl_coef=0.1"]).is_none());
         let e = problem(&[k1]).unwrap();
         assert!(e.contains("`algorithm.kl_coef` > 0"), "{e}");
+    }
+
+    /// A group stays in one mini-batch, so a step cannot have more mini-batches than groups.
+    #[test]
+    fn more_mini_batches_than_groups_are_refused() {
+        let set = ["rollout.prompts_per_step=2", "trainer.num_mini_batches=4"];
+        let e = validate(&load(&set).unwrap()).unwrap_err().to_string();
+        assert!(
+            e.contains("`trainer.num_mini_batches`") && e.contains("prompts_per_step = 2"),
+            "{e}"
+        );
+        let by_trajectory = [set[0], set[1], "trainer.unit=\"trajectory\""];
+        assert!(validate(&load(&by_trajectory).unwrap()).is_ok());
     }
 
     /// Values the optimizer would use as given (a negative decay grows the weights, a floor
