@@ -159,7 +159,15 @@ fn changed<T: Serialize>(section: &str, value: &T, default: &T) -> Vec<(String, 
     };
     now.into_iter()
         .filter(|(k, v)| was.get(k) != Some(v))
-        .map(|(k, v)| (format!("{section}.{k}"), v.to_string()))
+        .map(|(k, v)| {
+            // A key is a secret: the error names it without printing it.
+            let shown = if k.ends_with("api_key") {
+                "a key".to_string()
+            } else {
+                v.to_string()
+            };
+            (format!("{section}.{k}"), shown)
+        })
         .collect()
 }
 
@@ -196,6 +204,11 @@ mod tests {
             ("lora.alpha=32", "lora.alpha", "lora.rank"),
             ("agent.workers=2", "agent.workers", "agent.kind"),
             ("agent.listen=\"0.0.0.0:9\"", "agent.listen", "\"external\""),
+            (
+                "agent.api_key=\"sk-secret\"",
+                "agent.api_key",
+                "\"external\"",
+            ),
             ("agent.max_turns=3", "agent.max_turns", "multi-turn"),
             ("algorithm.lambda=0.9", "algorithm.lambda", "\"gae\""),
             (
@@ -221,6 +234,7 @@ mod tests {
                 e.contains(&format!("`{key}`")) && e.contains(switch),
                 "{set}: {e}"
             );
+            assert!(!e.contains("sk-secret"), "a key was printed: {e}");
         }
     }
 
