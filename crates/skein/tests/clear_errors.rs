@@ -198,6 +198,17 @@ fn sizes_beyond_the_machine_are_refused_before_anything_is_allocated() {
         &["train", "--set", "model.max_positions=13"],
         &["`model.max_positions`", "14 positions"],
     );
+    // An episode's token limit beyond the model's context could never be reached.
+    refused(
+        &[
+            "train",
+            "--set",
+            "task.name=\"guess\"",
+            "--set",
+            "agent.max_tokens=100000",
+        ],
+        &["`agent.max_tokens`", "100000", "positions"],
+    );
     refused(&["serve", "--max-slots", "1000000000"], &["--max-slots"]);
     refused(&["eval", "/nonexistent", "--n", "1000000000000"], &["--n"]);
 }

@@ -71,7 +71,12 @@ impl MultiTurn {
         };
         let max_tokens = match a.max_tokens {
             0 => max_positions,
-            n => n.min(max_positions),
+            n if n > max_positions => bail!(
+                "invalid value for `agent.max_tokens`: {n} is more than the model's context of \
+                 {max_positions} positions, which no episode can outgrow; lower it (0: the \
+                 model's context)"
+            ),
+            n => n,
         };
         let limits = AgentLimits {
             max_turns: match a.max_turns {
