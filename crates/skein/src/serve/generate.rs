@@ -6,6 +6,7 @@ use super::error::ApiError;
 use super::openai::{Exact, GenerateRequest, Usage};
 use super::state::ServeState;
 use super::store::{RecordedCall, StoreError};
+use super::text::add_stop_ids;
 use crate::engine::{Finish, GenOutput, GenRequest, SamplingParams};
 use axum::http::StatusCode;
 
@@ -147,17 +148,13 @@ pub fn sampling(
 fn stop_ids(state: &ServeState, req: &GenerateRequest) -> Result<Vec<u32>, ApiError> {
     let text = &state.0.text;
     let mut ids = text.stop_ids().to_vec();
-    for &id in req.stop_token_ids.iter().flatten() {
-        if id as usize >= text.vocab_size() {
-            return Err(ApiError::bad_request(format!(
-                "`stop_token_ids` has {id}, outside the vocabulary of {} tokens",
-                text.vocab_size()
-            )));
-        }
-        if !ids.contains(&id) {
-            ids.push(id);
-        }
-    }
+    let asked = req.stop_token_ids.as_deref().unwrap_or_default();
+    add_stop_ids(&mut ids, asked, text.vocab_size()).map_err(|id| {
+        ApiError::bad_request(format!(
+            "`stop_token_ids` has {id}, outside the vocabulary of {} tokens",
+            text.vocab_size()
+        ))
+    })?;
     Ok(ids)
 }
 

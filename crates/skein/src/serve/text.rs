@@ -20,6 +20,20 @@ pub struct TextSide {
     unknown_warned: AtomicBool,
 }
 
+/// Adds each id of `extra` to `ids` once; the first one outside a vocabulary of `vocab_size`
+/// is the error, and adds nothing after it.
+pub fn add_stop_ids(ids: &mut Vec<u32>, extra: &[u32], vocab_size: usize) -> Result<(), u32> {
+    for &id in extra {
+        if id as usize >= vocab_size {
+            return Err(id);
+        }
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    Ok(())
+}
+
 /// A token that stands for one character the vocabulary lacks covers up to four bytes.
 const MIN_BYTES_PER_TOKEN: usize = 4;
 
@@ -63,16 +77,11 @@ impl TextSide {
     /// The same, with `extra` ending every completion too (a trainer's
     /// `rollout.sampling.stop_token_ids`, so its agents' turns end where its own engine's do).
     pub fn with_stop_ids(mut self, extra: &[u32]) -> anyhow::Result<Self> {
-        for &id in extra {
-            if id as usize >= self.vocab_size {
-                anyhow::bail!(
-                    "stop token id {id} is outside the vocabulary of {} tokens",
-                    self.vocab_size
-                );
-            }
-            if !self.eos.contains(&id) {
-                self.eos.push(id);
-            }
+        if let Err(id) = add_stop_ids(&mut self.eos, extra, self.vocab_size) {
+            anyhow::bail!(
+                "stop token id {id} is outside the vocabulary of {} tokens",
+                self.vocab_size
+            );
         }
         Ok(self)
     }
