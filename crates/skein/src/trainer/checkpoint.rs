@@ -392,11 +392,18 @@ fn sync_dir(dir: &Path) -> Result<()> {
 }
 
 /// Keeps the first `lines` lines of `path` (a resumed run's metrics up to its checkpoint).
+/// Only whole lines are kept: a last line a crash cut short would otherwise run into the next
+/// record. The file is cut where the kept lines end rather than rewritten, so an interruption
+/// here cannot leave it emptier than the records it keeps.
 pub fn truncate_lines(path: &Path, lines: usize) -> Result<()> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let kept: String = text.split_inclusive('\n').take(lines).collect();
-    let found = kept.lines().count();
+    let whole: Vec<&str> = text
+        .split_inclusive('\n')
+        .take_while(|l| l.ends_with('\n'))
+        .take(lines)
+        .collect();
+    let found = whole.len();
     if found < lines {
         eprintln!(
             "skein: warning: {} has {found} of the {lines} records the checkpoint was written \
@@ -405,7 +412,14 @@ pub fn truncate_lines(path: &Path, lines: usize) -> Result<()> {
             lines - found
         );
     }
-    std::fs::write(path, kept).with_context(|| format!("writing {}", path.display()))
+    let kept_bytes: usize = whole.iter().map(|l| l.len()).sum();
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    file.set_len(kept_bytes as u64)
+        .and_then(|()| file.sync_all())
+        .with_context(|| format!("cutting {} to {found} records", path.display()))
 }
 
 /// Lines in `path` (0 when it does not exist yet).
@@ -440,5 +454,23 @@ mod tests {
             .filter(|(a, b)| a.to_bits() != b.to_bits())
             .count();
         assert_eq!(differ, 0, "{differ} of {} floats changed", values.len());
+    }
+
+    /// A resume keeps the records up to its checkpoint, whole lines only: the line a crash cut
+    /// short is dropped rather than left to run into the next record.
+    #[test]
+    fn a_resume_keeps_whole_records_and_drops_a_cut_one() {
+        let path = std::env::temp_dir().join(format!("skein-metrics-cut-{}", std::process::id()));
+        let lines = "{\"step\": 1}\n{\"step\": 2}\n{\"step\": 3}\n";
+        std::fs::write(&path, format!("{lines}{{\"step\": 4, \"rew")).unwrap();
+        super::truncate_lines(&path, 2).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "{\"step\": 1}\n{\"step\": 2}\n"
+        );
+        std::fs::write(&path, format!("{lines}{{\"step\": 4, \"rew")).unwrap();
+        super::truncate_lines(&path, 5).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), lines);
+        std::fs::remove_file(&path).unwrap();
     }
 }
