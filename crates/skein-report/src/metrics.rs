@@ -60,22 +60,31 @@ impl MetricsLog {
     }
 }
 
-/// Reads every record; a bad line is an error naming the file and line number.
+/// Reads every record; a bad line is an error naming the file and line number, except a last
+/// line without its newline that is not a record: one a running job is still writing, left out.
 pub fn read_metrics(path: &Path) -> Result<Vec<Record>> {
     let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut reader = BufReader::new(file);
     let mut out = Vec::new();
-    for (i, line) in BufReader::new(file).lines().enumerate() {
-        let line =
-            line.with_context(|| format!("{}:{}: unreadable line", path.display(), i + 1))?;
+    let mut line = String::new();
+    for i in 0.. {
+        line.clear();
+        let read = reader
+            .read_line(&mut line)
+            .with_context(|| format!("{}:{}: unreadable line", path.display(), i + 1))?;
+        if read == 0 {
+            break;
+        }
         if line.trim().is_empty() {
             continue;
         }
-        let value: Value = serde_json::from_str(&line)
-            .with_context(|| format!("{}:{}: not a JSON object", path.display(), i + 1))?;
-        match value {
-            Value::Object(m) => out.push(m),
+        let being_written = !line.ends_with('\n');
+        let record = match serde_json::from_str(&line) {
+            Ok(Value::Object(m)) => m,
+            _ if being_written => break,
             _ => anyhow::bail!("{}:{}: not a JSON object", path.display(), i + 1),
-        }
+        };
+        out.push(record);
     }
     Ok(out)
 }
@@ -131,6 +140,19 @@ mod tests {
         assert!(err.contains("metrics.jsonl:2: not a JSON object"), "{err}");
         let err = format!("{:#}", read_metrics(&dir.join("absent.jsonl")).unwrap_err());
         assert!(err.contains("absent.jsonl"), "{err}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// A run appending a record may be read between its first bytes and its newline: that
+    /// line is left out, a whole last record without its newline kept.
+    #[test]
+    fn a_record_still_being_written_is_left_out() {
+        let dir = tmp_dir("being-written");
+        let path = dir.join("metrics.jsonl");
+        std::fs::write(&path, "{\"step\": 1}\n{\"step\": 2, \"reward/me").unwrap();
+        assert_eq!(read_metrics(&path).unwrap().len(), 1);
+        std::fs::write(&path, "{\"step\": 1}\n{\"step\": 2}").unwrap();
+        assert_eq!(read_metrics(&path).unwrap().len(), 2);
         std::fs::remove_dir_all(&dir).ok();
     }
 }

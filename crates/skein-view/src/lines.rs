@@ -54,6 +54,8 @@ pub struct BoundedLines<R: Read> {
     line_limit: usize,
     consumed: u64,
     number: usize,
+    /// The line last read ended at the end of the file, without a newline.
+    unfinished: bool,
 }
 
 impl<R: Read> BoundedLines<R> {
@@ -65,12 +67,19 @@ impl<R: Read> BoundedLines<R> {
             line_limit,
             consumed: 0,
             number: 0,
+            unfinished: false,
         }
     }
 
     /// The number of the line last read (1 for the first).
     pub fn number(&self) -> usize {
         self.number
+    }
+
+    /// The line last read had no newline: the file ended in it, perhaps while it was being
+    /// written.
+    pub fn unfinished(&self) -> bool {
+        self.unfinished
     }
 
     /// The file goes on past the bytes allowed.
@@ -88,6 +97,7 @@ impl<R: Read> BoundedLines<R> {
         line.clear();
         let mut too_long = false;
         let mut any = false;
+        self.unfinished = true;
         loop {
             let chunk = self.reader.fill_buf()?;
             if chunk.is_empty() {
@@ -113,6 +123,7 @@ impl<R: Read> BoundedLines<R> {
             self.reader.consume(used);
             self.consumed += used as u64;
             if done {
+                self.unfinished = false;
                 break;
             }
         }

@@ -18,7 +18,8 @@ pub fn missing_reply(run: usize) -> Vec<u8> {
 
 /// The API's reply for run `run`'s metrics at `path` (`shown` in messages):
 /// `{"run", "metrics": {"records", "keys", "missing", "skipped"}}`, where `skipped` says what
-/// the limits left out (null: nothing). A line that is not a JSON object is an error naming it.
+/// the limits left out (null: nothing). A line that is not a JSON object is an error naming it,
+/// except a last line without its newline: a record still being written, left out.
 pub fn reply(path: &Path, shown: &str, run: usize, limits: &Limits) -> Result<Vec<u8>> {
     let file = open_regular(path, shown)?;
     let mut lines = BoundedLines::new(file, limits.metrics_bytes, limits.metrics_line_bytes);
@@ -38,6 +39,8 @@ pub fn reply(path: &Path, shown: &str, run: usize, limits: &Limits) -> Result<Ve
         match read {
             Line::End => break,
             Line::TooLong => skipped.long.push(lines.number()),
+            // The last line of a run still writing it may be a record's first bytes.
+            Line::Read if lines.unfinished() && parse(&line, shown, 0).is_err() => break,
             Line::Read | Line::Stopped => {
                 let n = lines.number();
                 let Some(record) = parse(&line, shown, n)? else {
@@ -160,6 +163,20 @@ mod tests {
         );
         let none = serde_json::from_slice::<Value>(&missing_reply(0)).unwrap();
         assert_eq!(none["metrics"]["missing"], true);
+    }
+
+    /// A run appending a record may be read between its first bytes and its newline.
+    #[test]
+    fn a_record_still_being_written_is_left_out() {
+        let v = read(
+            "{\"step\":1}\n{\"step\":2}\n{\"step\":3,\"a\":0.",
+            &Limits::DEFAULT,
+        );
+        assert_eq!(v["metrics"]["records"].as_array().unwrap().len(), 2);
+        assert_eq!(v["metrics"]["skipped"], Value::Null);
+        // A whole record that only lacks its newline is kept.
+        let v = read("{\"step\":1}\n{\"step\":2}", &Limits::DEFAULT);
+        assert_eq!(v["metrics"]["records"].as_array().unwrap().len(), 2);
     }
 
     #[test]
