@@ -12,6 +12,9 @@ const LINE_EVERY: Duration = Duration::from_secs(30);
 pub struct StepProgress {
     bar: Option<ProgressBar>,
     total: u64,
+    /// Steps done before this process started (a resumed run's checkpoint): the time per step,
+    /// hence the ETA, counts only the steps this process has done.
+    done_before: u64,
     start: Instant,
     /// Plain-line mode: the tenth of the run last reported, and when.
     last_decile: u64,
@@ -21,10 +24,16 @@ pub struct StepProgress {
 impl StepProgress {
     /// A bar over `total` steps on a terminal, periodic lines on stderr otherwise.
     pub fn new(total: u64) -> Self {
-        Self::with_bar(total, std::io::stderr().is_terminal())
+        Self::resumed(total, 0)
     }
 
-    fn with_bar(total: u64, bar: bool) -> Self {
+    /// As [`StepProgress::new`] for a run that had done `done_before` of its steps when it
+    /// started here (resumed from a checkpoint).
+    pub fn resumed(total: u64, done_before: u64) -> Self {
+        Self::with_bar(total, done_before, std::io::stderr().is_terminal())
+    }
+
+    fn with_bar(total: u64, done_before: u64, bar: bool) -> Self {
         let bar = bar.then(|| {
             let b = ProgressBar::new(total);
             let style = ProgressStyle::with_template(
@@ -33,14 +42,18 @@ impl StepProgress {
             .unwrap_or_else(|_| ProgressStyle::default_bar())
             .progress_chars("█▉▊▋▌▍▎▏ ");
             b.set_style(style);
+            // The bar's rate starts from here, not from 0 steps in no time.
+            b.set_position(done_before);
+            b.reset_eta();
             b
         });
         let now = Instant::now();
         StepProgress {
             bar,
             total,
+            done_before,
             start: now,
-            last_decile: 0,
+            last_decile: done_before.saturating_mul(10) / total.max(1),
             last_line: now,
         }
     }
@@ -55,7 +68,9 @@ impl StepProgress {
             return;
         }
         if self.line_due(step) {
-            eprintln!("{}", log_line(step, self.total, self.start.elapsed(), &msg));
+            let done_here = step.saturating_sub(self.done_before);
+            let line = log_line(step, self.total, done_here, self.start.elapsed(), &msg);
+            eprintln!("{line}");
         }
     }
 
@@ -63,7 +78,7 @@ impl StepProgress {
     /// every `LINE_EVERY` between, so a slow run still shows it is alive.
     fn line_due(&mut self, step: u64) -> bool {
         let decile = step.saturating_mul(10) / self.total.max(1);
-        let due = step == 1
+        let due = step == self.done_before + 1
             || step >= self.total
             || decile > self.last_decile
             || self.last_line.elapsed() >= LINE_EVERY;
@@ -98,13 +113,14 @@ fn format_values(values: &[(&str, f64)]) -> String {
         .join("  ")
 }
 
-/// `step 40/200 (20%) 1m05s elapsed, eta 4m20s  reward 0.53  tok/s 812`.
-fn log_line(step: u64, total: u64, elapsed: Duration, msg: &str) -> String {
+/// `step 40/200 (20%) 1m05s elapsed, eta 4m20s  reward 0.53  tok/s 812`; `done_here` of the
+/// steps up to `step` took `elapsed`.
+fn log_line(step: u64, total: u64, done_here: u64, elapsed: Duration, msg: &str) -> String {
     let pct = (step.min(total) * 100).checked_div(total).unwrap_or(100);
-    let eta = if step == 0 {
+    let eta = if done_here == 0 {
         "?".to_string()
     } else {
-        let per_step = elapsed.as_secs_f64() / step as f64;
+        let per_step = elapsed.as_secs_f64() / done_here as f64;
         duration(per_step * total.saturating_sub(step) as f64)
     };
     let line = format!(
@@ -136,6 +152,7 @@ mod tests {
         let line = log_line(
             40,
             200,
+            40,
             Duration::from_secs(65),
             &format_values(&[("reward", 0.53), ("tok/s", 812.0)]),
         );
@@ -145,15 +162,29 @@ mod tests {
             "step 40/200 (20%) 1m05s elapsed, eta 4m20s  reward 0.53  tok/s 812"
         );
         assert_eq!(
-            log_line(0, 0, Duration::ZERO, ""),
+            log_line(0, 0, 0, Duration::ZERO, ""),
             "step 0/0 (100%) 0s elapsed, eta ?"
         );
         assert_eq!(duration(7322.0), "2h02m");
     }
 
+    /// A run resumed at step 151 of 200 that took 50 s for its first 10 steps here has 40
+    /// steps of 5 s to go, not 40 of 50 s / 160.
+    #[test]
+    fn a_resumed_run_times_only_the_steps_it_did() {
+        let line = log_line(160, 200, 10, Duration::from_secs(50), "");
+        assert_eq!(line, "step 160/200 (80%) 50s elapsed, eta 3m20s");
+        let mut p = StepProgress::with_bar(100, 50, false);
+        let reported: Vec<u64> = (51..=100).filter(|&s| p.line_due(s)).collect();
+        assert_eq!(reported, vec![51, 60, 70, 80, 90, 100]);
+        let mut bar = StepProgress::with_bar(100, 50, true);
+        bar.update(51, &[]);
+        assert_eq!(bar.bar.as_ref().map(|b| b.position()), Some(51));
+    }
+
     #[test]
     fn plain_mode_reports_each_tenth_once() {
-        let mut p = StepProgress::with_bar(100, false);
+        let mut p = StepProgress::with_bar(100, 0, false);
         let reported: Vec<u64> = (1..=100).filter(|&s| p.line_due(s)).collect();
         assert_eq!(reported, vec![1, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100]);
         // A long quiet stretch is reported even within a tenth.

@@ -85,7 +85,7 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
     };
     let mut untrained = UntrainedSteps::resumed(t.streaks.untrained_steps);
     let mut interrupted = false;
-    let mut progress = StepProgress::new(steps as u64);
+    let mut progress = StepProgress::resumed(steps as u64, t.first_step.saturating_sub(1) as u64);
     let mut doctor = RunDoctor::open(&t.dir, t.first_step)?;
 
     for step in t.first_step..=steps {
