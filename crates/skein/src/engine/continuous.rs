@@ -1092,7 +1092,7 @@ mod tests {
                 (a, other, b, next)
             });
             drop(handle);
-            let (stats, _) = queue.run_phase(&engine, &model, 0, 64);
+            let (stats, _) = queue.run_phase(&engine, &model, 0, 64, engine.max_slots);
             (episode.join().unwrap(), stats)
         });
         let (a, _, b, second_prompt) = outs;
@@ -1143,7 +1143,7 @@ mod tests {
                     (a, (second, b), (third, c))
                 });
                 drop(handle);
-                let (stats, _) = queue.run_phase(&engine, &model, 0, 64);
+                let (stats, _) = queue.run_phase(&engine, &model, 0, 64, engine.max_slots);
                 (episode.join().unwrap(), stats)
             });
             let (_, (second, b), (third, c)) = outs;

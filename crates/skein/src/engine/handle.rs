@@ -105,13 +105,16 @@ impl EngineHandle {
 impl EngineQueue {
     /// Runs the engine loop at `version` over submitted requests until a control message
     /// arrives (returned, for the caller to act on) or every handle is dropped (`None`).
-    /// Requests already admitted finish first.
+    /// Requests already admitted finish first. At most `concurrent` requests run at once (the
+    /// engine's `max_slots` bound it too): the KV cache holds that many slots of `capacity`
+    /// positions, so a caller that knows how many requests it has sizes the cache to them.
     pub fn run_phase(
         &mut self,
         engine: &Engine,
         model: &Model,
         version: u64,
         capacity: i64,
+        concurrent: usize,
     ) -> (EngineStats, Option<Control>) {
         // Engine-side id → the caller's id and where its output goes.
         let waiting: RefCell<HashMap<u64, (u64, oneshot::Sender<GenOutput>)>> = RefCell::default();
@@ -159,7 +162,7 @@ impl EngineQueue {
             model,
             version,
             capacity,
-            engine.max_slots,
+            concurrent,
             &mut feed,
             |mut out| {
                 if let Some((id, reply)) = waiting.borrow_mut().remove(&out.id) {
@@ -229,7 +232,7 @@ mod tests {
                 })
                 .collect();
             drop(handle);
-            let (stats, control) = queue.run_phase(&engine, &model, 7, 64);
+            let (stats, control) = queue.run_phase(&engine, &model, 7, 64, engine.max_slots);
             assert!(control.is_none(), "every handle dropped ends the phase");
             assert_eq!(stats.generated_tokens, 12 * 5);
             callers
@@ -255,12 +258,12 @@ mod tests {
         handle.control(Control::EndPhase).unwrap();
         let second = handle.submit(request(2, vec![3, 4])).unwrap();
         assert_eq!(handle.in_flight(), 2);
-        let (_, control) = queue.run_phase(&engine, &model, 0, 64);
+        let (_, control) = queue.run_phase(&engine, &model, 0, 64, engine.max_slots);
         assert!(matches!(control, Some(Control::EndPhase)));
         assert_eq!(first.blocking_recv().unwrap().id, 1);
         assert_eq!(handle.in_flight(), 1);
         drop(handle);
-        let (_, control) = queue.run_phase(&engine, &model, 1, 64);
+        let (_, control) = queue.run_phase(&engine, &model, 1, 64, engine.max_slots);
         assert!(control.is_none());
         let out = second.blocking_recv().unwrap();
         assert_eq!((out.id, out.versions[0]), (2, 1));

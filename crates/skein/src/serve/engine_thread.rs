@@ -25,7 +25,10 @@ pub fn spawn_engine_thread(
         .name("skein-engine".into())
         .spawn(move || loop {
             let v = version.load(Ordering::SeqCst);
-            match queue.run_phase(&engine, &model, v, capacity).1 {
+            match queue
+                .run_phase(&engine, &model, v, capacity, engine.max_slots)
+                .1
+            {
                 None => return,
                 Some(Control::EndPhase) => {}
                 Some(Control::Reload { dir, reply }) => {

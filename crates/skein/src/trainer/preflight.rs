@@ -17,7 +17,8 @@
 //! - beside the update: the reference, the critic, other thread ranks, the rollout KV cache and
 //!   the step's rows.
 
-use super::config::{DpBackend, TrainConfig};
+use super::config::{AgentKind, DpBackend, TrainConfig};
+use super::rollout::tasks::multi_turn_task;
 use super::update::head::chunk_positions;
 use super::update::optim::group_elements;
 use super::update::ranks::ranks_sharing;
@@ -372,24 +373,59 @@ fn other_ranks_part(
     })
 }
 
+/// The slots and the positions per slot of the rollout's KV cache, as the engine sizes it: a
+/// slot per request running at once, up to `rollout.max_slots`, for the step's samples or the
+/// held-out problems, whichever are more. An episode's slot (multi-turn or an environment
+/// worker's) holds the episode's whole context: `agent.max_tokens`, 0 the model's. A
+/// single-turn sample's holds its prompt and `rollout.sampling.max_new_tokens`, a dataset's
+/// prompt up to `data.max_prompt_tokens` (0: the model's context). External agents' rollouts
+/// take a slot each of the model's context, and their evaluation single-turn ones: the larger
+/// cache of the two.
+fn rollout_cache_shape(cfg: &TrainConfig, model: &ModelConfig) -> (usize, usize) {
+    let r = &cfg.rollout;
+    let positions = model.max_position_embeddings;
+    let rollouts = r.prompts_per_step * r.samples_per_prompt;
+    let slots = |requests: usize| r.max_slots.min(requests);
+    let prompt = match (cfg.data.train_files.is_empty(), cfg.data.max_prompt_tokens) {
+        (true, _) => 64,
+        (false, 0) => positions,
+        (false, n) => n,
+    };
+    let single_turn = (prompt + r.sampling.max_new_tokens).min(positions);
+    let episodes = match cfg.agent.kind {
+        AgentKind::EnvWorker => true,
+        AgentKind::External => {
+            let agents = (slots(rollouts), positions);
+            let eval = (slots(cfg.eval.problems), single_turn);
+            return if agents.0 * agents.1 >= eval.0 * eval.1 {
+                agents
+            } else {
+                eval
+            };
+        }
+        AgentKind::Builtin => matches!(multi_turn_task(cfg), Ok(Some(_))),
+    };
+    let context = match cfg.agent.max_tokens {
+        _ if !episodes => single_turn,
+        0 => positions,
+        n => n.min(positions),
+    };
+    (slots(rollouts.max(cfg.eval.problems)), context)
+}
+
 /// The rollout's KV cache (in the model's dtype), and the step's samples, held twice (as
 /// trajectories and as training rows) in host memory.
 fn rollout_parts(cfg: &TrainConfig, model: &ModelConfig, device: Device) -> Vec<Part> {
     let r = &cfg.rollout;
-    let slots = r.max_slots.min(r.prompts_per_step * r.samples_per_prompt);
-    let prompt = if cfg.data.train_files.is_empty() {
-        64
-    } else {
-        cfg.data.max_prompt_tokens
-    };
-    let context = (prompt + r.sampling.max_new_tokens).min(model.max_position_embeddings);
+    let (slots, context) = rollout_cache_shape(cfg, model);
     // CUDA graphs pad their batches into a scratch slot the cache holds beyond the engine's.
     let cache_slots = slots + usize::from(r.cuda_graphs);
     let element = cfg.model.dtype.bytes();
     let mut parts = vec![Part {
         what: "rollout KV cache",
         bytes: model.kv_cache_bytes(cache_slots, context, element),
-        lower: "`rollout.max_slots` or `rollout.sampling.max_new_tokens`",
+        lower: "`rollout.max_slots`, or the tokens a sample or an episode may hold \
+                (`rollout.sampling.max_new_tokens`, `agent.max_tokens`)",
     }];
     if r.cuda_graphs {
         parts.push(Part {
@@ -486,6 +522,36 @@ mod tests {
             .to_string();
         assert!(err.contains("`rollout.max_slots`"), "{err}");
         assert!(err.contains("rollout KV cache"), "{err}");
+    }
+
+    /// The cache is counted as the engine sizes it: a multi-turn episode's slot holds the
+    /// model's whole context when `agent.max_tokens` is 0, and evaluation runs a slot per
+    /// held-out problem; a single-turn sample's slot holds its prompt and new tokens.
+    #[test]
+    fn the_cache_holds_what_the_engine_allocates() {
+        let model = ModelConfig::tiny_qwen2(32, 192, 4, 4, 2, 512, 8192);
+        let element = TrainConfig::default().model.dtype.bytes();
+        let cache = |cfg: &TrainConfig| part(&cpu(cfg, &model), "rollout KV");
+        let mut cfg = TrainConfig::default();
+        (cfg.task.name, cfg.task.difficulty) = ("calculator".into(), 1);
+        (cfg.rollout.prompts_per_step, cfg.rollout.samples_per_prompt) = (8, 4);
+        cfg.eval.problems = 100;
+        assert_eq!(cache(&cfg), model.kv_cache_bytes(100, 8192, element));
+        cfg.agent.max_tokens = 1024;
+        assert_eq!(cache(&cfg), model.kv_cache_bytes(100, 1024, element));
+        cfg.task.name = "arithmetic".into();
+        let new = cfg.rollout.sampling.max_new_tokens;
+        assert_eq!(cache(&cfg), model.kv_cache_bytes(100, 64 + new, element));
+        cfg.rollout.max_slots = 16;
+        assert_eq!(cache(&cfg), model.kv_cache_bytes(16, 64 + new, element));
+        // External agents: their 32 rollouts at the whole context, or the evaluation's 100
+        // single-turn slots, whichever cache is larger.
+        cfg.rollout.max_slots = 256;
+        cfg.agent.kind = AgentKind::External;
+        assert_eq!(cache(&cfg), model.kv_cache_bytes(32, 8192, element));
+        (cfg.rollout.prompts_per_step, cfg.rollout.samples_per_prompt) = (1, 2);
+        cfg.eval.problems = 10_000;
+        assert_eq!(cache(&cfg), model.kv_cache_bytes(256, 64 + new, element));
     }
 
     /// CUDA graphs add a scratch slot to the cache and, at most, one set of logits per

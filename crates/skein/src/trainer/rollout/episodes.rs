@@ -296,11 +296,13 @@ impl AgentContext<'_> {
             Generator::Local(engine) => {
                 let (handle, mut queue) = engine::channel();
                 let capacity = self.limits.max_tokens as i64;
+                // A slot per episode at most: each keeps its context there between turns.
+                let episodes = specs.len();
                 std::thread::scope(|s| {
-                    let episodes =
+                    let episodes_run =
                         s.spawn(move || self.play_all(Caller::Local(handle), runtime, specs));
-                    let (stats, _) = queue.run_phase(engine, policy, version, capacity);
-                    (episodes.join().unwrap_or_default(), stats)
+                    let (stats, _) = queue.run_phase(engine, policy, version, capacity, episodes);
+                    (episodes_run.join().unwrap_or_default(), stats)
                 })
             }
             Generator::Remote(remote) => {

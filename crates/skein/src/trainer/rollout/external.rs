@@ -128,7 +128,7 @@ impl Workload for External {
         });
         let (engine_stats, _) = self
             .queue
-            .run_phase(engine, ctx.policy, version, self.capacity);
+            .run_phase(engine, ctx.policy, version, self.capacity, n);
         let _ = watcher.join();
 
         let mut recorded = self.store.take_closed();
