@@ -108,6 +108,45 @@ impl ModelConfig {
             );
         }
         self.rope()?;
+        self.refuse_unbuilt_parts()
+    }
+
+    /// Settings of a checkpoint's config that change its math in a way this transformer does
+    /// not build: loading such a model would silently compute other numbers than it was
+    /// trained to, so each is refused, naming the key.
+    fn refuse_unbuilt_parts(&self) -> Result<()> {
+        let get = |key: &str| self.extra.get(key).filter(|v| !v.is_null());
+        if let Some(q) = get("quantization_config") {
+            let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("?");
+            bail!(
+                "`quantization_config` (quant_method `{method}`): skein loads unquantised \
+                 weights only; save the model dequantised (in float32, float16 or bfloat16) \
+                 and load that"
+            );
+        }
+        match get("hidden_act").map(|v| v.as_str()) {
+            None | Some(Some("silu")) => {}
+            Some(other) => bail!(
+                "hidden_act {} is not supported (allowed: silu)",
+                other.map_or_else(|| "(not a string)".into(), |a| format!("`{a}`"))
+            ),
+        }
+        if get("mlp_bias").and_then(Value::as_bool) == Some(true) {
+            bail!("`mlp_bias` = true is not supported: skein's MLP projections have no bias");
+        }
+        if get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
+            bail!(
+                "`use_sliding_window` = true is not supported: skein attends over the whole \
+                 context"
+            );
+        }
+        if self.model_type != "qwen2" && self.attention_bias == Some(true) {
+            bail!(
+                "`attention_bias` = true is not supported for model_type `{}`: it puts a bias on \
+                 o_proj too, which skein does not build",
+                self.model_type
+            );
+        }
         Ok(())
     }
 
@@ -356,6 +395,46 @@ mod tests {
             cfg.largest_trainable(&Default::default()),
             151_936.0 * 896.0
         );
+    }
+
+    /// A config key that changes the math in a way skein does not build is refused by name,
+    /// rather than loaded to compute other numbers.
+    #[test]
+    fn settings_skein_does_not_build_are_refused_by_name() {
+        let refused = |key: &str, value: Value| {
+            let mut cfg = ModelConfig::tiny_qwen2(10, 8, 1, 2, 1, 16, 64);
+            cfg.extra.insert(key.into(), value);
+            cfg.validate().unwrap_err().to_string()
+        };
+        let q = serde_json::json!({"quant_method": "bitsandbytes", "load_in_8bit": true});
+        let err = refused("quantization_config", q);
+        assert!(
+            err.contains("`quantization_config`") && err.contains("bitsandbytes"),
+            "{err}"
+        );
+        assert!(refused("hidden_act", "gelu".into()).contains("hidden_act `gelu`"));
+        assert!(refused("mlp_bias", true.into()).contains("`mlp_bias`"));
+        assert!(refused("use_sliding_window", true.into()).contains("`use_sliding_window`"));
+        let mut llama = ModelConfig::tiny_qwen2(10, 8, 1, 2, 1, 16, 64);
+        llama.model_type = "llama".into();
+        llama.attention_bias = Some(true);
+        let err = llama.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("`attention_bias`") && err.contains("o_proj"),
+            "{err}"
+        );
+        // What Qwen2.5's and SmolLM2's configs say loads.
+        let mut cfg = ModelConfig::tiny_qwen2(10, 8, 1, 2, 1, 16, 64);
+        for (k, v) in [
+            ("use_sliding_window", Value::from(false)),
+            ("mlp_bias", false.into()),
+            ("quantization_config", Value::Null),
+        ] {
+            cfg.extra.insert(k.into(), v);
+        }
+        cfg.validate().unwrap();
+        llama.attention_bias = Some(false);
+        llama.validate().unwrap();
     }
 
     #[test]

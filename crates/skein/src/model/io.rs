@@ -49,7 +49,10 @@ impl Model {
         ensure_fits(&cfg, options, device).with_context(|| format!("loading {}", dir.display()))?;
         let (vs, net) = build(&cfg, options, device)?;
         let tensors = read_weights(dir)?;
-        copy_named(&vs.variables(), &tensors, &dir.display().to_string(), false)?;
+        let source = dir.display().to_string();
+        let variables = vs.variables();
+        refuse_unused(&variables, &tensors, &source)?;
+        copy_named(&variables, &tensors, &source, false)?;
         Ok(Model::with_adapters(vs, net, options))
     }
 
@@ -224,6 +227,13 @@ pub fn copy_named(
         let Some(t) = tensors.get(name) else {
             bail!("{source}: no tensor `{name}` (was it saved from a model of this shape?)");
         };
+        if var.is_floating_point() && !t.is_floating_point() {
+            bail!(
+                "{source}: tensor `{name}` holds {:?} values, not floating point: a quantised \
+                 checkpoint? Load its dequantised weights",
+                t.kind()
+            );
+        }
         if t.size() != var.size() {
             bail!(
                 "{source}: tensor `{name}` has shape {:?}, the config implies {:?}",
@@ -238,6 +248,37 @@ pub fn copy_named(
             var.shallow_clone().copy_(&t.to_kind(var.kind()));
         }
     });
+    Ok(())
+}
+
+/// An error naming a tensor of `source` that no variable takes: a part of the model skein
+/// does not build (a bias, a quantisation scale), which loading without it would silently
+/// drop. A tied `lm_head.weight` (the embedding's copy) and rotary frequency tables (which
+/// skein computes) are the exceptions.
+fn refuse_unused(
+    variables: &HashMap<String, Tensor>,
+    tensors: &HashMap<String, Tensor>,
+    source: &str,
+) -> Result<()> {
+    let mut unused: Vec<&String> = tensors
+        .keys()
+        .filter(|name| !variables.contains_key(*name))
+        .filter(|name| !name.ends_with("rotary_emb.inv_freq"))
+        .filter(|name| {
+            let tied_head =
+                *name == "lm_head.weight" && variables.contains_key("model.embed_tokens.weight");
+            !tied_head
+        })
+        .collect();
+    unused.sort();
+    if let Some(first) = unused.first() {
+        bail!(
+            "{source}: {} tensor(s) no part of the model takes, e.g. `{first}`: the checkpoint \
+             has parts skein does not build (a bias, quantisation scales), so it would compute \
+             other numbers than the model",
+            unused.len()
+        );
+    }
     Ok(())
 }
 
@@ -277,8 +318,8 @@ pub fn read_safetensors(file: &Path) -> Result<Vec<(String, Tensor)>> {
     }
     Tensor::read_safetensors(file).with_context(|| {
         format!(
-            "reading {}: not a complete safetensors file (damaged or cut short?): copy or \
-             export the model again",
+            "reading {}: not a safetensors file skein can read: damaged or cut short (copy or \
+             export the model again), or holding a dtype libtorch does not read (float8)",
             file.display()
         )
     })
@@ -327,5 +368,46 @@ mod tests {
         assert!(variables
             .values()
             .all(|v| v.sum(Kind::Float).double_value(&[]) == 3.0));
+    }
+
+    /// A tensor no variable takes (here an o_proj bias and an int8 scale) is refused by name;
+    /// a tied head's copy and rotary tables are not. Integer weights are refused too.
+    #[test]
+    fn parts_skein_does_not_build_are_refused() {
+        let zeros = |n: i64| Tensor::zeros([n], (Kind::Float, Device::Cpu));
+        let variables: HashMap<String, Tensor> = [
+            ("model.embed_tokens.weight".to_string(), zeros(4)),
+            ("model.layers.0.self_attn.o_proj.weight".into(), zeros(4)),
+        ]
+        .into();
+        let mut tensors: HashMap<String, Tensor> = variables
+            .iter()
+            .map(|(k, v)| (k.clone(), v.ones_like()))
+            .collect();
+        tensors.insert("lm_head.weight".into(), zeros(4));
+        tensors.insert(
+            "model.layers.0.self_attn.rotary_emb.inv_freq".into(),
+            zeros(2),
+        );
+        refuse_unused(&variables, &tensors, "dir").unwrap();
+        tensors.insert("model.layers.0.self_attn.o_proj.bias".into(), zeros(4));
+        tensors.insert("model.layers.0.self_attn.o_proj.SCB".into(), zeros(4));
+        let e = refuse_unused(&variables, &tensors, "dir")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("2 tensor(s)") && e.contains("o_proj.SCB"), "{e}");
+
+        let name = "model.layers.0.self_attn.o_proj.weight";
+        let int8: HashMap<String, Tensor> = [(
+            name.to_string(),
+            Tensor::ones([4], (Kind::Int8, Device::Cpu)),
+        )]
+        .into();
+        let only: HashMap<String, Tensor> =
+            [(name.to_string(), variables[name].shallow_clone())].into();
+        let e = copy_named(&only, &int8, "dir", false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not floating point"), "{e}");
     }
 }
