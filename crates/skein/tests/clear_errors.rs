@@ -438,5 +438,26 @@ fn text_outside_the_vocabulary_is_reported_and_text_of_nothing_else_refused() {
     assert_eq!(code, 0, "{err}");
     let summary: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(summary["skipped_rows"], 1, "{summary}");
+
+    // A conversation longer than the model's positions is cut there, not past them (where
+    // its last tokens had no rotary angle, and the run panicked).
+    let positions = 64;
+    std::fs::write(
+        &chat,
+        [
+            conversation("1+1=", "2"),
+            conversation(&"1+".repeat(60), "2"),
+        ]
+        .concat(),
+    )
+    .unwrap();
+    let (code, out, err) = skein_out(&sft("sft-long", &["--max-tokens", "2048"]));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains(&format!("cut at the model's {positions} positions")),
+        "{err}"
+    );
+    let summary: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(summary["truncated"], 1, "{summary}");
     let _ = std::fs::remove_dir_all(&root);
 }

@@ -81,14 +81,37 @@ pub fn run(args: &SftArgs) -> Result<()> {
         Some(dir) => (Tokenizer::from_dir(dir)?, Model::load_dir(dir, device)?),
         None => from_scratch(&loaded.rows, args, device)?,
     };
-    let template =
-        tokenizer.chat_template()?.with_context(|| {
+    let layout = if tokenizer.is_char_level() {
+        // The trainer and `skein eval` give a character-level model plain prompts, never its
+        // template: it is fine-tuned on what it will be asked.
+        let eos = *tokenizer
+            .eos_token_ids()
+            .first()
+            .context("the character-level tokenizer has no end-of-sequence token")?;
+        Layout::Plain { eos }
+    } else {
+        Layout::Template(Box::new(tokenizer.chat_template()?.with_context(|| {
             format!(
-            "{} has no chat template: assistant-only loss needs one to find the assistant turns",
-            args.model.as_deref().unwrap_or(Path::new("the model")).display()
-        )
-        })?;
-    let tokenized = conversation_rows(&loaded, &template, &tokenizer, args)?;
+                "{} has no chat template: assistant-only loss needs one to find the assistant \
+                 turns",
+                args.model
+                    .as_deref()
+                    .unwrap_or(Path::new("the model"))
+                    .display()
+            )
+        })?))
+    };
+    // A row longer than the model's positions has no rotary angle for its last tokens.
+    let positions = usize::try_from(policy.net.max_positions()).unwrap_or(usize::MAX);
+    let max_tokens = args.max_tokens.min(positions);
+    if max_tokens < args.max_tokens {
+        eprintln!(
+            "skein: conversations are cut at the model's {positions} positions (below \
+             --max-tokens {})",
+            args.max_tokens
+        );
+    }
+    let tokenized = conversation_rows(&loaded, &layout, &tokenizer, args, max_tokens)?;
     let rows = tokenized.rows;
     if rows.is_empty() {
         bail!(
@@ -251,13 +274,24 @@ struct ConversationRows {
     unknown_conversations: usize,
 }
 
-/// Tokenizes every conversation; one with a message the tokenizer has no character of is a
-/// bad row, and other characters it lacks are counted and reported once.
+/// How a conversation becomes tokens.
+enum Layout {
+    /// The model's chat template (every model with a real tokenizer).
+    Template(Box<ChatTemplate>),
+    /// A character-level model's plain form, as the trainer prompts it
+    /// ([`plain_conversation_tokens`]).
+    Plain { eos: u32 },
+}
+
+/// Tokenizes every conversation, each cut at `max_tokens`; one with a message the tokenizer
+/// has no character of is a bad row, and other characters it lacks are counted and reported
+/// once.
 fn conversation_rows(
     conversations: &Rows<Conversation>,
-    template: &ChatTemplate,
+    layout: &Layout,
     tokenizer: &Tokenizer,
     args: &SftArgs,
+    max_tokens: usize,
 ) -> Result<ConversationRows> {
     let mut out = ConversationRows {
         rows: Vec::with_capacity(conversations.rows.len()),
@@ -282,11 +316,14 @@ fn conversation_rows(
             first_unknown.get_or_insert(place);
             unknown.add(&chars);
         }
-        let (mut tokens, mut mask) =
-            conversation_tokens(template, tokenizer, &c.messages).with_context(at)?;
-        if tokens.len() > args.max_tokens {
-            tokens.truncate(args.max_tokens);
-            mask.truncate(args.max_tokens);
+        let tokenized = match layout {
+            Layout::Template(template) => conversation_tokens(template, tokenizer, &c.messages),
+            Layout::Plain { eos } => plain_conversation_tokens(tokenizer, &c.messages, *eos),
+        };
+        let (mut tokens, mut mask) = tokenized.with_context(at)?;
+        if tokens.len() > max_tokens {
+            tokens.truncate(max_tokens);
+            mask.truncate(max_tokens);
             out.truncated += 1;
         }
         if let Some(row) = masked_row(tokens, mask) {
@@ -391,6 +428,46 @@ pub fn conversation_tokens(
     Ok((tokens, mask))
 }
 
+/// The tokens of a conversation in the plain form a character-level model is prompted in:
+/// the messages before the reply joined by newlines (as a dataset prompt renders without a
+/// template), then the reply and `eos`, the only tokens trained. That form has no turns, so
+/// the conversation has one assistant message, its last.
+pub fn plain_conversation_tokens(
+    tokenizer: &Tokenizer,
+    messages: &[ChatMessage],
+    eos: u32,
+) -> Result<(Vec<u32>, Vec<u8>)> {
+    let replies: Vec<usize> = (0..messages.len())
+        .filter(|&i| messages[i].role == "assistant")
+        .collect();
+    let last = messages.len().saturating_sub(1);
+    if replies != [last] {
+        bail!(
+            "a character-level model is prompted in plain text, without turns: its \
+             conversations need one assistant message, the last (this one has {} of {} \
+             messages{})",
+            replies.len(),
+            messages.len(),
+            if replies.is_empty() || replies.last() == Some(&last) {
+                String::new()
+            } else {
+                ", not last".to_string()
+            }
+        );
+    }
+    let prompt: Vec<&str> = messages[..last]
+        .iter()
+        .map(|m| m.content.as_str())
+        .collect();
+    let mut tokens = tokenizer.encode(&prompt.join("\n"), false)?;
+    let mut mask = vec![0u8; tokens.len()];
+    let mut reply = tokenizer.encode(&messages[last].content, false)?;
+    reply.push(eos);
+    mask.extend(std::iter::repeat_n(1u8, reply.len()));
+    tokens.extend(reply);
+    Ok((tokens, mask))
+}
+
 /// A training row whose prompt is everything before the first trained token; None when no
 /// token is trained (or the very first one would be, which nothing predicts).
 fn masked_row(tokens: Vec<u32>, mask: Vec<u8>) -> Option<TrainRow> {
@@ -442,5 +519,39 @@ mod tests {
         assert_eq!(tok.decode(&tokens, false).unwrap(), full);
         let row = masked_row(tokens, mask).unwrap();
         assert!(row.prompt_len > 0 && row.loss_mask[0] == 1);
+    }
+
+    /// A character-level model learns the reply to the prompt the trainer gives it: the
+    /// messages joined by newlines, no template; a conversation with turns is refused.
+    #[test]
+    fn a_character_level_model_is_tuned_on_plain_prompts() {
+        let tok = Tokenizer::char_level("0123456789+=\n").unwrap();
+        let eos = tok.eos_token_ids()[0];
+        let msg = |role: &str, content: &str| ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        };
+        let conv = [
+            msg("system", "1+1=2"),
+            msg("user", "3+4="),
+            msg("assistant", "7"),
+        ];
+        let (tokens, mask) = plain_conversation_tokens(&tok, &conv, eos).unwrap();
+        let mut expected = tok.encode("1+1=2\n3+4=", false).unwrap();
+        let prompt_len = expected.len();
+        expected.extend(tok.encode("7", false).unwrap());
+        expected.push(eos);
+        assert_eq!(tokens, expected);
+        assert_eq!(mask, [vec![0; prompt_len], vec![1, 1]].concat());
+        let turns = [
+            msg("user", "1"),
+            msg("assistant", "2"),
+            msg("user", "3"),
+            msg("assistant", "4"),
+        ];
+        let err = plain_conversation_tokens(&tok, &turns, eos)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("one assistant message, the last"), "{err}");
     }
 }
