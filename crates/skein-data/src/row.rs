@@ -121,6 +121,16 @@ pub fn messages(items: &[Value], field: &str) -> Result<Vec<ChatMessage>, String
                     kind(other)
                 )),
             };
+            // Structured calls would be dropped without a word (only `content` is read), and
+            // the assistant turn trained as empty.
+            let calls = m.get("tool_calls");
+            if calls.is_some_and(|c| !c.is_null() && c.as_array().is_none_or(|a| !a.is_empty())) {
+                return Err(format!(
+                    "`{field}[{i}]` has `tool_calls`, which skein does not read: write the calls \
+                     in its `content`, as the model writes them (e.g. \
+                     <tool_call>{{\"name\": …, \"arguments\": …}}</tool_call>)"
+                ));
+            }
             let role = text("role")?;
             if !ROLES.contains(&role.as_str()) {
                 return Err(format!(
@@ -197,6 +207,10 @@ mod tests {
                 "`prompt[0].role` is `wizard` (allowed: system, developer, user, assistant, tool)",
             ),
             (
+                json!({"prompt": [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "calc"}}]}], "data_source": "a", "reward_model": {"ground_truth": "1"}}),
+                "`prompt[0]` has `tool_calls`, which skein does not read",
+            ),
+            (
                 json!({"prompt": "x", "reward_model": {"ground_truth": "1"}}),
                 "missing `data_source`",
             ),
@@ -240,5 +254,10 @@ mod tests {
             }]
         );
         assert_eq!(from_json(&row.to_json()).unwrap(), row);
+        // No calls (null or none) is no call.
+        for calls in [Value::Null, json!([])] {
+            let m = json!([{"role": "assistant", "content": "7", "tool_calls": calls}]);
+            assert!(messages(m.as_array().unwrap(), "messages").is_ok());
+        }
     }
 }
