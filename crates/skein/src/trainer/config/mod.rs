@@ -294,7 +294,9 @@ pub struct SftConfig {
     /// Demonstrations the warm-up has (0: a new one for every row): drawn once from the
     /// training problems and visited again in a new order each pass, as a set of written
     /// solutions is, while RL draws every training problem with the reward program alone.
-    /// For a single-turn task the set is the same for every `run.seed`.
+    /// For a single-turn task the set is the same for every `run.seed`. With `direct_steps`,
+    /// that stage draws a set of its own (its demonstrations answer differently), so the
+    /// warm-up has twice as many.
     pub demonstrations: usize,
     /// AdamW's decoupled weight decay in the warm-up.
     pub weight_decay: f64,
