@@ -112,6 +112,14 @@ fn parse_one(body: &str) -> Result<ToolCall, ToolCallError> {
             )))
         }
     };
+    // Any other key is a call in another shape (e.g. `parameters` for the arguments): taken
+    // as a call without arguments, it would run with none and say nothing.
+    if let Some(key) = obj.keys().next() {
+        return Err(ToolCallError(format!(
+            "tool call has key `{key}` besides `name` and `arguments`: {}",
+            quote(body)
+        )));
+    }
     Ok(ToolCall::function(name, arguments))
 }
 
@@ -180,6 +188,10 @@ mod tests {
             (
                 "<tool_call>{\"name\": \"f\", \"arguments\": 3}</tool_call>",
                 "`arguments`",
+            ),
+            (
+                "<tool_call>{\"name\": \"calc\", \"parameters\": {\"expr\": \"1\"}}</tool_call>",
+                "key `parameters` besides",
             ),
             ("x</tool_call>", "without an opening"),
             (
