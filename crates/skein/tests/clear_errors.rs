@@ -459,5 +459,15 @@ fn text_outside_the_vocabulary_is_reported_and_text_of_nothing_else_refused() {
     );
     let summary: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(summary["truncated"], 1, "{summary}");
+    // The tuned model keeps the loaded one's generation settings (the run sampled 8 new
+    // tokens, not the engine default of 64), with top_k written out.
+    let generation = |dir: &Path| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(dir.join("generation_config.json")).unwrap())
+            .unwrap()
+    };
+    let (base, tuned) = (generation(&model), generation(&root.join("sft-long")));
+    assert_eq!(base["max_new_tokens"], 8, "{base}");
+    assert_eq!(base["top_k"], 0, "{base}");
+    assert_eq!(tuned, base);
     let _ = std::fs::remove_dir_all(&root);
 }

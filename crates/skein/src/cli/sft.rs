@@ -17,7 +17,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::json;
 use skein_data::{load_conversations, ChatMessage, Conversation, ReadOptions, Rows, Sampler};
 use skein_report::StepProgress;
-use skein_text::{ChatTemplate, Message, Tokenizer, UnknownChars};
+use skein_text::{ChatTemplate, GenerationConfig, Message, TokenIds, Tokenizer, UnknownChars};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
@@ -148,6 +148,18 @@ pub fn run(args: &SftArgs) -> Result<()> {
         remove_replaced_shards(&args.out)?;
     }
     save_model_dir(&policy, &tokenizer, &sampling, &args.out)?;
+    // Fine-tuning samples nothing: the loaded model's own generation settings (its sampling,
+    // bos, repetition penalty) stay, with the stop ids this tokenizer ends on.
+    if let Some(mut generation) = args
+        .model
+        .as_deref()
+        .map(GenerationConfig::from_dir)
+        .transpose()?
+        .flatten()
+    {
+        generation.eos_token_id = Some(TokenIds::Many(sampling.stop_token_ids.clone()));
+        generation.save_dir(&args.out)?;
+    }
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
     let k = losses.len().min(5);
     println!(

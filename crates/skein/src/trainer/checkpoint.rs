@@ -99,6 +99,8 @@ fn save_tokenizer_files(
         pad_token_id: tokenizer.pad_token_id(),
         temperature: Some(sampling.temperature),
         top_p: Some(sampling.top_p),
+        // Written even when 0 (off): without it, transformers samples with its top_k of 50.
+        top_k: Some(u32::try_from(sampling.top_k).unwrap_or(u32::MAX)),
         max_new_tokens: Some(sampling.max_new_tokens),
         do_sample: Some(sampling.temperature > 0.0),
         ..Default::default()
