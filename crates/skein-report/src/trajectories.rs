@@ -66,10 +66,12 @@ pub struct RowRecord {
     pub mini_batch: Option<usize>,
     pub rank: Option<usize>,
     pub prompt_ids: Vec<u32>,
-    /// The text of each prompt token (a token that is part of a multi-byte character shows
-    /// as U+FFFD).
+    /// The text of each prompt token as it reads in place, word spaces included
+    /// (`Tokenizer::token_texts`); a token that is part of a multi-byte character shows as
+    /// U+FFFD.
     pub prompt_text: Vec<String>,
     pub response_ids: Vec<u32>,
+    /// The same for each response token, its first read after the prompt's last.
     pub response_text: Vec<String>,
     /// Per response token from here on: 1 = sampled and trained, 0 = inserted by the
     /// environment (or a tool) and never trained.

@@ -302,6 +302,32 @@ impl Tokenizer {
         self.inner.decode(ids, skip_special_tokens).map_err(tk_err)
     }
 
+    /// Each of `ids`' text as it reads in place, for showing tokens one by one: a token is
+    /// decoded after the one before it (`before` for the first) and that one's text taken
+    /// off. Decoded alone, a SentencePiece token loses its leading space (the decoder strips
+    /// the first `▁`), and every word would run into the last. Where the pair does not read as
+    /// the first token's text and more (one character's bytes split across tokens), the
+    /// token's own text, U+FFFD included.
+    pub fn token_texts(&self, before: Option<u32>, ids: &[u32]) -> Vec<String> {
+        let alone = |id: u32| self.decode(&[id], false).unwrap_or_default();
+        let mut prev = before.map(|p| (p, alone(p)));
+        ids.iter()
+            .map(|&id| {
+                let own = alone(id);
+                let text = match &prev {
+                    Some((p, p_text)) => self
+                        .decode(&[*p, id], false)
+                        .ok()
+                        .and_then(|pair| pair.strip_prefix(p_text.as_str()).map(str::to_string))
+                        .unwrap_or_else(|| own.clone()),
+                    None => own.clone(),
+                };
+                prev = Some((id, own));
+                text
+            })
+            .collect()
+    }
+
     /// Number of ids, added tokens included. (A model's embedding table may be larger.)
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
@@ -380,6 +406,33 @@ mod tests {
         assert_eq!(tok.eos_token_ids(), &[4]);
         assert_eq!(tok.pad_token_id(), Some(0));
         assert_eq!(tok.bos_token_id(), None);
+    }
+
+    /// A SentencePiece vocabulary (Llama 2's, Mistral's): each token shows its word's space,
+    /// which decoding it alone drops.
+    #[test]
+    fn tokens_one_by_one_keep_their_spaces() {
+        let json = r#"{"version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "normalizer": null, "pre_tokenizer": null, "post_processor": null,
+            "decoder": {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always", "split": true},
+            "model": {"type": "WordLevel", "vocab": {"<unk>": 0, "▁The": 1, "▁quick": 2, "fox": 3},
+                      "unk_token": "<unk>"}}"#;
+        let path = std::env::temp_dir().join(format!("skein-sp-{}.json", std::process::id()));
+        std::fs::write(&path, json).unwrap();
+        let tok = Tokenizer::from_file(&path).unwrap();
+        std::fs::remove_file(&path).ok();
+        assert_eq!(tok.decode(&[1, 2, 3], false).unwrap(), "The quickfox");
+        assert_eq!(
+            tok.decode(&[2], false).unwrap(),
+            "quick",
+            "alone, the space is gone"
+        );
+        assert_eq!(tok.token_texts(None, &[1, 2, 3]), ["The", " quick", "fox"]);
+        assert_eq!(tok.token_texts(Some(1), &[2]), [" quick"]);
+        // A byte-level or character vocabulary reads the same either way.
+        let chars = Tokenizer::char_level("ab ").unwrap();
+        let ids = chars.encode("a b", false).unwrap();
+        assert_eq!(chars.token_texts(None, &ids), ["a", " ", "b"]);
     }
 
     #[test]

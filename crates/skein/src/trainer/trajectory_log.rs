@@ -160,11 +160,7 @@ fn records(s: &StepJob, tokenizer: &Tokenizer) -> Vec<TrajectoryRecord> {
             }
         }
     }
-    let text = |ids: &[u32]| -> Vec<String> {
-        ids.iter()
-            .map(|&id| tokenizer.decode(&[id], false).unwrap_or_default())
-            .collect()
-    };
+    let text = |before: Option<&u32>, ids: &[u32]| tokenizer.token_texts(before.copied(), ids);
     let mut out: Vec<TrajectoryRecord> = s
         .trajectories
         .iter()
@@ -189,9 +185,9 @@ fn records(s: &StepJob, tokenizer: &Tokenizer) -> Vec<TrajectoryRecord> {
                         transition: Some(k),
                         mini_batch: None,
                         rank: None,
-                        prompt_text: text(&x.prompt),
+                        prompt_text: text(None, &x.prompt),
                         prompt_ids: x.prompt.clone(),
-                        response_text: text(&x.response),
+                        response_text: text(x.prompt.last(), &x.response),
                         response_ids: x.response.clone(),
                         loss_mask: x.loss_mask.clone(),
                         behavior_logp: x.logprobs.clone(),
@@ -231,9 +227,9 @@ fn records(s: &StepJob, tokenizer: &Tokenizer) -> Vec<TrajectoryRecord> {
             transition: origin.transition,
             mini_batch,
             rank,
-            prompt_text: text(&r.tokens[..r.prompt_len]),
+            prompt_text: text(None, &r.tokens[..r.prompt_len]),
             prompt_ids: r.tokens[..r.prompt_len].to_vec(),
-            response_text: text(&r.tokens[r.prompt_len..]),
+            response_text: text(r.tokens[..r.prompt_len].last(), &r.tokens[r.prompt_len..]),
             response_ids: r.tokens[r.prompt_len..].to_vec(),
             loss_mask: r.loss_mask.clone(),
             behavior_logp: r.behavior_logp.clone(),
