@@ -302,6 +302,24 @@ impl Tokenizer {
         self.inner.decode(ids, skip_special_tokens).map_err(tk_err)
     }
 
+    /// A model's message as text: special tokens left out (the stop token, template markers)
+    /// except the tool-call tags, which some vocabularies mark special and which the
+    /// message's calls are read from (`decode(ids, true)` would drop them, and the calls with
+    /// them).
+    pub fn decode_message(&self, ids: &[u32]) -> Result<String> {
+        let added = self.inner.get_added_tokens_decoder();
+        let kept: Vec<u32> = ids
+            .iter()
+            .copied()
+            .filter(|id| {
+                added.get(id).is_none_or(|t| {
+                    !t.special || crate::tool_calls::TAGS.contains(&t.content.as_str())
+                })
+            })
+            .collect();
+        self.decode(&kept, false)
+    }
+
     /// Each of `ids`' text as it reads in place, for showing tokens one by one: a token is
     /// decoded after the one before it (`before` for the first) and that one's text taken
     /// off. Decoded alone, a SentencePiece token loses its leading space (the decoder strips
@@ -406,6 +424,37 @@ mod tests {
         assert_eq!(tok.eos_token_ids(), &[4]);
         assert_eq!(tok.pad_token_id(), Some(0));
         assert_eq!(tok.bos_token_id(), None);
+    }
+
+    /// Where the tool-call tags are special tokens, a message keeps them (and so its calls);
+    /// other special tokens, such as the stop token, are left out.
+    #[test]
+    fn a_message_keeps_tool_call_tags_marked_special() {
+        let special = |id: u32, content: &str| {
+            format!(
+                r#"{{"id": {id}, "content": "{content}", "single_word": false, "lstrip": false,
+                   "rstrip": false, "normalized": false, "special": true}}"#
+            )
+        };
+        let json = format!(
+            r#"{{"version": "1.0", "truncation": null, "padding": null,
+            "added_tokens": [{}, {}, {}],
+            "normalizer": null, "pre_tokenizer": null, "post_processor": null, "decoder": null,
+            "model": {{"type": "WordLevel", "vocab": {{"<unk>": 0, "x": 1}}, "unk_token": "<unk>"}}}}"#,
+            special(2, "<tool_call>"),
+            special(3, "</tool_call>"),
+            special(4, "<|im_end|>")
+        );
+        let path = std::env::temp_dir().join(format!("skein-tags-{}.json", std::process::id()));
+        std::fs::write(&path, json).unwrap();
+        let tok = Tokenizer::from_file(&path).unwrap();
+        std::fs::remove_file(&path).ok();
+        assert_eq!(tok.decode(&[2, 1, 3, 4], true).unwrap(), "x");
+        // (A vocabulary without a decoder joins its tokens with spaces.)
+        assert_eq!(
+            tok.decode_message(&[2, 1, 3, 4]).unwrap(),
+            "<tool_call> x </tool_call>"
+        );
     }
 
     /// A SentencePiece vocabulary (Llama 2's, Mistral's): each token shows its word's space,

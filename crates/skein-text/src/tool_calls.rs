@@ -10,6 +10,8 @@ use std::fmt;
 
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
+/// The tags around a call, which a message's text must keep.
+pub const TAGS: [&str; 2] = [OPEN, CLOSE];
 /// Characters of offending text an error quotes.
 const QUOTE_CHARS: usize = 40;
 

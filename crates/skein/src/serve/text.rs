@@ -179,9 +179,10 @@ impl TextSide {
         }
     }
 
-    /// Completion text as a client reads it: special tokens (the stop token) left out.
+    /// Completion text as a client reads it: special tokens (the stop token) left out, the
+    /// tool-call tags kept ([`Tokenizer::decode_message`]).
     pub fn decode(&self, ids: &[u32]) -> Result<String, ApiError> {
-        self.tokenizer.decode(ids, true).map_err(|e| {
+        self.tokenizer.decode_message(ids).map_err(|e| {
             ApiError::new(
                 axum::http::StatusCode::INTERNAL_SERVER_ERROR,
                 format!("decoding the completion: {e:#}"),

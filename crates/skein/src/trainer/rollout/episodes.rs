@@ -439,7 +439,7 @@ impl AgentContext<'_> {
                 .copied()
                 .filter(|t| !stop.contains(t))
                 .collect();
-            let text = self.tokenizer.decode(&ids, true).map_err(other)?;
+            let text = self.tokenizer.decode_message(&ids).map_err(other)?;
             let (back, step) = self.step_env(env, text.clone()).await?;
             env = back;
             match step {
