@@ -407,31 +407,11 @@ pub fn plot_run_to(dir: &Path, keys: Option<&[&str]>, out: &Path) -> Result<()> 
 pub const COMPARE_PANELS: &[&str] = &["reward/mean", "eval/accuracy", "time/step_s"];
 
 /// Overlays several runs: one panel per metric in `keys`, one line per run (named by its
-/// directory), written to `out_png`. Records are matched by step; a run without a metric
-/// simply has no line in that panel.
+/// directory, or where two share a name by their paths: [`run_names`]), written to
+/// `out_png`. Records are matched by step; a run without a metric simply has no line in that
+/// panel.
 pub fn compare_runs(dirs: &[PathBuf], keys: &[&str], out_png: &Path) -> Result<()> {
-    let mut by_step: std::collections::BTreeMap<i64, Record> = Default::default();
-    let mut names = Vec::with_capacity(dirs.len());
-    for dir in dirs {
-        let name = dir
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| dir.display().to_string());
-        for r in read_metrics(&dir.join("metrics.jsonl"))? {
-            let Some(step) = r.get("step").and_then(|v| v.as_i64()) else {
-                continue;
-            };
-            for key in keys {
-                if let Some(v) = r.get(*key) {
-                    let merged = by_step.entry(step).or_default();
-                    merged.insert("step".into(), step.into());
-                    merged.insert(format!("{key} ({name})"), v.clone());
-                }
-            }
-        }
-        names.push(name);
-    }
-    let records: Vec<Record> = by_step.into_values().collect();
+    let (records, names) = merge_runs(dirs, keys)?;
     let panels: Vec<String> = keys
         .iter()
         .map(|k| {
@@ -445,6 +425,32 @@ pub fn compare_runs(dirs: &[PathBuf], keys: &[&str], out_png: &Path) -> Result<(
     let panels: Vec<&str> = panels.iter().map(String::as_str).collect();
     let title = format!("{} runs: {}", names.len(), names.join(", "));
     plot_metrics(&records, &panels, "step", &title, out_png)
+}
+
+/// The runs' records of `keys` merged by step, each value under `"{key} ({run name})"`, and
+/// the runs' names.
+fn merge_runs(dirs: &[PathBuf], keys: &[&str]) -> Result<(Vec<Record>, Vec<String>)> {
+    let mut by_step: std::collections::BTreeMap<i64, Record> = Default::default();
+    let canonical: Vec<PathBuf> = dirs
+        .iter()
+        .map(|d| d.canonicalize().unwrap_or_else(|_| d.clone()))
+        .collect();
+    let names = crate::run_names(&canonical);
+    for (dir, name) in dirs.iter().zip(&names) {
+        for r in read_metrics(&dir.join("metrics.jsonl"))? {
+            let Some(step) = r.get("step").and_then(|v| v.as_i64()) else {
+                continue;
+            };
+            for key in keys {
+                if let Some(v) = r.get(*key) {
+                    let merged = by_step.entry(step).or_default();
+                    merged.insert("step".into(), step.into());
+                    merged.insert(format!("{key} ({name})"), v.clone());
+                }
+            }
+        }
+    }
+    Ok((by_step.into_values().collect(), names))
 }
 
 #[cfg(test)]
@@ -488,6 +494,26 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("absent"), "{e}");
+    }
+
+    /// Two runs in folders of the same name (`x/default`, `y/default`) stay two lines, named
+    /// by their paths: they used to share one key, the second run's values over the first's.
+    #[test]
+    fn runs_of_the_same_name_stay_apart() {
+        let base = std::env::temp_dir().join(format!("skein-same-name-{}", std::process::id()));
+        let mut dirs = Vec::new();
+        for (parent, reward) in [("x", 1.0), ("y", 2.0)] {
+            let dir = base.join(parent).join("default");
+            std::fs::create_dir_all(&dir).unwrap();
+            let line = json!({"step": 1, "reward/mean": reward}).to_string();
+            std::fs::write(dir.join("metrics.jsonl"), line + "\n").unwrap();
+            dirs.push(dir);
+        }
+        let (records, names) = merge_runs(&dirs, &["reward/mean"]).unwrap();
+        assert_eq!(names, ["x/default", "y/default"]);
+        assert_eq!(records[0]["reward/mean (x/default)"], 1.0);
+        assert_eq!(records[0]["reward/mean (y/default)"], 2.0);
+        std::fs::remove_dir_all(&base).ok();
     }
 
     fn rec(v: Value) -> Record {
