@@ -339,6 +339,16 @@ fn the_page_shows_a_steps_trajectories_the_legend_and_a_failed_reason() {
     // Its group side by side: one card per sample of its prompt.
     let group = records.iter().filter(|t| t.group == failed.group).count();
     assert_eq!(dom.matches("class=\"sample").count(), group, "group cards");
+    // The group's reward spread is the one the advantages use: failed samples left out.
+    let scored = records
+        .iter()
+        .filter(|t| t.group == failed.group && t.status != Status::Failed)
+        .count();
+    let facts = text_of(&dom, "group-facts");
+    assert!(
+        facts.contains(&format!("(of the {scored} that did not fail)")),
+        "{facts}"
+    );
     // Nothing went wrong on the way.
     assert!(
         dom.contains("<div id=\"error\" hidden=\"\"></div>"),
