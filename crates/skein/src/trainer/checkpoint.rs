@@ -330,12 +330,18 @@ pub fn latest(run_dir: &Path) -> Result<Option<(usize, PathBuf)>> {
     Ok(numbered(run_dir)?.into_iter().last())
 }
 
-/// Removes all but the newest `keep_last` numbered checkpoints (0 keeps all).
-pub fn rotate(run_dir: &Path, keep_last: usize) -> Result<()> {
+/// Removes all but the newest `keep_last` numbered checkpoints up to step `saved`, the one
+/// just written (0 keeps all). Checkpoints numbered past it are ones a resume passed over as
+/// damaged: they neither count nor go, or a damaged checkpoint-30 would push out every good
+/// one a run resumed before it writes again.
+pub fn rotate(run_dir: &Path, keep_last: usize, saved: usize) -> Result<()> {
     if keep_last == 0 {
         return Ok(());
     }
-    let all = numbered(run_dir)?;
+    let all: Vec<(usize, PathBuf)> = numbered(run_dir)?
+        .into_iter()
+        .filter(|&(n, _)| n <= saved)
+        .collect();
     for (_, dir) in all.iter().take(all.len().saturating_sub(keep_last)) {
         std::fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
     }
@@ -456,6 +462,26 @@ mod tests {
             .filter(|(a, b)| a.to_bits() != b.to_bits())
             .count();
         assert_eq!(differ, 0, "{differ} of {} floats changed", values.len());
+    }
+
+    /// A run resumed before a damaged checkpoint keeps its good ones: the damaged one is
+    /// newer than what it writes, and pushes none of them out.
+    #[test]
+    fn rotation_counts_only_checkpoints_up_to_the_one_written() {
+        let dir = std::env::temp_dir().join(format!("skein-rotate-{}", std::process::id()));
+        for n in [10, 20, 21, 30] {
+            let c = dir.join(format!("checkpoint-{n}"));
+            std::fs::create_dir_all(&c).unwrap();
+            std::fs::write(c.join(super::STATE_FILE), "{}").unwrap();
+        }
+        super::rotate(&dir, 2, 21).unwrap();
+        let left: Vec<usize> = super::numbered(&dir)
+            .unwrap()
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        assert_eq!(left, [20, 21, 30]);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// A resume keeps the records up to its checkpoint, whole lines only: the line a crash cut

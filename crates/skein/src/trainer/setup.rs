@@ -356,7 +356,7 @@ impl Trainer<'_> {
             state: &state,
         };
         checkpoint::save(&self.dir.join(format!("checkpoint-{step}")), &snapshot)?;
-        checkpoint::rotate(&self.dir, self.cfg.trainer.keep_last)?;
+        checkpoint::rotate(&self.dir, self.cfg.trainer.keep_last, step)?;
         self.keep_over_replaced_run()
     }
 
