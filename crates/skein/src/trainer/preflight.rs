@@ -180,20 +180,11 @@ pub fn logits_bytes_per_token(model: &ModelConfig, dtype: Dtype) -> f64 {
 /// then, not the micro-batch.
 pub fn micro_batch_parts(model: &ModelConfig, shape: &UpdateShape) -> Vec<Part> {
     let tokens = shape.micro_batch_tokens as f64;
-    let layers = model.num_hidden_layers as f64;
-    let base = base_layer_bytes_per_token(model, shape.options.dtype);
     let adapters = adapter_bytes_per_token(model, &shape.options, shape.cuda);
-    // With checkpointing: each layer's input and the last one's output, and one layer at a
-    // time recomputed, with the gradients of its activations.
-    let (inputs, kept_layers) = if shape.checkpointing {
-        let h = model.hidden_size as f64;
-        ((layers + 1.0) * shape.options.dtype.bytes() * h, 2.0)
-    } else {
-        (0.0, layers)
-    };
+    let kept_layers = kept_layers(model, shape);
     let mut parts = vec![Part {
         what: "activations of one micro-batch",
-        bytes: tokens * (inputs + kept_layers * base),
+        bytes: body_activation_bytes(model, shape, shape.options.dtype),
         lower: if shape.checkpointing {
             "`trainer.micro_batch_tokens`"
         } else {
@@ -216,6 +207,29 @@ pub fn micro_batch_parts(model: &ModelConfig, shape: &UpdateShape) -> Vec<Part> 
         lower: "`trainer.micro_batch_tokens`",
     });
     parts
+}
+
+/// Layers whose activations a micro-batch keeps at once: all of them, or with checkpointing
+/// one recomputed (with its gradients) beside the last one's output.
+fn kept_layers(model: &ModelConfig, shape: &UpdateShape) -> f64 {
+    if shape.checkpointing {
+        2.0
+    } else {
+        model.num_hidden_layers as f64
+    }
+}
+
+/// The activations of one micro-batch through the transformer's layers, in `dtype` (the
+/// policy's forward, or the critic's float32 one); with checkpointing, each layer's input too.
+fn body_activation_bytes(model: &ModelConfig, shape: &UpdateShape, dtype: Dtype) -> f64 {
+    let layers = model.num_hidden_layers as f64;
+    let inputs = if shape.checkpointing {
+        (layers + 1.0) * dtype.bytes() * model.hidden_size as f64
+    } else {
+        0.0
+    };
+    let per_token = inputs + kept_layers(model, shape) * base_layer_bytes_per_token(model, dtype);
+    shape.micro_batch_tokens as f64 * per_token
 }
 
 /// The AdamW step's temporaries beyond the memory the logits gave back: the step works one
@@ -273,6 +287,20 @@ pub fn update_parts(
     parts.extend(policy_parts(model, &shape.options));
     let micro = micro_batch_parts(model, shape);
     let logits = micro.last().map_or(0.0, |p| p.bytes);
+    if critic {
+        // The critic runs its micro-batches after the policy's, in float32 whatever
+        // `model.dtype` is, with no vocabulary head: the larger of the two is the peak.
+        let critic_bytes = body_activation_bytes(model, shape, Dtype::Float32);
+        let beyond = critic_bytes - total(&micro);
+        if beyond > 0.0 {
+            parts.push(Part {
+                what: "the critic's float32 activations beyond the policy's micro-batch",
+                bytes: beyond,
+                lower: "`trainer.micro_batch_tokens`, or turn on \
+                        `trainer.activation_checkpointing`",
+            });
+        }
+    }
     parts.extend(micro);
     let lora = &shape.options.lora;
     let mut group = group_elements(
@@ -552,6 +580,30 @@ mod tests {
         (cfg.rollout.prompts_per_step, cfg.rollout.samples_per_prompt) = (1, 2);
         cfg.eval.problems = 10_000;
         assert_eq!(cache(&cfg), model.kv_cache_bytes(256, 64 + new, element));
+    }
+
+    /// A critic trains on the same micro-batches in float32: under a bfloat16 policy its
+    /// activations are the peak, counted beyond the policy's; under a float32 one the
+    /// policy's (the same body and the vocabulary's logits) are.
+    #[test]
+    fn a_float32_critic_under_a_bfloat16_policy_counts_its_activations() {
+        let qwen = ModelConfig::qwen2_5_0_5b();
+        let mut cfg = lora(Dtype::Bfloat16);
+        cfg.algorithm.estimator = crate::trainer::config::Estimator::Gae;
+        cfg.trainer.micro_batch_tokens = 8192;
+        let shape = UpdateShape::of(&cfg, Device::Cpu);
+        let parts = update_parts(&qwen, &shape, Device::Cpu, true);
+        let beyond = part(&parts, "the critic's");
+        let critic = body_activation_bytes(&qwen, &shape, Dtype::Float32);
+        let policy = total(&micro_batch_parts(&qwen, &shape));
+        assert!(
+            beyond > 0.0 && (beyond - (critic - policy)).abs() < 1.0,
+            "{beyond}"
+        );
+        cfg.model.dtype = Dtype::Float32;
+        let shape = UpdateShape::of(&cfg, Device::Cpu);
+        let parts = update_parts(&qwen, &shape, Device::Cpu, true);
+        assert_eq!(part(&parts, "the critic's"), 0.0);
     }
 
     /// CUDA graphs add a scratch slot to the cache and, at most, one set of logits per
