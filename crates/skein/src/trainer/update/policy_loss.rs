@@ -258,10 +258,14 @@ fn ppo_term(log_ratio: &Tensor, adv: &Tensor, cfg: &LossConfig) -> (Tensor, Tens
     let unclipped = -(adv * &ratio);
     let clipped = -(adv * ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high));
     let mut pg = unclipped.maximum(&clipped);
-    let is_clipped = clipped.gt_tensor(&unclipped);
+    let mut is_clipped = clipped.gt_tensor(&unclipped);
     if cfg.dual_clip > 1.0 {
         let bound = -(adv * cfg.dual_clip);
-        pg = pg.minimum(&bound).where_self(&adv.lt(0.0), &pg);
+        let negative = adv.lt(0.0);
+        // Where the dual clip binds, the term is a constant and the token gets no gradient,
+        // as where the plain clip does: both count as clipped.
+        is_clipped = is_clipped.logical_or(&pg.gt_tensor(&bound).logical_and(&negative));
+        pg = pg.minimum(&bound).where_self(&negative, &pg);
     }
     (pg, is_clipped)
 }
@@ -418,7 +422,8 @@ mod tests {
             "{}",
             out.loss.double_value(&[])
         );
-        assert_eq!(out.clipped_tokens, 1.0);
+        // Token 0 by the clip, token 2 by the dual clip: neither gets a gradient.
+        assert_eq!(out.clipped_tokens, 2.0);
     }
 
     /// CISPO on two tokens, by hand: ratios e^0.5 ≈ 1.65 (above 1 + 0.28, so its weight is
