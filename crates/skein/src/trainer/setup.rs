@@ -492,11 +492,25 @@ fn check_context(cfg: &TrainConfig, workload: &dyn Workload, policy: &Model) -> 
     Ok(())
 }
 
+/// Bytes of the policy's tensors (its weights, and adapters with LoRA).
+fn held_bytes(policy: &Model) -> f64 {
+    policy
+        .vs
+        .variables()
+        .values()
+        .map(|t| (t.numel() * t.kind().elt_size_in_bytes()) as f64)
+        .sum()
+}
+
 /// The engine rollouts run on, once the run is known to fit in memory (on the CPU, where
 /// free memory can be read).
 fn rollout_engine(cfg: &TrainConfig, policy: &Model) -> Result<Generator> {
     let device = policy.vs.device();
-    if let Some(available) = crate::memory::available_on(device) {
+    // The policy's weights are in the estimate and already loaded: free memory alone would
+    // count them twice. (A resumed run's raw moments are held too, but the optimizer copies
+    // them into moments of its own, both alive at once: they are not counted as usable.)
+    if let Some(free) = crate::memory::available_on(device) {
+        let available = free + held_bytes(policy);
         let parts = preflight::estimate(cfg, &policy.net.config, device);
         preflight::check(&parts, available)?;
     }
@@ -739,5 +753,26 @@ fn build_policy(
         let tokenizer = Tokenizer::from_dir(path)?;
         let model = Model::load_dir_with(path, &cfg.model_options(), device)?;
         Ok((tokenizer, model))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Dtype, ModelConfig, ModelOptions};
+
+    /// What the memory check adds to free memory is the policy's own bytes, in its dtype: a
+    /// float32 model's 4 per parameter, a bfloat16 one's 2.
+    #[test]
+    fn the_policy_holds_its_parameters_bytes() {
+        let cfg = ModelConfig::tiny_qwen2(32, 16, 1, 2, 1, 32, 64);
+        let full = Model::random(&cfg, tch::Device::Cpu, 0).unwrap();
+        assert_eq!(held_bytes(&full), 4.0 * cfg.parameter_count());
+        let bf16 = ModelOptions {
+            dtype: Dtype::Bfloat16,
+            ..Default::default()
+        };
+        let half = Model::random_with(&cfg, &bf16, tch::Device::Cpu, 0).unwrap();
+        assert_eq!(held_bytes(&half), 2.0 * cfg.parameter_count());
     }
 }
