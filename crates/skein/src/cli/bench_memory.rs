@@ -1,7 +1,7 @@
 //! `skein bench memory`: one GRPO update step (forward, backward and AdamW over the trainable
 //! weights, through the trainer's own `mini_batch_step` and `rank_pass`) on a model of real
-//! shape, in four setups: full float32 fine-tuning, LoRA, LoRA on a bfloat16 base, and that
-//! with activation checkpointing. Each setup runs in a child process of its own, so the peak
+//! shape, in five setups: full float32 fine-tuning, full bfloat16 (float32 master weights),
+//! LoRA, LoRA on a bfloat16 base, and that with activation checkpointing. Each setup runs in a child process of its own, so the peak
 //! resident memory it reports (VmHWM) is that setup's alone; beside it stands the trainer's
 //! preflight estimate of the same update, from the same functions, so the estimate's error
 //! is measured rather than guessed.
@@ -38,7 +38,7 @@ const MAX_TOKENS: usize = 1 << 24;
 #[derive(clap::Args, Debug, Clone)]
 pub struct MemoryBenchArgs {
     /// The model: Qwen2.5-0.5B's configuration with random weights, or a tiny one that runs
-    /// all four setups in seconds (for tests).
+    /// all five setups in seconds (for tests).
     #[arg(long, value_enum, default_value_t = Shape::Qwen2_5_0_5b)]
     shape: Shape,
     /// A model's shape from its Hugging Face directory (`config.json`) instead of `--shape`,
