@@ -13,7 +13,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Message {
     pub role: String,
-    /// `null` in a data file reads as empty, which templates treat the same (falsy).
+    /// `null` reads as empty here; [`Message::content_is_null`] says the sender gave none.
     #[serde(default, deserialize_with = "null_as_empty")]
     pub content: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -25,6 +25,11 @@ pub struct Message {
     /// Thinking text kept apart from `content` by templates of reasoning models.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
+    /// The sender gave no content (`null`, as an OpenAI client does for a message of tool
+    /// calls alone): the template sees `content` as none, as transformers passes it. Templates
+    /// that test `content is none` (DeepSeek's) render the calls only then.
+    #[serde(skip)]
+    pub content_is_null: bool,
 }
 
 impl Message {
@@ -51,6 +56,20 @@ impl Message {
             ..Self::new("tool", content)
         }
     }
+}
+
+/// The messages as a template reads them: `content` null where the sender gave none.
+fn template_messages(messages: &[Message]) -> Result<Vec<serde_json::Value>> {
+    messages
+        .iter()
+        .map(|m| {
+            let mut v = serde_json::to_value(m).context("a message as template input")?;
+            if m.content_is_null {
+                v["content"] = serde_json::Value::Null;
+            }
+            Ok(v)
+        })
+        .collect()
 }
 
 fn null_as_empty<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<String, D::Error> {
@@ -232,7 +251,10 @@ impl ChatTemplate {
             .iter()
             .map(|(k, v)| (k.as_str(), Value::from_serialize(v)))
             .collect();
-        ctx.insert("messages", Value::from_serialize(messages));
+        ctx.insert(
+            "messages",
+            Value::from_serialize(template_messages(messages)?),
+        );
         // Absent rather than null: HF templates test `tools is not none` and `tools is defined`.
         if let Some(tools) = tools {
             ctx.insert("tools", Value::from_serialize(tools));
@@ -682,6 +704,25 @@ mod tests {
         let calls = m.tool_calls.unwrap();
         assert_eq!(calls[0].function.arguments, json!("{\"x\": 1}"));
         assert_eq!(calls[0].id.as_deref(), Some("c1"));
+    }
+
+    /// A message sent with `content: null` reaches the template as none: DeepSeek's template
+    /// renders an assistant's calls only when its content is none.
+    #[test]
+    fn null_content_reaches_the_template_as_none() {
+        let src = "{% for m in messages %}{% if m.content is none %}[none]{% else %}\
+                   [{{ m.content }}]{% endif %}{% endfor %}";
+        let t = ChatTemplate::new(src, None, None).unwrap();
+        let null = Message {
+            content_is_null: true,
+            ..Message::assistant("")
+        };
+        let text = t.render(
+            &[Message::user("hi"), null, Message::assistant("")],
+            None,
+            false,
+        );
+        assert_eq!(text.unwrap(), "[hi][none][]");
     }
 
     #[test]

@@ -140,6 +140,7 @@ pub fn to_template_messages(messages: &[ChatMessage]) -> Result<Vec<Message>, Ap
                 name: m.name.clone(),
                 tool_call_id: m.tool_call_id.clone(),
                 reasoning_content: m.reasoning_content.clone(),
+                content_is_null: m.content.is_none(),
             })
         })
         .collect()
