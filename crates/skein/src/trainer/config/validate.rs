@@ -500,10 +500,12 @@ fn validate_algorithm(cfg: &TrainConfig, v: &mut Validator) {
         },
         loss.clip_high,
     )
+    // The update's settings cross to MPI ranks as JSON, which has no infinity: each is
+    // finite, a large value doing what infinity would.
     .check(
-        a.dual_clip == 0.0 || a.dual_clip > 1.0,
+        a.dual_clip == 0.0 || (a.dual_clip > 1.0 && a.dual_clip.is_finite()),
         "algorithm.dual_clip",
-        "must be 0 (off) or > 1",
+        "must be 0 (off) or a finite number > 1",
         a.dual_clip,
     )
     .check(
@@ -529,9 +531,9 @@ fn validate_algorithm(cfg: &TrainConfig, v: &mut Validator) {
     .in_range("algorithm.gamma", a.gamma, 0.0, 1.0)
     .in_range("algorithm.lambda", a.lambda, 0.0, 1.0)
     .check(
-        a.value_clip > 0.0,
+        a.value_clip > 0.0 && a.value_clip.is_finite(),
         "algorithm.value_clip",
-        "must be > 0",
+        "must be a finite number > 0 (a large one, e.g. 1e6, clips nothing)",
         a.value_clip,
     )
     .check(
@@ -540,7 +542,12 @@ fn validate_algorithm(cfg: &TrainConfig, v: &mut Validator) {
         "must be > 0",
         a.critic_lr,
     )
-    .at_least("algorithm.kl_coef", a.kl_coef, 0.0)
+    .check(
+        a.kl_coef >= 0.0 && a.kl_coef.is_finite(),
+        "algorithm.kl_coef",
+        "must be a finite number ≥ 0",
+        a.kl_coef,
+    )
     .check(
         a.kl_coef == 0.0 || a.kl_estimator != KlEstimator::K1,
         "algorithm.kl_estimator",
@@ -1131,6 +1138,13 @@ mod tests {
                 "`optim.min_lr_ratio`",
             ),
             (&["algorithm.entropy_coef=nan"], "`algorithm.entropy_coef`"),
+            // Settings that cross to MPI ranks as JSON, which has no infinity.
+            (&["algorithm.dual_clip=inf"], "`algorithm.dual_clip`"),
+            (&["algorithm.kl_coef=inf"], "`algorithm.kl_coef`"),
+            (
+                &["algorithm.estimator=\"gae\"", "algorithm.value_clip=inf"],
+                "`algorithm.value_clip`",
+            ),
             (
                 &["task.name=\"guess\"", "agent.env_timeout_s=1e20"],
                 "`agent.env_timeout_s`",
