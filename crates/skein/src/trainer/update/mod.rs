@@ -363,7 +363,22 @@ pub fn serve_other_rank(dp: &ranks::DataParallel, device: tch::Device) -> Result
         }
         #[cfg(feature = "mpi")]
         ranks::DataParallel::Mpi(group) => {
-            serve_rank(group, ranks::rank_device(device, group.local_rank()))
+            let device = ranks::rank_device(device, group.local_rank());
+            let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                serve_rank(group, device)
+            }));
+            let rank = group.rank();
+            match served {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => {
+                    eprintln!("skein: error on rank {rank}: {e:#}; stopping every rank");
+                    group.abort()
+                }
+                Err(_) => {
+                    eprintln!("skein: rank {rank} panicked (above); stopping every rank");
+                    group.abort()
+                }
+            }
         }
     }
 }

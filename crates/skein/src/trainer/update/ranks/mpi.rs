@@ -98,6 +98,13 @@ impl MpiGroup {
         self.world.size() as usize
     }
 
+    /// Ends every process of the job: what a rank other than 0 does when it fails. Rank 0
+    /// waits for it inside a collective, and MPI_Finalize waits for rank 0, so returning
+    /// would leave the whole job blocked, its error never printed.
+    pub fn abort(&self) -> ! {
+        self.world.abort(2)
+    }
+
     fn is_root(&self) -> bool {
         self.rank() == 0
     }
