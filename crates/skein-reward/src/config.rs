@@ -124,7 +124,9 @@ pub struct RewardConfig {
     pub sources: BTreeMap<String, SourceConfig>,
     /// Data source name → weighted sources, e.g. `[reward.routes.gsm8k] sources = ["answer"]`.
     pub routes: BTreeMap<String, RouteConfig>,
-    /// For data sources without a route; empty `sources`: such requests fail.
+    /// For data sources without a route; empty `sources` (as when the table leaves it out):
+    /// such requests fail. Only the table's absence gives the built-in `math` route.
+    #[serde(default)]
     pub default_route: RouteConfig,
 }
 
@@ -215,6 +217,23 @@ mod tests {
         // What is written reads back the same.
         let text = serde_json::to_value(&cfg).unwrap();
         assert_eq!(parse(text).unwrap(), cfg);
+    }
+
+    /// A table that leaves out `default_route` has none: its unrouted data sources fail
+    /// rather than go to a `math` source it never named.
+    #[test]
+    fn a_table_without_a_default_route_has_none() {
+        let cfg = parse(serde_json::json!({
+            "sources": {"rm": {"kind": "scorer"}},
+            "routes": {"arithmetic": {"sources": ["rm"]}}
+        }))
+        .unwrap();
+        assert!(cfg.default_route.sources.is_empty());
+        assert!(
+            cfg.validate("reward").is_ok(),
+            "{:?}",
+            cfg.validate("reward")
+        );
     }
 
     #[test]
