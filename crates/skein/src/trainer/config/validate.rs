@@ -791,6 +791,14 @@ fn validate_agent(cfg: &TrainConfig, v: &mut Validator) {
             a.rollout_timeout_s,
         )
         .check(
+            cfg.reward.is_none(),
+            "reward",
+            "is not used to train with external agents (each posts its rollout's reward), and \
+             would score only the held-out evaluations, so the two would measure different \
+             things: remove the section and have the agents compute the reward",
+            "[reward]",
+        )
+        .check(
             a.workers == 0 || !a.command.is_empty(),
             "agent.command",
             "must name the agent program when agent.workers > 0, e.g. \
@@ -1127,6 +1135,23 @@ mod tests {
 
     /// Values the optimizer would use as given (a negative decay grows the weights, a floor
     /// above 1 climbs) and timeouts a duration cannot hold are refused, naming the key.
+    /// External agents post their rollouts' rewards: a `[reward]` table would score only the
+    /// held-out evaluations, so it is refused rather than left to measure something else.
+    #[test]
+    fn external_agents_refuse_a_reward_table() {
+        let external = "agent.kind=\"external\"";
+        let cfg = load(&[external, "reward.default_route.sources=[]"]).unwrap();
+        let e = validate(&cfg).unwrap_err().to_string();
+        assert!(
+            e.contains("`reward`: is not used to train with external agents"),
+            "{e}"
+        );
+        let e = validate(&load(&[external]).unwrap())
+            .err()
+            .map(|e| e.to_string());
+        assert!(!e.unwrap_or_default().contains("`reward`"));
+    }
+
     #[test]
     fn optimizer_values_and_timeouts_out_of_range_are_refused() {
         let problem = |set: &[&str]| validate(&load(set).unwrap()).err().map(|e| e.to_string());
