@@ -91,7 +91,11 @@ impl BatchScorer for ModelScorer {
             source: format!("reward_models.{}", self.source),
             detail: format!("{e:#}"),
         };
-        match self.pool.score_batch(&items) {
+        // libtorch's errors (out of memory, an id past the embedding) surface as panics in
+        // tch's plain calls: caught here, they fail the batch as an error does, so its items
+        // are then scored one by one and only the bad one fails.
+        let score = |items: &[_]| without_panics(|| self.pool.score_batch(items));
+        match score(&items) {
             Ok(scores) => scores
                 .into_iter()
                 .map(|s| model_reward(&self.source, s))
@@ -100,7 +104,7 @@ impl BatchScorer for ModelScorer {
             Err(_) if items.len() > 1 => items
                 .iter()
                 .map(|it| {
-                    let scores = self.pool.score_batch(std::slice::from_ref(it));
+                    let scores = score(std::slice::from_ref(it));
                     scores
                         .map_err(fail)
                         .and_then(|s| model_reward(&self.source, s[0]))
@@ -109,6 +113,18 @@ impl BatchScorer for ModelScorer {
             Err(e) => vec![Err(fail(e))],
         }
     }
+}
+
+/// `score()`, with a panic inside it an error saying what the panic said.
+fn without_panics<T>(score: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(score)).unwrap_or_else(|panic| {
+        let said = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("(no message)");
+        Err(anyhow::anyhow!("the reward model panicked: {said}"))
+    })
 }
 
 /// A reward model's score as a reward. A non-finite score (weights or a dtype that overflow)
@@ -391,6 +407,18 @@ mod tests {
             assert_eq!(e.kind(), "scorer");
             assert!(e.to_string().contains("reward_models.rm"), "{e}");
         }
+    }
+
+    /// A panic in scoring (how tch reports libtorch's errors) becomes an error, so the
+    /// batch falls back to scoring its items one by one as it does for an error.
+    #[test]
+    fn a_panic_while_scoring_is_an_error() {
+        let e = without_panics(|| -> Result<()> { panic!("CUDA out of memory") }).unwrap_err();
+        assert!(
+            e.to_string().contains("panicked: CUDA out of memory"),
+            "{e}"
+        );
+        assert_eq!(without_panics(|| Ok(3)).unwrap(), 3);
     }
 
     #[test]
