@@ -505,6 +505,22 @@ fn pooling(dir: &Path) -> Result<Pooling> {
     let cfg_path = dir.join(sub).join("config.json");
     let cfg = read_json(&cfg_path)?;
     let on = |k: &str| cfg[k].as_bool().unwrap_or(false);
+    // Any other mode switched on (max, mean of square roots, weighted, last token) would add
+    // to the embedding a part this pooling leaves out.
+    let other = cfg.as_object().and_then(|m| {
+        m.iter().find(|(k, v)| {
+            k.starts_with("pooling_mode_")
+                && !["pooling_mode_mean_tokens", "pooling_mode_cls_token"].contains(&k.as_str())
+                && v.as_bool() == Some(true)
+        })
+    });
+    if let Some((key, _)) = other {
+        bail!(
+            "{}: `{key}` is not supported (allowed: pooling_mode_mean_tokens or \
+             pooling_mode_cls_token, one of them)",
+            cfg_path.display()
+        );
+    }
     match (on("pooling_mode_mean_tokens"), on("pooling_mode_cls_token")) {
         (true, false) => Ok(Pooling::Mean),
         (false, true) => Ok(Pooling::Cls),
@@ -652,6 +668,15 @@ mod tests {
             .expect("a Dense module is refused")
             .to_string();
         assert!(err.contains("sentence_transformers.models.Dense"), "{err}");
+        // Mean and max pooled together: the max half would be left out.
+        std::fs::write(dir.join("modules.json"), modules("")).unwrap();
+        let both = r#"{"pooling_mode_mean_tokens": true, "pooling_mode_max_tokens": true}"#;
+        std::fs::write(dir.join("1_Pooling/config.json"), both).unwrap();
+        let err = pooling(&dir)
+            .err()
+            .expect("max pooling is refused")
+            .to_string();
+        assert!(err.contains("`pooling_mode_max_tokens`"), "{err}");
         std::fs::remove_dir_all(&dir).ok();
     }
 
