@@ -94,7 +94,9 @@ impl Model {
 
     /// Writes `config.json` and `model.safetensors` into `dir` (created if missing): the
     /// weights the model computes with, adapters merged in, so any loader of Hugging Face
-    /// directories gets this policy.
+    /// directories gets this policy. A weight with an adapter is written in float32: merged
+    /// into a bfloat16 base and rounded back, an update smaller than half the weight's last
+    /// digit (2⁻⁹ of its size) would be lost, and most of an RL run's are that small.
     pub fn save_dir(&self, dir: &Path) -> Result<()> {
         self.write_dir(dir, true)
     }
@@ -117,9 +119,9 @@ impl Model {
                 let pair = super::lora::adapter_names(&name)
                     .and_then(|(a, b)| Some((all.get(&a)?, all.get(&b)?)));
                 let w = match pair {
-                    Some((a, b)) if merged => tch::no_grad(|| {
-                        (w.to_kind(Kind::Float) + b.matmul(a) * scale).to_kind(w.kind())
-                    }),
+                    Some((a, b)) if merged => {
+                        tch::no_grad(|| w.to_kind(Kind::Float) + b.matmul(a) * scale)
+                    }
                     _ => w,
                 };
                 (name, w)

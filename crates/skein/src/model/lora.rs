@@ -637,6 +637,44 @@ mod tests {
         assert!(max < 0.1 && mean < 0.02, "max {max}, mean {mean}");
     }
 
+    /// A bfloat16 base's merged weights keep an adapter's update too small for bfloat16's
+    /// digits: written in float32, they are the base plus B·A exactly.
+    #[test]
+    fn merged_weights_of_a_bfloat16_base_keep_small_updates() {
+        let bf16 = ModelOptions {
+            dtype: Dtype::Bfloat16,
+            ..lora(4)
+        };
+        let model = Model::random_with(&config(), &bf16, Device::Cpu, 5).unwrap();
+        perturb(&model);
+        // Scale B down to an update far below bfloat16's spacing at these weights.
+        tch::no_grad(|| {
+            for (name, mut t) in model.vs.variables() {
+                if name.contains(".lora_B.") {
+                    t.copy_(&(&t * 1e-4));
+                }
+            }
+        });
+        let dir = std::env::temp_dir().join(format!("skein-bf16-merge-{}", std::process::id()));
+        model.save_dir(&dir).unwrap();
+        let saved: std::collections::HashMap<String, Tensor> =
+            Tensor::read_safetensors(dir.join("model.safetensors"))
+                .unwrap()
+                .into_iter()
+                .collect();
+        std::fs::remove_dir_all(&dir).ok();
+        let vars = model.vs.variables();
+        let name = "model.layers.0.self_attn.q_proj.weight";
+        let (a, b) = adapter_names(name).unwrap();
+        let want = vars[name].to_kind(Kind::Float)
+            + vars[&b].matmul(&vars[&a]) * model.options.lora.scale();
+        let got = &saved[name];
+        assert_eq!(got.kind(), Kind::Float);
+        assert!(max_diff(got, &want) == 0.0);
+        // The update is there, though rounding to bfloat16 would have lost most of it.
+        assert!(max_diff(got, &vars[name].to_kind(Kind::Float)) > 0.0);
+    }
+
     #[test]
     fn bad_settings_name_their_key() {
         let mut cfg = LoraConfig {
