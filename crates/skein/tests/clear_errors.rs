@@ -309,6 +309,25 @@ fn the_reward_bench_refuses_zero_rounds_rather_than_report_zeros() {
     refused(&["bench", "rewards", "--rounds", "0"], &["--rounds", "≥ 1"]);
 }
 
+/// A reward service has no task, so its checker (`task`) cannot be one of its sources: said at
+/// start-up, not as a scorer the program failed to supply.
+#[test]
+fn a_reward_service_refuses_the_task_checker() {
+    refused(
+        &[
+            "serve-reward",
+            "--set",
+            "reward.sources.task.kind=\"scorer\"",
+            "--set",
+            "reward.default_route.sources=[\"task\"]",
+        ],
+        &[
+            "`reward.sources.task`",
+            "only `skein train` and `skein eval`",
+        ],
+    );
+}
+
 /// `skein ARGS...`: exit code, stdout and stderr.
 fn skein_out(args: &[String]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_skein"))

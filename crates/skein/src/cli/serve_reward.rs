@@ -2,13 +2,13 @@
 //! HTTP, so a trainer's `kind = "remote"` source can score on another process or machine.
 //! The config file uses the trainer's keys: `[reward]`, `[reward_models]`, plus `[serve]`.
 
-use crate::trainer::rollout::reward::{build_rewarder, check_reward_models};
+use crate::trainer::rollout::reward::{build_rewarder, check_reward_models, TASK_SCORER};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use skein_config::Validator;
 use skein_reward::{
     serve, BatchScorer, Executor, ExecutorConfig, RewardConfig, RewardError, RewardOutput,
-    RewardRequest, Rewarder, ServeConfig,
+    RewardRequest, Rewarder, ServeConfig, ServiceConfig, SourceConfig,
 };
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -83,6 +83,17 @@ pub fn run(a: &ServeRewardArgs) -> Result<()> {
     }
     let mut v = Validator::new();
     check_reward_models(Some(&cfg.reward), &cfg.reward_models, &mut v);
+    let task_scorer = cfg.reward.sources.get(TASK_SCORER);
+    v.check(
+        !matches!(
+            task_scorer,
+            Some(SourceConfig::Service(ServiceConfig::Scorer {}))
+        ),
+        &format!("reward.sources.{TASK_SCORER}"),
+        "is the task's own checker, which only `skein train` and `skein eval` have (a reward \
+         service has no task): use a `math` or `exact_match` source, or a reward model",
+        "kind = \"scorer\"",
+    );
     if let Err(e) = cfg.reward.validate("reward") {
         for p in e.problems() {
             v.problem(p.clone());
