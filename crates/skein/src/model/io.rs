@@ -46,9 +46,11 @@ impl Model {
     /// [`Model::load_adapter`] reads trained ones).
     pub fn load_dir_with(dir: &Path, options: &ModelOptions, device: Device) -> Result<Self> {
         let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
-        ensure_fits(&cfg, options, device).with_context(|| format!("loading {}", dir.display()))?;
+        let files = weight_files(dir)?;
+        ensure_fits_reading(&cfg, options, device, reading_bytes(&files))
+            .with_context(|| format!("loading {}", dir.display()))?;
         let (vs, net) = build(&cfg, options, device)?;
-        let tensors = read_weights(dir)?;
+        let tensors = read_weights(&files)?;
         let source = dir.display().to_string();
         let variables = vs.variables();
         refuse_unused(&variables, &tensors, &source)?;
@@ -182,20 +184,42 @@ impl Model {
 /// An error, before any allocation, when building `cfg` on the CPU needs more memory than is
 /// free (libtorch would abort the process instead).
 fn ensure_fits(cfg: &ModelConfig, options: &ModelOptions, device: Device) -> Result<()> {
+    ensure_fits_reading(cfg, options, device, 0.0)
+}
+
+/// [`ensure_fits`] for a model whose weights are read from files while it is built: `reading`
+/// bytes held at once beside it ([`reading_bytes`]).
+fn ensure_fits_reading(
+    cfg: &ModelConfig,
+    options: &ModelOptions,
+    device: Device,
+    reading: f64,
+) -> Result<()> {
     cfg.validate()?;
     options.check(device)?;
-    let bytes = cfg.build_bytes(options.dtype.bytes());
+    let bytes = cfg.build_bytes(options.dtype.bytes()) + reading;
     if let Some(free) = crate::memory::available_on(device).filter(|&f| bytes > f) {
         bail!(
-            "a model of {:.3e} parameters and {} positions needs {:.1} GiB to build, but {:.1} \
-             GiB of memory is free",
+            "a model of {:.3e} parameters and {} positions needs {:.1} GiB to load (its weights \
+             and, while they are read, {:.1} GiB of its files), but {:.1} GiB of memory is free",
             cfg.parameter_count(),
             cfg.max_position_embeddings,
             bytes / crate::memory::GIB,
+            reading / crate::memory::GIB,
             free / crate::memory::GIB
         );
     }
     Ok(())
+}
+
+/// Memory that reading `files` holds at its peak beside the model being built: every file's
+/// tensors until they are copied in, and the largest file's bytes as it is read whole.
+fn reading_bytes(files: &[PathBuf]) -> f64 {
+    let sizes: Vec<f64> = files
+        .iter()
+        .map(|f| std::fs::metadata(f).map_or(0.0, |m| m.len() as f64))
+        .collect();
+    sizes.iter().sum::<f64>() + sizes.iter().copied().fold(0.0, f64::max)
 }
 
 /// A var store and its module, every variable created in `options.dtype`.
@@ -284,7 +308,19 @@ fn refuse_unused(
     Ok(())
 }
 
-fn read_weights(dir: &Path) -> Result<HashMap<String, Tensor>> {
+fn read_weights(files: &[PathBuf]) -> Result<HashMap<String, Tensor>> {
+    let mut tensors = HashMap::new();
+    for file in files {
+        for (name, t) in read_safetensors(file)? {
+            tensors.insert(name, t);
+        }
+    }
+    Ok(tensors)
+}
+
+/// The safetensors files of a model directory: `model.safetensors`, or the shards its index
+/// names.
+fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let single = dir.join("model.safetensors");
     let files: Vec<PathBuf> = if single.exists() {
         vec![single]
@@ -304,13 +340,7 @@ fn read_weights(dir: &Path) -> Result<HashMap<String, Tensor>> {
         let shards: BTreeSet<&str> = map.values().filter_map(|v| v.as_str()).collect();
         shards.into_iter().map(|s| dir.join(s)).collect()
     };
-    let mut tensors = HashMap::new();
-    for file in files {
-        for (name, t) in read_safetensors(&file)? {
-            tensors.insert(name, t);
-        }
-    }
-    Ok(tensors)
+    Ok(files)
 }
 
 /// The tensors of one safetensors file; a damaged one is named, with what to do about it.
@@ -370,6 +400,25 @@ mod tests {
         assert!(variables
             .values()
             .all(|v| v.sum(Kind::Float).double_value(&[]) == 3.0));
+    }
+
+    /// Loading holds every file's tensors until they are copied in, and the file being read
+    /// whole: the check before it counts both, not the built weights alone.
+    #[test]
+    fn reading_counts_every_file_and_the_largest_again() {
+        let dir = std::env::temp_dir().join(format!("skein-reading-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let files: Vec<PathBuf> = [10usize, 30]
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let f = dir.join(format!("model-{i}.safetensors"));
+                std::fs::write(&f, vec![0u8; n]).unwrap();
+                f
+            })
+            .collect();
+        assert_eq!(reading_bytes(&files), 70.0);
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     /// A tensor no variable takes (here an o_proj bias and an int8 scale) is refused by name;
