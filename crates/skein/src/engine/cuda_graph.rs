@@ -121,12 +121,10 @@ unsafe fn function<F: Copy>(handle: *mut c_void, name: &str) -> Result<F, String
 /// Runs `work`, turning a panic into its message (`what` says when it happened).
 fn unwound<T>(work: &mut impl FnMut() -> T, what: &str) -> Result<T, String> {
     std::panic::catch_unwind(AssertUnwindSafe(work)).map_err(|panic| {
-        let message = panic
-            .downcast_ref::<String>()
-            .map(String::as_str)
-            .or_else(|| panic.downcast_ref::<&str>().copied())
-            .unwrap_or("a panic without a message");
-        format!("{what} failed: {message}")
+        format!(
+            "{what} failed: {}",
+            crate::panic_message::panic_message(&*panic)
+        )
     })
 }
 

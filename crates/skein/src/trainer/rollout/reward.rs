@@ -118,11 +118,7 @@ impl BatchScorer for ModelScorer {
 /// `score()`, with a panic inside it an error saying what the panic said.
 fn without_panics<T>(score: impl FnOnce() -> Result<T>) -> Result<T> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(score)).unwrap_or_else(|panic| {
-        let said = panic
-            .downcast_ref::<String>()
-            .map(String::as_str)
-            .or_else(|| panic.downcast_ref::<&str>().copied())
-            .unwrap_or("(no message)");
+        let said = crate::panic_message::panic_message(&*panic);
         Err(anyhow::anyhow!("the reward model panicked: {said}"))
     })
 }
