@@ -81,36 +81,8 @@ pub fn run(args: &SftArgs) -> Result<()> {
         Some(dir) => (Tokenizer::from_dir(dir)?, Model::load_dir(dir, device)?),
         None => from_scratch(&loaded.rows, args, device)?,
     };
-    let layout = if tokenizer.is_char_level() {
-        // The trainer and `skein eval` give a character-level model plain prompts, never its
-        // template: it is fine-tuned on what it will be asked.
-        let eos = *tokenizer
-            .eos_token_ids()
-            .first()
-            .context("the character-level tokenizer has no end-of-sequence token")?;
-        Layout::Plain { eos }
-    } else {
-        Layout::Template(Box::new(tokenizer.chat_template()?.with_context(|| {
-            format!(
-                "{} has no chat template: assistant-only loss needs one to find the assistant \
-                 turns",
-                args.model
-                    .as_deref()
-                    .unwrap_or(Path::new("the model"))
-                    .display()
-            )
-        })?))
-    };
-    // A row longer than the model's positions has no rotary angle for its last tokens.
-    let positions = usize::try_from(policy.net.max_positions()).unwrap_or(usize::MAX);
-    let max_tokens = args.max_tokens.min(positions);
-    if max_tokens < args.max_tokens {
-        eprintln!(
-            "skein: conversations are cut at the model's {positions} positions (below \
-             --max-tokens {})",
-            args.max_tokens
-        );
-    }
+    let layout = Layout::for_tokenizer(&tokenizer, args.model.as_deref())?;
+    let max_tokens = cut_at_positions(args, &policy);
     let tokenized = conversation_rows(&loaded, &layout, &tokenizer, args, max_tokens)?;
     let rows = tokenized.rows;
     if rows.is_empty() {
@@ -139,27 +111,7 @@ pub fn run(args: &SftArgs) -> Result<()> {
     }
     progress.finish();
 
-    let eos = tokenizer.eos_token_ids().to_vec();
-    let sampling = SamplingParams {
-        stop_token_ids: eos,
-        ..SamplingParams::default()
-    };
-    if args.overwrite {
-        remove_replaced_shards(&args.out)?;
-    }
-    save_model_dir(&policy, &tokenizer, &sampling, &args.out)?;
-    // Fine-tuning samples nothing: the loaded model's own generation settings (its sampling,
-    // bos, repetition penalty) stay, with the stop ids this tokenizer ends on.
-    if let Some(mut generation) = args
-        .model
-        .as_deref()
-        .map(GenerationConfig::from_dir)
-        .transpose()?
-        .flatten()
-    {
-        generation.eos_token_id = Some(TokenIds::Many(sampling.stop_token_ids.clone()));
-        generation.save_dir(&args.out)?;
-    }
+    save_tuned(&policy, &tokenizer, args)?;
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
     let k = losses.len().min(5);
     println!(
@@ -175,6 +127,40 @@ pub fn run(args: &SftArgs) -> Result<()> {
             "sft/loss_last": mean(&losses[losses.len() - k..]),
         })
     );
+    Ok(())
+}
+
+/// Conversations are cut at --max-tokens, or at the model's positions where those are fewer:
+/// a row longer than them has no rotary angle for its last tokens (said when so).
+fn cut_at_positions(args: &SftArgs, policy: &Model) -> usize {
+    let positions = usize::try_from(policy.net.max_positions()).unwrap_or(usize::MAX);
+    if positions < args.max_tokens {
+        eprintln!(
+            "skein: conversations are cut at the model's {positions} positions (below \
+             --max-tokens {})",
+            args.max_tokens
+        );
+    }
+    args.max_tokens.min(positions)
+}
+
+/// Writes the tuned model to --out (over the model there with --overwrite). Fine-tuning
+/// samples nothing: a loaded model's own generation settings (its sampling, bos, repetition
+/// penalty) stay, with the stop ids this tokenizer ends on.
+fn save_tuned(policy: &Model, tokenizer: &Tokenizer, args: &SftArgs) -> Result<()> {
+    let sampling = SamplingParams {
+        stop_token_ids: tokenizer.eos_token_ids().to_vec(),
+        ..SamplingParams::default()
+    };
+    if args.overwrite {
+        remove_replaced_shards(&args.out)?;
+    }
+    save_model_dir(policy, tokenizer, &sampling, &args.out)?;
+    let loaded = args.model.as_deref().map(GenerationConfig::from_dir);
+    if let Some(mut generation) = loaded.transpose()?.flatten() {
+        generation.eos_token_id = Some(TokenIds::Many(sampling.stop_token_ids));
+        generation.save_dir(&args.out)?;
+    }
     Ok(())
 }
 
@@ -293,6 +279,29 @@ enum Layout {
     /// A character-level model's plain form, as the trainer prompts it
     /// ([`plain_conversation_tokens`]).
     Plain { eos: u32 },
+}
+
+impl Layout {
+    /// The plain form for a character-level tokenizer (the trainer and `skein eval` give
+    /// such a model plain prompts, never its template: it is tuned on what it will be asked),
+    /// else the chat template of `model` (None: one built from scratch).
+    fn for_tokenizer(tokenizer: &Tokenizer, model: Option<&Path>) -> Result<Layout> {
+        if tokenizer.is_char_level() {
+            let eos = *tokenizer
+                .eos_token_ids()
+                .first()
+                .context("the character-level tokenizer has no end-of-sequence token")?;
+            return Ok(Layout::Plain { eos });
+        }
+        let template = tokenizer.chat_template()?.with_context(|| {
+            format!(
+                "{} has no chat template: assistant-only loss needs one to find the assistant \
+                 turns",
+                model.unwrap_or(Path::new("the model")).display()
+            )
+        })?;
+        Ok(Layout::Template(Box::new(template)))
+    }
 }
 
 /// Tokenizes every conversation, each cut at `max_tokens`; one with a message the tokenizer
@@ -494,14 +503,17 @@ fn masked_row(tokens: Vec<u32>, mask: Vec<u8>) -> Option<TrainRow> {
 mod tests {
     use super::*;
 
+    fn msg(role: &str, content: &str) -> ChatMessage {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+
     #[test]
     fn only_assistant_turns_are_trained() {
         let tok = Tokenizer::char_level("abcdefghijklmnopqrstuvwxyz ").unwrap();
         let template = tok.chat_template().unwrap().unwrap();
-        let msg = |role: &str, content: &str| ChatMessage {
-            role: role.into(),
-            content: content.into(),
-        };
         let conv = [
             msg("system", "be brief"),
             msg("user", "hi"),
@@ -539,10 +551,6 @@ mod tests {
     fn a_character_level_model_is_tuned_on_plain_prompts() {
         let tok = Tokenizer::char_level("0123456789+=\n").unwrap();
         let eos = tok.eos_token_ids()[0];
-        let msg = |role: &str, content: &str| ChatMessage {
-            role: role.into(),
-            content: content.into(),
-        };
         let conv = [
             msg("system", "1+1=2"),
             msg("user", "3+4="),

@@ -185,17 +185,7 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
                 sampling: &sampling,
                 direct_share: 0.0,
             };
-            if !cfg.model.path.is_empty() && cfg.sft.steps + cfg.sft.direct_steps > 0 {
-                // The warm-up's defaults suit a model built from scratch; a loaded model gets
-                // them too unless told otherwise, so say what it is about to go through.
-                let s = &cfg.sft;
-                eprintln!(
-                    "skein: warming up the loaded model first on the task's demonstrations: {} \
-                     supervised steps at lr {} and {} direct-answer steps at lr {} \
-                     (`sft.steps = 0` and `sft.direct_steps = 0` start RL from the model as it is)",
-                    s.steps, s.lr, s.direct_steps, s.direct_lr
-                );
-            }
+            announce_warm_up_of_loaded_model(cfg);
             warm_up(cfg, &policy, &mut demos, &mut log)?;
             lora_after_warm_up(cfg, &mut policy)?;
             publish_weights(&engine, &policy, &tokenizer, &sampling, &run_dir.path)?;
@@ -663,6 +653,21 @@ fn lora_after_warm_up(cfg: &TrainConfig, policy: &mut Model) -> Result<()> {
         policy.merge_adapters();
         Ok(())
     }
+}
+
+/// The warm-up's defaults suit a model built from scratch; a loaded model gets them too unless
+/// told otherwise, so it is told what it is about to go through.
+fn announce_warm_up_of_loaded_model(cfg: &TrainConfig) {
+    let s = &cfg.sft;
+    if cfg.model.path.is_empty() || s.steps + s.direct_steps == 0 {
+        return;
+    }
+    eprintln!(
+        "skein: warming up the loaded model first on the task's demonstrations: {} supervised \
+         steps at lr {} and {} direct-answer steps at lr {} (`sft.steps = 0` and \
+         `sft.direct_steps = 0` start RL from the model as it is)",
+        s.steps, s.lr, s.direct_steps, s.direct_lr
+    );
 }
 
 /// The supervised warm-up on the task's demonstrations: `sft.steps`, then the
