@@ -13,13 +13,16 @@ Rust side against Python.
 - `bpe-bytelevel/` is made here: a small byte-level BPE trained on a few sentences with a
   Qwen2-style split regex, and a ChatML template with tool support, so the parity check covers
   the regex features (lookahead, Unicode classes) and template features real checkpoints use.
+- `bpe-bos/` is made here too: the same BPE with a Llama-style post-processor that puts a BOS
+  before every text, and no chat template, as a base Llama, Mistral or Gemma checkpoint has.
 
 Run with the project venv (transformers, tokenizers):
     .venv/bin/python scripts/check_tokenizer_roundtrip.py
 
 expected.json:
-    cases: [{text, ids, decoded, decoded_skip_special}]
-    chats: [{messages, tools?, add_generation_prompt, text, ids}]
+    cases: [{text, ids, prompt_ids, decoded, decoded_skip_special}]
+        (ids: without special tokens; prompt_ids: `tokenizer(text)`, the post-processor's too)
+    chats: [{messages, tools?, add_generation_prompt, text, ids}] (none without a template)
     transformers_version, tokenizers_version
 """
 
@@ -28,7 +31,7 @@ import os
 
 import tokenizers
 import transformers
-from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -143,9 +146,9 @@ TOOL_CHAT = {
 }
 
 
-def byte_level_bpe(corpus, vocab_size):
+def byte_level_bpe(corpus, vocab_size, specials=SPECIALS):
     """A byte-level BPE tokenizer in Qwen2's layout (its split regex, then bytes), with
-    SPECIALS, trained on `corpus`."""
+    `specials`, trained on `corpus`."""
     tok = tokenizers.Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -156,7 +159,7 @@ def byte_level_bpe(corpus, vocab_size):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIALS,
+        special_tokens=specials,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -184,6 +187,25 @@ def build_bpe(out_dir):
     write_json(os.path.join(out_dir, "generation_config.json"), {"eos_token_id": [im_end, eot]}, indent=2)
 
 
+def build_bpe_bos(out_dir):
+    tok = byte_level_bpe(CORPUS * 3, 400, ["<unk>", "<s>", "</s>"])
+    bos = tok.token_to_id("<s>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
+    )
+    os.makedirs(out_dir, exist_ok=True)
+    tok.save(os.path.join(out_dir, "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "unk_token": "<unk>",
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": 4096,
+    }
+    write_json(os.path.join(out_dir, "tokenizer_config.json"), config, indent=2)
+
+
 def write_json(path, value, indent=None):
     with open(path, "w", encoding="utf-8") as f:
         json.dump(value, f, ensure_ascii=False, indent=indent)
@@ -198,10 +220,13 @@ def record(dir_name, chats):
     for text in TEXTS:
         ids = auto.encode(text, add_special_tokens=False)
         assert ids == fast.encode(text, add_special_tokens=False), (dir_name, text)
+        prompt_ids = auto(text)["input_ids"]
+        assert prompt_ids == fast(text)["input_ids"], (dir_name, text)
         cases.append(
             {
                 "text": text,
                 "ids": ids,
+                "prompt_ids": prompt_ids,
                 "decoded": auto.decode(ids, skip_special_tokens=False),
                 "decoded_skip_special": auto.decode(ids, skip_special_tokens=True),
             }
@@ -232,8 +257,10 @@ def record(dir_name, chats):
 
 def main():
     build_bpe(os.path.join(FIXTURES, "bpe-bytelevel"))
+    build_bpe_bos(os.path.join(FIXTURES, "bpe-bos"))
     record("char-level", CHATS)
     record("bpe-bytelevel", CHATS + [TOOL_CHAT])
+    record("bpe-bos", [])
 
 
 if __name__ == "__main__":

@@ -49,6 +49,8 @@ pub struct Tokenizer {
     eos_ids: Vec<u32>,
     pad_id: Option<u32>,
     bos_id: Option<u32>,
+    /// What the post-processor puts before a text (a BOS): see [`Tokenizer::start_ids`].
+    start_ids: Vec<u32>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -73,6 +75,8 @@ impl Tokenizer {
         let inner = tokenizers::Tokenizer::from_file(path)
             .map_err(tk_err)
             .with_context(|| format!("loading {}", path.display()))?;
+        let start_ids = leading_special_ids(&inner)
+            .with_context(|| format!("reading the post-processor of {}", path.display()))?;
         Ok(Self {
             inner,
             config: Map::new(),
@@ -80,6 +84,7 @@ impl Tokenizer {
             eos_ids: Vec::new(),
             pad_id: None,
             bos_id: None,
+            start_ids,
         })
     }
 
@@ -209,6 +214,7 @@ impl Tokenizer {
             eos_ids: Vec::new(),
             pad_id: None,
             bos_id: None,
+            start_ids: Vec::new(),
         };
         tok.eos_ids = tok.special_from_config("eos_token")?.into_iter().collect();
         tok.pad_id = tok.special_from_config("pad_token")?;
@@ -241,6 +247,23 @@ impl Tokenizer {
             .encode(text, add_special_tokens)
             .map_err(tk_err)?;
         Ok(encoding.get_ids().to_vec())
+    }
+
+    /// The special tokens this tokenizer's post-processor puts before a text, as transformers'
+    /// `tokenizer(text)` gives them: a BOS for Llama, Mistral or Gemma vocabularies, none for
+    /// Qwen's, SmolLM2's or the char-level one. A prompt given as plain text starts with them;
+    /// a chat template writes its own (`{{ bos_token }}`), so a rendered prompt does not.
+    /// What the post-processor puts after a text (an EOS) is never wanted before a response.
+    pub fn start_ids(&self) -> &[u32] {
+        &self.start_ids
+    }
+
+    /// Ids of a prompt given as plain text, not rendered through a chat template: the
+    /// [`Tokenizer::start_ids`], then the text's.
+    pub fn encode_plain_prompt(&self, text: &str) -> Result<Vec<u32>> {
+        let mut ids = self.start_ids.clone();
+        ids.extend(self.encode(text, false)?);
+        Ok(ids)
     }
 
     /// Ids of `text`, exactly as [`Tokenizer::encode`] gives them, and what in it the
@@ -407,6 +430,19 @@ impl Tokenizer {
     }
 }
 
+/// The ids the post-processor adds before a text: those it marks special at the front of a
+/// one-character text.
+fn leading_special_ids(inner: &tokenizers::Tokenizer) -> Result<Vec<u32>> {
+    let encoding = inner.encode("a", true).map_err(tk_err)?;
+    Ok(encoding
+        .get_ids()
+        .iter()
+        .zip(encoding.get_special_tokens_mask())
+        .take_while(|(_, &special)| special == 1)
+        .map(|(&id, _)| id)
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -426,16 +462,18 @@ mod tests {
         assert_eq!(tok.bos_token_id(), None);
     }
 
+    /// An `added_tokens` entry of tokenizer.json: a special token.
+    fn special(id: u32, content: &str) -> String {
+        format!(
+            r#"{{"id": {id}, "content": "{content}", "single_word": false, "lstrip": false,
+               "rstrip": false, "normalized": false, "special": true}}"#
+        )
+    }
+
     /// Where the tool-call tags are special tokens, a message keeps them (and so its calls);
     /// other special tokens, such as the stop token, are left out.
     #[test]
     fn a_message_keeps_tool_call_tags_marked_special() {
-        let special = |id: u32, content: &str| {
-            format!(
-                r#"{{"id": {id}, "content": "{content}", "single_word": false, "lstrip": false,
-                   "rstrip": false, "normalized": false, "special": true}}"#
-            )
-        };
         let json = format!(
             r#"{{"version": "1.0", "truncation": null, "padding": null,
             "added_tokens": [{}, {}, {}],
@@ -454,6 +492,46 @@ mod tests {
         assert_eq!(
             tok.decode_message(&[2, 1, 3, 4]).unwrap(),
             "<tool_call> x </tool_call>"
+        );
+    }
+
+    /// A Llama-style post-processor: a plain prompt starts with its BOS, as transformers'
+    /// `tokenizer(text)` gives it, and not with the EOS a post-processor may put after a text.
+    #[test]
+    fn a_plain_prompt_starts_with_what_the_post_processor_puts_first() {
+        let token = |name: &str| format!(r#"{{"SpecialToken": {{"id": "{name}", "type_id": 0}}}}"#);
+        let seq = r#"{"Sequence": {"id": "A", "type_id": 0}}"#;
+        let entry = |name: &str, id: u32| {
+            format!(r#""{name}": {{"id": "{name}", "ids": [{id}], "tokens": ["{name}"]}}"#)
+        };
+        let json = format!(
+            r#"{{"version": "1.0", "truncation": null, "padding": null,
+            "added_tokens": [{}, {}],
+            "normalizer": null, "pre_tokenizer": null, "decoder": null,
+            "post_processor": {{"type": "TemplateProcessing", "single": [{}, {seq}, {}],
+                "pair": [{seq}], "special_tokens": {{{}, {}}}}},
+            "model": {{"type": "WordLevel", "vocab": {{"<unk>": 0, "<s>": 1, "</s>": 2, "x": 3}},
+                      "unk_token": "<unk>"}}}}"#,
+            special(1, "<s>"),
+            special(2, "</s>"),
+            token("<s>"),
+            token("</s>"),
+            entry("<s>", 1),
+            entry("</s>", 2),
+        );
+        let path = std::env::temp_dir().join(format!("skein-bos-{}.json", std::process::id()));
+        std::fs::write(&path, json).unwrap();
+        let tok = Tokenizer::from_file(&path).unwrap();
+        std::fs::remove_file(&path).ok();
+        assert_eq!(tok.encode("x", true).unwrap(), [1, 3, 2]);
+        assert_eq!(tok.start_ids(), [1]);
+        assert_eq!(tok.encode_plain_prompt("x").unwrap(), [1, 3]);
+        assert_eq!(tok.encode_plain_prompt("<s>x").unwrap(), [1, 1, 3]);
+        let plain = Tokenizer::char_level("x").unwrap();
+        assert!(plain.start_ids().is_empty());
+        assert_eq!(
+            plain.encode_plain_prompt("x").unwrap(),
+            plain.encode("x", false).unwrap()
         );
     }
 

@@ -27,6 +27,8 @@ struct Expected {
 struct Case {
     text: String,
     ids: Vec<u32>,
+    /// transformers' `tokenizer(text)`: with what the post-processor adds (a BOS).
+    prompt_ids: Vec<u32>,
     decoded: String,
     decoded_skip_special: String,
 }
@@ -50,18 +52,27 @@ fn fixture(name: &str) -> PathBuf {
 fn check_against_python(dir: &Path) {
     let expected: Expected =
         serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
-    assert!(!expected.cases.is_empty() && !expected.chats.is_empty());
+    assert!(!expected.cases.is_empty());
     let tok = Tokenizer::from_dir(dir).unwrap();
     for case in &expected.cases {
         let ids = tok.encode(&case.text, false).unwrap();
         assert_eq!(ids, case.ids, "encoding {:?}", case.text);
+        let prompt = tok.encode_plain_prompt(&case.text).unwrap();
+        assert_eq!(prompt, case.prompt_ids, "a plain prompt {:?}", case.text);
         assert_eq!(tok.decode(&ids, false).unwrap(), case.decoded);
         assert_eq!(tok.decode(&ids, true).unwrap(), case.decoded_skip_special);
     }
-    let template = tok
-        .chat_template()
-        .unwrap()
-        .expect("fixture has a template");
+    let Some(template) = tok.chat_template().unwrap() else {
+        assert!(
+            expected.chats.is_empty(),
+            "chats recorded without a template"
+        );
+        return;
+    };
+    assert!(
+        !expected.chats.is_empty(),
+        "a template with no chat recorded"
+    );
     for chat in &expected.chats {
         let text = template
             .render(
@@ -101,6 +112,18 @@ fn byte_level_bpe_matches_transformers() {
     // A small BPE trained by the script with a Qwen2-style split regex (lookahead, \p{L}),
     // byte-level pieces and a ChatML template with tools: the shape of real checkpoints.
     check_against_python(&fixture("bpe-bytelevel"));
+}
+
+/// A base Llama's shape: the post-processor puts a BOS before every text, and there is no
+/// chat template, so a plain prompt starts with the BOS as transformers gives it.
+#[test]
+fn a_bos_first_bpe_matches_transformers() {
+    let dir = fixture("bpe-bos");
+    check_against_python(&dir);
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    let bos = tok.token_to_id("<s>").unwrap();
+    assert_eq!(tok.start_ids(), [bos]);
+    assert_eq!(tok.bos_token_id(), Some(bos));
 }
 
 #[test]
