@@ -36,4 +36,10 @@ pub trait Task: Send + Sync {
     fn problem_count(&self) -> Option<u64> {
         None
     }
+    /// The prompts are text a chat template rendered, which writes the model's start tokens
+    /// itself; otherwise they are plain text, which the tokenizer's start tokens (a BOS) go
+    /// before.
+    fn prompt_is_rendered(&self) -> bool {
+        false
+    }
 }

@@ -106,7 +106,7 @@ fn evaluate(
             problems.len()
         );
     }
-    let batch = prompt_batch(problems, &tokenizer)?;
+    let batch = prompt_batch(problems, &tokenizer, task.as_ref())?;
     // The run's reward sources, as its evaluations had them (their `task` scorer is the
     // task these problems come from).
     let rewarder = match &cfg.reward {
@@ -362,7 +362,8 @@ fn problems(args: &EvalArgs, cfg: &TrainConfig, tokenizer: &Tokenizer) -> Result
         // (without the prompts training also has, each once).
         let data = Data::load(cfg)?;
         let problems: Vec<_> = data.val.into_iter().take(n).collect();
-        let task = DatasetTask::new("eval".into(), problems.clone(), "", &cfg.data);
+        let rendered = data.train.prompt_is_rendered();
+        let task = DatasetTask::new("eval".into(), problems.clone(), "", &cfg.data, rendered);
         return Ok(EvalSet {
             scorer: Box::new(task.clone()),
             task: Box::new(task),
@@ -414,7 +415,8 @@ fn dataset_rows(
 ) -> Result<EvalSet> {
     let renderer = Renderer::for_config(cfg)?;
     let (problems, read) = read_split(&cfg.data, files, "val", &renderer)?;
-    let (mut problems, fitted) = fit_split(problems, tokenizer, &cfg.data, "val")?;
+    let start = renderer.start_ids(tokenizer).len();
+    let (mut problems, fitted) = fit_split(problems, tokenizer, &cfg.data, "val", start)?;
     if read.skipped_rows + fitted.filtered_prompts + fitted.truncated_prompts > 0 {
         eprintln!(
             "skein: {} bad rows skipped, {} prompts filtered, {} truncated",
@@ -424,7 +426,8 @@ fn dataset_rows(
     if let Some(n) = limit {
         problems.truncate(n);
     }
-    let task = DatasetTask::new("eval".into(), problems.clone(), "", &cfg.data);
+    let rendered = renderer.is_template();
+    let task = DatasetTask::new("eval".into(), problems.clone(), "", &cfg.data, rendered);
     Ok(EvalSet {
         scorer: Box::new(task.clone()),
         task: Box::new(task),

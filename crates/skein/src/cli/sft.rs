@@ -480,7 +480,7 @@ pub fn plain_conversation_tokens(
         .iter()
         .map(|m| m.content.as_str())
         .collect();
-    let mut tokens = tokenizer.encode(&prompt.join("\n"), false)?;
+    let mut tokens = tokenizer.encode_plain_prompt(&prompt.join("\n"))?;
     let mut mask = vec![0u8; tokens.len()];
     let mut reply = tokenizer.encode(&messages[last].content, false)?;
     reply.push(eos);

@@ -129,9 +129,10 @@ impl Data {
         } else {
             Tokenizer::from_dir(&cfg.model.path)?
         };
-        let (train, c) = fit_split(train, &tokenizer, &cfg.data, "train")?;
+        let start = renderer.start_ids(&tokenizer).len();
+        let (train, c) = fit_split(train, &tokenizer, &cfg.data, "train", start)?;
         counts.add(c);
-        let (val, c) = fit_split(val, &tokenizer, &cfg.data, "val")?;
+        let (val, c) = fit_split(val, &tokenizer, &cfg.data, "val", start)?;
         counts.add(c);
         if train.is_empty() {
             bail!(
@@ -174,7 +175,7 @@ impl Data {
             counts.truncated_prompts
         );
         let name = format!("dataset {}", cfg.data.train_files.join(", "));
-        let train = DatasetTask::new(name, train, &alphabet, &cfg.data);
+        let train = DatasetTask::new(name, train, &alphabet, &cfg.data, renderer.is_template());
         Ok(Data { train, val, counts })
     }
 
@@ -190,7 +191,7 @@ impl Data {
         } else {
             self.val.iter().take(n).cloned().collect()
         };
-        prompt_batch(problems, tokenizer)
+        prompt_batch(problems, tokenizer, &self.train)
     }
 }
 
@@ -199,11 +200,26 @@ pub fn eval_seed(run_seed: u64) -> u64 {
     run_seed ^ 0x5eed_e7a1
 }
 
-/// Tokenizes problems into a batch for the engine.
-pub fn prompt_batch(problems: Vec<Problem>, tokenizer: &Tokenizer) -> Result<PromptBatch> {
+/// A prompt of `task` as token ids: a chat template's rendering as it is (the template writes
+/// its own start tokens), plain text after the tokenizer's start tokens (a BOS), as
+/// transformers gives each.
+pub fn prompt_ids(tokenizer: &Tokenizer, task: &dyn Task, prompt: &str) -> Result<Vec<u32>> {
+    if task.prompt_is_rendered() {
+        tokenizer.encode(prompt, false)
+    } else {
+        tokenizer.encode_plain_prompt(prompt)
+    }
+}
+
+/// Tokenizes problems of `task` into a batch for the engine.
+pub fn prompt_batch(
+    problems: Vec<Problem>,
+    tokenizer: &Tokenizer,
+    task: &dyn Task,
+) -> Result<PromptBatch> {
     let prompt_ids = problems
         .iter()
-        .map(|p| tokenizer.encode(&p.prompt, false))
+        .map(|p| prompt_ids(tokenizer, task, &p.prompt))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(PromptBatch {
         problems,
@@ -231,6 +247,20 @@ impl Renderer {
             return Ok(Renderer(None));
         }
         Ok(Renderer(tokenizer.chat_template()?))
+    }
+
+    /// Whether prompts go through a chat template, which writes the start tokens itself.
+    pub fn is_template(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// The tokens put before each rendered prompt's text: the tokenizer's start ids for plain
+    /// text, none after a template.
+    pub fn start_ids<'a>(&self, tokenizer: &'a Tokenizer) -> &'a [u32] {
+        match self.0 {
+            Some(_) => &[],
+            None => tokenizer.start_ids(),
+        }
     }
 
     pub fn render(&self, messages: &[skein_data::ChatMessage]) -> Result<String> {
@@ -319,14 +349,24 @@ fn problem(row: PromptRow, renderer: &Renderer) -> Result<Problem> {
 /// else is a bad row).
 ///
 /// A prompt of no token at all (an empty text without a chat template) is a bad row: nothing
-/// would predict its first response token.
+/// would predict its first response token. The `start` tokens put before each prompt's text
+/// (`Renderer::start_ids`) count against the limit; truncation cuts the text only.
 pub fn fit_split(
     problems: Vec<(RowPlace, Problem)>,
     tokenizer: &Tokenizer,
     cfg: &DataConfig,
     split: &str,
+    start: usize,
 ) -> Result<(Vec<Problem>, DataCounts)> {
-    let (max, truncation) = (cfg.max_prompt_tokens, cfg.truncation);
+    let truncation = cfg.truncation;
+    let max = match cfg.max_prompt_tokens {
+        0 => 0,
+        limit if limit <= start => bail!(
+            "invalid value for `data.max_prompt_tokens`: {limit} leaves no room for a prompt \
+             after the tokenizer's {start} start tokens; raise it (0: no limit)"
+        ),
+        limit => limit - start,
+    };
     let mut counts = DataCounts::default();
     let mut unknown = UnknownRows::default();
     let mut kept = Vec::with_capacity(problems.len());
@@ -352,9 +392,10 @@ pub fn fit_split(
             Fit::Keep => kept.push(p),
             Fit::Drop => counts.filtered_prompts += 1,
             Fit::TooLong => bail!(
-                "{place}: the prompt has {} tokens, over `data.max_prompt_tokens` = {max} \
+                "{place}: the prompt has {} tokens, over `data.max_prompt_tokens` = {} \
                  (set `data.truncation` to `filter`, `left` or `right`, or raise the limit)",
-                ids.len()
+                ids.len() + start,
+                max + start
             ),
             Fit::Cut(range) => {
                 p.prompt = cut_to_fit(tokenizer, &ids, range, max)?;
@@ -478,10 +519,18 @@ struct Inner {
     /// `Task::alphabet` is `'static`: the one alphabet of a run's dataset is leaked once.
     alphabet: &'static str,
     max_response_chars: usize,
+    rendered: bool,
 }
 
 impl DatasetTask {
-    pub fn new(name: String, problems: Vec<Problem>, alphabet: &str, cfg: &DataConfig) -> Self {
+    /// `rendered`: the prompts went through a chat template (`Task::prompt_is_rendered`).
+    pub fn new(
+        name: String,
+        problems: Vec<Problem>,
+        alphabet: &str,
+        cfg: &DataConfig,
+        rendered: bool,
+    ) -> Self {
         let sampler = Sampler::new(problems.len(), cfg.seed, cfg.shuffle);
         let max_response_chars = problems
             .iter()
@@ -495,6 +544,7 @@ impl DatasetTask {
                 sampler: Mutex::new(sampler),
                 alphabet: Box::leak(alphabet.to_string().into_boxed_str()),
                 max_response_chars,
+                rendered,
             }),
         }
     }
@@ -551,6 +601,10 @@ impl Task for DatasetTask {
     fn max_response_chars(&self) -> usize {
         self.inner.max_response_chars
     }
+
+    fn prompt_is_rendered(&self) -> bool {
+        self.inner.rendered
+    }
 }
 
 /// Math answer equivalence: the response's `\boxed{}` or `####` answer, or the whole response
@@ -600,7 +654,7 @@ mod tests {
             })
             .collect();
         let cfg = DataConfig::default();
-        let task = DatasetTask::new("d".into(), problems, "0123456789+=", &cfg);
+        let task = DatasetTask::new("d".into(), problems, "0123456789+=", &cfg, false);
         let mut rng = TaskRng::new(0);
         let first: Vec<_> = (0..5).map(|_| task.sample(&mut rng).ground_truth).collect();
         let mut sorted = first.clone();
@@ -638,12 +692,75 @@ mod tests {
             .collect()
     }
 
+    /// A base Llama's tokenizer: its post-processor puts a BOS before every text, and it has
+    /// no chat template.
+    fn bos_first_tokenizer() -> Tokenizer {
+        let dir =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../skein-text/tests/fixtures/bpe-bos");
+        Tokenizer::from_dir(dir).unwrap()
+    }
+
+    /// Plain prompts start with the BOS, as transformers' `tokenizer(prompt)` gives them; a
+    /// template's rendering is left as it is, since the template writes its own.
+    #[test]
+    fn a_plain_prompt_starts_with_the_tokenizers_bos_and_a_rendered_one_does_not() {
+        let tok = bos_first_tokenizer();
+        let bos = tok.bos_token_id().unwrap();
+        let text = tok.encode("12+30=", false).unwrap();
+        let cfg = DataConfig::default();
+        for rendered in [false, true] {
+            let task = DatasetTask::new("d".into(), vec![problem("12+30=")], "", &cfg, rendered);
+            let batch = prompt_batch(vec![problem("12+30=")], &tok, &task).unwrap();
+            let want: Vec<u32> = match rendered {
+                false => std::iter::once(bos).chain(text.clone()).collect(),
+                true => text.clone(),
+            };
+            assert_eq!(batch.prompt_ids, [want], "rendered: {rendered}");
+        }
+        let builtin = skein_tasks::task_by_name("arithmetic", 1).unwrap();
+        assert_eq!(
+            prompt_ids(&tok, builtin.as_ref(), "12+30=").unwrap()[0],
+            bos,
+            "a built-in task's prompts are plain text"
+        );
+    }
+
+    /// The BOS counts against `data.max_prompt_tokens`: truncation leaves room for it.
+    #[test]
+    fn the_start_token_counts_against_the_prompt_limit() {
+        let tok = bos_first_tokenizer();
+        let long = "12+30=42 and 7*6";
+        let len = tok.encode(long, false).unwrap().len();
+        let cfg = DataConfig {
+            max_prompt_tokens: len,
+            truncation: skein_data::Truncation::Left,
+            ..DataConfig::default()
+        };
+        let (kept, counts) =
+            fit_split(placed(vec![problem(long)]), &tok, &cfg, "train", 1).unwrap();
+        assert_eq!(counts.truncated_prompts, 1);
+        let task = DatasetTask::new("d".into(), kept.clone(), "", &cfg, false);
+        let batch = prompt_batch(kept, &tok, &task).unwrap();
+        assert!(batch.prompt_ids[0].len() <= len, "{:?}", batch.prompt_ids);
+        let (_, counts) = fit_split(placed(vec![problem(long)]), &tok, &cfg, "train", 0).unwrap();
+        assert_eq!(counts.truncated_prompts, 0, "the text alone fits");
+        let tiny = DataConfig {
+            max_prompt_tokens: 1,
+            ..cfg
+        };
+        let err = fit_split(placed(vec![problem(long)]), &tok, &tiny, "train", 1).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("data.max_prompt_tokens"),
+            "{err:#}"
+        );
+    }
+
     #[test]
     fn prompts_with_unknown_characters_are_counted_and_one_without_known_ones_is_a_bad_row() {
         let tok = Tokenizer::char_level("0123456789+=").unwrap();
         let mut cfg = DataConfig::default();
         let prompts = ["1+1=", "1+é=", "2€+2=", "1+2="].map(problem).to_vec();
-        let (kept, counts) = fit_split(placed(prompts.clone()), &tok, &cfg, "train").unwrap();
+        let (kept, counts) = fit_split(placed(prompts.clone()), &tok, &cfg, "train", 0).unwrap();
         assert_eq!(kept.len(), 4, "text is kept as it is");
         assert_eq!(counts.unknown_char_prompts, 2);
         assert_eq!(counts.skipped_rows, 0);
@@ -652,7 +769,7 @@ mod tests {
 
         let mut bad = prompts;
         bad.insert(2, problem(" éé "));
-        let err = fit_split(placed(bad.clone()), &tok, &cfg, "train").unwrap_err();
+        let err = fit_split(placed(bad.clone()), &tok, &cfg, "train", 0).unwrap_err();
         let err = format!("{err:#}");
         assert!(
             err.contains("d.jsonl, row 3") && err.contains("'é'"),
@@ -661,7 +778,7 @@ mod tests {
         assert!(err.contains("data.skip_bad_rows"), "{err}");
 
         cfg.skip_bad_rows = true;
-        let (kept, counts) = fit_split(placed(bad), &tok, &cfg, "train").unwrap();
+        let (kept, counts) = fit_split(placed(bad), &tok, &cfg, "train", 0).unwrap();
         assert_eq!(kept.len(), 4);
         assert_eq!((counts.skipped_rows, counts.unknown_char_prompts), (1, 2));
     }

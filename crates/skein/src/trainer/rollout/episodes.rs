@@ -272,13 +272,16 @@ pub struct EpisodeSpec {
 }
 
 impl AgentContext<'_> {
-    /// The first prompt's token ids, from its text.
+    /// The first prompt's token ids, from its text: plain text after the tokenizer's start
+    /// tokens (a BOS), or the chat template's rendering, which writes its own.
     pub fn prompt_ids(&self, prompt: &str) -> Result<Vec<u32>> {
-        let text = match self.format {
-            TurnFormat::Plain => prompt.to_string(),
-            TurnFormat::Chat(t) => t.render(&[Message::user(prompt)], None, true)?,
-        };
-        self.tokenizer.encode(&text, false)
+        match self.format {
+            TurnFormat::Plain => self.tokenizer.encode_plain_prompt(prompt),
+            TurnFormat::Chat(t) => {
+                let text = t.render(&[Message::user(prompt)], None, true)?;
+                self.tokenizer.encode(&text, false)
+            }
+        }
     }
 
     /// Runs every episode to its end with the policy at `version`, the episodes on `runtime`:

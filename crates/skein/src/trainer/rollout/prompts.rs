@@ -5,7 +5,7 @@
 //! held-out prompts, demonstrations and the reward sources — so external agents reuse it.
 
 use super::buffer::{GroupBuffer, IterationConfig};
-use super::dataset::{eval_seed, prompt_batch, rewarder, Data};
+use super::dataset::{eval_seed, prompt_batch, prompt_ids, rewarder, Data};
 use super::dynamic::{DrawStats, DynamicSampling};
 use super::judge::{answer_prompts, Answering, PromptBatch};
 use super::stats::{SourceStats, StepRollout};
@@ -80,7 +80,7 @@ impl PromptTask {
                     seed,
                     |r| task.sample(r),
                 )?;
-                (prompt_batch(problems, tokenizer)?, split)
+                (prompt_batch(problems, tokenizer, task.as_ref())?, split)
             }
         };
         let longest_prompt = match &data {
@@ -90,7 +90,7 @@ impl PromptTask {
                 let draws = (0..PROMPT_PROBE_DRAWS)
                     .map(|_| task.sample(&mut rng))
                     .collect();
-                let probe = prompt_batch(draws, tokenizer)?;
+                let probe = prompt_batch(draws, tokenizer, task.as_ref())?;
                 eval.prompt_ids
                     .iter()
                     .chain(&probe.prompt_ids)
@@ -163,10 +163,8 @@ impl PromptTask {
         let demo = self.task.demonstration(&problem, teacher);
         let mut response = tokenizer.encode(&demo, false)?;
         response.push(eos);
-        Ok(sft_row(
-            &tokenizer.encode(&problem.prompt, false)?,
-            &response,
-        ))
+        let prompt = prompt_ids(tokenizer, self.task.as_ref(), &problem.prompt)?;
+        Ok(sft_row(&prompt, &response))
     }
 
     /// The next training problem.
@@ -230,7 +228,7 @@ impl Workload for Prompts {
         let train = split.then_some(Split::Train);
         let mut next_prompt = || -> Result<_> {
             let problem = draw(task.name(), train, rng, |r| task.sample(r))?;
-            let ids = ctx.tokenizer.encode(&problem.prompt, false)?;
+            let ids = prompt_ids(ctx.tokenizer, task.as_ref(), &problem.prompt)?;
             Ok((problem, ids))
         };
         let answering = Answering {
