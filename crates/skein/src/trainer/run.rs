@@ -82,6 +82,7 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
     // A resumed run goes on with its checkpoint's streaks.
     let mut skips = SkipStreak {
         streak: t.streaks.skipped_updates,
+        longest: 0,
     };
     let mut untrained = UntrainedSteps::resumed(t.streaks.untrained_steps);
     let mut interrupted = false;
@@ -162,8 +163,8 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
             t.save_checkpoint(step)?;
         }
         progress.update(step as u64, &shown);
-        if skips.streak >= cfg.trainer.max_consecutive_skips {
-            stop_for_skips(&t, step, skips.streak)?;
+        if skips.longest >= cfg.trainer.max_consecutive_skips {
+            stop_for_skips(&t, step, skips.longest)?;
         }
         untrained.check(step)?;
         if interrupted {
@@ -176,16 +177,15 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
 
 /// Updates skipped for a NaN or infinite loss or gradient.
 struct SkipStreak {
-    /// Consecutive policy updates skipped (a step with an applied one resets it).
+    /// Consecutive policy updates skipped, in the order they ran, the last one included.
     streak: usize,
+    /// The longest run of consecutive skips the last step's update held.
+    longest: usize,
 }
 
 impl SkipStreak {
     fn count(&mut self, step: usize, policy: &UpdateStats, critic: Option<&CriticStats>) {
-        if policy.optimizer_steps > 0 {
-            self.streak = 0;
-        }
-        self.streak += policy.skipped_updates;
+        (self.longest, self.streak) = policy.skip_runs.continue_streak(self.streak);
         let skipped = policy.skipped_updates + critic.map_or(0, |c| c.skipped_updates);
         if skipped > 0 {
             eprintln!(

@@ -72,9 +72,55 @@ pub struct UpdateStats {
     pub computed_tokens: usize,
     /// Mini-batches whose loss or gradient was NaN or infinite: not applied.
     pub skipped_updates: usize,
+    /// Where the skipped mini-batches fell among the applied ones.
+    pub skip_runs: SkipRuns,
     /// Seconds ranks spent waiting for the slowest one at the all-reduce: per mini-batch the
     /// slowest rank's compute time minus the fastest's (the cost of imbalance), summed.
     pub rank_wait_s: f64,
+}
+
+/// Where an update's skipped optimizer steps fell among its applied ones, in order: what a run
+/// of skips across updates needs (`trainer.max_consecutive_skips`), which the counts alone
+/// do not say.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct SkipRuns {
+    /// Skips before the first applied step (all of them when none was applied).
+    leading: usize,
+    /// Skips after the last applied step.
+    trailing: usize,
+    /// The longest run of skips after an applied step.
+    longest_after_applied: usize,
+    applied: bool,
+}
+
+impl SkipRuns {
+    /// The next optimizer step, applied or skipped.
+    pub fn record(&mut self, applied: bool) {
+        match (applied, self.applied) {
+            (true, _) => {
+                self.applied = true;
+                self.trailing = 0;
+            }
+            (false, false) => self.leading += 1,
+            (false, true) => {
+                self.trailing += 1;
+                self.longest_after_applied = self.longest_after_applied.max(self.trailing);
+            }
+        }
+    }
+
+    /// The run of skips carried in (`streak`, from the updates before) continued through this
+    /// update: the longest run it holds, and the run it leaves to the next.
+    pub fn continue_streak(&self, streak: usize) -> (usize, usize) {
+        if self.applied {
+            (
+                (streak + self.leading).max(self.longest_after_applied),
+                self.trailing,
+            )
+        } else {
+            (streak + self.leading, streak + self.leading)
+        }
+    }
 }
 
 impl UpdateStats {
@@ -184,6 +230,7 @@ pub fn ppo_update<R: Ranks<Model>>(
                     drift.add(s);
                 }
             }
+            stats.skip_runs.record(step.is_some());
             match step {
                 Some(step) => {
                     grad_norm += step.grad_norm;
@@ -606,6 +653,36 @@ mod tests {
 
     /// A critic mini-batch whose loss is not finite changes nothing and is counted, as the
     /// policy's are; a finite one is applied.
+    /// A run of skips is counted in order, across updates: the skips before an applied step
+    /// end the run carried in, the ones after it start the next.
+    #[test]
+    fn skips_are_counted_in_the_order_they_fell() {
+        let runs = |outcomes: &[bool]| {
+            let mut r = SkipRuns::default();
+            outcomes.iter().for_each(|&applied| r.record(applied));
+            r
+        };
+        // Three skips, then an applied step: a run of 3, and none carried on.
+        assert_eq!(
+            runs(&[false, false, false, true]).continue_streak(0),
+            (3, 0)
+        );
+        // One skip before an applied step ends a run of 2 carried in at 3.
+        assert_eq!(runs(&[false, true]).continue_streak(2), (3, 0));
+        // Two skips after an applied step carry on, and the next update's first skip makes 3.
+        let (_, carried) = runs(&[true, false, false]).continue_streak(5);
+        assert_eq!(carried, 2);
+        assert_eq!(runs(&[false, true]).continue_streak(carried), (3, 0));
+        // A run in the middle counts on its own.
+        assert_eq!(
+            runs(&[true, false, false, true, false]).continue_streak(1),
+            (2, 1)
+        );
+        // Nothing applied: the whole update adds to the run.
+        assert_eq!(runs(&[false, false]).continue_streak(1), (3, 3));
+        assert_eq!(runs(&[true, true]).continue_streak(4), (4, 0));
+    }
+
     #[test]
     fn a_non_finite_critic_loss_is_skipped_and_counted() {
         let cfg = ModelConfig::tiny_qwen2(16, 32, 1, 2, 2, 64, 32);
