@@ -537,9 +537,9 @@ fn validate_algorithm(cfg: &TrainConfig, v: &mut Validator) {
         a.value_clip,
     )
     .check(
-        a.critic_lr > 0.0,
+        a.critic_lr > 0.0 && a.critic_lr.is_finite(),
         "algorithm.critic_lr",
-        "must be > 0",
+        "must be a finite number > 0",
         a.critic_lr,
     )
     .check(
@@ -609,7 +609,7 @@ fn validate_trainer(cfg: &TrainConfig, v: &mut Validator) {
         .check(
             o.lr > 0.0 && o.lr.is_finite(),
             "optim.lr",
-            "must be > 0",
+            "must be a finite number > 0",
             o.lr,
         )
         .at_least("optim.grad_clip", o.grad_clip, 0.0)
@@ -1169,6 +1169,11 @@ mod tests {
             (
                 &["algorithm.estimator=\"gae\"", "algorithm.value_clip=inf"],
                 "`algorithm.value_clip`",
+            ),
+            // A critic stepped by infinity fails every later update without naming the key.
+            (
+                &["algorithm.estimator=\"gae\"", "algorithm.critic_lr=inf"],
+                "`algorithm.critic_lr`",
             ),
             (
                 &["task.name=\"guess\"", "agent.env_timeout_s=1e20"],
