@@ -262,6 +262,28 @@ fn a_resume_refuses_fewer_steps_and_reports_missing_records() {
     let (code, err) = skein_train(&dir, &resume, &["trainer.steps=3"]);
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("were removed since"), "{err}");
+    assert!(
+        !err.contains("stretches"),
+        "a constant rate has no schedule to stretch: {err}"
+    );
+}
+
+/// Going further than planned under a cosine schedule restarts its decay part way: the
+/// resume says so, with both rates, before its first step.
+#[test]
+fn a_resume_past_the_plan_names_the_learning_rate_it_jumps_to() {
+    let dir = workdir("resume-cosine");
+    let cosine = ["optim.schedule=\"cosine\"", "optim.min_lr_ratio=0.1"];
+    let (code, err) = skein_train(&dir, &[], &cosine);
+    assert_eq!(code, 0, "{err}");
+    let resume = ["--resume", dir.to_str().unwrap()];
+    let (code, err) = skein_train(&dir, &resume, &["trainer.steps=4"]);
+    assert_eq!(code, 0, "{err}");
+    // Step 3 of 2 is past the end (0.1 × lr); of 4, half way down (0.55 × lr).
+    assert!(
+        err.contains("`trainer.steps` goes from 2 to 4") && err.contains("(5.50×"),
+        "{err}"
+    );
 }
 
 #[test]

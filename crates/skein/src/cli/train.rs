@@ -22,6 +22,7 @@ pub fn run(
     let mut cfg = load_config(config.as_deref(), &overrides)?;
     if let Some(dir) = &resume {
         check_fixed_on_resume(dir, &cfg)?;
+        warn_of_a_stretched_schedule(dir, &cfg)?;
     }
     if print_config {
         print!("{}", skein_config::render_documented(&cfg, PER_LOSS_KEYS));
@@ -104,6 +105,35 @@ fn check_fixed_on_resume(dir: &std::path::Path, cfg: &crate::trainer::TrainConfi
                 b.get(key).unwrap_or(&serde_json::Value::Null)
             );
         }
+    }
+    Ok(())
+}
+
+/// A resume that changes `trainer.steps` changes the length of a decaying learning-rate
+/// schedule: the next step's rate is read off the new curve, which can be several times the
+/// last one (a cosine run extended after its end starts again from half way). Said before
+/// the run starts, with both rates, so a jump in the curves has its cause on record.
+fn warn_of_a_stretched_schedule(
+    dir: &std::path::Path,
+    cfg: &crate::trainer::TrainConfig,
+) -> Result<()> {
+    let Ok(saved) = load_config(Some(&dir.join("config.toml")), &[]) else {
+        return Ok(());
+    };
+    let Some((done, _)) = crate::trainer::checkpoint::latest(dir)? else {
+        return Ok(());
+    };
+    let (planned, now) = (saved.trainer.steps, cfg.trainer.steps);
+    // lr_at counts steps from 0: the next step after checkpoint-N is step N.
+    let (was, will) = (cfg.optim.lr_at(done, planned), cfg.optim.lr_at(done, now));
+    if planned != now && (will - was).abs() > 0.01 * was {
+        eprintln!(
+            "skein: warning: `trainer.steps` goes from {planned} to {now}, which stretches the \
+             learning-rate schedule: step {} runs at {will:.3e} on the new curve, against \
+             {was:.3e} on the old one ({:.2}×; `optim.schedule`, `optim.min_lr_ratio`)",
+            done + 1,
+            will / was
+        );
     }
     Ok(())
 }
