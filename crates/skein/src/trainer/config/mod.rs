@@ -298,7 +298,8 @@ pub struct SftConfig {
     /// that stage draws a set of its own (its demonstrations answer differently), so the
     /// warm-up has twice as many.
     pub demonstrations: usize,
-    /// AdamW's decoupled weight decay in the warm-up.
+    /// AdamW's decoupled weight decay in the warm-up, on every trainable tensor (norm gains
+    /// and biases too, as `optim.weight_decay`).
     pub weight_decay: f64,
     /// Evaluate held-out greedy accuracy every N warm-up steps, and at the end of a stage that
     /// another follows (`sft/eval_accuracy`; the warm-up's end is the evaluation before RL;

@@ -20,6 +20,8 @@ pub enum Schedule {
 #[serde(default, deny_unknown_fields)]
 pub struct OptimConfig {
     pub lr: f64,
+    /// AdamW's decoupled weight decay, on every trainable tensor: norm gains and biases too,
+    /// where transformers' Trainer leaves them out (with LoRA only the adapters train).
     pub weight_decay: f64,
     pub beta1: f64,
     pub beta2: f64,
