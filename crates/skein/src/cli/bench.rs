@@ -4,7 +4,7 @@
 //! Its subcommands ([`BenchWhat`]: `rewards`, `train-tokens`, `memory`) are benches of their own
 //! files, dispatched from here; `bench_args.rs` holds what they share.
 
-use super::bench_args::{at_least_one, synchronize, ModelShape, Placement};
+use super::bench_args::{at_least_one, median, synchronize, ModelShape, Placement};
 use super::bench_memory::{self, MemoryBenchArgs};
 use super::bench_rewards::{self, RewardBenchArgs};
 use super::bench_tokens::{self, TokenBenchArgs};
@@ -438,9 +438,4 @@ fn decode_to(model: &Model, a: &BenchArgs, seed: usize, max_new: usize) -> Engin
             .collect()
     };
     engine.generate(model, 0, requests(seed), |_| {})
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }

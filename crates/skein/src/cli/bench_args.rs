@@ -1,11 +1,23 @@
 //! What the benches share: the shape of their random model ([`ModelShape`]), where and in
 //! which precision it runs ([`Placement`]), the check that a count is at least 1
-//! ([`at_least_one`]), and the refusal of a `--set` the command would overwrite
-//! ([`refuse_owned_keys`]).
+//! ([`at_least_one`]), the refusal of a `--set` the command would overwrite
+//! ([`refuse_owned_keys`]), and the median of timed runs ([`median`]).
 
 use crate::model::{Dtype, LoraConfig, Model, ModelConfig, ModelOptions};
 use anyhow::Result;
 use tch::Device;
+
+/// The median of timed runs: with an even count, the mean of the middle two, as Python's
+/// `statistics.median` takes it, so the ratio against a Python reference compares the same
+/// statistic. NaN for none.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
 
 /// Errors naming the first flag whose value is 0.
 pub fn at_least_one(flags: &[(&str, usize)]) -> Result<()> {
@@ -198,5 +210,20 @@ impl Placement {
 pub fn synchronize(device: Device) {
     if let Device::Cuda(n) = device {
         tch::Cuda::synchronize(n as i64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    /// An even count takes the mean of the middle two, as the Python references do: the
+    /// upper one made `--iters 2` report skein's slower step against eager's mean.
+    #[test]
+    fn the_median_of_an_even_count_is_the_mean_of_the_middle_two() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0]), 2.5);
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert!(median(Vec::new()).is_nan());
     }
 }

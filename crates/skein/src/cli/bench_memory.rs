@@ -11,7 +11,7 @@
 //! its peak), read from the driver ([`crate::gpu_memory`]), and the start is that once CUDA is
 //! up, before the model. Each setup fixes its own dtype, so the bench has no `--dtype`.
 
-use super::bench_args::{at_least_one, synchronize};
+use super::bench_args::{at_least_one, median, synchronize};
 use crate::model::{Dtype, LoraConfig, Model, ModelConfig, ModelOptions};
 use crate::trainer::batch::TrainRow;
 use crate::trainer::config::Batching;
@@ -461,7 +461,6 @@ fn measure(a: &MemoryBenchArgs, setup: Setup) -> Result<Outcome> {
             times.push(secs);
         }
     }
-    times.sort_by(f64::total_cmp);
     Ok(Outcome {
         trainable: crate::model::sorted_trainable(&policy.vs)
             .iter()
@@ -469,7 +468,7 @@ fn measure(a: &MemoryBenchArgs, setup: Setup) -> Result<Outcome> {
             .sum(),
         start_mib,
         peak_mib: peak_mib(device)?,
-        step_s: times[times.len() / 2],
+        step_s: median(times),
     })
 }
 

@@ -4,6 +4,7 @@
 //! both ways, the fraction of reward time hidden behind generation, and the executor's
 //! batched throughput against one request at a time on the same model.
 
+use super::bench_args::median;
 use crate::engine::{Engine, GenRequest, SamplingParams};
 use crate::model::{Model, ModelConfig};
 use crate::trainer::rollout::reward::{request, ModelScorer};
@@ -263,10 +264,4 @@ fn round(s: &Setup, exec: &Executor, n: usize, async_scoring: bool, seed: i64) -
         busy_s: exec.metrics().busy_s - busy0,
         requests,
     })
-}
-
-/// The median of one value per round (`--rounds` is at least 1).
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }

@@ -4,7 +4,7 @@
 //! a child process of its own, so its peak resident memory is its own; the parent prints the
 //! table. The loss of the first update (same weights, same batch) must agree across layouts.
 
-use super::bench_args::{at_least_one, synchronize, BenchDtype, ModelShape, Placement};
+use super::bench_args::{at_least_one, median, synchronize, BenchDtype, ModelShape, Placement};
 use crate::trainer::batch::{RowOrigin, StepBatch, TrainRow};
 use crate::trainer::config::{Batching, OffPolicy};
 use crate::trainer::prepare::{prepare, Models, PrepareConfig};
@@ -305,12 +305,11 @@ fn measure(a: &TokenBenchArgs, layout: Layout) -> Result<Outcome> {
             times.push(t.elapsed().as_secs_f64());
         }
     }
-    times.sort_by(f64::total_cmp);
     Ok(Outcome {
         loss,
         loss_tokens: rows.iter().map(|r| r.loss_mask.len()).sum(),
         computed_tokens: computed,
-        update_s: times[times.len() / 2],
+        update_s: median(times),
         peak_rss_mib: peak_rss_mib().unwrap_or(f64::NAN),
     })
 }
