@@ -22,7 +22,10 @@ def parse(description, more=None):
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     if more:
         more(p)
-    return p.parse_args()
+    a = p.parse_args()
+    if a.seq <= a.decode_prompt:
+        p.error(f"--seq ({a.seq}) must be longer than --decode-prompt ({a.decode_prompt}): decode generates the rest")
+    return a
 
 
 def time_decode(decode, sync):

@@ -46,8 +46,6 @@ def layer_weights(a, dev, dtype):
 
 def main():
     a = bench_common.parse("the decode step's matrix products alone, on skein bench's body")
-    if a.seq <= a.decode_prompt:
-        sys.exit(f"bench_decode_bound: --seq ({a.seq}) must be longer than --decode-prompt ({a.decode_prompt})")
     if a.hidden % a.heads:
         sys.exit(f"bench_decode_bound: --hidden ({a.hidden}) must be a multiple of --heads ({a.heads})")
     torch.manual_seed(0)

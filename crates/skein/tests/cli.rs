@@ -185,7 +185,14 @@ fn bench_decode_only_skips_the_training_step() {
 
 #[test]
 fn bench_sizes_that_cannot_work_name_their_flag() {
-    for (flag, value) in [("--batch", "0"), ("--heads", "0"), ("--hidden", "250")] {
+    // (--seq 8 under the default --decode-prompt 16 left decode nothing to generate: it
+    // printed 0 tokens/s and exited 0.)
+    for (flag, value) in [
+        ("--batch", "0"),
+        ("--heads", "0"),
+        ("--hidden", "250"),
+        ("--seq", "8"),
+    ] {
         let (code, _, err) = skein(&["bench", flag, value, "--iters", "1"], "");
         assert_eq!(code, 2, "{flag} {value}: {err}");
         assert!(err.contains(&format!("`{flag}`")), "{flag} {value}: {err}");

@@ -33,6 +33,14 @@ fn check(a: &BenchArgs) -> Result<()> {
     if a.seq < 2 {
         anyhow::bail!("invalid value for `--seq`: must be ≥ 2 (got {})", a.seq);
     }
+    if a.seq <= a.decode_prompt {
+        anyhow::bail!(
+            "invalid value for `--seq`: {} leaves decode no token to generate after its \
+             prompt of `--decode-prompt` = {}; raise --seq or lower --decode-prompt",
+            a.seq,
+            a.decode_prompt
+        );
+    }
     Ok(())
 }
 
