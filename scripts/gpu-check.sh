@@ -10,13 +10,14 @@
 #   (with its kernels per step), decode in the other form of the decoding copy (`skein bench
 #   --decode-form`: on CUDA the CPU's, elsewhere CUDA's) and the training step with the other
 #   form of AdamW (`--optimizer-form`: on CUDA op by op, elsewhere fused) and decode through
-#   CUDA graphs (`--cuda-graphs`; elsewhere in their fixed shapes, eagerly); for the first two,
+#   CUDA graphs (`--cuda-graphs`, which fails if graphs stopped; elsewhere in their fixed
+#   shapes, eagerly); for the first two,
 #   which train what eager trains, the same against PyTorch eager on the same shapes (with
 #   master weights in bfloat16), decode against transformers' `generate`
 #   (`scripts/bench_hf_generate.py`) and the decode step's matrix products alone, the most a
 #   decode of the body can reach (`scripts/bench_decode_bound.py`);
 # - on CUDA, the default job decoding through CUDA graphs (`rollout.cuda_graphs`), with its
-#   log-prob gap.
+#   log-prob gap and a row that fails unless every step replayed some decode from a graph.
 #
 #   scripts/gpu-check.sh                      # cuda, the real shapes (docs/speed.md)
 #   scripts/gpu-check.sh --device cpu --tiny  # every path in a minute or two (the tests run it)
@@ -162,7 +163,18 @@ train dp2-threads --set trainer.dp_size=2
 train calculator-agent --config configs/calculator.toml
 train partial-rollout --set task.name=reverse --set model.max_positions=256 \
   --set rollout.partial.enabled=true
-case "$device" in cuda*) train cuda-graphs --set rollout.cuda_graphs=true ;; esac
+# Graphs that fail go back to ordinary decode and the run goes on: the row passes only where
+# every step replayed some of its decode from a graph.
+replayed='import json, sys
+f = [r["rollout/graph_replayed_fraction"] for r in map(json.loads, open(sys.argv[1]))
+     if "rollout/graph_replayed_fraction" in r]
+print(f"graph replayed fraction: {min(f, default=0):.2f} at least, over {len(f)} steps")
+sys.exit(0 if f and min(f) > 0 else 1)'
+case "$device" in cuda*)
+  train cuda-graphs --set rollout.cuda_graphs=true
+  check cuda-graphs-replayed "replayed fraction" "$python" -c "$replayed" "$out/cuda-graphs/metrics.jsonl"
+  ;;
+esac
 check bench-memory "peak / full float32 peak" "$skein" bench memory --device "$device" "${memory[@]}"
 for config in float32 bfloat16 bfloat16-lora64; do
   dtype=${config%%-*} lora=() masters=()

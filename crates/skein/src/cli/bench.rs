@@ -154,7 +154,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     } else {
         Some(report_train(&model, a)?)
     };
-    let decode_ops = report_decode(&model, a);
+    let decode_ops = report_decode(&model, a)?;
     if a.op_breakdown {
         print_op_breakdown(train_ops.as_ref(), decode_ops.as_ref());
     }
@@ -192,8 +192,9 @@ fn report_train(model: &Model, a: &BenchArgs) -> Result<TrainOps> {
 
 /// Times decode and prints its tokens/s (with `--cuda-graphs`, the shapes captured and steps
 /// replayed) and its calls per step; returns the calls of its counted run and that run's
-/// steps, where they were counted.
-fn report_decode(model: &Model, a: &BenchArgs) -> Option<(op_count::OpCounts, usize)> {
+/// steps, where they were counted. With `--cuda-graphs`, a decode that went back to the
+/// ordinary path (a capture or replay failed) is an error: its figure is not of graphs.
+fn report_decode(model: &Model, a: &BenchArgs) -> Result<Option<(op_count::OpCounts, usize)>> {
     let (secs, decoded) = time_decode(model, a);
     let tokens = decoded.generated_tokens;
     println!(
@@ -221,6 +222,16 @@ fn report_decode(model: &Model, a: &BenchArgs) -> Option<(op_count::OpCounts, us
             decoded.decode_steps,
             step_times(&times)
         );
+        let through_graphs = times.replayed.0 + times.captured.0 + times.eager.0;
+        if through_graphs < decoded.decode_steps {
+            anyhow::bail!(
+                "--cuda-graphs: {} of {} decode steps ran without the graph decoder, which \
+                 stopped (its reason is printed above), so the figure above is not of graph \
+                 decoding",
+                decoded.decode_steps - through_graphs,
+                decoded.decode_steps
+            );
+        }
     }
     if a.cuda_graphs && model.vs.device().is_cuda() {
         // A replayed step's kernels run inside one graph launch, which no operator call
@@ -229,7 +240,7 @@ fn report_decode(model: &Model, a: &BenchArgs) -> Option<(op_count::OpCounts, us
             "decode ops per step: not counted through CUDA graphs (the bench without \
              --cuda-graphs counts a step's kernels)"
         );
-        return None;
+        return Ok(None);
     }
     // A decode step's calls: those of a run beyond one of the same prompts that stops after
     // its prefill (the same prefill, decoding copy and first token), per step.
@@ -243,7 +254,7 @@ fn report_decode(model: &Model, a: &BenchArgs) -> Option<(op_count::OpCounts, us
         per_step(ops.top_level_total()),
         per_step(ops.all)
     );
-    Some((ops, steps))
+    Ok(Some((ops, steps)))
 }
 
 /// `--op-breakdown`: the calls of a training step and of a decode step (`decode_ops`: the
