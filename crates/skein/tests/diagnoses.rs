@@ -423,7 +423,8 @@ fn a_turn_limit_of_two_ends_every_guessing_game() {
 }
 
 /// `skein doctor --json` prints the same diagnoses as the run wrote, one per line with the
-/// run's directory; a directory without a run is an error (exit 2).
+/// run's directory; a directory without a run is an error (exit 2) that the runs after it do
+/// not share.
 #[test]
 fn skein_doctor_prints_json_lines_and_refuses_a_directory_without_a_run() {
     let (dir, _) = train(
@@ -454,6 +455,20 @@ fn skein_doctor_prints_json_lines_and_refuses_a_directory_without_a_run() {
     let out = skein().arg("doctor").arg(&empty).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no metrics.jsonl"));
+    // A directory that is not a run, then a run: the run is still reported.
+    let out = skein()
+        .args(["doctor", "--json"])
+        .arg(&empty)
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&empty.display().to_string()), "{err}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).lines().count(),
+        written.len()
+    );
 }
 
 /// The calculator agent after a warm-up too short to learn the call format: it writes tool

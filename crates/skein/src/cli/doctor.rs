@@ -1,6 +1,7 @@
 //! `skein doctor RUN_DIR…`: replays each run's `metrics.jsonl` and step files through the
 //! diagnoses' rules (`skein-doctor`) and reports what held. Exit status 0: every run healthy;
-//! 1: a diagnosis held in one; 2: a run could not be read.
+//! 1: a diagnosis held in one; 2: a run could not be read (the others are reported all the
+//! same).
 
 use anyhow::Result;
 use skein_doctor::{diagnose_run_dir, Diagnosis, RunDiagnoses};
@@ -18,30 +19,29 @@ pub struct DoctorArgs {
 }
 
 pub fn run(args: &DoctorArgs) -> ExitCode {
-    let mut sick = false;
+    // A run that cannot be read is said and passed over: the others are still diagnosed.
+    let (mut sick, mut unreadable) = (false, false);
     for dir in &args.run_dirs {
-        match diagnose_run_dir(dir) {
-            Ok(r) => {
-                sick |= !r.diagnoses.is_empty();
-                let shown = if args.json {
-                    json_lines(dir, &r.diagnoses)
-                } else {
-                    Ok(report(dir, &r))
-                };
-                match shown {
-                    Ok(text) => print!("{text}"),
-                    Err(e) => return fail(&e),
-                }
+        let shown = diagnose_run_dir(dir).and_then(|r| {
+            sick |= !r.diagnoses.is_empty();
+            match args.json {
+                true => json_lines(dir, &r.diagnoses),
+                false => Ok(report(dir, &r)),
             }
-            Err(e) => return fail(&e),
+        });
+        match shown {
+            Ok(text) => print!("{text}"),
+            Err(e) => {
+                eprintln!("error: {}: {e:#}", dir.display());
+                unreadable = true;
+            }
         }
     }
-    ExitCode::from(u8::from(sick))
-}
-
-fn fail(e: &anyhow::Error) -> ExitCode {
-    eprintln!("error: {e:#}");
-    ExitCode::from(2)
+    ExitCode::from(match (unreadable, sick) {
+        (true, _) => 2,
+        (false, true) => 1,
+        (false, false) => 0,
+    })
 }
 
 fn json_lines(dir: &std::path::Path, found: &[Diagnosis]) -> Result<String> {
