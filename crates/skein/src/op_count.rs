@@ -60,15 +60,26 @@ impl OpCounts {
     }
 }
 
+thread_local! {
+    /// Whether this thread is inside [`count`].
+    static COUNTING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// Runs `work` and counts the operator calls this thread makes meanwhile (the engine and a
 /// bench's steps run on their caller's thread; libtorch's own worker threads compute parts of
-/// a call and make none). A count inside another counts nothing of its own.
+/// a call and make none). Counts do not nest: the shim keeps one set of totals, which an
+/// inner count would read and stop, so a count inside another panics.
 pub fn count<T>(work: impl FnOnce() -> T) -> (T, OpCounts) {
+    assert!(
+        !COUNTING.replace(true),
+        "op_count::count inside another: counts do not nest"
+    );
     // SAFETY: the shim's functions take no pointers but the name buffer, which is live and
     // whose length is passed.
     unsafe { skein_op_count_start() };
     let out = work();
     let all = unsafe { skein_op_count_stop() };
+    COUNTING.set(false);
     let counts = OpCounts {
         all: all.max(0) as u64,
         top_level: by_name(true),
@@ -105,6 +116,15 @@ extern "C" {
 mod tests {
     use super::*;
     use tch::{Kind, Tensor};
+
+    /// An inner count would read the outer one's totals and stop it: refused. (The shim's
+    /// state is per thread, and this test's thread ends with it.)
+    #[test]
+    fn a_count_inside_another_panics() {
+        let nested = std::thread::spawn(|| count(|| count(|| ()))).join();
+        let why = nested.expect_err("a nested count ran");
+        assert!(crate::panic_message::panic_message(&*why).contains("do not nest"));
+    }
 
     /// Each top-level call is counted once by name, and each computing call at its lowest.
     #[test]

@@ -375,8 +375,7 @@ struct TrainOps {
 }
 
 /// Times `a.iters` training steps after one warm-up step, then counts the calls of two more
-/// (a count inside another counts nothing, so the optimizer's are counted in a step of their
-/// own).
+/// (counts do not nest, so the optimizer's are counted in a step of their own).
 fn time_train_steps(model: &Model, a: &BenchArgs) -> Result<(Vec<f64>, TrainOps)> {
     let mut opt = Optimizer::new(&model.vs, &OptimConfig::default(), a.iters + 3)?;
     if let Some(form) = a.optimizer_form {
