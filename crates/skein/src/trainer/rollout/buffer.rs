@@ -357,7 +357,6 @@ impl GroupBuffer {
                     &g.problem,
                     &part.tokens,
                     out.finish,
-                    &r.params.stop_token_ids,
                 );
                 let id = format!("{}-s{k}", g.id);
                 if let (true, Some(text)) = (round.active(), judged.text.take()) {

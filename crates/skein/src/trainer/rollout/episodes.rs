@@ -14,6 +14,7 @@
 //! row of its own, with its own prompt. Either way a transition keeps the ids the engine sampled
 //! with their log-probs; they are never retokenized.
 
+use super::judge::text_ids;
 use super::trajectory_info::TrajectoryInfo;
 use crate::engine::{
     self, EngineHandle, EngineStats, Finish, GenOutput, GenRequest, Generator, RemoteEngine,
@@ -407,7 +408,6 @@ impl AgentContext<'_> {
         self.check_first_prompt(&prompt, run)?;
         let mut context = self.prompt_ids(&prompt).map_err(other)?;
         let mut messages = vec![Message::user(&prompt)];
-        let stop = &self.params.stop_token_ids;
         for _ in 0..self.limits.max_turns {
             let room = self.limits.max_tokens.saturating_sub(context.len());
             if room == 0 && run.transitions.is_empty() {
@@ -437,12 +437,8 @@ impl AgentContext<'_> {
             // Cut at the turn's token limit, not the episode's: the environment reads the
             // message as it is, counted so a run whose turns are too short says so.
             run.cut_turns += usize::from(finish == Finish::Length);
-            let ids: Vec<u32> = tokens
-                .iter()
-                .copied()
-                .filter(|t| !stop.contains(t))
-                .collect();
-            let text = self.tokenizer.decode_message(&ids).map_err(other)?;
+            let ids = text_ids(self.tokenizer, &tokens);
+            let text = self.tokenizer.decode_message(ids).map_err(other)?;
             let (back, step) = self.step_env(env, text.clone()).await?;
             env = back;
             match step {

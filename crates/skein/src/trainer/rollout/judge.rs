@@ -84,7 +84,6 @@ pub fn answer_prompts(a: &Answering, batch: &PromptBatch, n: usize, tag: &str) -
             &batch.problems[p],
             &out.tokens,
             out.finish,
-            &params.stop_token_ids,
         );
         let traj_id = format!("{tag}-p{p}-s{k}");
         if let (true, Some(text)) = (round.active(), judged.text.take()) {
@@ -152,8 +151,20 @@ pub struct Judged {
     pub text: Option<String>,
 }
 
+/// A response's ids as rewards, environments and the judge read its text: without a final
+/// end-of-sequence id of the tokenizer. An id `stop_token_ids` adds keeps its text (a closing
+/// `</answer>` or `</tool_call>` a run stops at is part of what the model wrote), as in what
+/// `skein serve` returns; decoding then leaves special tokens out.
+pub fn text_ids<'a>(tokenizer: &Tokenizer, tokens: &'a [u32]) -> &'a [u32] {
+    match tokens.split_last() {
+        Some((last, rest)) if tokenizer.eos_token_ids().contains(last) => rest,
+        _ => tokens,
+    }
+}
+
 /// Scores one finished response (`tokens`, stop token included) and judges it by
-/// `correct_by`. The reward program sees text; the gradient only ever sees the token ids.
+/// `correct_by`. The reward program sees text ([`text_ids`]); the gradient only ever sees the
+/// token ids.
 pub fn score_response(
     task: &dyn Task,
     correct_by: &CorrectBy,
@@ -161,13 +172,8 @@ pub fn score_response(
     problem: &Problem,
     tokens: &[u32],
     finish: Finish,
-    stop_token_ids: &[u32],
 ) -> Judged {
-    let answer_ids: Vec<u32> = tokens
-        .iter()
-        .copied()
-        .filter(|t| !stop_token_ids.contains(t))
-        .collect();
+    let answer_ids = text_ids(tokenizer, tokens);
     let failed = match finish {
         Finish::Failed => Some("the remote engine failed to generate it"),
         Finish::ContextTooLong => {
@@ -183,7 +189,7 @@ pub fn score_response(
             text: None,
         };
     }
-    match tokenizer.decode(&answer_ids, true) {
+    match tokenizer.decode(answer_ids, true) {
         Ok(text) => {
             let score = task.score(problem, &text);
             let status = if finish == Finish::Stop {
@@ -266,6 +272,39 @@ pub fn single_turn(
 mod tests {
     use super::*;
     use skein_plan::Status;
+
+    /// The tokenizer's end-of-sequence id ends a response without text; an id
+    /// `stop_token_ids` adds (here `)`) is part of what the model wrote, as `skein serve`
+    /// returns it, so a reward that looks for a closing tag finds it.
+    #[test]
+    fn a_stop_id_that_is_text_stays_in_the_text_rewards_read() {
+        let tokenizer = Tokenizer::char_level("0123456789+=()").unwrap();
+        let task = skein_tasks::task_by_name("arithmetic", 1).unwrap();
+        let problem = Problem {
+            prompt: "2+3=".into(),
+            ground_truth: "5".into(),
+            data_source: "arithmetic".into(),
+            meta: serde_json::Value::Null,
+        };
+        let ids = |text: &str| tokenizer.encode(text, false).unwrap();
+        let eos = tokenizer.eos_token_ids()[0];
+        let judge = |tokens: &[u32]| {
+            score_response(
+                task.as_ref(),
+                &CorrectBy::Task,
+                &tokenizer,
+                &problem,
+                tokens,
+                Finish::Stop,
+            )
+        };
+        let ended = judge(&[ids("5"), vec![eos]].concat());
+        assert_eq!(ended.text.as_deref(), Some("5"));
+        assert!(ended.correct);
+        let closed = judge(&ids("(5)"));
+        assert_eq!(closed.text.as_deref(), Some("(5)"));
+        assert_eq!(text_ids(&tokenizer, &ids("5=")), ids("5=").as_slice());
+    }
 
     #[test]
     fn an_answer_whose_reward_failed_is_not_correct() {
