@@ -1046,7 +1046,7 @@ fn an_api_key_no_client_can_send_is_refused_at_start_up() {
 /// `stop` strings and OpenAI's `logprobs` are answered 400 rather than silently ignored,
 /// however long the stop list; their empty forms are fine.
 #[test]
-fn stop_strings_and_logprobs_are_refused_not_ignored() {
+fn sampling_options_skein_does_not_have_are_refused_not_ignored() {
     let server = ServeProcess::start(&[]);
     let completions = format!("{}/v1/completions", server.url);
     let chat = format!("{}/v1/chat/completions", server.url);
@@ -1065,6 +1065,11 @@ fn stop_strings_and_logprobs_are_refused_not_ignored() {
             (json!({"top_logprobs": 3}), "`logprobs`"),
             (json!({"stop": "\n"}), "`stop`"),
             (json!({"stop": stops}), "10000 entries"),
+            (json!({"seed": 42}), "`seed`"),
+            (json!({"presence_penalty": 0.5}), "`presence_penalty`"),
+            (json!({"frequency_penalty": -1.0}), "`frequency_penalty`"),
+            (json!({"repetition_penalty": 1.2}), "`repetition_penalty`"),
+            (json!({"min_p": 0.05}), "`min_p`"),
         ] {
             let (s, b) = post(&c, &completions, prompt(extra.clone())).await;
             assert_error(s, &b, 400, says);
@@ -1076,6 +1081,8 @@ fn stop_strings_and_logprobs_are_refused_not_ignored() {
         for extra in [
             json!({"stop": [], "logprobs": null}),
             json!({"stop": null, "logprobs": false, "top_logprobs": 0}),
+            json!({"seed": null, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+                   "repetition_penalty": 1.0, "min_p": 0.0, "user": "u"}),
         ] {
             let (s, b) = post(&c, &completions, prompt(extra.clone())).await;
             assert_eq!(s, 200, "{extra}: {b}");

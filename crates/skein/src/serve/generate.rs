@@ -187,6 +187,29 @@ fn refuse_unsupported(req: &GenerateRequest) -> Result<(), ApiError> {
              `skein.logprobs` holds the log-prob of every sampled token; leave them out",
         ));
     }
+    if req.seed.as_ref().is_some_and(|s| !s.is_null()) {
+        return Err(ApiError::bad_request(
+            "`seed` is not supported: completions draw from the server's generator (a trainer \
+             seeds it per step, from run.seed); leave `seed` out",
+        ));
+    }
+    // Each with its neutral value: what skein's sampling already is.
+    let changes = [
+        ("presence_penalty", req.presence_penalty, 0.0),
+        ("frequency_penalty", req.frequency_penalty, 0.0),
+        ("repetition_penalty", req.repetition_penalty, 1.0),
+        ("min_p", req.min_p, 0.0),
+    ];
+    if let Some((field, Some(got), neutral)) = changes
+        .into_iter()
+        .find(|(_, got, neutral)| got.is_some_and(|g| g != *neutral))
+    {
+        return Err(ApiError::bad_request(format!(
+            "`{field}` = {got} is not supported: skein samples the model's distribution, cut \
+             only by temperature, top_p and top_k (the trainer computes its log-probs over the \
+             same); leave `{field}` out or at {neutral}"
+        )));
+    }
     Ok(())
 }
 

@@ -1,7 +1,8 @@
 //! The request and response bodies of the OpenAI-compatible routes, and the conversion of
 //! OpenAI chat messages into the chat template's messages. Fields clients commonly send and
-//! skein does not use (`seed`, `user`, penalties…) are accepted and ignored; `stop` strings and
-//! `logprobs`, which would change what a client gets back, are refused unless empty.
+//! that change nothing of a completion (`user`, `metadata`…) are accepted and ignored; those
+//! that would change what a client gets back and skein does not do (`stop` strings,
+//! `logprobs`, a `seed`, penalties, `min_p`) are refused unless absent or neutral.
 
 use super::error::ApiError;
 use serde::{Deserialize, Serialize};
@@ -35,6 +36,15 @@ pub struct GenerateRequest {
     /// sampled tokens' log-probs.
     pub logprobs: Option<Value>,
     pub top_logprobs: Option<Value>,
+    /// Refused unless null: sampling draws from the server's generator, which a trainer
+    /// seeds per step.
+    pub seed: Option<Value>,
+    /// Refused unless 0 (OpenAI's neutral value): skein samples the model's distribution.
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    /// vLLM's extensions, refused unless neutral (1 and 0).
+    pub repetition_penalty: Option<f64>,
+    pub min_p: Option<f64>,
 }
 
 /// A chat message as OpenAI clients send it.
