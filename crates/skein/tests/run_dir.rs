@@ -268,6 +268,41 @@ fn a_resume_refuses_fewer_steps_and_reports_missing_records() {
     );
 }
 
+/// A resume that fails before its first step is written (here its remote engine cannot be
+/// reached) leaves the finished run's records, diagnoses, trajectories and config as they
+/// were: a resume cuts them back to its checkpoint only when it has a step to write.
+#[test]
+fn a_resume_that_fails_before_its_first_step_changes_no_record() {
+    let dir = workdir("resume-fails");
+    let (code, err) = skein_train(&dir, &[], &[]);
+    assert_eq!(code, 0, "{err}");
+    let results = |dir: &Path| {
+        let mut files = snapshot(dir);
+        files.retain(|p, _| {
+            let name = p.strip_prefix(dir).unwrap().to_string_lossy().into_owned();
+            name != "run.lock" && !name.starts_with("published")
+        });
+        files
+    };
+    let finished = results(&dir);
+    let resume = ["--resume", dir.to_str().unwrap()];
+    let unreachable = [
+        "trainer.steps=3",
+        "rollout.engine=\"remote\"",
+        "rollout.remote.url=\"http://127.0.0.1:9\"",
+    ];
+    let (code, err) = skein_train(&dir, &resume, &unreachable);
+    assert_ne!(code, 0, "{err}");
+    assert!(err.contains("rollout.remote"), "{err}");
+    assert!(
+        results(&dir) == finished,
+        "a failed resume changed the run's files"
+    );
+    // The same resume that can run cuts them back and goes on.
+    let (code, err) = skein_train(&dir, &resume, &["trainer.steps=3"]);
+    assert_eq!(code, 0, "{err}");
+}
+
 /// Going further than planned under a cosine schedule restarts its decay part way: the
 /// resume says so, with both rates, before its first step.
 #[test]

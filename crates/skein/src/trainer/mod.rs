@@ -7,7 +7,7 @@
 //! | batch | `batch/` | group advantages, rows, the mini-batch plan and loss weights ([`batch::StepBatch`]) |
 //! | prepare | `prepare/` | π_old/π_ref log-probs, importance weights, critic values and GAE ([`prepare::PreparedBatch`]: advantages final) |
 //! | update | `update/` | PPO epochs over the plan, one optimizer step per mini-batch, on data-parallel ranks (`update/ranks/`) |
-//! | log | `metrics.rs`, `trajectory_log.rs` | one `metrics.jsonl` record from every stage's own metrics; the step's trajectories to `trajectories/step-N.jsonl.zst`, written by a thread of their own |
+//! | log | `metrics.rs`, `trajectory_log.rs`, `step_files.rs` | one `metrics.jsonl` record from every stage's own metrics; the step's trajectories to `trajectories/step-N.jsonl.zst`, written by a thread of their own; a resume's files opened, and cut back to its checkpoint, at its first record |
 //! | checkpoint | `checkpoint.rs` | atomic checkpoints that resume exactly |
 //!
 //! Beside them: `config/` (every key, typed and validated), `preflight.rs` (memory estimate),
@@ -39,6 +39,7 @@ pub mod run_dir;
 pub mod run_lock;
 pub mod setup;
 pub mod sft;
+pub mod step_files;
 pub mod trajectory_log;
 pub mod update;
 

@@ -4,7 +4,7 @@
 
 use super::batch::build_step_batch;
 use super::checkpoint::StopStreaks;
-use super::diagnoses::{digests, summary, RunDoctor};
+use super::diagnoses::{digests, summary};
 use super::metrics::{extend, StageTimes, StepReport};
 use super::prepare::prepare;
 use super::rollout::stats::UntrainedSteps;
@@ -87,7 +87,6 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
     let mut untrained = UntrainedSteps::resumed(t.streaks.untrained_steps);
     let mut interrupted = false;
     let mut progress = StepProgress::resumed(steps as u64, t.first_step.saturating_sub(1) as u64);
-    let mut doctor = RunDoctor::open(&t.dir, t.first_step)?;
 
     for step in t.first_step..=steps {
         // Sampling draws from libtorch's global generator: seeding it per step makes a step's
@@ -141,7 +140,10 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
         };
         let record = t.log_step(report.record(), step)?;
         // Name what is going wrong, the moment it starts.
-        doctor.observe(record, digests(&rollout), |l| progress.println(l))?;
+        let files = t.files()?;
+        files
+            .doctor
+            .observe(record, digests(&rollout), |l| progress.println(l))?;
         let gen_tok_s = rollout.engine.generated_tokens as f64 / rollout_s.max(1e-9);
         let shown = [
             ("reward", rollout.reward_mean().unwrap_or(f64::NAN)),
@@ -149,7 +151,8 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
             ("gen tok/s", gen_tok_s),
         ];
         // Keep the step's trajectories for `skein view`: moved to a writer thread.
-        t.trajectory_log
+        files
+            .trajectories
             .send(step, version, rollout, batch.into_batch());
 
         // Checkpoint every `trainer.checkpoint_every` steps, and on Ctrl-C.
@@ -172,7 +175,7 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
         }
     }
     progress.finish();
-    finish(*t, doctor, interrupted)
+    finish(*t, interrupted)
 }
 
 /// Updates skipped for a NaN or infinite loss or gradient.
@@ -222,13 +225,13 @@ impl Trainer<'_> {
         if every > 0 && step.is_multiple_of(every) && step != self.cfg.trainer.steps {
             extend(&mut m, self.evaluate().metrics());
         }
-        self.log.append(&m)?;
+        self.files()?.log.append(&m)?;
         Ok(m)
     }
 }
 
 /// After the last step (or a Ctrl-C): evaluate, save the policy in HF layout, plot the curves.
-fn finish(mut t: Trainer, mut doctor: RunDoctor, interrupted: bool) -> Result<RunSummary> {
+fn finish(mut t: Trainer, interrupted: bool) -> Result<RunSummary> {
     let dir = t.dir.clone();
     let correct_by = t
         .cfg
@@ -259,8 +262,11 @@ fn finish(mut t: Trainer, mut doctor: RunDoctor, interrupted: bool) -> Result<Ru
     let eval_after = t.evaluate();
     let mut last = record(t.cfg.trainer.steps, []);
     extend(&mut last, eval_after.metrics());
-    t.log.append(&last)?;
-    doctor.observe(last, Vec::new(), |l| eprintln!("{l}"))?;
+    let files = t.files()?;
+    files.log.append(&last)?;
+    files
+        .doctor
+        .observe(last, Vec::new(), |l| eprintln!("{l}"))?;
     eprintln!(
         "skein: eval after RL: {} accuracy {:.3} (before: {:.3})",
         eval_kind(t.workload.held_out()),
@@ -276,7 +282,7 @@ fn finish(mut t: Trainer, mut doctor: RunDoctor, interrupted: bool) -> Result<Ru
         ckpt.display(),
         plot.display()
     );
-    eprintln!("{}", summary(doctor.found(), &dir));
+    eprintln!("{}", summary(t.files()?.doctor.found(), &dir));
     Ok(RunSummary {
         dir,
         eval_before: t.eval_before,

@@ -191,7 +191,8 @@ impl RunDir {
     /// match. A resume that no longer tracks TensorBoard removes the old events, which would
     /// show the steps it discards.
     /// A run that `--overwrite` replaces is set aside first: this is where a fresh run starts
-    /// writing, after everything that can refuse it.
+    /// writing, after everything that can refuse it, and a resumed one when its first step is
+    /// about to be written (`step_files.rs`).
     pub fn open(&mut self, cfg: &TrainConfig, keep_lines: Option<usize>) -> Result<MetricsLog> {
         std::fs::create_dir_all(&self.path)
             .with_context(|| format!("creating run directory {}", self.path.display()))?;

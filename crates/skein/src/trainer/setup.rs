@@ -10,13 +10,11 @@ use super::config::{EngineKind, TrainConfig};
 use super::metrics::extend;
 use super::prepare::PreparedBatch;
 use super::prepare::{Models, PrepareConfig};
-use super::replaced_run::ReplacedRun;
 use super::rollout::stats::StepRollout;
 use super::rollout::tasks::Tasks;
 use super::rollout::{eval_kind, EvalResult, StepContext, Workload};
 use super::run_dir::RunDir;
-use super::run_lock::RunLock;
-use super::trajectory_log::TrajectoryLog;
+use super::step_files::{ResumedFiles, StepFiles};
 use super::update::critic::ValueLossConfig;
 use super::update::optim::{OptimConfig, Optimizer};
 use super::update::ranks::{Backend, DataParallel};
@@ -36,9 +34,11 @@ use tch::Device;
 pub struct Trainer<'a> {
     pub cfg: &'a TrainConfig,
     pub dir: PathBuf,
-    pub log: MetricsLog,
-    /// Each step's trajectories, for `skein view` (written while the next step runs).
-    pub trajectory_log: TrajectoryLog,
+    /// The metrics log, trajectories and diagnoses: open from the start of a new run, and
+    /// from the first record of a resumed one ([`Trainer::files`]).
+    files: Option<StepFiles>,
+    /// A resumed run's files, until they open.
+    resumed_files: Option<ResumedFiles>,
     pub tokenizer: Tokenizer,
     pub policy: Model,
     /// The run's sampling settings, with the tokenizer's end-of-sequence token as the stop.
@@ -61,14 +61,12 @@ pub struct Trainer<'a> {
     /// The streaks that stop the run: a resumed checkpoint's at the start, and the step
     /// loop's before each checkpoint it writes.
     pub streaks: StopStreaks,
-    /// The run `--overwrite` replaces, until this one has a checkpoint: put back if this one
-    /// ends first ([`ReplacedRun`]). Dropped after the fields that write into the directory
-    /// and before the lock.
-    replaced_run: Option<ReplacedRun>,
+    /// The directory, locked while the run lives, with the run `--overwrite` replaces until
+    /// this one has a checkpoint ([`ReplacedRun`]): dropped after the fields that write into
+    /// the directory.
+    run_dir: RunDir,
     /// Held while the run lives: in an MPI job, dropping it releases the other ranks.
     _dp: DataParallel,
-    /// Held while the run lives: no other process writes its directory.
-    _lock: RunLock,
 }
 
 /// The critic of PPO with `gae`: the value model, its optimizer and its ranks.
@@ -175,7 +173,7 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
     // engine, the policy measured before RL, then the models the update needs beside it. A
     // resume restores those models first and writes only once all of its checkpoint is in place.
     let recorded = as_built(cfg, &policy);
-    let (log, eval_before, (reference, opt, critic)) = match restore {
+    let (files, resumed_files, eval_before, (reference, opt, critic)) = match restore {
         None => {
             let mut log = run_dir.open(&recorded, None)?;
             let mut demos = TaskDemonstrations {
@@ -192,20 +190,23 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
             let ctx = StepContext::new(&engine, &policy, &tokenizer, &sampling);
             let eval_before = measure_before(workload.as_ref(), &ctx, &mut log)?;
             super::interrupt::exit_if_urgent("the first evaluation");
-            (log, eval_before, update_models(cfg, &policy, None)?)
+            let files = StepFiles::after_log(log, &run_dir, cfg, &tokenizer, first_step)?;
+            let models = update_models(cfg, &policy, None)?;
+            (Some(files), None, eval_before, models)
         }
         Some(mut r) => {
             let models = update_models(cfg, &policy, Some(&mut r))?;
-            let log = run_dir.open(&recorded, Some(r.state.metrics_lines))?;
             publish_weights(&engine, &policy, &tokenizer, &sampling, &run_dir.path)?;
-            (log, announce_resume(&r), models)
+            let resumed = ResumedFiles {
+                recorded,
+                metrics_lines: r.state.metrics_lines,
+            };
+            (None, Some(resumed), announce_resume(&r), models)
         }
     };
 
     // `lora.dropout` is for the warm-up: RL's ratio needs π and π_old from the same function.
     policy.net.stop_adapter_dropout();
-    let trajectory_log =
-        TrajectoryLog::start(&run_dir.path, &cfg.trajectories, &tokenizer, first_step)?;
 
     let (policy_ranks, critic) = update_ranks(cfg, &dp, &policy, critic)?;
     Ok(Started::Trainer(Box::new(Trainer {
@@ -213,11 +214,10 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
         prepare_cfg: PrepareConfig::from_config(cfg, sampling.temperature),
         update_cfg: update_config(cfg, sampling.temperature),
         cfg,
-        dir: run_dir.path,
-        log,
-        trajectory_log,
-        replaced_run: run_dir.set_aside,
-        _lock: run_dir.lock,
+        dir: run_dir.path.clone(),
+        files,
+        resumed_files,
+        run_dir,
         tokenizer,
         policy,
         sampling,
@@ -310,11 +310,27 @@ impl Trainer<'_> {
         self.workload.evaluate(&ctx)
     }
 
+    /// The metrics log, trajectories and diagnoses, for a record about to be written: a
+    /// resumed run's open now, cut back to its checkpoint ([`ResumedFiles::open`]).
+    pub fn files(&mut self) -> Result<&mut StepFiles> {
+        let files = match (self.files.take(), self.resumed_files.take()) {
+            (Some(files), _) => files,
+            (None, Some(resumed)) => resumed.open(
+                &mut self.run_dir,
+                self.cfg,
+                &self.tokenizer,
+                self.first_step,
+            )?,
+            (None, None) => bail!("the run's files were neither opened nor pending"),
+        };
+        Ok(self.files.insert(files))
+    }
+
     /// Writes `checkpoint-{step}` atomically and drops the ones `trainer.keep_last` lets go.
     /// The run has something to keep (a checkpoint, or its end): the run `--overwrite`
     /// replaced is removed for good.
     pub fn keep_over_replaced_run(&mut self) -> Result<()> {
-        match self.replaced_run.take() {
+        match self.run_dir.set_aside.take() {
             Some(r) => r.commit(),
             None => Ok(()),
         }
@@ -323,7 +339,9 @@ impl Trainer<'_> {
     /// Writes `checkpoint-{step}`, after which the run has something to keep.
     pub fn save_checkpoint(&mut self, step: usize) -> Result<()> {
         // A checkpoint's steps have their trajectories on disk.
-        self.trajectory_log.flush();
+        if let Some(files) = &self.files {
+            files.trajectories.flush();
+        }
         let state = TrainerState {
             step,
             optimizer_steps: self.opt.steps_done,
