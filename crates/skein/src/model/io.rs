@@ -318,6 +318,43 @@ fn read_weights(files: &[PathBuf]) -> Result<HashMap<String, Tensor>> {
     Ok(tensors)
 }
 
+/// Elements of every tensor in a model directory's safetensors files, from their headers
+/// alone: what the model holds, before any weight is read.
+pub fn stored_elements(dir: &Path) -> Result<f64> {
+    let mut elements = 0.0;
+    for file in weight_files(dir)? {
+        let header = safetensors_header(&file)
+            .with_context(|| format!("reading the header of {}", file.display()))?;
+        for (name, entry) in header.iter().filter(|(n, _)| *n != "__metadata__") {
+            let shape = entry["shape"]
+                .as_array()
+                .with_context(|| format!("{}: tensor {name} has no shape", file.display()))?;
+            elements += shape
+                .iter()
+                .map(|d| d.as_f64().unwrap_or(0.0))
+                .product::<f64>();
+        }
+    }
+    Ok(elements)
+}
+
+/// A safetensors file's header: 8 bytes of its length (little-endian), then that much JSON.
+fn safetensors_header(file: &Path) -> Result<serde_json::Map<String, serde_json::Value>> {
+    use std::io::Read;
+    /// Far more than any header of a real checkpoint (a few MB for thousands of tensors).
+    const MAX_HEADER: u64 = 100 << 20;
+    let mut f = std::fs::File::open(file)?;
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len)?;
+    let len = u64::from_le_bytes(len);
+    if len > MAX_HEADER {
+        bail!("a header of {len} bytes: not a safetensors file");
+    }
+    let mut text = vec![0u8; len as usize];
+    f.read_exact(&mut text)?;
+    Ok(serde_json::from_slice(&text)?)
+}
+
 /// The safetensors files of a model directory: `model.safetensors`, or the shards its index
 /// names.
 fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {

@@ -359,7 +359,24 @@ pub fn estimate_sharing(
     }
     parts.extend(other_ranks_part(cfg, model, &shape, sharing));
     parts.extend(rollout_parts(cfg, model, device));
+    parts.extend(reward_models_part(cfg));
     parts
+}
+
+/// The `[reward_models]` a `[reward]` table loads beside the policy, each once, in float32. A
+/// directory whose weights cannot be read counts nothing here: loading it says what is wrong.
+fn reward_models_part(cfg: &TrainConfig) -> Option<Part> {
+    cfg.reward.as_ref()?;
+    let elements: f64 = cfg
+        .reward_models
+        .values()
+        .filter_map(|dir| crate::model::io::stored_elements(std::path::Path::new(dir)).ok())
+        .sum();
+    (elements > 0.0).then_some(Part {
+        what: "reward models' weights (float32)",
+        bytes: elements * F32,
+        lower: "`reward_models` (fewer or smaller reward models)",
+    })
 }
 
 /// The `sharing` thread ranks beyond the first on rank 0's device: each a replica (frozen
@@ -534,6 +551,33 @@ mod tests {
         };
         cfg.model.dtype = dtype;
         cfg
+    }
+
+    /// A reward model's float32 weights count as the elements its safetensors headers
+    /// list, and only where a `[reward]` table loads it.
+    #[test]
+    fn reward_models_count_their_weights() {
+        let dir = std::env::temp_dir().join(format!("skein-rm-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let weights = [
+            (
+                "a",
+                tch::Tensor::zeros([3, 5], (tch::Kind::BFloat16, Device::Cpu)),
+            ),
+            (
+                "b",
+                tch::Tensor::zeros([7], (tch::Kind::BFloat16, Device::Cpu)),
+            ),
+        ];
+        tch::Tensor::write_safetensors(&weights, dir.join("model.safetensors")).unwrap();
+        let mut cfg = TrainConfig::default();
+        let path = dir.display().to_string();
+        cfg.reward_models.insert("rm".into(), path);
+        let counted = |cfg: &TrainConfig| part(&cpu(cfg, &model()), "reward models");
+        assert_eq!(counted(&cfg), 0.0, "no [reward] table loads it");
+        cfg.reward = Some(skein_reward::RewardConfig::default());
+        assert_eq!(counted(&cfg), 22.0 * 4.0);
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]
