@@ -111,14 +111,17 @@ impl SkipRuns {
 
     /// The run of skips carried in (`streak`, from the updates before) continued through this
     /// update: the longest run it holds, and the run it leaves to the next.
+    /// A run carried in that this update does not extend (its first step applied) ended
+    /// before it, where it was already counted: it is not counted again.
     pub fn continue_streak(&self, streak: usize) -> (usize, usize) {
+        let carried = match self.leading {
+            0 => 0,
+            n => streak + n,
+        };
         if self.applied {
-            (
-                (streak + self.leading).max(self.longest_after_applied),
-                self.trailing,
-            )
+            (carried.max(self.longest_after_applied), self.trailing)
         } else {
-            (streak + self.leading, streak + self.leading)
+            (carried, streak + self.leading)
         }
     }
 }
@@ -680,7 +683,10 @@ mod tests {
         );
         // Nothing applied: the whole update adds to the run.
         assert_eq!(runs(&[false, false]).continue_streak(1), (3, 3));
-        assert_eq!(runs(&[true, true]).continue_streak(4), (4, 0));
+        // An update that starts with an applied step ends the run carried in (a resume after
+        // a stop for skips, with a lower rate): it counts none of it again.
+        assert_eq!(runs(&[true, true]).continue_streak(3), (0, 0));
+        assert_eq!(SkipRuns::default().continue_streak(3), (0, 3));
     }
 
     #[test]
