@@ -131,12 +131,9 @@ impl Task for Arithmetic {
 
     fn score(&self, problem: &Problem, response: &str) -> Score {
         let answer = response.trim();
-        let formatted = !answer.is_empty()
-            && answer
-                .strip_prefix('-')
-                .unwrap_or(answer)
-                .chars()
-                .all(|c| c.is_ascii_digit());
+        // Digits after an optional sign: a bare `-` is no number.
+        let digits = answer.strip_prefix('-').unwrap_or(answer);
+        let formatted = !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit());
         let correct = answer == problem.ground_truth;
         Score {
             reward: if correct { 1.0 } else { 0.0 },
@@ -202,6 +199,10 @@ mod tests {
             let s = task.score(&p, bad);
             assert!(!s.correct && s.reward == 0.0, "{bad:?}");
         }
+        for not_a_number in ["", "abc", "-", "1e9", "１２"] {
+            assert!(!task.score(&p, not_a_number).formatted, "{not_a_number:?}");
+        }
+        assert!(task.score(&p, "-12").formatted);
         assert!(task.score(&p, &format!(" {} ", p.ground_truth)).correct);
     }
 
