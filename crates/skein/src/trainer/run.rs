@@ -80,10 +80,7 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
     };
     let steps = cfg.trainer.steps;
     // A resumed run goes on with its checkpoint's streaks.
-    let mut skips = SkipStreak {
-        streak: t.streaks.skipped_updates,
-        longest: 0,
-    };
+    let mut skips = SkipStreak::resumed(t.streaks.skipped_updates);
     let mut untrained = UntrainedSteps::resumed(t.streaks.untrained_steps);
     let mut interrupted = false;
     let mut progress = StepProgress::resumed(steps as u64, t.first_step.saturating_sub(1) as u64);
@@ -187,6 +184,11 @@ struct SkipStreak {
 }
 
 impl SkipStreak {
+    /// Going on from a checkpoint's streak (0 for a new run).
+    fn resumed(streak: usize) -> Self {
+        SkipStreak { streak, longest: 0 }
+    }
+
     fn count(&mut self, step: usize, policy: &UpdateStats, critic: Option<&CriticStats>) {
         (self.longest, self.streak) = policy.skip_runs.continue_streak(self.streak);
         let skipped = policy.skipped_updates + critic.map_or(0, |c| c.skipped_updates);

@@ -197,10 +197,7 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
         Some(mut r) => {
             let models = update_models(cfg, &policy, Some(&mut r))?;
             publish_weights(&engine, &policy, &tokenizer, &sampling, &run_dir.path)?;
-            let resumed = ResumedFiles {
-                recorded,
-                metrics_lines: r.state.metrics_lines,
-            };
+            let resumed = ResumedFiles::after(recorded, r.state.metrics_lines);
             (None, Some(resumed), announce_resume(&r), models)
         }
     };

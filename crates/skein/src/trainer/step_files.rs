@@ -48,6 +48,13 @@ pub struct ResumedFiles {
 }
 
 impl ResumedFiles {
+    pub fn after(recorded: TrainConfig, metrics_lines: usize) -> Self {
+        ResumedFiles {
+            recorded,
+            metrics_lines,
+        }
+    }
+
     /// Claims the directory, writes the config, cuts every file back to the checkpoint, and
     /// opens them for the steps from `first_step` on.
     pub fn open(
