@@ -146,4 +146,19 @@ fn the_guessing_game_trains_over_several_turns() {
         run.eval_after.metrics(),
         "the same episodes, turn for turn"
     );
+
+    // `skein eval` of the run plays the same greedy episodes as its final evaluation.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_skein"))
+        .args(["eval", run.dir.to_str().unwrap(), "--set", "run.threads=1"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let line: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for (key, value) in run.eval_after.metrics() {
+        if key != "eval/problems" {
+            assert_eq!(line[key].as_f64(), Some(value), "{key}: {line}");
+        }
+    }
+    assert_eq!(line["problems"], 16, "{line}");
 }

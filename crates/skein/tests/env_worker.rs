@@ -256,6 +256,57 @@ fn the_header_names_the_worker_and_config_toml_the_context_the_model_has() {
     );
 }
 
+/// `skein eval` of a worker run plays the run's evaluation episodes through the worker again
+/// and reports what the run's final evaluation did; the options of sampled single-turn
+/// evaluation are refused by name.
+#[test]
+fn skein_eval_of_a_worker_run_plays_its_evaluation_episodes() {
+    let (code, err, dir) = skein_train("eval", SCRIPT, &[], &["trainer.steps=1"]);
+    assert_eq!(code, 0, "{err}");
+    let last_eval = std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .rfind(|m| m.get("eval/accuracy").is_some())
+        .expect("the run's final evaluation");
+    let eval = |flags: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_skein"))
+            .args(["eval", dir.to_str().unwrap(), "--set", "run.threads=1"])
+            .args(flags)
+            .output()
+            .unwrap()
+    };
+    let out = eval(&[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for key in ["eval/accuracy", "eval/turns_mean", "eval/failed"] {
+        assert_eq!(line[key], last_eval[key], "{key}: {line} vs {last_eval}");
+    }
+    assert_eq!(
+        line["problems"].as_f64(),
+        last_eval["eval/problems"].as_f64()
+    );
+    assert!(
+        line["data"]
+            .as_str()
+            .unwrap()
+            .contains("environment worker"),
+        "{line}"
+    );
+
+    let refused = eval(&["--n", "4"]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(
+        stderr.contains("--n does not apply to a multi-turn run"),
+        "{stderr}"
+    );
+}
+
 /// A worker whose messages use characters outside the alphabet it declared: odd seeds open
 /// with nothing else, even ones with one such character among known ones.
 const STRANGER: &str = r#"

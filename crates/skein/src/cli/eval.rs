@@ -1,8 +1,10 @@
 //! `skein eval`: accuracy and pass@k of a model on prompt files, on a run's validation split,
 //! or on the built-in task's held-out problems; greedy by default, sampled with `--n`. A run's
 //! config brings its judge of correctness (`eval.correct_by`) and its `[reward]`, so
-//! `eval/accuracy` and `eval/reward` mean what they meant in its training.
+//! `eval/accuracy` and `eval/reward` mean what they meant in its training. A multi-turn run
+//! is evaluated by its episodes (`eval_episodes.rs`).
 
+use super::eval_episodes;
 use crate::engine::{Engine, Generator, SamplingParams};
 use crate::model::Model;
 use crate::trainer::config::correct_by::{builtin_checker, DATASET_CHECKER};
@@ -11,6 +13,7 @@ use crate::trainer::rollout::dataset::{
 };
 use crate::trainer::rollout::judge::{answer_prompts, Answering, Answers, PromptBatch};
 use crate::trainer::rollout::reward::build_rewarder;
+use crate::trainer::rollout::tasks::is_multi_turn;
 use crate::trainer::rollout::{evaluation_problems, EvalResult};
 use crate::trainer::TrainConfig;
 use anyhow::{bail, Context, Result};
@@ -28,7 +31,7 @@ pub struct EvalArgs {
     /// Prompt files (.jsonl or .parquet, verl layout), every row evaluated. Default: the
     /// config's held-out problems, as its run evaluates them: the first `eval.problems` rows
     /// of `data.val_files`, else as many training rows drawn with the evaluation's seed, else
-    /// the built-in task's.
+    /// the built-in task's (a multi-turn task's, or environment workers', played as episodes).
     #[arg(long = "data", value_name = "FILE")]
     pub data: Vec<PathBuf>,
     /// A TOML config (default: the run's config.toml; else the defaults).
@@ -84,20 +87,84 @@ pub fn run(args: &EvalArgs) -> Result<()> {
 fn evaluate(
     args: &EvalArgs,
     ks: &[usize],
-    mut samples_file: Option<std::io::BufWriter<std::fs::File>>,
+    samples_file: Option<std::io::BufWriter<std::fs::File>>,
 ) -> Result<()> {
     let (model_dir, cfg) = resolve(args)?;
-    let correct_by = cfg.correct_by().map_err(anyhow::Error::msg)?;
+    // A multi-turn run's evaluation is episodes, unless prompt files are named.
+    let episodes = args.data.is_empty() && is_multi_turn(&cfg);
+    if episodes {
+        refuse_sampling_options(args)?;
+    }
     let device = cfg.run.start_device()?;
     let tokenizer = Tokenizer::from_dir(&model_dir)?;
     let policy = Model::load_dir(&model_dir, device)?;
+    let line = if episodes {
+        eval_episodes::evaluate(args.problems, &model_dir, cfg, &policy, &tokenizer)?
+    } else {
+        let loaded = Loaded {
+            model_dir: &model_dir,
+            cfg: &cfg,
+            policy: &policy,
+            tokenizer: &tokenizer,
+        };
+        answer(args, ks, samples_file, &loaded)?
+    };
+    let text = Value::Object(line).to_string();
+    println!("{text}");
+    if let Some(out) = &args.out {
+        append_line(out, &text)?;
+    }
+    Ok(())
+}
+
+/// The options of a sampled, single-turn evaluation, refused by name for a multi-turn run.
+fn refuse_sampling_options(args: &EvalArgs) -> Result<()> {
+    let given = [
+        (args.n != 1, "--n"),
+        (args.temperature.is_some_and(|t| t != 0.0), "--temperature"),
+        (!args.k.is_empty(), "--k"),
+        (args.samples.is_some(), "--samples"),
+    ];
+    if let Some((_, flag)) = given.iter().find(|(given, _)| *given) {
+        bail!(
+            "{flag} does not apply to a multi-turn run: its evaluation plays one greedy episode \
+             per problem, as its training did; leave {flag} out (or give --data to evaluate \
+             single-turn prompt files)"
+        );
+    }
+    Ok(())
+}
+
+/// The model an evaluation answers with, and the config it is judged by.
+struct Loaded<'a> {
+    model_dir: &'a std::path::Path,
+    cfg: &'a TrainConfig,
+    policy: &'a Model,
+    tokenizer: &'a Tokenizer,
+}
+
+/// The metrics line of `--n` answers to each single-turn problem, written to `--samples`.
+fn answer(
+    args: &EvalArgs,
+    ks: &[usize],
+    mut samples_file: Option<std::io::BufWriter<std::fs::File>>,
+    loaded: &Loaded,
+) -> Result<Map<String, Value>> {
+    let Loaded {
+        model_dir,
+        cfg,
+        policy,
+        tokenizer,
+    } = *loaded;
+    let correct_by = cfg.correct_by().map_err(anyhow::Error::msg)?;
+    let device = policy.vs.device();
     let EvalSet {
         task,
         scorer,
         problems,
         source,
         checker,
-    } = problems(args, &cfg, &tokenizer)?;
+    } = problems(args, cfg, tokenizer)?;
     if problems.len().saturating_mul(args.n) > MAX_SAMPLES {
         bail!(
             "--n {} × {} problems is more than {MAX_SAMPLES} samples, which are held in memory: \
@@ -106,7 +173,7 @@ fn evaluate(
             problems.len()
         );
     }
-    let batch = prompt_batch(problems, &tokenizer, task.as_ref())?;
+    let batch = prompt_batch(problems, tokenizer, task.as_ref())?;
     // The run's reward sources, as its evaluations had them (their `task` scorer is the
     // task these problems come from).
     let rewarder = match &cfg.reward {
@@ -118,7 +185,7 @@ fn evaluate(
         )?),
         None => None,
     };
-    let params = sampling_params(args, &cfg, &tokenizer)?;
+    let params = sampling_params(args, cfg, tokenizer)?;
     tch::manual_seed(cfg.run.seed as i64);
     let mut engine = Engine::new(cfg.rollout.max_slots);
     // A run that decoded through CUDA graphs, evaluated on the CPU, decodes the ordinary way.
@@ -126,10 +193,10 @@ fn evaluate(
     let engine = Generator::Local(engine);
     let answering = Answering {
         engine: &engine,
-        policy: &policy,
+        policy,
         version: 0,
         task: task.as_ref(),
-        tokenizer: &tokenizer,
+        tokenizer,
         params: &params,
         rewarder: rewarder.as_ref(),
         correct_by: &correct_by,
@@ -144,15 +211,10 @@ fn evaluate(
     line.insert("correct_by".into(), json!(correct_by.describe(&checker)));
     insert_scores(&mut line, &r, args.n, ks);
     if let (Some(file), Some(path)) = (&mut samples_file, &args.samples) {
-        write_samples(file, &r, &batch, args.n, &tokenizer)
+        write_samples(file, &r, &batch, args.n, tokenizer)
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    let text = Value::Object(line).to_string();
-    println!("{text}");
-    if let Some(out) = &args.out {
-        append_line(out, &text)?;
-    }
-    Ok(())
+    Ok(line)
 }
 
 /// The evaluation's sampling: greedy for one sample a problem unless --temperature says

@@ -11,6 +11,7 @@ mod bench_rewards;
 mod bench_tokens;
 mod doctor;
 mod eval;
+mod eval_episodes;
 mod export;
 mod plan;
 mod plan_memory;

@@ -743,7 +743,7 @@ fn multi_turn_task(cfg: &TrainConfig) -> anyhow::Result<Option<Box<dyn skein_tas
 }
 
 fn is_multi_turn(cfg: &TrainConfig) -> bool {
-    cfg.agent.kind == AgentKind::EnvWorker || !matches!(multi_turn_task(cfg), Ok(None))
+    crate::trainer::rollout::tasks::is_multi_turn(cfg)
 }
 
 /// Positions a from-scratch model gets at least (more for multi-turn episodes).

@@ -147,13 +147,18 @@ impl Tasks {
 /// Context a from-scratch model for `cfg` gets at least (more for multi-turn episodes), known
 /// before any environment starts.
 pub fn min_positions(cfg: &TrainConfig) -> usize {
-    let multi_turn =
-        cfg.agent.kind == AgentKind::EnvWorker || !matches!(multi_turn_task(cfg), Ok(None));
-    if multi_turn {
+    if is_multi_turn(cfg) {
         MIN_AGENT_POSITIONS
     } else {
         0
     }
+}
+
+/// Whether `cfg` trains on episodes (environment workers, or a built-in multi-turn task), known
+/// before any environment starts; a task that cannot be built counts as multi-turn, so its
+/// error is reported where the task is loaded.
+pub fn is_multi_turn(cfg: &TrainConfig) -> bool {
+    cfg.agent.kind == AgentKind::EnvWorker || !matches!(multi_turn_task(cfg), Ok(None))
 }
 
 /// The built-in multi-turn task `task.name` names, if it is one (a dataset is always
