@@ -404,7 +404,7 @@ fn paths_the_run_cannot_write_stop_it_before_the_first_step() {
 }
 
 #[test]
-fn a_resume_that_changes_the_model_or_task_is_refused_and_changes_nothing() {
+fn a_resume_that_changes_the_model_task_data_or_seed_is_refused_and_changes_nothing() {
     let dir = workdir("fixed");
     let (code, err) = skein_train(&dir, &[], &[]);
     assert_eq!(code, 0, "{err}");
@@ -413,6 +413,8 @@ fn a_resume_that_changes_the_model_or_task_is_refused_and_changes_nothing() {
     for (set, key) in [
         ("model.hidden_size=64", "`model.hidden_size`"),
         ("task.difficulty=3", "`task.difficulty`"),
+        ("data.max_prompt_tokens=8", "`data.max_prompt_tokens`"),
+        ("run.seed=7", "`run.seed`"),
     ] {
         let (code, err) = skein_train(&dir, &resume, &[set]);
         assert_eq!(code, 2, "{set}: {err}");

@@ -81,8 +81,13 @@ pub fn run(
 }
 
 /// Sections a resume cannot change: the checkpoint's weights fix the model, and its task
-/// state (problems drawn, data position) the task.
-const FIXED_ON_RESUME: [&str; 3] = ["model", "task", "lora"];
+/// state (problems drawn, data position) the task and the data it counts rows of. The data
+/// and `run.seed` also fix which problems are held out and which are evaluated: a change would
+/// evaluate prompts trained on before the resume, or others than the curves so far.
+const FIXED_ON_RESUME: [&str; 4] = ["model", "task", "lora", "data"];
+
+/// Keys of other sections that a resume cannot change either (see [`FIXED_ON_RESUME`]).
+const FIXED_KEYS_ON_RESUME: [(&str, &str); 1] = [("run", "seed")];
 
 /// A resume keeps the run's [`FIXED_ON_RESUME`] sections as its `config.toml` has them; a
 /// changed key would be ignored by the checkpoint while the config claims it.
@@ -94,15 +99,19 @@ fn check_fixed_on_resume(dir: &std::path::Path, cfg: &crate::trainer::TrainConfi
     let mut now = cfg.clone();
     positions_as_built(&mut saved, &mut now);
     let (saved, now) = (serde_json::to_value(&saved)?, serde_json::to_value(&now)?);
-    for section in FIXED_ON_RESUME {
-        let (Some(a), Some(b)) = (saved[section].as_object(), now[section].as_object()) else {
-            continue;
-        };
-        if let Some((key, was)) = a.iter().find(|(k, v)| b.get(*k) != Some(*v)) {
+    let sections = FIXED_ON_RESUME.iter().flat_map(|section| {
+        let keys = saved[section]
+            .as_object()
+            .into_iter()
+            .flat_map(|a| a.keys());
+        keys.map(move |key| (*section, key.as_str()))
+    });
+    for (section, key) in sections.chain(FIXED_KEYS_ON_RESUME) {
+        let (was, is) = (&saved[section][key], &now[section][key]);
+        if was != is {
             bail!(
                 "`{section}.{key}` cannot change on --resume (the run's checkpoint was made with \
-                 {was}, now {}): start a new run to change it",
-                b.get(key).unwrap_or(&serde_json::Value::Null)
+                 {was}, now {is}): start a new run to change it"
             );
         }
     }
