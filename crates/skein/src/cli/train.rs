@@ -132,19 +132,32 @@ fn warn_of_a_stretched_schedule(
     let Some((done, _)) = crate::trainer::checkpoint::latest(dir)? else {
         return Ok(());
     };
-    let (planned, now) = (saved.trainer.steps, cfg.trainer.steps);
-    // lr_at counts steps from 0: the next step after checkpoint-N is step N.
-    let (was, will) = (cfg.optim.lr_at(done, planned), cfg.optim.lr_at(done, now));
-    if planned != now && (will - was).abs() > 0.01 * was {
-        eprintln!(
-            "skein: warning: `trainer.steps` goes from {planned} to {now}, which stretches the \
-             learning-rate schedule: step {} runs at {will:.3e} on the new curve, against \
-             {was:.3e} on the old one ({:.2}×; `optim.schedule`, `optim.min_lr_ratio`)",
-            done + 1,
-            will / was
-        );
+    if let Some(warning) = stretched_schedule(&saved, cfg, done) {
+        eprintln!("skein: warning: {warning}");
     }
     Ok(())
+}
+
+/// What a resume after `done` steps does to the learning rate when it changes
+/// `trainer.steps`: the next step's rate on the `saved` run's curve (its own `[optim]`) and on
+/// the resumed one's, when they differ by more than 1%.
+fn stretched_schedule(
+    saved: &crate::trainer::TrainConfig,
+    cfg: &crate::trainer::TrainConfig,
+    done: usize,
+) -> Option<String> {
+    let (planned, now) = (saved.trainer.steps, cfg.trainer.steps);
+    // lr_at counts steps from 0: the next step after checkpoint-N is step N.
+    let (was, will) = (saved.optim.lr_at(done, planned), cfg.optim.lr_at(done, now));
+    (planned != now && (will - was).abs() > 0.01 * was).then(|| {
+        format!(
+            "`trainer.steps` goes from {planned} to {now}, which stretches the learning-rate \
+             schedule: step {} runs at {will:.3e} on the new curve, against {was:.3e} on the old \
+             one ({:.2}×; `optim.schedule`, `optim.min_lr_ratio`)",
+            done + 1,
+            will / was
+        )
+    })
 }
 
 /// `model.max_positions` of both configs as the model has it. config.toml records the context
@@ -290,6 +303,36 @@ mod tests {
         std::fs::write(&file, "[task]\nname = \"arithmetic\"\ndifficulty = 2\n").unwrap();
         assert_eq!(teacher(Some(&file), &[]), None, "a config file of its own");
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// The old rate is read off the saved run's own schedule: a resume that also changes
+    /// `optim.lr` is measured against the rate the run last trained at.
+    #[test]
+    fn a_stretched_schedule_compares_with_the_runs_own_rate() {
+        let cosine = |lr: f64, steps: usize| {
+            let sets = [
+                "optim.schedule=\"cosine\"".to_string(),
+                "optim.min_lr_ratio=0.1".into(),
+                format!("optim.lr={lr}"),
+                format!("trainer.steps={steps}"),
+            ];
+            load_config(None, &sets).unwrap()
+        };
+        let saved = cosine(1e-4, 100);
+        let warning = stretched_schedule(&saved, &cosine(1e-4, 200), 100).unwrap();
+        assert!(
+            warning.contains("against 1.000e-5") && warning.contains("(5.50×"),
+            "{warning}"
+        );
+        let warning = stretched_schedule(&saved, &cosine(2e-5, 200), 100).unwrap();
+        assert!(
+            warning.contains("against 1.000e-5") && warning.contains("(1.10×"),
+            "{warning}"
+        );
+        assert_eq!(stretched_schedule(&saved, &saved, 100), None);
+        let constant = load_config(None, &["trainer.steps=100".into()]).unwrap();
+        let longer = load_config(None, &["trainer.steps=200".into()]).unwrap();
+        assert_eq!(stretched_schedule(&constant, &longer, 50), None);
     }
 
     /// A key counts as set by an override (its own or an inline table's) or by the file's
