@@ -266,6 +266,13 @@ impl Tokenizer {
         Ok(ids)
     }
 
+    /// [`Tokenizer::encode_plain_prompt`], with what in the text the vocabulary lacks
+    /// ([`Tokenizer::encode_checked`]).
+    pub fn encode_plain_prompt_checked(&self, text: &str) -> Result<(Vec<u32>, UnknownChars)> {
+        let (ids, unknown) = self.encode_checked(text, false)?;
+        Ok(([self.start_ids.as_slice(), &ids].concat(), unknown))
+    }
+
     /// Ids of `text`, exactly as [`Tokenizer::encode`] gives them, and what in it the
     /// vocabulary lacks (each such piece became the unknown token). A literal unknown-token
     /// string in `text` is a special token like any other, not counted.
@@ -527,6 +534,10 @@ mod tests {
         assert_eq!(tok.start_ids(), [1]);
         assert_eq!(tok.encode_plain_prompt("x").unwrap(), [1, 3]);
         assert_eq!(tok.encode_plain_prompt("<s>x").unwrap(), [1, 1, 3]);
+        let (ids, unknown) = tok.encode_plain_prompt_checked("x").unwrap();
+        assert_eq!((ids, unknown.is_empty()), (vec![1, 3], true));
+        let (ids, unknown) = tok.encode_plain_prompt_checked("y").unwrap();
+        assert_eq!((ids, unknown.is_total()), (vec![1, 0], true));
         let plain = Tokenizer::char_level("x").unwrap();
         assert!(plain.start_ids().is_empty());
         assert_eq!(

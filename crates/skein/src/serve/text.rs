@@ -111,11 +111,18 @@ impl TextSide {
         Ok((text, ids))
     }
 
-    /// Ids of a plain-text prompt, with the tokenizer's own special tokens (e.g. a BOS),
+    /// Ids of a plain-text prompt as training gives them ([`Tokenizer::encode_plain_prompt`]):
+    /// after what the tokenizer puts before a text (e.g. a BOS), and without an EOS its
+    /// post-processor may put after it, which would end the completion before it began;
     /// refused unread when it is too long to fit in `capacity` tokens.
     pub fn text_prompt(&self, text: &str, capacity: usize) -> Result<Vec<u32>, ApiError> {
         self.check_bytes(text, capacity)?;
-        let (ids, unknown) = self.encode(text, true)?;
+        let (ids, unknown) = self
+            .tokenizer
+            .encode_plain_prompt_checked(text)
+            .map_err(|e| {
+                ApiError::bad_request(format!("the tokenizer cannot encode the prompt: {e:#}"))
+            })?;
         self.check_unknown(&unknown, "the prompt")?;
         Ok(ids)
     }
@@ -247,7 +254,7 @@ mod tests {
             "{err}"
         );
         let ids = t.text_prompt("ab ÿ", 64).unwrap();
-        assert_eq!(ids, t.tokenizer().encode("ab ÿ", true).unwrap());
+        assert_eq!(ids, t.tokenizer().encode_plain_prompt("ab ÿ").unwrap());
         let (text, ids) = t.chat_prompt(&[Message::user("1 ÿ")], None, 64).unwrap();
         assert_eq!(ids, t.tokenizer().encode(&text, false).unwrap());
         assert!(t.unknown_warned.load(Ordering::Relaxed));
