@@ -15,6 +15,9 @@ Rust side against Python.
   the regex features (lookahead, Unicode classes) and template features real checkpoints use.
 - `bpe-bos/` is made here too: the same BPE with a Llama-style post-processor that puts a BOS
   before every text, and no chat template, as a base Llama, Mistral or Gemma checkpoint has.
+- `bpe-bos-off/` is `bpe-bos/` with `"add_bos_token": false` in tokenizer_config.json. The
+  post-processor of tokenizer.json decides: transformers (5.x) still puts the BOS first, and so
+  does skein, which reads only the post-processor.
 
 Run with the project venv (transformers, tokenizers):
     .venv/bin/python scripts/check_tokenizer_roundtrip.py
@@ -187,7 +190,7 @@ def build_bpe(out_dir):
     write_json(os.path.join(out_dir, "generation_config.json"), {"eos_token_id": [im_end, eot]}, indent=2)
 
 
-def build_bpe_bos(out_dir):
+def build_bpe_bos(out_dir, add_bos_token=None):
     tok = byte_level_bpe(CORPUS * 3, 400, ["<unk>", "<s>", "</s>"])
     bos = tok.token_to_id("<s>")
     tok.post_processor = processors.TemplateProcessing(
@@ -203,6 +206,8 @@ def build_bpe_bos(out_dir):
         "clean_up_tokenization_spaces": False,
         "model_max_length": 4096,
     }
+    if add_bos_token is not None:
+        config["add_bos_token"] = add_bos_token
     write_json(os.path.join(out_dir, "tokenizer_config.json"), config, indent=2)
 
 
@@ -258,9 +263,11 @@ def record(dir_name, chats):
 def main():
     build_bpe(os.path.join(FIXTURES, "bpe-bytelevel"))
     build_bpe_bos(os.path.join(FIXTURES, "bpe-bos"))
+    build_bpe_bos(os.path.join(FIXTURES, "bpe-bos-off"), add_bos_token=False)
     record("char-level", CHATS)
     record("bpe-bytelevel", CHATS + [TOOL_CHAT])
     record("bpe-bos", [])
+    record("bpe-bos-off", [])
 
 
 if __name__ == "__main__":

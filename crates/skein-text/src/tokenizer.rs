@@ -254,6 +254,8 @@ impl Tokenizer {
     /// Qwen's, SmolLM2's or the char-level one. A prompt given as plain text starts with them;
     /// a chat template writes its own (`{{ bos_token }}`), so a rendered prompt does not.
     /// What the post-processor puts after a text (an EOS) is never wanted before a response.
+    /// tokenizer_config.json's `add_bos_token` does not change them, as it does not change
+    /// transformers' (5.x) own post-processor of a tokenizer.json (`tests/python_parity.rs`).
     pub fn start_ids(&self) -> &[u32] {
         &self.start_ids
     }

@@ -126,6 +126,16 @@ fn a_bos_first_bpe_matches_transformers() {
     assert_eq!(tok.bos_token_id(), Some(bos));
 }
 
+/// `"add_bos_token": false` in tokenizer_config.json beside a post-processor that puts a BOS
+/// first: transformers keeps the BOS (the post-processor decides), and so does a plain prompt.
+#[test]
+fn a_bos_first_post_processor_decides_over_add_bos_token() {
+    let dir = fixture("bpe-bos-off");
+    check_against_python(&dir);
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    assert_eq!(tok.start_ids(), [tok.token_to_id("<s>").unwrap()]);
+}
+
 #[test]
 fn byte_level_bpe_specials() {
     let tok = Tokenizer::from_dir(fixture("bpe-bytelevel")).unwrap();
