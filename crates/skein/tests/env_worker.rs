@@ -258,11 +258,17 @@ fn the_header_names_the_worker_and_config_toml_the_context_the_model_has() {
 
 /// `skein eval` of a worker run plays the run's evaluation episodes through the worker again
 /// and reports what the run's final evaluation did; the options of sampled single-turn
-/// evaluation are refused by name.
+/// evaluation are refused by name. The run evaluates more seeds than the worker's 16 problems,
+/// and says at start-up that it repeats some.
 #[test]
 fn skein_eval_of_a_worker_run_plays_its_evaluation_episodes() {
-    let (code, err, dir) = skein_train("eval", SCRIPT, &[], &["trainer.steps=1"]);
+    let sets = ["trainer.steps=1", "eval.problems=20"];
+    let (code, err, dir) = skein_train("eval", SCRIPT, &[], &sets);
     assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("draws 20 seeds of an environment of 16 problems"),
+        "{err}"
+    );
     let last_eval = std::fs::read_to_string(dir.join("metrics.jsonl"))
         .unwrap()
         .lines()

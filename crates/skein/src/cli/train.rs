@@ -67,8 +67,14 @@ pub fn run(
     } else {
         "before RL"
     };
+    // An environment worker's problems are seeds, which it may map onto fewer problems.
+    let problems = if cfg.agent.kind == crate::trainer::config::AgentKind::EnvWorker {
+        "distinct seeds"
+    } else {
+        "distinct problems"
+    };
     println!(
-        "{kind} greedy accuracy {:.3} → {:.3} ({start} → after RL, {} distinct problems)",
+        "{kind} greedy accuracy {:.3} → {:.3} ({start} → after RL, {} {problems})",
         summary.eval_before.accuracy, summary.eval_after.accuracy, summary.eval_after.problems
     );
     // The same judge decided every accuracy above, and `skein eval` of the run uses it too.

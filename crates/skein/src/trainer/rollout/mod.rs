@@ -104,7 +104,9 @@ pub struct EvalResult {
     /// response that did not decode), `eval/failed`.
     pub failed: usize,
     /// Distinct problems evaluated (`eval/problems`): `eval.problems`, or all of a smaller
-    /// held-out split; 0 where not measured here (a resumed run's evaluation before RL).
+    /// held-out split; 0 where not measured here (a resumed run's evaluation before RL). An
+    /// environment worker's are distinct seeds: skein cannot see onto which of its problems
+    /// a seed maps, so two may be the same problem.
     pub problems: usize,
     /// How the greedy agent went about it, for multi-turn tasks.
     pub agent: Option<AgentEval>,

@@ -28,7 +28,9 @@ pub enum Tasks {
 impl Tasks {
     pub fn from_config(cfg: &TrainConfig) -> Result<Self> {
         if cfg.agent.kind == AgentKind::EnvWorker {
-            return Ok(Tasks::MultiTurn(Box::new(WorkerTask::start(cfg)?)));
+            let task = WorkerTask::start(cfg)?;
+            warn_of_repeated_seeds(cfg, task.problem_count());
+            return Ok(Tasks::MultiTurn(Box::new(task)));
         }
         let tasks = match multi_turn_task(cfg)? {
             Some(task) => Tasks::MultiTurn(task),
@@ -141,6 +143,19 @@ impl Tasks {
                 }
             }
         }
+    }
+}
+
+/// An environment worker's evaluation draws `eval.problems` distinct seeds; an environment
+/// that says it maps seeds onto fewer `problems` evaluates some of them several times, which
+/// the accuracy counts each time. Said once, at start-up, with what to set instead.
+fn warn_of_repeated_seeds(cfg: &TrainConfig, problems: Option<u64>) {
+    if let Some(k) = problems.filter(|&k| k < cfg.eval.problems as u64) {
+        eprintln!(
+            "skein: warning: the evaluation draws {} seeds of an environment of {k} problems, so \
+             it evaluates some problems several times; `eval.problems = {k}` or fewer draws fewer",
+            cfg.eval.problems
+        );
     }
 }
 
