@@ -30,8 +30,9 @@ pub struct EvalArgs {
     pub model: PathBuf,
     /// Prompt files (.jsonl or .parquet, verl layout), every row evaluated. Default: the
     /// config's held-out problems, as its run evaluates them: the first `eval.problems` rows
-    /// of `data.val_files`, else as many training rows drawn with the evaluation's seed, else
-    /// the built-in task's (a multi-turn task's, or environment workers', played as episodes).
+    /// of `data.val_files`, else as many distinct training problems drawn with the
+    /// evaluation's seed, else the built-in task's (a multi-turn task's, or environment
+    /// workers', played as episodes).
     #[arg(long = "data", value_name = "FILE")]
     pub data: Vec<PathBuf>,
     /// A TOML config (default: the run's config.toml; else the defaults).

@@ -180,19 +180,31 @@ impl Data {
     }
 
     /// The held-out problems evaluated during training: the first `n` of the validation split,
-    /// or without one, `n` training rows drawn with a seed of their own.
+    /// or without one, `n` distinct training problems drawn with a seed of their own
+    /// ([`distinct_draws`]).
     pub fn eval_batch(&self, tokenizer: &Tokenizer, n: usize, seed: u64) -> Result<PromptBatch> {
         let problems = if self.val.is_empty() {
-            let all = &self.train.inner.problems;
-            let mut order = Sampler::new(all.len(), seed, true);
-            (0..n.min(all.len()))
-                .map(|_| all[order.next_index()].clone())
-                .collect()
+            distinct_draws(&self.train.inner.problems, n, seed)
         } else {
             self.val.iter().take(n).cloned().collect()
         };
         prompt_batch(problems, tokenizer, &self.train)
     }
+}
+
+/// `n` problems of `rows` in an order drawn from `seed`, a prompt that several rows repeat
+/// (with the same answer) taken once, as the validation split keeps it once: a problem counted
+/// twice weighs twice in the accuracy without adding to what it measures. Fewer when the rows
+/// hold fewer distinct problems.
+fn distinct_draws(rows: &[Problem], n: usize, seed: u64) -> Vec<Problem> {
+    let mut order = Sampler::new(rows.len(), seed, true);
+    let mut seen = std::collections::HashSet::new();
+    (0..rows.len())
+        .map(|_| &rows[order.next_index()])
+        .filter(|p| seen.insert((&p.data_source, &p.prompt, &p.ground_truth)))
+        .take(n)
+        .cloned()
+        .collect()
 }
 
 /// The seed of held-out problems, one training never draws from.
@@ -669,6 +681,28 @@ mod tests {
         task.seek(5);
         let again: Vec<_> = (0..3).map(|_| task.sample(&mut rng).ground_truth).collect();
         assert_eq!(more, again);
+    }
+
+    /// Without validation files, evaluation draws distinct training problems: rows that
+    /// repeat a prompt count once, the same ones for the same seed.
+    #[test]
+    fn evaluation_rows_drawn_from_training_are_distinct_problems() {
+        let rows: Vec<Problem> = ["1+0=", "2+0=", "1+0=", "3+0=", "1+0=", "4+0="]
+            .into_iter()
+            .map(problem)
+            .collect();
+        let prompts = |n: usize, seed: u64| -> Vec<String> {
+            distinct_draws(&rows, n, seed)
+                .into_iter()
+                .map(|p| p.prompt)
+                .collect()
+        };
+        let all = prompts(10, 7);
+        let mut sorted = all.clone();
+        sorted.sort();
+        assert_eq!(sorted, ["1+0=", "2+0=", "3+0=", "4+0="]);
+        assert_eq!(prompts(3, 7), all[..3]);
+        assert_eq!(prompts(3, 7), prompts(3, 7));
     }
 
     fn problem(prompt: &str) -> Problem {
