@@ -238,10 +238,13 @@ pub fn draw(
 }
 
 /// Draws in a row that bring no new problem before [`evaluation_problems`] takes the split as
-/// exhausted. With the split's k problems all seen, one more in 2000 draws would be missed
-/// with probability (1 − 1/k)^2000: below 1e-6 for every k up to 140 (arithmetic's held-out
-/// splits hold 12–126), and a space that large rarely runs out before `eval.problems`.
-const MAX_REPEATED_DRAWS: usize = 2000;
+/// exhausted: at least [`MIN_REPEATED_DRAWS`], and [`REPEATED_DRAWS_PER_PROBLEM`] for each
+/// problem found. With k problems found and one of the split still unseen, that one is
+/// missed with probability about (1 − 1/k)^(20k) ≈ e^−20 (2e-9) whatever the split's size; a
+/// fixed 2000 would miss one of a 2000-problem split a third of the time. The floor keeps
+/// small splits (arithmetic's held-out ones hold 12–126) at below 1e-6.
+const MIN_REPEATED_DRAWS: usize = 2000;
+const REPEATED_DRAWS_PER_PROBLEM: usize = 20;
 
 /// A built-in task's evaluation problems, drawn from `seed`: `n` distinct ones, or every one
 /// of the split when it holds fewer (the caller says how many it got). Held-out problems when
@@ -262,7 +265,8 @@ pub fn evaluation_problems(
     let mut seen = HashSet::new();
     let mut problems = Vec::new();
     let mut repeated = 0;
-    while problems.len() < n && repeated < MAX_REPEATED_DRAWS {
+    let patience = |found: usize| MIN_REPEATED_DRAWS.max(REPEATED_DRAWS_PER_PROBLEM * found);
+    while problems.len() < n && repeated < patience(problems.len()) {
         let p = draw(task, held, &mut rng, &mut sample)?;
         let key = (
             p.data_source.clone(),
@@ -353,6 +357,30 @@ mod tests {
             key(evaluated("arithmetic", 2, 256, 1).0),
             key(evaluated("arithmetic", 2, 256, 2).0)
         );
+    }
+
+    /// A held-out split of about 2,000 problems, asked for more than it has, is evaluated
+    /// whole: drawing stops only when a new problem has become vanishingly unlikely.
+    #[test]
+    fn a_large_split_smaller_than_asked_is_evaluated_whole() {
+        let space = 16_000;
+        let problem = |i: u64| Problem {
+            prompt: format!("{i}?"),
+            ground_truth: i.to_string(),
+            data_source: "d".into(),
+            meta: serde_json::Value::Null,
+        };
+        let held_out = (0..space)
+            .filter(|&i| split_of(&problem(i)) == Split::HeldOut)
+            .count();
+        assert!(held_out > 1_800, "{held_out}");
+        for seed in 0..3 {
+            let (problems, split) =
+                evaluation_problems("d", Some(space), 100_000, seed, |r| problem(r.below(space)))
+                    .unwrap();
+            assert!(split);
+            assert_eq!(problems.len(), held_out, "seed {seed}");
+        }
     }
 
     /// A split larger than asked gives exactly `n` distinct problems.
