@@ -70,22 +70,47 @@ thread_local! {
 /// a call and make none). Counts do not nest: the shim keeps one set of totals, which an
 /// inner count would read and stop, so a count inside another panics.
 pub fn count<T>(work: impl FnOnce() -> T) -> (T, OpCounts) {
-    assert!(
-        !COUNTING.replace(true),
-        "op_count::count inside another: counts do not nest"
-    );
-    // SAFETY: the shim's functions take no pointers but the name buffer, which is live and
-    // whose length is passed.
-    unsafe { skein_op_count_start() };
+    let counting = Counting::start();
     let out = work();
-    let all = unsafe { skein_op_count_stop() };
-    COUNTING.set(false);
+    let all = counting.stop();
     let counts = OpCounts {
         all: all.max(0) as u64,
         top_level: by_name(true),
         computing: by_name(false),
     };
     (out, counts)
+}
+
+/// This thread's count, under way: stopped by [`Counting::stop`], or when dropped (`work`
+/// panicked), so the shim stops counting and the thread can count again.
+struct Counting;
+
+impl Counting {
+    fn start() -> Self {
+        assert!(
+            !COUNTING.replace(true),
+            "op_count::count inside another: counts do not nest"
+        );
+        // SAFETY: the shim's functions take no pointers but the name buffer, which is live and
+        // whose length is passed.
+        unsafe { skein_op_count_start() };
+        Counting
+    }
+
+    /// Every call counted since the start.
+    fn stop(self) -> i64 {
+        let all = unsafe { skein_op_count_stop() };
+        COUNTING.set(false);
+        std::mem::forget(self);
+        all
+    }
+}
+
+impl Drop for Counting {
+    fn drop(&mut self) {
+        unsafe { skein_op_count_stop() };
+        COUNTING.set(false);
+    }
 }
 
 fn by_name(top: bool) -> Vec<(String, u64)> {
@@ -124,6 +149,17 @@ mod tests {
         let nested = std::thread::spawn(|| count(|| count(|| ()))).join();
         let why = nested.expect_err("a nested count ran");
         assert!(crate::panic_message::panic_message(&*why).contains("do not nest"));
+    }
+
+    /// Work that panics ends its count: the thread counts again afterwards, from nothing.
+    #[test]
+    fn a_count_whose_work_panicked_is_over() {
+        let again = std::thread::spawn(|| {
+            let panicked = std::panic::catch_unwind(|| count(|| panic!("the work failed")));
+            assert!(panicked.is_err());
+            count(|| ()).1.all
+        });
+        assert_eq!(again.join().expect("a second count ran"), 0);
     }
 
     /// Each top-level call is counted once by name, and each computing call at its lowest.
