@@ -28,6 +28,9 @@ pub fn run(
         print!("{}", skein_config::render_documented(&cfg, PER_LOSS_KEYS));
         return Ok(());
     }
+    if let Some(warning) = unfinished_warm_up(&cfg) {
+        eprintln!("skein: warning: {warning}");
+    }
     // A resumed run keeps the size its config.toml recorded; a new one may have it fitted.
     let chosen = resume.is_some() || sets_key(config.as_deref(), &overrides, MICRO_BATCH_KEY);
     if let Some(fitted) = crate::trainer::fit::fit_micro_batch(&mut cfg, chosen) {
@@ -162,6 +165,22 @@ fn stretched_schedule(
              one ({:.2}×; `optim.schedule`, `optim.min_lr_ratio`)",
             done + 1,
             will / was
+        )
+    })
+}
+
+/// A learning-rate warm-up longer than the run: the rate rises to its last step and
+/// never reaches `optim.lr` (a run shortened with `--set trainer.steps=…` keeps the warm-up
+/// of its config). Not refused: a short trial of a long config is a fair thing to run.
+fn unfinished_warm_up(cfg: &crate::trainer::TrainConfig) -> Option<String> {
+    let (warm_up, steps) = (cfg.optim.warmup_steps, cfg.trainer.steps);
+    (steps > 0 && warm_up > steps).then(|| {
+        format!(
+            "`optim.warmup_steps` = {warm_up} is more than `trainer.steps` = {steps}: the \
+             learning rate rises for the whole run and ends at {:.3e}, below `optim.lr` = \
+             {:.3e}",
+            cfg.optim.lr_at(steps - 1, steps),
+            cfg.optim.lr
         )
     })
 }
@@ -339,6 +358,23 @@ mod tests {
         let constant = load_config(None, &["trainer.steps=100".into()]).unwrap();
         let longer = load_config(None, &["trainer.steps=200".into()]).unwrap();
         assert_eq!(stretched_schedule(&constant, &longer, 50), None);
+    }
+
+    /// A warm-up the run cannot finish is named with the rate the run ends at.
+    #[test]
+    fn a_warm_up_longer_than_the_run_is_named() {
+        let cfg = |sets: &[&str]| {
+            let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+            load_config(None, &sets).unwrap()
+        };
+        let long = cfg(&["optim.warmup_steps=10", "trainer.steps=5", "optim.lr=1e-4"]);
+        let warning = unfinished_warm_up(&long).unwrap();
+        assert!(warning.contains("ends at 5.000e-5"), "{warning}");
+        assert_eq!(
+            unfinished_warm_up(&cfg(&["optim.warmup_steps=4", "trainer.steps=5"])),
+            None
+        );
+        assert_eq!(unfinished_warm_up(&cfg(&["trainer.steps=0"])), None);
     }
 
     /// A key counts as set by an override (its own or an inline table's) or by the file's
