@@ -4,9 +4,9 @@
 //! task models that wrap it (`bert.embeddings.…`, beside a `classifier.…` head). `take` accepts
 //! both, so one loader serves sentence encoders and sequence classifiers alike.
 
-use anyhow::{bail, Context, Result};
-use std::collections::{BTreeSet, HashMap};
-use std::path::{Path, PathBuf};
+use anyhow::{bail, Result};
+use std::collections::HashMap;
+use std::path::Path;
 use tch::{Device, Kind, Tensor};
 
 /// The tensors of a model directory, on `device`, floating point ones as f32.
@@ -20,7 +20,7 @@ impl Weights {
     /// Reads `model.safetensors`, or every shard that `model.safetensors.index.json` names.
     pub fn read_dir(dir: &Path, device: Device) -> Result<Self> {
         let mut tensors = HashMap::new();
-        for file in safetensors_files(dir)? {
+        for file in crate::model::io::weight_files(dir)? {
             let read = crate::model::io::read_safetensors(&file)?;
             tensors.extend(read);
         }
@@ -74,32 +74,4 @@ impl Weights {
         };
         Ok(t.to_device(self.device))
     }
-}
-
-fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let single = dir.join("model.safetensors");
-    if single.exists() {
-        return Ok(vec![single]);
-    }
-    let index_path = dir.join("model.safetensors.index.json");
-    if !index_path.exists() {
-        let hint = if dir.join("pytorch_model.bin").exists() {
-            " (only pytorch_model.bin is there: convert it to safetensors first)"
-        } else {
-            ""
-        };
-        bail!(
-            "{}: neither model.safetensors nor model.safetensors.index.json{hint}",
-            dir.display()
-        );
-    }
-    let text = std::fs::read_to_string(&index_path)
-        .with_context(|| format!("reading {}", index_path.display()))?;
-    let index: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("parsing {}", index_path.display()))?;
-    let map = index["weight_map"]
-        .as_object()
-        .with_context(|| format!("{}: missing `weight_map`", index_path.display()))?;
-    let shards: BTreeSet<&str> = map.values().filter_map(|v| v.as_str()).collect();
-    Ok(shards.into_iter().map(|s| dir.join(s)).collect())
 }

@@ -356,28 +356,33 @@ fn safetensors_header(file: &Path) -> Result<serde_json::Map<String, serde_json:
 }
 
 /// The safetensors files of a model directory: `model.safetensors`, or the shards its index
-/// names.
-fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
+/// names. A directory with only PyTorch's pickle is told to convert it.
+pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let single = dir.join("model.safetensors");
-    let files: Vec<PathBuf> = if single.exists() {
-        vec![single]
-    } else {
-        let index_path = dir.join("model.safetensors.index.json");
-        let text = std::fs::read_to_string(&index_path).with_context(|| {
-            format!(
-                "{}: neither model.safetensors nor model.safetensors.index.json",
-                dir.display()
-            )
-        })?;
-        let index: serde_json::Value = serde_json::from_str(&text)
-            .with_context(|| format!("parsing {}", index_path.display()))?;
-        let map = index["weight_map"]
-            .as_object()
-            .with_context(|| format!("{}: missing `weight_map`", index_path.display()))?;
-        let shards: BTreeSet<&str> = map.values().filter_map(|v| v.as_str()).collect();
-        shards.into_iter().map(|s| dir.join(s)).collect()
-    };
-    Ok(files)
+    if single.exists() {
+        return Ok(vec![single]);
+    }
+    let index_path = dir.join("model.safetensors.index.json");
+    if !index_path.exists() {
+        let hint = if dir.join("pytorch_model.bin").exists() {
+            " (only pytorch_model.bin is there: convert it to safetensors first)"
+        } else {
+            ""
+        };
+        bail!(
+            "{}: neither model.safetensors nor model.safetensors.index.json{hint}",
+            dir.display()
+        );
+    }
+    let text = std::fs::read_to_string(&index_path)
+        .with_context(|| format!("reading {}", index_path.display()))?;
+    let index: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", index_path.display()))?;
+    let map = index["weight_map"]
+        .as_object()
+        .with_context(|| format!("{}: missing `weight_map`", index_path.display()))?;
+    let shards: BTreeSet<&str> = map.values().filter_map(|v| v.as_str()).collect();
+    Ok(shards.into_iter().map(|s| dir.join(s)).collect())
 }
 
 /// The tensors of one safetensors file; a damaged one is named, with what to do about it.
@@ -405,6 +410,26 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A model's files: the shards its index names, once each; a directory with only
+    /// PyTorch's pickle is told to convert it (the policy and a reward model alike).
+    #[test]
+    fn weight_files_are_the_indexed_shards_or_a_conversion_hint() {
+        let dir = std::env::temp_dir().join(format!("skein-weight-files-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("pytorch_model.bin"), b"").unwrap();
+        let err = format!("{:#}", weight_files(&dir).unwrap_err());
+        assert!(err.contains("convert it to safetensors"), "{err}");
+        let index = r#"{"weight_map": {"a": "m-2.safetensors", "b": "m-1.safetensors",
+            "c": "m-2.safetensors"}}"#;
+        std::fs::write(dir.join("model.safetensors.index.json"), index).unwrap();
+        let shards = weight_files(&dir).unwrap();
+        assert_eq!(
+            shards,
+            [dir.join("m-1.safetensors"), dir.join("m-2.safetensors")]
+        );
+        std::fs::remove_dir_all(&dir).ok();
+    }
 
     /// One misshapen tensor among many fails the copy before any variable changes.
     #[test]
