@@ -252,11 +252,14 @@ impl StepRollout {
                 .map(|(k, v)| (k.to_string(), (*v).into()))
                 .collect()
         };
-        if !self.trajectories.is_empty() {
-            let n = self.trajectories.len() as f64;
+        // Of the trajectories that have a response to judge: a failed one (an environment or
+        // reward that failed) was neither cut off nor not, and counting it would dilute the
+        // fraction the `truncation` diagnosis reads.
+        let answered = self.trajectories.iter().filter(|t| !t.is_failed()).count();
+        if answered > 0 {
             m.extend(floats(&[(
                 "response/truncated_fraction",
-                self.truncated() as f64 / n,
+                self.truncated() as f64 / answered as f64,
             )]));
         }
         m.extend(self.outcome_metrics());
@@ -512,6 +515,25 @@ mod tests {
             status: Status::Failed(why.into()),
             ..trajectory(4, 2)
         }
+    }
+
+    /// The truncated fraction is of the trajectories that did not fail: half of a step failing
+    /// does not halve it.
+    #[test]
+    fn the_truncated_fraction_leaves_failed_trajectories_out() {
+        let mut cut = trajectory(4, 2);
+        cut.status = Status::Truncated;
+        let r = rollout(vec![
+            cut,
+            trajectory(4, 2),
+            failed("reward service down"),
+            failed("x"),
+        ]);
+        let m = r.metrics(1.0, false, None);
+        let fraction = m.iter().find(|(k, _)| k == "response/truncated_fraction");
+        assert_eq!(fraction.and_then(|(_, v)| v.as_f64()), Some(0.5), "{m:?}");
+        let none = rollout(vec![failed("x")]).metrics(1.0, false, None);
+        assert!(none.iter().all(|(k, _)| k != "response/truncated_fraction"));
     }
 
     /// Steps whose every trajectory failed stop the run at the limit with the last reason; a
