@@ -11,7 +11,9 @@ use parquet::data_type::{ByteArray, ByteArrayType, Int64Type};
 use parquet::file::properties::WriterProperties;
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::file::writer::SerializedFileWriter;
+use parquet::record::{Field, Row};
 use parquet::schema::parser::parse_message_type;
+use serde_json::Value;
 use std::fs::File;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
@@ -59,9 +61,47 @@ fn read_file(f: File, file: &Path, opts: &ReadOptions) -> Result<Rows<PromptRow>
         // A record that does not decode leaves the reader in no state to go on: always fatal.
         let record =
             record.map_err(|e| DataError::row(file, i + 1, format!("cannot decode: {e}")))?;
-        out.push(from_json(&record.to_json_value()), file, i + 1, opts)?;
+        out.push(from_json(&record_json(&record)), file, i + 1, opts)?;
     }
     Ok(out)
+}
+
+/// A record as JSON, as parquet's own `to_json_value` gives it, except for byte arrays
+/// without a string annotation: some writers store text that way, and parquet's base64 of it
+/// would be read as a prompt or a ground truth no answer ever matches. Those holding UTF-8
+/// are that text; others (an image in `extra_info`) stay base64.
+fn record_json(record: &Row) -> Value {
+    Value::Object(
+        record
+            .get_column_iter()
+            .map(|(name, field)| (name.clone(), field_json(field)))
+            .collect(),
+    )
+}
+
+fn field_json(field: &Field) -> Value {
+    match field {
+        Field::Bytes(b) => match std::str::from_utf8(b.data()) {
+            Ok(text) => Value::String(text.to_string()),
+            Err(_) => field.to_json_value(),
+        },
+        Field::Group(row) => record_json(row),
+        Field::ListInternal(list) => Value::Array(list.elements().iter().map(field_json).collect()),
+        // Map keys are as parquet writes them; their values may be text stored as bytes.
+        Field::MapInternal(map) => Value::Object(
+            map.entries()
+                .iter()
+                .map(|(key, value)| {
+                    let key = match field_json(key) {
+                        Value::String(s) => s,
+                        other => other.to_string(),
+                    };
+                    (key, field_json(value))
+                })
+                .collect(),
+        ),
+        other => other.to_json_value(),
+    }
 }
 
 /// Writes rows in verl's layout (snappy-compressed). `extra_info` is stored as JSON text.

@@ -197,6 +197,31 @@ fn parquet_wrong_types_and_missing_columns_are_named() {
     );
 }
 
+/// Text stored as bytes without a string annotation, as some writers store it, is read as
+/// the text, not as parquet's base64 of it; bytes that are not UTF-8 stay base64.
+#[test]
+fn parquet_text_stored_as_plain_bytes_is_read_as_text() {
+    let path = tmp("binary.parquet");
+    let schema = "message m { optional binary prompt; optional binary data_source;
+                              optional group reward_model { optional binary ground_truth; }
+                              optional binary extra_info; }";
+    let (mut p, mut d) = (Leaf::default(), Leaf::default());
+    let (mut g, mut x) = (Leaf::default(), Leaf::default());
+    p.push_bytes("2+2=", 1, 0);
+    d.push_bytes("sums", 1, 0);
+    g.push_bytes("4", 2, 0);
+    x.bytes.push(vec![0xff, 0xfe].into());
+    x.def.push(1);
+    x.rep.push(0);
+    write_columns(&path, schema, vec![p, d, g, x]).unwrap();
+    let loaded = load(&[path], &STRICT).unwrap();
+    let row = &loaded.rows[0];
+    assert_eq!(row.prompt[0].content, "2+2=");
+    assert_eq!(row.data_source, "sums");
+    assert_eq!(row.ground_truth, "4");
+    assert_eq!(row.extra_info, json!("//4="));
+}
+
 #[test]
 fn file_level_problems_name_the_file() {
     let missing = tmp("absent.jsonl");
