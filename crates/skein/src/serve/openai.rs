@@ -2,7 +2,8 @@
 //! OpenAI chat messages into the chat template's messages. Fields clients commonly send and
 //! that change nothing of a completion (`user`, `metadata`…) are accepted and ignored; those
 //! that would change what a client gets back and skein does not do (`stop` strings,
-//! `logprobs`, a `seed`, penalties, `min_p`) are refused unless absent or neutral.
+//! `logprobs`, a `seed`, penalties, `min_p`, a `tool_choice` but `auto`) are refused unless
+//! absent or neutral.
 
 use super::error::ApiError;
 use serde::{Deserialize, Serialize};
@@ -45,6 +46,48 @@ pub struct GenerateRequest {
     /// vLLM's extensions, refused unless neutral (1 and 0).
     pub repetition_penalty: Option<f64>,
     pub min_p: Option<f64>,
+    /// vLLM's extension: extra variables of the chat template (e.g. `enable_thinking`), as
+    /// transformers' `apply_chat_template(**kwargs)` takes them. Chat only.
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    /// Refused unless absent or `auto`: skein offers the tools and returns whatever calls the
+    /// model writes; it cannot force or forbid one.
+    pub tool_choice: Option<Value>,
+}
+
+/// Variables the chat template gets from the request itself, which `chat_template_kwargs`
+/// cannot set.
+const TEMPLATE_VARIABLES: [&str; 5] = [
+    "messages",
+    "tools",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+];
+
+/// The chat template's extra variables (`chat_template_kwargs`), after refusing a
+/// `tool_choice` skein cannot keep and a variable the request itself sets.
+pub fn template_variables(
+    req: &GenerateRequest,
+) -> Result<serde_json::Map<String, Value>, ApiError> {
+    match &req.tool_choice {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if s == "auto" => {}
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "`tool_choice` = {other} is not supported: the model is offered the tools and \
+                 its calls are returned as it writes them (`auto`); leave `tool_choice` out or \
+                 set it to \"auto\""
+            )))
+        }
+    }
+    let kwargs = req.chat_template_kwargs.clone().unwrap_or_default();
+    if let Some(name) = TEMPLATE_VARIABLES.iter().find(|v| kwargs.contains_key(**v)) {
+        return Err(ApiError::bad_request(format!(
+            "`chat_template_kwargs` sets `{name}`, which the request itself gives the template \
+             (`messages`, `tools`, the generation prompt, the model's tokens): leave it out"
+        )));
+    }
+    Ok(kwargs)
 }
 
 /// A chat message as OpenAI clients send it.
@@ -256,6 +299,31 @@ pub struct CompletionResponse {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// `tool_choice` other than `auto` and template variables the request itself sets are
+    /// refused by name; other `chat_template_kwargs` pass through.
+    #[test]
+    fn template_variables_refuse_what_skein_cannot_keep() {
+        let req =
+            |body: serde_json::Value| -> GenerateRequest { serde_json::from_value(body).unwrap() };
+        let ok =
+            req(json!({"tool_choice": "auto", "chat_template_kwargs": {"enable_thinking": false}}));
+        assert_eq!(
+            template_variables(&ok).unwrap()["enable_thinking"],
+            json!(false)
+        );
+        for choice in [
+            json!("required"),
+            json!("none"),
+            json!({"type": "function"}),
+        ] {
+            let err = template_variables(&req(json!({ "tool_choice": choice }))).unwrap_err();
+            assert!(err.message.contains("`tool_choice`"), "{err}");
+        }
+        let err =
+            template_variables(&req(json!({"chat_template_kwargs": {"tools": []}}))).unwrap_err();
+        assert!(err.message.contains("sets `tools`"), "{err}");
+    }
 
     #[test]
     fn openai_messages_become_template_messages() {

@@ -5,8 +5,8 @@ use super::error::{ApiError, Body, RolloutId};
 use super::generate::{self, store_error};
 use super::guard;
 use super::openai::{
-    to_template_messages, AssistantMessage, ChatChoice, ChatResponse, CompletionChoice,
-    CompletionResponse, GenerateRequest, OutFunction, OutToolCall, Prompt,
+    template_variables, to_template_messages, AssistantMessage, ChatChoice, ChatResponse,
+    CompletionChoice, CompletionResponse, GenerateRequest, OutFunction, OutToolCall, Prompt,
 };
 use super::state::ServeState;
 use super::store::TaskSpec;
@@ -137,8 +137,11 @@ async fn chat_in(
         .as_ref()
         .filter(|t| !t.is_empty())
         .map(|t| Value::Array(t.clone()));
+    let variables = template_variables(&req)?;
     let capacity = s.0.config.capacity.max(1) as usize;
-    let (_, prompt) = s.0.text.chat_prompt(&messages, tools.as_ref(), capacity)?;
+    let (_, prompt) =
+        s.0.text
+            .chat_prompt(&messages, tools.as_ref(), &variables, capacity)?;
     let samples = generate::run(s, rollout, &prompt, params, n).await?;
     let mut choices = Vec::with_capacity(samples.len());
     for (index, sample) in samples.iter().enumerate() {
@@ -222,6 +225,12 @@ async fn completion_in(
     if req.messages.is_some() {
         return Err(ApiError::bad_request(
             "`messages` belongs to /v1/chat/completions; a completion request sends `prompt`",
+        ));
+    }
+    if req.chat_template_kwargs.is_some() || req.tool_choice.is_some() {
+        return Err(ApiError::bad_request(
+            "`chat_template_kwargs` and `tool_choice` belong to /v1/chat/completions; a \
+             completion's prompt is not rendered through the chat template",
         ));
     }
     let prompt = match req.prompt {

@@ -86,12 +86,13 @@ impl TextSide {
         Ok(self)
     }
 
-    /// The rendered chat prompt (generation prompt appended) and its ids, refused unread when
-    /// its text is too long to fit in `capacity` tokens.
+    /// The rendered chat prompt (generation prompt appended, the template's extra `variables`
+    /// set) and its ids, refused unread when its text is too long to fit in `capacity` tokens.
     pub fn chat_prompt(
         &self,
         messages: &[Message],
         tools: Option<&serde_json::Value>,
+        variables: &serde_json::Map<String, serde_json::Value>,
         capacity: usize,
     ) -> Result<(String, Vec<u32>), ApiError> {
         let template = self.template.as_ref().ok_or_else(|| {
@@ -100,7 +101,7 @@ impl TextSide {
             )
         })?;
         let text = template
-            .render(messages, tools, true)
+            .render_with(messages, tools, true, variables)
             .map_err(|e| ApiError::bad_request(format!("rendering the chat template: {e:#}")))?;
         self.check_bytes(&text, capacity)?;
         let (ids, _) = self.encode(&text, false)?;
@@ -201,6 +202,8 @@ impl TextSide {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Map;
+    use skein_text::ChatTemplate;
 
     fn side() -> TextSide {
         let tok = Tokenizer::char_level("abc 0123456789").unwrap();
@@ -211,10 +214,29 @@ mod tests {
     #[test]
     fn chat_prompt_is_the_encoding_of_the_rendered_template() {
         let t = side();
-        let (text, ids) = t.chat_prompt(&[Message::user("ab 12")], None, 64).unwrap();
+        let (text, ids) = t
+            .chat_prompt(&[Message::user("ab 12")], None, &Map::new(), 64)
+            .unwrap();
         assert!(text.ends_with("<|im_start|>assistant\n"), "{text}");
         assert_eq!(ids, t.tokenizer().encode(&text, false).unwrap());
         assert_eq!(t.stop_ids(), &[4]);
+    }
+
+    /// `chat_template_kwargs` reach the template as its variables (a Qwen3-style
+    /// `enable_thinking` switch here).
+    #[test]
+    fn the_templates_extra_variables_change_the_prompt() {
+        let mut t = side();
+        let source = "{% for m in messages %}{{ m.content }}{% endfor %}\
+                      {% if enable_thinking is defined and not enable_thinking %}ab{% endif %}";
+        t.template = Some(ChatTemplate::new(source, None, Some("<|im_end|>")).unwrap());
+        let user = [Message::user("12")];
+        let (plain, _) = t.chat_prompt(&user, None, &Map::new(), 64).unwrap();
+        let mut off = Map::new();
+        off.insert("enable_thinking".into(), false.into());
+        let (text, ids) = t.chat_prompt(&user, None, &off, 64).unwrap();
+        assert_eq!((plain.as_str(), text.as_str()), ("12", "12ab"));
+        assert_eq!(ids, t.tokenizer().encode("12ab", false).unwrap());
     }
 
     /// The byte bound refuses only text that cannot fit: a prompt of `capacity - 1` characters
@@ -233,7 +255,12 @@ mod tests {
         let fits = longest.repeat(capacity - 2);
         assert_eq!(t.text_prompt(&fits, capacity).unwrap().len(), capacity - 2);
         let err = t
-            .chat_prompt(&[Message::user("b".repeat(limit))], None, capacity)
+            .chat_prompt(
+                &[Message::user("b".repeat(limit))],
+                None,
+                &Map::new(),
+                capacity,
+            )
             .unwrap_err();
         assert!(err.message.contains("bytes"), "{err}");
     }
@@ -247,7 +274,12 @@ mod tests {
         assert_eq!(err.status, axum::http::StatusCode::BAD_REQUEST);
         assert!(err.message.contains("'ÿ', 'ü'"), "{err}");
         let err = t
-            .chat_prompt(&[Message::user("€"), Message::assistant("")], None, 64)
+            .chat_prompt(
+                &[Message::user("€"), Message::assistant("")],
+                None,
+                &Map::new(),
+                64,
+            )
             .unwrap_err();
         assert!(
             err.message.contains("'€'") && err.message.contains("messages"),
@@ -255,7 +287,9 @@ mod tests {
         );
         let ids = t.text_prompt("ab ÿ", 64).unwrap();
         assert_eq!(ids, t.tokenizer().encode_plain_prompt("ab ÿ").unwrap());
-        let (text, ids) = t.chat_prompt(&[Message::user("1 ÿ")], None, 64).unwrap();
+        let (text, ids) = t
+            .chat_prompt(&[Message::user("1 ÿ")], None, &Map::new(), 64)
+            .unwrap();
         assert_eq!(ids, t.tokenizer().encode(&text, false).unwrap());
         assert!(t.unknown_warned.load(Ordering::Relaxed));
     }
