@@ -259,7 +259,7 @@ fn the_header_names_the_worker_and_config_toml_the_context_the_model_has() {
 /// `skein eval` of a worker run plays the run's evaluation episodes through the worker again
 /// and reports what the run's final evaluation did; the options of sampled single-turn
 /// evaluation are refused by name. The run evaluates more seeds than the worker's 16 problems,
-/// and says at start-up that it repeats some.
+/// and says at start-up that some problems are evaluated several times.
 #[test]
 fn skein_eval_of_a_worker_run_plays_its_evaluation_episodes() {
     let sets = ["trainer.steps=1", "eval.problems=20"];

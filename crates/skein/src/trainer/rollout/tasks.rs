@@ -146,14 +146,16 @@ impl Tasks {
     }
 }
 
-/// An environment worker's evaluation draws `eval.problems` distinct seeds; an environment
-/// that says it maps seeds onto fewer `problems` evaluates some of them several times, which
-/// the accuracy counts each time. Said once, at start-up, with what to set instead.
+/// An environment worker's evaluation draws `eval.problems` distinct seeds, and the worker
+/// maps them onto its problems in a way skein cannot see (the example, at random): two seeds
+/// may be one problem, and with more seeds than `problems` some certainly are. Said once, at
+/// start-up, in that case, so `eval/problems` is not read as distinct problems.
 fn warn_of_repeated_seeds(cfg: &TrainConfig, problems: Option<u64>) {
     if let Some(k) = problems.filter(|&k| k < cfg.eval.problems as u64) {
         eprintln!(
-            "skein: warning: the evaluation draws {} seeds of an environment of {k} problems, so \
-             it evaluates some problems several times; `eval.problems = {k}` or fewer draws fewer",
+            "skein: warning: the evaluation draws {} seeds of an environment of {k} problems: \
+             some problems are evaluated several times, and `eval/accuracy` weighs each by how \
+             many of its seeds were drawn (`eval/problems` counts seeds)",
             cfg.eval.problems
         );
     }
