@@ -414,6 +414,7 @@ fn a_resume_that_changes_the_model_task_data_or_seed_is_refused_and_changes_noth
         ("model.hidden_size=64", "`model.hidden_size`"),
         ("task.difficulty=3", "`task.difficulty`"),
         ("data.max_prompt_tokens=8", "`data.max_prompt_tokens`"),
+        ("data.train_files=[\"moved.jsonl\"]", "correct the paths in"),
         ("run.seed=7", "`run.seed`"),
     ] {
         let (code, err) = skein_train(&dir, &resume, &[set]);

@@ -117,14 +117,37 @@ fn check_fixed_on_resume(dir: &std::path::Path, cfg: &crate::trainer::TrainConfi
     });
     for (section, key) in sections.chain(FIXED_KEYS_ON_RESUME) {
         let (was, is) = (&saved[section][key], &now[section][key]);
-        if was != is {
-            bail!(
-                "`{section}.{key}` cannot change on --resume (the run's checkpoint was made with \
-                 {was}, now {is}): start a new run to change it"
-            );
+        let files = section == "data" && key.ends_with("_files");
+        if was == is || (files && same_files(was, is)) {
+            continue;
         }
+        let moved = if files {
+            format!(
+                "; files that only moved: resume from the directory the run started in, or \
+                 correct the paths in {}",
+                dir.join("config.toml").display()
+            )
+        } else {
+            String::new()
+        };
+        bail!(
+            "`{section}.{key}` cannot change on --resume (the run's checkpoint was made with \
+             {was}, now {is}): start a new run to change it{moved}"
+        );
     }
     Ok(())
+}
+
+/// Whether two lists of data files name the same files, written another way (relative and
+/// absolute, say): each pair resolves to one path.
+fn same_files(was: &serde_json::Value, is: &serde_json::Value) -> bool {
+    let paths = |v: &serde_json::Value| -> Option<Vec<std::path::PathBuf>> {
+        v.as_array()?
+            .iter()
+            .map(|p| std::fs::canonicalize(p.as_str()?).ok())
+            .collect()
+    };
+    matches!((paths(was), paths(is)), (Some(a), Some(b)) if a == b)
 }
 
 /// A resume that changes `trainer.steps` changes the length of a decaying learning-rate
@@ -358,6 +381,23 @@ mod tests {
         let constant = load_config(None, &["trainer.steps=100".into()]).unwrap();
         let longer = load_config(None, &["trainer.steps=200".into()]).unwrap();
         assert_eq!(stretched_schedule(&constant, &longer, 50), None);
+    }
+
+    /// Data files written another way are the same files; others are not.
+    #[test]
+    fn data_files_are_compared_as_the_files_they_name() {
+        let dir = std::env::temp_dir().join(format!("skein-same-files-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (a, b) = (dir.join("a.jsonl"), dir.join("b.jsonl"));
+        std::fs::write(&a, "").unwrap();
+        std::fs::write(&b, "").unwrap();
+        let list = |paths: &[&std::path::Path]| serde_json::json!(paths);
+        let a_dotted = dir.join(".").join("a.jsonl");
+        assert!(same_files(&list(&[&a]), &list(&[&a_dotted])));
+        assert!(!same_files(&list(&[&a]), &list(&[&b])));
+        let gone = dir.join("gone.jsonl");
+        assert!(!same_files(&list(&[&gone]), &list(&[&gone])));
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     /// A warm-up the run cannot finish is named with the rate the run ends at.
