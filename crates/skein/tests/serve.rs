@@ -228,7 +228,7 @@ fn chat_and_completions_return_the_exact_token_ids() {
         let x = &body["choices"][0]["skein"];
         assert_eq!(
             ids(&x["prompt_token_ids"]),
-            tok.encode("12+3=", true).unwrap()
+            tok.encode_plain_prompt("12+3=").unwrap()
         );
         let completion = ids(&x["completion_token_ids"]);
         assert_eq!(

@@ -222,6 +222,39 @@ mod tests {
         assert_eq!(t.stop_ids(), &[4]);
     }
 
+    /// A tokenizer whose post-processor puts a BOS before a text and an EOS after it (the
+    /// `bpe-bos` fixture's, given the EOS): a text prompt gets the BOS and not the EOS, as a
+    /// plain prompt does in training.
+    #[test]
+    fn a_text_prompt_has_the_start_tokens_and_no_end_of_text() {
+        let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../skein-text/tests/fixtures/bpe-bos");
+        let mut json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(fixture.join("tokenizer.json")).unwrap())
+                .unwrap();
+        let post = &mut json["post_processor"];
+        let eos = serde_json::json!({"SpecialToken": {"id": "</s>", "type_id": 0}});
+        post["single"].as_array_mut().unwrap().push(eos);
+        post["special_tokens"]["</s>"] =
+            serde_json::json!({"id": "</s>", "ids": [2], "tokens": ["</s>"]});
+        let dir = std::env::temp_dir().join(format!("skein-serve-eos-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("tokenizer.json"), json.to_string()).unwrap();
+        let tok = Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+        std::fs::remove_dir_all(&dir).ok();
+        let n = tok.vocab_size();
+        let t = TextSide::new(tok, n).unwrap();
+        let ids = t.text_prompt("hello world", 64).unwrap();
+        let text = t.tokenizer().encode("hello world", false).unwrap();
+        assert_eq!(ids, [&[1][..], &text].concat());
+        let whole = t.tokenizer().encode("hello world", true).unwrap();
+        assert_eq!(
+            whole.last(),
+            Some(&2),
+            "the post-processor does add the EOS"
+        );
+    }
+
     /// `chat_template_kwargs` reach the template as its variables (a Qwen3-style
     /// `enable_thinking` switch here).
     #[test]
