@@ -150,7 +150,11 @@ pub struct AgentStats {
     pub solved: usize,
     pub solved_turns: usize,
     pub turn_limit: usize,
+    /// Episodes stopped by a token limit, failed ones included (`agent/token_limit`).
     pub token_limit: usize,
+    /// Of those, the ones that did not fail: trained on as cut off
+    /// (`response/truncated_fraction`, over the episodes that did not fail).
+    pub truncated: usize,
     pub env_errors: usize,
     pub env_timeouts: usize,
     pub env_worker_failures: usize,
@@ -216,7 +220,10 @@ impl AgentStats {
         }
         match e.cutoff {
             Some(Cutoff::Turns) => self.turn_limit += 1,
-            Some(Cutoff::Tokens) => self.token_limit += 1,
+            Some(Cutoff::Tokens) => {
+                self.token_limit += 1;
+                self.truncated += usize::from(!e.trajectory.is_failed());
+            }
             Some(Cutoff::EnvError) => self.env_errors += 1,
             Some(Cutoff::EnvTimeout) => self.env_timeouts += 1,
             Some(Cutoff::EnvWorker) => self.env_worker_failures += 1,
@@ -809,6 +816,10 @@ mod tests {
             }
         }
         assert_eq!(r.stats.token_limit, 2);
+        assert_eq!(
+            r.stats.truncated, 0,
+            "a failed episode is not a truncated response"
+        );
     }
 
     /// The guess task, but its environments open with `first` as the prompt.

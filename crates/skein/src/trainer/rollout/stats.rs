@@ -205,7 +205,7 @@ impl StepRollout {
     /// Trajectories cut off by a token limit (an episode's turn limit is counted apart).
     fn truncated(&self) -> usize {
         match &self.stats.source {
-            SourceStats::Episodes(a) => a.token_limit,
+            SourceStats::Episodes(a) => a.truncated,
             _ => self
                 .trajectories
                 .iter()
@@ -534,6 +534,23 @@ mod tests {
         assert_eq!(fraction.and_then(|(_, v)| v.as_f64()), Some(0.5), "{m:?}");
         let none = rollout(vec![failed("x")]).metrics(1.0, false, None);
         assert!(none.iter().all(|(k, _)| k != "response/truncated_fraction"));
+        // Episodes: of three stopped at a token limit two failed there, and only the third is
+        // a response cut off.
+        let agent = super::super::episodes::AgentStats {
+            token_limit: 3,
+            truncated: 1,
+            ..Default::default()
+        };
+        let episodes = StepRollout::new(
+            vec![trajectory(4, 2), trajectory(4, 2), failed("x"), failed("y")],
+            vec![false; 4],
+            EngineStats::default(),
+            0,
+            SourceStats::Episodes(agent),
+        );
+        let m = episodes.metrics(1.0, false, None);
+        let fraction = m.iter().find(|(k, _)| k == "response/truncated_fraction");
+        assert_eq!(fraction.and_then(|(_, v)| v.as_f64()), Some(0.5), "{m:?}");
     }
 
     /// Steps whose every trajectory failed stop the run at the limit with the last reason; a
