@@ -414,12 +414,14 @@ fn a_resume_that_changes_the_model_task_data_or_seed_is_refused_and_changes_noth
         ("model.hidden_size=64", "`model.hidden_size`"),
         ("task.difficulty=3", "`task.difficulty`"),
         ("data.max_prompt_tokens=8", "`data.max_prompt_tokens`"),
-        ("data.train_files=[\"moved.jsonl\"]", "correct the paths in"),
+        ("data.train_files=[\"moved.jsonl\"]", "`data.train_files`"),
         ("run.seed=7", "`run.seed`"),
     ] {
         let (code, err) = skein_train(&dir, &resume, &[set]);
         assert_eq!(code, 2, "{set}: {err}");
         assert!(err.contains(key) && err.contains("cannot change"), "{err}");
+        // The run had no data files: a dataset now is no move, and no path is to correct.
+        assert!(!err.contains("correct the paths"), "{err}");
     }
     assert!(snapshot(&dir) == before, "a refused resume changed the run");
 }

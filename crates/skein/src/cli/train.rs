@@ -2,7 +2,7 @@
 //! and the config loading `skein eval` shares.
 
 use anyhow::{bail, Context, Result};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub fn run(
     config: Option<PathBuf>,
@@ -121,7 +121,7 @@ fn check_fixed_on_resume(dir: &std::path::Path, cfg: &crate::trainer::TrainConfi
         if was == is || (files && same_files(was, is)) {
             continue;
         }
-        let moved = if files {
+        let moved = if files && may_have_moved(was, is) {
             format!(
                 "; files that only moved: resume from the directory the run started in, or \
                  correct the paths in {}",
@@ -148,6 +148,17 @@ fn same_files(was: &serde_json::Value, is: &serde_json::Value) -> bool {
             .collect()
     };
     matches!((paths(was), paths(is)), (Some(a), Some(b)) if a == b)
+}
+
+/// Whether a changed list of data files may be the run's files moved: as many files, both
+/// lists named, and one the run had that no longer resolves from here. A list that was empty
+/// is a switch from the built-in task, never a move.
+fn may_have_moved(was: &serde_json::Value, is: &serde_json::Value) -> bool {
+    let (Some(was), Some(is)) = (was.as_array(), is.as_array()) else {
+        return false;
+    };
+    let missing = |p: &serde_json::Value| p.as_str().is_some_and(|p| !Path::new(p).exists());
+    !was.is_empty() && was.len() == is.len() && was.iter().any(missing)
 }
 
 /// A resume that changes `trainer.steps` changes the length of a decaying learning-rate
@@ -397,6 +408,10 @@ mod tests {
         assert!(!same_files(&list(&[&a]), &list(&[&b])));
         let gone = dir.join("gone.jsonl");
         assert!(!same_files(&list(&[&gone]), &list(&[&gone])));
+        // A file the run had that is gone may have moved; a list that was empty did not.
+        assert!(may_have_moved(&list(&[&gone]), &list(&[&a])));
+        assert!(!may_have_moved(&list(&[&b]), &list(&[&a])));
+        assert!(!may_have_moved(&list(&[]), &list(&[&a])));
         std::fs::remove_dir_all(&dir).ok();
     }
 
