@@ -266,7 +266,8 @@ fn skein_eval_of_a_worker_run_plays_its_evaluation_episodes() {
     let (code, err, dir) = skein_train("eval", SCRIPT, &[], &sets);
     assert_eq!(code, 0, "{err}");
     assert!(
-        err.contains("draws 20 seeds of an environment of 16 problems"),
+        err.contains("draws 20 seeds of an environment of 16 problems")
+            && err.contains("`eval/accuracy` weighs each by how many of its seeds were drawn"),
         "{err}"
     );
     let last_eval = std::fs::read_to_string(dir.join("metrics.jsonl"))
