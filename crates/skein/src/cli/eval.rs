@@ -4,7 +4,7 @@
 //! `eval/accuracy` and `eval/reward` mean what they meant in its training. A multi-turn run
 //! is evaluated by its episodes (`eval_episodes.rs`).
 
-use super::eval_episodes;
+use super::eval_episodes::{self, Loaded};
 use crate::engine::{Engine, Generator, SamplingParams};
 use crate::model::Model;
 use crate::trainer::config::correct_by::{builtin_checker, DATASET_CHECKER};
@@ -99,16 +99,20 @@ fn evaluate(
     let device = cfg.run.start_device()?;
     let tokenizer = Tokenizer::from_dir(&model_dir)?;
     let policy = Model::load_dir(&model_dir, device)?;
+    let mut engine = Engine::new(cfg.rollout.max_slots);
+    // A run that decoded through CUDA graphs, evaluated on the CPU, decodes the ordinary way.
+    engine.cuda_graphs = cfg.rollout.cuda_graphs && device.is_cuda();
+    let engine = Generator::Local(engine);
+    let loaded = Loaded {
+        model_dir: &model_dir,
+        engine: &engine,
+        policy: &policy,
+        tokenizer: &tokenizer,
+    };
     let line = if episodes {
-        eval_episodes::evaluate(args.problems, &model_dir, cfg, &policy, &tokenizer)?
+        eval_episodes::evaluate(args.problems, cfg, &loaded)?
     } else {
-        let loaded = Loaded {
-            model_dir: &model_dir,
-            cfg: &cfg,
-            policy: &policy,
-            tokenizer: &tokenizer,
-        };
-        answer(args, ks, samples_file, &loaded)?
+        answer(args, ks, samples_file, &cfg, &loaded)?
     };
     let text = Value::Object(line).to_string();
     println!("{text}");
@@ -136,24 +140,17 @@ fn refuse_sampling_options(args: &EvalArgs) -> Result<()> {
     Ok(())
 }
 
-/// The model an evaluation answers with, and the config it is judged by.
-struct Loaded<'a> {
-    model_dir: &'a std::path::Path,
-    cfg: &'a TrainConfig,
-    policy: &'a Model,
-    tokenizer: &'a Tokenizer,
-}
-
 /// The metrics line of `--n` answers to each single-turn problem, written to `--samples`.
 fn answer(
     args: &EvalArgs,
     ks: &[usize],
     mut samples_file: Option<std::io::BufWriter<std::fs::File>>,
+    cfg: &TrainConfig,
     loaded: &Loaded,
 ) -> Result<Map<String, Value>> {
     let Loaded {
         model_dir,
-        cfg,
+        engine,
         policy,
         tokenizer,
     } = *loaded;
@@ -188,12 +185,8 @@ fn answer(
     };
     let params = sampling_params(args, cfg, tokenizer)?;
     tch::manual_seed(cfg.run.seed as i64);
-    let mut engine = Engine::new(cfg.rollout.max_slots);
-    // A run that decoded through CUDA graphs, evaluated on the CPU, decodes the ordinary way.
-    engine.cuda_graphs = cfg.rollout.cuda_graphs && device.is_cuda();
-    let engine = Generator::Local(engine);
     let answering = Answering {
-        engine: &engine,
+        engine,
         policy,
         version: 0,
         task: task.as_ref(),
@@ -246,10 +239,8 @@ fn sampling_params(
 /// `eval/accuracy`, `eval/reward` and `eval/pass@k` of the answers, `n` per problem.
 fn insert_scores(line: &mut Map<String, Value>, r: &Answers, n: usize, ks: &[usize]) {
     let scores = EvalResult::of(r.trajectories.iter().zip(r.correct.iter().copied()));
-    for (key, value) in scores.metrics() {
-        if key != "eval/problems" {
-            line.insert(key.into(), json!(value));
-        }
+    for (key, value) in scores.scores() {
+        line.insert(key.into(), json!(value));
     }
     // `answer_prompts` numbers samples problem-major: sample k of problem p is p·n + k.
     let per_problem: Vec<usize> = r

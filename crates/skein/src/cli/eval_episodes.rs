@@ -4,7 +4,7 @@
 //! `metrics.jsonl`. The options of sampled evaluation do not apply (the workload plays one
 //! greedy episode per problem), and `skein eval` refuses them.
 
-use crate::engine::{Engine, Generator, SamplingParams};
+use crate::engine::{Generator, SamplingParams};
 use crate::model::Model;
 use crate::trainer::rollout::tasks::Tasks;
 use crate::trainer::rollout::{eval_kind, StepContext};
@@ -12,20 +12,32 @@ use crate::trainer::TrainConfig;
 use anyhow::{bail, Result};
 use serde_json::{json, Map, Value};
 use skein_text::Tokenizer;
-use std::path::Path;
+
+/// The model an evaluation answers with, and the engine it answers on (a single-turn
+/// evaluation's too).
+pub struct Loaded<'a> {
+    pub model_dir: &'a std::path::Path,
+    pub engine: &'a Generator,
+    pub policy: &'a Model,
+    pub tokenizer: &'a Tokenizer,
+}
 
 /// The metrics line of greedy episodes of `cfg`'s evaluation problems (`--problems` of them,
-/// else `eval.problems`), played by the model in `model_dir`.
+/// else `eval.problems`), played by the `loaded` model.
 pub fn evaluate(
     problems: Option<usize>,
-    model_dir: &Path,
     mut cfg: TrainConfig,
-    policy: &Model,
-    tokenizer: &Tokenizer,
+    loaded: &Loaded,
 ) -> Result<Map<String, Value>> {
     if let Some(n) = problems {
         cfg.eval.problems = n;
     }
+    let Loaded {
+        model_dir,
+        engine,
+        policy,
+        tokenizer,
+    } = *loaded;
     let correct_by = cfg.correct_by().map_err(anyhow::Error::msg)?;
     if tokenizer.eos_token_ids().is_empty() {
         bail!("the tokenizer defines no end-of-sequence token");
@@ -38,10 +50,7 @@ pub fn evaluate(
     let source = tasks.describe(&cfg);
     let workload = tasks.into_workload(&cfg, tokenizer, policy, None)?;
     tch::manual_seed(cfg.run.seed as i64);
-    let mut engine = Engine::new(cfg.rollout.max_slots);
-    engine.cuda_graphs = cfg.rollout.cuda_graphs && policy.vs.device().is_cuda();
-    let engine = Generator::Local(engine);
-    let result = workload.evaluate(&StepContext::new(&engine, policy, tokenizer, &sampling));
+    let result = workload.evaluate(&StepContext::new(engine, policy, tokenizer, &sampling));
     let mut line = Map::new();
     line.insert("model".into(), json!(model_dir.display().to_string()));
     let kind = eval_kind(workload.held_out());
@@ -53,10 +62,8 @@ pub fn evaluate(
         "correct_by".into(),
         json!(correct_by.describe(&cfg.task_checker())),
     );
-    for (key, value) in result.metrics() {
-        if key != "eval/problems" {
-            line.insert(key.into(), json!(value));
-        }
+    for (key, value) in result.scores() {
+        line.insert(key.into(), json!(value));
     }
     Ok(line)
 }

@@ -150,6 +150,14 @@ impl EvalResult {
         }
     }
 
+    /// [`EvalResult::metrics`] without `eval/problems`: a `skein eval` line states its
+    /// problems itself.
+    pub fn scores(&self) -> Vec<(&'static str, f64)> {
+        let mut m = self.metrics();
+        m.retain(|(key, _)| *key != "eval/problems");
+        m
+    }
+
     /// The `eval/…` metrics of this evaluation (no `eval/reward` where every answer failed).
     pub fn metrics(&self) -> Vec<(&'static str, f64)> {
         let mut m = vec![("eval/accuracy", self.accuracy)];
