@@ -3,7 +3,8 @@
 use crate::error::{err, PlanError};
 use serde::{Deserialize, Serialize};
 
-/// The largest reward magnitude a trajectory or turn may carry: 1e38, so that a group's
+/// The largest reward magnitude a trajectory or turn may carry, and the largest sum of a
+/// trajectory's reward magnitudes ([`Trajectory::reward_problem`]): 1e38, so that a group's
 /// differences of rewards (at most 2e38) still fit in the `f32` the advantages and the loss are
 /// computed in (largest finite value about 3.4e38). A larger or non-finite reward is a reward
 /// function's bug, not a signal: the trainer fails that trajectory (counted, with the value
@@ -159,6 +160,26 @@ impl Trajectory {
         matches!(self.status, Status::Failed(_))
     }
 
+    /// What is wrong with this trajectory's rewards, if anything: its final score or a turn's
+    /// reward is non-finite or beyond ±[`MAX_REWARD`], or its turns' rewards are each within
+    /// it but their magnitudes and the final score's sum beyond it. A turn's return adds the
+    /// later turns' rewards, discounted by at most 1 per turn, so that sum bounds every return
+    /// and keeps the group's differences of returns within `f32` too.
+    pub fn reward_problem(&self) -> Option<String> {
+        let turns = self.transitions.iter().filter_map(|x| x.reward);
+        let rewards = || std::iter::once(self.reward).chain(turns.clone());
+        if let Some(bad) = rewards().find(|&r| !reward_in_range(r)) {
+            return Some(format!("reward {bad:e} is outside ±{MAX_REWARD:e}"));
+        }
+        let sum: f64 = rewards().map(f64::abs).sum();
+        (!reward_in_range(sum)).then(|| {
+            format!(
+                "its rewards' magnitudes (the final score and every turn's) sum to {sum:.3e}, \
+                 beyond ±{MAX_REWARD:e}, so its returns may be"
+            )
+        })
+    }
+
     pub fn validate(&self) -> Result<(), PlanError> {
         if self.transitions.is_empty() && !self.is_failed() {
             return err(format!("trajectory `{}` has no transitions", self.id));
@@ -167,12 +188,54 @@ impl Trajectory {
             t.validate()
                 .map_err(|e| PlanError(format!("trajectory `{}`, transition {k}: {e}", self.id)))?;
         }
-        if !reward_in_range(self.reward) && !self.is_failed() {
-            return err(format!(
-                "trajectory `{}` has reward {:e}, outside ±{MAX_REWARD:e} (advantages are f32)",
-                self.id, self.reward
-            ));
+        match self.reward_problem() {
+            Some(why) if !self.is_failed() => err(format!(
+                "trajectory `{}`: {why} (advantages are f32)",
+                self.id
+            )),
+            _ => Ok(()),
         }
-        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn two_turns(final_score: f64, turns: [Option<f64>; 2]) -> Trajectory {
+        let turn = |reward| Transition {
+            prompt: vec![1],
+            response: vec![2],
+            loss_mask: vec![1],
+            logprobs: vec![0.0],
+            versions: vec![0],
+            kept: KeptSets::default(),
+            reward,
+            state: None,
+        };
+        Trajectory {
+            id: "t".into(),
+            group: "g".into(),
+            transitions: turns.into_iter().map(turn).collect(),
+            reward: final_score,
+            status: Status::Finished,
+        }
+    }
+
+    /// Each reward within the bound is not enough: a return sums them, so their magnitudes'
+    /// sum is bounded too, whatever their signs. Failed trajectories are not refused.
+    #[test]
+    fn rewards_are_bounded_one_by_one_and_as_a_sum() {
+        assert!(two_turns(1.0, [Some(0.5), None]).validate().is_ok());
+        let bound = two_turns(5e37, [Some(-5e37), None]);
+        assert!(bound.validate().is_ok(), "a sum of exactly 1e38 is within");
+        let summed = two_turns(6e37, [Some(-5e37), None]);
+        let e = summed.validate().unwrap_err().0;
+        assert!(e.contains("sum to 1.100e38") && e.contains("`t`"), "{e}");
+        let nan = two_turns(0.0, [None, Some(f64::NAN)]);
+        assert!(nan.reward_problem().unwrap().contains("NaN"));
+        let mut failed = summed;
+        failed.status = Status::Failed("why".into());
+        assert!(failed.validate().is_ok());
     }
 }

@@ -141,19 +141,15 @@ impl StepRollout {
     }
 
     /// Fails every trajectory whose reward, or a turn's, is non-finite or beyond
-    /// ±[`skein_plan::MAX_REWARD`] (a reward function's bug: its group's advantages would
-    /// overflow): counted with the failed trajectories, the value in the reason, its reward
-    /// taken out of the step's mean. Returns how many.
+    /// ±[`skein_plan::MAX_REWARD`], or whose turns' rewards sum beyond it (a reward
+    /// function's bug: its group's advantages would overflow;
+    /// [`Trajectory::reward_problem`]): counted with the failed trajectories, the value in the
+    /// reason, its reward taken out of the step's mean. Returns how many.
     pub fn fail_rewards_out_of_range(&mut self) -> usize {
-        let bound = skein_plan::MAX_REWARD;
         let failed = self.fail_each(|t| {
-            let turns = t.transitions.iter().filter_map(|x| x.reward);
-            let bad = std::iter::once(t.reward)
-                .chain(turns)
-                .find(|&r| !skein_plan::reward_in_range(r))?;
+            let why = t.reward_problem()?;
             Some(format!(
-                "reward {bad:e} is outside ±{bound:e} (a reward function's bug: \
-                 advantages are f32)"
+                "{why} (a reward function's bug: advantages are f32)"
             ))
         });
         for t in self.trajectories.iter_mut().filter(|t| t.is_failed()) {
@@ -627,5 +623,29 @@ mod tests {
         assert!(r.trajectories[2].is_failed());
         assert_eq!(r.stats.trained_tokens, 2);
         assert_eq!(r.reward_mean(), Some(1.0), "the two failed are left out");
+    }
+
+    /// Turn rewards each within the bound whose sum is not (a return could reach it) fail
+    /// their trajectory too, and a reward of 0 is kept on it, which it already had.
+    #[test]
+    fn turn_rewards_that_sum_beyond_the_bound_fail_their_trajectory() {
+        let mut summed = trajectory(4, 2);
+        summed.reward = 0.0;
+        summed.transitions.push(summed.transitions[0].clone());
+        summed.transitions[0].reward = Some(-9e37);
+        summed.transitions[1].reward = Some(2e37);
+        let mut r = StepRollout::new(
+            vec![trajectory(3, 2), summed],
+            vec![true, true],
+            EngineStats::default(),
+            0,
+            SourceStats::default(),
+        );
+        assert_eq!(r.fail_rewards_out_of_range(), 1);
+        match &r.trajectories[1].status {
+            Status::Failed(why) => assert!(why.contains("sum to 1.100e38"), "{why}"),
+            s => panic!("{s:?}"),
+        }
+        assert!(!r.trajectories[0].is_failed());
     }
 }
