@@ -20,15 +20,17 @@
 mod common;
 
 use skein::model::{Model, ModelConfig};
-use skein::trainer::update::mini_batch_step;
 use skein::trainer::update::optim::{OptimConfig, Optimizer};
 use skein::trainer::update::ranks::mpi::{Command as RankCommand, MpiGroup, MpiRanks};
+use skein::trainer::update::ranks::DataParallel;
 use skein::trainer::update::ranks::{Job, PassSums, Ranks};
+use skein::trainer::update::{mini_batch_step, serve_other_rank};
 use skein_plan::LossAggMode;
 use std::cell::Cell;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 use tch::{Device, Kind, Tensor};
 
 const REL_TOL: f64 = 1e-4;
@@ -331,4 +333,63 @@ fn diverging_ranks() {
         .unwrap();
     let (stop, _) = group.receive_command().unwrap();
     assert!(matches!(stop, RankCommand::Stop));
+}
+
+/// A rank other than 0 that fails ends the whole job with its error printed, instead of
+/// leaving rank 0 waiting forever inside a collective: here rank 0 sends an update whose pass
+/// rank 1 cannot decode (and no models before it), then waits in the weights' broadcast that
+/// rank 1 never joins. The job must end, fail, and say which rank failed and why, within a
+/// minute; a rank 1 that returned its error instead of aborting would hang it.
+#[test]
+fn a_failing_mpi_rank_stops_every_rank_with_its_error() {
+    const NAME: &str = "a_failing_mpi_rank_stops_every_rank_with_its_error";
+    if std::env::var_os("OMPI_COMM_WORLD_SIZE").is_some() {
+        return failing_rank();
+    }
+    let exe = std::env::current_exe().expect("the test binary");
+    let mut child = mpirun(2)
+        .arg(exe)
+        .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("mpirun starts");
+    let started = Instant::now();
+    while child.try_wait().expect("mpirun runs").is_none() {
+        if started.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("the job still runs a minute after rank 1 failed: rank 0 was left waiting");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().expect("mpirun's output");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("skein: error on rank 1: decoding the update from rank 0")
+            && stderr.contains("stopping every rank"),
+        "{stderr}"
+    );
+    assert!(!stdout.contains("rank 0 went on"), "{stdout}");
+}
+
+/// One rank's side of the test above.
+fn failing_rank() {
+    let group = Rc::new(MpiGroup::start(2).expect("two MPI processes"));
+    if group.rank() != 0 {
+        let served = serve_other_rank(&DataParallel::Mpi(group), Device::Cpu);
+        panic!("a failing rank aborts the job rather than return: {served:?}");
+    }
+    let cfg = ModelConfig::tiny_qwen2(16, 32, 1, 2, 2, 64, 32);
+    let model = Model::random(&cfg, Device::Cpu, 5).expect("tiny model");
+    let plan = vec![vec![vec![0], vec![1]]];
+    let job = Job {
+        rows: &[],
+        plan: &plan,
+        pass: b"not a pass".to_vec(),
+    };
+    let mut ranks = MpiRanks::new(group);
+    let begun = ranks.begin(&model, &job);
+    println!("rank 0 went on: {begun:?}");
 }
