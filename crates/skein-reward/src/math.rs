@@ -93,20 +93,23 @@ pub fn reference_answer(ground_truth: &str) -> String {
 
 /// Reads an answer as a number, if it is one.
 pub fn parse_number(answer: &str) -> Option<f64> {
+    let (num, den) = number_parts(answer)?;
+    let (n, d) = (plain_number(&num)?, plain_number(&den)?);
+    (d != 0.0).then(|| n / d)
+}
+
+/// The numerator and denominator an answer is written as (`\frac{a}{b}`, `a/b`, or a plain
+/// number over `1`), each still text.
+fn number_parts(answer: &str) -> Option<(String, String)> {
     let s = normalize(answer);
     let s = s.trim_end_matches('%');
     if let Some((num, den)) = frac(s) {
-        return ratio(num, den);
+        return Some((num.into(), den.into()));
     }
     if let Some((num, den)) = s.split_once('/') {
-        return ratio(num, den);
+        return Some((num.into(), den.into()));
     }
-    plain_number(s)
-}
-
-fn ratio(num: &str, den: &str) -> Option<f64> {
-    let (n, d) = (plain_number(num)?, plain_number(den)?);
-    (d != 0.0).then(|| n / d)
+    Some((s.into(), "1".into()))
 }
 
 /// `[+-]digits[.digits]` only: no `inf`, `nan` or exponents sneaking in through `f64::from_str`.
@@ -120,6 +123,31 @@ fn plain_number(s: &str) -> Option<f64> {
         return None;
     }
     s.parse::<f64>().ok().filter(|v| v.is_finite())
+}
+
+/// A plain number's exact value as `numerator / 10^decimals`, if it fits an `i128`.
+fn exact_decimal(s: &str) -> Option<(i128, i128)> {
+    plain_number(s)?;
+    let (negative, digits) = match s.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, s.strip_prefix('+').unwrap_or(s)),
+    };
+    let (whole, decimals) = digits.split_once('.').unwrap_or((digits, ""));
+    let all: String = format!("{whole}{decimals}");
+    let all = all.trim_start_matches('0');
+    let magnitude: i128 = if all.is_empty() { 0 } else { all.parse().ok()? };
+    let scale = 10i128.checked_pow(u32::try_from(decimals.len()).ok()?)?;
+    Some((if negative { -magnitude } else { magnitude }, scale))
+}
+
+/// An answer's exact value as a fraction (`numerator`, `denominator` ≠ 0), if it is a number
+/// whose parts fit an `i128`.
+fn exact_number(answer: &str) -> Option<(i128, i128)> {
+    let (num, den) = number_parts(answer)?;
+    let ((n, n_scale), (d, d_scale)) = (exact_decimal(&num)?, exact_decimal(&den)?);
+    let numerator = n.checked_mul(d_scale)?;
+    let denominator = d.checked_mul(n_scale)?;
+    (denominator != 0).then_some((numerator, denominator))
 }
 
 /// `\frac{a}{b}` (also `\dfrac`, `\tfrac`) as its two parts.
@@ -165,10 +193,19 @@ pub fn normalize(answer: &str) -> String {
     out.trim_end_matches('.').to_string()
 }
 
-/// Whether `answer` and `reference` are the same answer.
+/// Whether `answer` and `reference` are the same answer. Numbers are equal when their values
+/// are, exactly: `0.5`, `1/2` and `\frac{1}{2}` are one answer, while `1000001` is not
+/// `1000000` and `0.333` is not `\frac{1}{3}`. Numbers too long for exact arithmetic (over
+/// about 38 digits) are equal only when written the same.
 pub fn equivalent(answer: &str, reference: &str) -> bool {
+    if let (Some((a, b)), Some((c, d))) = (exact_number(answer), exact_number(reference)) {
+        return match (a.checked_mul(d), c.checked_mul(b)) {
+            (Some(left), Some(right)) => left == right,
+            _ => normalize(answer) == normalize(reference),
+        };
+    }
     match (parse_number(answer), parse_number(reference)) {
-        (Some(a), Some(b)) => (a - b).abs() <= 1e-6 * b.abs().max(1.0),
+        (Some(_), Some(_)) => normalize(answer) == normalize(reference),
         _ => {
             let (a, b) = (normalize(answer), normalize(reference));
             !a.is_empty() && a == b
@@ -228,6 +265,28 @@ mod tests {
         for (a, b) in [("72", "73"), ("1/0", "0"), ("", ""), ("1e3", "1000")] {
             assert!(!equivalent(a, b), "{a} vs {b}");
         }
+        // Exact, not within a tolerance: a near miss of a large count, or a rounded decimal
+        // of a fraction, is another answer.
+        for (a, b) in [
+            ("1000001", "1000000"),
+            ("5000004", "5000000"),
+            ("0.0000015", "0.000001"),
+            ("0.333333", r"\frac{1}{3}"),
+            ("9007199254740993", "9007199254740992"),
+        ] {
+            assert!(!equivalent(a, b), "{a} vs {b}");
+        }
+        for (a, b) in [
+            ("0.50", "1/2"),
+            ("-1.5", r"\frac{-3}{2}"),
+            ("+007", "7"),
+            ("2/4", "0.5"),
+            ("0", "-0.0"),
+        ] {
+            assert!(equivalent(a, b), "{a} vs {b}");
+        }
+        let long = "1234567890123456789012345678901234567890";
+        assert!(equivalent(long, long) && !equivalent(long, &long.replace('0', "1")));
         assert!(equivalent(r"\left(1,2\right)", "(1, 2)"));
         assert_eq!(parse_number("nan"), None);
         assert_eq!(parse_number("inf"), None);
