@@ -45,6 +45,16 @@ pub struct GenerationConfig {
     pub max_new_tokens: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub do_sample: Option<bool>,
+    /// The ids of `eos_token_id` that a skein run added as stops (its
+    /// `rollout.sampling.stop_token_ids`, a `</answer>` or `</tool_call>`), not the
+    /// tokenizer's end of sequence: generation ends at them, but their text is part of the
+    /// response. Other readers of the file ignore the key and stop at every id.
+    #[serde(
+        default,
+        rename = "skein_added_stop_token_ids",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub added_stop_ids: Vec<u32>,
     #[serde(flatten)]
     pub extra: serde_json::Map<String, serde_json::Value>,
 }
@@ -74,6 +84,13 @@ impl GenerationConfig {
             .as_ref()
             .map(TokenIds::to_vec)
             .unwrap_or_default()
+    }
+
+    /// The stop ids that end a sequence, without those a run added ([`Self::added_stop_ids`]).
+    pub fn end_of_sequence_ids(&self) -> Vec<u32> {
+        let mut ids = self.eos_token_ids();
+        ids.retain(|id| !self.added_stop_ids.contains(id));
+        ids
     }
 }
 

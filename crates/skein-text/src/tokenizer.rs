@@ -47,6 +47,8 @@ pub struct Tokenizer {
     /// chat_template.jinja, when the directory keeps the template there.
     template_file: Option<String>,
     eos_ids: Vec<u32>,
+    /// Stops a run added, recorded in generation_config ([`Tokenizer::stop_token_ids`]).
+    added_stop_ids: Vec<u32>,
     pad_id: Option<u32>,
     bos_id: Option<u32>,
     /// What the post-processor puts before a text (a BOS): see [`Tokenizer::start_ids`].
@@ -58,6 +60,7 @@ impl std::fmt::Debug for Tokenizer {
         f.debug_struct("Tokenizer")
             .field("vocab_size", &self.vocab_size())
             .field("eos_ids", &self.eos_ids)
+            .field("added_stop_ids", &self.added_stop_ids)
             .field("pad_id", &self.pad_id)
             .field("bos_id", &self.bos_id)
             .finish()
@@ -82,6 +85,7 @@ impl Tokenizer {
             config: Map::new(),
             template_file: None,
             eos_ids: Vec::new(),
+            added_stop_ids: Vec::new(),
             pad_id: None,
             bos_id: None,
             start_ids,
@@ -89,8 +93,9 @@ impl Tokenizer {
     }
 
     /// Loads `tokenizer.json`, and `tokenizer_config.json`, `generation_config.json` and
-    /// `chat_template.jinja` when present. Stop ids are the union of the config's `eos_token`
-    /// and generation_config's `eos_token_id` (int or list), config first.
+    /// `chat_template.jinja` when present. End-of-sequence ids are the union of the config's
+    /// `eos_token` and generation_config's `eos_token_id` (int or list), config first, less the
+    /// stops a run added there (`skein_added_stop_token_ids`).
     pub fn from_dir(dir: impl AsRef<Path>) -> Result<Self> {
         let dir = dir.as_ref();
         let mut tok = Self::from_file(dir.join(TOKENIZER_FILE))?;
@@ -109,14 +114,17 @@ impl Tokenizer {
                 .with_context(|| format!("{}: key `{key}`", config_path.display()))
         };
         let mut eos_ids: Vec<u32> = named("eos_token")?.into_iter().collect();
-        for id in generation.eos_token_ids() {
+        for id in generation.end_of_sequence_ids() {
             if !eos_ids.contains(&id) {
                 eos_ids.push(id);
             }
         }
+        let mut added_stop_ids = generation.added_stop_ids.clone();
+        added_stop_ids.retain(|id| !eos_ids.contains(id));
         let pad_id = named("pad_token")?.or(generation.pad_token_id);
         let bos_id = named("bos_token")?.or(generation.bos_token_id);
         tok.eos_ids = eos_ids;
+        tok.added_stop_ids = added_stop_ids;
         tok.pad_id = pad_id;
         tok.bos_id = bos_id;
         Ok(tok)
@@ -212,6 +220,7 @@ impl Tokenizer {
             config,
             template_file: None,
             eos_ids: Vec::new(),
+            added_stop_ids: Vec::new(),
             pad_id: None,
             bos_id: None,
             start_ids: Vec::new(),
@@ -391,9 +400,29 @@ impl Tokenizer {
         self.inner.id_to_token(id)
     }
 
-    /// Ids that end generation; empty when the directory names none.
+    /// The ids that end a sequence (text readers drop a final one); empty when the directory
+    /// names none.
     pub fn eos_token_ids(&self) -> &[u32] {
         &self.eos_ids
+    }
+
+    /// The ids where generation ends: the end-of-sequence ids, then the stops a run added
+    /// and its checkpoint's generation_config records (`skein_added_stop_token_ids`), whose
+    /// text is part of a response.
+    pub fn stop_token_ids(&self) -> Vec<u32> {
+        let mut ids = self.eos_ids.clone();
+        ids.extend(&self.added_stop_ids);
+        ids
+    }
+
+    /// Of `stops`, those that are not end-of-sequence ids: what a checkpoint's
+    /// generation_config records as added ([`crate::GenerationConfig::added_stop_ids`]).
+    pub fn added_stops(&self, stops: &[u32]) -> Vec<u32> {
+        stops
+            .iter()
+            .copied()
+            .filter(|id| !self.eos_ids.contains(id))
+            .collect()
     }
 
     pub fn pad_token_id(&self) -> Option<u32> {

@@ -232,7 +232,10 @@ fn sampling_params(
     }
     Ok(SamplingParams {
         temperature,
-        ..cfg.rollout.sampling.stopping_at(tokenizer.eos_token_ids())
+        ..cfg
+            .rollout
+            .sampling
+            .stopping_at(&tokenizer.stop_token_ids())
     })
 }
 

@@ -44,7 +44,10 @@ pub fn evaluate(
     }
     let sampling = SamplingParams {
         temperature: 0.0,
-        ..cfg.rollout.sampling.stopping_at(tokenizer.eos_token_ids())
+        ..cfg
+            .rollout
+            .sampling
+            .stopping_at(&tokenizer.stop_token_ids())
     };
     let tasks = Tasks::from_config(&cfg)?;
     let source = tasks.describe(&cfg);

@@ -149,7 +149,7 @@ fn cut_at_positions(args: &SftArgs, policy: &Model) -> usize {
 /// penalty) stay, with the stop ids this tokenizer ends on.
 fn save_tuned(policy: &Model, tokenizer: &Tokenizer, args: &SftArgs) -> Result<()> {
     let sampling = SamplingParams {
-        stop_token_ids: tokenizer.eos_token_ids().to_vec(),
+        stop_token_ids: tokenizer.stop_token_ids(),
         ..SamplingParams::default()
     };
     if args.overwrite {
@@ -158,6 +158,7 @@ fn save_tuned(policy: &Model, tokenizer: &Tokenizer, args: &SftArgs) -> Result<(
     save_model_dir(policy, tokenizer, &sampling, &args.out)?;
     let loaded = args.model.as_deref().map(GenerationConfig::from_dir);
     if let Some(mut generation) = loaded.transpose()?.flatten() {
+        generation.added_stop_ids = tokenizer.added_stops(&sampling.stop_token_ids);
         generation.eos_token_id = Some(TokenIds::Many(sampling.stop_token_ids));
         generation.save_dir(&args.out)?;
     }

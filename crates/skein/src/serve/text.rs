@@ -41,7 +41,7 @@ impl TextSide {
     /// `vocab_size` is the model's (its embedding rows), which may exceed the tokenizer's.
     pub fn new(tokenizer: Tokenizer, vocab_size: usize) -> anyhow::Result<Self> {
         let template = tokenizer.chat_template()?;
-        let eos = tokenizer.eos_token_ids().to_vec();
+        let eos = tokenizer.stop_token_ids();
         // A vocabulary entry is spelled in at least as many bytes as the text it matches
         // (byte-level and metaspace spellings take more, never fewer).
         let longest = tokenizer

@@ -96,6 +96,7 @@ fn save_tokenizer_files(
     tokenizer.save_dir(dir)?;
     let generation = skein_text::GenerationConfig {
         eos_token_id: Some(skein_text::TokenIds::Many(sampling.stop_token_ids.clone())),
+        added_stop_ids: tokenizer.added_stops(&sampling.stop_token_ids),
         pad_token_id: tokenizer.pad_token_id(),
         temperature: Some(sampling.temperature),
         top_p: Some(sampling.top_p),
@@ -439,6 +440,46 @@ pub fn count_lines(path: &Path) -> usize {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::model::ModelConfig;
+    use crate::trainer::rollout::judge::text_ids;
+
+    /// A run that stops at an id of its own (`rollout.sampling.stop_token_ids`, here the
+    /// letter `c` standing for a `</answer>`) saves a checkpoint that generates as the run did
+    /// (generation_config's `eos_token_id` lists it) and reads back with the same
+    /// end-of-sequence ids: rewards on a resume or `skein eval` still read that id's text.
+    #[test]
+    fn a_checkpoint_keeps_a_runs_added_stop_apart_from_end_of_sequence() {
+        let tokenizer = Tokenizer::char_level("abc").unwrap();
+        let eos = tokenizer.eos_token_ids().to_vec();
+        let answer_end = tokenizer.token_to_id("c").unwrap();
+        let sampling = SamplingParams {
+            stop_token_ids: [eos.clone(), vec![answer_end]].concat(),
+            ..SamplingParams::default()
+        };
+        let cfg = ModelConfig::tiny_qwen2(tokenizer.vocab_size(), 16, 1, 2, 1, 32, 16);
+        let policy = Model::random(&cfg, tch::Device::Cpu, 1).unwrap();
+        let dir = std::env::temp_dir().join(format!("skein-added-stop-{}", std::process::id()));
+        save_model_dir(&policy, &tokenizer, &sampling, &dir).unwrap();
+
+        let generation = skein_text::GenerationConfig::from_dir(&dir)
+            .unwrap()
+            .unwrap();
+        assert_eq!(generation.eos_token_ids(), sampling.stop_token_ids);
+        let back = Tokenizer::from_dir(&dir).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(back.eos_token_ids(), eos.as_slice());
+        assert_eq!(back.stop_token_ids(), sampling.stop_token_ids);
+        let response = [tokenizer.token_to_id("a").unwrap(), answer_end];
+        assert_eq!(
+            text_ids(&back, &response),
+            &response,
+            "the added stop keeps its text"
+        );
+        let ended = [response[0], eos[0]];
+        assert_eq!(text_ids(&back, &ended), &ended[..1]);
+    }
+
     /// The trainer state is JSON, and a resume must read back the very rewards, advantages and
     /// moments it saved: every float survives the round trip bit for bit.
     #[test]

@@ -455,8 +455,9 @@ fn as_built(cfg: &TrainConfig, policy: &Model) -> TrainConfig {
     built
 }
 
-/// The run's sampling settings, stopping at each of the tokenizer's end-of-sequence ids and
-/// at the config's `stop_token_ids`.
+/// The run's sampling settings, stopping at each of the tokenizer's stop ids (its
+/// end-of-sequence ids, and the stops a checkpoint's run added) and at the config's
+/// `stop_token_ids`.
 fn sampling_params(cfg: &TrainConfig, tokenizer: &Tokenizer) -> Result<SamplingParams> {
     if tokenizer.eos_token_ids().is_empty() {
         anyhow::bail!("the tokenizer defines no end-of-sequence token");
@@ -474,7 +475,10 @@ fn sampling_params(cfg: &TrainConfig, tokenizer: &Tokenizer) -> Result<SamplingP
              tokenizer (ids 0..{vocab}): a sample would never stop there"
         );
     }
-    Ok(cfg.rollout.sampling.stopping_at(tokenizer.eos_token_ids()))
+    Ok(cfg
+        .rollout
+        .sampling
+        .stopping_at(&tokenizer.stop_token_ids()))
 }
 
 /// The task's prompts and `max_new_tokens` fit in the model's positions; else most
