@@ -63,9 +63,10 @@ impl Default for SourceStats {
 
 impl StepRollout {
     /// Counts the trained tokens and their staleness against `version` once, for every source.
+    /// A failed trajectory is not correct, whatever its judge said before it failed.
     pub fn new(
         trajectories: Vec<Trajectory>,
-        correct: Vec<bool>,
+        mut correct: Vec<bool>,
         engine: EngineStats,
         version: u64,
         source: SourceStats,
@@ -74,6 +75,9 @@ impl StepRollout {
             source,
             ..RolloutStats::default()
         };
+        for (c, t) in correct.iter_mut().zip(&trajectories) {
+            *c &= !t.is_failed();
+        }
         let (mut stale_sum, mut stale_n) = (0u64, 0usize);
         for t in trajectories.iter().filter(|t| !t.is_failed()) {
             for x in &t.transitions {
@@ -161,11 +165,13 @@ impl StepRollout {
     }
 
     /// Fails every trajectory not failed yet for which `why` gives a reason; its tokens no
-    /// longer count as trained. Returns how many.
+    /// longer count as trained, and it is no longer correct. Returns how many.
     fn fail_each(&mut self, why: impl Fn(&Trajectory) -> Option<String>) -> usize {
         let mut failed = 0;
-        for t in self.trajectories.iter_mut().filter(|t| !t.is_failed()) {
+        let each = self.trajectories.iter_mut().zip(self.correct.iter_mut());
+        for (t, correct) in each.filter(|(t, _)| !t.is_failed()) {
             if let Some(reason) = why(t) {
+                *correct = false;
                 let tokens: usize = t.transitions.iter().map(|x| x.loss_tokens()).sum();
                 self.stats.trained_tokens = self.stats.trained_tokens.saturating_sub(tokens);
                 t.status = Status::Failed(reason);
@@ -623,6 +629,27 @@ mod tests {
         assert!(r.trajectories[2].is_failed());
         assert_eq!(r.stats.trained_tokens, 2);
         assert_eq!(r.reward_mean(), Some(1.0), "the two failed are left out");
+        assert_eq!(
+            r.correct,
+            [true, false, false],
+            "the failed are not correct"
+        );
+    }
+
+    /// A trajectory that failed after its judge found it correct (its reward source timed
+    /// out) is recorded as not correct, as the judge's own failures are.
+    #[test]
+    fn a_failed_trajectory_is_not_correct() {
+        let mut timed_out = trajectory(4, 2);
+        timed_out.status = Status::Failed("reward source timed out".into());
+        let r = StepRollout::new(
+            vec![trajectory(3, 2), timed_out],
+            vec![true, true],
+            EngineStats::default(),
+            0,
+            SourceStats::default(),
+        );
+        assert_eq!(r.correct, [true, false]);
     }
 
     /// Turn rewards each within the bound whose sum is not (a return could reach it) fail
