@@ -17,7 +17,7 @@ use crate::trainer::config::{CorrectBy, TrainConfig};
 use crate::trainer::sft::sft_row;
 use anyhow::Result;
 use serde_json::Value;
-use skein_plan::Status;
+use skein_plan::{Status, Trajectory};
 use skein_reward::Rewarder;
 use skein_tasks::{splits, Problem, Split, Task, TaskRng};
 use skein_text::Tokenizer;
@@ -261,14 +261,14 @@ impl Workload for Prompts {
             partial: self.iteration.token_budget.map(|_| it.stats),
             rewards: rewarder.as_ref().map(|r| it.rewards.metrics(r)),
         };
+        let max_new_tokens = ctx.sampling.max_new_tokens;
         let info = it
             .trajectories
             .iter()
             .zip(it.sources)
             .map(|(t, source)| TrajectoryInfo {
                 source,
-                cutoff: (t.status == Status::Truncated)
-                    .then(|| "the response length limit (rollout.max_new_tokens)".into()),
+                cutoff: (t.status == Status::Truncated).then(|| cutoff(t, max_new_tokens).into()),
                 ..TrajectoryInfo::of(t)
             })
             .collect();
@@ -314,9 +314,44 @@ impl Workload for Prompts {
     }
 }
 
+/// Which limit cut a truncated single-turn sample: its response reached
+/// `max_new_tokens`, or, shorter than that, it ran out of the model's positions.
+fn cutoff(t: &Trajectory, max_new_tokens: usize) -> &'static str {
+    let response: usize = t.transitions.iter().map(|x| x.response.len()).sum();
+    if response >= max_new_tokens {
+        "the response length limit (rollout.sampling.max_new_tokens)"
+    } else {
+        "the model's context (model.max_positions)"
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A truncated sample names the key that cut it, a real one: the length limit when its
+    /// response reached it, the model's context when it stopped short of it.
+    #[test]
+    fn a_truncated_sample_names_the_limit_that_cut_it() {
+        let sample = |response: usize| Trajectory {
+            id: "t".into(),
+            group: "g".into(),
+            transitions: vec![skein_plan::Transition {
+                prompt: vec![1; 4],
+                response: vec![2; response],
+                loss_mask: vec![1; response],
+                logprobs: vec![0.0; response],
+                versions: vec![0; response],
+                kept: Default::default(),
+                reward: None,
+                state: None,
+            }],
+            reward: 0.0,
+            status: Status::Truncated,
+        };
+        assert!(cutoff(&sample(8), 8).contains("(rollout.sampling.max_new_tokens)"));
+        assert!(cutoff(&sample(5), 8).contains("(model.max_positions)"));
+    }
 
     /// The first `n` warm-up rows of a run with `run_seed` (its training stream), a careless
     /// teacher and a fixed set of demonstrations.
