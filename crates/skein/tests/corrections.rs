@@ -104,3 +104,31 @@ fn each_correction_counts_what_it_weighted_and_masked_on_stale_tokens() {
     assert!(at("icepop", true, "is/weighted_tokens") > 0.0);
     assert_eq!(at("icepop", true, "is/masked_tokens"), 0.0);
 }
+
+/// Without partial rollout, `icepop` still weighs every token by π_old/π_behavior and masks
+/// those outside its band, so each step logs what it weighted and masked as a partial run's
+/// steps do: masked tokens must never train nothing unseen.
+#[test]
+fn icepop_without_partial_rollout_counts_what_it_did() {
+    let dir = common::workdir("corrections", "icepop-synchronous");
+    let sets = [
+        "sft.steps=0",
+        "eval.problems=8",
+        "rollout.prompts_per_step=4",
+        "rollout.samples_per_prompt=4",
+        "trainer.steps=2",
+        "algorithm.is_cap=1.05",
+        "algorithm.off_policy=\"icepop\"",
+    ]
+    .map(String::from);
+    common::train_tiny(&dir, &sets);
+    let steps = step_metrics(&dir);
+    assert_eq!(steps.len(), 2);
+    total(&steps, "is/masked_tokens");
+    total(&steps, "is/masked_rows");
+    assert!(
+        total(&steps, "is/weighted_tokens") > 0.0,
+        "icepop weighs fresh tokens"
+    );
+    assert_eq!(total(&steps, "is/off_policy_fraction"), 0.0);
+}

@@ -83,7 +83,9 @@ impl StepReport<'_> {
                 ("time/step_s", t.step_s),
             ],
         );
-        if self.rollout.is_partial() {
+        // Without partial rollout only `icepop` has tokens to weigh (every token is of the
+        // step's version); its masked tokens must show.
+        if self.rollout.is_partial() || self.batch.importance.weighs_every_token {
             extend(&mut m, self.batch.importance.metrics());
         }
         if let Some(x) = &self.batch.mismatch {

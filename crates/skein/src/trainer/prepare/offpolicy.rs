@@ -38,6 +38,9 @@ pub struct ImportanceStats {
     pub masked_rows: usize,
     /// The mode leaves tokens out (all but `tis`): only then are the masked counts logged.
     pub masking: bool,
+    /// The mode weighs every token, fresh ones too (`icepop`): it acts, and its counts are
+    /// logged, without partial rollout.
+    pub weighs_every_token: bool,
 }
 
 impl ImportanceStats {
@@ -70,6 +73,7 @@ pub fn importance_weights(
 ) -> ImportanceStats {
     let mut s = ImportanceStats {
         masking: mode != OffPolicy::Tis,
+        weighs_every_token: mode == OffPolicy::Icepop,
         ..Default::default()
     };
     let (mut sum, mut tokens, mut truncated, mut off, mut raw_sum) = (0.0, 0usize, 0, 0, 0.0);
