@@ -240,10 +240,15 @@ impl Tokenizer {
         text.push('\n');
         std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
         json_file::write(&dir.join(CONFIG_FILE), &self.config)?;
-        if let Some(template) = &self.template_file {
-            let path = dir.join(TEMPLATE_FILE);
-            std::fs::write(&path, template)
-                .with_context(|| format!("writing {}", path.display()))?;
+        let path = dir.join(TEMPLATE_FILE);
+        match &self.template_file {
+            Some(template) => std::fs::write(&path, template)
+                .with_context(|| format!("writing {}", path.display()))?,
+            // Another model's template file left there would override this one's
+            // tokenizer_config template when the directory is read back.
+            None if path.exists() => std::fs::remove_file(&path)
+                .with_context(|| format!("removing the replaced {}", path.display()))?,
+            None => {}
         }
         Ok(())
     }
@@ -734,6 +739,23 @@ mod tests {
         let tok = Tokenizer::from_dir(dir.path()).unwrap();
         assert_eq!(tok.eos_token_ids(), &[4, 2]);
         assert_eq!(tok.bos_token_id(), Some(3));
+    }
+
+    /// Saved over a directory holding another tokenizer's `chat_template.jinja` (an
+    /// overwritten model), a tokenizer without one reads back as itself, not with that
+    /// template.
+    #[test]
+    fn a_save_over_another_model_leaves_no_template_of_its() {
+        let dir = tempfile::tempdir().unwrap();
+        let char_level = Tokenizer::char_level("ab").unwrap();
+        char_level.save_dir(dir.path()).unwrap();
+        std::fs::write(dir.path().join(TEMPLATE_FILE), "{{ messages }}").unwrap();
+        let other = Tokenizer::from_dir(dir.path()).unwrap();
+        assert!(!other.is_char_level(), "the template file is read");
+        char_level.save_dir(dir.path()).unwrap();
+        let back = Tokenizer::from_dir(dir.path()).unwrap();
+        assert!(back.is_char_level());
+        assert!(!dir.path().join(TEMPLATE_FILE).exists());
     }
 
     #[test]
