@@ -596,6 +596,18 @@ mod tests {
         let wrong = Model::load_dir_with(&dir.join("base"), &lora(8), Device::Cpu).unwrap();
         let err = wrong.load_adapter(&dir.join("adapter")).unwrap_err();
         assert!(err.to_string().contains("rank 4"), "{err}");
+        // A tensor beside the adapters (PEFT's trainable token rows) is refused by name, not
+        // dropped.
+        let file = dir.join("adapter/adapter_model.safetensors");
+        let mut named = Tensor::read_safetensors(&file).unwrap();
+        let extra = "base_model.model.model.embed_tokens.token_adapter.trainable_tokens_delta";
+        named.push((
+            extra.to_string(),
+            Tensor::zeros([2, 4], (Kind::Float, Device::Cpu)),
+        ));
+        Tensor::write_safetensors(&named, &file).unwrap();
+        let err = again.load_adapter(&dir.join("adapter")).unwrap_err();
+        assert!(err.to_string().contains("trainable_tokens_delta"), "{err}");
 
         adapted.merge_adapters();
         assert!(max_diff(&adapted.net.forward(&ids()), &want) < 1e-5);

@@ -101,7 +101,7 @@ fn beyond_plain_lora(saved: &serde_json::Value) -> Vec<String> {
         _ => false,
     };
     type IsPlain<'a> = &'a dyn Fn(&Value) -> bool;
-    let plain: [(&str, IsPlain); 10] = [
+    let plain: [(&str, IsPlain); 11] = [
         ("peft_type", &|v| v.is_null() || v == "LORA"),
         ("alpha_pattern", &empty),
         ("rank_pattern", &empty),
@@ -112,6 +112,7 @@ fn beyond_plain_lora(saved: &serde_json::Value) -> Vec<String> {
         ("lora_bias", &|v| v.is_null() || v == false),
         ("modules_to_save", &empty),
         ("layer_replication", &empty),
+        ("trainable_token_indices", &empty),
     ];
     plain
         .iter()
@@ -124,6 +125,30 @@ fn beyond_plain_lora(saved: &serde_json::Value) -> Vec<String> {
             Some(format!("`{key}` = {shown}"))
         })
         .collect()
+}
+
+/// An error naming a tensor of an adapter file that is none of the model's LoRA adapters:
+/// PEFT's trainable token rows, a saved embedding or head. Loading the adapters without it
+/// would compute other numbers than PEFT does with the file.
+fn refuse_beyond_adapters(
+    variables: &HashMap<String, Tensor>,
+    tensors: &HashMap<String, Tensor>,
+    source: &str,
+) -> Result<()> {
+    let mut beyond: Vec<&String> = tensors
+        .keys()
+        .filter(|name| !(is_adapter(name) && variables.contains_key(*name)))
+        .collect();
+    beyond.sort();
+    if let Some(first) = beyond.first() {
+        bail!(
+            "{source}: {} tensor(s) are no LoRA adapter of the model, e.g. `{first}`: skein \
+             loads plain LoRA adapters (A and B matrices) only, and without them the model \
+             would compute other numbers than PEFT does with this adapter",
+            beyond.len()
+        );
+    }
+    Ok(())
 }
 
 /// The base model directory an adapter names (`base_model_name_or_path`: absolute, or
@@ -189,7 +214,9 @@ impl Model {
             .map(|(name, t)| (name.trim_start_matches(PREFIX).to_string(), t))
             .collect();
         let source = dir.join(WEIGHTS_FILE).display().to_string();
-        copy_named(&self.vs.variables(), &tensors, &source, true)
+        let variables = self.vs.variables();
+        refuse_beyond_adapters(&variables, &tensors, &source)?;
+        copy_named(&variables, &tensors, &source, true)
     }
 
     /// Folds the adapters into the base weights and restarts them from zero: the model
@@ -238,6 +265,7 @@ mod tests {
             ("lora_bias", json!(true)),
             ("modules_to_save", json!(["lm_head"])),
             ("layer_replication", json!([[0, 2]])),
+            ("trainable_token_indices", json!([5, 7])),
             ("peft_type", json!("LOHA")),
         ];
         for (i, (key, value)) in cases.into_iter().enumerate() {
