@@ -74,12 +74,28 @@ const MAX_LOGPROB: f32 = 1e-4;
 
 /// Refuses a completion that cannot be training data: ids outside the policy's vocabulary
 /// (a server with another tokenizer; the trainer's forward would index past its embedding
-/// table), log-probs that are no log-probabilities, or more tokens than were asked for. Its
-/// trajectory fails alone, rather than the run at the update.
-fn check_completion(exact: &Exact, max_tokens: usize, vocab_size: usize) -> Result<()> {
+/// table), log-probs that are no log-probabilities, more tokens than were asked for, or
+/// tokens after one of `stop_ids` (a server that ignored them: the embedded engine ends a
+/// sample at the first). Its trajectory fails alone, rather than the run at the update.
+fn check_completion(
+    exact: &Exact,
+    max_tokens: usize,
+    vocab_size: usize,
+    stop_ids: &[u32],
+) -> Result<()> {
     let (ids, logprobs) = (&exact.completion_token_ids, &exact.logprobs);
     if logprobs.len() != ids.len() {
         bail!("the completion's token ids and log-probs differ in length");
+    }
+    let before_last = &ids[..ids.len().saturating_sub(1)];
+    if let Some(k) = before_last.iter().position(|id| stop_ids.contains(id)) {
+        bail!(
+            "the completion goes on past stop id {} (token {} of {}): does the server honour \
+             the request's `stop_token_ids`?",
+            ids[k],
+            k + 1,
+            ids.len()
+        );
     }
     if ids.len() > max_tokens {
         bail!(
@@ -166,7 +182,7 @@ impl RemoteEngine {
                 .ok_or_else(|| anyhow!("the completion carries no token ids (`skein` field)"))?,
         )
         .context("the completion's `skein` field")?;
-        check_completion(&exact, max_tokens, self.vocab_size)?;
+        check_completion(&exact, max_tokens, self.vocab_size, &p.stop_token_ids)?;
         let n = exact.completion_token_ids.len();
         let stopped = exact
             .completion_token_ids
@@ -272,7 +288,10 @@ mod tests {
     #[test]
     fn a_completion_that_cannot_be_training_data_is_refused_naming_why() {
         let ok = exact(&[3, 9], &[-0.5, -1e-7]);
-        assert!(check_completion(&ok, 2, 10).is_ok());
+        assert!(
+            check_completion(&ok, 2, 10, &[9]).is_ok(),
+            "a stop id ends it"
+        );
         for (bad, why) in [
             (
                 exact(&[3, 10], &[-0.5, -0.5]),
@@ -283,8 +302,9 @@ mod tests {
             (exact(&[3], &[f32::NEG_INFINITY]), "log-prob -inf"),
             (exact(&[3, 4, 5], &[-1.0; 3]), "over the 2 asked for"),
             (exact(&[3, 4], &[-1.0]), "differ in length"),
+            (exact(&[9, 4], &[-1.0; 2]), "past stop id 9 (token 1 of 2)"),
         ] {
-            let e = check_completion(&bad, 2, 10).unwrap_err().to_string();
+            let e = check_completion(&bad, 2, 10, &[9]).unwrap_err().to_string();
             assert!(e.contains(why), "{why}: {e}");
         }
     }
