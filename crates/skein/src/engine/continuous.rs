@@ -57,6 +57,8 @@ pub struct GenOutput {
     /// What top-k/top-p kept for each token (empty when sampling does not truncate).
     pub kept: KeptSets,
     pub finish: Finish,
+    /// Why a remote engine failed it (`Finish::Failed`), for its trajectory's reason.
+    pub error: Option<String>,
 }
 
 impl GenOutput {
@@ -69,6 +71,7 @@ impl GenOutput {
             versions: Vec::new(),
             kept: KeptSets::default(),
             finish,
+            error: None,
         }
     }
 }

@@ -204,12 +204,14 @@ impl RemoteEngine {
             // top-k/top-p with it.
             kept: skein_plan::KeptSets::default(),
             finish,
+            error: None,
         })
     }
 
     /// Generates every request, `concurrency` at a time, calling `on_finish` on this thread as
-    /// each completes. A request that fails comes back empty with `Finish::Failed` (its
-    /// trajectory fails; the rest go on); the first error of a call is printed once.
+    /// each completes. A request that fails comes back empty with `Finish::Failed` and its
+    /// error (its trajectory fails with it; the rest go on); the first error of a call is
+    /// printed once.
     pub fn generate(
         &self,
         version: u64,
@@ -245,7 +247,10 @@ impl RemoteEngine {
                             eprintln!("skein: remote engine: {e:#}");
                         }
                         errors += 1;
-                        on_finish(GenOutput::empty(req.id, Finish::Failed));
+                        on_finish(GenOutput {
+                            error: Some(format!("{e:#}")),
+                            ..GenOutput::empty(req.id, Finish::Failed)
+                        });
                     }
                 }
             }
@@ -277,6 +282,49 @@ impl RemoteEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A request the server refuses comes back failed with the server's own words, which
+    /// its trajectory's reason then carries: a server on loopback answers 400 once.
+    #[test]
+    fn a_failed_request_carries_the_servers_error() {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let server = std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let mut request = [0u8; 4096];
+            let _ = conn.read(&mut request).unwrap();
+            let body = r#"{"error": "prompt token 99 is outside the vocabulary"}"#;
+            let answer = format!(
+                "HTTP/1.1 400 Bad Request\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            conn.write_all(answer.as_bytes()).unwrap();
+        });
+        let cfg = RemoteEngineConfig {
+            url,
+            concurrency: 1,
+            ..RemoteEngineConfig::default()
+        };
+        let request = GenRequest {
+            id: 3,
+            prompt: vec![1, 2],
+            resumed: Vec::new(),
+            params: crate::engine::SamplingParams::default(),
+            budget: None,
+            session: None,
+        };
+        let mut outs = Vec::new();
+        let stats = RemoteEngine::new(&cfg, 10).generate(0, vec![request], |o| outs.push(o));
+        server.join().unwrap();
+        assert_eq!(stats.failed, 1);
+        assert_eq!((outs[0].id, outs[0].finish), (3, Finish::Failed));
+        let error = outs[0].error.as_deref().unwrap();
+        assert!(
+            error.contains("answered 400") && error.contains("token 99"),
+            "{error}"
+        );
+    }
 
     fn exact(ids: &[u32], logprobs: &[f32]) -> Exact {
         Exact {

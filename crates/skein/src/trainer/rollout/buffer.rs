@@ -357,6 +357,7 @@ impl GroupBuffer {
                     &g.problem,
                     &part.tokens,
                     out.finish,
+                    out.error.as_deref(),
                 );
                 let id = format!("{}-s{k}", g.id);
                 if let (true, Some(text)) = (round.active(), judged.text.take()) {

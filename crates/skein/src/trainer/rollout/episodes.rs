@@ -1382,6 +1382,7 @@ mod tests {
                     } else {
                         Finish::Stop
                     },
+                    error: None,
                 };
                 *k += 1;
                 out

@@ -84,6 +84,7 @@ pub fn answer_prompts(a: &Answering, batch: &PromptBatch, n: usize, tag: &str) -
             &batch.problems[p],
             &out.tokens,
             out.finish,
+            out.error.as_deref(),
         );
         let traj_id = format!("{tag}-p{p}-s{k}");
         if let (true, Some(text)) = (round.active(), judged.text.take()) {
@@ -164,7 +165,7 @@ pub fn text_ids<'a>(tokenizer: &Tokenizer, tokens: &'a [u32]) -> &'a [u32] {
 
 /// Scores one finished response (`tokens`, stop token included) and judges it by
 /// `correct_by`. The reward program sees text ([`text_ids`]); the gradient only ever sees the
-/// token ids.
+/// token ids. `engine_error` is why a remote engine failed it (`Finish::Failed`).
 pub fn score_response(
     task: &dyn Task,
     correct_by: &CorrectBy,
@@ -172,12 +173,16 @@ pub fn score_response(
     problem: &Problem,
     tokens: &[u32],
     finish: Finish,
+    engine_error: Option<&str>,
 ) -> Judged {
     let answer_ids = text_ids(tokenizer, tokens);
     let failed = match finish {
-        Finish::Failed => Some("the remote engine failed to generate it"),
+        Finish::Failed => Some(format!(
+            "the remote engine failed to generate it: {}",
+            engine_error.unwrap_or("no reason given")
+        )),
         Finish::ContextTooLong => {
-            Some("its prompt is longer than the engine's context (model.max_positions)")
+            Some("its prompt is longer than the engine's context (model.max_positions)".to_string())
         }
         _ => None,
     };
@@ -185,7 +190,7 @@ pub fn score_response(
         return Judged {
             reward: 0.0,
             correct: false,
-            status: Status::Failed(why.into()),
+            status: Status::Failed(why),
             text: None,
         };
     }
@@ -296,6 +301,7 @@ mod tests {
                 &problem,
                 tokens,
                 Finish::Stop,
+                None,
             )
         };
         let ended = judge(&[ids("5"), vec![eos]].concat());
@@ -304,6 +310,20 @@ mod tests {
         let closed = judge(&ids("(5)"));
         assert_eq!(closed.text.as_deref(), Some("(5)"));
         assert_eq!(text_ids(&tokenizer, &ids("5=")), ids("5=").as_slice());
+        let refused = "http://server answered 400: prompt token 99 is outside the vocabulary";
+        let failed = score_response(
+            task.as_ref(),
+            &CorrectBy::Task,
+            &tokenizer,
+            &problem,
+            &[],
+            Finish::Failed,
+            Some(refused),
+        );
+        match failed.status {
+            Status::Failed(why) => assert!(why.ends_with(refused), "{why}"),
+            s => panic!("{s:?}"),
+        }
     }
 
     #[test]
