@@ -978,6 +978,9 @@ fn validate_reward(cfg: &TrainConfig, v: &mut Validator) {
             v.problem(p.clone());
         }
     }
+    if !is_multi_turn(cfg) {
+        refuse_inert_overlong(reward, cfg.rollout.sampling.max_new_tokens, v);
+    }
     // A dataset names its data sources per row: there is no one source to check routes against.
     if !cfg.data.train_files.is_empty() {
         return;
@@ -1001,6 +1004,36 @@ fn validate_reward(cfg: &TrainConfig, v: &mut Validator) {
             "`reward.default_route.sources` is empty and there is no `reward.routes.{source}`: \
              the task's responses would have no reward source"
         ));
+    }
+}
+
+/// An `overlong` source whose penalty starts beyond the longest response the run samples
+/// (`max_new_tokens`) would score 0 on every response: a setting with no effect.
+fn refuse_inert_overlong(
+    reward: &skein_reward::RewardConfig,
+    max_new_tokens: usize,
+    v: &mut Validator,
+) {
+    use skein_reward::{RewardFn, SourceConfig};
+    for (name, source) in &reward.sources {
+        let SourceConfig::Function(RewardFn::Overlong {
+            max_response_tokens,
+            overlong_buffer,
+            ..
+        }) = source
+        else {
+            continue;
+        };
+        let start = max_response_tokens.saturating_sub(*overlong_buffer);
+        if start >= max_new_tokens {
+            v.problem(format!(
+                "`reward.sources.{name}.max_response_tokens`: its penalty starts after {start} \
+                 response tokens (max_response_tokens − overlong_buffer), but \
+                 `rollout.sampling.max_new_tokens` = {max_new_tokens} ends every response \
+                 before that, so it would score 0 on all of them: set max_response_tokens to \
+                 {max_new_tokens} (the response limit) or lower"
+            ));
+        }
     }
 }
 
@@ -1387,6 +1420,36 @@ mod tests {
         assert!(err.contains("`eval.correct_by` is not set"), "{err}");
         ok.eval.correct_by = Some("math".into());
         assert!(validate(&ok).is_ok(), "{:?}", validate(&ok));
+    }
+
+    /// An `overlong` source whose penalty could never start under the response limit is
+    /// refused by name; one whose soft zone the responses reach is accepted.
+    #[test]
+    fn an_overlong_penalty_beyond_the_response_limit_is_refused() {
+        let with_overlong = |max_response_tokens: usize| {
+            let mut cfg = TrainConfig::default();
+            let mut reward = skein_reward::RewardConfig::default();
+            reward.sources.insert(
+                "len".into(),
+                skein_reward::SourceConfig::Function(skein_reward::RewardFn::Overlong {
+                    max_response_tokens,
+                    overlong_buffer: 4,
+                    penalty: 1.0,
+                }),
+            );
+            reward.default_route.sources = vec!["math".into(), "len".into()];
+            cfg.reward = Some(reward);
+            cfg
+        };
+        let limit = TrainConfig::default().rollout.sampling.max_new_tokens;
+        let err = validate(&with_overlong(limit + 4)).unwrap_err().to_string();
+        assert!(
+            err.contains("`reward.sources.len.max_response_tokens`")
+                && err.contains(&format!("`rollout.sampling.max_new_tokens` = {limit}")),
+            "{err}"
+        );
+        let reached = with_overlong(limit + 3);
+        assert!(validate(&reached).is_ok(), "{:?}", validate(&reached));
     }
 
     /// CISPO is a policy loss of its own: accepted with the clip range, refused with a
