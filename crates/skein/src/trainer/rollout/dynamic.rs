@@ -133,9 +133,10 @@ fn append(into: &mut Iteration, it: Iteration) {
 /// checks find nothing more.
 fn fail_untrainable(it: &mut Iteration, max_positions: usize) {
     let trajectories = std::mem::take(&mut it.trajectories);
+    let correct = std::mem::take(&mut it.correct);
     let mut r = StepRollout::new(
         trajectories,
-        Vec::new(),
+        correct,
         EngineStats::default(),
         0,
         SourceStats::default(),
@@ -143,6 +144,7 @@ fn fail_untrainable(it: &mut Iteration, max_positions: usize) {
     r.fail_longer_than(max_positions);
     r.fail_rewards_out_of_range();
     it.trajectories = r.trajectories;
+    it.correct = r.correct;
 }
 
 impl DynamicSampling {

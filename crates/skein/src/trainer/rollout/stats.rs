@@ -168,10 +168,14 @@ impl StepRollout {
     /// longer count as trained, and it is no longer correct. Returns how many.
     fn fail_each(&mut self, why: impl Fn(&Trajectory) -> Option<String>) -> usize {
         let mut failed = 0;
-        let each = self.trajectories.iter_mut().zip(self.correct.iter_mut());
-        for (t, correct) in each.filter(|(t, _)| !t.is_failed()) {
+        for (i, t) in self.trajectories.iter_mut().enumerate() {
+            if t.is_failed() {
+                continue;
+            }
             if let Some(reason) = why(t) {
-                *correct = false;
+                if let Some(correct) = self.correct.get_mut(i) {
+                    *correct = false;
+                }
                 let tokens: usize = t.transitions.iter().map(|x| x.loss_tokens()).sum();
                 self.stats.trained_tokens = self.stats.trained_tokens.saturating_sub(tokens);
                 t.status = Status::Failed(reason);
@@ -650,6 +654,24 @@ mod tests {
             SourceStats::default(),
         );
         assert_eq!(r.correct, [true, false]);
+    }
+
+    /// A rollout built without verdicts (dynamic sampling's round check) still fails what
+    /// it must: the verdicts are cleared only where there are some.
+    #[test]
+    fn a_rollout_without_verdicts_still_fails_bad_rewards() {
+        let mut huge = trajectory(4, 2);
+        huge.reward = 1e308;
+        let mut r = StepRollout::new(
+            vec![trajectory(3, 2), huge],
+            Vec::new(),
+            EngineStats::default(),
+            0,
+            SourceStats::default(),
+        );
+        assert_eq!(r.fail_rewards_out_of_range(), 1);
+        assert!(r.trajectories[1].is_failed());
+        assert!(r.correct.is_empty());
     }
 
     /// Turn rewards each within the bound whose sum is not (a return could reach it) fail
