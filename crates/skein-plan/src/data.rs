@@ -175,7 +175,7 @@ impl Trajectory {
         (!reward_in_range(sum)).then(|| {
             format!(
                 "its rewards' magnitudes (the final score and every turn's) sum to {sum:.3e}, \
-                 beyond ±{MAX_REWARD:e}, so its returns may be"
+                 beyond ±{MAX_REWARD:e}, so its returns could overflow"
             )
         })
     }
