@@ -1026,12 +1026,18 @@ fn refuse_inert_overlong(
         };
         let start = max_response_tokens.saturating_sub(*overlong_buffer);
         if start >= max_new_tokens {
+            // The buffer may not exceed max_response_tokens: lowering that alone may not do.
+            let buffer_too = if *overlong_buffer >= max_new_tokens {
+                format!(" and `reward.sources.{name}.overlong_buffer` below it")
+            } else {
+                String::new()
+            };
             v.problem(format!(
                 "`reward.sources.{name}.max_response_tokens`: its penalty starts after {start} \
                  response tokens (max_response_tokens − overlong_buffer), but \
                  `rollout.sampling.max_new_tokens` = {max_new_tokens} ends every response \
                  before that, so it would score 0 on all of them: set max_response_tokens to \
-                 {max_new_tokens} (the response limit) or lower"
+                 {max_new_tokens} (the response limit) or lower{buffer_too}"
             ));
         }
     }
@@ -1450,6 +1456,7 @@ mod tests {
         );
         let reached = with_overlong(limit + 3);
         assert!(validate(&reached).is_ok(), "{:?}", validate(&reached));
+        assert!(!err.contains("overlong_buffer` below it"), "{err}");
     }
 
     /// CISPO is a policy loss of its own: accepted with the clip range, refused with a
