@@ -262,13 +262,15 @@ impl Workload for Prompts {
             rewards: rewarder.as_ref().map(|r| it.rewards.metrics(r)),
         };
         let max_new_tokens = ctx.sampling.max_new_tokens;
+        let remote = matches!(ctx.engine, crate::engine::Generator::Remote(_));
         let info = it
             .trajectories
             .iter()
             .zip(it.sources)
             .map(|(t, source)| TrajectoryInfo {
                 source,
-                cutoff: (t.status == Status::Truncated).then(|| cutoff(t, max_new_tokens).into()),
+                cutoff: (t.status == Status::Truncated)
+                    .then(|| cutoff(t, max_new_tokens, remote).into()),
                 ..TrajectoryInfo::of(t)
             })
             .collect();
@@ -315,11 +317,14 @@ impl Workload for Prompts {
 }
 
 /// Which limit cut a truncated single-turn sample: its response reached
-/// `max_new_tokens`, or, shorter than that, it ran out of the model's positions.
-fn cutoff(t: &Trajectory, max_new_tokens: usize) -> &'static str {
+/// `max_new_tokens`, or, shorter than that, it ran out of the engine's positions (a remote
+/// server's may be fewer than the model's).
+fn cutoff(t: &Trajectory, max_new_tokens: usize, remote: bool) -> &'static str {
     let response: usize = t.transitions.iter().map(|x| x.response.len()).sum();
     if response >= max_new_tokens {
         "the response length limit (rollout.sampling.max_new_tokens)"
+    } else if remote {
+        "the engine's context (model.max_positions, or the remote server's own)"
     } else {
         "the model's context (model.max_positions)"
     }
@@ -349,8 +354,9 @@ mod tests {
             reward: 0.0,
             status: Status::Truncated,
         };
-        assert!(cutoff(&sample(8), 8).contains("(rollout.sampling.max_new_tokens)"));
-        assert!(cutoff(&sample(5), 8).contains("(model.max_positions)"));
+        assert!(cutoff(&sample(8), 8, false).contains("(rollout.sampling.max_new_tokens)"));
+        assert!(cutoff(&sample(5), 8, false).contains("(model.max_positions)"));
+        assert!(cutoff(&sample(5), 8, true).contains("remote server"));
     }
 
     /// The first `n` warm-up rows of a run with `run_seed` (its training stream), a careless
