@@ -63,3 +63,85 @@ fn the_example_agent_trains_the_policy_through_the_server() {
     }
     assert_eq!(run.rewards.len(), 2);
 }
+
+/// A Ctrl-C at the terminal goes to the whole foreground process group. The agents the
+/// trainer started sit in groups of their own, so they keep answering while the trainer
+/// finishes its step, and the run stops at once with nothing timed out. Were they in the
+/// trainer's group, they would die with the press, and the step would wait out
+/// `agent.rollout_timeout_s` (here two minutes) for rollouts no one closes.
+#[test]
+fn a_ctrl_c_at_the_terminal_leaves_the_agents_to_finish_the_step() {
+    use std::os::unix::process::CommandExt;
+    use std::time::{Duration, Instant};
+    let python = require_python_with_openai();
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../scripts/example_agent.py"
+    );
+    let dir = common::workdir("external", "ctrl-c");
+    let command = format!(
+        "agent.command=[{python:?}, {script:?}, \"--server\", \"{{server}}\", \"--api-key\", \
+         \"{{api_key}}\", \"--idle-exit\", \"600\", \"--concurrency\", \"8\", \"--max-tokens\", \"6\"]"
+    );
+    let sets = [
+        format!("run.dir={:?}", dir.display().to_string()),
+        "trainer.steps=500".into(),
+        "rollout.prompts_per_step=4".into(),
+        "rollout.samples_per_prompt=4".into(),
+        "sft.steps=2".into(),
+        "eval.problems=8".into(),
+        "agent.kind=\"external\"".into(),
+        "agent.api_key=\"sk-test\"".into(),
+        "agent.workers=2".into(),
+        "agent.rollout_timeout_s=120.0".into(),
+        command,
+    ];
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_skein"));
+    cmd.arg("train");
+    for s in common::TINY_RUN.iter().map(|s| s.to_string()).chain(sets) {
+        cmd.args(["--set", &s]);
+    }
+    // A terminal of its own: the trainer leads a process group, as a shell's job does.
+    let mut child = cmd
+        .process_group(0)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("skein runs");
+    let started = Instant::now();
+    let steps_done =
+        || std::fs::read_to_string(dir.join("metrics.jsonl")).map_or(0, |t| t.lines().count());
+    while steps_done() < 1 {
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "no step in 5 minutes"
+        );
+        assert!(child.try_wait().unwrap().is_none(), "the run ended early");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pressed = Instant::now();
+    let group = format!("-{}", child.id());
+    let sent = std::process::Command::new("kill")
+        .args(["-INT", "--", &group])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    while child.try_wait().unwrap().is_none() {
+        if pressed.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("the step still waits a minute after Ctrl-C: the agents died with it");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    for m in step_metrics(&dir) {
+        assert_eq!(
+            m["agent/timed_out_rollouts"].as_f64(),
+            Some(0.0),
+            "{m}\n{err}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

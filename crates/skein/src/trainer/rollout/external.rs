@@ -20,6 +20,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::json;
 use skein_plan::{Status, Trajectory, Transition};
 
+use skein_reward::lines::reaper::{self, Recorded};
 use skein_text::Tokenizer;
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
@@ -36,7 +37,8 @@ pub struct External {
     store: Arc<RolloutStore>,
     /// Serves while the trainer lives; dropping it stops the server.
     _server: serve::BackgroundServer,
-    workers: Vec<Child>,
+    /// Held for their drop, which kills them.
+    _workers: Vec<AgentProcess>,
     timeout: Duration,
     capacity: i64,
 }
@@ -83,7 +85,7 @@ impl External {
             queue,
             store,
             _server: server,
-            workers,
+            _workers: workers,
             timeout: Duration::from_secs_f64(a.rollout_timeout_s),
             capacity,
         })
@@ -234,29 +236,55 @@ pub fn trajectory(r: RecordedRollout) -> (Trajectory, bool) {
     )
 }
 
+/// An agent process the trainer started, in a process group of its own: a Ctrl-C at the
+/// terminal reaches the trainer alone, which finishes its step with the agents still
+/// answering (they would die with it, and the step would wait out `agent.rollout_timeout_s`
+/// for rollouts no one closes). The group is recorded, so the agents never outlive the
+/// trainer, and killed whole when it is done with them.
+struct AgentProcess {
+    child: Child,
+    recorded: Option<Recorded>,
+}
+
 /// Starts one agent process: `command` with `{server}` and `{api_key}` replaced, and the same
 /// values in `SKEIN_SERVER` / `SKEIN_API_KEY`.
-fn start_worker(command: &[String], url: &str, api_key: &str, index: usize) -> Result<Child> {
+fn start_worker(
+    command: &[String],
+    url: &str,
+    api_key: &str,
+    index: usize,
+) -> Result<AgentProcess> {
+    use std::os::unix::process::CommandExt;
     let Some((program, args)) = command.split_first() else {
         bail!("`agent.workers` > 0 needs `agent.command`, the agent program and its arguments");
     };
     let fill = |s: &String| s.replace("{server}", url).replace("{api_key}", api_key);
-    Command::new(fill(program))
-        .args(args.iter().map(fill))
+    let mut cmd = Command::new(fill(program));
+    cmd.args(args.iter().map(fill))
         .env("SKEIN_SERVER", url)
         .env("SKEIN_API_KEY", api_key)
         .env("SKEIN_WORKER", index.to_string())
         .stdin(Stdio::null())
-        .spawn()
-        .with_context(|| format!("starting the agent `{}` (agent.command)", command.join(" ")))
+        .process_group(0);
+    let child = reaper::spawn(cmd)
+        .with_context(|| format!("starting the agent `{}` (agent.command)", command.join(" ")))?;
+    let recorded = Some(Recorded::new(child.id()));
+    Ok(AgentProcess { child, recorded })
 }
 
-impl Drop for External {
+impl Drop for AgentProcess {
     fn drop(&mut self) {
-        for w in &mut self.workers {
-            let _ = w.kill();
-            let _ = w.wait();
+        if let Ok(group) = libc::pid_t::try_from(self.child.id()) {
+            // SAFETY: kill(2) with a negative pid signals the group this child leads, which
+            // is still ours (the child is not reaped yet); it touches no memory of ours.
+            unsafe {
+                libc::kill(-group, libc::SIGKILL);
+            }
         }
+        // Forgotten before the reap frees the id for reuse.
+        self.recorded.take();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
