@@ -1070,6 +1070,20 @@ fn sampling_options_skein_does_not_have_are_refused_not_ignored() {
             (json!({"frequency_penalty": -1.0}), "`frequency_penalty`"),
             (json!({"repetition_penalty": 1.2}), "`repetition_penalty`"),
             (json!({"min_p": 0.05}), "`min_p`"),
+            (json!({"logit_bias": {"13": -100}}), "`logit_bias`"),
+            (
+                json!({"response_format": {"type": "json_object"}}),
+                "`response_format`",
+            ),
+            (json!({"echo": true}), "`echo`"),
+            (json!({"best_of": 3}), "`best_of`"),
+            (json!({"suffix": "end"}), "`suffix`"),
+            (
+                json!({"parallel_tool_calls": false}),
+                "`parallel_tool_calls`",
+            ),
+            (json!({"ignore_eos": true}), "`ignore_eos`"),
+            (json!({"min_tokens": 2}), "`min_tokens`"),
         ] {
             let (s, b) = post(&c, &completions, prompt(extra.clone())).await;
             assert_error(s, &b, 400, says);
@@ -1083,6 +1097,9 @@ fn sampling_options_skein_does_not_have_are_refused_not_ignored() {
             json!({"stop": null, "logprobs": false, "top_logprobs": 0}),
             json!({"seed": null, "presence_penalty": 0.0, "frequency_penalty": 0.0,
                    "repetition_penalty": 1.0, "min_p": 0.0, "user": "u"}),
+            json!({"logit_bias": {}, "response_format": {"type": "text"}, "echo": false,
+                   "best_of": 1, "suffix": null, "parallel_tool_calls": true,
+                   "ignore_eos": false, "min_tokens": 0}),
         ] {
             let (s, b) = post(&c, &completions, prompt(extra.clone())).await;
             assert_eq!(s, 200, "{extra}: {b}");

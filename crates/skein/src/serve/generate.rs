@@ -193,6 +193,12 @@ fn refuse_unsupported(req: &GenerateRequest) -> Result<(), ApiError> {
              seeds it per step, from run.seed); leave `seed` out",
         ));
     }
+    if let Some((field, value)) = req.not_neutral() {
+        return Err(ApiError::bad_request(format!(
+            "`{field}` = {value} is not supported: skein returns the model's own completion, \
+             ended at its stop tokens or max_tokens; leave `{field}` out"
+        )));
+    }
     // Each with its neutral value: what skein's sampling already is.
     let changes = [
         ("presence_penalty", req.presence_penalty, 0.0),

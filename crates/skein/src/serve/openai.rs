@@ -2,8 +2,8 @@
 //! OpenAI chat messages into the chat template's messages. Fields clients commonly send and
 //! that change nothing of a completion (`user`, `metadata`…) are accepted and ignored; those
 //! that would change what a client gets back and skein does not do (`stop` strings,
-//! `logprobs`, a `seed`, penalties, `min_p`, a `tool_choice` but `auto`) are refused unless
-//! absent or neutral.
+//! `logprobs`, a `seed`, penalties, `min_p`, a `tool_choice` but `auto`, `logit_bias`,
+//! `response_format`, `echo`…) are refused unless absent or neutral.
 
 use super::error::ApiError;
 use serde::{Deserialize, Serialize};
@@ -52,6 +52,61 @@ pub struct GenerateRequest {
     /// Refused unless absent or `auto`: skein offers the tools and returns whatever calls the
     /// model writes; it cannot force or forbid one.
     pub tool_choice: Option<Value>,
+    /// Other OpenAI and vLLM options skein does not do, each refused unless absent or at
+    /// the value that changes nothing ([`GenerateRequest::not_neutral`]).
+    pub logit_bias: Option<Value>,
+    pub response_format: Option<Value>,
+    pub echo: Option<Value>,
+    pub best_of: Option<Value>,
+    pub suffix: Option<Value>,
+    pub parallel_tool_calls: Option<Value>,
+    pub ignore_eos: Option<Value>,
+    pub min_tokens: Option<Value>,
+}
+
+impl GenerateRequest {
+    /// The first option skein does not do that the request sets to something other than
+    /// its neutral value, with that value: `logit_bias` other than `{}`, a `response_format`
+    /// other than text, `echo`, `best_of` above 1, a `suffix`, `parallel_tool_calls` false
+    /// (skein cannot forbid a second call), `ignore_eos`, `min_tokens` above 0.
+    pub fn not_neutral(&self) -> Option<(&'static str, &Value)> {
+        fn empty(v: &Value) -> bool {
+            v.as_object().is_some_and(|o| o.is_empty())
+        }
+        fn text(v: &Value) -> bool {
+            v.get("type").and_then(Value::as_str) == Some("text")
+        }
+        fn falsy(v: &Value) -> bool {
+            v == &Value::Bool(false)
+        }
+        fn at_most_one(v: &Value) -> bool {
+            v.as_f64().is_some_and(|n| n <= 1.0)
+        }
+        fn blank(v: &Value) -> bool {
+            v.as_str() == Some("")
+        }
+        fn truthy(v: &Value) -> bool {
+            v == &Value::Bool(true)
+        }
+        fn zero(v: &Value) -> bool {
+            v.as_f64() == Some(0.0)
+        }
+        type Neutral = fn(&Value) -> bool;
+        let options: [(&'static str, &Option<Value>, Neutral); 8] = [
+            ("logit_bias", &self.logit_bias, empty),
+            ("response_format", &self.response_format, text),
+            ("echo", &self.echo, falsy),
+            ("best_of", &self.best_of, at_most_one),
+            ("suffix", &self.suffix, blank),
+            ("parallel_tool_calls", &self.parallel_tool_calls, truthy),
+            ("ignore_eos", &self.ignore_eos, falsy),
+            ("min_tokens", &self.min_tokens, zero),
+        ];
+        options.into_iter().find_map(|(name, value, neutral)| {
+            let v = value.as_ref().filter(|v| !v.is_null())?;
+            (!neutral(v)).then_some((name, v))
+        })
+    }
 }
 
 /// Variables the chat template gets from the request itself, which `chat_template_kwargs`
