@@ -1084,6 +1084,11 @@ fn sampling_options_skein_does_not_have_are_refused_not_ignored() {
             ),
             (json!({"ignore_eos": true}), "`ignore_eos`"),
             (json!({"min_tokens": 2}), "`min_tokens`"),
+            (json!({"max_tokens": 0}), "`max_tokens` must be at least 1"),
+            (
+                json!({"max_completion_tokens": 0}),
+                "`max_completion_tokens` must be at least 1",
+            ),
         ] {
             let (s, b) = post(&c, &completions, prompt(extra.clone())).await;
             assert_error(s, &b, 400, says);

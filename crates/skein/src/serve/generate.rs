@@ -89,7 +89,14 @@ pub fn sampling(
         .or(req.max_tokens)
         .unwrap_or(cfg.default_max_tokens);
     if max_new == 0 {
-        return Err(ApiError::bad_request("`max_tokens` must be at least 1"));
+        let field = if req.max_completion_tokens.is_some() {
+            "max_completion_tokens"
+        } else {
+            "max_tokens"
+        };
+        return Err(ApiError::bad_request(format!(
+            "`{field}` must be at least 1"
+        )));
     }
     let trained_at = cfg.rollout_temperature.filter(|_| recorded);
     let temperature = req.temperature.unwrap_or(trained_at.unwrap_or(1.0));
