@@ -11,7 +11,7 @@ use crate::model::Model;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use tokio::sync::oneshot;
 
@@ -50,23 +50,38 @@ pub struct EngineHandle {
     tx: mpsc::Sender<Msg>,
     /// Requests submitted and not yet answered.
     in_flight: Arc<AtomicUsize>,
+    /// Cleared when the queue is dropped: its owner returned, or panicked.
+    running: Arc<AtomicBool>,
 }
 
 /// The receiving side, owned by the thread that owns the model.
 pub struct EngineQueue {
     rx: mpsc::Receiver<Msg>,
     in_flight: Arc<AtomicUsize>,
+    running: Arc<AtomicBool>,
+}
+
+impl Drop for EngineQueue {
+    fn drop(&mut self) {
+        self.running.store(false, Ordering::SeqCst);
+    }
 }
 
 pub fn channel() -> (EngineHandle, EngineQueue) {
     let (tx, rx) = mpsc::channel();
     let in_flight = Arc::new(AtomicUsize::new(0));
+    let running = Arc::new(AtomicBool::new(true));
     (
         EngineHandle {
             tx,
             in_flight: in_flight.clone(),
+            running: running.clone(),
         },
-        EngineQueue { rx, in_flight },
+        EngineQueue {
+            rx,
+            in_flight,
+            running,
+        },
     )
 }
 
@@ -99,6 +114,12 @@ impl EngineHandle {
     /// Requests submitted and not yet answered (queued or generating).
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Whether the engine loop still serves: false once its owner has returned or died (a
+    /// panic in the engine thread), when every request would fail with [`EngineGone`].
+    pub fn is_running(&self) -> bool {
+        self.running.load(Ordering::SeqCst)
     }
 }
 

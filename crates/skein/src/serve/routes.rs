@@ -69,8 +69,19 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
     )
 }
 
-async fn health(State(s): State<ServeState>) -> Json<Value> {
-    Json(json!({"status": "ok", "version": s.current_version()}))
+/// What load balancers probe: 503 once the engine thread has died, when every completion
+/// would fail, so traffic goes elsewhere and the server is restarted.
+async fn health(State(s): State<ServeState>) -> (StatusCode, Json<Value>) {
+    let version = s.current_version();
+    if s.0.engine.is_running() {
+        (
+            StatusCode::OK,
+            Json(json!({"status": "ok", "version": version})),
+        )
+    } else {
+        let body = json!({"status": "engine stopped: restart the server", "version": version});
+        (StatusCode::SERVICE_UNAVAILABLE, Json(body))
+    }
 }
 
 async fn models(State(s): State<ServeState>) -> Json<Value> {
@@ -402,6 +413,47 @@ async fn fail(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// GET `path` from a server on loopback with a plain socket: the status line and body.
+    fn get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
+        use std::io::{Read, Write};
+        let mut conn = std::net::TcpStream::connect(addr).unwrap();
+        let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        conn.write_all(request.as_bytes()).unwrap();
+        let mut answer = String::new();
+        conn.read_to_string(&mut answer).unwrap();
+        let status = answer.lines().next().unwrap_or_default().to_string();
+        let body = answer
+            .split("\r\n\r\n")
+            .nth(1)
+            .unwrap_or_default()
+            .to_string();
+        (status, body)
+    }
+
+    /// `/health` is what load balancers probe: once the engine thread has died (here it
+    /// panics holding the queue), it answers 503, as every completion would fail.
+    #[test]
+    fn health_fails_once_the_engine_thread_has_died() {
+        let tokenizer = skein_text::Tokenizer::char_level("ab").unwrap();
+        let vocab = tokenizer.vocab_size();
+        let text = crate::serve::TextSide::new(tokenizer, vocab).unwrap();
+        let (handle, queue) = crate::engine::channel();
+        let state = ServeState::new(handle, text, crate::serve::ServeConfig::default());
+        let server = crate::serve::spawn("127.0.0.1:0", state, 1).unwrap();
+        let (status, body) = get(server.addr(), "/health");
+        assert!(status.contains("200"), "{status} {body}");
+        let engine = std::thread::spawn(move || {
+            let _queue = queue;
+            panic!("the engine thread dies");
+        });
+        assert!(engine.join().is_err());
+        let (status, body) = get(server.addr(), "/health");
+        assert!(
+            status.contains("503") && body.contains("restart"),
+            "{status} {body}"
+        );
+    }
 
     #[test]
     fn tool_call_blocks_become_openai_tool_calls_when_tools_are_offered() {
