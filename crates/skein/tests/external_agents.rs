@@ -68,7 +68,8 @@ fn the_example_agent_trains_the_policy_through_the_server() {
 /// trainer started sit in groups of their own, so they keep answering while the trainer
 /// finishes its step, and the run stops at once with nothing timed out. Were they in the
 /// trainer's group, they would die with the press, and the step would wait out
-/// `agent.rollout_timeout_s` (here two minutes) for rollouts no one closes.
+/// `agent.rollout_timeout_s` (here two minutes) for rollouts no one closes. Before the
+/// press, the server's `/health` reports the policy version of the step being served.
 #[test]
 fn a_ctrl_c_at_the_terminal_leaves_the_agents_to_finish_the_step() {
     use std::os::unix::process::CommandExt;
@@ -108,6 +109,22 @@ fn a_ctrl_c_at_the_terminal_leaves_the_agents_to_finish_the_step() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("skein runs");
+    let stderr = child.stderr.take().unwrap();
+    let printed = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let reader = {
+        let printed = printed.clone();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                let mut p = printed.lock().unwrap();
+                p.push_str(&line);
+                p.push('\n');
+            }
+        })
+    };
     let started = Instant::now();
     let steps_done =
         || std::fs::read_to_string(dir.join("metrics.jsonl")).map_or(0, |t| t.lines().count());
@@ -117,6 +134,14 @@ fn a_ctrl_c_at_the_terminal_leaves_the_agents_to_finish_the_step() {
             "no step in 5 minutes"
         );
         assert!(child.try_wait().unwrap().is_none(), "the run ended early");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The next step serves the policy its first update made.
+    while served_version(&printed.lock().unwrap()) < 1 {
+        if started.elapsed() > Duration::from_secs(300) {
+            let _ = child.kill();
+            panic!("/health never reported the version of a step after the first");
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
     let pressed = Instant::now();
@@ -133,9 +158,10 @@ fn a_ctrl_c_at_the_terminal_leaves_the_agents_to_finish_the_step() {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let out = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
+    let status = child.wait().unwrap();
+    reader.join().unwrap();
+    let err = printed.lock().unwrap().clone();
+    assert!(status.success(), "{err}");
     for m in step_metrics(&dir) {
         assert_eq!(
             m["agent/timed_out_rollouts"].as_f64(),
@@ -144,4 +170,22 @@ fn a_ctrl_c_at_the_terminal_leaves_the_agents_to_finish_the_step() {
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The policy version `/health` reports, from the server whose URL the trainer printed.
+fn served_version(printed: &str) -> u64 {
+    use std::io::{Read, Write};
+    let url = printed
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("http://"))
+        .and_then(|rest| rest.split('/').next())
+        .unwrap_or_else(|| panic!("no server URL in: {printed}"));
+    let mut conn = std::net::TcpStream::connect(url).unwrap();
+    let request = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    conn.write_all(request.as_bytes()).unwrap();
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).unwrap();
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default();
+    let health: serde_json::Value = serde_json::from_str(body).unwrap();
+    health["version"].as_u64().unwrap()
 }

@@ -24,6 +24,7 @@ use skein_reward::lines::reaper::{self, Recorded};
 use skein_text::Tokenizer;
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,6 +36,8 @@ pub struct External {
     handle: EngineHandle,
     queue: EngineQueue,
     store: Arc<RolloutStore>,
+    /// The policy version the server's `/health` reports: the step's, stored as it starts.
+    version: Arc<AtomicU64>,
     /// Serves while the trainer lives; dropping it stops the server.
     _server: serve::BackgroundServer,
     /// Held for their drop, which kills them.
@@ -64,8 +67,10 @@ impl External {
             rollout_temperature: Some(cfg.rollout.sampling.temperature),
             ..ServeConfig::default()
         };
-        let state = ServeState::new(handle.clone(), text, config);
-        let store = state.store();
+        let version = Arc::new(AtomicU64::new(0));
+        let store = Arc::new(RolloutStore::new());
+        let state =
+            ServeState::from_parts(handle.clone(), text, config, store.clone(), version.clone());
         let server = serve::spawn(&a.listen, state, 2)
             .with_context(|| format!("serving the policy on `agent.listen` = {}", a.listen))?;
         let url = format!("http://{}", server.addr());
@@ -84,6 +89,7 @@ impl External {
             handle,
             queue,
             store,
+            version,
             _server: server,
             _workers: workers,
             timeout: Duration::from_secs_f64(a.rollout_timeout_s),
@@ -101,6 +107,7 @@ impl Workload for External {
             bail!("external agents need rollout.engine = \"local\" (they call this engine)");
         };
         let (step, version) = (ctx.step, ctx.version);
+        self.version.store(version, Ordering::SeqCst);
         let mut specs = Vec::with_capacity(self.groups * self.samples);
         for p in 0..self.groups {
             let problem = self.task.next_problem()?;
