@@ -691,6 +691,29 @@ fn reload_loads_new_weights_and_bumps_the_version() {
         )
         .await;
         assert_error(s, &body, 400, "shorter than the served model's");
+        // So is one whose KV cache takes more per token than the cache sized at start-up.
+        let deeper = dir.join("deeper");
+        let mut cfg = ModelSection::default().tiny_config(tokenizer().vocab_size(), CONTEXT);
+        cfg.num_hidden_layers += 1;
+        let tok = tokenizer();
+        let sampling = SamplingParams {
+            stop_token_ids: tok.eos_token_ids().to_vec(),
+            ..Default::default()
+        };
+        let model = Model::random(&cfg, tch::Device::Cpu, 3).unwrap();
+        skein::trainer::checkpoint::save_model_dir(&model, &tok, &sampling, &deeper).unwrap();
+        let (s, body) = post(
+            &c,
+            &format!("{}/v1/reload", server.url),
+            json!({"path": deeper.to_str().unwrap()}),
+        )
+        .await;
+        assert_error(
+            s,
+            &body,
+            400,
+            "bytes per token, more than the served model's",
+        );
         let (again, versions) = greedy().await;
         assert_eq!(again, before);
         assert!(versions.iter().all(|&v| v == 2), "{versions:?}");

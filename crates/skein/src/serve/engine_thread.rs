@@ -101,6 +101,27 @@ fn replace(model: &mut Model, fresh: Model, dir: &Path) -> Result<()> {
             dir.display()
         );
     }
+    // The KV cache was sized to the memory at start-up, for the served model's layers, heads
+    // and dtype; a model needing more per token would overflow it at the next request and
+    // stop the engine, after this reload had answered success.
+    let (had, has) = (kv_bytes_per_token(model), kv_bytes_per_token(&fresh));
+    if has > had {
+        bail!(
+            "{}: its KV cache takes {has} bytes per token, more than the served model's {had}, \
+             which the server's cache was sized for at start-up; serve it with `skein serve \
+             --model {}` instead",
+            dir.display(),
+            dir.display()
+        );
+    }
     *model = fresh;
     Ok(())
+}
+
+fn kv_bytes_per_token(model: &Model) -> u64 {
+    let bytes = model
+        .net
+        .config
+        .kv_cache_bytes(1, 1, model.options.dtype.bytes());
+    bytes as u64
 }
