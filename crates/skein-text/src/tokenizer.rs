@@ -420,6 +420,26 @@ impl Tokenizer {
         ids
     }
 
+    /// Takes `stops` (a run's `stop_token_ids`) as stops the run added, not ends of sequence,
+    /// where the tokenizer read them as end-of-sequence ids: a checkpoint written before its
+    /// generation_config named its added stops lists them in `eos_token_id` alone. The
+    /// tokenizer_config's `eos_token` stays an end of sequence, and so does the last one left.
+    pub fn treat_as_added_stops(&mut self, stops: &[u32]) {
+        let config_eos = self.special_from_config("eos_token").ok().flatten();
+        for &id in stops {
+            let Some(at) = self.eos_ids.iter().position(|&e| e == id) else {
+                continue;
+            };
+            if Some(id) == config_eos || self.eos_ids.len() == 1 {
+                continue;
+            }
+            self.eos_ids.remove(at);
+            if !self.added_stop_ids.contains(&id) {
+                self.added_stop_ids.push(id);
+            }
+        }
+    }
+
     /// Of `stops`, those that are not end-of-sequence ids: what a checkpoint's
     /// generation_config records as added ([`crate::GenerationConfig::added_stop_ids`]).
     pub fn added_stops(&self, stops: &[u32]) -> Vec<u32> {

@@ -97,7 +97,8 @@ fn evaluate(
         refuse_sampling_options(args)?;
     }
     let device = cfg.run.start_device()?;
-    let tokenizer = Tokenizer::from_dir(&model_dir)?;
+    let mut tokenizer = Tokenizer::from_dir(&model_dir)?;
+    tokenizer.treat_as_added_stops(&cfg.rollout.sampling.stop_token_ids);
     let policy = Model::load_dir(&model_dir, device)?;
     let mut engine = Engine::new(cfg.rollout.max_slots);
     // A run that decoded through CUDA graphs, evaluated on the CPU, decodes the ordinary way.

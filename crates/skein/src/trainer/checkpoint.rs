@@ -467,7 +467,6 @@ mod tests {
             .unwrap();
         assert_eq!(generation.eos_token_ids(), sampling.stop_token_ids);
         let back = Tokenizer::from_dir(&dir).unwrap();
-        let _ = std::fs::remove_dir_all(&dir);
         assert_eq!(back.eos_token_ids(), eos.as_slice());
         assert_eq!(back.stop_token_ids(), sampling.stop_token_ids);
         let response = [tokenizer.token_to_id("a").unwrap(), answer_end];
@@ -478,6 +477,25 @@ mod tests {
         );
         let ended = [response[0], eos[0]];
         assert_eq!(text_ids(&back, &ended), &ended[..1]);
+
+        // A checkpoint written before generation_config named its added stops lists the run's
+        // stop among the ends of sequence; the run's stop_token_ids, applied on a resume or
+        // an evaluation, take it back out.
+        let mut legacy = generation;
+        legacy.added_stop_ids.clear();
+        legacy.save_dir(&dir).unwrap();
+        let mut old = Tokenizer::from_dir(&dir).unwrap();
+        assert!(old.eos_token_ids().contains(&answer_end));
+        old.treat_as_added_stops(&[answer_end]);
+        assert_eq!(old.eos_token_ids(), eos.as_slice());
+        assert_eq!(text_ids(&old, &response), &response);
+        old.treat_as_added_stops(&eos);
+        assert_eq!(
+            old.eos_token_ids(),
+            eos.as_slice(),
+            "the last end of sequence stays"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// The trainer state is JSON, and a resume must read back the very rewards, advantages and

@@ -144,13 +144,14 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
     // The task, the policy and the rollout source.
     let tasks = Tasks::from_config(cfg)?;
     let trains_on = tasks.describe(cfg);
-    let (tokenizer, mut policy, restore) = match loaded {
+    let (mut tokenizer, mut policy, restore) = match loaded {
         Some(l) => (l.tokenizer, l.policy, Some(l.rest)),
         None => {
             let (t, p) = build_policy(cfg, tasks.alphabet(), tasks.min_positions(), device)?;
             (t, p, None)
         }
     };
+    tokenizer.treat_as_added_stops(&cfg.rollout.sampling.stop_token_ids);
     let sampling = sampling_params(cfg, &tokenizer)?;
     let engine = rollout_engine(cfg, &policy)?;
     let resumed_workload = restore.as_ref().map(|r| &r.state.workload);
