@@ -139,6 +139,12 @@ fn a_second_run_refuses_a_finished_run_and_overwrite_replaces_it() {
     let (code, err) = skein_train(&dir, &["--overwrite"], &[]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("interrupted --overwrite"), "{err}");
+    // A resume too: it would go on from one of the two runs while the other waits there.
+    let before = snapshot(&dir);
+    let (code, err) = skein_train(&dir, &["--resume", dir.to_str().unwrap()], &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("interrupted --overwrite"), "{err}");
+    assert!(without_lock(snapshot(&dir)) == without_lock(before));
     std::fs::remove_dir(dir.join(".replaced")).unwrap();
 
     // --overwrite replaces the run: the old numbered checkpoints go too.

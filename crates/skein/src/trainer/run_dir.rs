@@ -102,7 +102,11 @@ impl RunDir {
                 cfg.run.dir
             );
         }
-        RunDir::checked(cfg)
+        let dir = RunDir::checked(cfg)?;
+        // A killed --overwrite left the run it replaced there: which one to go on with is the
+        // user's call, and the new run's checkpoints may not even exist yet.
+        ReplacedRun::check_none_left(&dir.path)?;
+        Ok(dir)
     }
 
     /// The directory, locked for this process, with every path the run writes checked.
