@@ -329,6 +329,27 @@ fn rewards_that_overflow_the_loss_skip_updates() {
     );
 }
 
+/// Updates that keep overflowing stop the run, and its error names what there is to go back
+/// to: no checkpoint yet, with when one would have been written, so nothing to resume.
+#[test]
+fn updates_that_keep_overflowing_stop_the_run_naming_no_checkpoint_yet() {
+    let mut s = reward_worker(&["--coin", "--outlier-after", "0", "--outlier", "1e37"]);
+    s.extend(sets(&[
+        "algorithm.normalize_std=false",
+        "trainer.steps=6",
+        "trainer.max_consecutive_skips=2",
+        "trainer.checkpoint_every=50",
+    ]));
+    let (_, err, ok) = try_train("overflow-stop", &s);
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("2 consecutive updates")
+            && err.contains("none yet (one is written every 50 steps")
+            && err.contains("before starting again"),
+        "{err}"
+    );
+}
+
 /// A critic whose learning rate is far too high overshoots: its values explain less than a
 /// constant would.
 #[test]

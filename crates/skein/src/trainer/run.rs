@@ -299,14 +299,25 @@ fn finish(mut t: Trainer, interrupted: bool) -> Result<RunSummary> {
 
 /// Stops a run whose updates kept failing, naming its last good checkpoint.
 fn stop_for_skips(t: &Trainer, step: usize, streak: usize) -> Result<()> {
-    let last_good = checkpoint::latest(&t.dir)?
-        .map(|(_, p)| p.display().to_string())
-        .unwrap_or_else(|| "none (trainer.checkpoint_every is 0)".into());
+    let (last_good, then) = match checkpoint::latest(&t.dir)? {
+        Some((_, p)) => (p.display().to_string(), "before resuming"),
+        None if t.cfg.trainer.checkpoint_every == 0 => (
+            "none (trainer.checkpoint_every is 0)".to_string(),
+            "before starting again",
+        ),
+        None => (
+            format!(
+                "none yet (one is written every {} steps, trainer.checkpoint_every)",
+                t.cfg.trainer.checkpoint_every
+            ),
+            "before starting again",
+        ),
+    };
     bail!(
         "stopping at step {step}: {streak} consecutive updates had a NaN or infinite loss or \
          gradient (limit `trainer.max_consecutive_skips`); the last good checkpoint is \
          {last_good}. Lower `optim.lr`, keep `optim.grad_clip` > 0, and check the rewards for \
-         non-finite values before resuming."
+         non-finite values {then}."
     )
 }
 
