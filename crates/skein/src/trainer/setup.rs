@@ -153,7 +153,8 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
     };
     tokenizer.treat_as_added_stops(&cfg.rollout.sampling.stop_token_ids);
     let sampling = sampling_params(cfg, &tokenizer)?;
-    let engine = rollout_engine(cfg, &policy)?;
+    let loaded_reference = restore.as_ref().and_then(|r| r.reference.as_ref());
+    let engine = rollout_engine(cfg, &policy, loaded_reference)?;
     let resumed_workload = restore.as_ref().map(|r| &r.state.workload);
     let mut workload = tasks.into_workload(cfg, &tokenizer, &policy, resumed_workload)?;
     check_context(cfg, workload.as_ref(), &policy)?;
@@ -513,14 +514,19 @@ fn held_bytes(policy: &Model) -> f64 {
 }
 
 /// The engine rollouts run on, once the run is known to fit in memory (on the CPU, where
-/// free memory can be read).
-fn rollout_engine(cfg: &TrainConfig, policy: &Model) -> Result<Generator> {
+/// free memory can be read). `reference` is a resumed run's KL reference, already loaded.
+fn rollout_engine(
+    cfg: &TrainConfig,
+    policy: &Model,
+    reference: Option<&Model>,
+) -> Result<Generator> {
     let device = policy.vs.device();
-    // The policy's weights are in the estimate and already loaded: free memory alone would
-    // count them twice. (A resumed run's raw moments are held too, but the optimizer copies
-    // them into moments of its own, both alive at once: they are not counted as usable.)
+    // The policy's weights, and a resumed run's reference (moved into the trainer, never
+    // copied), are in the estimate and already loaded: free memory alone would count them
+    // twice. (A resumed run's raw moments and critic are held too, but they are copied into
+    // tensors of their own, both alive at once: they are not counted as usable.)
     if let Some(free) = crate::memory::available_on(device) {
-        let available = free + held_bytes(policy);
+        let available = free + held_bytes(policy) + reference.map_or(0.0, held_bytes);
         let parts = preflight::estimate(cfg, &policy.net.config, device);
         preflight::check(&parts, available)?;
     }
