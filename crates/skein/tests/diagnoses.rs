@@ -330,7 +330,8 @@ fn rewards_that_overflow_the_loss_skip_updates() {
 }
 
 /// Updates that keep overflowing stop the run, and its error names what there is to go back
-/// to: no checkpoint yet, with when one would have been written, so nothing to resume.
+/// to: no checkpoint yet, with when one would have been written, so nothing to resume. The
+/// curves up to the stop are drawn.
 #[test]
 fn updates_that_keep_overflowing_stop_the_run_naming_no_checkpoint_yet() {
     let mut s = reward_worker(&["--coin", "--outlier-after", "0", "--outlier", "1e37"]);
@@ -340,8 +341,12 @@ fn updates_that_keep_overflowing_stop_the_run_naming_no_checkpoint_yet() {
         "trainer.max_consecutive_skips=2",
         "trainer.checkpoint_every=50",
     ]));
-    let (_, err, ok) = try_train("overflow-stop", &s);
+    let (dir, err, ok) = try_train("overflow-stop", &s);
     assert!(!ok, "{err}");
+    assert!(
+        err.contains("The curves so far") && dir.join("plot.png").is_file(),
+        "{err}"
+    );
     assert!(
         err.contains("2 consecutive updates")
             && err.contains("none yet (one is written every 50 steps")

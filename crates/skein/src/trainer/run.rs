@@ -163,10 +163,15 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
             t.save_checkpoint(step)?;
         }
         progress.update(step as u64, &shown);
-        if skips.longest >= cfg.trainer.max_consecutive_skips {
-            stop_for_skips(&t, step, skips.longest)?;
+        let stop = if skips.longest >= cfg.trainer.max_consecutive_skips {
+            stop_for_skips(&t, step, skips.longest).err()
+        } else {
+            untrained.check(step).err()
+        };
+        if let Some(why) = stop {
+            progress.finish();
+            return Err(with_curves(&t.dir, why));
         }
-        untrained.check(step)?;
         if interrupted {
             break;
         }
@@ -319,6 +324,15 @@ fn stop_for_skips(t: &Trainer, step: usize, streak: usize) -> Result<()> {
          {last_good}. Lower `optim.lr`, keep `optim.grad_clip` > 0, and check the rewards for \
          non-finite values {then}."
     )
+}
+
+/// `why` a run stops early, with its curves so far drawn (where they matter most): the
+/// plot's path is added to the message, or why it could not be drawn.
+fn with_curves(dir: &std::path::Path, why: anyhow::Error) -> anyhow::Error {
+    match skein_report::plot_run_dir(dir, None) {
+        Ok(plot) => anyhow::anyhow!("{why:#}\nThe curves so far: {}", plot.display()),
+        Err(e) => anyhow::anyhow!("{why:#}\n(The curves could not be drawn: {e:#})"),
+    }
 }
 
 /// The libtorch seed of one step.
