@@ -101,3 +101,34 @@ fn ctrl_c_during_the_warm_up_stops_with_a_message() {
     assert!(!err.contains("panicked"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A Ctrl-C during one of a bench's training runs checkpoints that run and stops the bench:
+/// it reports no figures for a cut run (its "after" evaluation never ran) and starts no
+/// further run.
+#[test]
+fn ctrl_c_during_a_bench_run_stops_the_bench_without_figures() {
+    let dir = workdir("bench");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_skein"));
+    cmd.args(["bench-partial", "--out", dir.to_str().unwrap()]);
+    for s in TINY_RUN
+        .iter()
+        .chain(SMALL)
+        .chain(&["sft.steps=2", "trainer.steps=500"])
+    {
+        cmd.args(["--set", s]);
+    }
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("skein runs");
+    let first = dir.join("sync");
+    wait_for(&mut child, || metrics_lines(&first) >= 4);
+    interrupt(&child);
+    let (out, err) = finish(child);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("the sync run was interrupted"), "{err}");
+    assert!(out.stdout.is_empty(), "no table for a cut run");
+    assert!(!dir.join("partial").exists(), "the next run never started");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -3,7 +3,7 @@
 //! game runs once per credit mode with the same seed. Each run's greedy evaluation before and
 //! after RL goes in one table, and its curves in a PNG.
 
-use super::bench_args::refuse_owned_keys;
+use super::bench_args::{refuse_owned_keys, whole_run};
 use crate::trainer::run::{check_new_run, train_new, RunSummary};
 use crate::trainer::TrainConfig;
 use anyhow::Result;
@@ -106,7 +106,11 @@ pub fn run(a: &AgentsBenchArgs) -> Result<()> {
     for (spec, cfg) in chosen.iter().zip(&configs) {
         eprintln!("skein bench-agents: {} ({})", spec.name, spec.config.0);
         let start = Instant::now();
-        let summary = train_new(cfg, a.overwrite)?;
+        let summary = whole_run(
+            train_new(cfg, a.overwrite)?,
+            "skein bench-agents",
+            spec.name,
+        )?;
         let records = read_metrics(&summary.dir.join("metrics.jsonl"))?;
         done.push(Figures {
             name: spec.name,

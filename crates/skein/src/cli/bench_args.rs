@@ -1,7 +1,8 @@
 //! What the benches share: the shape of their random model ([`ModelShape`]), where and in
 //! which precision it runs ([`Placement`]), the check that a count is at least 1
 //! ([`at_least_one`]), the refusal of a `--set` the command would overwrite
-//! ([`refuse_owned_keys`]), and the median of timed runs ([`median`]).
+//! ([`refuse_owned_keys`]), the median of timed runs ([`median`]), and the check that a
+//! compared training run ran whole ([`whole_run`]).
 
 use crate::model::{Dtype, LoraConfig, Model, ModelConfig, ModelOptions};
 use anyhow::Result;
@@ -17,6 +18,24 @@ pub fn median(mut v: Vec<f64>) -> f64 {
         n if n % 2 == 1 => v[n / 2],
         n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
+}
+
+/// A bench's training run, refused when a Ctrl-C cut it short: its figures would be compared
+/// with whole runs' (and its "after" evaluation never ran), so the bench stops there.
+pub fn whole_run(
+    summary: crate::trainer::run::RunSummary,
+    bench: &str,
+    name: &str,
+) -> Result<crate::trainer::run::RunSummary> {
+    if summary.interrupted {
+        anyhow::bail!(
+            "{bench}: the {name} run was interrupted (its checkpoint is in {}), so no figures \
+             are reported: a cut run would be compared with whole ones. Run the bench again \
+             with --overwrite",
+            summary.dir.display()
+        );
+    }
+    Ok(summary)
 }
 
 /// Errors naming the first flag whose value is 0.

@@ -3,7 +3,7 @@
 //! Reports trained tokens per second and the spread of step times, and draws both runs'
 //! curves in one PNG.
 
-use super::bench_args::refuse_owned_keys;
+use super::bench_args::{refuse_owned_keys, whole_run};
 use crate::trainer::run::{check_new_run, train_new};
 use crate::trainer::TrainConfig;
 use anyhow::{Context, Result};
@@ -97,7 +97,7 @@ pub fn run(a: &PartialBenchArgs) -> Result<()> {
     let mut runs = Vec::new();
     for (name, cfg) in &configs {
         eprintln!("skein bench-partial: {name} run");
-        train_new(cfg, a.overwrite)?;
+        whole_run(train_new(cfg, a.overwrite)?, "skein bench-partial", name)?;
         let metrics = a.out.join(name).join("metrics.jsonl");
         let records = rl_records(&metrics)?;
         let figures =
