@@ -7,7 +7,7 @@ use crate::error::DataError;
 use crate::row::{from_json, PromptRow};
 use crate::rows::{ReadOptions, Rows};
 use parquet::basic::Compression;
-use parquet::data_type::{ByteArray, ByteArrayType, Int64Type};
+use parquet::data_type::{ByteArray, ByteArrayType, FloatType, Int64Type};
 use parquet::file::properties::WriterProperties;
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::file::writer::SerializedFileWriter;
@@ -85,6 +85,14 @@ fn field_json(field: &Field) -> Value {
             Ok(text) => Value::String(text.to_string()),
             Err(_) => field.to_json_value(),
         },
+        // A float32 by its shortest text (1.1, not the 1.100000023841858 its f64 widening
+        // prints): a numeric ground truth is compared with answers as written.
+        Field::Float(f) => f
+            .to_string()
+            .parse::<f64>()
+            .ok()
+            .and_then(serde_json::Number::from_f64)
+            .map_or(Value::Null, Value::Number),
         Field::Group(row) => record_json(row),
         Field::ListInternal(list) => Value::Array(list.elements().iter().map(field_json).collect()),
         // Map keys are as parquet writes them; their values may be text stored as bytes.
@@ -147,6 +155,7 @@ pub fn write(file: &Path, rows: &[PromptRow]) -> Result<(), DataError> {
 pub struct Leaf {
     pub bytes: Vec<ByteArray>,
     pub longs: Vec<i64>,
+    pub floats: Vec<f32>,
     pub def: Vec<i16>,
     pub rep: Vec<i16>,
 }
@@ -164,6 +173,12 @@ impl Leaf {
         self.rep.push(rep);
     }
 
+    pub fn push_float(&mut self, v: f32, def: i16, rep: i16) {
+        self.floats.push(v);
+        self.def.push(def);
+        self.rep.push(rep);
+    }
+
     pub fn push_null(&mut self, def: i16, rep: i16) {
         self.def.push(def);
         self.rep.push(rep);
@@ -172,7 +187,7 @@ impl Leaf {
 
 /// Writes one row group of raw leaf columns, in schema order, under a schema in parquet's
 /// message syntax (a building block for [`write`] and for test files of any shape). Binary
-/// leaves take `bytes`, INT64 leaves `longs`.
+/// leaves take `bytes`, INT64 leaves `longs`, FLOAT leaves `floats`.
 pub fn write_columns(file: &Path, schema: &str, leaves: Vec<Leaf>) -> Result<(), DataError> {
     let err = |e: parquet::errors::ParquetError| DataError::file(file, format!("writing: {e}"));
     let schema = Arc::new(parse_message_type(schema).map_err(err)?);
@@ -190,13 +205,19 @@ pub fn write_columns(file: &Path, schema: &str, leaves: Vec<Leaf>) -> Result<(),
             .next()
             .ok_or_else(|| DataError::file(file, "fewer leaves than the schema has columns"))?;
         let (def, rep) = (Some(&leaf.def[..]), Some(&leaf.rep[..]));
-        let is_long = matches!(
-            col.untyped(),
-            parquet::column::writer::ColumnWriter::Int64ColumnWriter(_)
-        );
+        use parquet::column::writer::ColumnWriter;
+        let (is_long, is_float) = match col.untyped() {
+            ColumnWriter::Int64ColumnWriter(_) => (true, false),
+            ColumnWriter::FloatColumnWriter(_) => (false, true),
+            _ => (false, false),
+        };
         if is_long {
             col.typed::<Int64Type>()
                 .write_batch(&leaf.longs, def, rep)
+                .map_err(err)?;
+        } else if is_float {
+            col.typed::<FloatType>()
+                .write_batch(&leaf.floats, def, rep)
                 .map_err(err)?;
         } else {
             col.typed::<ByteArrayType>()

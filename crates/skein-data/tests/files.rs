@@ -222,6 +222,30 @@ fn parquet_text_stored_as_plain_bytes_is_read_as_text() {
     assert_eq!(row.extra_info, json!("//4="));
 }
 
+/// A ground truth stored as a float32 is its shortest text: 1.1, not the 1.100000023841858
+/// its widening to f64 prints, which no written answer equals.
+#[test]
+fn parquet_float32_ground_truths_read_as_written() {
+    let path = tmp("float.parquet");
+    let schema =
+        "message m { optional binary prompt (STRING); optional binary data_source (STRING);
+                              optional group reward_model { optional float ground_truth; } }";
+    let (mut p, mut d, mut g) = (Leaf::default(), Leaf::default(), Leaf::default());
+    for (q, truth) in [("0.5+0.6=", 1.1f32), ("2/5=", 0.4)] {
+        p.push_bytes(q, 1, 0);
+        d.push_bytes("sums", 1, 0);
+        g.push_float(truth, 2, 0);
+    }
+    write_columns(&path, schema, vec![p, d, g]).unwrap();
+    let loaded = load(&[path], &STRICT).unwrap();
+    let truths: Vec<&str> = loaded
+        .rows
+        .iter()
+        .map(|r| r.ground_truth.as_str())
+        .collect();
+    assert_eq!(truths, ["1.1", "0.4"]);
+}
+
 #[test]
 fn file_level_problems_name_the_file() {
     let missing = tmp("absent.jsonl");
