@@ -3,8 +3,8 @@
 //! while the main thread is inside libtorch crashed the process). The first press lets the
 //! current step finish, writes a resumable checkpoint and exits cleanly (during the warm-up,
 //! which has nothing to resume, it stops after the current warm-up step); the second stops
-//! at the end of the current stage (the first evaluation; a step's rollout, preparation,
-//! update, or log with its evaluation; the final evaluation), without a checkpoint.
+//! at the end of the current stage of the step (rollout, preparation, update), without a
+//! checkpoint.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Once;

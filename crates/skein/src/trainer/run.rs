@@ -136,7 +136,6 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
             ),
         };
         let record = t.log_step(report.record(), step)?;
-        interrupt::exit_if_urgent("the step's log (and its `eval.every` evaluation)");
         // Name what is going wrong, the moment it starts.
         let files = t.files()?;
         files
@@ -268,7 +267,6 @@ fn finish(mut t: Trainer, interrupted: bool) -> Result<RunSummary> {
         });
     }
     let eval_after = t.evaluate();
-    interrupt::exit_if_urgent("the final evaluation");
     let mut last = record(t.cfg.trainer.steps, []);
     extend(&mut last, eval_after.metrics());
     let files = t.files()?;
