@@ -30,6 +30,12 @@ impl ReplacedRun {
     /// Refuses a directory an interrupted `--overwrite` left a replaced run in.
     pub fn check_none_left(dir: &Path) -> Result<()> {
         let left = dir.join(REPLACED_DIR);
+        // Emptied by hand (the advice below: its files moved back), it holds nothing to keep.
+        let emptied = std::fs::read_dir(&left).is_ok_and(|mut d| d.next().is_none());
+        if emptied {
+            std::fs::remove_dir(&left)
+                .with_context(|| format!("removing the empty {}", left.display()))?;
+        }
         if left.exists() {
             bail!(
                 "{} holds a run that an interrupted --overwrite was replacing (the process was \
