@@ -153,7 +153,13 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
     };
     tokenizer.treat_as_added_stops(&cfg.rollout.sampling.stop_token_ids);
     let sampling = sampling_params(cfg, &tokenizer)?;
-    let loaded_reference = restore.as_ref().and_then(|r| r.reference.as_ref());
+    // Counted as held only where the run uses it (the estimate counts it then); otherwise it
+    // is dropped before the update's models are built.
+    let uses_reference = cfg.algorithm.kl_coef > 0.0 && !cfg.lora.enabled();
+    let loaded_reference = restore
+        .as_ref()
+        .and_then(|r| r.reference.as_ref())
+        .filter(|_| uses_reference);
     let engine = rollout_engine(cfg, &policy, loaded_reference)?;
     let resumed_workload = restore.as_ref().map(|r| &r.state.workload);
     let mut workload = tasks.into_workload(cfg, &tokenizer, &policy, resumed_workload)?;
@@ -571,6 +577,13 @@ fn update_models(
     mut restore: Option<&mut Restore>,
 ) -> Result<UpdateModels> {
     let device = policy.vs.device();
+    if cfg.algorithm.kl_coef == 0.0 || cfg.lora.enabled() {
+        // A checkpoint's reference this run does not use is freed before the moments and the
+        // critic are built: the memory check did not count it.
+        if let Some(r) = restore.as_deref_mut() {
+            r.reference = None;
+        }
+    }
     let reference = if cfg.algorithm.kl_coef > 0.0 && cfg.lora.enabled() {
         // The frozen base is the reference: no second copy of the model.
         Some(policy.base_only())
