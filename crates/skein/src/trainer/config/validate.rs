@@ -1027,7 +1027,7 @@ fn refuse_inert_overlong(
         let start = max_response_tokens.saturating_sub(*overlong_buffer);
         if start >= max_new_tokens {
             // The buffer may not exceed max_response_tokens: lowering that alone may not do.
-            let buffer_too = if *overlong_buffer >= max_new_tokens {
+            let buffer_too = if *overlong_buffer > max_new_tokens {
                 format!(" and `reward.sources.{name}.overlong_buffer` below it")
             } else {
                 String::new()
