@@ -163,15 +163,7 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
             t.save_checkpoint(step)?;
         }
         progress.update(step as u64, &shown);
-        let stop = if skips.longest >= cfg.trainer.max_consecutive_skips {
-            stop_for_skips(&t, step, skips.longest).err()
-        } else {
-            untrained.check(step).err()
-        };
-        if let Some(why) = stop {
-            progress.finish();
-            return Err(with_curves(&t.dir, why));
-        }
+        stop_early(&t, step, &skips, &untrained).inspect_err(|_| progress.finish())?;
         if interrupted {
             break;
         }
@@ -324,6 +316,22 @@ fn stop_for_skips(t: &Trainer, step: usize, streak: usize) -> Result<()> {
          {last_good}. Lower `optim.lr`, keep `optim.grad_clip` > 0, and check the rewards for \
          non-finite values {then}."
     )
+}
+
+/// Whether the run stops itself after `step`: its updates kept failing, or its steps trained
+/// nothing. The error comes with the curves so far drawn.
+fn stop_early(
+    t: &Trainer,
+    step: usize,
+    skips: &SkipStreak,
+    untrained: &UntrainedSteps,
+) -> Result<()> {
+    let stop = if skips.longest >= t.cfg.trainer.max_consecutive_skips {
+        stop_for_skips(t, step, skips.longest)
+    } else {
+        untrained.check(step)
+    };
+    stop.map_err(|why| with_curves(&t.dir, why))
 }
 
 /// `why` a run stops early, with its curves so far drawn (where they matter most): the

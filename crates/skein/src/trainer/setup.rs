@@ -151,16 +151,8 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
             (t, p, None)
         }
     };
-    tokenizer.treat_as_added_stops(&cfg.rollout.sampling.stop_token_ids);
-    let sampling = sampling_params(cfg, &tokenizer)?;
-    // Counted as held only where the run uses it (the estimate counts it then); otherwise it
-    // is dropped before the update's models are built.
-    let uses_reference = cfg.algorithm.kl_coef > 0.0 && !cfg.lora.enabled();
-    let loaded_reference = restore
-        .as_ref()
-        .and_then(|r| r.reference.as_ref())
-        .filter(|_| uses_reference);
-    let engine = rollout_engine(cfg, &policy, loaded_reference)?;
+    let sampling = sampling_params(cfg, &mut tokenizer)?;
+    let engine = rollout_engine(cfg, &policy, restore.as_ref())?;
     let resumed_workload = restore.as_ref().map(|r| &r.state.workload);
     let mut workload = tasks.into_workload(cfg, &tokenizer, &policy, resumed_workload)?;
     check_context(cfg, workload.as_ref(), &policy)?;
@@ -171,11 +163,7 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
         &run_dir.path,
         workload.held_out(),
     );
-    let (first_step, rewards, streaks) = restore
-        .as_ref()
-        .map_or((1, Vec::new(), StopStreaks::default()), |r| {
-            (r.state.step + 1, r.state.rewards.clone(), r.state.streaks)
-        });
+    let (first_step, rewards, streaks) = going_on_from(restore.as_ref());
 
     // A fresh run starts writing now: the warm-up on demonstrations, the weights to a remote
     // engine, the policy measured before RL, then the models the update needs beside it. A
@@ -238,6 +226,14 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
         streaks,
         _dp: dp,
     })))
+}
+
+/// Where the run goes on from: its first step, the rewards and stop streaks so far (a fresh
+/// run's, or its checkpoint's).
+fn going_on_from(restore: Option<&Restore>) -> (usize, Vec<Option<f64>>, StopStreaks) {
+    restore.map_or((1, Vec::new(), StopStreaks::default()), |r| {
+        (r.state.step + 1, r.state.rewards.clone(), r.state.streaks)
+    })
 }
 
 /// Data-parallel ranks beyond the first, for the policy and the critic: built after
@@ -465,8 +461,10 @@ fn as_built(cfg: &TrainConfig, policy: &Model) -> TrainConfig {
 
 /// The run's sampling settings, stopping at each of the tokenizer's stop ids (its
 /// end-of-sequence ids, and the stops a checkpoint's run added) and at the config's
-/// `stop_token_ids`.
-fn sampling_params(cfg: &TrainConfig, tokenizer: &Tokenizer) -> Result<SamplingParams> {
+/// `stop_token_ids`, which the tokenizer takes as added stops (an older checkpoint lists them
+/// as ends of sequence).
+fn sampling_params(cfg: &TrainConfig, tokenizer: &mut Tokenizer) -> Result<SamplingParams> {
+    tokenizer.treat_as_added_stops(&cfg.rollout.sampling.stop_token_ids);
     if tokenizer.eos_token_ids().is_empty() {
         anyhow::bail!("the tokenizer defines no end-of-sequence token");
     }
@@ -520,13 +518,19 @@ fn held_bytes(policy: &Model) -> f64 {
 }
 
 /// The engine rollouts run on, once the run is known to fit in memory (on the CPU, where
-/// free memory can be read). `reference` is a resumed run's KL reference, already loaded.
+/// free memory can be read). `restore` is a resumed run's, its KL reference already loaded.
 fn rollout_engine(
     cfg: &TrainConfig,
     policy: &Model,
-    reference: Option<&Model>,
+    restore: Option<&Restore>,
 ) -> Result<Generator> {
     let device = policy.vs.device();
+    // Counted as held only where the run uses it (the estimate counts it then); otherwise it
+    // is dropped before the update's models are built.
+    let uses_reference = cfg.algorithm.kl_coef > 0.0 && !cfg.lora.enabled();
+    let reference = restore
+        .and_then(|r| r.reference.as_ref())
+        .filter(|_| uses_reference);
     // The policy's weights, and a resumed run's reference (moved into the trainer, never
     // copied), are in the estimate and already loaded: free memory alone would count them
     // twice. (A resumed run's raw moments and critic are held too, but they are copied into
