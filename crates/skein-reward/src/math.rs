@@ -3,7 +3,7 @@
 //! The answer is the content of the last `\boxed{...}` (braces may nest), else what follows the
 //! last `#### ` marker (the GSM8K convention), else, in flexible mode, the last number in the
 //! text. Two answers are equal when both read as numbers that agree (after dropping `$`,
-//! thousands separators, a trailing `.`, `%`, and reading `a/b` and `\frac{a}{b}`), or else
+//! thousands separators, a trailing `.`, `%`, and reading `a/b` and signed `\frac{a}{b}`), or else
 //! when their normalised text is identical. All of it runs on untrusted model output: no input
 //! panics.
 
@@ -68,8 +68,19 @@ pub fn last_number(text: &str) -> Option<String> {
     if start > 0 && bytes[start - 1] == b'-' {
         start -= 1;
     }
-    // Everything in [start, end) is ASCII, so these are char boundaries.
-    Some(text[start..end].trim_start_matches([',', '.']).to_string())
+    // Everything in [start, end) is ASCII, so these are char boundaries. Separators before
+    // the first digit are punctuation, except a point right before it: `.5` is a number.
+    let (sign, span) = match text[start..end].strip_prefix('-') {
+        Some(rest) => ("-", rest),
+        None => ("", &text[start..end]),
+    };
+    let first_digit = span.find(|c: char| c.is_ascii_digit()).unwrap_or(0);
+    let from = match first_digit.checked_sub(1) {
+        Some(point) if span.as_bytes()[point] == b'.' => point,
+        _ => first_digit,
+    };
+    let digits = &span[from..];
+    Some(format!("{sign}{digits}"))
 }
 
 /// The final answer of a response: boxed, else `####`, else (if `flexible`) the last number.
@@ -103,8 +114,13 @@ pub fn parse_number(answer: &str) -> Option<f64> {
 fn number_parts(answer: &str) -> Option<(String, String)> {
     let s = normalize(answer);
     let s = s.trim_end_matches('%');
-    if let Some((num, den)) = frac(s) {
-        return Some((num.into(), den.into()));
+    // A sign before a fraction is its numerator's: `-\frac{1}{2}` is `\frac{-1}{2}`.
+    let (sign, unsigned) = match s.strip_prefix(['-', '+']) {
+        Some(rest) if rest.starts_with(r"\frac") => (&s[..1], rest),
+        _ => ("", s),
+    };
+    if let Some((num, den)) = frac(unsigned) {
+        return Some((format!("{sign}{num}"), den.into()));
     }
     if let Some((num, den)) = s.split_once('/') {
         return Some((num.into(), den.into()));
@@ -150,13 +166,22 @@ fn exact_number(answer: &str) -> Option<(i128, i128)> {
     (denominator != 0).then_some((numerator, denominator))
 }
 
-/// `\frac{a}{b}` (also `\dfrac`, `\tfrac`) as its two parts.
+/// `\frac{a}{b}` (also `\dfrac`, `\tfrac`) as its two parts. As in LaTeX, an argument without
+/// braces is one character: `\frac12` is `\frac{1}{2}`.
 fn frac(s: &str) -> Option<(&str, &str)> {
-    let body = s.strip_prefix(r"\frac{")?;
-    let num = braced(body)?;
-    let rest = body[num.len() + 1..].strip_prefix('{')?;
-    let den = braced(rest)?;
-    (rest.len() == den.len() + 1).then_some((num, den))
+    let (num, rest) = latex_argument(s.strip_prefix(r"\frac")?)?;
+    let (den, rest) = latex_argument(rest)?;
+    rest.is_empty().then_some((num, den))
+}
+
+/// A LaTeX command's next argument, `{...}` or a single character, and the text after it.
+fn latex_argument(s: &str) -> Option<(&str, &str)> {
+    if let Some(body) = s.strip_prefix('{') {
+        let arg = braced(body)?;
+        return Some((arg, &body[arg.len() + 1..]));
+    }
+    let c = s.chars().next().filter(|c| c.is_ascii_digit())?;
+    Some(s.split_at(c.len_utf8()))
 }
 
 /// Drops what does not change an answer's value: whitespace, `$`, thousands separators, sizing
@@ -236,6 +261,11 @@ mod tests {
         assert_eq!(hash_answer("####   "), None);
         assert_eq!(last_number("a 3 then -12.5."), Some("-12.5".into()));
         assert_eq!(last_number("no digits"), None);
+        // A point before the digits is the number's own; other separators are not.
+        assert_eq!(last_number("x = .5"), Some(".5".into()));
+        assert_eq!(last_number("so -.25 it is"), Some("-.25".into()));
+        assert_eq!(last_number("items: ,7"), Some("7".into()));
+        assert_eq!(last_number("and so on...,3"), Some("3".into()));
         assert_eq!(extract_answer("is 5 or 6", false), None);
         assert_eq!(extract_answer("is 5 or 6", true), Some("6".into()));
         assert_eq!(
@@ -282,6 +312,14 @@ mod tests {
             ("+007", "7"),
             ("2/4", "0.5"),
             ("0", "-0.0"),
+            (".5", "1/2"),
+            ("-.5", r"-\frac{1}{2}"),
+            (r"-\frac{1}{2}", "-0.5"),
+            (r"-\dfrac{3}{4}", "-3/4"),
+            (r"+\frac{1}{2}", "0.5"),
+            (r"\frac12", "0.5"),
+            (r"-\frac34", r"\frac{-3}{4}"),
+            (r"\frac{1}2", "1/2"),
         ] {
             assert!(equivalent(a, b), "{a} vs {b}");
         }
@@ -291,6 +329,9 @@ mod tests {
         assert_eq!(parse_number("nan"), None);
         assert_eq!(parse_number("inf"), None);
         assert_eq!(parse_number(r"\frac{1}{2}x"), None);
+        assert_eq!(parse_number(r"\frac123"), None);
+        assert_eq!(parse_number(r"--\frac{1}{2}"), None);
+        assert!(!equivalent(r"-\frac{1}{2}", "0.5") && !equivalent(r"\frac12", "12"));
     }
 
     #[test]
@@ -303,6 +344,11 @@ mod tests {
             "é#### é",
             r"\frac{",
             r"\frac{1}{",
+            r"-\frac",
+            r"\frac1",
+            r"\fracé",
+            "-.",
+            ".",
             "-",
             "..,",
         ] {
