@@ -331,6 +331,12 @@ pub fn latest(run_dir: &Path) -> Result<Option<(usize, PathBuf)>> {
     Ok(numbered(run_dir)?.into_iter().last())
 }
 
+/// The newest `checkpoint-N` with N ≤ `step`, the step a run has reached. One numbered past it
+/// is not this run's: its resume passed it over as damaged.
+pub fn latest_up_to(run_dir: &Path, step: usize) -> Result<Option<(usize, PathBuf)>> {
+    Ok(numbered(run_dir)?.into_iter().rfind(|&(n, _)| n <= step))
+}
+
 /// Removes all but the newest `keep_last` numbered checkpoints up to step `saved`, the one
 /// just written (0 keeps all). Checkpoints numbered past it are ones a resume passed over as
 /// damaged: they neither count nor go, or a damaged checkpoint-30 would push out every good
@@ -524,15 +530,20 @@ mod tests {
     }
 
     /// A run resumed before a damaged checkpoint keeps its good ones: the damaged one is
-    /// newer than what it writes, and pushes none of them out.
+    /// newer than what it writes, and pushes none of them out, nor is it named as the run's
+    /// last good checkpoint.
     #[test]
-    fn rotation_counts_only_checkpoints_up_to_the_one_written() {
+    fn checkpoints_past_the_step_reached_are_neither_counted_nor_named() {
         let dir = std::env::temp_dir().join(format!("skein-rotate-{}", std::process::id()));
         for n in [10, 20, 21, 30] {
             let c = dir.join(format!("checkpoint-{n}"));
             std::fs::create_dir_all(&c).unwrap();
             std::fs::write(c.join(super::STATE_FILE), "{}").unwrap();
         }
+        // A run at step 25 names its own newest, not the damaged one past it.
+        let (newest, _) = super::latest_up_to(&dir, 25).unwrap().unwrap();
+        assert_eq!(newest, 21);
+        assert_eq!(super::latest_up_to(&dir, 9).unwrap(), None);
         super::rotate(&dir, 2, 21).unwrap();
         let left: Vec<usize> = super::numbered(&dir)
             .unwrap()

@@ -296,7 +296,7 @@ fn finish(mut t: Trainer, interrupted: bool) -> Result<RunSummary> {
 
 /// Stops a run whose updates kept failing, naming its last good checkpoint.
 fn stop_for_skips(t: &Trainer, step: usize, streak: usize) -> Result<()> {
-    let (last_good, then) = match checkpoint::latest(&t.dir)? {
+    let (last_good, then) = match checkpoint::latest_up_to(&t.dir, step)? {
         Some((_, p)) => (p.display().to_string(), "before resuming"),
         None if t.cfg.trainer.checkpoint_every == 0 => (
             "none (trainer.checkpoint_every is 0)".to_string(),
