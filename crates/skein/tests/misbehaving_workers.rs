@@ -414,6 +414,22 @@ fn ctrl_c_twice_while_an_env_worker_hangs_leaves_no_worker_behind() {
     assert!(!err.contains("panicked"), "{err}");
 }
 
+/// Ctrl-C three times while the hung episode still has most of its 600 s timeout to run: the
+/// first two presses wait on the rollout, the third stops the run at once (status 130), and
+/// the workers go with it.
+#[test]
+fn a_third_ctrl_c_stops_at_once_while_an_env_worker_hangs() {
+    let sets = hanging_worker_run(true, 600.0);
+    let presses = [
+        ("INT", Some("interrupt: finishing this step")),
+        ("INT", Some("second interrupt")),
+        ("INT", None),
+    ];
+    let (code, err) = stop_while_a_worker_hangs("third-press", &sets, &presses);
+    assert_eq!(code, Some(130), "{err}");
+    assert!(err.contains("third interrupt: stopped at once"), "{err}");
+}
+
 /// SIGKILL cannot be handled: the parent-death signal the workers were started with ends
 /// the hung worker when skein dies.
 #[test]

@@ -70,6 +70,16 @@ extern "C" fn at_exit() {
     kill_recorded();
 }
 
+/// Ends the program at once with `code`, from any thread, taking the recorded workers with
+/// it. Nothing else runs: no destructor, no exit hook (`_exit(2)`), so a thread still inside a
+/// library is not torn down under its feet; what the program was writing is left as a kill
+/// would leave it.
+pub fn exit_now(code: i32) -> ! {
+    kill_recorded();
+    // SAFETY: _exit(2) ends the process without touching its memory.
+    unsafe { libc::_exit(code) }
+}
+
 /// Kills the workers, then lets the signal end the program: the handler was installed with
 /// SA_RESETHAND, so the signal raised again here is acted on by default once this returns.
 extern "C" fn on_signal(signal: libc::c_int) {

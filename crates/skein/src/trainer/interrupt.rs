@@ -4,7 +4,11 @@
 //! current step finish, writes a resumable checkpoint and exits cleanly (during the warm-up,
 //! which has nothing to resume, it stops after the current warm-up step); the second stops
 //! at the end of the current stage of the step (rollout, preparation, update), without a
-//! checkpoint.
+//! checkpoint. A stage can be long (an evaluation of many problems, a hung environment
+//! waiting out its timeout), so the third press stops at once, from the handler's thread: as
+//! a kill would, but with skein's worker processes taken along. A run's files are already
+//! safe against a kill: checkpoints are written aside and renamed, and a resume cuts the
+//! records back to its checkpoint.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Once;
@@ -18,14 +22,21 @@ pub const EXIT_INTERRUPTED: i32 = 130;
 /// Installs the handler (once per process; later calls do nothing).
 pub fn install() {
     INSTALL.call_once(|| {
-        let installed = ctrlc::set_handler(|| {
-            if PRESSES.fetch_add(1, Ordering::SeqCst) == 0 {
+        let installed = ctrlc::set_handler(|| match PRESSES.fetch_add(1, Ordering::SeqCst) {
+            0 => eprintln!(
+                "\nskein: interrupt: finishing this step, then writing a checkpoint \
+                 (Ctrl-C again to stop sooner, without one)"
+            ),
+            1 => eprintln!(
+                "\nskein: second interrupt: stopping at the end of this stage (Ctrl-C a third \
+                 time to stop at once)"
+            ),
+            _ => {
                 eprintln!(
-                    "\nskein: interrupt: finishing this step, then writing a checkpoint \
-                     (Ctrl-C again to stop sooner, without one)"
+                    "\nskein: third interrupt: stopped at once; this step is lost and no \
+                     checkpoint was written"
                 );
-            } else {
-                eprintln!("\nskein: second interrupt: stopping at the end of this stage");
+                skein_reward::lines::reaper::exit_now(EXIT_INTERRUPTED)
             }
         });
         if let Err(e) = installed {
