@@ -119,8 +119,7 @@ pub fn prepare(
     // `icepop` weighs every token by π_old/π_behavior, so every row needs its π_old first.
     if cfg.epochs == 1 && cfg.off_policy != OffPolicy::Icepop {
         for &i in batch.plan.first().into_iter().flatten().flatten() {
-            let row = &batch.rows[i];
-            needs_old[i] &= row.versions.iter().any(|&v| v < version);
+            needs_old[i] &= trains_on_older_tokens(&batch.rows[i], version);
         }
     }
     recompute_logprobs(
@@ -152,6 +151,16 @@ pub fn prepare(
         importance,
         mismatch,
     }
+}
+
+/// Whether a loss token of `row` was sampled before `version`. Tokens outside the loss (an
+/// environment's reply inside a merged multi-turn row, recorded as version 0) were sampled
+/// by no policy, and do not make the row need a π_old of its own.
+fn trains_on_older_tokens(row: &TrainRow, version: u64) -> bool {
+    row.versions
+        .iter()
+        .zip(&row.loss_mask)
+        .any(|(&v, &m)| m != 0 && v < version)
 }
 
 /// The engine–trainer log-prob comparison ([`LogpMismatch`]) over the rows that have π_old,
@@ -314,6 +323,26 @@ mod tests {
         assert!(other.mean > 1e-2, "{other:?}");
         // Tokens of an older version are the importance weights' business, not this check's.
         assert!(logp_mismatch(&other_weights, &rows, 6, &prepare).is_none());
+    }
+
+    /// A merged multi-turn row sampled wholly by this version has its environment's tokens
+    /// at version 0: they do not make it need a π_old forward of its own.
+    #[test]
+    fn only_loss_tokens_decide_whether_a_row_is_older() {
+        let row = |versions: Vec<u64>, loss_mask: Vec<u8>| TrainRow {
+            versions,
+            loss_mask,
+            ..Default::default()
+        };
+        assert!(!trains_on_older_tokens(
+            &row(vec![5, 5, 0, 0, 5], vec![1, 1, 0, 0, 1]),
+            5
+        ));
+        assert!(trains_on_older_tokens(
+            &row(vec![4, 5, 0, 0, 5], vec![1, 1, 0, 0, 1]),
+            5
+        ));
+        assert!(!trains_on_older_tokens(&row(vec![0, 0], vec![0, 0]), 5));
     }
 
     /// Where every logit ties (a zero LM head), top-k keeps every token tied at its cut and
