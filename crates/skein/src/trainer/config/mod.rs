@@ -370,8 +370,10 @@ pub struct PartialConfig {
     pub enabled: bool,
     /// Most new tokens one sample may generate in one iteration before it pauses.
     pub token_budget: usize,
-    /// Most policy versions between a group's oldest token and the policy that trains on it.
-    /// A step advances the version by `trainer.num_mini_batches × trainer.ppo_epochs`.
+    /// Most policy versions a group's oldest token trails π_old, the policy at the start of
+    /// the step that trains on it (the step's later mini-batches train with weights up to
+    /// `trainer.num_mini_batches × trainer.ppo_epochs − 1` versions newer still). A step
+    /// advances the version by `trainer.num_mini_batches × trainer.ppo_epochs`.
     pub max_staleness: u64,
     /// What happens to a group that would exceed `max_staleness`: `drop` (discard the whole
     /// group, counted) or `finish-first` (its paused samples run to the end, without a budget,
