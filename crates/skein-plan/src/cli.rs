@@ -11,6 +11,10 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::collections::{HashMap, HashSet};
 
+/// The longest prompt or response a transition may give, far past any model's context: the
+/// lengths of a whole step then add up in an `i64` without overflowing.
+const MAX_TOKENS: i64 = u32::MAX as i64;
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Input {
@@ -362,6 +366,11 @@ fn trajectories(input: &[TrajectoryIn]) -> Result<Vec<Trajectory>, PlanError> {
                 if v < min {
                     return Err(bad(format!("`{tat}.{name}` must be ≥ {min} (got {v})")));
                 }
+                if v > MAX_TOKENS {
+                    return Err(bad(format!(
+                        "`{tat}.{name}` must be at most {MAX_TOKENS} tokens (got {v})"
+                    )));
+                }
             }
             if tr.loss_tokens > tr.response_len {
                 return Err(bad(format!(
@@ -478,6 +487,13 @@ mod tests {
             (
                 OK.replace("\"seed\": 1,", "\"seed\": 1, \"loss_agg_mode\": \"mean\","),
                 "seq-mean-token-mean",
+            ),
+            (
+                OK.replace(
+                    "\"prompt_len\": 10, \"response_len\": 9",
+                    "\"prompt_len\": 9223372036854775807, \"response_len\": 9",
+                ),
+                "`trajectories[1].transitions[0].prompt_len` must be at most 4294967295",
             ),
             (OK.replace("\"reward\": 1.0,", ""), "reward"),
             (
