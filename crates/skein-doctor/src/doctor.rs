@@ -77,7 +77,7 @@ impl Doctor {
         self.latest
             .get(rule.name)
             .copied()
-            .filter(|&i| self.found[i].until + QUIET_STEPS >= step)
+            .filter(|&i| step.saturating_sub(self.found[i].until) <= QUIET_STEPS + 1)
     }
 
     /// Extends the diagnoses of rules that held recently, starts the others; returns those.
@@ -170,5 +170,30 @@ mod tests {
         assert_eq!(started[13], truncation);
         let spans: Vec<(usize, usize)> = d.found().iter().map(|x| (x.step, x.until)).collect();
         assert_eq!(spans, vec![(2, 6), (14, 14)]);
+    }
+
+    /// A pause of exactly `QUIET_STEPS` steps continues the diagnosis; one step more starts
+    /// a new one.
+    #[test]
+    fn a_pause_of_quiet_steps_is_the_longest_one_diagnosis_spans() {
+        for (quiet, spans) in [
+            (QUIET_STEPS, vec![(2, QUIET_STEPS + 3)]),
+            (
+                QUIET_STEPS + 1,
+                vec![(2, 2), (QUIET_STEPS + 4, QUIET_STEPS + 4)],
+            ),
+        ] {
+            // Holds at step 2, then not for `quiet` steps, then again (two high steps in a
+            // row: the rule's window).
+            let mut trunc = vec![0.5, 0.5];
+            trunc.extend(std::iter::repeat_n(0.0, quiet - 1));
+            trunc.extend([0.5, 0.5]);
+            let mut d = Doctor::default();
+            for (i, &t) in trunc.iter().enumerate() {
+                d.observe(rec(i + 1, t), vec![]);
+            }
+            let got: Vec<(usize, usize)> = d.found().iter().map(|x| (x.step, x.until)).collect();
+            assert_eq!(got, spans, "a pause of {quiet} steps");
+        }
     }
 }
