@@ -18,6 +18,9 @@ pub const MIN_RANGE_WIDTH: f64 = 1.0;
 pub const MIN_ACCURACY_DROP: f64 = 0.05;
 /// ...while the training reward rose by this much since the best.
 pub const MIN_REWARD_RISE: f64 = 0.05;
+/// Slack in those two comparisons, so a drop or rise of exactly 0.05 counts wherever it lies
+/// (0.80 − 0.75 is 0.0500000000000000044 in floats, 0.60 − 0.55 is 0.0499999999999999889).
+const ROUND_OFF: f64 = 1e-9;
 
 pub const REWARD_FAILURES: Rule = Rule {
     name: "reward-failures",
@@ -112,11 +115,11 @@ fn overfitting(h: &History) -> Option<Finding> {
     if earlier < 2 {
         return None;
     }
-    if now.accuracy > best.accuracy - MIN_ACCURACY_DROP {
+    if now.accuracy > best.accuracy - MIN_ACCURACY_DROP + ROUND_OFF {
         return None;
     }
     let (r_best, r_now) = (reward_at(h, best.reward)?, reward_at(h, now.reward)?);
-    if r_now - r_best < MIN_REWARD_RISE {
+    if r_now - r_best < MIN_REWARD_RISE - ROUND_OFF {
         return None;
     }
     let steps = vec![best.step, now.step];
@@ -270,6 +273,19 @@ mod tests {
             );
         }
         assert!(overfitting(&flat).is_none());
+        // A drop of exactly 0.05 counts wherever it lies.
+        for (best, now) in [(0.8, 0.75), (0.5, 0.45), (0.6, 0.55), (1.0, 0.95)] {
+            let mut h = History::default();
+            for (s, a, r) in [(0, 0.3, 0.3), (3, best, 0.3), (6, 0.4, 0.6), (9, now, 0.6)] {
+                push(
+                    &mut h,
+                    s,
+                    json!({"eval/accuracy": a, "reward/mean": r}),
+                    vec![],
+                );
+            }
+            assert!(overfitting(&h).is_some(), "{best} → {now}");
+        }
     }
 
     /// The whole-run rules as a scan of every step seen, the specification the running
@@ -358,7 +374,7 @@ mod tests {
                 earlier
                     .iter()
                     .fold(&earlier[0], |b, e| if e.1 > b.1 { e } else { b });
-            if now > best - MIN_ACCURACY_DROP {
+            if now > best - MIN_ACCURACY_DROP + ROUND_OFF {
                 return None;
             }
             let rl: Vec<usize> = h.rl().iter().map(|s| s.step).collect();
@@ -371,7 +387,7 @@ mod tests {
                 h.mean_between("reward/mean", from, to)
             };
             let (r_best, r_now) = (around(best_step)?, around(now_step)?);
-            if r_now - r_best < MIN_REWARD_RISE {
+            if r_now - r_best < MIN_REWARD_RISE - ROUND_OFF {
                 return None;
             }
             let steps = vec![best_step, now_step];
