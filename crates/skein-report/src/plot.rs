@@ -38,13 +38,13 @@ pub const DEFAULT_PANELS: &[&str] = &[
     "reward/mean|reward/accuracy",
     "loss/policy",
     "loss/value",
-    "kl|approx_kl|kl_ref",
+    "approx_kl|kl_ref",
     "entropy",
     "grad_norm",
     "clip_frac|clip_frac/sequence",
     "is/masked_tokens|is/masked_rows|is/weighted_rows",
     "response_len/mean",
-    "throughput/tokens_per_s|throughput/generated_tokens_per_s",
+    "throughput/trained_tokens_per_s|throughput/generated_tokens_per_s",
     "time/step_s",
 ];
 

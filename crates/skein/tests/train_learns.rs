@@ -67,6 +67,7 @@ fn grpo_raises_the_reward_and_a_frozen_policy_does_not() {
         learn.dir.join("checkpoint-8/model.safetensors").exists(),
         "periodic checkpoint"
     );
+    assert_the_default_panels_are_logged(&learn.dir);
     for run in [&learn, &frozen] {
         for f in [
             "metrics.jsonl",
@@ -83,5 +84,37 @@ fn grpo_raises_the_reward_and_a_frozen_policy_does_not() {
             );
         }
         std::fs::remove_dir_all(&run.dir).ok();
+    }
+}
+
+/// Every metric the default plot draws is one a run writes: a renamed metric would otherwise
+/// drop out of `plot.png` without a word. Those that only some runs write are named.
+fn assert_the_default_panels_are_logged(dir: &std::path::Path) {
+    let only_some_runs = [
+        "sft/eval_accuracy",  // a warm-up evaluated on the way (`sft.eval_every` > 0)
+        "loss/value",         // a critic (`gae`)
+        "kl_ref",             // a reference policy (`algorithm.kl_coef` > 0)
+        "clip_frac/sequence", // `gspo`
+        "is/masked_tokens",   // an off-policy correction that masks
+        "is/masked_rows",
+        "is/weighted_rows",
+    ];
+    let text = std::fs::read_to_string(dir.join("metrics.jsonl")).expect("metrics.jsonl");
+    let logged: std::collections::HashSet<String> = text
+        .lines()
+        .flat_map(|l| {
+            let record: serde_json::Map<String, serde_json::Value> =
+                serde_json::from_str(l).expect("a record");
+            record.into_iter().map(|(key, _)| key)
+        })
+        .collect();
+    for key in skein_report::DEFAULT_PANELS
+        .iter()
+        .flat_map(|p| p.split('|'))
+    {
+        assert!(
+            logged.contains(key) || only_some_runs.contains(&key),
+            "`{key}` is drawn by default but no record of the run has it"
+        );
     }
 }
