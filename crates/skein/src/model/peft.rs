@@ -63,9 +63,13 @@ pub fn read_config(dir: &Path) -> Result<LoraConfig> {
         list => serde_json::from_value(list.clone())
             .with_context(|| format!("{}: `target_modules` is not a list", path.display()))?,
     };
+    let number = |key: &str, read: &dyn Fn(&serde_json::Value) -> Option<f64>| {
+        let v = field(key)?;
+        read(v).with_context(|| format!("{}: `{key}` = {v} is not a number", path.display()))
+    };
     let cfg = LoraConfig {
-        rank: field("r")?.as_u64().unwrap_or(0) as usize,
-        alpha: field("lora_alpha")?.as_f64().unwrap_or(0.0),
+        rank: number("r", &|v| v.as_u64().map(|r| r as f64))? as usize,
+        alpha: number("lora_alpha", &serde_json::Value::as_f64)?,
         dropout: saved["lora_dropout"].as_f64().unwrap_or(0.0),
         targets,
     };
@@ -101,15 +105,28 @@ fn beyond_plain_lora(saved: &serde_json::Value) -> Vec<String> {
         _ => false,
     };
     type IsPlain<'a> = &'a dyn Fn(&Value) -> bool;
-    let plain: [(&str, IsPlain); 11] = [
+    let off = |v: &Value| v.is_null() || v == false;
+    let plain: [(&str, IsPlain); 16] = [
         ("peft_type", &|v| v.is_null() || v == "LORA"),
+        // PiSSA, OLoRA, CorDA, LoftQ, LoRA-GA and MiCA rewrite the base weight when PEFT
+        // loads the adapter, so A and B alone are not the change; the others only draw A, B.
+        ("init_lora_weights", &|v| {
+            v.is_null()
+                || v.is_boolean()
+                || ["gaussian", "eva", "orthogonal"].iter().any(|p| v == p)
+        }),
+        // aLoRA: active only after its invocation tokens, which a merge cannot express.
+        ("alora_invocation_tokens", &empty),
+        ("exclude_modules", &empty),
+        ("target_parameters", &empty),
+        ("use_qalora", &off),
         ("alpha_pattern", &empty),
         ("rank_pattern", &empty),
         ("layers_to_transform", &empty),
         ("layers_pattern", &empty),
-        ("fan_in_fan_out", &|v| v.is_null() || v == false),
+        ("fan_in_fan_out", &off),
         ("bias", &|v| v.is_null() || v == "none"),
-        ("lora_bias", &|v| v.is_null() || v == false),
+        ("lora_bias", &off),
         ("modules_to_save", &empty),
         ("layer_replication", &empty),
         ("trainable_token_indices", &empty),
@@ -267,6 +284,13 @@ mod tests {
             ("layer_replication", json!([[0, 2]])),
             ("trainable_token_indices", json!([5, 7])),
             ("peft_type", json!("LOHA")),
+            ("init_lora_weights", json!("pissa")),
+            ("init_lora_weights", json!("olora")),
+            ("init_lora_weights", json!("loftq")),
+            ("alora_invocation_tokens", json!([13, 7])),
+            ("exclude_modules", json!(["layers.0.self_attn.q_proj"])),
+            ("target_parameters", json!(["experts.gate_up_proj"])),
+            ("use_qalora", json!(true)),
         ];
         for (i, (key, value)) in cases.into_iter().enumerate() {
             let mut config = plain.clone();
@@ -275,6 +299,31 @@ mod tests {
             let err = format!("{:#}", read_config(&dir).unwrap_err());
             assert!(err.contains(&format!("`{key}` = {value}")), "{key}: {err}");
             assert!(err.contains(CONFIG_FILE), "{key}: {err}");
+            std::fs::remove_dir_all(&dir).ok();
+        }
+        // Inits that only draw A and B read as plain.
+        for init in [
+            json!(false),
+            json!("gaussian"),
+            json!("eva"),
+            json!("orthogonal"),
+        ] {
+            let mut config = plain.clone();
+            config["init_lora_weights"] = init.clone();
+            let dir = adapter_dir("init", &config);
+            assert_eq!(read_config(&dir).unwrap().rank, 4, "{init}");
+            std::fs::remove_dir_all(&dir).ok();
+        }
+        // A rank or alpha that is not a number is named with what the file says.
+        for (key, value) in [("r", json!("16")), ("lora_alpha", json!("32"))] {
+            let mut config = plain.clone();
+            config[key] = value.clone();
+            let dir = adapter_dir("typed", &config);
+            let err = format!("{:#}", read_config(&dir).unwrap_err());
+            assert!(
+                err.contains(&format!("`{key}` = {value} is not a number")),
+                "{err}"
+            );
             std::fs::remove_dir_all(&dir).ok();
         }
     }
