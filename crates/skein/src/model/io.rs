@@ -110,8 +110,6 @@ impl Model {
 
     fn write_dir(&self, dir: &Path, merged: bool) -> Result<()> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        let config = serde_json::to_string_pretty(&self.net.config)?;
-        write_atomic(&dir.join("config.json"), config.as_bytes())?;
         let all: HashMap<String, Tensor> = self.vs.variables();
         let scale = self.options.lora.scale();
         let named: Vec<(String, Tensor)> = super::sorted_variables(&self.vs)
@@ -129,6 +127,8 @@ impl Model {
                 (name, w)
             })
             .collect();
+        let config = serde_json::to_string_pretty(&config_as_written(&self.net.config, &named))?;
+        write_atomic(&dir.join("config.json"), config.as_bytes())?;
         let tmp = dir.join("model.safetensors.tmp");
         Tensor::write_safetensors(&named, &tmp)
             .with_context(|| format!("writing {}", tmp.display()))?;
@@ -405,6 +405,32 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
     Ok(())
+}
+
+/// `config` with the dtype loaders take for the weights (`torch_dtype`, and `dtype` where it
+/// is set): the widest of `written`. A source model's own (`bfloat16`) would have transformers
+/// round the float32 weights of a trained model back to bfloat16 as it loads them, and lose
+/// the updates that were written in float32 to be kept.
+fn config_as_written(config: &ModelConfig, written: &[(String, Tensor)]) -> ModelConfig {
+    let width = |kind: Kind| match kind {
+        Kind::Double => 3,
+        Kind::Float => 2,
+        Kind::Half => 1,
+        _ => 0,
+    };
+    let mut config = config.clone();
+    let widest = written
+        .iter()
+        .map(|(_, t)| t.kind())
+        .max_by_key(|&k| width(k));
+    if let Some(kind) = widest {
+        let name = serde_json::Value::from(crate::devices::dtype_name(kind));
+        config.extra.insert("torch_dtype".into(), name.clone());
+        if config.extra.contains_key("dtype") {
+            config.extra.insert("dtype".into(), name);
+        }
+    }
+    config
 }
 
 #[cfg(test)]

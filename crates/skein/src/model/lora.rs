@@ -669,6 +669,17 @@ mod tests {
         });
         let dir = std::env::temp_dir().join(format!("skein-bf16-merge-{}", std::process::id()));
         model.save_dir(&dir).unwrap();
+        // The config tells loaders the weights' dtype, not the bfloat16 base's: transformers
+        // would round them back to bfloat16 as it loads them.
+        let dtype_of = |dir: &std::path::Path| {
+            let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
+            let config: serde_json::Value = serde_json::from_str(&text).unwrap();
+            config["torch_dtype"].as_str().unwrap().to_string()
+        };
+        assert_eq!(dtype_of(&dir), "float32");
+        let base = dir.join("base");
+        model.save_base_dir(&base).unwrap();
+        assert_eq!(dtype_of(&base), "bfloat16");
         let saved: std::collections::HashMap<String, Tensor> =
             Tensor::read_safetensors(dir.join("model.safetensors"))
                 .unwrap()
