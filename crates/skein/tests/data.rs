@@ -492,6 +492,10 @@ sources = ["answer"]
     assert_eq!(line["eval/accuracy"].as_f64().unwrap(), accuracy, "{line}");
     // The reward too is the run's: its sources score `skein eval`'s answers.
     assert_eq!(line["eval/reward"], last["eval/reward"], "{line}");
+    // Loaded in the run's dtype, or the one `--set` asks for.
+    assert_eq!(line["dtype"], "float32", "{line}");
+    let bf16 = eval_line(&eval_run(&run, &["model.dtype=\"bfloat16\""], &[]));
+    assert_eq!(bf16["dtype"], "bfloat16", "{bf16}");
 
     // The same answers judged by the dataset's own check: not one is a bare or marked number.
     let strict = eval_line(&eval_run(&run, &["eval.correct_by=\"task\""], &[]));

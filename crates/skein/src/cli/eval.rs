@@ -6,7 +6,7 @@
 
 use super::eval_episodes::{self, Loaded};
 use crate::engine::{Engine, Generator, SamplingParams};
-use crate::model::Model;
+use crate::model::{Dtype, Model, ModelOptions};
 use crate::trainer::config::correct_by::{builtin_checker, DATASET_CHECKER};
 use crate::trainer::rollout::dataset::{
     eval_seed, fit_split, prompt_batch, read_split, Data, DatasetTask, Renderer,
@@ -99,7 +99,7 @@ fn evaluate(
     let device = cfg.run.start_device()?;
     let mut tokenizer = Tokenizer::from_dir(&model_dir)?;
     tokenizer.treat_as_added_stops(&cfg.rollout.sampling.stop_token_ids);
-    let policy = Model::load_dir(&model_dir, device)?;
+    let policy = Model::load_dir_with(&model_dir, &evaluated_as(&cfg), device)?;
     let mut engine = Engine::new(cfg.rollout.max_slots);
     // A run that decoded through CUDA graphs, evaluated on the CPU, decodes the ordinary way.
     engine.cuda_graphs = cfg.rollout.cuda_graphs && device.is_cuda();
@@ -115,6 +115,8 @@ fn evaluate(
     } else {
         answer(args, ks, samples_file, &cfg, &loaded)?
     };
+    let mut line = line;
+    line.insert("dtype".into(), json!(policy.options.dtype.name()));
     let text = Value::Object(line).to_string();
     println!("{text}");
     if let Some(out) = &args.out {
@@ -343,6 +345,22 @@ fn write_samples(
 
 /// The model directory and the config: a run directory brings its own config and
 /// `checkpoint/`; a model directory is rendered with its own chat template.
+/// How the model is loaded: in `model.dtype`, so a run's evaluation computes what the run's
+/// own did, in the memory it took. A LoRA run's checkpoint holds its merged weights in float32,
+/// where its updates are kept, and is loaded so: rounded to a bfloat16 `model.dtype`, most of
+/// them would be lost.
+fn evaluated_as(cfg: &TrainConfig) -> ModelOptions {
+    let dtype = if cfg.lora.enabled() {
+        Dtype::Float32
+    } else {
+        cfg.model.dtype
+    };
+    ModelOptions {
+        dtype,
+        lora: Default::default(),
+    }
+}
+
 fn resolve(args: &EvalArgs) -> Result<(PathBuf, TrainConfig)> {
     let run_config = args.model.join("config.toml");
     let is_run = run_config.is_file() && args.model.join("checkpoint").is_dir();
