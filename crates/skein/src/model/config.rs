@@ -204,13 +204,25 @@ impl ModelConfig {
             "linear" => RopeScaling::Linear {
                 factor: get("factor").context("rope scaling `linear` needs `factor`")?,
             },
-            "llama3" => RopeScaling::Llama3 {
-                factor: get("factor").context("rope scaling `llama3` needs `factor`")?,
-                low_freq_factor: get("low_freq_factor").unwrap_or(1.0),
-                high_freq_factor: get("high_freq_factor").unwrap_or(4.0),
-                original_max_position_embeddings: get("original_max_position_embeddings")
-                    .unwrap_or(8192.0),
-            },
+            "llama3" => {
+                let needs =
+                    |k: &str| get(k).with_context(|| format!("rope scaling `llama3` needs `{k}`"));
+                // As transformers reads it: the scaling's own, else the config's top-level
+                // key, else the model's context.
+                let original = get("original_max_position_embeddings")
+                    .or_else(|| {
+                        self.extra
+                            .get("original_max_position_embeddings")
+                            .and_then(Value::as_f64)
+                    })
+                    .unwrap_or(self.max_position_embeddings as f64);
+                RopeScaling::Llama3 {
+                    factor: needs("factor")?,
+                    low_freq_factor: needs("low_freq_factor")?,
+                    high_freq_factor: needs("high_freq_factor")?,
+                    original_max_position_embeddings: original,
+                }
+            }
             other => {
                 bail!("rope type `{other}` is not supported (allowed: default, linear, llama3)")
             }
@@ -360,6 +372,7 @@ impl ModelConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn qwen2_defaults_to_qkv_bias_and_reads_rope_parameters() {
@@ -435,6 +448,36 @@ mod tests {
         cfg.validate().unwrap();
         llama.attention_bias = Some(false);
         llama.validate().unwrap();
+    }
+
+    /// llama3 scaling without `original_max_position_embeddings` takes the top-level key,
+    /// else the model's context, as transformers does; a missing frequency factor is named.
+    #[test]
+    fn llama3_rope_scaling_reads_its_original_context_as_transformers_does() {
+        let mut cfg = ModelConfig::tiny_qwen2(10, 8, 1, 2, 1, 16, 131_072);
+        let scaling = json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 4.0});
+        cfg.rope_scaling = Some(scaling.clone());
+        let original = |cfg: &ModelConfig| match cfg.rope().unwrap() {
+            RopeScaling::Llama3 {
+                original_max_position_embeddings,
+                ..
+            } => original_max_position_embeddings,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(original(&cfg), 131_072.0);
+        cfg.extra
+            .insert("original_max_position_embeddings".into(), json!(8192));
+        assert_eq!(original(&cfg), 8192.0);
+        let mut own = scaling.clone();
+        own["original_max_position_embeddings"] = json!(4096);
+        cfg.rope_scaling = Some(own);
+        assert_eq!(original(&cfg), 4096.0);
+        let mut partial = scaling;
+        partial.as_object_mut().unwrap().remove("high_freq_factor");
+        cfg.rope_scaling = Some(partial);
+        let err = format!("{:#}", cfg.rope().unwrap_err());
+        assert!(err.contains("`high_freq_factor`"), "{err}");
     }
 
     #[test]
