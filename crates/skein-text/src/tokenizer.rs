@@ -67,6 +67,9 @@ impl std::fmt::Debug for Tokenizer {
     }
 }
 
+/// Where a token lies in the text it was read from: its first byte and one past its last.
+pub type ByteRange = (usize, usize);
+
 fn tk_err(e: tokenizers::Error) -> anyhow::Error {
     anyhow!("{e}")
 }
@@ -261,6 +264,12 @@ impl Tokenizer {
             .encode(text, add_special_tokens)
             .map_err(tk_err)?;
         Ok(encoding.get_ids().to_vec())
+    }
+
+    /// [`Tokenizer::encode`] without special tokens, with each token's byte range in `text`.
+    pub fn encode_with_offsets(&self, text: &str) -> Result<(Vec<u32>, Vec<ByteRange>)> {
+        let encoding = self.inner.encode(text, false).map_err(tk_err)?;
+        Ok((encoding.get_ids().to_vec(), encoding.get_offsets().to_vec()))
     }
 
     /// The special tokens this tokenizer's post-processor puts before a text, as transformers'

@@ -410,9 +410,12 @@ fn from_scratch(
     Ok((tokenizer, model))
 }
 
-/// The tokens of a conversation and their loss mask (1 on assistant turns). Fails when the
-/// template does not render each conversation prefix as a prefix of the next, which
-/// turn-by-turn masking relies on.
+/// The tokens of a conversation through its last assistant turn and their loss mask (1 on
+/// assistant turns). The text is tokenised whole, as transformers' chat tokenisation does: a
+/// turn tokenised on its own would start with what a SentencePiece vocabulary puts at the
+/// start of a text (`▁`), a token the model never produces after its prompt. A token is
+/// trained when it starts inside a turn. Fails when the template does not render each
+/// conversation prefix as a prefix of the next, which turn-by-turn masking relies on.
 pub fn conversation_tokens(
     template: &ChatTemplate,
     tokenizer: &Tokenizer,
@@ -422,7 +425,7 @@ pub fn conversation_tokens(
         .iter()
         .map(|m| Message::new(&m.role, &m.content))
         .collect();
-    let (mut tokens, mut mask) = (Vec::new(), Vec::new());
+    let mut turns = Vec::new();
     let mut done = String::new();
     for (i, m) in messages.iter().enumerate() {
         if m.role != "assistant" {
@@ -430,23 +433,21 @@ pub fn conversation_tokens(
         }
         let before = template.render(&msgs[..i], None, true)?;
         let through = template.render(&msgs[..=i], None, false)?;
-        let (Some(context), Some(turn)) = (
-            before.strip_prefix(done.as_str()),
-            through.strip_prefix(before.as_str()),
-        ) else {
+        if !before.starts_with(done.as_str()) || !through.starts_with(before.as_str()) {
             bail!(
                 "the chat template does not render message {} as a continuation of the ones \
                  before it, so its assistant tokens cannot be told apart",
                 i + 1
             );
-        };
-        for (text, m) in [(context, 0u8), (turn, 1u8)] {
-            let ids = tokenizer.encode(text, false)?;
-            mask.extend(std::iter::repeat_n(m, ids.len()));
-            tokens.extend(ids);
         }
+        turns.push(before.len()..through.len());
         done = through;
     }
+    let (tokens, offsets) = tokenizer.encode_with_offsets(&done)?;
+    let mask = offsets
+        .iter()
+        .map(|&(start, _)| u8::from(turns.iter().any(|turn| turn.contains(&start))))
+        .collect();
     Ok((tokens, mask))
 }
 
@@ -544,6 +545,51 @@ mod tests {
         assert_eq!(tok.decode(&tokens, false).unwrap(), full);
         let row = masked_row(tokens, mask).unwrap();
         assert!(row.prompt_len > 0 && row.loss_mask[0] == 1);
+    }
+
+    /// A SentencePiece-style vocabulary (a `▁` prepended to every text it encodes, spaces
+    /// written as `▁`) tokenises the conversation as one text: a turn tokenised on its own
+    /// would start with a lone `▁` the model never produces after its prompt.
+    #[test]
+    fn turns_are_tokenised_within_the_whole_text() {
+        let chars = "▁[]/INSThiHey";
+        let vocab: serde_json::Map<String, serde_json::Value> = std::iter::once("</s>".into())
+            .chain(chars.chars().map(String::from))
+            .enumerate()
+            .map(|(i, c)| (c, serde_json::json!(i)))
+            .collect();
+        let tokenizer_json = serde_json::json!({
+            "version": "1.0",
+            "added_tokens": [{"id": 0, "content": "</s>", "single_word": false,
+                "lstrip": false, "rstrip": false, "normalized": false, "special": true}],
+            "normalizer": {"type": "Sequence", "normalizers": [
+                {"type": "Prepend", "prepend": "▁"},
+                {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]},
+            "pre_tokenizer": null,
+            "post_processor": null,
+            "decoder": null,
+            "model": {"type": "BPE", "vocab": vocab, "merges": []}
+        });
+        let path = std::env::temp_dir().join(format!("skein-sp-{}.json", std::process::id()));
+        std::fs::write(&path, tokenizer_json.to_string()).unwrap();
+        let tok = Tokenizer::from_file(&path).unwrap();
+        std::fs::remove_file(&path).ok();
+        let source = "{% for m in messages %}{% if m.role == 'user' %}[INST] {{ m.content }} \
+                      [/INST]{% else %} {{ m.content }}</s>{% endif %}{% endfor %}";
+        let template = ChatTemplate::new(source, None, Some("</s>")).unwrap();
+        let conv = [msg("user", "hi"), msg("assistant", "Hey")];
+        let (tokens, mask) = conversation_tokens(&template, &tok, &conv).unwrap();
+        let whole = tok.encode("[INST] hi [/INST] Hey</s>", false).unwrap();
+        assert_eq!(tokens, whole);
+        let id = |c: &str| tok.encode(c, false).unwrap()[1];
+        let trained: Vec<u32> = tokens
+            .iter()
+            .zip(&mask)
+            .filter(|(_, &m)| m == 1)
+            .map(|(&t, _)| t)
+            .collect();
+        // The reply's own space, its letters and the end of turn: one `▁`, not two.
+        assert_eq!(trained, [id(" "), id("H"), id("e"), id("y"), 0]);
     }
 
     /// A character-level model learns the reply to the prompt the trainer gives it: the
