@@ -17,9 +17,9 @@ pub const MIN_ENTROPY: f64 = 0.05;
 pub const ENTROPY_COLLAPSE: Rule = Rule {
     name: "entropy-collapse",
     title: "the policy's entropy fell fast while the reward did not rise",
-    advice: "lower `optim.lr`, raise `algorithm.clip_high` above `algorithm.clip_low` \
-             (clip-higher, e.g. 0.28), or add an entropy bonus `algorithm.entropy_coef` \
-             (e.g. 0.001)",
+    advice: "lower `optim.lr`, raise `algorithm.clip_high` (clip-higher: `ppo` and `cispo` \
+             already default to 0.28, so e.g. 0.3–0.35), or add an entropy bonus \
+             `algorithm.entropy_coef` (e.g. 0.001)",
     check,
 };
 

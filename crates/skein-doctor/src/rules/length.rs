@@ -20,8 +20,9 @@ pub const LENGTH_EXPLOITATION: Rule = Rule {
     name: "length-exploitation",
     title: "responses grow longer without getting more right",
     advice: "check that the reward does not pay for length (add a length penalty if it should \
-             not); with GRPO use `algorithm.loss_agg_mode = \"seq-mean-token-sum-norm\"` or \
-             `algorithm.estimator = \"dr-grpo\"`, which do not favour long wrong answers",
+             not); with GRPO use `algorithm.loss_agg_mode = \"seq-mean-token-sum-norm\"`, \
+             alone or with `algorithm.estimator = \"dr-grpo\"`, which do not favour long wrong \
+             answers",
     check,
 };
 
