@@ -77,7 +77,7 @@ impl RouteConfig {
             if !sources.contains_key(name) {
                 let known: Vec<&str> = sources.keys().map(String::as_str).collect();
                 v.problem(format!(
-                    "invalid value for `{key}.sources`: unknown reward source `{name}` (defined in reward.sources: {})",
+                    "invalid value for `{key}.sources`: unknown reward source `{name}` (defined in reward.sources: {}); declare it as `[reward.sources.{name}]` (the task's own checker is a `kind = \"scorer\"` source named `task`)",
                     if known.is_empty() { "none".to_string() } else { known.join(", ") }
                 ));
             }
@@ -275,7 +275,7 @@ mod tests {
         for needle in [
             "`reward.executor.threads`: must be ≥ 1 (got 0)",
             "`reward.sources.py.command`",
-            "`reward.routes.gsm8k.sources`: unknown reward source `nope` (defined in reward.sources: math, py)",
+            "`reward.routes.gsm8k.sources`: unknown reward source `nope` (defined in reward.sources: math, py); declare it as `[reward.sources.nope]`",
             "`reward.routes.gsm8k.weights`: needs one weight per source (2 sources) (got 3 weights)",
             "`reward.routes.gsm8k.weights`: must be finite numbers (got inf)",
             "`reward.routes.empty.sources`: must name at least one source",
