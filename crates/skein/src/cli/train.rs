@@ -253,6 +253,26 @@ const PER_LOSS_KEYS: &[skein_config::KeyDoc] = &[
             "The trust region above: 1 + clip_high for a ratio (ppo, cispo, gspo), a rise of\n\
               probability (dppo). Unset: 0.28 (ppo, cispo), 4e-4 (gspo), 0.2 (dppo); sapo has none.",
     },
+    skein_config::KeyDoc {
+        key: "eval.correct_by",
+        doc:
+            "What counts an answer correct: `task`, or a `math`/`exact_match` source of [reward].\n\
+              Unset: the one such source the reward routes use, else `task` (docs/rewards.md).",
+    },
+    skein_config::KeyDoc {
+        key: "task.dropped_carries",
+        doc: "arithmetic, difficulty 1-3: the chance a warm-up demonstration drops each carry.\n\
+              Unset: every demonstration is correct (the default job sets 0.7).",
+    },
+    skein_config::KeyDoc {
+        key: "reward",
+        doc:
+            "Reward sources, routes and executor (docs/rewards.md). Unset: the task scores inline.",
+    },
+    skein_config::KeyDoc {
+        key: "reward_models",
+        doc: "Reward-model directories by source name (docs/rewards.md).",
+    },
 ];
 
 pub fn load_config(
