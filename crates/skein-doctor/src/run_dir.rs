@@ -33,8 +33,10 @@ pub struct RunDiagnoses {
 pub struct Replayed {
     /// RL steps replayed.
     pub steps: usize,
-    /// Lines of `metrics.jsonl` skipped (overlong or not a JSON object).
+    /// Lines of `metrics.jsonl` skipped (overlong or not a JSON object), and the number of
+    /// the first (from 1). A last line without its newline, a record being written, is not.
     pub skipped_lines: usize,
+    pub first_skipped_line: Option<usize>,
     /// Step files the replay read: those of steps where a diagnosis starts, and of the RL
     /// steps the doctor keeps at the end.
     pub step_files_read: usize,
@@ -42,8 +44,25 @@ pub struct Replayed {
     pub unreadable_step_files: usize,
 }
 
+/// The diagnoses of the run in `dir`. A run with no RL step read is an error, not a healthy
+/// run: there was nothing to judge.
 pub fn diagnose_run_dir(dir: &Path) -> Result<RunDiagnoses> {
     let (doctor, replayed) = replay(dir)?;
+    if replayed.steps == 0 {
+        let path = dir.join("metrics.jsonl");
+        let unreadable = match replayed.first_skipped_line {
+            Some(first) => format!(
+                " ({} unreadable lines, the first {}:{first})",
+                replayed.skipped_lines,
+                path.display()
+            ),
+            None => String::new(),
+        };
+        bail!(
+            "{} holds no RL step yet{unreadable}: nothing to diagnose",
+            path.display()
+        );
+    }
     Ok(RunDiagnoses {
         diagnoses: doctor.into_found(),
         replayed,
@@ -73,8 +92,10 @@ pub fn replay(dir: &Path) -> Result<(Doctor, Replayed)> {
     let mut doctor = Doctor::default();
     let mut out = Replayed::default();
     let mut files = StepFiles::new(dir);
+    let mut number = 0;
     for_each_line(BufReader::new(file), MAX_LINE, MAX_LINES, |line| {
-        let Some(record) = record_of(line, &mut out) else {
+        number += 1;
+        let Some(record) = record_of(line, number, &mut out) else {
             return;
         };
         if files.note(&record) {
@@ -170,22 +191,25 @@ impl<'a> StepFiles<'a> {
     }
 }
 
-/// The record a line holds; a line that is too long or not a JSON object is counted as
-/// skipped, a blank one ignored.
-fn record_of(line: Line, out: &mut Replayed) -> Option<Map<String, Value>> {
-    let Line::Kept(bytes) = line else {
+/// The record line `number` holds; a line that is too long or not a JSON object is counted
+/// as skipped, a blank one ignored, and so is a last line still being written (no newline
+/// yet).
+fn record_of(line: Line, number: usize, out: &mut Replayed) -> Option<Map<String, Value>> {
+    let mut skip = || {
         out.skipped_lines += 1;
-        return None;
+        out.first_skipped_line.get_or_insert(number);
+        None
+    };
+    let Line::Kept(bytes) = line else {
+        return skip();
     };
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return None;
     }
     match serde_json::from_slice::<Value>(bytes) {
         Ok(Value::Object(record)) => Some(record),
-        _ => {
-            out.skipped_lines += 1;
-            None
-        }
+        _ if !bytes.ends_with(b"\n") => None,
+        _ => skip(),
     }
 }
 
@@ -227,12 +251,23 @@ mod tests {
         }
         writeln!(f, "not json").unwrap();
         writeln!(f, "{}", "x".repeat(MAX_LINE + 10)).unwrap();
+        // A record still being written is not an unreadable line.
+        write!(f, "{{\"step\": 4, \"rew").unwrap();
         drop(f);
         let r = diagnose_run_dir(&dir).unwrap();
         assert_eq!((r.replayed.steps, r.replayed.skipped_lines), (3, 2));
+        assert_eq!(r.replayed.first_skipped_line, Some(5));
         let names: Vec<&str> = r.diagnoses.iter().map(|d| d.name.as_str()).collect();
         assert_eq!(names, vec!["truncation"]);
         assert_eq!((r.diagnoses[0].step, r.diagnoses[0].until), (2, 3));
+        // No RL step read is no verdict: an error naming the first unreadable line.
+        std::fs::write(dir.join("metrics.jsonl"), "{\"step\": 0}\ngarbage\n").unwrap();
+        let err = format!("{:#}", diagnose_run_dir(&dir).unwrap_err());
+        assert!(
+            err.contains("no RL step yet (1 unreadable lines, the first")
+                && err.contains("metrics.jsonl:2"),
+            "{err}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
         assert!(diagnose_run_dir(&dir)
             .unwrap_err()

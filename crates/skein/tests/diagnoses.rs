@@ -495,6 +495,24 @@ fn skein_doctor_prints_json_lines_and_refuses_a_directory_without_a_run() {
         String::from_utf8_lossy(&out.stdout).lines().count(),
         written.len()
     );
+    // A damaged line is skipped, and named on stderr beside the JSON lines.
+    let metrics = dir.join("metrics.jsonl");
+    let mut text = std::fs::read_to_string(&metrics).unwrap();
+    text.push_str("{\"step\": 3, \"reward/me\n");
+    std::fs::write(&metrics, &text).unwrap();
+    let out = skein()
+        .args(["doctor", "--json"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = text.lines().count();
+    assert!(
+        err.contains(&format!(
+            "1 unreadable metrics lines skipped (the first: metrics.jsonl:{line})"
+        )),
+        "{err}"
+    );
 }
 
 /// The calculator agent after a warm-up too short to learn the call format: it writes tool

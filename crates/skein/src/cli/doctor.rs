@@ -1,10 +1,10 @@
 //! `skein doctor RUN_DIR…`: replays each run's `metrics.jsonl` and step files through the
 //! diagnoses' rules (`skein-doctor`) and reports what held. Exit status 0: every run healthy;
-//! 1: a diagnosis held in one; 2: a run could not be read (the others are reported all the
-//! same).
+//! 1: a diagnosis held in one; 2: a run could not be read or has no RL step yet (the others
+//! are reported all the same).
 
 use anyhow::Result;
-use skein_doctor::{diagnose_run_dir, Diagnosis, RunDiagnoses};
+use skein_doctor::{diagnose_run_dir, Diagnosis, Replayed, RunDiagnoses};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -25,7 +25,13 @@ pub fn run(args: &DoctorArgs) -> ExitCode {
         let shown = diagnose_run_dir(dir).and_then(|r| {
             sick |= !r.diagnoses.is_empty();
             match args.json {
-                true => json_lines(dir, &r.diagnoses),
+                true => {
+                    // stdout is the diagnoses alone; what was passed over goes beside it.
+                    if let Some(notes) = notes(&r.replayed) {
+                        eprintln!("{}: {notes}", dir.display());
+                    }
+                    json_lines(dir, &r.diagnoses)
+                }
                 false => Ok(report(dir, &r)),
             }
         });
@@ -44,6 +50,24 @@ pub fn run(args: &DoctorArgs) -> ExitCode {
     })
 }
 
+/// What the replay passed over, if anything: unreadable lines (the first named) and step
+/// files.
+fn notes(read: &Replayed) -> Option<String> {
+    let mut notes = Vec::new();
+    if let (n @ 1.., Some(first)) = (read.skipped_lines, read.first_skipped_line) {
+        notes.push(format!(
+            "{n} unreadable metrics lines skipped (the first: metrics.jsonl:{first})"
+        ));
+    }
+    if read.unreadable_step_files > 0 {
+        notes.push(format!(
+            "{} step files unreadable (no examples there)",
+            read.unreadable_step_files
+        ));
+    }
+    (!notes.is_empty()).then(|| notes.join(", "))
+}
+
 fn json_lines(dir: &std::path::Path, found: &[Diagnosis]) -> Result<String> {
     let mut out = String::new();
     for d in found {
@@ -59,24 +83,7 @@ fn json_lines(dir: &std::path::Path, found: &[Diagnosis]) -> Result<String> {
 /// advice.
 fn report(dir: &std::path::Path, r: &RunDiagnoses) -> String {
     let read = &r.replayed;
-    let mut notes = Vec::new();
-    if read.skipped_lines > 0 {
-        notes.push(format!(
-            "{} unreadable metrics lines skipped",
-            read.skipped_lines
-        ));
-    }
-    if read.unreadable_step_files > 0 {
-        notes.push(format!(
-            "{} step files unreadable (no examples there)",
-            read.unreadable_step_files
-        ));
-    }
-    let notes = if notes.is_empty() {
-        String::new()
-    } else {
-        format!("; {}", notes.join(", "))
-    };
+    let notes = notes(read).map_or_else(String::new, |n| format!("; {n}"));
     let mut out = match r.diagnoses.len() {
         0 => format!("{}: healthy ({} steps{notes})\n", dir.display(), read.steps),
         n => format!(
