@@ -4,7 +4,7 @@
 
 use crate::diagnosis::Diagnosis;
 use crate::lines::{for_each_line, Line};
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use std::fs::{File, OpenOptions};
 use std::io::{BufReader, Read, Write};
 use std::path::{Path, PathBuf};
@@ -75,20 +75,37 @@ pub fn rewrite(run_dir: &Path, diagnoses: &[Diagnosis]) -> Result<()> {
     std::fs::rename(&tmp, &path).with_context(|| format!("replacing {}", path.display()))
 }
 
-/// The diagnoses of a `diagnoses.jsonl`: at most its first 16 MiB, lines over 64 KiB and lines
-/// that are not a diagnosis skipped (a line being written is incomplete).
+/// The diagnoses of a `diagnoses.jsonl` (at most its first 16 MiB). A line that is not a
+/// diagnosis is an error naming it: skipped, it would read as a rule that never held, and a
+/// resume would write the file back without it. Only a last line without its newline, one
+/// being appended, is passed over.
 pub fn read_diagnoses(path: &Path) -> Result<Vec<Diagnosis>> {
     let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let mut out = Vec::new();
+    let mut bad: Option<(usize, String)> = None;
+    let mut number = 0;
     let reader = BufReader::new(file.take(MAX_BYTES));
     for_each_line(reader, MAX_LINE, usize::MAX, |line| {
-        if let Line::Kept(bytes) = line {
-            if let Ok(d) = serde_json::from_slice::<Diagnosis>(bytes) {
-                out.push(d);
-            }
-        }
+        number += 1;
+        let why = match line {
+            Line::TooLong => format!("longer than {MAX_LINE} bytes"),
+            Line::Kept(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => return,
+            Line::Kept(bytes) => match serde_json::from_slice::<Diagnosis>(bytes) {
+                Ok(d) => return out.push(d),
+                Err(_) if !bytes.ends_with(b"\n") => return,
+                Err(e) => e.to_string(),
+            },
+        };
+        bad.get_or_insert((number, why));
     })
     .with_context(|| format!("reading {}", path.display()))?;
+    if let Some((line, why)) = bad {
+        bail!(
+            "{}:{line}: not a diagnosis ({why}); repair or remove that line (the run's \
+             metrics.jsonl holds what the rules read, and `skein doctor` finds them again)",
+            path.display()
+        );
+    }
     Ok(out)
 }
 
@@ -110,18 +127,14 @@ mod tests {
     }
 
     #[test]
-    fn appended_lines_read_back_skipping_broken_ones_and_truncate_by_step() {
+    fn appended_lines_read_back_truncate_by_step_and_a_broken_one_is_named() {
         let dir = std::env::temp_dir().join(format!("skein-doctor-log-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let mut log = DiagnosisLog::open(&dir).unwrap();
         log.append(&diagnosis(2)).unwrap();
         log.append(&diagnosis(5)).unwrap();
-        let path = dir.join(FILE);
-        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
-        f.write_all(b"{\"name\": \"half a li").unwrap();
-        f.write_all(&vec![b'x'; 100 << 10]).unwrap();
-        f.write_all(b"\n").unwrap();
         log.append(&diagnosis(7)).unwrap();
+        let path = dir.join(FILE);
         let steps = |p: &Path| -> Vec<usize> {
             read_diagnoses(p).unwrap().iter().map(|d| d.step).collect()
         };
@@ -141,6 +154,17 @@ mod tests {
             vec![2, 5, 5],
             "a kept diagnosis lasts at most to the step kept"
         );
+        // A line being appended (no newline yet) is passed over.
+        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(b"{\"name\": \"half a li").unwrap();
+        assert_eq!(steps(&path), vec![2, 5, 3]);
+        // A whole line that is not a diagnosis is named, and a resume keeps the file as it is.
+        f.write_all(b"\n").unwrap();
+        let before = std::fs::read(&path).unwrap();
+        let err = format!("{:#}", read_diagnoses(&path).unwrap_err());
+        assert!(err.contains("diagnoses.jsonl:4: not a diagnosis"), "{err}");
+        assert!(truncate_after(&dir, 5).is_err());
+        assert_eq!(std::fs::read(&path).unwrap(), before);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
