@@ -13,7 +13,8 @@ pub mod trajectories;
 
 pub use metrics::{read_metrics, MetricsLog};
 pub use plot::{
-    compare_runs, plot_metrics, plot_run_dir, plot_run_to, COMPARE_PANELS, DEFAULT_PANELS,
+    compare_runs, missing_keys, plot_metrics, plot_run_dir, plot_run_to, COMPARE_PANELS,
+    DEFAULT_PANELS,
 };
 pub use progress::StepProgress;
 pub use record::{record, Record};

@@ -427,6 +427,28 @@ pub fn compare_runs(dirs: &[PathBuf], keys: &[&str], out_png: &Path) -> Result<(
     plot_metrics(&records, &panels, "step", &title, out_png)
 }
 
+/// Of the metrics `keys` name (`|` joins several in one panel), those no run in `dirs` has a
+/// finite value of, each with the numeric keys the runs do have: a key the user typed that
+/// matches nothing is said, where a default panel's is simply left out.
+pub fn missing_keys(dirs: &[PathBuf], keys: &[&str]) -> Result<(Vec<String>, Vec<String>)> {
+    let mut present = std::collections::BTreeSet::new();
+    for dir in dirs {
+        for r in read_metrics(&dir.join("metrics.jsonl"))? {
+            let finite = r
+                .into_iter()
+                .filter(|(_, v)| v.as_f64().is_some_and(f64::is_finite));
+            present.extend(finite.map(|(k, _)| k));
+        }
+    }
+    let missing = keys
+        .iter()
+        .flat_map(|spec| spec.split('|').map(str::trim))
+        .filter(|k| !k.is_empty() && !present.contains(*k))
+        .map(String::from)
+        .collect();
+    Ok((missing, present.into_iter().collect()))
+}
+
 /// The runs' records of `keys` merged by step, each value under `"{key} ({run name})"`, and
 /// the runs' names.
 fn merge_runs(dirs: &[PathBuf], keys: &[&str]) -> Result<(Vec<Record>, Vec<String>)> {
@@ -494,6 +516,9 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("absent"), "{e}");
+        let (missing, present) = missing_keys(&dirs, &["reward/mean|absent", "gone"]).unwrap();
+        assert_eq!(missing, ["absent", "gone"]);
+        assert_eq!(present, ["reward/mean", "step"]);
     }
 
     /// Two runs in folders of the same name (`x/default`, `y/default`) stay two lines, named

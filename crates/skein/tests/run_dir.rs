@@ -546,7 +546,8 @@ fn benches_refuse_a_config_their_last_run_cannot_use_before_their_first_run() {
 }
 
 /// An overlay of several runs is written only to a `.png` path: a slip of `--out` cannot
-/// replace a run's config or metrics with an image; one run's figure goes to `--out` too.
+/// replace a run's config or metrics with an image; one run's figure goes to `--out` too, and
+/// a `--keys` metric no run has is said rather than left out without a word.
 #[test]
 fn an_overlay_never_writes_over_a_runs_files() {
     let root = workdir("overlay");
@@ -590,4 +591,19 @@ fn an_overlay_never_writes_over_a_runs_files() {
     assert_eq!(o.status.code(), Some(0), "{o:?}");
     assert!(root.join("a-reward.png").is_file());
     assert!(snapshot(&runs[0]) == before, "--out wrote into the run");
+    assert!(o.stderr.is_empty(), "{o:?}");
+    // A misspelt key is said, with the keys there are; the others are drawn.
+    let o = Command::new(env!("CARGO_BIN_EXE_skein"))
+        .arg("plot")
+        .arg(&runs[0])
+        .args(["--keys", "reward/mean,rewrd/mean", "--out"])
+        .arg(root.join("a-typo.png"))
+        .output()
+        .expect("skein runs");
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("no record has a value of `rewrd/mean`") && err.contains("reward/mean"),
+        "{err}"
+    );
 }

@@ -13,6 +13,7 @@ pub fn run(run_dirs: &[PathBuf], keys: &[String], out: Option<&Path>) -> Result<
         check_png(out)?;
     }
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    warn_of_missing_keys(run_dirs, &keys)?;
     if let [dir] = run_dirs {
         let custom = (!keys.is_empty()).then_some(keys.as_slice());
         let png = match out {
@@ -33,6 +34,31 @@ pub fn run(run_dirs: &[PathBuf], keys: &[String], out: Option<&Path>) -> Result<
     };
     skein_report::compare_runs(run_dirs, &keys, out)?;
     println!("{}", out.display());
+    Ok(())
+}
+
+/// A `--keys` metric no run has is drawn as nothing: said, with the keys the runs do have,
+/// so a misspelt name is not a silently missing panel. (A default panel a run lacks is simply
+/// left out.)
+fn warn_of_missing_keys(run_dirs: &[PathBuf], keys: &[&str]) -> Result<()> {
+    if keys.is_empty() {
+        return Ok(());
+    }
+    let (missing, present) = skein_report::missing_keys(run_dirs, keys)?;
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let missing: Vec<String> = missing.iter().map(|k| format!("`{k}`")).collect();
+    let have: Vec<&str> = present
+        .iter()
+        .map(String::as_str)
+        .filter(|k| *k != "step")
+        .collect();
+    eprintln!(
+        "skein plot: warning: no record has a value of {}, so it is not drawn; the runs have: {}",
+        missing.join(", "),
+        have.join(", ")
+    );
     Ok(())
 }
 
