@@ -329,8 +329,9 @@ fn validate_rollout(cfg: &TrainConfig, v: &mut Validator) {
 /// Skipping groups whose rewards are all equal (`rollout.skip_zero_variance_groups`) or
 /// dropping them (`algorithm.drop_equal_reward_groups`) loses nothing only where a group
 /// baseline gives such a group an advantage of zero: grpo, dr-grpo, rloo and
-/// reinforce++-baseline with trajectory credit, and without step groups whose discounted
-/// returns tell its episodes apart. (reinforce++-baseline then whitens over the
+/// reinforce++-baseline with trajectory credit, and without step groups whose returns tell
+/// its episodes apart (discounted ones, or an environment worker's, which may add per-step
+/// rewards). (reinforce++-baseline then whitens over the
 /// groups kept, as it would had the others never been drawn.) Elsewhere those groups carry
 /// signal, and skipping them would throw it away and shift the batch's whitening.
 fn validate_equal_group_skipping(cfg: &TrainConfig, v: &mut Validator) {
@@ -371,6 +372,13 @@ fn validate_equal_group_skipping(cfg: &TrainConfig, v: &mut Validator) {
              `algorithm.turn_gamma` < 1, which differ between episodes of unequal length in a \
              group whose final rewards are equal (`algorithm.step_group_weight = 0` or \
              `algorithm.turn_gamma = 1` gives such a group no advantage)",
+        )),
+        _ if a.step_group_weight > 0.0 && cfg.agent.kind == AgentKind::EnvWorker => Some((
+            "algorithm.step_group_weight",
+            weight.as_str(),
+            "GiGPO's step groups compare turns by returns that add an environment worker's \
+             per-step rewards, which can differ between episodes of a group whose final \
+             rewards are equal",
         )),
         _ => None,
     };
@@ -1628,6 +1636,15 @@ mod tests {
                 .map(|e| e.to_string())
                 .unwrap_or_default();
             assert!(!e.contains("would throw"), "{on}: {e}");
+            // Unless an environment worker's per-step rewards enter the returns.
+            let worker = "agent.kind=\"env-worker\"";
+            let cfg = load(&[on, undiscounted[0], undiscounted[1], worker]).unwrap();
+            let e = validate(&cfg).unwrap_err().to_string();
+            assert!(
+                e.contains("per-step rewards")
+                    && e.contains(&format!("`{key} = true` would throw")),
+                "{on}: {e}"
+            );
         }
     }
 
