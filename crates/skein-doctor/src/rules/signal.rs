@@ -17,7 +17,7 @@ pub const NO_LEARNING_SIGNAL: Rule = Rule {
     name: "no-learning-signal",
     title: "most groups have equal rewards, so zero advantage",
     advice: "the prompts are too easy or too hard for the policy: change `task.difficulty` or \
-             the data, raise `rollout.samples_per_prompt`, or set \
+             the data, raise `rollout.samples_per_prompt`, or (unless it is on already) set \
              `rollout.skip_zero_variance_groups = true` to train only on groups with variance \
              (dynamic sampling)",
     check,
@@ -49,7 +49,18 @@ fn check(h: &History) -> Option<Finding> {
         step_span(&steps),
         values_of(&w)
     );
-    let equal = equal_reward_groups(&h.step(last)?.trajectories);
+    let newest = h.step(last)?;
+    // Dynamic sampling kept only groups with variance: the equal ones are counted, not kept.
+    if let (Some(drawn), Some(skipped)) = (
+        newest.get("rollout/drawn_groups"),
+        newest.get("rollout/skipped_groups"),
+    ) {
+        evidence.push_str(&format!(
+            "; dynamic sampling is on: at step {last} it skipped {skipped} of the {drawn} \
+             groups it drew, spending their rollouts for nothing"
+        ));
+    }
+    let equal = equal_reward_groups(&newest.trajectories);
     let right = equal.iter().filter(|(_, c, _)| *c).count();
     if !equal.is_empty() {
         evidence.push_str(&format!(
@@ -106,7 +117,12 @@ mod tests {
             json!({"batch/equal_reward_group_fraction": 0.8,
                    "rollout/drawn_groups": 32, "rollout/skipped_groups": 24})
         });
-        assert!(check(&h).unwrap().evidence.starts_with("0.80"));
+        let evidence = check(&h).unwrap().evidence;
+        assert!(evidence.starts_with("0.80"), "{evidence}");
+        assert!(
+            evidence.contains("dynamic sampling is on: at step 3 it skipped 24 of the 32"),
+            "{evidence}"
+        );
         let h = history(3, |_| {
             json!({"batch/equal_reward_group_fraction": 0.6,
                    "rollout/drawn_groups": 10, "rollout/skipped_groups": 6})
