@@ -18,6 +18,8 @@ const TOKENIZER_FILE: &str = "tokenizer.json";
 const CONFIG_FILE: &str = "tokenizer_config.json";
 /// Newer transformers versions save the chat template beside tokenizer_config.json.
 const TEMPLATE_FILE: &str = "chat_template.jinja";
+/// Named templates beside the default one, as transformers saves them (`tool_use.jinja`).
+const MORE_TEMPLATES_DIR: &str = "additional_chat_templates";
 
 /// Special tokens of [`Tokenizer::char_level`], in id order (ids 0..=4).
 pub const CHAR_PAD: &str = "<|pad|>";
@@ -46,6 +48,8 @@ pub struct Tokenizer {
     config: Map<String, Value>,
     /// chat_template.jinja, when the directory keeps the template there.
     template_file: Option<String>,
+    /// additional_chat_templates/NAME.jinja, by name: `tool_use` renders requests with tools.
+    more_templates: Vec<(String, String)>,
     eos_ids: Vec<u32>,
     /// Stops a run added, recorded in generation_config ([`Tokenizer::stop_token_ids`]).
     added_stop_ids: Vec<u32>,
@@ -87,6 +91,7 @@ impl Tokenizer {
             inner,
             config: Map::new(),
             template_file: None,
+            more_templates: Vec::new(),
             eos_ids: Vec::new(),
             added_stop_ids: Vec::new(),
             pad_id: None,
@@ -111,6 +116,7 @@ impl Tokenizer {
                     .with_context(|| format!("reading {}", template_path.display()))?,
             );
         }
+        tok.more_templates = read_more_templates(&dir.join(MORE_TEMPLATES_DIR))?;
         let generation = GenerationConfig::from_dir(dir)?.unwrap_or_default();
         let named = |key: &str| -> Result<Option<u32>> {
             tok.special_from_config(key)
@@ -222,6 +228,7 @@ impl Tokenizer {
             inner,
             config,
             template_file: None,
+            more_templates: Vec::new(),
             eos_ids: Vec::new(),
             added_stop_ids: Vec::new(),
             pad_id: None,
@@ -253,7 +260,7 @@ impl Tokenizer {
                 .with_context(|| format!("removing the replaced {}", path.display()))?,
             None => {}
         }
-        Ok(())
+        write_more_templates(&dir.join(MORE_TEMPLATES_DIR), &self.more_templates)
     }
 
     /// Text to ids. `add_special_tokens` applies the tokenizer's post-processor (e.g. a BOS);
@@ -484,22 +491,75 @@ impl Tokenizer {
         let eos = self
             .config_token("eos_token")
             .context("tokenizer_config.json: key `eos_token`")?;
-        if let Some(source) = &self.template_file {
-            return ChatTemplate::new(source, bos.as_deref(), eos.as_deref())
-                .map(Some)
-                .context(TEMPLATE_FILE);
-        }
-        match self.config.get("chat_template") {
-            None => Ok(None),
-            Some(value) => ChatTemplate::from_config_value(value, bos.as_deref(), eos.as_deref())
-                .context("tokenizer_config.json: key `chat_template`"),
-        }
+        let default = match (&self.template_file, self.config.get("chat_template")) {
+            (Some(source), _) => source.clone(),
+            (None, Some(Value::String(source))) if !self.more_templates.is_empty() => {
+                source.clone()
+            }
+            (None, None) => return Ok(None),
+            (None, Some(value)) => {
+                return ChatTemplate::from_config_value(value, bos.as_deref(), eos.as_deref())
+                    .context("tokenizer_config.json: key `chat_template`")
+            }
+        };
+        let mut named = vec![("default".to_string(), default)];
+        named.extend(self.more_templates.iter().cloned());
+        ChatTemplate::named(named, bos.as_deref(), eos.as_deref())
+            .map(Some)
+            .with_context(|| format!("{TEMPLATE_FILE} or {MORE_TEMPLATES_DIR}/"))
     }
 
     /// The underlying `tokenizers` tokenizer, for what this type does not wrap.
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
     }
+}
+
+/// The named templates of `dir` (`additional_chat_templates/`), by file stem; none when the
+/// folder is missing.
+fn read_more_templates(dir: &Path) -> Result<Vec<(String, String)>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("listing {}", dir.display())),
+    };
+    let mut named = Vec::new();
+    for entry in entries {
+        let path = entry
+            .with_context(|| format!("listing {}", dir.display()))?
+            .path();
+        let name = path.file_stem().and_then(|n| n.to_str());
+        if let (Some(name), true) = (name, path.extension().is_some_and(|e| e == "jinja")) {
+            let source = std::fs::read_to_string(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            named.push((name.to_string(), source));
+        }
+    }
+    named.sort();
+    Ok(named)
+}
+
+/// Writes `named` as `dir/NAME.jinja`, removing the templates of another model a save over
+/// its directory would leave (read back, they would render this model's tool requests).
+fn write_more_templates(dir: &Path, named: &[(String, String)]) -> Result<()> {
+    for (stale, _) in read_more_templates(dir)? {
+        if !named.iter().any(|(name, _)| *name == stale) {
+            let path = dir.join(format!("{stale}.jinja"));
+            std::fs::remove_file(&path)
+                .with_context(|| format!("removing the replaced {}", path.display()))?;
+        }
+    }
+    if named.is_empty() {
+        // Gone when nothing else is in it; a folder the user keeps more in stays.
+        let _ = std::fs::remove_dir(dir);
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    for (name, source) in named {
+        let path = dir.join(format!("{name}.jinja"));
+        std::fs::write(&path, source).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
 }
 
 /// The ids the post-processor adds before a text: those it marks special at the front of a
@@ -805,6 +865,39 @@ mod tests {
         );
         let t = tok.chat_template().unwrap().unwrap();
         assert_eq!(t.render(&[], None, false).unwrap(), "[<|endoftext|>]");
+    }
+
+    /// transformers saves named templates beside chat_template.jinja; `tool_use` renders a
+    /// request with tools, and a save keeps them, or removes another model's.
+    #[test]
+    fn additional_chat_templates_are_read_used_with_tools_and_saved() {
+        let dir = tempfile::tempdir().unwrap();
+        Tokenizer::char_level("a")
+            .unwrap()
+            .save_dir(dir.path())
+            .unwrap();
+        std::fs::write(dir.path().join(TEMPLATE_FILE), "plain").unwrap();
+        let more = dir.path().join(MORE_TEMPLATES_DIR);
+        std::fs::create_dir_all(&more).unwrap();
+        std::fs::write(more.join("tool_use.jinja"), "tools: {{ tools | length }}").unwrap();
+        let tok = Tokenizer::from_dir(dir.path()).unwrap();
+        let render = |tok: &Tokenizer, tools: Option<&Value>| {
+            let t = tok.chat_template().unwrap().unwrap();
+            t.render(&[], tools, false).unwrap()
+        };
+        let tools = json!([{"type": "function", "function": {"name": "f"}}]);
+        assert_eq!(render(&tok, None), "plain");
+        assert_eq!(render(&tok, Some(&tools)), "tools: 1");
+        let saved = tempfile::tempdir().unwrap();
+        tok.save_dir(saved.path()).unwrap();
+        let back = Tokenizer::from_dir(saved.path()).unwrap();
+        assert_eq!(render(&back, Some(&tools)), "tools: 1");
+        // Another model saved over it takes its tool template away.
+        Tokenizer::char_level("a")
+            .unwrap()
+            .save_dir(saved.path())
+            .unwrap();
+        assert!(!saved.path().join(MORE_TEMPLATES_DIR).exists());
     }
 
     #[test]
