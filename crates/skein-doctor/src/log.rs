@@ -4,7 +4,7 @@
 
 use crate::diagnosis::Diagnosis;
 use crate::lines::{for_each_line, Line};
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use std::fs::{File, OpenOptions};
 use std::io::{BufReader, Read, Write};
 use std::path::{Path, PathBuf};
@@ -100,11 +100,12 @@ pub fn read_diagnoses(path: &Path) -> Result<Vec<Diagnosis>> {
     })
     .with_context(|| format!("reading {}", path.display()))?;
     if let Some((line, why)) = bad {
-        bail!(
-            "{}:{line}: not a diagnosis ({why}); repair or remove that line (the run's \
-             metrics.jsonl holds what the rules read, and `skein doctor` finds them again)",
-            path.display()
-        );
+        // The root error names the file only: `skein view` shows it and never whole paths.
+        return Err(anyhow::anyhow!(
+            "{FILE}:{line}: not a diagnosis ({why}); repair or remove that line (the run's \
+             metrics.jsonl holds what the rules read, and `skein doctor` finds them again)"
+        ))
+        .with_context(|| format!("reading {}", path.display()));
     }
     Ok(out)
 }

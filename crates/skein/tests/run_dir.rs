@@ -307,6 +307,19 @@ fn a_resume_that_fails_before_its_first_step_changes_no_record() {
         results(&dir) == finished,
         "a failed resume changed the run's files"
     );
+    // A diagnoses.jsonl line it could not write back is refused before the first step too.
+    let diagnoses = dir.join("diagnoses.jsonl");
+    let kept = std::fs::read(&diagnoses).unwrap();
+    std::fs::write(&diagnoses, [kept.as_slice(), b"{\"name\": 1}\n"].concat()).unwrap();
+    let damaged = results(&dir);
+    let (code, err) = skein_train(&dir, &resume, &["trainer.steps=3"]);
+    assert_ne!(code, 0, "{err}");
+    assert!(err.contains("diagnoses.jsonl:"), "{err}");
+    assert!(
+        results(&dir) == damaged,
+        "a refused resume changed the run's files"
+    );
+    std::fs::write(&diagnoses, kept).unwrap();
     // The same resume that can run cuts them back and goes on.
     let (code, err) = skein_train(&dir, &resume, &["trainer.steps=3"]);
     assert_eq!(code, 0, "{err}");

@@ -406,6 +406,12 @@ fn run_dir_and_checkpoint(
     Ok(match begin {
         Begin::Resume => {
             let dir = RunDir::for_resume(cfg)?;
+            // The resume rewrites diagnoses.jsonl at its first record: a line it cannot read
+            // is refused now, before any work, rather than after the first step.
+            let diagnoses = dir.path.join(skein_doctor::FILE);
+            if diagnoses.exists() {
+                skein_doctor::read_diagnoses(&diagnoses)?;
+            }
             let loaded = checkpoint::load_newest(&dir.path, device, &cfg.model_options())?;
             let done = loaded.rest.state.step;
             if cfg.trainer.steps < done {
