@@ -69,7 +69,8 @@ pub fn equal_size_partitions(costs: &[u64], k: usize) -> Vec<Vec<usize>> {
         };
         // Pair big's i-th heaviest with small's i-th lightest.
         for (i, (sum, mut items)) in small.parts.into_iter().rev().enumerate() {
-            big.parts[i].0 += sum;
+            // Saturating: costs past u64 stay the largest, never wrap to small ones.
+            big.parts[i].0 = big.parts[i].0.saturating_add(sum);
             big.parts[i].1.append(&mut items);
         }
         big.parts.sort_by_key(|p| std::cmp::Reverse(p.0));

@@ -122,7 +122,8 @@ impl MiniBatch {
     /// max/mean of the rank costs: 1.0 is perfect balance.
     pub fn imbalance(&self) -> f64 {
         let max = self.rank_costs.iter().copied().max().unwrap_or(0) as f64;
-        let mean = self.rank_costs.iter().sum::<u64>() as f64 / self.rank_costs.len().max(1) as f64;
+        let sum: f64 = self.rank_costs.iter().map(|&c| c as f64).sum();
+        let mean = sum / self.rank_costs.len().max(1) as f64;
         if mean > 0.0 {
             max / mean
         } else {
@@ -182,7 +183,7 @@ pub fn plan_with_ids(
         // above breaks ties between equal costs by seed.
         let unit_cost: Vec<u64> = units
             .iter()
-            .map(|u| u.iter().map(|&i| row_cost[i]).sum())
+            .map(|u| u.iter().map(|&i| row_cost[i]).fold(0, u64::saturating_add))
             .collect();
         order.sort_by_key(|&u| std::cmp::Reverse(unit_cost[u]));
         let mut load: BinaryHeap<Reverse<(u64, usize)>> = (0..m).map(|b| Reverse((0, b))).collect();
@@ -191,7 +192,7 @@ pub fn plan_with_ids(
                 break;
             };
             assigned[b].push(u);
-            load.push(Reverse((l + unit_cost[u], b)));
+            load.push(Reverse((l.saturating_add(unit_cost[u]), b)));
         }
     } else {
         // Deal the shuffled units: mini-batch sizes differ by at most one unit.
@@ -284,7 +285,7 @@ fn build_mini_batch(
     let parts = equal_size_partitions(&costs, cfg.dp_size);
     let rank_costs = parts
         .iter()
-        .map(|p| p.iter().map(|&i| costs[i]).sum())
+        .map(|p| p.iter().map(|&i| costs[i]).fold(0, u64::saturating_add))
         .collect();
     let ranks: Vec<Vec<Slot>> = parts
         .into_iter()
@@ -375,6 +376,24 @@ mod tests {
             tokens.iter().all(|&t| (1000..=1010).contains(&t)),
             "{tokens:?}"
         );
+    }
+
+    /// Costs past u64 (a huge quadratic coefficient, or lengths near u32::MAX) saturate
+    /// rather than wrap: a wrapped sum would balance ranks on small false costs.
+    #[test]
+    fn costs_past_u64_saturate_rather_than_wrap() {
+        let cfg = PlanConfig {
+            dp_size: 2,
+            num_mini_batches: 1,
+            token_balanced: true,
+            cost: CostModel {
+                linear: 1.0,
+                quadratic: 1e30,
+            },
+            ..Default::default()
+        };
+        let p = plan(&rows(&[4000; 8]), &cfg).unwrap();
+        assert!(p.mini_batches[0].rank_costs.iter().all(|&c| c == u64::MAX));
     }
 
     #[test]
