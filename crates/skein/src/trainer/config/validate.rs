@@ -345,6 +345,19 @@ fn validate_equal_group_skipping(cfg: &TrainConfig, v: &mut Validator) {
     };
     let a = &cfg.algorithm;
     let weight = a.step_group_weight.to_string();
+    // On an environment worker, whose per-step rewards enter the returns, an undiscounted
+    // return does not make an equal group signal-free either.
+    let way_out = if cfg.agent.kind == AgentKind::EnvWorker {
+        "`algorithm.step_group_weight = 0` gives such a group no advantage"
+    } else {
+        "`algorithm.step_group_weight = 0` or `algorithm.turn_gamma = 1` gives such a group no \
+         advantage"
+    };
+    let discounted = format!(
+        "GiGPO's step groups compare turns by their returns discounted by \
+         `algorithm.turn_gamma` < 1, which differ between episodes of unequal length in a group \
+         whose final rewards are equal ({way_out})"
+    );
     let signal = match (a.estimator, a.credit) {
         (Estimator::ReinforcePP, _) => Some((
             "algorithm.estimator",
@@ -368,10 +381,7 @@ fn validate_equal_group_skipping(cfg: &TrainConfig, v: &mut Validator) {
         _ if a.step_group_weight > 0.0 && a.turn_gamma < 1.0 => Some((
             "algorithm.step_group_weight",
             weight.as_str(),
-            "GiGPO's step groups compare turns by their returns discounted by \
-             `algorithm.turn_gamma` < 1, which differ between episodes of unequal length in a \
-             group whose final rewards are equal (`algorithm.step_group_weight = 0` or \
-             `algorithm.turn_gamma = 1` gives such a group no advantage)",
+            discounted.as_str(),
         )),
         _ if a.step_group_weight > 0.0 && cfg.agent.kind == AgentKind::EnvWorker => Some((
             "algorithm.step_group_weight",
