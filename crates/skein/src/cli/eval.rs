@@ -343,8 +343,6 @@ fn write_samples(
     Ok(())
 }
 
-/// The model directory and the config: a run directory brings its own config and
-/// `checkpoint/`; a model directory is rendered with its own chat template.
 /// How the model is loaded: in `model.dtype`, so a run's evaluation computes what the run's
 /// own did, in the memory it took. A LoRA run's checkpoint holds its merged weights in float32,
 /// where its updates are kept, and is loaded so: rounded to a bfloat16 `model.dtype`, most of
@@ -361,6 +359,8 @@ fn evaluated_as(cfg: &TrainConfig) -> ModelOptions {
     }
 }
 
+/// The model directory and the config: a run directory brings its own config and
+/// `checkpoint/`; a model directory is rendered with its own chat template.
 fn resolve(args: &EvalArgs) -> Result<(PathBuf, TrainConfig)> {
     let run_config = args.model.join("config.toml");
     let is_run = run_config.is_file() && args.model.join("checkpoint").is_dir();

@@ -1,12 +1,14 @@
-//! Ctrl-C during training, handled from start-up to exit. The handler only counts presses;
-//! the main thread acts on them at safe points, never the signal thread (exiting from it
-//! while the main thread is inside libtorch crashed the process). The first press lets the
+//! Ctrl-C during training, handled from start-up to exit. For the first two presses the
+//! handler only counts; the main thread acts on them at safe points (a `process::exit` from
+//! the handler's thread, running exit hooks while the main thread is inside libtorch, crashed
+//! the process). The first press lets the
 //! current step finish, writes a resumable checkpoint and exits cleanly (during the warm-up,
 //! which has nothing to resume, it stops after the current warm-up step); the second stops
 //! at the end of the current stage of the step (rollout, preparation, update), without a
 //! checkpoint. A stage can be long (an evaluation of many problems, a hung environment
-//! waiting out its timeout), so the third press stops at once, from the handler's thread: as
-//! a kill would, but with skein's worker processes taken along. A run's files are already
+//! waiting out its timeout), so the third press stops at once, from the handler's thread,
+//! with `_exit`, which runs no exit hook: as a kill would, but with skein's worker processes
+//! taken along. A run's files are already
 //! safe against a kill: checkpoints are written aside and renamed, and a resume cuts the
 //! records back to its checkpoint.
 
