@@ -1036,6 +1036,42 @@ fn a_server_beyond_loopback_needs_a_key_to_reload() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `--dtype bfloat16` serves the weights in bfloat16, says so, and keeps it across a reload;
+/// a dtype it does not know is refused naming the allowed ones.
+#[test]
+fn a_model_is_served_in_the_dtype_asked_for() {
+    let dir = temp_dir("bf16");
+    save_model(&dir.join("a"), 1);
+    save_model(&dir.join("b"), 2);
+    let model = dir.join("a").display().to_string();
+    let (server, said) = serve_with_stderr(&["--model", &model, "--dtype", "bfloat16"]);
+    assert!(
+        said.lock().unwrap().contains("bfloat16 weights"),
+        "{}",
+        said.lock().unwrap()
+    );
+    runtime().block_on(async {
+        let c = client();
+        let completions = format!("{}/v1/completions", server.url);
+        let complete = || post(&c, &completions, json!({"prompt": "1+1=", "max_tokens": 2}));
+        let (s, b) = complete().await;
+        assert_eq!(s, 200, "{b}");
+        let reload = json!({"path": dir.join("b").display().to_string()});
+        let (s, b) = post(&c, &format!("{}/v1/reload", server.url), reload).await;
+        assert_eq!(s, 200, "{b}");
+        let (s, b) = complete().await;
+        assert_eq!(s, 200, "{b}");
+    });
+    drop(server);
+    let out = Command::new(env!("CARGO_BIN_EXE_skein"))
+        .args(["serve", "--port", "0", "--dtype", "fp8"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("allowed: float32, bfloat16"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A key no client can send (empty, blank, spaces at its ends) is refused before serving.
 #[test]
 fn an_api_key_no_client_can_send_is_refused_at_start_up() {

@@ -3,7 +3,7 @@
 //! with the character-level tokenizer, so the command runs with no arguments.
 
 use crate::engine::{self, Engine};
-use crate::model::Model;
+use crate::model::{Dtype, Model, ModelOptions};
 use crate::serve::{self, ServeConfig, ServeState, TextSide};
 use crate::trainer::config::ModelSection;
 use anyhow::{bail, Context, Result};
@@ -56,6 +56,17 @@ pub struct ServeArgs {
     /// captured again after each weight reload or end of a phase (a new engine run).
     #[arg(long)]
     cuda_graphs: bool,
+    /// The dtype the weights are served in: float32, bfloat16 or float16 (a bfloat16 model
+    /// served in bfloat16 takes half the memory). Reloaded weights take it too.
+    #[arg(long, default_value = "float32", value_parser = parse_dtype)]
+    dtype: Dtype,
+}
+
+fn parse_dtype(name: &str) -> Result<Dtype, String> {
+    [Dtype::Float32, Dtype::Bfloat16, Dtype::Float16]
+        .into_iter()
+        .find(|d| d.name() == name)
+        .ok_or_else(|| format!("`{name}` is not a dtype (allowed: float32, bfloat16, float16)"))
 }
 
 /// Requests in flight at once; more wait for a permit.
@@ -147,14 +158,22 @@ fn load(args: &ServeArgs, device: tch::Device) -> Result<(Model, Tokenizer, Stri
         Some(dir) => {
             let tokenizer = Tokenizer::from_dir(dir)
                 .with_context(|| format!("loading the tokenizer of {}", dir.display()))?;
-            let model = Model::load_dir(dir, device)
+            let options = ModelOptions {
+                dtype: args.dtype,
+                ..Default::default()
+            };
+            let model = Model::load_dir_with(dir, &options, device)
                 .with_context(|| format!("loading the model of {}", dir.display()))?;
             Ok((model, tokenizer, dir_name(dir)))
         }
         None => {
             let tokenizer = Tokenizer::char_level(&tiny_alphabet())?;
             let cfg = ModelSection::default().tiny_config(tokenizer.vocab_size(), TINY_CONTEXT);
-            let model = Model::random(&cfg, device, args.seed)?;
+            let options = ModelOptions {
+                dtype: args.dtype,
+                ..Default::default()
+            };
+            let model = Model::random_with(&cfg, &options, device, args.seed)?;
             Ok((model, tokenizer, "skein-tiny".into()))
         }
     }
@@ -214,6 +233,12 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             .map_err(|why| anyhow::anyhow!("--cuda-graphs: {why}"))?;
     }
     let (model, tokenizer, default_name) = load(args, device)?;
+    eprintln!(
+        "skein serve: {default_name}, {:.2}M parameters, {} weights on {}",
+        model.net.config.num_parameters() as f64 / 1e6,
+        model.options.dtype.name(),
+        args.device
+    );
     let model_context = model.net.max_positions() as usize;
     if let Some(c) = args.context.filter(|c| !(2..=model_context).contains(c)) {
         bail!("--context {c} must be between 2 and the model's {model_context}");

@@ -49,7 +49,12 @@ fn reload(model: &mut Model, base: &mut Option<BaseId>, dir: &Path) -> Result<()
     if dir.join(peft::CONFIG_FILE).is_file() {
         return reload_adapter(model, base, dir);
     }
-    let fresh = Model::load_dir(dir, model.vs.device())?;
+    // In the served dtype: the KV cache was sized for it.
+    let options = ModelOptions {
+        dtype: model.options.dtype,
+        ..Default::default()
+    };
+    let fresh = Model::load_dir_with(dir, &options, model.vs.device())?;
     replace(model, fresh, dir)?;
     *base = None;
     Ok(())
@@ -69,7 +74,7 @@ fn reload_adapter(model: &mut Model, base: &mut Option<BaseId>, dir: &Path) -> R
     if base.as_ref() != Some(&id) || model.options.lora != lora {
         let options = ModelOptions {
             lora,
-            ..Default::default()
+            dtype: model.options.dtype,
         };
         // The new base takes its adapters before it is served: a failure serves the old.
         let fresh = Model::load_dir_with(&named, &options, model.vs.device())?;
