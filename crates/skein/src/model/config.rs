@@ -66,7 +66,12 @@ impl ModelConfig {
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading model config {}", path.display()))?;
-        let cfg: ModelConfig = serde_json::from_str(&text)
+        let de = &mut serde_json::Deserializer::from_str(&text);
+        let cfg: ModelConfig = serde_path_to_error::deserialize(de)
+            .map_err(|e| match e.path().to_string().as_str() {
+                "." => anyhow::anyhow!("{}", e.into_inner()),
+                key => anyhow::anyhow!("key `{key}`: {}", e.into_inner()),
+            })
             .with_context(|| format!("parsing model config {}", path.display()))?;
         cfg.validate()
             .with_context(|| format!("model config {}", path.display()))?;
@@ -478,6 +483,19 @@ mod tests {
         cfg.rope_scaling = Some(partial);
         let err = format!("{:#}", cfg.rope().unwrap_err());
         assert!(err.contains("`high_freq_factor`"), "{err}");
+    }
+
+    /// A value of the wrong type is named by its key, not only its column.
+    #[test]
+    fn a_mistyped_value_names_its_key() {
+        let path = std::env::temp_dir().join(format!("skein-config-{}.json", std::process::id()));
+        let mut cfg =
+            serde_json::to_value(ModelConfig::tiny_qwen2(10, 8, 1, 2, 1, 16, 64)).unwrap();
+        cfg["hidden_size"] = json!("8");
+        std::fs::write(&path, cfg.to_string()).unwrap();
+        let err = format!("{:#}", ModelConfig::from_file(&path).unwrap_err());
+        std::fs::remove_file(&path).ok();
+        assert!(err.contains("key `hidden_size`: invalid type"), "{err}");
     }
 
     #[test]
