@@ -137,6 +137,17 @@ fn eval_and_sft_refuse_values_that_cannot_work() {
     }
     let a = sft(o, &["--overwrite"]);
     let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    // A save that fails (its weights cannot be written) leaves the old model as it was.
+    let blocked = out.join("model.safetensors.tmp");
+    std::fs::create_dir_all(&blocked).unwrap();
+    let (code, err) = skein(&a);
+    assert_ne!(code, 0, "{err}");
+    assert_eq!(
+        std::fs::read_to_string(out.join("config.json")).unwrap(),
+        "{}"
+    );
+    assert!(shards.iter().all(|s| out.join(s).is_file()));
+    std::fs::remove_dir(&blocked).unwrap();
     let (code, err) = skein(&a);
     assert_eq!(code, 0, "{err}");
     assert!(out.join("model.safetensors").is_file());

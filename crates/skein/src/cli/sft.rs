@@ -35,7 +35,8 @@ pub struct SftArgs {
     #[arg(long)]
     pub out: PathBuf,
     /// Replace the model at --out: a directory that holds one (its config.json); the old
-    /// model's files are written over, its shard index and shards removed.
+    /// model's files are written over (its weights aside first, so a failed save leaves the
+    /// old model whole), then its shard index and shards removed.
     #[arg(long)]
     pub overwrite: bool,
     #[arg(long, default_value_t = 100)]
@@ -152,10 +153,11 @@ fn save_tuned(policy: &Model, tokenizer: &Tokenizer, args: &SftArgs) -> Result<(
         stop_token_ids: tokenizer.stop_token_ids(),
         ..SamplingParams::default()
     };
+    save_model_dir(policy, tokenizer, &sampling, &args.out)?;
+    // Only once the new model is written: a save that fails leaves the old one whole.
     if args.overwrite {
         remove_replaced_shards(&args.out)?;
     }
-    save_model_dir(policy, tokenizer, &sampling, &args.out)?;
     let loaded = args.model.as_deref().map(GenerationConfig::from_dir);
     if let Some(mut generation) = loaded.transpose()?.flatten() {
         generation.added_stop_ids = tokenizer.added_stops(&sampling.stop_token_ids);

@@ -127,13 +127,16 @@ impl Model {
                 (name, w)
             })
             .collect();
-        let config = serde_json::to_string_pretty(&config_as_written(&self.net.config, &named))?;
-        write_atomic(&dir.join("config.json"), config.as_bytes())?;
+        // The weights first, aside then renamed, and the config after: a write that fails or
+        // is cut short (a full disk, Ctrl-C) over an existing model leaves that model whole,
+        // never its weights beside the new model's config.
         let tmp = dir.join("model.safetensors.tmp");
         Tensor::write_safetensors(&named, &tmp)
             .with_context(|| format!("writing {}", tmp.display()))?;
-        std::fs::rename(&tmp, dir.join("model.safetensors"))?;
-        Ok(())
+        let config = serde_json::to_string_pretty(&config_as_written(&self.net.config, &named))?;
+        std::fs::rename(&tmp, dir.join("model.safetensors"))
+            .with_context(|| format!("replacing {}", dir.join("model.safetensors").display()))?;
+        write_atomic(&dir.join("config.json"), config.as_bytes())
     }
 
     /// The model with LoRA's frozen base alone: the same tensors, shared, not copied (an
