@@ -468,6 +468,10 @@ fn text_outside_the_vocabulary_is_reported_and_text_of_nothing_else_refused() {
     assert_eq!(code, 0, "{err}");
     let summary: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(summary["skipped_rows"], 1, "{summary}");
+    assert!(
+        err.contains("skipped 1 conversation") && err.contains("chat.jsonl, row 2"),
+        "{err}"
+    );
 
     // A conversation longer than the model's positions is cut there, not past them (where
     // its last tokens had no rotary angle, and the run panicked).

@@ -309,7 +309,13 @@ fn sft_on_chat_jsonl_lowers_the_loss_and_writes_a_loadable_model() {
     let data = dir.join("chat.jsonl");
     std::fs::write(
         &data,
-        lines + "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}\n",
+        lines
+            + "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}\n"
+            // Turns a character-level model's plain prompt cannot hold: skipped too.
+            + "{\"messages\": [{\"role\": \"user\", \"content\": \"1+1\"}, \
+               {\"role\": \"assistant\", \"content\": \"2\"}, \
+               {\"role\": \"user\", \"content\": \"2+2\"}, \
+               {\"role\": \"assistant\", \"content\": \"4\"}]}\n",
     )
     .unwrap();
     let out_dir = dir.join("model");
@@ -340,7 +346,7 @@ fn sft_on_chat_jsonl_lowers_the_loss_and_writes_a_loadable_model() {
         String::from_utf8_lossy(&out.stderr)
     );
     let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(summary["skipped_rows"], 1);
+    assert_eq!(summary["skipped_rows"], 2);
     let (first, last) = (
         summary["sft/loss_first"].as_f64().unwrap(),
         summary["sft/loss_last"].as_f64().unwrap(),

@@ -268,8 +268,8 @@ struct ConversationRows {
     rows: Vec<TrainRow>,
     /// Conversations cut at --max-tokens.
     truncated: usize,
-    /// Conversations with a message of which no character is in the vocabulary, skipped
-    /// (--skip-bad-rows).
+    /// Conversations skipped (--skip-bad-rows): a message of which no character is in the
+    /// vocabulary, or a conversation the chat template cannot render.
     skipped: usize,
     /// Conversations with characters outside the vocabulary (read as the unknown token).
     unknown_conversations: usize,
@@ -323,14 +323,24 @@ fn conversation_rows(
         skipped: 0,
         unknown_conversations: 0,
     };
-    let (mut unknown, mut first_unknown, mut first_skipped) = (UnknownChars::default(), None, None);
+    let (mut unknown, mut first_unknown) = (UnknownChars::default(), None);
+    let mut first_skipped: Option<(&_, anyhow::Error)> = None;
     for (place, c) in conversations.places.iter().zip(&conversations.rows) {
         let at = || place.to_string();
-        let chars = match unknown_in(tokenizer, &c.messages).with_context(at) {
-            Ok(chars) => chars,
-            Err(_) if args.skip_bad_rows => {
+        // A conversation the vocabulary cannot read, or the template cannot render (roles
+        // that do not alternate, a turn it does not continue), is a bad row.
+        let read = unknown_in(tokenizer, &c.messages).and_then(|chars| {
+            let tokenized = match layout {
+                Layout::Template(template) => conversation_tokens(template, tokenizer, &c.messages),
+                Layout::Plain { eos } => plain_conversation_tokens(tokenizer, &c.messages, *eos),
+            };
+            Ok((chars, tokenized?))
+        });
+        let (chars, (mut tokens, mut mask)) = match read.with_context(at) {
+            Ok(read) => read,
+            Err(e) if args.skip_bad_rows => {
                 out.skipped += 1;
-                first_skipped.get_or_insert(place);
+                first_skipped.get_or_insert((place, e));
                 continue;
             }
             Err(e) => return Err(e.context("pass --skip-bad-rows to skip such conversations")),
@@ -340,11 +350,6 @@ fn conversation_rows(
             first_unknown.get_or_insert(place);
             unknown.add(&chars);
         }
-        let tokenized = match layout {
-            Layout::Template(template) => conversation_tokens(template, tokenizer, &c.messages),
-            Layout::Plain { eos } => plain_conversation_tokens(tokenizer, &c.messages, *eos),
-        };
-        let (mut tokens, mut mask) = tokenized.with_context(at)?;
         if tokens.len() > max_tokens {
             tokens.truncate(max_tokens);
             mask.truncate(max_tokens);
@@ -365,10 +370,9 @@ fn conversation_rows(
             conversations(out.unknown_conversations)
         );
     }
-    if let Some(first) = first_skipped {
+    if let Some((_, why)) = first_skipped {
         eprintln!(
-            "skein: warning: skipped {} with a message of which no character is in the \
-             tokenizer's vocabulary (the first: {first})",
+            "skein: warning: skipped {} the model cannot be tuned on (the first: {why:#})",
             conversations(out.skipped)
         );
     }
