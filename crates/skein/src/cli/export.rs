@@ -70,5 +70,48 @@ fn copy_other_files(base: &Path, out: &Path) -> Result<()> {
                 .with_context(|| format!("copying {name} to {}", out.display()))?;
         }
     }
+    // Named chat templates (`tool_use`), kept in a folder of their own.
+    let templates = base.join(MORE_TEMPLATES_DIR);
+    if templates.is_dir() {
+        std::fs::create_dir_all(out.join(MORE_TEMPLATES_DIR))?;
+        for entry in std::fs::read_dir(&templates)
+            .with_context(|| format!("reading {}", templates.display()))?
+        {
+            let entry = entry?;
+            if entry.file_type()?.is_file() {
+                let to = out.join(MORE_TEMPLATES_DIR).join(entry.file_name());
+                std::fs::copy(entry.path(), &to)
+                    .with_context(|| format!("copying {}", to.display()))?;
+            }
+        }
+    }
     Ok(())
+}
+
+/// Where transformers keeps a model's named chat templates beside chat_template.jinja.
+const MORE_TEMPLATES_DIR: &str = "additional_chat_templates";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The merged directory takes the base's other files, its named chat templates included
+    /// (without `tool_use`, requests with tools would render with the default template).
+    #[test]
+    fn the_base_files_beside_the_weights_are_copied_templates_folder_included() {
+        let root = std::env::temp_dir().join(format!("skein-export-{}", std::process::id()));
+        let (base, out) = (root.join("base"), root.join("out"));
+        std::fs::create_dir_all(base.join(MORE_TEMPLATES_DIR)).unwrap();
+        std::fs::create_dir_all(&out).unwrap();
+        for name in ["tokenizer.json", "config.json", "model.safetensors"] {
+            std::fs::write(base.join(name), name).unwrap();
+        }
+        std::fs::write(base.join(MORE_TEMPLATES_DIR).join("tool_use.jinja"), "t").unwrap();
+        copy_other_files(&base, &out).unwrap();
+        assert!(out.join("tokenizer.json").is_file());
+        assert!(!out.join("config.json").exists() && !out.join("model.safetensors").exists());
+        let copied = out.join(MORE_TEMPLATES_DIR).join("tool_use.jinja");
+        assert_eq!(std::fs::read_to_string(copied).unwrap(), "t");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 }
