@@ -318,6 +318,11 @@ fn export_names_a_missing_adapter_or_base() {
 #[test]
 fn the_reward_bench_refuses_zero_rounds_rather_than_report_zeros() {
     refused(&["bench", "rewards", "--rounds", "0"], &["--rounds", "≥ 1"]);
+    for flag in ["--prompts", "--samples", "--throughput-requests"] {
+        refused(&["bench", "rewards", flag, "0"], &[flag, "≥ 1"]);
+    }
+    // The step bench's flags before another bench's name are refused, not ignored.
+    refused(&["bench", "--device", "nonsense", "memory"], &["--device"]);
 }
 
 /// A reward service has no task, so its checker (`task`) cannot be one of its sources: said at

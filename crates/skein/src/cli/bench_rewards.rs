@@ -70,10 +70,14 @@ struct Round {
 }
 
 pub fn run(a: &RewardBenchArgs) -> Result<()> {
-    // Medians of no rounds would be made-up figures.
-    if a.rounds == 0 {
-        anyhow::bail!("invalid value for `--rounds`: must be ≥ 1 (got 0)");
-    }
+    // Medians of no rounds, or rounds of no work, would be made-up figures.
+    super::bench_args::at_least_one(&[
+        ("--rounds", a.rounds),
+        ("--prompts", a.prompts),
+        ("--samples", a.samples),
+        ("--max-new-tokens", a.max_new_tokens),
+        ("--throughput-requests", a.throughput_requests),
+    ])?;
     tch::set_num_threads(a.torch_threads.max(1) as i32);
     let dir = match &a.model {
         Some(d) => d.clone(),
