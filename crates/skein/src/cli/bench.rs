@@ -58,6 +58,9 @@ pub enum BenchWhat {
 }
 
 #[derive(clap::Args, Debug)]
+// The step-and-decode flags belong to that bench alone: given before another bench's name
+// (`skein bench --device cuda memory`), they would be taken and silently ignored.
+#[command(args_conflicts_with_subcommands = true)]
 pub struct BenchArgs {
     /// A benchmark other than the training step and decode (e.g. `rewards`).
     #[command(subcommand)]
