@@ -223,6 +223,24 @@ pub fn prompt_ids(tokenizer: &Tokenizer, task: &dyn Task, prompt: &str) -> Resul
     }
 }
 
+/// The ids of `answer` as they continue `prompt` (tokenised as `prompt_ids`): the two read as
+/// one text, as a reply is read after its prompt, where `answer` alone would start with what
+/// a SentencePiece vocabulary puts at the start of a text (`▁`). Where the whole text does not
+/// begin with the prompt's own ids (a token spans the seam), `answer` alone.
+pub fn continuation_ids(
+    tokenizer: &Tokenizer,
+    task: &dyn Task,
+    prompt: &str,
+    prompt_tokens: &[u32],
+    answer: &str,
+) -> Result<Vec<u32>> {
+    let whole = prompt_ids(tokenizer, task, &format!("{prompt}{answer}"))?;
+    match whole.strip_prefix(prompt_tokens) {
+        Some(rest) => Ok(rest.to_vec()),
+        None => tokenizer.encode(answer, false),
+    }
+}
+
 /// Tokenizes problems of `task` into a batch for the engine.
 pub fn prompt_batch(
     problems: Vec<Problem>,
@@ -653,6 +671,36 @@ mod tests {
         // An equation is not a bare number: only a flexible `math` source reads its last one
         // (`eval.correct_by`).
         assert!(!score_math("74", "25 + 49 = 74").correct);
+    }
+
+    /// An answer reads on from its prompt: a vocabulary that puts `▁` before each text it
+    /// encodes gives the answer alone a `▁` the prompt and answer read as one do not have.
+    #[test]
+    fn an_answer_is_tokenised_as_it_continues_its_prompt() {
+        let vocab: serde_json::Map<String, serde_json::Value> = ["▁", "1", "4", "5", "+", "="]
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.to_string(), serde_json::json!(i)))
+            .collect();
+        let json = serde_json::json!({"version": "1.0", "added_tokens": [],
+            "normalizer": {"type": "Prepend", "prepend": "▁"}, "pre_tokenizer": null,
+            "post_processor": null, "decoder": null,
+            "model": {"type": "BPE", "vocab": vocab, "merges": []}});
+        let path = std::env::temp_dir().join(format!("skein-prepend-{}.json", std::process::id()));
+        std::fs::write(&path, json.to_string()).unwrap();
+        let tokenizer = Tokenizer::from_file(&path).unwrap();
+        std::fs::remove_file(&path).ok();
+        let problems = vec![Problem {
+            prompt: "1+4=".into(),
+            ground_truth: "5".into(),
+            data_source: "d".into(),
+            meta: serde_json::Value::Null,
+        }];
+        let task = DatasetTask::new("d".into(), problems, "145+=", &DataConfig::default(), false);
+        let prompt = prompt_ids(&tokenizer, &task, "1+4=").unwrap();
+        let answer = continuation_ids(&tokenizer, &task, "1+4=", &prompt, "5").unwrap();
+        assert_eq!(answer, [3], "`5`, not `▁5`");
+        assert_eq!(tokenizer.encode("5", false).unwrap(), [0, 3]);
     }
 
     #[test]

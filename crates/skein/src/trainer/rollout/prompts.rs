@@ -5,7 +5,7 @@
 //! held-out prompts, demonstrations and the reward sources — so external agents reuse it.
 
 use super::buffer::{GroupBuffer, IterationConfig};
-use super::dataset::{eval_seed, prompt_batch, prompt_ids, rewarder, Data};
+use super::dataset::{continuation_ids, eval_seed, prompt_batch, prompt_ids, rewarder, Data};
 use super::dynamic::{DrawStats, DynamicSampling};
 use super::judge::{answer_prompts, Answering, PromptBatch};
 use super::stats::{SourceStats, StepRollout};
@@ -161,9 +161,10 @@ impl PromptTask {
         // (`sft.demonstrations`) is then the same, answers included, for every `run.seed`.
         let teacher = self.warm_up_rng.as_mut().unwrap_or(&mut self.rng);
         let demo = self.task.demonstration(&problem, teacher);
-        let mut response = tokenizer.encode(&demo, false)?;
+        let task = self.task.as_ref();
+        let prompt = prompt_ids(tokenizer, task, &problem.prompt)?;
+        let mut response = continuation_ids(tokenizer, task, &problem.prompt, &prompt, &demo)?;
         response.push(eos);
-        let prompt = prompt_ids(tokenizer, self.task.as_ref(), &problem.prompt)?;
         Ok(sft_row(&prompt, &response))
     }
 
