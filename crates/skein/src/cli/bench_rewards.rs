@@ -79,22 +79,7 @@ pub fn run(a: &RewardBenchArgs) -> Result<()> {
         ("--throughput-requests", a.throughput_requests),
     ])?;
     tch::set_num_threads(a.torch_threads.max(1) as i32);
-    let dir = match &a.model {
-        Some(d) => d.clone(),
-        None => {
-            let recorded = PathBuf::from(".venv/minilm.path");
-            PathBuf::from(
-                std::fs::read_to_string(&recorded)
-                    .with_context(|| {
-                        format!(
-                            "reading {} (run scripts/setup-reward-model.sh, or pass --model DIR)",
-                            recorded.display()
-                        )
-                    })?
-                    .trim(),
-            )
-        }
-    };
+    let dir = reward_model_dir(a)?;
     let scorer = Arc::new(ModelScorer::load(&dir, tch::Device::Cpu, 1, "rm")?);
     let exec_cfg = ExecutorConfig {
         threads: 1,
@@ -154,8 +139,32 @@ pub fn run(a: &RewardBenchArgs) -> Result<()> {
         .cycle()
         .take(a.throughput_requests)
         .collect();
+    throughput(&scorer, exec_cfg, &requests)
+}
+
+/// `--model`, or the encoder `scripts/setup-reward-model.sh` recorded.
+fn reward_model_dir(a: &RewardBenchArgs) -> Result<PathBuf> {
+    if let Some(d) = &a.model {
+        return Ok(d.clone());
+    }
+    let recorded = PathBuf::from(".venv/minilm.path");
+    let text = std::fs::read_to_string(&recorded).with_context(|| {
+        format!(
+            "reading {} (run scripts/setup-reward-model.sh, or pass --model DIR)",
+            recorded.display()
+        )
+    })?;
+    Ok(PathBuf::from(text.trim()))
+}
+
+/// Requests per second scored one at a time, then through the batching executor.
+fn throughput(
+    scorer: &Arc<ModelScorer>,
+    exec_cfg: ExecutorConfig,
+    requests: &[RewardRequest],
+) -> Result<()> {
     let t = Instant::now();
-    for r in &requests {
+    for r in requests {
         scorer.score_batch(std::slice::from_ref(r));
     }
     let single = requests.len() as f64 / t.elapsed().as_secs_f64();
