@@ -518,6 +518,16 @@ mod tests {
         }
     }
 
+    /// The tokens `mask` trains.
+    fn trained(tokens: &[u32], mask: &[u8]) -> Vec<u32> {
+        tokens
+            .iter()
+            .zip(mask)
+            .filter(|(_, &m)| m == 1)
+            .map(|(&t, _)| t)
+            .collect()
+    }
+
     #[test]
     fn only_assistant_turns_are_trained() {
         let tok = Tokenizer::char_level("abcdefghijklmnopqrstuvwxyz ").unwrap();
@@ -531,12 +541,7 @@ mod tests {
         ];
         let (tokens, mask) = conversation_tokens(&template, &tok, &conv).unwrap();
         assert_eq!(tokens.len(), mask.len());
-        let trained: Vec<u32> = tokens
-            .iter()
-            .zip(&mask)
-            .filter(|(_, &m)| m == 1)
-            .map(|(&t, _)| t)
-            .collect();
+        let trained = trained(&tokens, &mask);
         let text = tok.decode(&trained, false).unwrap();
         // Both replies with their end-of-turn marker, and nothing the user or system wrote.
         assert!(text.starts_with("hey<|im_end|>"), "{text:?}");
@@ -588,12 +593,7 @@ mod tests {
         let whole = tok.encode("[INST] hi [/INST] Hey</s>", false).unwrap();
         assert_eq!(tokens, whole);
         let id = |c: &str| tok.encode(c, false).unwrap()[1];
-        let trained: Vec<u32> = tokens
-            .iter()
-            .zip(&mask)
-            .filter(|(_, &m)| m == 1)
-            .map(|(&t, _)| t)
-            .collect();
+        let trained = trained(&tokens, &mask);
         // The reply's own space, its letters and the end of turn: one `▁`, not two.
         assert_eq!(trained, [id(" "), id("H"), id("e"), id("y"), 0]);
     }
