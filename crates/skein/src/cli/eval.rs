@@ -492,11 +492,12 @@ fn dataset_rows(
     let renderer = Renderer::for_config(cfg)?;
     let (problems, read) = read_split(&cfg.data, files, "val", &renderer)?;
     let start = renderer.start_ids(tokenizer).len();
-    let (mut problems, fitted) = fit_split(problems, tokenizer, &cfg.data, "val", start)?;
-    if read.skipped_rows + fitted.filtered_prompts + fitted.truncated_prompts > 0 {
+    let fitted = fit_split(problems, tokenizer, &cfg.data, "val", start)?;
+    let (mut problems, counts) = (fitted.problems, fitted.counts);
+    if read.skipped_rows + counts.filtered_prompts + counts.truncated_prompts > 0 {
         eprintln!(
             "skein: {} bad rows skipped, {} prompts filtered, {} truncated",
-            read.skipped_rows, fitted.filtered_prompts, fitted.truncated_prompts
+            read.skipped_rows, counts.filtered_prompts, counts.truncated_prompts
         );
     }
     if let Some(n) = limit {

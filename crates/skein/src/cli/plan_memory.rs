@@ -84,9 +84,12 @@ pub fn run(a: &PlanMemoryArgs) -> Result<()> {
     // One device, whichever: every thread rank's replica on it (a GPU of this machine, or
     // none, does not change the plan).
     let sharing = cfg.trainer.dp_size.saturating_sub(1);
-    let parts = preflight::estimate_sharing(&cfg, &model, target.device(), sharing);
+    let parts = preflight::estimate_sharing(&cfg, &model, target.device(), sharing, None);
     let (available, offered) = target.available()?;
     println!("{}", describe(&cfg, &model));
+    if let Some(note) = prompt_bound_note(&cfg) {
+        println!("{note}");
+    }
     println!();
     print_parts(&parts);
     println!();
@@ -140,6 +143,22 @@ fn describe(cfg: &TrainConfig, model: &ModelConfig) -> String {
             "off"
         }
     )
+}
+
+/// For a dataset run: the plan sizes a rollout slot's prompt by `data.max_prompt_tokens`,
+/// where `skein train` has the dataset's longest prompt, often far shorter.
+fn prompt_bound_note(cfg: &TrainConfig) -> Option<String> {
+    if cfg.data.train_files.is_empty() {
+        return None;
+    }
+    let bound = match cfg.data.max_prompt_tokens {
+        0 => "the model's context (`data.max_prompt_tokens` = 0)".to_string(),
+        n => format!("`data.max_prompt_tokens` = {n} tokens"),
+    };
+    Some(format!(
+        "rollout slots hold a prompt of up to {bound}; `skein train` sizes them by the \
+         dataset's longest prompt once it is loaded"
+    ))
 }
 
 /// The parts as a Markdown table, with the total.

@@ -9,6 +9,10 @@
 //! forward/backward passes: the loss is the same for any split (promise 4), so this changes
 //! time, never a number. A value the user set is kept, and the preflight refuses it with the
 //! setting to lower.
+//!
+//! The fit runs before the dataset is loaded, so it sizes a dataset's rollout slots at the
+//! `data.max_prompt_tokens` bound; the preflight after loading sizes them by the longest prompt.
+//! A fit can then choose a smaller micro-batch than the run needed: time, not a number.
 
 use super::config::TrainConfig;
 use super::preflight;
@@ -69,7 +73,8 @@ fn fit_to(
     device: tch::Device,
     available: f64,
 ) -> Option<Fitted> {
-    let needs = |cfg: &TrainConfig| preflight::total(&preflight::estimate(cfg, model, device));
+    let needs =
+        |cfg: &TrainConfig| preflight::total(&preflight::estimate(cfg, model, device, None));
     if needs(cfg) <= available {
         return None;
     }
@@ -121,7 +126,7 @@ mod tests {
     #[test]
     fn the_default_micro_batch_is_halved_until_it_fits() {
         let mut cfg = lora_run();
-        let before = preflight::total(&preflight::estimate(&cfg, &smollm2(), Device::Cpu));
+        let before = preflight::total(&preflight::estimate(&cfg, &smollm2(), Device::Cpu, None));
         let available = 6.0 * GIB;
         assert!(before > available, "{}", before / GIB);
         let fitted = fit_to(&mut cfg, &smollm2(), Device::Cpu, available).expect("a fit");
@@ -132,7 +137,7 @@ mod tests {
         // The next size up would not have fitted: the largest that fits is chosen.
         let mut larger = cfg.clone();
         larger.trainer.micro_batch_tokens = 2 * fitted.tokens;
-        let over = preflight::total(&preflight::estimate(&larger, &smollm2(), Device::Cpu));
+        let over = preflight::total(&preflight::estimate(&larger, &smollm2(), Device::Cpu, None));
         assert!(over > available);
         let said = fitted.to_string();
         assert!(said.contains("`trainer.micro_batch_tokens`"), "{said}");

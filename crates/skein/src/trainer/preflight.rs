@@ -324,19 +324,27 @@ pub fn update_parts(
 
 /// The estimate of a training run on `device` of this machine: [`estimate_sharing`] with the
 /// thread ranks placed on rank 0's device here ([`ranks_sharing`]).
-pub fn estimate(cfg: &TrainConfig, model: &ModelConfig, device: Device) -> Vec<Part> {
+pub fn estimate(
+    cfg: &TrainConfig,
+    model: &ModelConfig,
+    device: Device,
+    loaded_prompt: Option<usize>,
+) -> Vec<Part> {
     let sharing = ranks_sharing(device, cfg.trainer.dp_size);
-    estimate_sharing(cfg, model, device, sharing)
+    estimate_sharing(cfg, model, device, sharing, loaded_prompt)
 }
 
 /// The estimate of a training run on `device` with `sharing` thread ranks beyond the first on
 /// the same device: one update's memory, and the reference, the critic, those ranks'
 /// replicas, the rollout KV cache and (in host memory) the step's trajectories and rows.
+/// `loaded_prompt` is a loaded dataset's longest prompt in tokens; before the dataset is
+/// loaded (None) a slot is sized by the bound `data.max_prompt_tokens` sets.
 pub fn estimate_sharing(
     cfg: &TrainConfig,
     model: &ModelConfig,
     device: Device,
     sharing: usize,
+    loaded_prompt: Option<usize>,
 ) -> Vec<Part> {
     let shape = UpdateShape::of(cfg, device);
     let critic = cfg.algorithm.estimator.needs_critic();
@@ -358,7 +366,7 @@ pub fn estimate_sharing(
         });
     }
     parts.extend(other_ranks_part(cfg, model, &shape, sharing));
-    parts.extend(rollout_parts(cfg, model, device));
+    parts.extend(rollout_parts(cfg, model, device, loaded_prompt));
     parts.extend(reward_models_part(cfg));
     parts
 }
@@ -422,19 +430,26 @@ fn other_ranks_part(
 /// slot per request running at once, up to `rollout.max_slots`, for the step's samples or the
 /// held-out problems, whichever are more. An episode's slot (multi-turn or an environment
 /// worker's) holds the episode's whole context: `agent.max_tokens`, 0 the model's. A
-/// single-turn sample's holds its prompt and `rollout.sampling.max_new_tokens`, a dataset's
-/// prompt up to `data.max_prompt_tokens` (0: the model's context). External agents' rollouts
-/// take a slot each of the model's context, and their evaluation single-turn ones: the larger
-/// cache of the two.
-fn rollout_cache_shape(cfg: &TrainConfig, model: &ModelConfig) -> (usize, usize) {
+/// single-turn sample's holds its prompt and `rollout.sampling.max_new_tokens`: a loaded
+/// dataset's longest prompt (the engine sizes its slots by the prompts it is given), else up to
+/// `data.max_prompt_tokens` (0: the model's context). External agents' rollouts take a slot
+/// each of the model's context, and their evaluation single-turn ones: the larger cache of the
+/// two.
+fn rollout_cache_shape(
+    cfg: &TrainConfig,
+    model: &ModelConfig,
+    loaded_prompt: Option<usize>,
+) -> (usize, usize) {
     let r = &cfg.rollout;
     let positions = model.max_position_embeddings;
     let rollouts = r.prompts_per_step * r.samples_per_prompt;
     let slots = |requests: usize| r.max_slots.min(requests);
-    let prompt = match (cfg.data.train_files.is_empty(), cfg.data.max_prompt_tokens) {
-        (true, _) => 64,
-        (false, 0) => positions,
-        (false, n) => n,
+    let dataset = !cfg.data.train_files.is_empty();
+    let prompt = match (dataset, loaded_prompt, cfg.data.max_prompt_tokens) {
+        (false, ..) => 64,
+        (true, Some(longest), _) => longest,
+        (true, None, 0) => positions,
+        (true, None, bound) => bound,
     };
     let single_turn = (prompt + r.sampling.max_new_tokens).min(positions);
     let episodes = match cfg.agent.kind {
@@ -460,9 +475,14 @@ fn rollout_cache_shape(cfg: &TrainConfig, model: &ModelConfig) -> (usize, usize)
 
 /// The rollout's KV cache (in the model's dtype), and the step's samples, held twice (as
 /// trajectories and as training rows) in host memory.
-fn rollout_parts(cfg: &TrainConfig, model: &ModelConfig, device: Device) -> Vec<Part> {
+fn rollout_parts(
+    cfg: &TrainConfig,
+    model: &ModelConfig,
+    device: Device,
+    loaded_prompt: Option<usize>,
+) -> Vec<Part> {
     let r = &cfg.rollout;
-    let (slots, context) = rollout_cache_shape(cfg, model);
+    let (slots, context) = rollout_cache_shape(cfg, model, loaded_prompt);
     // CUDA graphs pad their batches into a scratch slot the cache holds beyond the engine's.
     let cache_slots = slots + usize::from(r.cuda_graphs);
     let element = cfg.model.dtype.bytes();
@@ -470,7 +490,8 @@ fn rollout_parts(cfg: &TrainConfig, model: &ModelConfig, device: Device) -> Vec<
         what: "rollout KV cache",
         bytes: model.kv_cache_bytes(cache_slots, context, element),
         lower: "`rollout.max_slots`, or the tokens a sample or an episode may hold \
-                (`rollout.sampling.max_new_tokens`, `agent.max_tokens`)",
+                (`rollout.sampling.max_new_tokens`, a dataset's `data.max_prompt_tokens`, \
+                `agent.max_tokens`)",
     }];
     if r.cuda_graphs {
         parts.push(Part {
@@ -529,7 +550,7 @@ mod tests {
     }
 
     fn cpu(cfg: &TrainConfig, model: &ModelConfig) -> Vec<Part> {
-        estimate(cfg, model, Device::Cpu)
+        estimate(cfg, model, Device::Cpu, None)
     }
 
     fn part(parts: &[Part], what: &str) -> f64 {
@@ -598,7 +619,8 @@ mod tests {
 
     /// The cache is counted as the engine sizes it: a multi-turn episode's slot holds the
     /// model's whole context when `agent.max_tokens` is 0, and evaluation runs a slot per
-    /// held-out problem; a single-turn sample's slot holds its prompt and new tokens.
+    /// held-out problem; a single-turn sample's slot holds its prompt (a loaded dataset's
+    /// longest) and new tokens.
     #[test]
     fn the_cache_holds_what_the_engine_allocates() {
         let model = ModelConfig::tiny_qwen2(32, 192, 4, 4, 2, 512, 8192);
@@ -616,6 +638,22 @@ mod tests {
         assert_eq!(cache(&cfg), model.kv_cache_bytes(100, 64 + new, element));
         cfg.rollout.max_slots = 16;
         assert_eq!(cache(&cfg), model.kv_cache_bytes(16, 64 + new, element));
+        // A dataset's prompts: its longest once loaded, else the `data.max_prompt_tokens` bound.
+        let mut data = cfg.clone();
+        data.data.train_files = vec!["train.jsonl".into()];
+        let sized = |cfg: &TrainConfig, loaded| {
+            part(&estimate(cfg, &model, Device::Cpu, loaded), "rollout KV")
+        };
+        assert_eq!(
+            sized(&data, Some(40)),
+            model.kv_cache_bytes(16, 40 + new, element)
+        );
+        assert_eq!(
+            sized(&data, None),
+            model.kv_cache_bytes(16, 1024 + new, element)
+        );
+        data.data.max_prompt_tokens = 0;
+        assert_eq!(sized(&data, None), model.kv_cache_bytes(16, 8192, element));
         // External agents: their 32 rollouts at the whole context, or the evaluation's 100
         // single-turn slots, whichever cache is larger.
         cfg.rollout.max_slots = 256;
@@ -678,7 +716,7 @@ mod tests {
         let mut cfg = TrainConfig::default();
         let replicas = |cfg: &TrainConfig, device| {
             part(
-                &estimate(cfg, &model(), device),
+                &estimate(cfg, &model(), device, None),
                 "replicas and micro-batches",
             )
         };
@@ -815,7 +853,7 @@ mod tests {
         assert_eq!(part(&parts, "policy weights"), 16.0 * params + rope);
         assert_eq!(part(&parts, "frozen reference"), 4.0 * params);
         assert_eq!(part(&parts, "the process"), PROCESS_BYTES);
-        let gpu = estimate(&cfg, &qwen, Device::Cuda(0));
+        let gpu = estimate(&cfg, &qwen, Device::Cuda(0), None);
         assert_eq!(part(&gpu, "the step's trajectories"), 0.0);
         assert_eq!(part(&gpu, "the CUDA context"), CUDA_CONTEXT_BYTES);
         assert!(part(&parts, "the step's trajectories") > 0.0);

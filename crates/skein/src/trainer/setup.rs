@@ -152,7 +152,12 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
         }
     };
     let sampling = sampling_params(cfg, &mut tokenizer)?;
-    let engine = rollout_engine(cfg, &policy, restore.as_ref())?;
+    let engine = rollout_engine(
+        cfg,
+        &policy,
+        restore.as_ref(),
+        tasks.longest_loaded_prompt(),
+    )?;
     let resumed_workload = restore.as_ref().map(|r| &r.state.workload);
     let mut workload = tasks.into_workload(cfg, &tokenizer, &policy, resumed_workload)?;
     check_context(cfg, workload.as_ref(), &policy)?;
@@ -524,11 +529,13 @@ fn held_bytes(policy: &Model) -> f64 {
 }
 
 /// The engine rollouts run on, once the run is known to fit in memory (on the CPU, where
-/// free memory can be read). `restore` is a resumed run's, its KL reference already loaded.
+/// free memory can be read). `restore` is a resumed run's, its KL reference already loaded;
+/// `loaded_prompt` a loaded dataset's longest prompt in tokens.
 fn rollout_engine(
     cfg: &TrainConfig,
     policy: &Model,
     restore: Option<&Restore>,
+    loaded_prompt: Option<usize>,
 ) -> Result<Generator> {
     let device = policy.vs.device();
     // Counted as held only where the run uses it (the estimate counts it then); otherwise it
@@ -543,7 +550,7 @@ fn rollout_engine(
     // tensors of their own, both alive at once: they are not counted as usable.)
     if let Some(free) = crate::memory::available_on(device) {
         let available = free + held_bytes(policy) + reference.map_or(0.0, held_bytes);
-        let parts = preflight::estimate(cfg, &policy.net.config, device);
+        let parts = preflight::estimate(cfg, &policy.net.config, device, loaded_prompt);
         preflight::check(&parts, available)?;
     }
     Ok(match cfg.rollout.engine {

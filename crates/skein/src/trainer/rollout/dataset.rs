@@ -20,6 +20,9 @@ pub struct Data {
     /// The validation split, in file order; empty without `data.val_files`.
     pub val: Vec<Problem>,
     pub counts: DataCounts,
+    /// The longest prompt of either split in tokens, start tokens included: what a rollout
+    /// slot holds before its response (the memory estimate sizes the KV cache by it).
+    pub longest_prompt: usize,
 }
 
 /// What loading left out or changed, over both splits (logged in metrics.jsonl).
@@ -130,10 +133,12 @@ impl Data {
             Tokenizer::from_dir(&cfg.model.path)?
         };
         let start = renderer.start_ids(&tokenizer).len();
-        let (train, c) = fit_split(train, &tokenizer, &cfg.data, "train", start)?;
-        counts.add(c);
-        let (val, c) = fit_split(val, &tokenizer, &cfg.data, "val", start)?;
-        counts.add(c);
+        let train = fit_split(train, &tokenizer, &cfg.data, "train", start)?;
+        let val = fit_split(val, &tokenizer, &cfg.data, "val", start)?;
+        counts.add(train.counts);
+        counts.add(val.counts);
+        let longest_prompt = train.longest_prompt.max(val.longest_prompt);
+        let (train, val) = (train.problems, val.problems);
         if train.is_empty() {
             bail!(
                 "no training prompt is within `data.max_prompt_tokens` = {} ({} filtered): \
@@ -176,7 +181,12 @@ impl Data {
         );
         let name = format!("dataset {}", cfg.data.train_files.join(", "));
         let train = DatasetTask::new(name, train, &alphabet, &cfg.data, renderer.is_template());
-        Ok(Data { train, val, counts })
+        Ok(Data {
+            train,
+            val,
+            counts,
+            longest_prompt,
+        })
     }
 
     /// The held-out problems evaluated during training: the first `n` of the validation split,
@@ -374,6 +384,15 @@ fn problem(row: PromptRow, renderer: &Renderer) -> Result<Problem> {
     })
 }
 
+/// A split held to `data.max_prompt_tokens`.
+#[derive(Debug)]
+pub struct FittedSplit {
+    pub problems: Vec<Problem>,
+    pub counts: DataCounts,
+    /// The longest kept prompt in tokens, start tokens included (0: none kept).
+    pub longest_prompt: usize,
+}
+
 /// Holds a split to `data.max_prompt_tokens` by `data.truncation`, counting what it drops or
 /// cuts, and says which prompts have characters the tokenizer lacks (a prompt with nothing
 /// else is a bad row).
@@ -387,7 +406,7 @@ pub fn fit_split(
     cfg: &DataConfig,
     split: &str,
     start: usize,
-) -> Result<(Vec<Problem>, DataCounts)> {
+) -> Result<FittedSplit> {
     let truncation = cfg.truncation;
     let max = match cfg.max_prompt_tokens {
         0 => 0,
@@ -400,6 +419,7 @@ pub fn fit_split(
     let mut counts = DataCounts::default();
     let mut unknown = UnknownRows::default();
     let mut kept = Vec::with_capacity(problems.len());
+    let mut longest = 0;
     for (place, mut p) in problems {
         let (ids, chars) = tokenizer.encode_checked(&p.prompt, false)?;
         if !unknown.note(&place, chars, cfg)? {
@@ -419,7 +439,10 @@ pub fn fit_split(
                 .into());
         }
         match fit(ids.len(), max, truncation) {
-            Fit::Keep => kept.push(p),
+            Fit::Keep => {
+                longest = longest.max(ids.len() + start);
+                kept.push(p);
+            }
             Fit::Drop => counts.filtered_prompts += 1,
             Fit::TooLong => bail!(
                 "{place}: the prompt has {} tokens, over `data.max_prompt_tokens` = {} \
@@ -429,6 +452,7 @@ pub fn fit_split(
             ),
             Fit::Cut(range) => {
                 p.prompt = cut_to_fit(tokenizer, &ids, range, max)?;
+                longest = longest.max(max + start);
                 counts.truncated_prompts += 1;
                 kept.push(p);
             }
@@ -436,7 +460,11 @@ pub fn fit_split(
     }
     counts.unknown_char_prompts = unknown.prompts;
     unknown.warn(split);
-    Ok((kept, counts))
+    Ok(FittedSplit {
+        problems: kept,
+        counts,
+        longest_prompt: longest,
+    })
 }
 
 /// The prompts of a split with characters outside the tokenizer's vocabulary.
@@ -818,14 +846,19 @@ mod tests {
             truncation: skein_data::Truncation::Left,
             ..DataConfig::default()
         };
-        let (kept, counts) =
-            fit_split(placed(vec![problem(long)]), &tok, &cfg, "train", 1).unwrap();
+        let fitted = fit_split(placed(vec![problem(long)]), &tok, &cfg, "train", 1).unwrap();
+        let (kept, counts) = (fitted.problems, fitted.counts);
         assert_eq!(counts.truncated_prompts, 1);
+        assert_eq!(
+            fitted.longest_prompt, len,
+            "the cut prompt and its start token"
+        );
         let task = DatasetTask::new("d".into(), kept.clone(), "", &cfg, false);
         let batch = prompt_batch(kept, &tok, &task).unwrap();
         assert!(batch.prompt_ids[0].len() <= len, "{:?}", batch.prompt_ids);
-        let (_, counts) = fit_split(placed(vec![problem(long)]), &tok, &cfg, "train", 0).unwrap();
-        assert_eq!(counts.truncated_prompts, 0, "the text alone fits");
+        let fitted = fit_split(placed(vec![problem(long)]), &tok, &cfg, "train", 0).unwrap();
+        assert_eq!(fitted.counts.truncated_prompts, 0, "the text alone fits");
+        assert_eq!(fitted.longest_prompt, len);
         let tiny = DataConfig {
             max_prompt_tokens: 1,
             ..cfg
@@ -842,7 +875,8 @@ mod tests {
         let tok = Tokenizer::char_level("0123456789+=").unwrap();
         let mut cfg = DataConfig::default();
         let prompts = ["1+1=", "1+é=", "2€+2=", "1+2="].map(problem).to_vec();
-        let (kept, counts) = fit_split(placed(prompts.clone()), &tok, &cfg, "train", 0).unwrap();
+        let fitted = fit_split(placed(prompts.clone()), &tok, &cfg, "train", 0).unwrap();
+        let (kept, counts) = (fitted.problems, fitted.counts);
         assert_eq!(kept.len(), 4, "text is kept as it is");
         assert_eq!(counts.unknown_char_prompts, 2);
         assert_eq!(counts.skipped_rows, 0);
@@ -860,8 +894,9 @@ mod tests {
         assert!(err.contains("data.skip_bad_rows"), "{err}");
 
         cfg.skip_bad_rows = true;
-        let (kept, counts) = fit_split(placed(bad), &tok, &cfg, "train", 0).unwrap();
-        assert_eq!(kept.len(), 4);
+        let fitted = fit_split(placed(bad), &tok, &cfg, "train", 0).unwrap();
+        assert_eq!(fitted.problems.len(), 4);
+        let counts = fitted.counts;
         assert_eq!((counts.skipped_rows, counts.unknown_char_prompts), (1, 2));
     }
 }

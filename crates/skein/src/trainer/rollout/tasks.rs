@@ -112,6 +112,14 @@ impl Tasks {
         }
     }
 
+    /// A loaded dataset's longest prompt in tokens (None: the run has no dataset).
+    pub fn longest_loaded_prompt(&self) -> Option<usize> {
+        match self {
+            Tasks::Prompts { data: Some(d), .. } => Some(d.longest_prompt),
+            _ => None,
+        }
+    }
+
     /// The run's rollout source, continuing from `state` (a resumed run's) or from the seed.
     pub fn into_workload(
         self,
