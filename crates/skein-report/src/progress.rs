@@ -11,6 +11,8 @@ const LINE_EVERY: Duration = Duration::from_secs(30);
 
 pub struct StepProgress {
     bar: Option<ProgressBar>,
+    /// What is counted: "step", or e.g. "sample" for an evaluation's answers.
+    unit: &'static str,
     total: u64,
     /// Steps done before this process started (a resumed run's checkpoint): the time per step,
     /// hence the ETA, counts only the steps this process has done.
@@ -30,18 +32,24 @@ impl StepProgress {
     /// As [`StepProgress::new`] for a run that had done `done_before` of its steps when it
     /// started here (resumed from a checkpoint).
     pub fn resumed(total: u64, done_before: u64) -> Self {
-        Self::with_bar(total, done_before, std::io::stderr().is_terminal())
+        Self::with_bar(total, done_before, std::io::stderr().is_terminal(), "step")
     }
 
-    fn with_bar(total: u64, done_before: u64, bar: bool) -> Self {
+    /// As [`StepProgress::new`], counting `unit`s (e.g. "sample") instead of steps.
+    pub fn counting(total: u64, unit: &'static str) -> Self {
+        Self::with_bar(total, 0, std::io::stderr().is_terminal(), unit)
+    }
+
+    fn with_bar(total: u64, done_before: u64, bar: bool, unit: &'static str) -> Self {
         let bar = bar.then(|| {
             let b = ProgressBar::new(total);
             let style = ProgressStyle::with_template(
-                "step {pos}/{len} {bar:30.cyan/blue} {elapsed} elapsed, eta {eta}  {msg}",
+                "{prefix} {pos}/{len} {bar:30.cyan/blue} {elapsed} elapsed, eta {eta}  {msg}",
             )
             .unwrap_or_else(|_| ProgressStyle::default_bar())
             .progress_chars("█▉▊▋▌▍▎▏ ");
             b.set_style(style);
+            b.set_prefix(unit);
             // The bar's rate starts from here, not from 0 steps in no time.
             b.set_position(done_before);
             b.reset_eta();
@@ -50,6 +58,7 @@ impl StepProgress {
         let now = Instant::now();
         StepProgress {
             bar,
+            unit,
             total,
             done_before,
             start: now,
@@ -69,7 +78,8 @@ impl StepProgress {
         }
         if self.line_due(step) {
             let done_here = step.saturating_sub(self.done_before);
-            let line = log_line(step, self.total, done_here, self.start.elapsed(), &msg);
+            let elapsed = self.start.elapsed();
+            let line = log_line(self.unit, step, self.total, done_here, elapsed, &msg);
             eprintln!("{line}");
         }
     }
@@ -113,9 +123,16 @@ fn format_values(values: &[(&str, f64)]) -> String {
         .join("  ")
 }
 
-/// `step 40/200 (20%) 1m05s elapsed, eta 4m20s  reward 0.53  tok/s 812`; `done_here` of the
-/// steps up to `step` took `elapsed`.
-fn log_line(step: u64, total: u64, done_here: u64, elapsed: Duration, msg: &str) -> String {
+/// `step 40/200 (20%) 1m05s elapsed, eta 4m20s  reward 0.53  tok/s 812` (`unit` "step");
+/// `done_here` of the units up to `step` took `elapsed`.
+fn log_line(
+    unit: &str,
+    step: u64,
+    total: u64,
+    done_here: u64,
+    elapsed: Duration,
+    msg: &str,
+) -> String {
     let pct = (step.min(total) * 100).checked_div(total).unwrap_or(100);
     let eta = if done_here == 0 {
         "?".to_string()
@@ -124,7 +141,7 @@ fn log_line(step: u64, total: u64, done_here: u64, elapsed: Duration, msg: &str)
         duration(per_step * total.saturating_sub(step) as f64)
     };
     let line = format!(
-        "step {step}/{total} ({pct}%) {} elapsed, eta {eta}",
+        "{unit} {step}/{total} ({pct}%) {} elapsed, eta {eta}",
         duration(elapsed.as_secs_f64())
     );
     if msg.is_empty() {
@@ -150,6 +167,7 @@ mod tests {
     #[test]
     fn log_lines_show_step_eta_and_values() {
         let line = log_line(
+            "step",
             40,
             200,
             40,
@@ -162,8 +180,8 @@ mod tests {
             "step 40/200 (20%) 1m05s elapsed, eta 4m20s  reward 0.53  tok/s 812"
         );
         assert_eq!(
-            log_line(0, 0, 0, Duration::ZERO, ""),
-            "step 0/0 (100%) 0s elapsed, eta ?"
+            log_line("sample", 0, 0, 0, Duration::ZERO, ""),
+            "sample 0/0 (100%) 0s elapsed, eta ?"
         );
         assert_eq!(duration(7322.0), "2h02m");
     }
@@ -172,19 +190,21 @@ mod tests {
     /// steps of 5 s to go, not 40 of 50 s / 160.
     #[test]
     fn a_resumed_run_times_only_the_steps_it_did() {
-        let line = log_line(160, 200, 10, Duration::from_secs(50), "");
+        let line = log_line("step", 160, 200, 10, Duration::from_secs(50), "");
         assert_eq!(line, "step 160/200 (80%) 50s elapsed, eta 3m20s");
-        let mut p = StepProgress::with_bar(100, 50, false);
+        let mut p = StepProgress::with_bar(100, 50, false, "step");
         let reported: Vec<u64> = (51..=100).filter(|&s| p.line_due(s)).collect();
         assert_eq!(reported, vec![51, 60, 70, 80, 90, 100]);
-        let mut bar = StepProgress::with_bar(100, 50, true);
+        let mut bar = StepProgress::with_bar(100, 50, true, "step");
         bar.update(51, &[]);
         assert_eq!(bar.bar.as_ref().map(|b| b.position()), Some(51));
+        let samples = StepProgress::with_bar(8, 0, true, "sample");
+        assert_eq!(samples.bar.map(|b| b.prefix()).as_deref(), Some("sample"));
     }
 
     #[test]
     fn plain_mode_reports_each_tenth_once() {
-        let mut p = StepProgress::with_bar(100, 0, false);
+        let mut p = StepProgress::with_bar(100, 0, false, "step");
         let reported: Vec<u64> = (1..=100).filter(|&s| p.line_due(s)).collect();
         assert_eq!(reported, vec![1, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100]);
         // A long quiet stretch is reported even within a tenth.

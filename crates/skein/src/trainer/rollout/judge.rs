@@ -49,6 +49,17 @@ pub struct Answering<'a> {
 /// Generates `n` samples for each prompt and scores them as they finish; trajectory ids are
 /// `{tag}-p{prompt}-s{sample}`.
 pub fn answer_prompts(a: &Answering, batch: &PromptBatch, n: usize, tag: &str) -> Answers {
+    answer_prompts_with(a, batch, n, tag, || {})
+}
+
+/// [`answer_prompts`], calling `on_answer` as each sample finishes (a progress bar's tick).
+pub fn answer_prompts_with(
+    a: &Answering,
+    batch: &PromptBatch,
+    n: usize,
+    tag: &str,
+    mut on_answer: impl FnMut(),
+) -> Answers {
     let Answering {
         engine,
         policy,
@@ -112,6 +123,7 @@ pub fn answer_prompts(a: &Answering, batch: &PromptBatch, n: usize, tag: &str) -
             judged,
         );
         slots[id] = Some((trajectory, correct));
+        on_answer();
     });
     let rewards = round.finish(|id, result| {
         if let Some((t, _)) = &mut slots[id] {
