@@ -132,3 +132,60 @@ fn ctrl_c_during_a_bench_run_stops_the_bench_without_figures() {
     assert!(!dir.join("partial").exists(), "the next run never started");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Ctrl-C during `skein eval --samples` leaves no file at that path, so the same command runs
+/// again; the file appears only whole, with a line per sample.
+#[test]
+fn ctrl_c_during_an_eval_leaves_its_samples_path_free() {
+    use std::io::{BufRead, BufReader};
+    let dir = workdir("eval");
+    let sets: Vec<String> = SMALL
+        .iter()
+        .chain(&["sft.steps=2", "trainer.steps=1"])
+        .map(|s| s.to_string())
+        .collect();
+    common::train_tiny(&dir, &sets);
+    let samples = dir.join("samples.jsonl");
+    let eval = |n: &str| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_skein"));
+        cmd.args(["eval", dir.to_str().unwrap(), "--set", "run.threads=1"])
+            .args(["--problems", "8", "--temperature", "1", "--n", n])
+            .arg(format!("--samples={}", samples.display()));
+        cmd
+    };
+    let mut child = eval("4096")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("skein runs");
+    // The progress line of the first finished sample: the evaluation is under way.
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.starts_with("sample 1/") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(120))
+        .expect("no progress line");
+    interrupt(&child);
+    let status = child.wait().unwrap();
+    assert!(!status.success(), "{status:?}");
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("samples"))
+        .collect();
+    assert!(left.is_empty(), "the interrupted eval left {left:?}");
+
+    let out = eval("2").output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("sample 16/16"), "{err}");
+    let written = std::fs::read_to_string(&samples).unwrap();
+    assert_eq!(written.lines().count(), 16);
+    let _ = std::fs::remove_dir_all(&dir);
+}

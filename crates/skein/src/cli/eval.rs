@@ -11,17 +11,18 @@ use crate::trainer::config::correct_by::{builtin_checker, DATASET_CHECKER};
 use crate::trainer::rollout::dataset::{
     eval_seed, fit_split, prompt_batch, read_split, Data, DatasetTask, Renderer,
 };
-use crate::trainer::rollout::judge::{answer_prompts, Answering, Answers, PromptBatch};
+use crate::trainer::rollout::judge::{answer_prompts_with, Answering, Answers, PromptBatch};
 use crate::trainer::rollout::reward::build_rewarder;
 use crate::trainer::rollout::tasks::is_multi_turn;
 use crate::trainer::rollout::{evaluation_problems, EvalResult};
 use crate::trainer::TrainConfig;
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Map, Value};
+use skein_report::StepProgress;
 use skein_tasks::Task;
 use skein_text::Tokenizer;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(clap::Args)]
 pub struct EvalArgs {
@@ -67,29 +68,20 @@ pub struct EvalArgs {
 /// Most samples one evaluation answers (problems × --n); each is held in memory to the end.
 const MAX_SAMPLES: usize = 1 << 20;
 
-/// Checks the paths it writes, then evaluates; a failed evaluation removes the `--samples`
-/// file it created, so the same command can run again.
+/// Checks the paths it writes, then evaluates. The `--samples` file appears only once it is
+/// complete, so a failed or interrupted evaluation leaves its path free for the same command.
 pub fn run(args: &EvalArgs) -> Result<()> {
     let ks = pass_ks(args)?;
     if let Some(out) = &args.out {
         check_appendable(out)?;
     }
-    let samples_file = match &args.samples {
-        Some(path) => Some(create_new(path)?),
-        None => None,
-    };
-    let result = evaluate(args, &ks, samples_file);
-    if let (Err(_), Some(path)) = (&result, &args.samples) {
-        let _ = std::fs::remove_file(path);
+    if let Some(path) = &args.samples {
+        SamplesFile::check(path)?;
     }
-    result
+    evaluate(args, &ks)
 }
 
-fn evaluate(
-    args: &EvalArgs,
-    ks: &[usize],
-    samples_file: Option<std::io::BufWriter<std::fs::File>>,
-) -> Result<()> {
+fn evaluate(args: &EvalArgs, ks: &[usize]) -> Result<()> {
     let (model_dir, cfg) = resolve(args)?;
     // A multi-turn run's evaluation is episodes, unless prompt files are named.
     let episodes = args.data.is_empty() && is_multi_turn(&cfg);
@@ -110,19 +102,18 @@ fn evaluate(
         policy: &policy,
         tokenizer: &tokenizer,
     };
-    let line = if episodes {
-        eval_episodes::evaluate(args.problems, cfg, &loaded)?
+    let (mut line, samples) = if episodes {
+        (eval_episodes::evaluate(args.problems, cfg, &loaded)?, None)
     } else {
-        answer(args, ks, samples_file, &cfg, &loaded)?
+        answer(args, ks, &cfg, &loaded)?
     };
-    let mut line = line;
     line.insert("dtype".into(), json!(policy.options.dtype.name()));
     let text = Value::Object(line).to_string();
     println!("{text}");
     if let Some(out) = &args.out {
         append_line(out, &text)?;
     }
-    Ok(())
+    samples.map_or(Ok(()), SamplesFile::publish)
 }
 
 /// The options of a sampled, single-turn evaluation, refused by name for a multi-turn run.
@@ -143,14 +134,14 @@ fn refuse_sampling_options(args: &EvalArgs) -> Result<()> {
     Ok(())
 }
 
-/// The metrics line of `--n` answers to each single-turn problem, written to `--samples`.
+/// The metrics line of `--n` answers to each single-turn problem, and the samples written
+/// for `--samples`, to be put in place once the line is out.
 fn answer(
     args: &EvalArgs,
     ks: &[usize],
-    mut samples_file: Option<std::io::BufWriter<std::fs::File>>,
     cfg: &TrainConfig,
     loaded: &Loaded,
-) -> Result<Map<String, Value>> {
+) -> Result<(Map<String, Value>, Option<SamplesFile>)> {
     let Loaded {
         model_dir,
         engine,
@@ -198,7 +189,14 @@ fn answer(
         rewarder: rewarder.as_ref(),
         correct_by: &correct_by,
     };
-    let r = answer_prompts(&answering, &batch, args.n, "eval");
+    let mut progress =
+        StepProgress::counting(batch.problems.len() as u64 * args.n as u64, "sample");
+    let mut answered = 0;
+    let r = answer_prompts_with(&answering, &batch, args.n, "eval", || {
+        answered += 1;
+        progress.update(answered, &[]);
+    });
+    progress.finish();
     let mut line = Map::new();
     line.insert("model".into(), json!(model_dir.display().to_string()));
     line.insert("data".into(), json!(source));
@@ -207,11 +205,13 @@ fn answer(
     line.insert("temperature".into(), json!(params.temperature));
     line.insert("correct_by".into(), json!(correct_by.describe(&checker)));
     insert_scores(&mut line, &r, args.n, ks);
-    if let (Some(file), Some(path)) = (&mut samples_file, &args.samples) {
-        write_samples(file, &r, &batch, args.n, tokenizer)
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    Ok(line)
+    let samples = match &args.samples {
+        Some(path) => Some(SamplesFile::write(path, |out| {
+            write_samples(out, &r, &batch, args.n, tokenizer)
+        })?),
+        None => None,
+    };
+    Ok((line, samples))
 }
 
 /// The evaluation's sampling: greedy for one sample a problem unless --temperature says
@@ -294,27 +294,81 @@ fn check_appendable(out: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
-/// A file for `--samples`, checked before any model is loaded: an existing file is never
-/// overwritten.
-fn create_new(path: &std::path::Path) -> Result<std::io::BufWriter<std::fs::File>> {
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(path)
-        .with_context(|| {
+/// `--samples`, written beside its path under a hidden name and put in place only when
+/// complete: an interrupted evaluation (Ctrl-C) leaves no file to block the same command, and
+/// an existing file is never overwritten.
+struct SamplesFile {
+    written: PathBuf,
+    path: PathBuf,
+}
+
+impl SamplesFile {
+    /// Checked before any model is loaded: the path is new, and its directory takes a file.
+    fn check(path: &Path) -> Result<()> {
+        let cannot = || {
             format!(
                 "--samples {}: cannot create it (an existing file is not overwritten: give a new \
                  path)",
                 path.display()
             )
-        })?;
-    Ok(std::io::BufWriter::new(file))
+        };
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .with_context(cannot)?;
+        std::fs::remove_file(path).with_context(cannot)
+    }
+
+    /// The samples `write` writes, held under a hidden name beside `path`.
+    fn write(path: &Path, write: impl FnOnce(&mut dyn Write) -> Result<()>) -> Result<Self> {
+        let name = path
+            .file_name()
+            .map_or_else(|| "samples".into(), |n| n.to_string_lossy().into_owned());
+        let written = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+        let file = SamplesFile {
+            written,
+            path: path.to_path_buf(),
+        };
+        let mut out = std::io::BufWriter::new(
+            std::fs::File::create(&file.written)
+                .with_context(|| format!("creating {}", file.written.display()))?,
+        );
+        write(&mut out)
+            .and_then(|()| out.flush().map_err(Into::into))
+            .with_context(|| format!("writing {}", file.written.display()))?;
+        Ok(file)
+    }
+
+    /// Puts the samples at their path: linked there, which fails rather than replace a file
+    /// that appeared meanwhile (on a filesystem without links, renamed once the path is seen
+    /// to be free).
+    fn publish(self) -> Result<()> {
+        let linked = match std::fs::hard_link(&self.written, &self.path) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists && !self.path.exists() => {
+                std::fs::rename(&self.written, &self.path)
+            }
+            linked => linked,
+        };
+        linked.with_context(|| {
+            format!(
+                "--samples {}: cannot create it (an existing file is not overwritten)",
+                self.path.display()
+            )
+        })
+    }
+}
+
+impl Drop for SamplesFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.written);
+    }
 }
 
 /// One JSON line per sample, in `answer_prompts`' problem-major order (sample k of problem p
 /// is p·n + k).
 fn write_samples(
-    out: &mut impl Write,
+    out: &mut dyn Write,
     r: &Answers,
     batch: &PromptBatch,
     n: usize,
@@ -339,7 +393,6 @@ fn write_samples(
         });
         writeln!(out, "{line}")?;
     }
-    out.flush()?;
     Ok(())
 }
 
