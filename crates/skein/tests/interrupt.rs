@@ -137,7 +137,6 @@ fn ctrl_c_during_a_bench_run_stops_the_bench_without_figures() {
 /// again; the file appears only whole, with a line per sample.
 #[test]
 fn ctrl_c_during_an_eval_leaves_its_samples_path_free() {
-    use std::io::{BufRead, BufReader};
     let dir = workdir("eval");
     let sets: Vec<String> = SMALL
         .iter()
@@ -159,14 +158,8 @@ fn ctrl_c_during_an_eval_leaves_its_samples_path_free() {
         .spawn()
         .expect("skein runs");
     // The progress line of the first finished sample: the evaluation is under way.
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if line.starts_with("sample 1/") {
-                let _ = tx.send(());
-            }
-        }
+    let rx = common::watch_stderr(&mut child, |line| {
+        line.starts_with("sample 1/").then_some(())
     });
     rx.recv_timeout(Duration::from_secs(120))
         .expect("no progress line");

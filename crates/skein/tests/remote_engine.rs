@@ -11,7 +11,6 @@ use skein::model::Model;
 use skein::trainer::run::train;
 use skein::trainer::TrainConfig;
 use skein_text::Tokenizer;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -30,14 +29,9 @@ impl Server {
             .stderr(Stdio::piped())
             .spawn()
             .expect("skein runs");
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(url) = line.strip_prefix("skein serve: listening on ") {
-                    let _ = tx.send(url.to_string());
-                }
-            }
+        let rx = common::watch_stderr(&mut child, |line| {
+            let url = line.strip_prefix("skein serve: listening on ")?;
+            Some(url.to_string())
         });
         let url = rx
             .recv_timeout(Duration::from_secs(60))

@@ -10,7 +10,6 @@ use skein::model::Model;
 use skein::serve::{self, RolloutStore, ServeConfig, ServeState, TaskSpec, TextSide};
 use skein::trainer::config::ModelSection;
 use skein_text::{Message, Tokenizer};
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::AtomicU64;
@@ -62,15 +61,10 @@ impl ServeProcess {
             .stderr(Stdio::piped())
             .spawn()
             .expect("skein runs");
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                eprintln!("[skein serve] {line}");
-                if let Some(url) = line.strip_prefix("skein serve: listening on ") {
-                    let _ = tx.send(url.to_string());
-                }
-            }
+        let rx = common::watch_stderr(&mut child, |line| {
+            eprintln!("[skein serve] {line}");
+            let url = line.strip_prefix("skein serve: listening on ")?;
+            Some(url.to_string())
         });
         let url = rx
             .recv_timeout(Duration::from_secs(60))
@@ -963,18 +957,13 @@ fn serve_with_stderr(args: &[&str]) -> (ServeProcess, Arc<std::sync::Mutex<Strin
         .stderr(Stdio::piped())
         .spawn()
         .expect("skein runs");
-    let stderr = child.stderr.take().unwrap();
     let said = Arc::new(std::sync::Mutex::new(String::new()));
-    let (tx, rx) = std::sync::mpsc::channel();
     let kept = said.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            eprintln!("[skein serve] {line}");
-            kept.lock().unwrap().push_str(&format!("{line}\n"));
-            if let Some(url) = line.strip_prefix("skein serve: listening on ") {
-                let _ = tx.send(url.to_string());
-            }
-        }
+    let rx = common::watch_stderr(&mut child, move |line| {
+        eprintln!("[skein serve] {line}");
+        kept.lock().unwrap().push_str(&format!("{line}\n"));
+        let url = line.strip_prefix("skein serve: listening on ")?;
+        Some(url.to_string())
     });
     let url = rx
         .recv_timeout(Duration::from_secs(60))

@@ -102,3 +102,22 @@ sources = ["far"]
 "#
     )
 }
+
+/// Reads `child`'s piped stderr on a thread of its own and sends what `pick` finds in each
+/// line, so a test can wait for a line (an address, a progress line) while the process runs.
+pub fn watch_stderr<T: Send + 'static>(
+    child: &mut std::process::Child,
+    pick: impl Fn(&str) -> Option<T> + Send + 'static,
+) -> std::sync::mpsc::Receiver<T> {
+    use std::io::{BufRead, BufReader};
+    let stderr = child.stderr.take().expect("stderr is piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(found) = pick(&line) {
+                let _ = tx.send(found);
+            }
+        }
+    });
+    rx
+}
