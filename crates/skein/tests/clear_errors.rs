@@ -508,5 +508,21 @@ fn text_outside_the_vocabulary_is_reported_and_text_of_nothing_else_refused() {
     assert_eq!(base["max_new_tokens"], 8, "{base}");
     assert_eq!(base["top_k"], 0, "{base}");
     assert_eq!(tuned, base);
+    // A model without generation settings gets none of skein's: its stop ids alone, so
+    // transformers keeps its own defaults (greedy) rather than sampling 64 tokens.
+    std::fs::remove_file(model.join("generation_config.json")).unwrap();
+    let (code, _, err) = skein_out(&sft("sft-bare", &[]));
+    assert_eq!(code, 0, "{err}");
+    let bare = generation(&root.join("sft-bare"));
+    for key in [
+        "max_new_tokens",
+        "do_sample",
+        "temperature",
+        "top_p",
+        "top_k",
+    ] {
+        assert!(bare.get(key).is_none(), "{key} in {bare}");
+    }
+    assert_eq!(bare["eos_token_id"], base["eos_token_id"], "{bare}");
     let _ = std::fs::remove_dir_all(&root);
 }

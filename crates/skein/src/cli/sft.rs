@@ -147,7 +147,9 @@ fn cut_at_positions(args: &SftArgs, policy: &Model) -> usize {
 
 /// Writes the tuned model to --out (over the model there with --overwrite). Fine-tuning
 /// samples nothing: a loaded model's own generation settings (its sampling, bos, repetition
-/// penalty) stay, with the stop ids this tokenizer ends on.
+/// penalty) stay, with the stop ids this tokenizer ends on; a model without them (or one built
+/// from scratch) gets the stop and pad ids alone, so readers keep their own sampling defaults
+/// rather than skein's rollout settings.
 fn save_tuned(policy: &Model, tokenizer: &Tokenizer, args: &SftArgs) -> Result<()> {
     let sampling = SamplingParams {
         stop_token_ids: tokenizer.stop_token_ids(),
@@ -159,12 +161,16 @@ fn save_tuned(policy: &Model, tokenizer: &Tokenizer, args: &SftArgs) -> Result<(
         remove_replaced_shards(&args.out)?;
     }
     let loaded = args.model.as_deref().map(GenerationConfig::from_dir);
-    if let Some(mut generation) = loaded.transpose()?.flatten() {
-        generation.added_stop_ids = tokenizer.added_stops(&sampling.stop_token_ids);
-        generation.eos_token_id = Some(TokenIds::Many(sampling.stop_token_ids));
-        generation.save_dir(&args.out)?;
-    }
-    Ok(())
+    let mut generation = match loaded.transpose()?.flatten() {
+        Some(own) => own,
+        None => GenerationConfig {
+            pad_token_id: tokenizer.pad_token_id(),
+            ..GenerationConfig::default()
+        },
+    };
+    generation.added_stop_ids = tokenizer.added_stops(&sampling.stop_token_ids);
+    generation.eos_token_id = Some(TokenIds::Many(sampling.stop_token_ids));
+    generation.save_dir(&args.out)
 }
 
 /// Every flag has a value that can work, checked before anything is read or built.
