@@ -544,6 +544,25 @@ fn benches_refuse_a_config_their_last_run_cannot_use_before_their_first_run() {
             &["--set", "run.dir=\"x\""][..],
             "--out",
         ),
+        // Keys the benches' own flags or run names stand for.
+        (
+            "bench-partial",
+            "sync",
+            &["--set", "trainer.steps=3"][..],
+            "--steps",
+        ),
+        (
+            "bench-partial",
+            "sync",
+            &["--set", "task.difficulty=1"][..],
+            "--difficulty",
+        ),
+        (
+            "bench-agents",
+            "guess-trajectory",
+            &["--runs", "guess", "--set", "algorithm.credit=\"turn\""][..],
+            "both credit modes",
+        ),
     ] {
         let out = workdir(&format!("{bench}-config"));
         let run = Command::new(env!("CARGO_BIN_EXE_skein"))

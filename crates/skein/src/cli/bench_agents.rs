@@ -94,7 +94,23 @@ pub fn run(a: &AgentsBenchArgs) -> Result<()> {
         })
         .collect();
     // Every config and run directory is checked before the first run spends any time.
-    refuse_owned_keys("skein bench-agents", &a.overrides, &[("run.dir", "--out")])?;
+    // The runs are named by their task and credit mode: a key that changes those is refused.
+    refuse_owned_keys(
+        "skein bench-agents",
+        &a.overrides,
+        &[
+            ("run.dir", "--out"),
+            ("task.name", "`skein train --config` for another task"),
+            (
+                "algorithm.credit",
+                "--runs guess (it runs both credit modes)",
+            ),
+            (
+                "algorithm.step_group_weight",
+                "--runs guess (it runs both credit modes)",
+            ),
+        ],
+    )?;
     let configs = chosen
         .iter()
         .map(|s| config(s, &a.overrides, &a.out))

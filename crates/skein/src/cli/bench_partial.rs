@@ -58,6 +58,9 @@ fn base_config(a: &PartialBenchArgs) -> Result<TrainConfig> {
         &[
             ("run.dir", "--out"),
             ("rollout.partial", "--budget and --max-staleness"),
+            ("trainer.steps", "--steps"),
+            ("task.difficulty", "--difficulty"),
+            ("task.name", "`skein train` for another task"),
         ],
     )?;
     sets.extend(a.overrides.iter().cloned());
