@@ -113,6 +113,16 @@ fn eval_and_sft_refuse_values_that_cannot_work() {
     )
     .unwrap();
     run(sft(o, &["--lr=-1"]), &["--lr"]);
+    run(
+        sft(o, &["--micro-batch-tokens", "0"]),
+        &["--micro-batch-tokens"],
+    );
+    // A pass beyond the machine's memory is refused before the first step, naming the flag.
+    run(
+        sft(o, &["--micro-batch-tokens", "100000000000"]),
+        &["this fine-tuning needs about", "lower --micro-batch-tokens"],
+    );
+    assert!(!out.exists(), "a refused fine-tuning wrote {o}");
     run(sft(m, &[]), &["is the --model being fine-tuned"]);
     assert_eq!(
         std::fs::read(model.join("model.safetensors")).unwrap(),

@@ -19,6 +19,7 @@ mod plot;
 mod serve;
 mod serve_reward;
 mod sft;
+mod sft_memory;
 mod train;
 mod view;
 

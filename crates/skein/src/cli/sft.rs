@@ -5,6 +5,7 @@
 //! assistant turn (rendered with the generation prompt) has loss mask 0, the turn itself
 //! (its content and end-of-turn tokens) mask 1.
 
+use super::sft_memory;
 use crate::engine::SamplingParams;
 use crate::model::Model;
 use crate::trainer::batch::TrainRow;
@@ -44,6 +45,12 @@ pub struct SftArgs {
     /// Conversations per optimizer step.
     #[arg(long, default_value_t = 16)]
     pub batch_size: usize,
+    /// Token slots of one forward/backward pass: a step's conversations are split into passes
+    /// of at most this many (a longer one takes a pass of its own), with the same loss and
+    /// step for any split. Default: 8192, or the largest power of two down to 256 whose
+    /// estimate fits the free memory.
+    #[arg(long, value_name = "N")]
+    pub micro_batch_tokens: Option<usize>,
     #[arg(long, default_value_t = 1e-4, allow_negative_numbers = true)]
     pub lr: f64,
     /// Longest conversation in tokens; longer ones are cut at the end (counted).
@@ -93,6 +100,8 @@ pub fn run(args: &SftArgs) -> Result<()> {
         );
     }
 
+    let longest = rows.iter().map(|r| r.tokens.len()).max().unwrap_or(0);
+    let pass_tokens = sft_memory::pass_tokens(args.micro_batch_tokens, &policy, longest)?;
     let ocfg = sft_optim_config(args.lr, args.steps);
     let mut opt = Optimizer::new(&policy.vs, &ocfg, args.steps)?;
     let mut order = Sampler::new(rows.len(), args.seed, true);
@@ -102,7 +111,7 @@ pub fn run(args: &SftArgs) -> Result<()> {
         let batch: Vec<TrainRow> = (0..args.batch_size)
             .map(|_| rows[order.next_index()].clone())
             .collect();
-        let outcome = sft_step(&policy, &mut opt, &batch);
+        let outcome = sft_step(&policy, &mut opt, &batch, pass_tokens);
         if let Some(why) = outcome.failure() {
             bail!("step {step}: {why}; lower --lr");
         }
@@ -124,6 +133,7 @@ pub fn run(args: &SftArgs) -> Result<()> {
             "truncated": tokenized.truncated,
             "unknown_char_conversations": tokenized.unknown_conversations,
             "steps": args.steps,
+            "micro_batch_tokens": pass_tokens,
             "sft/loss_first": mean(&losses[..k]),
             "sft/loss_last": mean(&losses[losses.len() - k..]),
         })
@@ -177,6 +187,9 @@ fn save_tuned(policy: &Model, tokenizer: &Tokenizer, args: &SftArgs) -> Result<(
 fn check_args(args: &SftArgs) -> Result<()> {
     if args.steps == 0 || args.batch_size == 0 || args.max_tokens < 2 {
         bail!("--steps and --batch-size must be at least 1, --max-tokens at least 2");
+    }
+    if args.micro_batch_tokens == Some(0) {
+        bail!("--micro-batch-tokens must be at least 1 (the token slots of one pass)");
     }
     if args.batch_size > MAX_BATCH {
         bail!(

@@ -23,7 +23,7 @@ use super::update::head::chunk_positions;
 use super::update::optim::group_elements;
 use super::update::ranks::ranks_sharing;
 use crate::memory::GIB;
-use crate::model::{Dtype, ModelConfig, ModelOptions};
+use crate::model::{Dtype, Model, ModelConfig, ModelOptions};
 use anyhow::{bail, Result};
 use tch::Device;
 
@@ -518,11 +518,30 @@ fn rollout_parts(
     parts
 }
 
+/// Bytes of the policy's tensors (its weights, and adapters with LoRA).
+pub fn held_bytes(policy: &Model) -> f64 {
+    policy
+        .vs
+        .variables()
+        .values()
+        .map(|t| (t.numel() * t.kind().elt_size_in_bytes()) as f64)
+        .sum()
+}
+
 /// An error naming the largest part's settings when the estimate exceeds `available` bytes.
 pub fn check(parts: &[Part], available: f64) -> Result<()> {
+    match shortfall(parts, available) {
+        None => Ok(()),
+        Some((said, largest)) => bail!("{said}\nlower {} first", largest.lower),
+    }
+}
+
+/// When the estimate exceeds `available` bytes: what this run needs, part by part, largest
+/// first, and that largest part.
+pub fn shortfall(parts: &[Part], available: f64) -> Option<(String, &Part)> {
     let total = total(parts);
     if total <= available {
-        return Ok(());
+        return None;
     }
     let mut sorted: Vec<&Part> = parts.iter().collect();
     sorted.sort_by(|a, b| b.bytes.total_cmp(&a.bytes));
@@ -530,14 +549,13 @@ pub fn check(parts: &[Part], available: f64) -> Result<()> {
         .iter()
         .map(|p| format!("  {:>9.2} GiB  {}", p.bytes / GIB, p.what))
         .collect();
-    bail!(
-        "this run needs about {:.2} GiB but {:.2} GiB of memory is available:\n{}\n\
-         lower {} first",
+    let said = format!(
+        "this run needs about {:.2} GiB but {:.2} GiB of memory is available:\n{}",
         total / GIB,
         available / GIB,
         lines.join("\n"),
-        sorted[0].lower
     );
+    Some((said, sorted[0]))
 }
 
 #[cfg(test)]
@@ -863,5 +881,20 @@ mod tests {
     fn this_machine_reports_its_memory() {
         let m = crate::memory::available().expect("/proc/meminfo");
         assert!(m > 64.0 * 1024.0 * 1024.0);
+    }
+
+    /// What the memory check adds to free memory is the policy's own bytes, in its dtype: a
+    /// float32 model's 4 per parameter, a bfloat16 one's 2.
+    #[test]
+    fn the_policy_holds_its_parameters_bytes() {
+        let cfg = ModelConfig::tiny_qwen2(32, 16, 1, 2, 1, 32, 64);
+        let full = Model::random(&cfg, Device::Cpu, 0).unwrap();
+        assert_eq!(held_bytes(&full), 4.0 * cfg.parameter_count());
+        let bf16 = ModelOptions {
+            dtype: Dtype::Bfloat16,
+            ..Default::default()
+        };
+        let half = Model::random_with(&cfg, &bf16, Device::Cpu, 0).unwrap();
+        assert_eq!(held_bytes(&half), 2.0 * cfg.parameter_count());
     }
 }

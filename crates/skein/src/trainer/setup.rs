@@ -24,6 +24,7 @@ use super::{preflight, sft};
 use crate::engine::{Engine, Generator, RemoteEngine, SamplingParams};
 use crate::model::{Dtype, Model, ValueModel};
 use anyhow::{bail, Context, Result};
+use preflight::held_bytes;
 use skein_report::record;
 use skein_report::MetricsLog;
 use skein_text::Tokenizer;
@@ -518,16 +519,6 @@ fn check_context(cfg: &TrainConfig, workload: &dyn Workload, policy: &Model) -> 
     Ok(())
 }
 
-/// Bytes of the policy's tensors (its weights, and adapters with LoRA).
-fn held_bytes(policy: &Model) -> f64 {
-    policy
-        .vs
-        .variables()
-        .values()
-        .map(|t| (t.numel() * t.kind().elt_size_in_bytes()) as f64)
-        .sum()
-}
-
 /// The engine rollouts run on, once the run is known to fit in memory (on the CPU, where
 /// free memory can be read). `restore` is a resumed run's, its KL reference already loaded;
 /// `loaded_prompt` a loaded dataset's longest prompt in tokens.
@@ -758,6 +749,8 @@ fn warm_up(
             },
             eval_last: Some(i) != last,
             weight_decay: s.weight_decay,
+            // The preflight sizes a pass's activations by it, the warm-up's too.
+            micro_batch_tokens: cfg.trainer.micro_batch_tokens,
         };
         match s.demonstrations {
             0 => sft::warm_up(policy, &stage, demos, log)?,
@@ -814,26 +807,5 @@ fn build_policy(
         let tokenizer = Tokenizer::from_dir(path)?;
         let model = Model::load_dir_with(path, &cfg.model_options(), device)?;
         Ok((tokenizer, model))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::model::{Dtype, ModelConfig, ModelOptions};
-
-    /// What the memory check adds to free memory is the policy's own bytes, in its dtype: a
-    /// float32 model's 4 per parameter, a bfloat16 one's 2.
-    #[test]
-    fn the_policy_holds_its_parameters_bytes() {
-        let cfg = ModelConfig::tiny_qwen2(32, 16, 1, 2, 1, 32, 64);
-        let full = Model::random(&cfg, tch::Device::Cpu, 0).unwrap();
-        assert_eq!(held_bytes(&full), 4.0 * cfg.parameter_count());
-        let bf16 = ModelOptions {
-            dtype: Dtype::Bfloat16,
-            ..Default::default()
-        };
-        let half = Model::random_with(&cfg, &bf16, tch::Device::Cpu, 0).unwrap();
-        assert_eq!(held_bytes(&half), 2.0 * cfg.parameter_count());
     }
 }

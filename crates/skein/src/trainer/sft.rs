@@ -12,7 +12,7 @@ use crate::model::Model;
 use anyhow::Result;
 use skein_report::{MetricsLog, StepProgress};
 use skein_tasks::TaskRng;
-use tch::{Kind, Tensor};
+use tch::Kind;
 
 /// The optimizer of a supervised run: `lr` after a warm-up of a tenth of the steps, then a
 /// cosine decay.
@@ -39,6 +39,8 @@ pub struct Stage {
     pub eval_last: bool,
     /// AdamW's decoupled weight decay.
     pub weight_decay: f64,
+    /// Token slots of one forward/backward pass (`trainer.micro_batch_tokens`).
+    pub micro_batch_tokens: usize,
 }
 
 /// Where a warm-up gets its rows, and how it measures the policy on the way.
@@ -117,6 +119,7 @@ pub fn warm_up(
         eval_every,
         eval_last,
         weight_decay,
+        micro_batch_tokens,
     } = *stage;
     let ocfg = OptimConfig {
         weight_decay,
@@ -144,7 +147,7 @@ pub fn warm_up(
                 long.tokens.len()
             );
         }
-        let outcome = sft_step(policy, &mut opt, &rows);
+        let outcome = sft_step(policy, &mut opt, &rows, micro_batch_tokens);
         let loss = outcome.loss;
         let logged = first + step - 1;
         let mut record = skein_report::record(logged, [("sft/loss", loss)]);
@@ -230,48 +233,68 @@ impl SftStep {
     }
 }
 
-/// One optimizer step on a batch.
-pub fn sft_step(model: &Model, opt: &mut Optimizer, rows: &[TrainRow]) -> SftStep {
+/// One optimizer step on a batch, in forward/backward passes of at most `micro_batch_tokens`
+/// token slots each (a longer row gets one of its own). The loss is the mean cross-entropy
+/// over the batch's response tokens however it is split: each pass's sum is divided by the
+/// whole batch's count, and the gradients add up.
+pub fn sft_step(
+    model: &Model,
+    opt: &mut Optimizer,
+    rows: &[TrainRow],
+    micro_batch_tokens: usize,
+) -> SftStep {
     opt.zero_grad();
-    let mb = MicroBatch::new(rows, &sft_layout(rows), model.vs.device());
-    let lp = token_logprobs(&model.net, &mb, 1.0, Entropy::Skip);
-    let loss = sft_loss(&lp.logp, &mb);
-    loss.backward();
-    lp.backward();
+    let tokens = rows
+        .iter()
+        .map(|r| r.loss_mask.iter().map(|&m| usize::from(m)).sum::<usize>())
+        .sum::<usize>()
+        .max(1) as f64;
+    let mut loss = 0.0;
+    for plan in sft_layout(rows, micro_batch_tokens) {
+        let mb = MicroBatch::new(rows, &plan, model.vs.device());
+        let lp = token_logprobs(&model.net, &mb, 1.0, Entropy::Skip);
+        let part = -(&lp.logp * &mb.mask).sum(Kind::Float) / tokens;
+        part.backward();
+        lp.backward();
+        loss += part.double_value(&[]);
+    }
     let stats = opt.step();
     SftStep {
-        loss: loss.double_value(&[]),
+        loss,
         skipped: stats.skipped,
     }
 }
 
-/// The mean response-token cross-entropy of micro-batch `mb` from its log-probs `logp`.
-fn sft_loss(logp: &Tensor, mb: &MicroBatch) -> Tensor {
-    let tokens = mb.mask.sum(Kind::Float).clamp_min(1.0);
-    -(logp * &mb.mask).sum(Kind::Float) / tokens
-}
-
-/// One micro-batch of the whole batch: a padded row per line, unless the rows differ so much
-/// in length (answers with and without a tool call) that packing them saves a quarter of the
-/// tokens. A packed line's mask costs more per token than plain causal attention, and rows of
-/// like length would save nothing.
-fn sft_layout(rows: &[TrainRow]) -> MicroPlan {
-    let lens: Vec<usize> = rows.iter().map(input_len).collect();
-    let padded = MicroPlan::one_per_line((0..rows.len()).collect(), &lens);
-    // The padded size as the budget: every line fits in one micro-batch.
-    let batching = Batching {
-        micro_batch_tokens: padded.computed_tokens(),
-        packing: true,
-        shared_prefix: false,
-    };
+/// The batch's passes within `budget` token slots: padded rows, a row per line, unless the
+/// rows differ so much in length (answers with and without a tool call) that packing them
+/// saves a quarter of the tokens. A packed line's mask costs more per token than plain causal
+/// attention, and rows of like length would save nothing. A batch that fits the budget padded
+/// is one pass, its rows in order.
+fn sft_layout(rows: &[TrainRow], budget: usize) -> Vec<MicroPlan> {
     let all: Vec<usize> = (0..rows.len()).collect();
-    let mut plans = micro_batches(rows, &all, &batching);
-    match plans.pop() {
-        Some(packed)
-            if plans.is_empty() && 4 * packed.computed_tokens() <= 3 * padded.computed_tokens() =>
-        {
-            packed
+    let lens: Vec<usize> = rows.iter().map(input_len).collect();
+    let whole = MicroPlan::one_per_line(all.clone(), &lens);
+    let fits = whole.computed_tokens() <= budget;
+    let layout = |packing, budget| {
+        let batching = Batching {
+            micro_batch_tokens: budget,
+            packing,
+            shared_prefix: false,
+        };
+        micro_batches(rows, &all, &batching)
+    };
+    let computed =
+        |plans: &[MicroPlan]| plans.iter().map(MicroPlan::computed_tokens).sum::<usize>();
+    let (padded, packed) = match fits {
+        // Packed into the padded size: one pass too, or no use.
+        true => {
+            let packed = layout(true, whole.computed_tokens());
+            (vec![whole], Some(packed).filter(|p| p.len() == 1))
         }
+        false => (layout(false, budget), Some(layout(true, budget))),
+    };
+    match packed {
+        Some(packed) if 4 * computed(&packed) <= 3 * computed(&padded) => packed,
         _ => padded,
     }
 }
@@ -299,10 +322,10 @@ mod tests {
         )
         .unwrap();
         let rows = vec![sft_row(&[1, 2, 3], &[7, 8, 9])];
-        let first = sft_step(&model, &mut opt, &rows).loss;
+        let first = sft_step(&model, &mut opt, &rows, 8192).loss;
         let mut last = first;
         for _ in 0..40 {
-            last = sft_step(&model, &mut opt, &rows).loss;
+            last = sft_step(&model, &mut opt, &rows, 8192).loss;
         }
         assert!(
             first > 2.0,
@@ -320,14 +343,14 @@ mod tests {
         let model = Model::random(&cfg, Device::Cpu, 1).unwrap();
         let mut opt = Optimizer::new(&model.vs, &OptimConfig::default(), 10).unwrap();
         let rows = vec![sft_row(&[1, 2, 3], &[7, 8, 9])];
-        let healthy = sft_step(&model, &mut opt, &rows);
+        let healthy = sft_step(&model, &mut opt, &rows, 8192);
         assert!(healthy.failure().is_none(), "{healthy:?}");
         tch::no_grad(|| {
             for mut w in model.vs.trainable_variables() {
                 let _ = w.g_mul_scalar_(1e30);
             }
         });
-        let diverged = sft_step(&model, &mut opt, &rows);
+        let diverged = sft_step(&model, &mut opt, &rows, 8192);
         let why = diverged.failure();
         assert!(why.is_some(), "{diverged:?}");
         assert!(diverged.skipped || !diverged.loss.is_finite());
@@ -407,6 +430,7 @@ mod tests {
             eval_every,
             eval_last,
             weight_decay: 0.1,
+            micro_batch_tokens: 8192,
         };
         warm_up(&model, &stage, &mut demos, &mut log).unwrap();
         drop(log);
@@ -420,30 +444,91 @@ mod tests {
         evaluated
     }
 
+    /// The batch's mean response-token cross-entropy, computed over `plans`.
+    fn loss_over(model: &Model, rows: &[TrainRow], plans: &[MicroPlan]) -> f64 {
+        let tokens: usize = rows
+            .iter()
+            .flat_map(|r| &r.loss_mask)
+            .map(|&m| m as usize)
+            .sum();
+        plans
+            .iter()
+            .map(|p| {
+                let mb = MicroBatch::new(rows, p, Device::Cpu);
+                let logp = token_logprobs(&model.net, &mb, 1.0, Entropy::Skip).logp;
+                -(logp * &mb.mask).sum(Kind::Float).double_value(&[])
+            })
+            .sum::<f64>()
+            / tokens as f64
+    }
+
     /// Rows of like length stay padded; a batch of short answers beside one long one is packed,
     /// computes fewer tokens and has the padded layout's loss.
     #[test]
     fn batches_of_unequal_rows_are_packed_with_the_same_loss() {
         let row = |len: usize| sft_row(&[1, 2, 3], &vec![5; len]);
         let like: Vec<TrainRow> = (8..12).map(row).collect();
-        assert_eq!(sft_layout(&like).attention, LineAttention::Causal);
+        let plans = sft_layout(&like, 8192);
+        assert_eq!(plans.len(), 1);
+        assert_eq!(plans[0].attention, LineAttention::Causal);
 
         let mut unequal: Vec<TrainRow> = (0..7).map(|k| row(2 + k % 3)).collect();
         unequal.push(row(40));
-        let plan = sft_layout(&unequal);
-        assert_ne!(plan.attention, LineAttention::Causal);
+        let plans = sft_layout(&unequal, 8192);
+        assert_eq!(plans.len(), 1);
+        assert_ne!(plans[0].attention, LineAttention::Causal);
         let lens: Vec<usize> = unequal.iter().map(input_len).collect();
         let padded = MicroPlan::one_per_line((0..unequal.len()).collect(), &lens);
-        assert!(plan.computed_tokens() * 2 < padded.computed_tokens());
+        assert!(plans[0].computed_tokens() * 2 < padded.computed_tokens());
 
         let cfg = ModelConfig::tiny_qwen2(16, 32, 2, 2, 1, 64, 64);
         let model = Model::random(&cfg, Device::Cpu, 3).unwrap();
-        let loss = |p: &MicroPlan| {
-            let mb = MicroBatch::new(&unequal, p, Device::Cpu);
-            let logp = token_logprobs(&model.net, &mb, 1.0, Entropy::Skip).logp;
-            sft_loss(&logp, &mb).double_value(&[])
-        };
-        let (a, b) = (loss(&plan), loss(&padded));
+        let (a, b) = (
+            loss_over(&model, &unequal, &plans),
+            loss_over(&model, &unequal, &[padded]),
+        );
         assert!((a - b).abs() < 1e-5, "packed {a}, padded {b}");
+    }
+
+    /// A batch over the pass budget is split into passes, each within it (a longer row alone),
+    /// and takes the same step as one pass: the same loss and the same weights after it.
+    #[test]
+    fn a_batch_split_into_passes_takes_the_same_step() {
+        let row = |len: usize| sft_row(&[1, 2, 3], &vec![5 + len as u32 % 7; len]);
+        let rows: Vec<TrainRow> = [3, 9, 4, 30, 6, 2, 11, 5].map(row).to_vec();
+        let budget = 24;
+        let passes = sft_layout(&rows, budget);
+        assert!(passes.len() > 2, "{} passes", passes.len());
+        for p in &passes {
+            assert!(p.computed_tokens() <= budget || p.rows.len() == 1, "{p:?}");
+        }
+        let cfg = ModelConfig::tiny_qwen2(16, 32, 2, 2, 1, 64, 64);
+        let model = Model::random(&cfg, Device::Cpu, 5).unwrap();
+        // The same weights for both (the global seed is shared with tests running alongside).
+        let step = |budget: usize| {
+            let mut copy = Model::random(&cfg, Device::Cpu, 0).unwrap();
+            copy.vs.copy(&model.vs).unwrap();
+            let ocfg = sft_optim_config(1e-2, 10);
+            let mut opt = Optimizer::new(&copy.vs, &ocfg, 10).unwrap();
+            let loss = sft_step(&copy, &mut opt, &rows, budget).loss;
+            (loss, copy)
+        };
+        let ((whole, one), (split, many)) = (step(8192), step(budget));
+        assert!(
+            (whole - split).abs() < 1e-6,
+            "one pass {whole}, passes {split}"
+        );
+        // The gradients the step took (AdamW's first step divides them by their own size, so
+        // a gradient of zero in exact arithmetic, as a key bias has, turns rounding into lr).
+        let (a, b) = (one.vs.variables(), many.vs.variables());
+        let size: f64 = a
+            .values()
+            .map(|t| t.grad().abs().sum(Kind::Float).double_value(&[]))
+            .sum();
+        assert!(size > 1.0, "the step left no gradient to compare ({size})");
+        for (name, t) in &a {
+            let diff = (t.grad() - b[name].grad()).abs().max().double_value(&[]);
+            assert!(diff < 1e-5, "{name}'s gradient differs by {diff}");
+        }
     }
 }
