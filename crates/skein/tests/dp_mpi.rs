@@ -70,6 +70,9 @@ fn small_run(dir: &Path) -> Vec<String> {
         "task.difficulty=1".into(),
         "sft.steps=25".into(),
         "sft.lr=2e-3".into(),
+        // The warm-up's passes apart from the update's budget: every run starts RL from the
+        // same policy, bit for bit.
+        "sft.micro_batch_tokens=4096".into(),
         "rollout.prompts_per_step=7".into(),
         "rollout.samples_per_prompt=3".into(),
         "eval.problems=8".into(),

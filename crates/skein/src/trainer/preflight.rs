@@ -72,9 +72,14 @@ impl UpdateShape {
     /// The update of a training run on `device`: the device estimated for, which `skein
     /// plan-memory --device` names apart from the config's `run.device`.
     pub fn of(cfg: &TrainConfig, device: Device) -> Self {
+        // A warm-up's passes may be larger than the update's micro-batches.
+        let warm_up = match cfg.sft.steps + cfg.sft.direct_steps {
+            0 => 0,
+            _ => cfg.sft.pass_tokens(&cfg.trainer),
+        };
         UpdateShape {
             options: cfg.model_options(),
-            micro_batch_tokens: cfg.trainer.micro_batch_tokens,
+            micro_batch_tokens: cfg.trainer.micro_batch_tokens.max(warm_up),
             checkpointing: cfg.trainer.activation_checkpointing,
             cuda: device.is_cuda(),
         }
@@ -780,6 +785,19 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("`trainer.micro_batch_tokens`"), "{err}");
+    }
+
+    /// A warm-up whose passes are larger than the update's micro-batches (`sft.micro_batch_tokens`)
+    /// sizes the activations; without a warm-up it sizes nothing.
+    #[test]
+    fn a_larger_warm_up_pass_sizes_the_activations() {
+        let activations = |cfg: &TrainConfig| part(&cpu(cfg, &model()), "activations of one");
+        let mut cfg = TrainConfig::default();
+        let update = activations(&cfg);
+        cfg.sft.micro_batch_tokens = 4 * cfg.trainer.micro_batch_tokens;
+        assert!((activations(&cfg) - 4.0 * update).abs() < 1e-6 * update);
+        cfg.sft.steps = 0;
+        assert_eq!(activations(&cfg), update);
     }
 
     /// On Qwen2.5-0.5B's shape with a KL term and micro-batches of 256 tokens: LoRA drops the

@@ -749,8 +749,7 @@ fn warm_up(
             },
             eval_last: Some(i) != last,
             weight_decay: s.weight_decay,
-            // The preflight sizes a pass's activations by it, the warm-up's too.
-            micro_batch_tokens: cfg.trainer.micro_batch_tokens,
+            micro_batch_tokens: s.pass_tokens(&cfg.trainer),
         };
         match s.demonstrations {
             0 => sft::warm_up(policy, &stage, demos, log)?,

@@ -306,6 +306,21 @@ pub struct SftConfig {
     /// 0: only that one). With the local engine: a remote one
     /// is given the policy's weights once the warm-up is over.
     pub eval_every: usize,
+    /// Token slots of one warm-up forward/backward pass (0: `trainer.micro_batch_tokens`): a
+    /// batch longer than this runs in several passes, with the same loss and step. Set apart
+    /// from the update's, two runs that differ only in `trainer.micro_batch_tokens` start RL
+    /// from the same warm-up, bit for bit.
+    pub micro_batch_tokens: usize,
+}
+
+impl SftConfig {
+    /// Token slots of one warm-up pass: `micro_batch_tokens`, or the update's.
+    pub fn pass_tokens(&self, trainer: &TrainerConfig) -> usize {
+        match self.micro_batch_tokens {
+            0 => trainer.micro_batch_tokens,
+            n => n,
+        }
+    }
 }
 
 impl Default for SftConfig {
@@ -322,6 +337,7 @@ impl Default for SftConfig {
             demonstrations: 0,
             weight_decay: 0.0,
             eval_every: 250,
+            micro_batch_tokens: 0,
         }
     }
 }
