@@ -109,12 +109,14 @@ fn ctrl_c_during_the_warm_up_stops_with_a_message() {
 fn ctrl_c_during_a_bench_run_stops_the_bench_without_figures() {
     let dir = workdir("bench");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_skein"));
-    cmd.args(["bench-partial", "--out", dir.to_str().unwrap()]);
-    for s in TINY_RUN
-        .iter()
-        .chain(SMALL)
-        .chain(&["sft.steps=2", "trainer.steps=500"])
-    {
+    cmd.args([
+        "bench-partial",
+        "--steps",
+        "500",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    for s in TINY_RUN.iter().chain(SMALL).chain(&["sft.steps=2"]) {
         cmd.args(["--set", s]);
     }
     let mut child = cmd
