@@ -22,7 +22,8 @@ pub struct ImportanceStats {
     /// default) and is pulled to 1 by on-policy tokens, so a drift bound on it could never
     /// fire above; this one can. None without an off-policy token.
     pub raw_weight_mean: Option<f64>,
-    /// Tokens whose raw weight exceeded the cap (truncated, or left out when decoupled).
+    /// Tokens whose raw weight exceeded the cap (truncated, or left out when decoupled), of
+    /// every token the mode weighs: the off-policy ones, and with `icepop` all of them.
     pub truncated_fraction: f64,
     /// Tokens sampled by an older version than the step's.
     pub off_policy_fraction: f64,
@@ -100,10 +101,11 @@ pub fn importance_weights(
             let is_stale = stale(k);
             let w = if is_stale || mode == OffPolicy::Icepop {
                 let raw = log_raw(k).exp();
+                // Every weighed token: icepop's on-policy ones too.
+                truncated += usize::from(raw > cap);
                 if is_stale {
                     off += 1;
                     raw_sum += raw;
-                    truncated += usize::from(raw > cap);
                 }
                 weight(raw, mode, cap)
             } else {
@@ -302,6 +304,10 @@ mod tests {
             (2, 0, 1)
         );
         assert_eq!(s.raw_weight_mean, None, "no token is off-policy");
+        assert!(
+            (s.truncated_fraction - 1.0 / 3.0).abs() < 1e-12,
+            "e^1 is over the cap"
+        );
         for mode in [OffPolicy::Mis, OffPolicy::SeqMis] {
             let mut rows = make();
             importance_weights(&mut rows, 7, mode, 2.0);
