@@ -5,7 +5,7 @@
 //! A key counts as set when its value differs from the default: a file that spells out a
 //! default is harmless, and TOML cannot tell the two apart after merging.
 
-use super::{AgentKind, AlgorithmConfig, EngineKind, TrainConfig};
+use super::{AgentKind, AlgorithmConfig, CreditMode, EngineKind, TrainConfig};
 use crate::trainer::update::optim::{OptimConfig, Schedule};
 use serde::Serialize;
 use serde_json::Value;
@@ -98,6 +98,15 @@ fn algorithm_keys(a: &AlgorithmConfig, partial: bool, v: &mut Validator) {
             v,
             critic,
             "is the critic's, used only with `algorithm.estimator = \"gae\"`",
+        );
+    }
+    let turn_discounts = a.credit == CreditMode::Turn || a.step_group_weight > 0.0;
+    if !turn_discounts && a.turn_gamma != d.turn_gamma {
+        refuse(
+            v,
+            vec![("algorithm.turn_gamma".into(), a.turn_gamma.to_string())],
+            "discounts per turn, used only with `algorithm.credit = \"turn\"` or step groups \
+             (`algorithm.step_group_weight` > 0)",
         );
     }
     if a.kl_coef == 0.0 && a.kl_estimator != d.kl_estimator {
@@ -222,6 +231,11 @@ mod tests {
                 "partial",
             ),
             ("algorithm.is_cap=3", "algorithm.is_cap", "partial"),
+            (
+                "algorithm.turn_gamma=0.5",
+                "algorithm.turn_gamma",
+                "credit = \"turn\"",
+            ),
             ("optim.min_lr_ratio=0.2", "optim.min_lr_ratio", "cosine"),
             (
                 "trainer.keep_last=2",
@@ -276,6 +290,11 @@ mod tests {
                 "algorithm.off_policy=\"mis\"",
             ],
             &["algorithm.off_policy=\"icepop\"", "algorithm.is_cap=5"],
+            &["algorithm.credit=\"turn\"", "algorithm.turn_gamma=0.5"],
+            &[
+                "algorithm.step_group_weight=0.5",
+                "algorithm.turn_gamma=0.5",
+            ],
             &["optim.schedule=\"cosine\"", "optim.min_lr_ratio=0.2"],
             &["trainer.checkpoint_every=5", "trainer.keep_last=2"],
         ] {
