@@ -153,12 +153,8 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
         }
     };
     let sampling = sampling_params(cfg, &mut tokenizer)?;
-    let engine = rollout_engine(
-        cfg,
-        &policy,
-        restore.as_ref(),
-        tasks.longest_loaded_prompt(),
-    )?;
+    let longest_prompt = tasks.longest_loaded_prompt();
+    let engine = rollout_engine(cfg, &policy, restore.as_ref(), longest_prompt)?;
     let resumed_workload = restore.as_ref().map(|r| &r.state.workload);
     let mut workload = tasks.into_workload(cfg, &tokenizer, &policy, resumed_workload)?;
     check_context(cfg, workload.as_ref(), &policy)?;
