@@ -7,15 +7,12 @@
 
 use crate::memory::{available_on, GIB};
 use crate::model::Model;
+use crate::trainer::fit::{largest_fitting, SMALLEST_FITTED};
 use crate::trainer::preflight::{self, Part, UpdateShape};
 use anyhow::{bail, Result};
 
 /// A pass's token slots when `--micro-batch-tokens` is not given and the machine has room.
 pub const DEFAULT_PASS_TOKENS: usize = 8192;
-
-/// The smallest pass a fit goes down to: below it the passes' overhead dominates, and a model
-/// that does not fit there has its weights and optimizer to blame.
-const SMALLEST_FITTED: usize = 256;
 
 /// Token slots per pass: `given` (`--micro-batch-tokens`) checked against the free memory, or
 /// without it the largest of 8192, 4096, … 256 that fits (said when below 8192). A conversation
@@ -40,11 +37,10 @@ pub fn pass_tokens(given: Option<usize>, policy: &Model, longest_row: usize) -> 
     let tokens = match given {
         Some(tokens) => tokens,
         None => {
-            let mut tokens = DEFAULT_PASS_TOKENS;
-            while tokens / 2 >= SMALLEST_FITTED && preflight::total(&parts(tokens)) > available {
-                tokens /= 2;
-            }
-            if tokens < DEFAULT_PASS_TOKENS && preflight::total(&parts(tokens)) <= available {
+            let fits = |t| preflight::total(&parts(t)) <= available;
+            // None fitting: the smallest, which is refused below naming what to lower.
+            let tokens = largest_fitting(DEFAULT_PASS_TOKENS, fits).unwrap_or(SMALLEST_FITTED);
+            if tokens < DEFAULT_PASS_TOKENS && fits(tokens) {
                 eprintln!(
                     "skein: --micro-batch-tokens {tokens}: {DEFAULT_PASS_TOKENS} does not fit \
                      the {:.1} GiB of free memory (give the flag to choose)",

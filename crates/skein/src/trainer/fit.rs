@@ -22,7 +22,7 @@ use std::path::Path;
 
 /// The smallest micro-batch a fit goes down to: below it the passes' overhead dominates, and
 /// a run that does not fit there has a larger part to lower first.
-const SMALLEST_FITTED: usize = 256;
+pub const SMALLEST_FITTED: usize = 256;
 
 /// What a fit chose.
 #[derive(Debug, Clone, PartialEq)]
@@ -73,28 +73,32 @@ fn fit_to(
     device: tch::Device,
     available: f64,
 ) -> Option<Fitted> {
-    let needs =
-        |cfg: &TrainConfig| preflight::total(&preflight::estimate(cfg, model, device, None));
-    if needs(cfg) <= available {
+    let default_tokens = cfg.trainer.micro_batch_tokens;
+    let needs = |tokens: usize| {
+        let mut sized = cfg.clone();
+        sized.trainer.micro_batch_tokens = tokens;
+        preflight::total(&preflight::estimate(&sized, model, device, None))
+    };
+    let tokens = largest_fitting(default_tokens, |t| needs(t) <= available)?;
+    if tokens == default_tokens {
         return None;
     }
-    let default_tokens = cfg.trainer.micro_batch_tokens;
-    let mut tokens = default_tokens;
-    while tokens / 2 >= SMALLEST_FITTED {
-        tokens /= 2;
-        cfg.trainer.micro_batch_tokens = tokens;
-        let n = needs(cfg);
-        if n <= available {
-            return Some(Fitted {
-                default_tokens,
-                tokens,
-                needs: n,
-                available,
-            });
-        }
-    }
-    cfg.trainer.micro_batch_tokens = default_tokens;
-    None
+    let needs = needs(tokens);
+    cfg.trainer.micro_batch_tokens = tokens;
+    Some(Fitted {
+        default_tokens,
+        tokens,
+        needs,
+        available,
+    })
+}
+
+/// The largest of `start`, `start / 2`, … down to [`SMALLEST_FITTED`] that `fits`; None when
+/// none does.
+pub fn largest_fitting(start: usize, fits: impl Fn(usize) -> bool) -> Option<usize> {
+    std::iter::successors(Some(start), |&t| Some(t / 2))
+        .take_while(|&t| t == start || t >= SMALLEST_FITTED)
+        .find(|&t| fits(t))
 }
 
 #[cfg(test)]
