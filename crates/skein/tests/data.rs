@@ -73,6 +73,11 @@ fn write_jsonl(path: &Path, rows: &[PromptRow], extra_line: &str) {
 }
 
 fn config(dir: &Path) -> TrainConfig {
+    config_with(dir, "")
+}
+
+/// [`config`] with `extra` TOML at its end.
+fn config_with(dir: &Path, extra: &str) -> TrainConfig {
     let toml = format!(
         r#"
 [run]
@@ -96,6 +101,7 @@ checkpoint_every = 2
 [eval]
 problems = 16
 every = 2
+{extra}
 "#,
         run = dir.join("run").display(),
         train = dir.join("train.parquet").display(),
@@ -289,6 +295,47 @@ fn data_problems_name_the_key_file_and_row() {
     cfg.data.skip_bad_rows = true;
     let data = Data::load(&cfg).unwrap();
     assert_eq!((data.val.len(), data.counts.skipped_rows), (3, 1));
+}
+
+/// A dataset's rows name their data sources, so its `[reward]` routes are checked once the
+/// rows are loaded: a route no row uses, or rows no route scores, is refused with the sources
+/// the rows have, before any trajectory fails for it.
+#[test]
+fn reward_routes_are_checked_against_the_rows_data_sources() {
+    let dir = workdir("routes");
+    skein_data::parquet::write(&dir.join("train.parquet"), &rows(10, 1, 0)).unwrap();
+    write_jsonl(&dir.join("val.jsonl"), &held_out_rows(3), "");
+    let reward = |route: &str, default_route: &str| {
+        format!(
+            "[reward.sources.answer]\nkind = \"math\"\n[reward.routes.\"{route}\"]\n\
+             sources = [\"answer\"]\n[reward.default_route]\nsources = [{default_route}]\n"
+        )
+    };
+
+    let cfg = config_with(&dir, &reward("openai/arith", "\"answer\""));
+    let err = format!("{:#}", Data::load(&cfg).err().unwrap());
+    assert!(
+        err.contains(
+            "`reward.routes.openai/arith`: no loaded row has data source `openai/arith` (the \
+             rows have: `arith` (13 rows))"
+        ),
+        "{err}"
+    );
+    let cfg = config_with(&dir, &reward("arith", ""));
+    Data::load(&cfg).expect("every row's source has its route");
+
+    // With no default route, a source without a route of its own would fail every one of
+    // its trajectories at run time.
+    write_jsonl(
+        &dir.join("val.jsonl"),
+        &held_out_rows(3),
+        r#"{"prompt": "9+9=", "data_source": "other", "reward_model": {"ground_truth": "18"}}"#,
+    );
+    let err = format!("{:#}", Data::load(&cfg).err().unwrap());
+    assert!(
+        err.contains("no route scores rows with data source `other` (1 row)"),
+        "{err}"
+    );
 }
 
 #[test]

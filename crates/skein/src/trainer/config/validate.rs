@@ -999,7 +999,8 @@ fn validate_reward(cfg: &TrainConfig, v: &mut Validator) {
     if !is_multi_turn(cfg) {
         refuse_inert_overlong(reward, cfg.rollout.sampling.max_new_tokens, v);
     }
-    // A dataset names its data sources per row: there is no one source to check routes against.
+    // A dataset names its data sources per row: its routes are checked once the rows are
+    // loaded (rollout::routes).
     if !cfg.data.train_files.is_empty() {
         return;
     }

@@ -160,6 +160,9 @@ impl Data {
                 cfg.data.max_prompt_tokens
             );
         }
+        if let Some(reward) = &cfg.reward {
+            super::routes::check_dataset_routes(reward, train.iter().chain(&val))?;
+        }
         if c.val_in_train + c.val_repeats > 0 {
             eprintln!(
                 "skein: warning: val split: left {} prompts out of the held-out set that the \

@@ -12,7 +12,8 @@
 //! returns ([`stats::StepRollout`]) and its metrics, `outcomes.rs` its reward and accuracy
 //! figures, `trajectory_info.rs` what the trajectory log shows of each trajectory beyond its
 //! tokens, `judge.rs` scores a finished response,
-//! `reward.rs` runs configured reward sources, `dataset.rs` reads prompt files.
+//! `reward.rs` runs configured reward sources, `routes.rs` checks a dataset's data sources
+//! against the reward routes, `dataset.rs` reads prompt files.
 //!
 //! A new source implements [`Workload`] and gets a variant in [`tasks::Tasks`]: the loop, the
 //! batch and the update do not change.
@@ -28,6 +29,7 @@ pub mod multi_turn;
 pub mod outcomes;
 pub mod prompts;
 pub mod reward;
+pub mod routes;
 pub mod stats;
 pub mod tasks;
 pub mod trajectory_info;
