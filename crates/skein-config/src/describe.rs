@@ -1,8 +1,33 @@
 //! Serde's and TOML's messages rewritten to name the full dotted key and what is allowed there.
 
+/// How a nested deserialization ([`crate::deserialize_nested`]) hands its path outward:
+/// "at `timeout_ms`: invalid type: …" in the message of the error it returns.
+const NESTED_AT: &str = "at `";
+
+/// The message of an error at `path` inside a nested deserialization, for
+/// [`deserialize_error`] to join to the outer path.
+pub fn nested_error(path: &str, inner: &str) -> String {
+    if path == "." {
+        inner.to_string()
+    } else {
+        format!("{NESTED_AT}{path}`: {inner}")
+    }
+}
+
 /// A deserialization error at dotted `path`, from serde's one-line `inner` message.
 pub fn deserialize_error(path: &str, inner: &str) -> String {
     let path = if path == "." { "" } else { path };
+    if let Some((nested, rest)) = inner
+        .strip_prefix(NESTED_AT)
+        .and_then(|r| r.split_once("`: "))
+    {
+        let joined = if path.is_empty() {
+            nested.to_string()
+        } else {
+            format!("{path}.{nested}")
+        };
+        return deserialize_error(&joined, rest);
+    }
     if let Some(rest) = inner.strip_prefix("unknown field `") {
         let (field, expected) = rest.split_once('`').unwrap_or((rest, ""));
         return unknown_key(path, field, &names(expected));
@@ -159,6 +184,31 @@ mod tests {
                 "unknown variant `ppx`, expected one of `ppo`, `grpo`"
             ),
             "invalid value for `algo.kind`: `ppx` (allowed: ppo, grpo)"
+        );
+    }
+
+    /// A section deserialized on its own (a reward source, read by its `kind`) hands its
+    /// inner path out in its message; the key named is the whole path.
+    #[test]
+    fn a_nested_path_is_joined_to_the_outer_one() {
+        let inner = nested_error("timeout_ms", "invalid type: string \"30s\", expected u64");
+        assert_eq!(
+            deserialize_error("reward.sources.py", &inner),
+            "invalid value for `reward.sources.py.timeout_ms`: expected a non-negative \
+             integer, got string \"30s\""
+        );
+        let inner = nested_error(
+            "urll",
+            "unknown field `urll`, expected `url` or `timeout_ms`",
+        );
+        assert_eq!(
+            deserialize_error("reward.sources.rm", &inner),
+            "unknown key `reward.sources.rm.urll` (allowed keys in `reward.sources.rm`: url, \
+             timeout_ms; did you mean `url`?)"
+        );
+        assert_eq!(
+            nested_error(".", "missing field `url`"),
+            "missing field `url`"
         );
     }
 

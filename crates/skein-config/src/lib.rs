@@ -16,6 +16,21 @@ pub use error::ConfigError;
 pub use overrides::{apply_override, Override};
 pub use validate::{ensure, Validator};
 
+/// Deserializes a section on its own inside a custom `Deserialize` (one read by its `kind`,
+/// say), keeping the path of a bad value in the error's message: serde buffers such a
+/// section, and the outer path would stop at it. [`load`]'s error then names the full key.
+pub fn deserialize_nested<'de, T, D>(d: D) -> Result<T, String>
+where
+    T: serde::Deserialize<'de>,
+    D: serde::Deserializer<'de>,
+{
+    serde_path_to_error::deserialize(d).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner().to_string();
+        describe::nested_error(&path, inner.lines().next().unwrap_or("").trim())
+    })
+}
+
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use toml::{Table, Value};

@@ -45,7 +45,7 @@ impl<'de> Deserialize<'de> for SourceConfig {
                 .map(SourceConfig::Function)
                 .map_err(D::Error::custom)
         } else if SERVICE_KINDS.contains(&kind) {
-            serde_json::from_value(value)
+            service(kind, value.clone())
                 .map(SourceConfig::Service)
                 .map_err(D::Error::custom)
         } else if kind.is_empty() {
@@ -59,6 +59,25 @@ impl<'de> Deserialize<'de> for SourceConfig {
                 all()
             )))
         }
+    }
+}
+
+/// A service source's table, read by its `kind` so that a wrong value names its key
+/// (`reward.sources.py.timeout_ms`): serde buffers a table tagged by `kind`, and the error's
+/// path would stop at the source.
+fn service(kind: &str, value: serde_json::Value) -> Result<ServiceConfig, String> {
+    let options = || {
+        let mut table = value.clone();
+        if let Some(t) = table.as_object_mut() {
+            t.remove("kind");
+        }
+        table
+    };
+    match kind {
+        "worker" => skein_config::deserialize_nested(options()).map(ServiceConfig::Worker),
+        "remote" => skein_config::deserialize_nested(options()).map(ServiceConfig::Remote),
+        // `scorer` has no options: serde's unknown-field error names the key already.
+        _ => serde_json::from_value(value).map_err(|e| e.to_string()),
     }
 }
 
@@ -253,6 +272,28 @@ mod tests {
         let e = parse(serde_json::json!({"sources": {"rm": {"kind": "scorer", "path": "x"}}}))
             .unwrap_err();
         assert!(e.to_string().contains("path"), "{e}");
+    }
+
+    /// A wrong value inside a service source names its key, not only the source.
+    #[test]
+    fn a_bad_value_in_a_service_source_names_its_key() {
+        let load = |toml: &str| {
+            skein_config::load::<RewardConfig>(Some(toml), "run.toml", &[])
+                .unwrap_err()
+                .to_string()
+        };
+        let e = load("[sources.py]\nkind = \"worker\"\ncommand = [\"x\"]\ntimeout_ms = \"30s\"\n");
+        assert_eq!(
+            e,
+            "run.toml: invalid value for `sources.py.timeout_ms`: expected a non-negative \
+             integer, got string \"30s\""
+        );
+        let e = load("[sources.rm]\nkind = \"remote\"\nurll = \"http://127.0.0.1:9\"\n");
+        assert!(
+            e.starts_with("run.toml: unknown key `sources.rm.urll` (allowed keys in `sources.rm`:")
+                && e.contains("did you mean `url`?"),
+            "{e}"
+        );
     }
 
     #[test]
