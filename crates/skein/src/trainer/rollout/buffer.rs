@@ -110,6 +110,17 @@ impl Group {
     }
 }
 
+/// How a waiting group's paused samples take part in a round.
+#[derive(Debug, Clone, Copy)]
+enum Resume {
+    /// Not in this round.
+    Wait,
+    /// At most this many more tokens each.
+    Budget(usize),
+    /// To their end.
+    ToEnd,
+}
+
 /// Groups in flight between iterations.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct GroupBuffer {
@@ -132,6 +143,9 @@ pub struct PartialStats {
     /// Groups still waiting in the buffer after this iteration.
     pub waiting_groups: usize,
     pub rounds: usize,
+    /// Waiting groups run to their end because the iteration was still short of
+    /// `min_groups` complete after starting all the new groups it may.
+    pub filled_groups: usize,
 }
 
 impl PartialStats {
@@ -155,98 +169,27 @@ pub struct Iteration {
     pub rewards: RewardStats,
 }
 
-/// Where new prompts come from: a problem and its prompt token ids.
-pub type PromptSource<'a> = dyn FnMut() -> Result<(Problem, Vec<u32>)> + 'a;
+/// An iteration so far: its complete groups and its counters.
+#[derive(Default)]
+struct Tally {
+    complete: Vec<Group>,
+    engine: EngineStats,
+    stats: PartialStats,
+    rewards: RewardStats,
+}
 
-impl GroupBuffer {
-    /// Paused samples waiting for the next iteration.
-    pub fn paused_samples(&self) -> usize {
-        self.groups.iter().map(Group::paused).sum()
-    }
-
-    /// Runs one iteration at policy `version`: resumes paused samples first, starts new
-    /// groups, and returns every group that is complete.
-    pub fn collect_step(
-        &mut self,
-        r: &Answering,
-        cfg: &IterationConfig,
-        next_prompt: &mut PromptSource,
-    ) -> Result<Iteration> {
-        let (version, params) = (r.version, r.params);
-        let mut stats = PartialStats::default();
-        let finish_now = self.enforce_staleness(version, cfg, &mut stats);
-        let mut complete: Vec<Group> = Vec::new();
-        let mut engine_stats = EngineStats::default();
-        let mut rewards = RewardStats::default();
-        let mut started = 0;
-        let limit = cfg.new_groups + cfg.min_groups;
-        loop {
-            // Request id i answers sample `slots[i]` (group, sample): a table, not arithmetic
-            // on `cfg.samples`, so a group resumed from a checkpoint keeps its own size.
-            let mut slots = Vec::new();
-            let mut requests = Vec::new();
-            if stats.rounds == 0 {
-                requests = self.resume_requests(params, cfg, &finish_now, &mut slots);
-                stats.resumed = requests.len();
-            }
-            let to_start = if stats.rounds == 0 {
-                cfg.new_groups
-            } else {
-                cfg.min_groups
-                    .saturating_sub(complete.len())
-                    .min(limit.saturating_sub(started))
-            };
-            if stats.rounds > 0 && to_start == 0 {
-                break;
-            }
-            for _ in 0..to_start {
-                let (problem, prompt) = next_prompt()?;
-                let gi = self.groups.len();
-                for k in 0..cfg.samples {
-                    slots.push((gi, k));
-                    requests.push(GenRequest {
-                        id: (slots.len() - 1) as u64,
-                        prompt: prompt.clone(),
-                        resumed: Vec::new(),
-                        params: params.clone(),
-                        budget: cfg.token_budget,
-                        session: None,
-                    });
-                }
-                self.groups.push(Group {
-                    id: format!("g{}", self.next_group),
-                    problem,
-                    prompt,
-                    samples: vec![Sample::Running; cfg.samples],
-                });
-                self.next_group += 1;
-            }
-            started += to_start;
-            stats.requests += requests.len();
-            let (round, round_rewards) = self.run_round(r, &slots, requests);
-            rewards.add(&round_rewards);
-            engine_stats = engine_stats.combined(round);
-            stats.rounds += 1;
-            let (done, waiting): (Vec<Group>, Vec<Group>) = std::mem::take(&mut self.groups)
-                .into_iter()
-                .partition(Group::is_complete);
-            self.groups = waiting;
-            complete.extend(done);
-            if complete.len() >= cfg.min_groups {
-                break;
-            }
-        }
-        stats.paused = self.paused_samples();
-        stats.waiting_groups = self.groups.len();
+impl Iteration {
+    /// The complete groups' trajectories, flattened, with the iteration's counters.
+    fn of(tally: Tally) -> Iteration {
         let mut out = Iteration {
             trajectories: Vec::new(),
             correct: Vec::new(),
             sources: Vec::new(),
-            engine: engine_stats,
-            stats,
-            rewards,
+            engine: tally.engine,
+            stats: tally.stats,
+            rewards: tally.rewards,
         };
-        for g in complete {
+        for g in tally.complete {
             for s in g.samples {
                 if let Sample::Done {
                     trajectory,
@@ -259,7 +202,136 @@ impl GroupBuffer {
                 }
             }
         }
-        Ok(out)
+        out
+    }
+}
+
+/// Where new prompts come from: a problem and its prompt token ids.
+pub type PromptSource<'a> = dyn FnMut() -> Result<(Problem, Vec<u32>)> + 'a;
+
+impl GroupBuffer {
+    /// Paused samples waiting for the next iteration.
+    pub fn paused_samples(&self) -> usize {
+        self.groups.iter().map(Group::paused).sum()
+    }
+
+    /// Runs one iteration at policy `version`: resumes paused samples first, starts new
+    /// groups, and returns every group that is complete: at least `min_groups` of them.
+    pub fn collect_step(
+        &mut self,
+        r: &Answering,
+        cfg: &IterationConfig,
+        next_prompt: &mut PromptSource,
+    ) -> Result<Iteration> {
+        let mut tally = Tally::default();
+        let finish_now = self.enforce_staleness(r.version, cfg, &mut tally.stats);
+        let mut started = 0;
+        let limit = cfg.new_groups + cfg.min_groups;
+        loop {
+            // Request id i answers sample `slots[i]` (group, sample): a table, not arithmetic
+            // on `cfg.samples`, so a group resumed from a checkpoint keeps its own size.
+            let mut slots = Vec::new();
+            let mut requests = Vec::new();
+            let to_start = if tally.stats.rounds == 0 {
+                let resume = |gi: usize| match cfg.token_budget {
+                    Some(budget) if !finish_now[gi] => Resume::Budget(budget),
+                    _ => Resume::ToEnd,
+                };
+                requests = self.resume_requests(r.params, resume, &mut slots);
+                tally.stats.resumed = requests.len();
+                cfg.new_groups
+            } else {
+                cfg.min_groups
+                    .saturating_sub(tally.complete.len())
+                    .min(limit.saturating_sub(started))
+            };
+            if tally.stats.rounds > 0 && to_start == 0 {
+                break;
+            }
+            for _ in 0..to_start {
+                let (problem, prompt) = next_prompt()?;
+                self.start_group(problem, prompt, r.params, cfg, &mut slots, &mut requests);
+            }
+            started += to_start;
+            self.round(r, slots, requests, &mut tally);
+            if tally.complete.len() >= cfg.min_groups {
+                break;
+            }
+        }
+        // Still short after starting all the groups it may: the oldest waiting groups run to
+        // their end, as a synchronous step's would. A step then never trains fewer groups than
+        // it needs, and while nothing trains the policy version stands still, so the staleness
+        // cap alone would never finish them.
+        let short = cfg.min_groups.saturating_sub(tally.complete.len());
+        if short > 0 && !self.groups.is_empty() {
+            let resume = |gi: usize| {
+                if gi < short {
+                    Resume::ToEnd
+                } else {
+                    Resume::Wait
+                }
+            };
+            let mut slots = Vec::new();
+            let requests = self.resume_requests(r.params, resume, &mut slots);
+            tally.stats.resumed += requests.len();
+            tally.stats.filled_groups = short.min(self.groups.len());
+            self.round(r, slots, requests, &mut tally);
+        }
+        tally.stats.paused = self.paused_samples();
+        tally.stats.waiting_groups = self.groups.len();
+        Ok(Iteration::of(tally))
+    }
+
+    /// Adds a group for `problem`, its samples' requests and their slots.
+    fn start_group(
+        &mut self,
+        problem: Problem,
+        prompt: Vec<u32>,
+        params: &SamplingParams,
+        cfg: &IterationConfig,
+        slots: &mut Vec<(usize, usize)>,
+        requests: &mut Vec<GenRequest>,
+    ) {
+        let gi = self.groups.len();
+        for k in 0..cfg.samples {
+            slots.push((gi, k));
+            requests.push(GenRequest {
+                id: (slots.len() - 1) as u64,
+                prompt: prompt.clone(),
+                resumed: Vec::new(),
+                params: params.clone(),
+                budget: cfg.token_budget,
+                session: None,
+            });
+        }
+        self.groups.push(Group {
+            id: format!("g{}", self.next_group),
+            problem,
+            prompt,
+            samples: vec![Sample::Running; cfg.samples],
+        });
+        self.next_group += 1;
+    }
+
+    /// Runs one round of `requests`, counts it in `tally`, and moves the groups it completed
+    /// there (the rest keep their order in the buffer: oldest first).
+    fn round(
+        &mut self,
+        r: &Answering,
+        slots: Vec<(usize, usize)>,
+        requests: Vec<GenRequest>,
+        tally: &mut Tally,
+    ) {
+        tally.stats.requests += requests.len();
+        let (round, round_rewards) = self.run_round(r, &slots, requests);
+        tally.rewards.add(&round_rewards);
+        tally.engine = std::mem::take(&mut tally.engine).combined(round);
+        tally.stats.rounds += 1;
+        let (done, waiting): (Vec<Group>, Vec<Group>) = std::mem::take(&mut self.groups)
+            .into_iter()
+            .partition(Group::is_complete);
+        self.groups = waiting;
+        tally.complete.extend(done);
     }
 
     /// Drops groups already past the cap; returns, per group, whether its paused samples must
@@ -294,15 +366,20 @@ impl GroupBuffer {
         finish_now
     }
 
+    /// Requests for the paused samples of the groups `resume` does not keep waiting.
     fn resume_requests(
-        &mut self,
+        &self,
         params: &SamplingParams,
-        cfg: &IterationConfig,
-        finish_now: &[bool],
+        resume: impl Fn(usize) -> Resume,
         slots: &mut Vec<(usize, usize)>,
     ) -> Vec<GenRequest> {
         let mut requests = Vec::new();
         for (gi, g) in self.groups.iter().enumerate() {
+            let budget = match resume(gi) {
+                Resume::Wait => continue,
+                Resume::Budget(b) => Some(b),
+                Resume::ToEnd => None,
+            };
             for (k, s) in g.samples.iter().enumerate() {
                 if let Sample::Paused(p) = s {
                     slots.push((gi, k));
@@ -311,11 +388,7 @@ impl GroupBuffer {
                         prompt: g.prompt.clone(),
                         resumed: p.tokens.clone(),
                         params: params.clone(),
-                        budget: if finish_now[gi] {
-                            None
-                        } else {
-                            cfg.token_budget
-                        },
+                        budget,
                         session: None,
                     });
                 }
@@ -524,6 +597,34 @@ mod tests {
             }
         }
         assert!(resumed_checked > 0, "no paused sample finished");
+    }
+
+    /// With a budget far below the responses' lengths, no group completes within its rounds.
+    /// The step still trains `min_groups` groups: the oldest waiting ones run to their end.
+    /// (Before, such steps trained nothing, the version stood still, so the staleness cap never
+    /// finished a group either, and the run stopped after three of them.)
+    #[test]
+    fn a_step_short_of_min_groups_finishes_its_oldest_waiting_groups() {
+        let mut s = setup();
+        let cfg = iteration(Some(1), OnStale::FinishFirst);
+        let mut buf = GroupBuffer::default();
+        for _ in 0..3 {
+            let before: Vec<String> = buf.groups.iter().map(|g| g.id.clone()).collect();
+            let out = step(&mut s, &mut buf, 0, &cfg);
+            check_whole_groups(&out, 4);
+            assert!(out.trajectories.len() >= 24, "{}", out.trajectories.len());
+            assert!(out.stats.filled_groups > 0, "{:?}", out.stats);
+            assert!(out.stats.rounds > 2, "{:?}", out.stats);
+            // The filled groups are the oldest: the step's first waiting group trains.
+            let trained: std::collections::HashSet<&str> =
+                out.trajectories.iter().map(|t| t.group.as_str()).collect();
+            if let Some(oldest) = before.first() {
+                assert!(trained.contains(oldest.as_str()), "{oldest} still waits");
+            }
+            for g in &buf.groups {
+                assert!(!g.is_complete());
+            }
+        }
     }
 
     /// A run resumed with another `rollout.samples_per_prompt` finishes the groups it carried

@@ -291,6 +291,7 @@ impl StepRollout {
                         ("partial/budget_hit_fraction", p.budget_hit_fraction()),
                         ("partial/waiting_groups", p.waiting_groups as f64),
                         ("partial/rounds", p.rounds as f64),
+                        ("partial/filled_groups", p.filled_groups as f64),
                         ("staleness/mean", s.staleness_mean),
                         ("staleness/max", s.staleness_max as f64),
                     ]));
@@ -398,10 +399,9 @@ impl UntrainedSteps {
             .collect();
         if rollout.trajectories.is_empty() {
             // Nothing failed: the step had no group to train (dynamic sampling found none with
-            // reward variance, or partial rollout completed none).
+            // reward variance; partial rollout runs groups to their end rather than train none).
             let why = "the step had no complete group to train (dynamic sampling found none with \
-                       reward variance within rollout.max_draws_per_step, or partial rollout \
-                       completed none within its budget)";
+                       reward variance within rollout.max_draws_per_step)";
             eprintln!(
                 "skein: warning: step {step} trained nothing: {why}; the run stops after \
                  {MAX_UNTRAINED_STEPS} such steps in a row"
