@@ -287,6 +287,7 @@ mod tests {
             &["algorithm.kl_coef=0.1", "algorithm.kl_estimator=\"k2\""],
             &[
                 "rollout.partial.enabled=true",
+                "rollout.partial.token_budget=4",
                 "algorithm.off_policy=\"mis\"",
             ],
             &["algorithm.off_policy=\"icepop\"", "algorithm.is_cap=5"],

@@ -384,7 +384,8 @@ pub struct RolloutConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct PartialConfig {
     pub enabled: bool,
-    /// Most new tokens one sample may generate in one iteration before it pauses.
+    /// Most new tokens one sample may generate in one iteration before it pauses; below
+    /// `rollout.sampling.max_new_tokens`, or no sample would ever pause.
     pub token_budget: usize,
     /// Most policy versions a group's oldest token trails π_old, the policy at the start of
     /// the step that trains on it (the step's later mini-batches train with weights up to

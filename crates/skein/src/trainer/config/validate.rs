@@ -297,6 +297,17 @@ fn validate_rollout(cfg: &TrainConfig, v: &mut Validator) {
         let per_step = (t.num_mini_batches * t.ppo_epochs) as u64;
         v.at_least("rollout.partial.token_budget", p.token_budget, 1)
             .check(
+                p.token_budget < r.sampling.max_new_tokens,
+                "rollout.partial.token_budget",
+                &format!(
+                    "must be below `rollout.sampling.max_new_tokens` = {}: a sample stops at \
+                     that limit before it reaches the budget, so none would ever pause and \
+                     partial rollout would do nothing; lower the budget or raise the limit",
+                    r.sampling.max_new_tokens
+                ),
+                p.token_budget,
+            )
+            .check(
                 p.max_staleness >= per_step,
                 "rollout.partial.max_staleness",
                 &format!(
@@ -1590,6 +1601,27 @@ mod tests {
             );
         }
         let cfg = load(&["rollout.sampling.temperature=0.7"]).unwrap();
+        assert!(validate(&cfg).is_ok(), "{:?}", validate(&cfg));
+    }
+
+    /// A budget at or over the response limit never pauses a sample: partial rollout would
+    /// log its counters at zero and change nothing, so the setting is refused.
+    #[test]
+    fn a_partial_rollout_budget_must_be_below_the_response_limit() {
+        let on = "rollout.partial.enabled=true";
+        for budget in ["8", "16"] {
+            let set = format!("rollout.partial.token_budget={budget}");
+            let cfg = load(&[on, &set, "rollout.sampling.max_new_tokens=8"]).unwrap();
+            let e = validate(&cfg).unwrap_err().to_string();
+            assert!(
+                e.contains(
+                    "`rollout.partial.token_budget`: must be below \
+                     `rollout.sampling.max_new_tokens` = 8"
+                ) && e.contains(&format!("(got {budget})")),
+                "{e}"
+            );
+        }
+        let cfg = load(&[on, "rollout.partial.token_budget=7"]).unwrap();
         assert!(validate(&cfg).is_ok(), "{:?}", validate(&cfg));
     }
 
