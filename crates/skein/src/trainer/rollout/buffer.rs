@@ -48,7 +48,10 @@ impl IterationConfig {
                 groups
             },
             token_budget: p.enabled.then_some(p.token_budget),
-            max_staleness: p.max_staleness,
+            // Without partial rollout, the groups a resumed run carries (paused by a run that
+            // had it on) all finish in its first step, whatever their age: none is dropped by
+            // a cap this run does not set.
+            max_staleness: if p.enabled { p.max_staleness } else { u64::MAX },
             on_stale: p.on_stale,
             versions_per_step: (cfg.trainer.num_mini_batches * cfg.trainer.ppo_epochs) as u64,
         }
@@ -625,6 +628,30 @@ mod tests {
                 assert!(!g.is_complete());
             }
         }
+    }
+
+    /// A run resumed with partial rollout turned off finishes every group it carried in its
+    /// first step, however far behind, and drops none; the iteration's counters say so.
+    #[test]
+    fn carried_groups_finish_whole_when_partial_rollout_is_turned_off() {
+        let mut s = setup();
+        let mut buf = GroupBuffer::default();
+        step(&mut s, &mut buf, 0, &iteration(Some(2), OnStale::Drop));
+        let carried: Vec<String> = buf.groups.iter().map(|g| g.id.clone()).collect();
+        assert!(!carried.is_empty(), "nothing was carried");
+        let mut cfg = crate::trainer::TrainConfig::default();
+        cfg.rollout.prompts_per_step = 2;
+        let sync = IterationConfig::from_config(&cfg);
+        assert_eq!(sync.token_budget, None);
+        let out = step(&mut s, &mut buf, 1000, &sync);
+        assert_eq!(out.stats.dropped_stale, 0);
+        assert!(out.stats.resumed > 0);
+        let trained: std::collections::HashSet<&str> =
+            out.trajectories.iter().map(|t| t.group.as_str()).collect();
+        for g in &carried {
+            assert!(trained.contains(g.as_str()), "{g} was not trained");
+        }
+        assert!(buf.groups.is_empty());
     }
 
     /// A run resumed with another `rollout.samples_per_prompt` finishes the groups it carried

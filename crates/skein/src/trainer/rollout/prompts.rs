@@ -259,7 +259,10 @@ impl Workload for Prompts {
             }
         };
         let source = SourceStats::Prompts {
-            partial: self.iteration.token_budget.map(|_| it.stats),
+            // Logged with partial rollout on, and in a resumed run's step that finishes groups
+            // a run with it on carried: their tokens are stale, and the figures say how much.
+            partial: (self.iteration.token_budget.is_some() || it.stats.resumed > 0)
+                .then_some(it.stats),
             rewards: rewarder.as_ref().map(|r| it.rewards.metrics(r)),
         };
         let max_new_tokens = ctx.sampling.max_new_tokens;
