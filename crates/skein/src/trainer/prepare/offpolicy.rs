@@ -22,8 +22,9 @@ pub struct ImportanceStats {
     /// default) and is pulled to 1 by on-policy tokens, so a drift bound on it could never
     /// fire above; this one can. None without an off-policy token.
     pub raw_weight_mean: Option<f64>,
-    /// Tokens whose raw weight exceeded the cap (truncated, or left out when decoupled), of
-    /// every token the mode weighs: the off-policy ones, and with `icepop` all of them.
+    /// The share of all loss tokens (as every fraction here) that the mode weighs and whose
+    /// raw weight exceeded the cap (truncated, or left out when decoupled). The mode weighs
+    /// the off-policy tokens, and with `icepop` all of them.
     pub truncated_fraction: f64,
     /// Tokens sampled by an older version than the step's.
     pub off_policy_fraction: f64,
