@@ -25,7 +25,7 @@ fn run(max_batch_size: usize) -> Result<(f64, f64), RewardError> {
         max_wait_ms: 5,
         ..Default::default()
     };
-    let exec = Executor::new(Arc::new(StandInModel), cfg, "reward.executor")?;
+    let exec = Executor::new(Arc::new(StandInModel), cfg, "reward.executor", "model")?;
     let (callers, each) = (16, 16);
     let t0 = Instant::now();
     std::thread::scope(|s| {

@@ -151,6 +151,8 @@ struct Queue {
 
 struct Shared {
     scorer: Arc<dyn BatchScorer>,
+    /// The reward source the scorer is, as its failures name it.
+    source: String,
     cfg: ExecutorConfig,
     queue: Mutex<Queue>,
     wake: Condvar,
@@ -171,17 +173,20 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Executor {
-    /// Validates `cfg` (keys named under `key`) and starts `cfg.threads` threads.
+    /// Validates `cfg` (keys named under `key`) and starts `cfg.threads` threads for the
+    /// reward source named `source`.
     pub fn new(
         scorer: Arc<dyn BatchScorer>,
         cfg: ExecutorConfig,
         key: &str,
+        source: &str,
     ) -> Result<Executor, RewardError> {
         let mut v = Validator::new();
         cfg.validate(key, &mut v);
         v.finish()?;
         let shared = Arc::new(Shared {
             scorer,
+            source: source.to_string(),
             cfg,
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
@@ -357,7 +362,8 @@ fn score(shared: &Shared, batch: Vec<Job>) {
                 .map(|s| s.to_string())
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "panicked".into());
-            vec![Err(scorer_error(format!("panicked: {detail}"))); reqs.len()]
+            let error = scorer_error(&shared.source, format!("panicked: {detail}"));
+            vec![Err(error); reqs.len()]
         });
     let results = if results.len() == reqs.len() {
         results
@@ -367,7 +373,7 @@ fn score(shared: &Shared, batch: Vec<Job>) {
             results.len(),
             reqs.len()
         );
-        vec![Err(scorer_error(detail)); reqs.len()]
+        vec![Err(scorer_error(&shared.source, detail)); reqs.len()]
     };
     let finished = Instant::now();
     let tokens: usize = batch.iter().map(|j| j.cost).sum();
@@ -383,9 +389,9 @@ fn score(shared: &Shared, batch: Vec<Job>) {
     }
 }
 
-fn scorer_error(detail: String) -> RewardError {
+fn scorer_error(source: &str, detail: String) -> RewardError {
     RewardError::Scorer {
-        source: "batch scorer".into(),
+        source: source.to_string(),
         detail,
     }
 }
@@ -441,7 +447,7 @@ mod tests {
     fn long_requests_are_not_batched_with_short_ones_and_budgets_hold() {
         let rec = recorder(0);
         // A long wait: batches are cut by size, tokens or shutdown, never by time.
-        let exec = Executor::new(rec.clone(), cfg(1, 4, 40, 10_000), "x").unwrap();
+        let exec = Executor::new(rec.clone(), cfg(1, 4, 40, 10_000), "x", "x").unwrap();
         let lens = [3, 3, 100, 3, 3, 12, 12, 12, 12];
         let tickets: Vec<_> = lens.iter().map(|&n| exec.submit(req(n))).collect();
         drop(exec);
@@ -467,7 +473,7 @@ mod tests {
     #[test]
     fn a_lone_request_waits_at_most_max_wait() {
         let rec = recorder(0);
-        let exec = Executor::new(rec, cfg(1, 64, 1 << 20, 30), "x").unwrap();
+        let exec = Executor::new(rec, cfg(1, 64, 1 << 20, 30), "x", "x").unwrap();
         let t0 = Instant::now();
         let out = exec.score(req(5)).unwrap();
         let waited = t0.elapsed();
@@ -494,13 +500,21 @@ mod tests {
         let exec = Executor::new(
             Arc::new(Faulty(AtomicUsize::new(0))),
             cfg(1, 8, 1 << 20, 0),
-            "x",
+            "reward.executor",
+            "rm",
         )
         .unwrap();
+        // Each failure names the source, as a user's config does.
         let e = exec.score(req(1)).unwrap_err().to_string();
-        assert!(e.contains("model blew up"), "{e}");
+        assert!(
+            e.starts_with("reward source `rm` failed: panicked: ") && e.contains("model blew up"),
+            "{e}"
+        );
         let e = exec.score(req(1)).unwrap_err().to_string();
-        assert!(e.contains("returned 0 results for a batch of 1"), "{e}");
+        assert_eq!(
+            e,
+            "reward source `rm` failed: returned 0 results for a batch of 1"
+        );
         assert_eq!(exec.score(req(1)).unwrap().reward, 1.0);
         let m = exec.metrics();
         assert_eq!((m.requests, m.completed, m.failed), (3, 3, 2));
@@ -509,7 +523,7 @@ mod tests {
     #[test]
     fn zero_threads_is_a_config_error_naming_the_key() {
         let rec = recorder(0);
-        let e = Executor::new(rec, cfg(0, 0, 1, 0), "reward.executor")
+        let e = Executor::new(rec, cfg(0, 0, 1, 0), "reward.executor", "x")
             .err()
             .unwrap()
             .to_string();
@@ -523,7 +537,7 @@ mod tests {
     #[test]
     fn tickets_can_be_polled_and_waited_with_a_timeout() {
         let rec = recorder(100);
-        let exec = Executor::new(rec, cfg(1, 1, 1 << 20, 0), "x").unwrap();
+        let exec = Executor::new(rec, cfg(1, 1, 1 << 20, 0), "x", "x").unwrap();
         let mut t = exec.submit(req(2));
         assert!(!t.is_ready());
         assert!(t.try_take().is_none());

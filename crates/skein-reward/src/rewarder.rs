@@ -75,18 +75,19 @@ impl Rewarder {
                 SourceConfig::Service(ServiceConfig::Worker(w)) => {
                     let pool: Arc<dyn BatchScorer> = Arc::new(WorkerPool::new(w, &key)?);
                     let exec = sized(&cfg.executor, w.processes, w.batch_size);
-                    Source::Queued(Executor::new(pool, exec, &key)?)
+                    Source::Queued(Executor::new(pool, exec, &key, name)?)
                 }
                 SourceConfig::Service(ServiceConfig::Remote(r)) => {
                     let client: Arc<dyn BatchScorer> = Arc::new(RemoteScorer::new(r, &key)?);
                     let exec = sized(&cfg.executor, r.concurrency, r.batch_size);
-                    Source::Queued(Executor::new(client, exec, &key)?)
+                    Source::Queued(Executor::new(client, exec, &key, name)?)
                 }
                 SourceConfig::Service(ServiceConfig::Scorer {}) => match scorers.get(name) {
                     Some(scorer) => Source::Queued(Executor::new(
                         Arc::clone(scorer),
                         cfg.executor.clone(),
                         "reward.executor",
+                        name,
                     )?),
                     None => continue, // Checked above.
                 },

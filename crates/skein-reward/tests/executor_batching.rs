@@ -79,7 +79,7 @@ fn a_burst_of_single_requests_is_served_in_batches_to_the_right_callers() {
         max_wait_ms: 10,
         length_buckets: true,
     };
-    let exec = Executor::new(model.clone(), cfg, "reward.executor").expect("valid config");
+    let exec = Executor::new(model.clone(), cfg, "reward.executor", "model").expect("valid config");
     let took = burst(&exec, 16, 8);
     let m = exec.metrics();
     assert_eq!(m.requests, 128);
@@ -118,7 +118,7 @@ fn dropping_the_executor_answers_what_was_queued_and_joins_its_threads() {
         max_wait_ms: 60_000,
         ..Default::default()
     };
-    let exec = Executor::new(model, cfg, "reward.executor").expect("valid config");
+    let exec = Executor::new(model, cfg, "reward.executor", "model").expect("valid config");
     let tickets: Vec<_> = (0..10).map(|i| exec.submit(request(i))).collect();
     let t0 = Instant::now();
     drop(exec);

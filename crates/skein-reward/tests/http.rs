@@ -31,7 +31,7 @@ fn executor(per_batch_ms: u64) -> Arc<Executor> {
         max_wait_ms: 10,
         ..Default::default()
     };
-    Arc::new(Executor::new(scorer, cfg, "reward.executor").expect("valid"))
+    Arc::new(Executor::new(scorer, cfg, "reward.executor", "math").expect("valid"))
 }
 
 fn client(url: String, batch: bool) -> RemoteScorer {

@@ -245,7 +245,7 @@ fn a_pool_of_processes_scores_in_parallel_behind_the_executor() {
         max_wait_ms: 0,
         ..Default::default()
     };
-    let exec = Executor::new(pool.clone(), cfg, "reward.executor").expect("valid");
+    let exec = Executor::new(pool.clone(), cfg, "reward.executor", "worker").expect("valid");
     // Warm up: both processes finish starting Python before the clock starts.
     let warm: Vec<_> = (0..2)
         .map(|i| exec.submit(req(&format!("w{i}"), "sleep")))

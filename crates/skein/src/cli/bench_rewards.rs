@@ -98,15 +98,15 @@ pub fn run(a: &RewardBenchArgs) -> Result<()> {
         tch::get_num_threads()
     );
     // Warm-up: first calls allocate.
-    let exec = Executor::new(scorer.clone(), exec_cfg.clone(), "bench")?;
+    let exec = Executor::new(scorer.clone(), exec_cfg.clone(), "bench", "bench")?;
     round(&s, &exec, a.samples, true, 0)?;
     let (mut seq, mut asy) = (Vec::new(), Vec::new());
     for r in 0..a.rounds {
         // Fresh executors so each round's busy time is its own; the same seed, so both
         // modes generate the same responses.
-        let e = Executor::new(scorer.clone(), exec_cfg.clone(), "bench")?;
+        let e = Executor::new(scorer.clone(), exec_cfg.clone(), "bench", "bench")?;
         seq.push(round(&s, &e, a.samples, false, r as i64 + 1)?);
-        let e = Executor::new(scorer.clone(), exec_cfg.clone(), "bench")?;
+        let e = Executor::new(scorer.clone(), exec_cfg.clone(), "bench", "bench")?;
         asy.push(round(&s, &e, a.samples, true, r as i64 + 1)?);
     }
     let med = |v: &[Round], f: fn(&Round) -> f64| median(v.iter().map(f).collect());
@@ -168,7 +168,7 @@ fn throughput(
         scorer.score_batch(std::slice::from_ref(r));
     }
     let single = requests.len() as f64 / t.elapsed().as_secs_f64();
-    let e = Executor::new(scorer.clone(), exec_cfg, "bench")?;
+    let e = Executor::new(scorer.clone(), exec_cfg, "bench", "bench")?;
     let t = Instant::now();
     let tickets: Vec<Ticket> = requests.iter().map(|r| e.submit(r.clone())).collect();
     for tk in tickets {

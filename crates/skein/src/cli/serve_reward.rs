@@ -112,7 +112,7 @@ pub fn run(a: &ServeRewardArgs) -> Result<()> {
         max_wait_ms: 0,
         length_buckets: false,
     };
-    let executor = Executor::new(Arc::new(RewarderScorer(rewarder)), front, "serve")?;
+    let executor = Executor::new(Arc::new(RewarderScorer(rewarder)), front, "serve", "serve")?;
     let server = serve(&a.addr, Arc::new(executor), &cfg.serve)?;
     println!("skein serve-reward: listening on {}", server.score_url());
     eprintln!(
