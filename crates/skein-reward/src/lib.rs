@@ -27,6 +27,6 @@ pub use remote::{RemoteConfig, RemoteScorer};
 pub use request::{RewardOutput, RewardRequest, WireResponse};
 pub use rewarder::{Pending, Rewarder};
 pub use scorer::BatchScorer;
-pub use server::{serve, RewardServer, ServeConfig};
+pub use server::{serve, serve_with_metrics, MetricsSource, RewardServer, ServeConfig};
 pub use stats::ExecutorMetrics;
 pub use worker::{WorkerConfig, WorkerPool};

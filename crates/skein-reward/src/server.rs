@@ -3,11 +3,12 @@
 //!
 //! `POST /score` takes one request object (answered with one answer object) or an array of
 //! them (answered with an array, in order); `GET /health` says it is up; `GET /metrics` gives
-//! the executor's counters. Malformed JSON gets 400 with the reason, an oversized body 413.
+//! the executor's counters, or those of what stands behind it ([`serve_with_metrics`]). Malformed JSON gets 400 with the reason, an oversized body 413.
 
 use crate::{Executor, RewardError, RewardRequest, WireResponse};
 use serde::{Deserialize, Serialize};
 use skein_config::Validator;
+use std::collections::BTreeMap;
 use std::io::Read;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -76,11 +77,34 @@ impl Drop for RewardServer {
     }
 }
 
-/// Listens on `addr` (e.g. `127.0.0.1:0`) and serves `executor` until the handle is dropped.
+/// What `GET /metrics` answers: flat `reward/...` figures.
+pub type MetricsSource = Arc<dyn Fn() -> BTreeMap<String, f64> + Send + Sync>;
+
+/// Listens on `addr` (e.g. `127.0.0.1:0`) and serves `executor` until the handle is dropped;
+/// `GET /metrics` gives the executor's own counters.
 pub fn serve(
     addr: &str,
     executor: Arc<Executor>,
     cfg: &ServeConfig,
+) -> Result<RewardServer, RewardError> {
+    let of = Arc::clone(&executor);
+    let metrics: MetricsSource = Arc::new(move || {
+        let mut m = of.metrics().to_map("reward");
+        for (k, v) in of.scorer_counters() {
+            m.insert(format!("reward/{k}"), v);
+        }
+        m
+    });
+    serve_with_metrics(addr, executor, cfg, metrics)
+}
+
+/// [`serve`], with `GET /metrics` answered by `metrics`: the figures of what stands behind
+/// the executor, when that is where the batching happens (a whole `Rewarder`'s sources).
+pub fn serve_with_metrics(
+    addr: &str,
+    executor: Arc<Executor>,
+    cfg: &ServeConfig,
+    metrics: MetricsSource,
 ) -> Result<RewardServer, RewardError> {
     let mut v = Validator::new();
     cfg.validate("serve", &mut v);
@@ -103,10 +127,11 @@ pub fn serve(
         threads: Vec::new(),
     };
     for i in 0..cfg.http_threads {
-        let (server, stop, executor) = (
+        let (server, stop, executor, metrics) = (
             Arc::clone(&server),
             Arc::clone(&stop),
             Arc::clone(&executor),
+            Arc::clone(&metrics),
         );
         let max_body = cfg.max_body_bytes;
         let t = std::thread::Builder::new()
@@ -114,7 +139,7 @@ pub fn serve(
             .spawn(move || {
                 while !stop.load(Ordering::SeqCst) {
                     match server.recv_timeout(POLL) {
-                        Ok(Some(rq)) => handle_request(rq, &executor, max_body),
+                        Ok(Some(rq)) => handle_request(rq, &executor, &metrics, max_body),
                         Ok(None) => {}
                         Err(_) => break,
                     }
@@ -139,7 +164,12 @@ fn error_body(message: &str) -> String {
     serde_json::json!({ "error": message }).to_string()
 }
 
-fn handle_request(mut rq: tiny_http::Request, executor: &Executor, max_body: usize) {
+fn handle_request(
+    mut rq: tiny_http::Request,
+    executor: &Executor,
+    metrics: &MetricsSource,
+    max_body: usize,
+) {
     let path = rq.url().split('?').next().unwrap_or("").to_string();
     let method = rq.method().clone();
     match (method, path.as_str()) {
@@ -147,11 +177,8 @@ fn handle_request(mut rq: tiny_http::Request, executor: &Executor, max_body: usi
             respond(rq, 200, serde_json::json!({"status": "ok"}).to_string())
         }
         (tiny_http::Method::Get, "/metrics") => {
-            let mut m = executor.metrics().to_map("reward");
-            for (k, v) in executor.scorer_counters() {
-                m.insert(format!("reward/{k}"), v);
-            }
-            let body = serde_json::to_string(&m).unwrap_or_else(|e| error_body(&e.to_string()));
+            let body =
+                serde_json::to_string(&metrics()).unwrap_or_else(|e| error_body(&e.to_string()));
             respond(rq, 200, body)
         }
         (tiny_http::Method::Post, "/score") => {

@@ -135,13 +135,11 @@ sources = []
     assert!(records.iter().any(|m| get(m, "score/answer/acc") > 0.0));
 }
 
-#[test]
-fn the_example_worker_scores_through_its_process() {
+/// The example worker as the `python` source, the default route's one source.
+fn example_worker_source() -> String {
     let script = root().join("scripts/reward_worker_example.py");
-    let records = run(
-        "worker",
-        &format!(
-            r#"
+    format!(
+        r#"
 [reward.sources.python]
 kind = "worker"
 command = ["python3", "{}"]
@@ -150,9 +148,13 @@ batch_size = 8
 [reward.default_route]
 sources = ["python"]
 "#,
-            script.display()
-        ),
-    );
+        script.display()
+    )
+}
+
+#[test]
+fn the_example_worker_scores_through_its_process() {
+    let records = run("worker", &example_worker_source());
     some_correct(&records);
     for m in &records {
         // The example worker wants `#### n` or \boxed{n}; bare numbers find no answer, so its
@@ -307,6 +309,39 @@ sources = ["far"]
         assert_eq!(get(m, "reward/remote_failures"), 0.0);
         assert_eq!(get(m, "batch/failed_trajectories"), 0.0);
     }
+}
+
+/// `GET /metrics` of `skein serve-reward` gives its sources' own counters, where batching
+/// happens, not those of the pass-through in front of them.
+#[test]
+fn serve_reward_metrics_are_its_sources_counters() {
+    let service = serve_reward("metrics", &example_worker_source());
+    let requests: Vec<Value> = (0..3)
+        .map(|i| {
+            serde_json::json!({"id": i.to_string(), "data_source": "d", "prompt": "1+1=",
+                               "response": "#### 2", "ground_truth": "2"})
+        })
+        .collect();
+    let answers = ureq::post(&service.url)
+        .set("Content-Type", "application/json")
+        .send_string(&Value::Array(requests).to_string())
+        .expect("POST /score")
+        .into_string()
+        .expect("an answer");
+    let answers: Vec<Value> = serde_json::from_str(&answers).expect("a JSON array");
+    assert_eq!(answers.len(), 3, "{answers:?}");
+    let base = service.url.trim_end_matches("/score");
+    let m = ureq::get(&format!("{base}/metrics"))
+        .call()
+        .expect("GET /metrics")
+        .into_string()
+        .expect("metrics");
+    let m: Value = serde_json::from_str(&m).expect("JSON metrics");
+    assert_eq!(m["reward/requests"], 3.0, "{m}");
+    assert_eq!(m["reward/python/requests"], 3.0, "{m}");
+    assert_eq!(m["reward/python/completed"], 3.0, "{m}");
+    assert!(m["reward/python/batches"].as_f64() >= Some(1.0), "{m}");
+    assert_eq!(m["reward/worker_restarts"], 0.0, "{m}");
 }
 
 /// A service that is down fails every trajectory it should have scored, counted, and the run

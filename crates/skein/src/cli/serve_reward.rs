@@ -7,8 +7,8 @@ use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use skein_config::Validator;
 use skein_reward::{
-    serve, BatchScorer, Executor, ExecutorConfig, RewardConfig, RewardError, RewardOutput,
-    RewardRequest, Rewarder, ServeConfig, ServiceConfig, SourceConfig,
+    serve_with_metrics, BatchScorer, Executor, ExecutorConfig, MetricsSource, RewardConfig,
+    RewardError, RewardOutput, RewardRequest, Rewarder, ServeConfig, ServiceConfig, SourceConfig,
 };
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -54,7 +54,7 @@ impl Default for ServeRewardConfig {
 
 /// The whole rewarder as one scorer: a batch of HTTP requests is submitted at once, so the
 /// sources' own executors batch across clients.
-struct RewarderScorer(Rewarder);
+struct RewarderScorer(Arc<Rewarder>);
 
 impl BatchScorer for RewarderScorer {
     fn score_batch(&self, batch: &[RewardRequest]) -> Vec<Result<RewardOutput, RewardError>> {
@@ -102,9 +102,14 @@ pub fn run(a: &ServeRewardArgs) -> Result<()> {
     cfg.serve.validate("serve", &mut v);
     v.finish()?;
     let device = crate::trainer::config::parse_device(&cfg.device)?;
-    let rewarder = build_rewarder(&cfg.reward, &cfg.reward_models, None, device)?;
+    let rewarder = Arc::new(build_rewarder(
+        &cfg.reward,
+        &cfg.reward_models,
+        None,
+        device,
+    )?);
     // A pass-through: one thread per HTTP handler, batches cut at once; the real batching is
-    // in the sources' executors behind it.
+    // in the sources' executors behind it, so those are the figures `/metrics` gives.
     let front = ExecutorConfig {
         threads: cfg.serve.http_threads,
         max_batch_size: 1024,
@@ -112,8 +117,10 @@ pub fn run(a: &ServeRewardArgs) -> Result<()> {
         max_wait_ms: 0,
         length_buckets: false,
     };
-    let executor = Executor::new(Arc::new(RewarderScorer(rewarder)), front, "serve", "serve")?;
-    let server = serve(&a.addr, Arc::new(executor), &cfg.serve)?;
+    let scorer = Arc::new(RewarderScorer(Arc::clone(&rewarder)));
+    let executor = Executor::new(scorer, front, "serve", "serve")?;
+    let metrics: MetricsSource = Arc::new(move || rewarder.metrics());
+    let server = serve_with_metrics(&a.addr, Arc::new(executor), &cfg.serve, metrics)?;
     println!("skein serve-reward: listening on {}", server.score_url());
     eprintln!(
         "skein serve-reward: sources {}; stop with Ctrl-C",
