@@ -43,6 +43,8 @@ pub struct Rewarder {
     routes: BTreeMap<String, Vec<(String, f64)>>,
     default_route: Vec<(String, f64)>,
     submitted: AtomicU64,
+    /// Requests whose every part is in (rewarded or failed): whole requests, as `submitted`.
+    answered: AtomicU64,
     failed: AtomicU64,
 }
 
@@ -103,6 +105,7 @@ impl Rewarder {
                 .collect(),
             default_route: cfg.default_route.weighted(),
             submitted: AtomicU64::new(0),
+            answered: AtomicU64::new(0),
             failed: AtomicU64::new(0),
         })
     }
@@ -160,6 +163,7 @@ impl Rewarder {
                 }
             }
         }
+        self.answered.fetch_add(1, Ordering::Relaxed);
         match first_error {
             Some(e) => {
                 self.failed.fetch_add(1, Ordering::Relaxed);
@@ -175,9 +179,9 @@ impl Rewarder {
         self.wait(p)
     }
 
-    /// Flat metrics: totals over all queued sources as `reward/...` (requests and failed count
-    /// whole requests; queue depths are summed over sources), and each queued source's own as
-    /// `reward/{source}/...`.
+    /// Flat metrics: totals over all queued sources as `reward/...` (requests, completed and
+    /// failed count whole requests; queue depths and busy times are summed over sources),
+    /// and each queued source's own as `reward/{source}/...`.
     pub fn metrics(&self) -> BTreeMap<String, f64> {
         let mut total = ExecutorMetrics::default();
         let mut out = BTreeMap::new();
@@ -202,6 +206,10 @@ impl Rewarder {
         out.insert(
             "reward/requests".into(),
             self.submitted.load(Ordering::Relaxed) as f64,
+        );
+        out.insert(
+            "reward/completed".into(),
+            self.answered.load(Ordering::Relaxed) as f64,
         );
         out.insert(
             "reward/failed".into(),

@@ -170,6 +170,25 @@ fn submissions_from_many_threads_batch_on_the_scorer_and_report_metrics() {
     assert_eq!(m["reward/failed"], 0.0);
 }
 
+/// The totals count whole requests: a request routed to two queued sources is one request
+/// and, once both parts are in, one completed, while each source counts its own part.
+#[test]
+fn totals_count_whole_requests_and_sources_their_parts() {
+    let both = "[routes.both]\nsources = [\"python\", \"rm\"]\n";
+    let rewarder = Rewarder::new(&config(both), scorers()).expect("valid config");
+    for i in 0..4 {
+        rewarder
+            .score(req(i, "both", "#### 2", "2", 3))
+            .expect("scored");
+    }
+    let m = rewarder.metrics();
+    assert_eq!(m["reward/python/completed"], 4.0, "{m:?}");
+    assert_eq!(m["reward/rm/completed"], 4.0, "{m:?}");
+    assert_eq!(m["reward/requests"], 4.0, "{m:?}");
+    assert_eq!(m["reward/completed"], 4.0, "{m:?}");
+    assert_eq!(m["reward/failed"], 0.0, "{m:?}");
+}
+
 #[test]
 fn start_up_errors_name_the_key_instead_of_panicking() {
     let e = Rewarder::new(&config(""), BTreeMap::new())
