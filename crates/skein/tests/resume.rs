@@ -225,6 +225,45 @@ fn a_killed_lora_run_on_a_bfloat16_base_resumes_exactly() {
     let _ = std::fs::remove_dir_all(&cut);
 }
 
+/// A LoRA run of a loaded bfloat16 model, whose warm-up trains the adapters, resumes exactly;
+/// before the checkpoint, the two runs agree because a loaded model's adapters are drawn from
+/// the run's seed.
+#[test]
+fn a_killed_lora_run_of_a_warmed_up_loaded_model_resumes_exactly() {
+    let base = run_dir("loaded-base");
+    let cfg = write_config(&base);
+    let run_dir_set = format!("run.dir={}", base.display());
+    let made = skein(&[
+        "train",
+        "--config",
+        &cfg,
+        "--set",
+        &run_dir_set,
+        "--set",
+        "trainer.steps=0",
+        "--set",
+        "sft.steps=1",
+    ])
+    .status()
+    .unwrap();
+    assert!(made.success(), "the base model is written");
+    let model = format!(
+        "model.path={:?}",
+        base.join("checkpoint").display().to_string()
+    );
+    let sets = [
+        model.as_str(),
+        "lora.rank=4",
+        "model.dtype=\"bfloat16\"",
+        "optim.lr=1e-3",
+    ];
+    let (whole, cut, _) = whole_and_resumed("lora-loaded", &sets);
+    assert_same_steps(&whole, &cut);
+    for dir in [&base, &whole, &cut] {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
 /// A bfloat16 run training every weight resumes exactly: the optimizer's float32 master
 /// weights come back with the moments, and the KL reference in bfloat16.
 #[test]

@@ -800,6 +800,9 @@ fn build_policy(
     } else {
         let path = Path::new(&cfg.model.path);
         let tokenizer = Tokenizer::from_dir(path)?;
+        // LoRA's `A` matrices are drawn as the model loads: from the run's seed, or each run
+        // of the same config would start its adapters, and all that follows, elsewhere.
+        tch::manual_seed(cfg.run.seed as i64);
         let model = Model::load_dir_with(path, &cfg.model_options(), device)?;
         Ok((tokenizer, model))
     }
