@@ -225,9 +225,10 @@ fn a_killed_lora_run_on_a_bfloat16_base_resumes_exactly() {
     let _ = std::fs::remove_dir_all(&cut);
 }
 
-/// A LoRA run of a loaded bfloat16 model, whose warm-up trains the adapters, resumes exactly;
-/// before the checkpoint, the two runs agree because a loaded model's adapters are drawn from
-/// the run's seed.
+/// A LoRA run of a loaded bfloat16 model, whose warm-up trains the adapters, resumes exactly:
+/// RL goes on training the warm-up's adapters, unfolded, and the KL reference (the base with
+/// a frozen copy of them) comes back from the checkpoint's `reference_adapter/`. Before the
+/// checkpoint, the two runs agree because a loaded model's adapters are drawn from the seed.
 #[test]
 fn a_killed_lora_run_of_a_warmed_up_loaded_model_resumes_exactly() {
     let base = run_dir("loaded-base");
@@ -257,7 +258,12 @@ fn a_killed_lora_run_of_a_warmed_up_loaded_model_resumes_exactly() {
         "model.dtype=\"bfloat16\"",
         "optim.lr=1e-3",
     ];
-    let (whole, cut, _) = whole_and_resumed("lora-loaded", &sets);
+    let (whole, cut, from) = whole_and_resumed("lora-loaded", &sets);
+    assert!(cut
+        .join(format!(
+            "checkpoint-{from}/reference_adapter/adapter_model.safetensors"
+        ))
+        .is_file());
     assert_same_steps(&whole, &cut);
     for dir in [&base, &whole, &cut] {
         let _ = std::fs::remove_dir_all(dir);

@@ -152,6 +152,22 @@ impl Model {
         }
     }
 
+    /// The model as it computes now, frozen: LoRA's base shared, not copied, and a frozen copy
+    /// of its adapters (dropout off) in a var store of its own, named as the model's, so
+    /// [`Model::save_adapter`] and [`Model::load_adapter`] work on it. A KL reference that
+    /// starts where a warm-up of the adapters left the policy, without folding them into a
+    /// low-precision base.
+    pub fn frozen_copy(&self) -> Model {
+        let mut copy = self.base_only();
+        copy.net
+            .attach_frozen_adapter_copies(&copy.vs.root(), &self.net);
+        copy.options.lora = super::LoraConfig {
+            dropout: 0.0,
+            ..self.options.lora.clone()
+        };
+        copy
+    }
+
     /// The options a copy of this model (a data-parallel rank's) is built with: its own, with
     /// adapter dropout as this model runs it now. Once RL has stopped the policy's dropout
     /// (`Transformer::stop_adapter_dropout`), a rank that drew masks would compute another

@@ -193,6 +193,23 @@ impl Projection {
         }));
     }
 
+    /// Gives the projection, under `p`, a frozen copy of `of`'s trainable adapter (its values
+    /// now, dropout off; nothing drawn from the random generator): with the same base, the
+    /// projection computes what `of` computes now, as `of` computes it, and never follows
+    /// `of`'s later updates.
+    pub fn attach_frozen_copy(&mut self, p: nn::Path, of: &Projection) {
+        let Some(Adapter::Trainable(src)) = &of.adapter else {
+            return;
+        };
+        let (a, b) = tch::no_grad(|| (src.a.copy(), src.b.copy()));
+        self.adapter = Some(Adapter::Trainable(Trainable {
+            a: (&p / "lora_A").add("weight", a, false),
+            b: (&p / "lora_B").add("weight", b, false),
+            scale: src.scale,
+            dropout: 0.0,
+        }));
+    }
+
     /// The base's output plus the adapter's. A trainable adapter computes its products on
     /// CUDA in the base's dtype ([`Trainable::add_in_base_dtype`]) and elsewhere in float32
     /// ([`Trainable::add_in_float32`]); a decoding copy as it was made.
@@ -611,6 +628,50 @@ mod tests {
 
         adapted.merge_adapters();
         assert!(max_diff(&adapted.net.forward(&ids()), &want) < 1e-5);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A frozen copy of a bfloat16 model's adapters computes what the model computes, bit for
+    /// bit, and keeps doing so after the model's adapters change; saved and loaded, it is the
+    /// same again. (Folded into the bfloat16 base instead, a small update rounds away.)
+    #[test]
+    fn a_frozen_copy_keeps_the_adapters_as_they_were() {
+        let dir = std::env::temp_dir().join(format!("skein-frozen-{}", std::process::id()));
+        let bf16 = ModelOptions {
+            dtype: Dtype::Bfloat16,
+            ..lora(4)
+        };
+        let model = Model::random_with(&config(), &bf16, Device::Cpu, 6).unwrap();
+        perturb(&model);
+        // An update far below bfloat16's spacing at these weights.
+        tch::no_grad(|| {
+            for (name, mut t) in model.vs.variables() {
+                if name.ends_with("lora_B.weight") {
+                    let _ = t.g_mul_scalar_(1e-3);
+                }
+            }
+        });
+        let want = model.net.forward(&ids());
+        let frozen = model.frozen_copy();
+        assert!(frozen.net.forward(&ids()).equal(&want));
+        assert!(frozen.vs.trainable_variables().is_empty());
+        assert!(max_diff(&model.base_only().net.forward(&ids()), &want) > 0.0);
+        let mut merged = Model::random_with(&config(), &bf16, Device::Cpu, 6).unwrap();
+        tch::no_grad(|| merged.vs.copy(&model.vs)).unwrap();
+        merged.merge_adapters();
+        assert!(
+            !merged.net.forward(&ids()).equal(&want),
+            "folding into bfloat16 should have rounded the update"
+        );
+
+        perturb(&model);
+        assert!(!model.net.forward(&ids()).equal(&want));
+        assert!(frozen.net.forward(&ids()).equal(&want));
+
+        frozen.save_adapter(&dir, "base").unwrap();
+        let again = model.frozen_copy();
+        again.load_adapter(&dir).unwrap();
+        assert!(again.net.forward(&ids()).equal(&want));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

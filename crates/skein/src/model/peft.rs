@@ -237,8 +237,8 @@ impl Model {
     }
 
     /// Folds the adapters into the base weights and restarts them from zero: the model
-    /// computes what it did, with the update in its base (`skein export --merge`, and after
-    /// a LoRA warm-up, so RL's adapters and KL reference start from the warmed-up model).
+    /// computes what it did, to the rounding of the base's dtype, with the update in its base
+    /// (`skein export --merge`).
     pub fn merge_adapters(&mut self) {
         self.net.merge_adapters();
     }

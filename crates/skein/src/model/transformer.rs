@@ -509,6 +509,32 @@ impl Transformer {
         }
     }
 
+    /// Frozen copies of `source`'s adapters, registered under `root` with the names its own
+    /// have ([`Projection::attach_frozen_copy`]); `source` has this model's architecture.
+    pub fn attach_frozen_adapter_copies(&mut self, root: &nn::Path, source: &Transformer) {
+        for (i, (block, from)) in self.blocks.iter_mut().zip(&source.blocks).enumerate() {
+            let layer = root / "model" / "layers" / i;
+            let attn = block
+                .attn
+                .projections()
+                .into_iter()
+                .map(|(n, p)| ("self_attn", n, p));
+            let mlp = block
+                .mlp
+                .projections()
+                .into_iter()
+                .map(|(n, p)| ("mlp", n, p));
+            let sources = from
+                .attn
+                .projection_refs()
+                .into_iter()
+                .chain(from.mlp.projection_refs());
+            for ((part, name, proj), of) in attn.chain(mlp).zip(sources) {
+                proj.attach_frozen_copy(&layer / part / name, of);
+            }
+        }
+    }
+
     /// RL's passes run without adapter dropout ([`Projection::stop_dropout`]).
     pub fn stop_adapter_dropout(&mut self) {
         self.for_each_projection(Projection::stop_dropout);

@@ -25,6 +25,9 @@ const REFERENCE_DIR: &str = "reference";
 /// checkpoint's own model files hold the two merged, for anything that loads the policy).
 pub const BASE_DIR: &str = "base";
 pub const ADAPTER_DIR: &str = "adapter";
+/// With LoRA and a KL term: the adapters the warm-up trained, frozen in the reference on the
+/// same base, in PEFT's layout (absent where the reference is the base alone).
+const REFERENCE_ADAPTER_DIR: &str = "reference_adapter";
 const CRITIC_FILE: &str = "critic.safetensors";
 const CRITIC_OPTIMIZER_FILE: &str = "critic_optimizer.safetensors";
 
@@ -136,8 +139,12 @@ pub fn save(dir: &Path, s: &Snapshot) -> Result<()> {
     }
     save_policy_dir(s.policy, s.tokenizer, s.sampling, &tmp)?;
     write_tensors(&s.optimizer.state(), &tmp.join(OPTIMIZER_FILE))?;
-    if let Some(reference) = s.reference {
-        reference.save_dir(&tmp.join(REFERENCE_DIR))?;
+    match s.reference {
+        Some(r) if r.options.lora.enabled() => {
+            r.save_adapter(&tmp.join(REFERENCE_ADAPTER_DIR), BASE_DIR)?
+        }
+        Some(r) => r.save_dir(&tmp.join(REFERENCE_DIR))?,
+        None => {}
     }
     if let Some((critic, opt)) = s.critic {
         write_tensors(
@@ -189,7 +196,8 @@ pub struct Restore {
     pub state: TrainerState,
     /// The policy's AdamW moments.
     pub optimizer: Tensors,
-    /// The frozen KL reference, when the run had one.
+    /// The frozen KL reference, when the run had one of its own: a whole model, or with
+    /// LoRA the policy's base and the warm-up's adapters.
     pub reference: Option<Model>,
     /// The critic's weights and AdamW moments, when the run had one.
     pub critic: Option<(Tensors, Tensors)>,
@@ -209,10 +217,18 @@ impl Loaded {
             dtype: options.dtype,
             ..Default::default()
         };
-        let reference = reference_dir
-            .is_dir()
-            .then(|| Model::load_dir_with(&reference_dir, &reference_options, device))
-            .transpose()?;
+        let reference_adapter = dir.join(REFERENCE_ADAPTER_DIR);
+        let reference = if reference_adapter.is_dir() {
+            // The policy's base with the warm-up's adapters, frozen.
+            let reference = policy.frozen_copy();
+            reference.load_adapter(&reference_adapter)?;
+            Some(reference)
+        } else {
+            reference_dir
+                .is_dir()
+                .then(|| Model::load_dir_with(&reference_dir, &reference_options, device))
+                .transpose()?
+        };
         let critic = if dir.join(CRITIC_FILE).exists() {
             Some((
                 read_tensors(&dir.join(CRITIC_FILE))?,

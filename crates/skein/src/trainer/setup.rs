@@ -361,8 +361,12 @@ impl Trainer<'_> {
             tokenizer: &self.tokenizer,
             sampling: &self.sampling,
             optimizer: &self.opt,
-            // LoRA's reference is the policy's base, saved with the policy.
-            reference: self.reference.as_ref().filter(|_| !self.cfg.lora.enabled()),
+            // LoRA's reference is the policy's base, saved with the policy, and the warm-up's
+            // adapters when it has them (a few tensors of their own).
+            reference: self
+                .reference
+                .as_ref()
+                .filter(|r| !self.cfg.lora.enabled() || r.options.lora.enabled()),
             critic: self.critic.as_ref().map(|c| (&c.model, &c.opt)),
             state: &state,
         };
@@ -581,7 +585,7 @@ fn update_models(
     mut restore: Option<&mut Restore>,
 ) -> Result<UpdateModels> {
     let device = policy.vs.device();
-    if cfg.algorithm.kl_coef == 0.0 || cfg.lora.enabled() {
+    if cfg.algorithm.kl_coef == 0.0 {
         // A checkpoint's reference this run does not use is freed before the moments and the
         // critic are built: the memory check did not count it.
         if let Some(r) = restore.as_deref_mut() {
@@ -589,8 +593,16 @@ fn update_models(
         }
     }
     let reference = if cfg.algorithm.kl_coef > 0.0 && cfg.lora.enabled() {
-        // The frozen base is the reference: no second copy of the model.
-        Some(policy.base_only())
+        // The frozen base is the reference: no second copy of the model. Where a warm-up
+        // trained the adapters of a loaded model, a frozen copy of them rides on it, so the
+        // reference is the warmed-up policy.
+        Some(
+            match restore.as_deref_mut().and_then(|r| r.reference.take()) {
+                Some(warmed_up) => warmed_up,
+                None if restore.is_none() && warm_up_trains_adapters(cfg) => policy.frozen_copy(),
+                None => policy.base_only(),
+            },
+        )
     } else if cfg.algorithm.kl_coef > 0.0 {
         Some(match restore.as_deref_mut() {
             Some(r) => r.reference.take().with_context(|| {
@@ -688,14 +700,20 @@ fn publish_weights(
 /// RL's adapters, and its KL reference, start from the warmed-up model: a model built from
 /// scratch (nothing pretrained for an adapter to adapt) trained every weight in the warm-up, in
 /// float32, and is cast to `model.dtype` and gets its adapters now; a loaded one trained its
-/// adapters, which fold into its base.
+/// adapters, which RL goes on training. They are not folded into the base: in bfloat16 an
+/// update below half a weight's last digit would round away.
 fn lora_after_warm_up(cfg: &TrainConfig, policy: &mut Model) -> Result<()> {
     if cfg.model.path.is_empty() {
         policy.adapt(&cfg.model_options())
     } else {
-        policy.merge_adapters();
         Ok(())
     }
+}
+
+/// Whether the warm-up trains a loaded model's LoRA adapters (which RL then goes on training,
+/// with a frozen copy of them in its KL reference).
+fn warm_up_trains_adapters(cfg: &TrainConfig) -> bool {
+    cfg.lora.enabled() && !cfg.model.path.is_empty() && cfg.sft.steps + cfg.sft.direct_steps > 0
 }
 
 /// The warm-up's defaults suit a model built from scratch; a loaded model gets them too unless
