@@ -599,7 +599,7 @@ fn update_models(
         Some(
             match restore.as_deref_mut().and_then(|r| r.reference.take()) {
                 Some(warmed_up) => warmed_up,
-                None if restore.is_none() && warm_up_trains_adapters(cfg) => policy.frozen_copy(),
+                None if restore.is_none() && cfg.warm_up_trains_adapters() => policy.frozen_copy(),
                 None => policy.base_only(),
             },
         )
@@ -708,12 +708,6 @@ fn lora_after_warm_up(cfg: &TrainConfig, policy: &mut Model) -> Result<()> {
     } else {
         Ok(())
     }
-}
-
-/// Whether the warm-up trains a loaded model's LoRA adapters (which RL then goes on training,
-/// with a frozen copy of them in its KL reference).
-fn warm_up_trains_adapters(cfg: &TrainConfig) -> bool {
-    cfg.lora.enabled() && !cfg.model.path.is_empty() && cfg.sft.steps + cfg.sft.direct_steps > 0
 }
 
 /// The warm-up's defaults suit a model built from scratch; a loaded model gets them too unless

@@ -35,6 +35,15 @@ pub fn validate_inert_keys(cfg: &TrainConfig, multi_turn: bool, v: &mut Validato
             changed("lora", &cfg.lora, &defaults.lora),
             "is used only with LoRA (`lora.rank` > 0; 0 trains every weight)",
         );
+    } else if cfg.lora.dropout != defaults.lora.dropout && !cfg.warm_up_trains_adapters() {
+        // RL's passes run without adapter dropout; a model built from scratch is warmed up in
+        // full and gets its adapters after.
+        refuse(
+            v,
+            vec![("lora.dropout".into(), cfg.lora.dropout.to_string())],
+            "is used only in the warm-up of a loaded model's adapters (`model.path` set and \
+             `sft.steps` or `sft.direct_steps` > 0): RL's passes run without it",
+        );
     }
     agent_keys(cfg, multi_turn, &defaults, v);
     algorithm_keys(&cfg.algorithm, r.partial.enabled, v);
@@ -250,6 +259,23 @@ mod tests {
             );
             assert!(!e.contains("sk-secret"), "a key was printed: {e}");
         }
+    }
+
+    /// `lora.dropout` acts in the warm-up of a loaded model's adapters alone: accepted there,
+    /// refused without the warm-up, and for a model built from scratch.
+    #[test]
+    fn lora_dropout_is_accepted_only_where_a_warm_up_trains_adapters() {
+        let dir = std::env::temp_dir().join(format!("skein-inert-model-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("config.json"), "{}").unwrap();
+        let model = format!("model.path={:?}", dir.display().to_string());
+        let on = ["lora.rank=4", "lora.dropout=0.1"];
+        let mentions_dropout =
+            |set: &[&str]| problem(set).is_some_and(|e| e.contains("`lora.dropout`"));
+        assert!(!mentions_dropout(&[on[0], on[1], &model]));
+        assert!(mentions_dropout(&[on[0], on[1], &model, "sft.steps=0"]));
+        assert!(mentions_dropout(&on));
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     /// The configs shipped in `configs/` set only keys their settings use.

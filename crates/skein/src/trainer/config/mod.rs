@@ -167,6 +167,15 @@ pub struct ModelSection {
 }
 
 impl TrainConfig {
+    /// Whether the warm-up trains LoRA adapters: those of a loaded model (one built from
+    /// scratch is warmed up in full and gets its adapters after). RL then goes on training
+    /// them, with a frozen copy of them in its KL reference.
+    pub fn warm_up_trains_adapters(&self) -> bool {
+        self.lora.enabled()
+            && !self.model.path.is_empty()
+            && self.sft.steps + self.sft.direct_steps > 0
+    }
+
     /// How the policy's weights are held: `model.dtype` and `[lora]`.
     pub fn model_options(&self) -> crate::model::ModelOptions {
         crate::model::ModelOptions {

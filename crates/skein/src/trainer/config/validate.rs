@@ -596,14 +596,6 @@ fn validate_algorithm(cfg: &TrainConfig, v: &mut Validator) {
 /// `[trainer]` and `[optim]`.
 fn validate_trainer(cfg: &TrainConfig, v: &mut Validator) {
     let (t, o) = (&cfg.trainer, &cfg.optim);
-    v.check(
-        !(t.activation_checkpointing && cfg.lora.enabled() && cfg.lora.dropout > 0.0),
-        "trainer.activation_checkpointing",
-        "cannot be combined with `lora.dropout` > 0: the recomputed layers would draw other \
-         dropout masks than the forward did, so the gradients would not be the loss's; set \
-         `lora.dropout = 0` or turn checkpointing off",
-        t.activation_checkpointing,
-    );
     v.at_least("trainer.ppo_epochs", t.ppo_epochs, 1)
         .at_least("trainer.num_mini_batches", t.num_mini_batches, 1)
         .check(
