@@ -161,8 +161,10 @@ train lora-bf16-checkpointing --set lora.rank=16 --set model.dtype=bfloat16 \
   --set trainer.activation_checkpointing=true
 train dp2-threads --set trainer.dp_size=2
 train calculator-agent --config configs/calculator.toml
+# A budget below the response limit, so samples pause and resume.
 train partial-rollout --set task.name=reverse --set model.max_positions=256 \
-  --set rollout.partial.enabled=true
+  --set rollout.partial.enabled=true --set rollout.sampling.max_new_tokens=32 \
+  --set rollout.partial.token_budget=8
 # Graphs that fail go back to ordinary decode and the run goes on: the row passes only where
 # every step replayed some of its decode from a graph.
 replayed='import json, sys
