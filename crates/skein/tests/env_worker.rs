@@ -289,6 +289,9 @@ fn skein_eval_of_a_worker_run_plays_its_evaluation_episodes() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // The episodes are counted as they end (plain lines off a terminal).
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("episode 20/20"), "{stderr}");
     let line: Value = serde_json::from_slice(&out.stdout).unwrap();
     for key in ["eval/accuracy", "eval/turns_mean", "eval/failed"] {
         assert_eq!(line[key], last_eval[key], "{key}: {line} vs {last_eval}");

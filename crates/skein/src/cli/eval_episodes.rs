@@ -11,7 +11,9 @@ use crate::trainer::rollout::{eval_kind, StepContext};
 use crate::trainer::TrainConfig;
 use anyhow::{bail, Result};
 use serde_json::{json, Map, Value};
+use skein_report::StepProgress;
 use skein_text::Tokenizer;
+use std::sync::{Mutex, PoisonError};
 
 /// The model an evaluation answers with, and the engine it answers on (a single-turn
 /// evaluation's too).
@@ -53,7 +55,23 @@ pub fn evaluate(
     let source = tasks.describe(&cfg);
     let workload = tasks.into_workload(&cfg, tokenizer, policy, None)?;
     tch::manual_seed(cfg.run.seed as i64);
-    let result = workload.evaluate(&StepContext::new(engine, policy, tokenizer, &sampling));
+    let progress = Mutex::new((
+        StepProgress::counting(workload.eval_problems() as u64, "episode"),
+        0,
+    ));
+    let count = || {
+        let mut p = progress.lock().unwrap_or_else(PoisonError::into_inner);
+        p.1 += 1;
+        let done = p.1;
+        p.0.update(done, &[]);
+    };
+    let ctx = StepContext::new(engine, policy, tokenizer, &sampling).counting_episodes(&count);
+    let result = workload.evaluate(&ctx);
+    progress
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .0
+        .finish();
     let mut line = Map::new();
     line.insert("model".into(), json!(model_dir.display().to_string()));
     let kind = eval_kind(workload.held_out());

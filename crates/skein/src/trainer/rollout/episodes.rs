@@ -294,7 +294,7 @@ impl AgentContext<'_> {
 
     /// Runs every episode to its end with the policy at `version`, the episodes on `runtime`:
     /// with the embedded engine its loop runs on this thread (which owns the model); a remote
-    /// engine is called from the episodes directly.
+    /// engine is called from the episodes directly. `on_episode_end` is called as each ends.
     pub fn run(
         &self,
         generator: &Generator,
@@ -302,6 +302,7 @@ impl AgentContext<'_> {
         version: u64,
         runtime: &tokio::runtime::Runtime,
         specs: Vec<EpisodeSpec>,
+        on_episode_end: &(dyn Fn() + Sync),
     ) -> EpisodeBatch {
         let (episodes, mut engine_stats) = match generator {
             Generator::Local(engine) => {
@@ -310,15 +311,16 @@ impl AgentContext<'_> {
                 // A slot per episode at most: each keeps its context there between turns.
                 let episodes = specs.len();
                 std::thread::scope(|s| {
-                    let episodes_run =
-                        s.spawn(move || self.play_all(Caller::Local(handle), runtime, specs));
+                    let episodes_run = s.spawn(move || {
+                        self.play_all(Caller::Local(handle), runtime, specs, on_episode_end)
+                    });
                     let (stats, _) = queue.run_phase(engine, policy, version, capacity, episodes);
                     (episodes_run.join().unwrap_or_default(), stats)
                 })
             }
             Generator::Remote(remote) => {
-                let episodes =
-                    self.play_all(Caller::Remote(remote.clone(), version), runtime, specs);
+                let caller = Caller::Remote(remote.clone(), version);
+                let episodes = self.play_all(caller, runtime, specs, on_episode_end);
                 let generated = episodes
                     .iter()
                     .flat_map(|e| &e.trajectory.transitions)
@@ -364,11 +366,16 @@ impl AgentContext<'_> {
         caller: Caller,
         runtime: &tokio::runtime::Runtime,
         specs: Vec<EpisodeSpec>,
+        on_episode_end: &(dyn Fn() + Sync),
     ) -> Vec<Episode> {
         // Each episode is a session of the engine: its slot keeps the context between turns.
         let runs = specs.into_iter().enumerate().map(|(i, spec)| {
             let c = caller.clone();
-            async move { self.episode(c, spec, i as u64).await }
+            async move {
+                let episode = self.episode(c, spec, i as u64).await;
+                on_episode_end();
+                episode
+            }
         });
         runtime.block_on(futures_util::future::join_all(runs))
     }
@@ -805,6 +812,7 @@ mod tests {
             0,
             &runtime(),
             specs(task.as_ref(), 2),
+            &|| {},
         );
         assert_eq!(r.episodes.len(), 2);
         for e in &r.episodes {
@@ -890,6 +898,7 @@ mod tests {
                 0,
                 &runtime(),
                 specs(&task, 2),
+                &|| {},
             );
             for e in &r.episodes {
                 let t = &e.trajectory;
@@ -928,6 +937,7 @@ mod tests {
                 0,
                 &runtime(),
                 specs(&task, 2),
+                &|| {},
             );
             let per_episode = if fails { 3 } else { 1 };
             for e in &r.episodes {
@@ -1000,6 +1010,7 @@ mod tests {
                 2,
                 &runtime(),
                 specs,
+                &|| {},
             );
             let (mut multi_turn, mut extended, mut merged) = (0, 0, 0);
             for e in &r.episodes {
@@ -1089,6 +1100,7 @@ mod tests {
             0,
             &runtime(),
             specs(task, 16),
+            &|| {},
         );
         let trajectories: Vec<Trajectory> = r.episodes.into_iter().map(|e| e.trajectory).collect();
         let mut cfg = crate::trainer::TrainConfig::default();
@@ -1201,6 +1213,7 @@ mod tests {
             0,
             &runtime(),
             specs(task.as_ref(), 16),
+            &|| {},
         );
         assert!(r.stats.stepwise >= 4, "{:?}", r.stats);
         assert!(
@@ -1399,7 +1412,8 @@ mod tests {
                     },
                 })
                 .collect();
-            let episodes = ctx.play_all(Caller::Scripted(Arc::new(answer)), &runtime(), specs);
+            let caller = Caller::Scripted(Arc::new(answer));
+            let episodes = ctx.play_all(caller, &runtime(), specs, &|| {});
             let seen = seen.lock().unwrap();
             assert_eq!(seen.len(), 4 * recorded.len(), "{name}");
             for (session, k, prompt) in seen.iter() {
@@ -1580,6 +1594,7 @@ mod tests {
             0,
             &runtime(),
             specs,
+            &|| {},
         );
         for (e, kind) in r.episodes.iter().zip(&kinds) {
             match (kind.as_str(), &e.trajectory.status) {

@@ -204,6 +204,10 @@ impl Workload for External {
     fn held_out(&self) -> bool {
         self.task.held_out
     }
+
+    fn eval_problems(&self) -> usize {
+        self.task.eval.problems.len()
+    }
 }
 
 /// A recorded rollout as a trajectory: one transition per call, exactly as generated. Calls

@@ -56,6 +56,8 @@ pub struct StepContext<'a> {
     pub tokenizer: &'a Tokenizer,
     /// The run's sampling settings, stop tokens included.
     pub sampling: &'a SamplingParams,
+    /// Called as each episode of a multi-turn evaluation ends (`skein eval`'s progress).
+    pub on_episode_end: Option<&'a (dyn Fn() + Sync)>,
 }
 
 impl<'a> StepContext<'a> {
@@ -73,6 +75,15 @@ impl<'a> StepContext<'a> {
             step: 0,
             tokenizer,
             sampling,
+            on_episode_end: None,
+        }
+    }
+
+    /// This context, calling `f` as each episode of a multi-turn evaluation ends.
+    pub fn counting_episodes(self, f: &'a (dyn Fn() + Sync)) -> Self {
+        StepContext {
+            on_episode_end: Some(f),
+            ..self
         }
     }
 
@@ -225,6 +236,8 @@ pub trait Workload {
     /// Whether evaluation is on problems training never sees (else on training problems:
     /// the task is too small to split, or a dataset has no validation files).
     fn held_out(&self) -> bool;
+    /// The problems an evaluation answers (or plays, one episode each).
+    fn eval_problems(&self) -> usize;
     /// The longest prompt in tokens that the start-up check knows of (0: none to check).
     fn longest_prompt(&self) -> usize {
         0

@@ -246,7 +246,14 @@ impl Workload for MultiTurn {
             .collect();
         let agent = self.context(ctx.tokenizer, ctx.sampling);
         let counters_before = self.task.counters();
-        let mut r = agent.run(ctx.engine, ctx.policy, ctx.version, &self.runtime, specs);
+        let mut r = agent.run(
+            ctx.engine,
+            ctx.policy,
+            ctx.version,
+            &self.runtime,
+            specs,
+            &|| {},
+        );
         self.warn_unknown(&r.stats.unknown, &format!("the episodes of step {step}"));
         if !counters_before.is_empty() {
             let grown = self.task.counters().into_iter().zip(&counters_before);
@@ -291,7 +298,8 @@ impl Workload for MultiTurn {
             })
             .collect();
         let agent = self.context(ctx.tokenizer, &greedy);
-        let r = agent.run(ctx.engine, ctx.policy, 0, &self.runtime, specs);
+        let counted = ctx.on_episode_end.unwrap_or(&|| {});
+        let r = agent.run(ctx.engine, ctx.policy, 0, &self.runtime, specs, counted);
         self.warn_unknown(&r.stats.unknown, "the evaluation episodes");
         let n = r.episodes.len().max(1) as f64;
         let turns = |e: &Episode| e.trajectory.transitions.len() as f64;
@@ -339,5 +347,9 @@ impl Workload for MultiTurn {
 
     fn held_out(&self) -> bool {
         self.split
+    }
+
+    fn eval_problems(&self) -> usize {
+        self.eval.len()
     }
 }

@@ -315,6 +315,10 @@ impl Workload for Prompts {
         self.task.held_out
     }
 
+    fn eval_problems(&self) -> usize {
+        self.task.eval.problems.len()
+    }
+
     fn longest_prompt(&self) -> usize {
         self.task.longest_prompt
     }
