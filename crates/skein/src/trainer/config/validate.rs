@@ -891,6 +891,14 @@ fn validate_env_worker(cfg: &TrainConfig, v: &mut Validator) {
             "must be empty with agent.kind = \"env-worker\" (the environment makes its own \
              problems)",
             format!("{:?}", cfg.data.train_files),
+        )
+        .check(
+            cfg.sft.direct_share == 0.0 || cfg.sft.direct_steps == 0,
+            "sft.direct_share",
+            "must be 0 with agent.kind = \"env-worker\": a worker's demonstrations have no \
+             answer without its tools, so the direct-answer stage would train on ordinary \
+             ones",
+            cfg.sft.direct_share,
         );
 }
 
@@ -1383,8 +1391,11 @@ mod tests {
         cfg.agent.start_timeout_s = 0.0;
         cfg.data.train_files = vec!["train.jsonl".into()];
         cfg.rollout.partial.enabled = true;
+        cfg.sft.direct_share = 0.5;
+        cfg.sft.direct_steps = 10;
         let err = validate(&cfg).unwrap_err().to_string();
         for key in [
+            "`sft.direct_share`: must be 0 with agent.kind = \"env-worker\"",
             "`agent.command[2]`: no such file",
             "`agent.start_timeout_s`",
             "`data.train_files`: must be empty with agent.kind = \"env-worker\"",
