@@ -167,11 +167,11 @@ pub struct AgentStats {
     /// Tokens inserted between turns (environment replies; never trained on): each later
     /// prompt's tokens past what it shares with the context before it.
     pub inserted_tokens: usize,
-    /// Episodes whose every prompt extends the context before it (one merged row; an episode
-    /// of one turn counts here).
+    /// Trained episodes (failed ones train no row) whose every prompt extends the context
+    /// before it (one merged row; an episode of one turn counts here).
     pub merged: usize,
-    /// Episodes with a prompt that does not (a template that re-renders earlier turns): one
-    /// row per turn.
+    /// Trained episodes with a prompt that does not (a template that re-renders earlier
+    /// turns): one row per turn.
     pub stepwise: usize,
     /// Calls of tools (messages answered with a tool message).
     pub tool_calls: usize,
@@ -213,10 +213,14 @@ impl AgentStats {
                 .count();
             self.inserted_tokens += w[1].prompt.len() - shared;
         }
-        if extends_token_for_token(&e.trajectory) {
-            self.merged += 1;
-        } else {
-            self.stepwise += 1;
+        match (
+            e.trajectory.is_failed(),
+            extends_token_for_token(&e.trajectory),
+        ) {
+            // A failed episode trains no row, merged or not.
+            (true, _) => {}
+            (false, true) => self.merged += 1,
+            (false, false) => self.stepwise += 1,
         }
         match e.cutoff {
             Some(Cutoff::Turns) => self.turn_limit += 1,
@@ -764,6 +768,38 @@ mod tests {
     use crate::model::ModelConfig;
     use skein_tasks::{agent_task_by_name, Score, TaskRng};
     use tch::Device;
+
+    /// A failed episode trains no row: it counts as neither merged nor step-wise (with no
+    /// turn, it would otherwise pass for merged), while its failure is counted.
+    #[test]
+    fn a_failed_episode_is_neither_merged_nor_stepwise() {
+        let failed = Episode {
+            trajectory: Trajectory {
+                id: "e0".into(),
+                group: "g0".into(),
+                transitions: Vec::new(),
+                reward: 0.0,
+                status: Status::Failed("the environment failed to open".into()),
+            },
+            correct: false,
+            transcript: Vec::new(),
+            cutoff: Some(Cutoff::EnvError),
+            unknown: UnknownChars::default(),
+            cut_turns: 0,
+        };
+        let stats = AgentStats::of(&[failed]);
+        assert_eq!((stats.merged, stats.stepwise), (0, 0));
+        assert_eq!(stats.env_errors, 1);
+        let mut external = super::super::stats::ExternalStats::default();
+        external.add(&Trajectory {
+            id: "r0".into(),
+            group: "g0".into(),
+            transitions: Vec::new(),
+            reward: 0.0,
+            status: Status::Failed("timed out".into()),
+        });
+        assert_eq!((external.merged, external.stepwise), (0, 0));
+    }
 
     fn runtime() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_multi_thread()

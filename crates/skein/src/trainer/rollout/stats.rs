@@ -449,8 +449,9 @@ pub struct ExternalStats {
     pub agent_failures: usize,
     /// Rollouts not closed within `agent.rollout_timeout_s`.
     pub timeouts: usize,
-    /// Rollouts whose every call's prompt extends the previous call's prompt and completion
-    /// (one merged row; a rollout of one call counts here).
+    /// Trained rollouts (failed ones train no row) whose every call's prompt extends the
+    /// previous call's prompt and completion (one merged row; a rollout of one call counts
+    /// here).
     pub merged: usize,
     /// Rollouts with a call that does not (a history rendered afresh): one row per call.
     pub stepwise: usize,
@@ -460,10 +461,11 @@ impl ExternalStats {
     /// Counts a recorded rollout's calls and how it becomes rows.
     pub fn add(&mut self, t: &Trajectory) {
         self.calls += t.transitions.len();
-        if skein_plan::extends_token_for_token(t) {
-            self.merged += 1;
-        } else {
-            self.stepwise += 1;
+        match (t.is_failed(), skein_plan::extends_token_for_token(t)) {
+            // A failed rollout trains no row, merged or not.
+            (true, _) => {}
+            (false, true) => self.merged += 1,
+            (false, false) => self.stepwise += 1,
         }
     }
 
