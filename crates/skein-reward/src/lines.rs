@@ -135,6 +135,12 @@ impl LineProcess {
         false
     }
 
+    /// How the process ended ("exit status: 1", "signal: 9 (SIGKILL)"), once
+    /// [`running`](Self::running) has found it gone; None while it runs.
+    pub fn exit_status(&mut self) -> Option<String> {
+        self.child.try_wait().ok().flatten().map(|s| s.to_string())
+    }
+
     /// Whether the process has written a line yet.
     pub fn answered(&self) -> bool {
         self.answered
@@ -300,6 +306,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert!(!p.running());
+        assert_eq!(p.exit_status().as_deref(), Some("exit status: 3"));
         let e = LineProcess::spawn(&["/nonexistent/worker".to_string()], "t").err();
         assert!(e.is_some());
         assert!(LineProcess::spawn(&[], "t").is_err());

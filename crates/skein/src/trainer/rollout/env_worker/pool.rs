@@ -182,6 +182,12 @@ impl Pool {
         let name = self.name(slot_index);
         let mut slot = lock(&self.slots[slot_index]);
         let alive = slot.process.as_mut().is_some_and(|p| p.running());
+        if let (false, Some(p)) = (alive, slot.process.as_mut()) {
+            // It exited on its own, between requests: what its episodes' errors quote.
+            let status = p.exit_status().unwrap_or_else(|| "status unknown".into());
+            slot.ended = format!("it exited between requests, {status}");
+            slot.process = None;
+        }
         if let Some(g) = generation {
             if g != slot.generation || !alive {
                 return Err(EnvError::worker(format!(
@@ -308,6 +314,7 @@ mod tests {
         id=$(printf '%s' "$line" | sed 's/.*"id":\([0-9]*\).*/\1/')
         case "$line" in
           *die*) exit 3 ;;
+          *quit*) echo '{"id":'$id',"ok":true}'; exit 4 ;;
           *hang*) sleep 30 ;;
           *garbage*) echo 'not json' ;;
           *oops*) echo '{"id":'$id',"error":"bad move"}' ;;
@@ -366,6 +373,31 @@ mod tests {
         assert!(!e.worker_failed && e.message.contains("bad move"), "{e}");
         assert!(p.call_home(home, &json!({"op": "step"})).is_ok());
         assert_eq!(p.restarts(), 3);
+    }
+
+    /// A process that exits on its own between requests fails its episodes with how it
+    /// ended, not with an empty reason (or the reason an earlier process of the slot ended).
+    #[test]
+    fn a_process_that_exits_between_requests_is_named_with_its_status() {
+        let p = pool(1);
+        let home = p.call_new(&json!({"op": "reset"})).unwrap().home;
+        let killed = p.call_new(&json!({"op": "hang"})).err().unwrap();
+        assert!(killed.message.contains("did not answer within"), "{killed}");
+        let home = p
+            .call_new(&json!({"op": "reset"}))
+            .map(|a| a.home)
+            .unwrap_or(home);
+        assert!(p.call_home(home, &json!({"op": "quit"})).is_ok());
+        std::thread::sleep(Duration::from_millis(300));
+        let e = p.call_home(home, &json!({"op": "step"})).err().unwrap();
+        assert!(e.worker_failed);
+        assert!(
+            e.message.contains(
+                "ended while it hosted this episode (it exited between requests, exit status: 4)"
+            ),
+            "{}",
+            e.message
+        );
     }
 
     /// A process that answers a request twice, or without its id, is out of step: the next
