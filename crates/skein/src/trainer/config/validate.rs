@@ -227,7 +227,7 @@ const MAX_EVAL_PROBLEMS: usize = 1 << 20;
 
 /// `[rollout]`: sizes, sampling, partial rollout and the remote engine.
 fn validate_rollout(cfg: &TrainConfig, v: &mut Validator) {
-    let (r, s, t) = (&cfg.rollout, &cfg.rollout.sampling, &cfg.trainer);
+    let (r, s) = (&cfg.rollout, &cfg.rollout.sampling);
     v.check(
         r.remote.publish != crate::engine::Publish::Adapter || cfg.lora.enabled(),
         "rollout.remote.publish",
@@ -291,32 +291,7 @@ fn validate_rollout(cfg: &TrainConfig, v: &mut Validator) {
             }
         }
     }
-    let p = &r.partial;
-    if p.enabled {
-        // A version step of one training step: a sample paused now resumes that much later.
-        let per_step = (t.num_mini_batches * t.ppo_epochs) as u64;
-        v.at_least("rollout.partial.token_budget", p.token_budget, 1)
-            .check(
-                p.token_budget < r.sampling.max_new_tokens,
-                "rollout.partial.token_budget",
-                &format!(
-                    "must be below `rollout.sampling.max_new_tokens` = {}: a sample stops at \
-                     that limit before it reaches the budget, so none would ever pause and \
-                     partial rollout would do nothing; lower the budget or raise the limit",
-                    r.sampling.max_new_tokens
-                ),
-                p.token_budget,
-            )
-            .check(
-                p.max_staleness >= per_step,
-                "rollout.partial.max_staleness",
-                &format!(
-                    "must be at least trainer.num_mini_batches × trainer.ppo_epochs = {per_step} \
-                     (the versions one step advances), or no paused sample could ever resume"
-                ),
-                p.max_staleness,
-            );
-    }
+    validate_partial(cfg, v);
     if r.engine == EngineKind::Remote {
         let rm = &r.remote;
         v.check(
@@ -335,6 +310,38 @@ fn validate_rollout(cfg: &TrainConfig, v: &mut Validator) {
         .at_least("rollout.remote.timeout_ms", rm.timeout_ms, 1)
         .at_least("rollout.remote.concurrency", rm.concurrency, 1);
     }
+}
+
+/// `[rollout.partial]`, when it is on: a budget that pauses samples, and a cap they can
+/// resume within.
+fn validate_partial(cfg: &TrainConfig, v: &mut Validator) {
+    let (p, t) = (&cfg.rollout.partial, &cfg.trainer);
+    if !p.enabled {
+        return;
+    }
+    // A version step of one training step: a sample paused now resumes that much later.
+    let per_step = (t.num_mini_batches * t.ppo_epochs) as u64;
+    v.at_least("rollout.partial.token_budget", p.token_budget, 1)
+        .check(
+            p.token_budget < cfg.rollout.sampling.max_new_tokens,
+            "rollout.partial.token_budget",
+            &format!(
+                "must be below `rollout.sampling.max_new_tokens` = {}: a sample stops at \
+                 that limit before it reaches the budget, so none would ever pause and \
+                 partial rollout would do nothing; lower the budget or raise the limit",
+                cfg.rollout.sampling.max_new_tokens
+            ),
+            p.token_budget,
+        )
+        .check(
+            p.max_staleness >= per_step,
+            "rollout.partial.max_staleness",
+            &format!(
+                "must be at least trainer.num_mini_batches × trainer.ppo_epochs = {per_step} \
+                 (the versions one step advances), or no paused sample could ever resume"
+            ),
+            p.max_staleness,
+        );
 }
 
 /// Skipping groups whose rewards are all equal (`rollout.skip_zero_variance_groups`) or
