@@ -414,6 +414,25 @@ mod tests {
         });
     }
 
+    /// A LoRA model on a bfloat16 base, its adapters [`perturb`]ed and `B` scaled by
+    /// `factor`: an update far below bfloat16's spacing at these weights.
+    fn small_update_on_bfloat16(seed: i64, factor: f64) -> Model {
+        let bf16 = ModelOptions {
+            dtype: Dtype::Bfloat16,
+            ..lora(4)
+        };
+        let model = Model::random_with(&config(), &bf16, Device::Cpu, seed).unwrap();
+        perturb(&model);
+        tch::no_grad(|| {
+            for (name, mut t) in model.vs.variables() {
+                if name.contains(".lora_B.") {
+                    t.copy_(&(&t * factor));
+                }
+            }
+        });
+        model
+    }
+
     fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
         (a - b).abs().max().double_value(&[])
     }
@@ -637,20 +656,8 @@ mod tests {
     #[test]
     fn a_frozen_copy_keeps_the_adapters_as_they_were() {
         let dir = std::env::temp_dir().join(format!("skein-frozen-{}", std::process::id()));
-        let bf16 = ModelOptions {
-            dtype: Dtype::Bfloat16,
-            ..lora(4)
-        };
-        let model = Model::random_with(&config(), &bf16, Device::Cpu, 6).unwrap();
-        perturb(&model);
-        // An update far below bfloat16's spacing at these weights.
-        tch::no_grad(|| {
-            for (name, mut t) in model.vs.variables() {
-                if name.ends_with("lora_B.weight") {
-                    let _ = t.g_mul_scalar_(1e-3);
-                }
-            }
-        });
+        let model = small_update_on_bfloat16(6, 1e-3);
+        let bf16 = model.options.clone();
         let want = model.net.forward(&ids());
         let frozen = model.frozen_copy();
         assert!(frozen.net.forward(&ids()).equal(&want));
@@ -714,20 +721,7 @@ mod tests {
     /// digits: written in float32, they are the base plus B·A exactly.
     #[test]
     fn merged_weights_of_a_bfloat16_base_keep_small_updates() {
-        let bf16 = ModelOptions {
-            dtype: Dtype::Bfloat16,
-            ..lora(4)
-        };
-        let model = Model::random_with(&config(), &bf16, Device::Cpu, 5).unwrap();
-        perturb(&model);
-        // Scale B down to an update far below bfloat16's spacing at these weights.
-        tch::no_grad(|| {
-            for (name, mut t) in model.vs.variables() {
-                if name.contains(".lora_B.") {
-                    t.copy_(&(&t * 1e-4));
-                }
-            }
-        });
+        let model = small_update_on_bfloat16(5, 1e-4);
         let dir = std::env::temp_dir().join(format!("skein-bf16-merge-{}", std::process::id()));
         model.save_dir(&dir).unwrap();
         // The config tells loaders the weights' dtype, not the bfloat16 base's: transformers
