@@ -22,10 +22,10 @@ pub fn check_dataset_routes<'a>(
     for p in problems {
         *rows_per_source.entry(p.data_source.as_str()).or_default() += 1;
     }
-    let mut problems = Vec::new();
+    let mut refused = Vec::new();
     for name in reward.routes.keys() {
         if !rows_per_source.contains_key(name.as_str()) {
-            problems.push(format!(
+            refused.push(format!(
                 "`reward.routes.{name}`: no loaded row has data source `{name}` (the rows \
                  have: {}); key the route by a row's `data_source`",
                 listed(&rows_per_source)
@@ -39,15 +39,15 @@ pub fn check_dataset_routes<'a>(
             .map(|(s, n)| (*s, *n))
             .collect();
         if !unrouted.is_empty() {
-            problems.push(format!(
+            refused.push(format!(
                 "`reward.default_route.sources` is empty and no route scores rows with data \
                  source {}; add `[reward.routes.<source>]` or a default route",
                 listed(&unrouted)
             ));
         }
     }
-    if !problems.is_empty() {
-        bail!("{}", problems.join("\n"));
+    if !refused.is_empty() {
+        bail!("{}", refused.join("\n"));
     }
     Ok(())
 }
