@@ -325,9 +325,27 @@ mod tests {
         .expect("a valid config literal")
     }
 
-    /// Random weights under the names a BertModel checkpoint uses, optionally `bert.`-prefixed.
+    /// Pseudo-random values in [-1.5, 1.5), drawn from a generator of the test's own (splitmix64)
+    /// rather than libtorch's global one, which tests running beside this one also draw from.
+    fn fixed_noise(shape: &[i64], seed: u64) -> Tensor {
+        let len: i64 = shape.iter().product();
+        let mut state = seed;
+        let values: Vec<f32> = (0..len)
+            .map(|_| {
+                state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+                let mut z = state;
+                z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+                z ^= z >> 31;
+                ((z >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.0
+            })
+            .collect();
+        Tensor::from_slice(&values).view(shape)
+    }
+
+    /// Fixed pseudo-random weights under the names a BertModel checkpoint uses, optionally
+    /// `bert.`-prefixed.
     fn tiny_weights(cfg: &BertConfig, prefix: &str) -> Weights {
-        tch::manual_seed(7);
         let (h, m) = (cfg.hidden_size, cfg.intermediate_size);
         let mut shapes: Vec<(String, Vec<i64>)> = vec![
             (
@@ -359,12 +377,8 @@ mod tests {
         }
         let map: HashMap<String, Tensor> = shapes
             .into_iter()
-            .map(|(n, s)| {
-                (
-                    format!("{prefix}{n}"),
-                    Tensor::randn(s, (Kind::Float, Device::Cpu)),
-                )
-            })
+            .zip(1u64..)
+            .map(|((n, s), seed)| (format!("{prefix}{n}"), fixed_noise(&s, seed)))
             .collect();
         Weights::from_map("tiny", map, Device::Cpu)
     }
