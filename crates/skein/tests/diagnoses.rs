@@ -131,9 +131,16 @@ fn diagnosed(dir: &Path, err: &str, name: &str) -> Value {
 /// The run named exactly the diagnoses `expected` and no other: a made-sick run names what
 /// it was made to show, and a rule that fires beside it on the same run is a false alarm.
 fn only(dir: &Path, err: &str, expected: &[&str]) {
+    only_but_maybe(dir, err, expected, &[]);
+}
+
+/// As `only`, where the diagnoses in `may_also` may fire beside the expected ones or not: they
+/// are true of some of the runs a seed and a machine's arithmetic lead to, and false of others.
+fn only_but_maybe(dir: &Path, err: &str, expected: &[&str], may_also: &[&str]) {
     let mut names: Vec<String> = diagnoses(dir)
         .iter()
         .filter_map(|d| d["name"].as_str().map(str::to_string))
+        .filter(|name| !may_also.contains(&name.as_str()))
         .collect();
     names.sort();
     names.dedup();
@@ -231,18 +238,21 @@ fn a_reward_that_pays_for_length_is_exploited() {
 #[test]
 fn a_learning_rate_far_too_high_drifts_and_collapses_entropy() {
     let mut s = reward_worker(&["--coin"]);
-    // From a model that has learnt nothing (which never ends a response, so every one is also
-    // cut off: `truncation`, true of it).
+    // From a model that has learnt nothing, which never ends a response: every one is cut off
+    // until the policy collapses. Where it collapses onto the end token, responses end early
+    // and `truncation` stays quiet; elsewhere it fires, and is true. Which of the two a run
+    // takes depends on the machine's float reductions at this learning rate.
     s.extend(sets(&["optim.lr=0.3", "trainer.steps=4", "sft.steps=0"]));
     let (dir, err) = train("lr-too-high", &s);
     let drift = diagnosed(&dir, &err, "policy-drift");
     assert_eq!(drift["step"], 2, "{drift}");
     assert!(evidence(&drift).contains("approx_kl"), "{drift}");
     let collapse = diagnosed(&dir, &err, "entropy-collapse");
-    only(
+    only_but_maybe(
         &dir,
         &err,
-        &["policy-drift", "entropy-collapse", "truncation"],
+        &["policy-drift", "entropy-collapse"],
+        &["truncation"],
     );
     assert!(
         evidence(&collapse).starts_with("entropy fell from"),
