@@ -21,12 +21,15 @@ use crate::engine::{
     SamplingParams,
 };
 use crate::model::Model;
+use crate::panic_message::panic_message;
 use anyhow::{bail, Context, Result};
+use futures_util::FutureExt;
 use skein_plan::{extends_token_for_token, Status, Trajectory, Transition};
 use skein_tasks::{
     render_plain, AgentTask, Env, EnvError, EnvMessage, EnvRole, EnvStep, Problem, Turn,
 };
 use skein_text::{ChatTemplate, Message, Tokenizer, UnknownChars};
+use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
 /// Where an episode is cut off.
@@ -69,7 +72,7 @@ pub enum Cutoff {
     Turns,
     /// The episode's token budget ran out.
     Tokens,
-    /// The environment returned an error or panicked.
+    /// The environment returned an error or panicked, or the task's code panicked.
     EnvError,
     /// The environment took longer than `env_timeout`.
     EnvTimeout,
@@ -319,7 +322,12 @@ impl AgentContext<'_> {
                         self.play_all(Caller::Local(handle), runtime, specs, on_episode_end)
                     });
                     let (stats, _) = queue.run_phase(engine, policy, version, capacity, episodes);
-                    (episodes_run.join().unwrap_or_default(), stats)
+                    // Each episode catches its own panics; one that escapes them is skein's
+                    // own fault, and losing the step's episodes to it silently would hide it.
+                    let episodes = episodes_run
+                        .join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                    (episodes, stats)
                 })
             }
             Generator::Remote(remote) => {
@@ -391,7 +399,17 @@ impl AgentContext<'_> {
             unknown: UnknownChars::default(),
             cut_turns: 0,
         };
-        let outcome = self.play(&handle, &spec.problem, session, &mut run).await;
+        // The task's own code runs in here (`AgentTask::start`, `Env::state_key`), not all of
+        // it on a guarded blocking thread: a panic in it fails this episode alone.
+        let outcome = AssertUnwindSafe(self.play(&handle, &spec.problem, session, &mut run))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|panic| {
+                Err((
+                    Cutoff::EnvError,
+                    format!("the task's code panicked: {}", panic_message(&*panic)),
+                ))
+            });
         let (reward, correct, status, cutoff) = match outcome {
             Ok(Outcome::Done(score)) => (score.reward, score.correct, Status::Finished, None),
             Ok(Outcome::Cut(c)) => (0.0, false, Status::Truncated, Some(c)),
@@ -630,7 +648,13 @@ impl AgentContext<'_> {
                     timeout.as_secs_f64()
                 ),
             )),
-            Ok(Err(_)) => Err((Cutoff::EnvError, "the environment panicked".into())),
+            Ok(Err(join)) => Err((
+                Cutoff::EnvError,
+                match join.try_into_panic() {
+                    Ok(panic) => format!("the environment panicked: {}", panic_message(&*panic)),
+                    Err(_) => "the environment's thread was cancelled".into(),
+                },
+            )),
             Ok(Ok(Err(e))) if e.timed_out => Err((Cutoff::EnvTimeout, e.message)),
             Ok(Ok(Err(e))) if e.worker_failed => Err((Cutoff::EnvWorker, e.message)),
             Ok(Ok(Err(e))) => Err((Cutoff::EnvError, format!("environment error: {e}"))),
@@ -1551,11 +1575,110 @@ mod tests {
         assert!(chat_delta("abc", "xbcd", "<|im_end|>").is_err());
     }
 
+    /// A test task of numbered problems (ground truths `0..kinds`): its environment for a
+    /// problem is `start`'s for the number, whose kind of behaviour the test chooses.
+    struct ByKind(i64, fn(u8) -> Box<dyn Env>);
+
+    impl AgentTask for ByKind {
+        fn name(&self) -> &str {
+            "by-kind"
+        }
+        fn sample(&self, rng: &mut TaskRng) -> Problem {
+            Problem {
+                prompt: "12".into(),
+                ground_truth: rng.range(0, self.0).to_string(),
+                data_source: "by-kind".into(),
+                meta: serde_json::Value::Null,
+            }
+        }
+        fn start(&self, p: &Problem) -> Box<dyn Env> {
+            (self.1)(p.ground_truth.parse().unwrap_or(u8::MAX))
+        }
+        fn demonstration_turn(&self, _: &Problem, _: &[Turn], _: &mut TaskRng) -> String {
+            "1".into()
+        }
+        fn alphabet(&self) -> &str {
+            "0123456789"
+        }
+        fn max_turns(&self) -> usize {
+            2
+        }
+        fn max_message_chars(&self) -> usize {
+            1
+        }
+    }
+
+    /// Runs `n` episodes of `task` on the embedded engine; returns each one's kind and the
+    /// batch.
+    fn run_by_kind(task: &ByKind, limits: AgentLimits, n: usize) -> (Vec<String>, EpisodeBatch) {
+        let tokenizer = Tokenizer::char_level(task.alphabet()).unwrap();
+        let params = params(&tokenizer);
+        let ctx = AgentContext {
+            task,
+            tokenizer: &tokenizer,
+            format: &TurnFormat::Plain,
+            params: &params,
+            limits: &limits,
+        };
+        let specs = specs(task, n);
+        let kinds = specs
+            .iter()
+            .map(|s| s.problem.ground_truth.clone())
+            .collect();
+        let batch = ctx.run(
+            &Generator::Local(Engine::new(8)),
+            &model(&tokenizer),
+            0,
+            &runtime(),
+            specs,
+            &|| {},
+        );
+        (kinds, batch)
+    }
+
+    /// A task whose own code panics outside the guarded environment calls (`start` for one
+    /// kind of problem, `state_key` for another) fails those episodes alone, with the panic's
+    /// message, counted as environment errors; the others of the step finish. It used to drop
+    /// every episode of the step with the embedded engine.
+    #[test]
+    fn a_panic_in_the_tasks_own_code_fails_its_episode_alone() {
+        struct PanickyEnv(u8);
+        impl Env for PanickyEnv {
+            fn step(&mut self, _: &str) -> Result<EnvStep, EnvError> {
+                Ok(EnvStep::Done(Score {
+                    reward: 1.0,
+                    correct: true,
+                    formatted: true,
+                }))
+            }
+            fn state_key(&self) -> Option<String> {
+                assert_ne!(self.0, 1, "no key for this state");
+                None
+            }
+        }
+        let task = ByKind(5, |kind| {
+            assert_ne!(kind, 0, "cannot start this problem");
+            Box::new(PanickyEnv(kind))
+        });
+        let (kinds, r) = run_by_kind(&task, limits(), 30);
+        assert_eq!(r.episodes.len(), kinds.len());
+        for (e, kind) in r.episodes.iter().zip(&kinds) {
+            match (kind.as_str(), &e.trajectory.status) {
+                ("0", Status::Failed(why)) => assert!(why.contains("cannot start"), "{why}"),
+                ("1", Status::Failed(why)) => assert!(why.contains("no key"), "{why}"),
+                ("0" | "1", s) => panic!("episode {kind} should have failed: {s:?}"),
+                (_, s) => assert_eq!(*s, Status::Finished),
+            }
+        }
+        let failing = kinds.iter().filter(|k| *k == "0" || *k == "1").count();
+        assert!(failing > 0 && failing < kinds.len(), "{kinds:?}");
+        assert_eq!(r.stats.env_errors, failing);
+    }
+
     /// An environment that errors, one that hangs, and healthy ones: the first two fail their
     /// own episode with a reason, counted; the rest finish.
     #[test]
     fn env_errors_and_timeouts_fail_one_episode_each() {
-        struct Flaky;
         struct FlakyEnv(u8);
         impl Env for FlakyEnv {
             fn step(&mut self, _: &str) -> Result<EnvStep, EnvError> {
@@ -1577,61 +1700,12 @@ mod tests {
                 }
             }
         }
-        impl AgentTask for Flaky {
-            fn name(&self) -> &str {
-                "flaky"
-            }
-            fn sample(&self, rng: &mut TaskRng) -> Problem {
-                Problem {
-                    prompt: "12".into(),
-                    ground_truth: rng.range(0, 9).to_string(),
-                    data_source: "flaky".into(),
-                    meta: serde_json::Value::Null,
-                }
-            }
-            fn start(&self, p: &Problem) -> Box<dyn Env> {
-                Box::new(FlakyEnv(p.ground_truth.parse().unwrap_or(9)))
-            }
-            fn demonstration_turn(&self, _: &Problem, _: &[Turn], _: &mut TaskRng) -> String {
-                "1".into()
-            }
-            fn alphabet(&self) -> &str {
-                "0123456789"
-            }
-            fn max_turns(&self) -> usize {
-                2
-            }
-            fn max_message_chars(&self) -> usize {
-                1
-            }
-        }
-        let task = Flaky;
-        let tokenizer = Tokenizer::char_level(task.alphabet()).unwrap();
-        let params = params(&tokenizer);
+        let task = ByKind(9, |kind| Box::new(FlakyEnv(kind)));
         let limits = AgentLimits {
             env_timeout: Duration::from_millis(300),
             ..limits()
         };
-        let ctx = AgentContext {
-            task: &task,
-            tokenizer: &tokenizer,
-            format: &TurnFormat::Plain,
-            params: &params,
-            limits: &limits,
-        };
-        let specs = specs(&task, 40);
-        let kinds: Vec<String> = specs
-            .iter()
-            .map(|s| s.problem.ground_truth.clone())
-            .collect();
-        let r = ctx.run(
-            &Generator::Local(Engine::new(8)),
-            &model(&tokenizer),
-            0,
-            &runtime(),
-            specs,
-            &|| {},
-        );
+        let (kinds, r) = run_by_kind(&task, limits, 40);
         for (e, kind) in r.episodes.iter().zip(&kinds) {
             match (kind.as_str(), &e.trajectory.status) {
                 ("0", Status::Failed(why)) => assert!(why.contains("crashed"), "{why}"),
