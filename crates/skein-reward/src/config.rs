@@ -41,7 +41,7 @@ impl<'de> Deserialize<'de> for SourceConfig {
                 .join(", ")
         };
         if FUNCTION_KINDS.contains(&kind) {
-            serde_json::from_value(value)
+            function(kind, value.clone())
                 .map(SourceConfig::Function)
                 .map_err(D::Error::custom)
         } else if SERVICE_KINDS.contains(&kind) {
@@ -62,21 +62,35 @@ impl<'de> Deserialize<'de> for SourceConfig {
     }
 }
 
+/// A source's table without its `kind`: the options of that kind.
+fn options_of(value: &serde_json::Value) -> serde_json::Value {
+    let mut table = value.clone();
+    if let Some(t) = table.as_object_mut() {
+        t.remove("kind");
+    }
+    table
+}
+
 /// A service source's table, read by its `kind` so that a wrong value names its key
 /// (`reward.sources.py.timeout_ms`): serde buffers a table tagged by `kind`, and the error's
 /// path would stop at the source.
 fn service(kind: &str, value: serde_json::Value) -> Result<ServiceConfig, String> {
-    let options = || {
-        let mut table = value.clone();
-        if let Some(t) = table.as_object_mut() {
-            t.remove("kind");
-        }
-        table
-    };
     match kind {
-        "worker" => skein_config::deserialize_nested(options()).map(ServiceConfig::Worker),
-        "remote" => skein_config::deserialize_nested(options()).map(ServiceConfig::Remote),
+        "worker" => skein_config::deserialize_nested(options_of(&value)).map(ServiceConfig::Worker),
+        "remote" => skein_config::deserialize_nested(options_of(&value)).map(ServiceConfig::Remote),
         // `scorer` has no options: serde's unknown-field error names the key already.
+        _ => serde_json::from_value(value).map_err(|e| e.to_string()),
+    }
+}
+
+/// A function source's table, read by its `kind` as `service` reads a service's
+/// (`reward.sources.len.max_response_tokens`).
+fn function(kind: &str, value: serde_json::Value) -> Result<RewardFn, String> {
+    match kind {
+        "math" => skein_config::deserialize_nested(options_of(&value)).map(RewardFn::Math),
+        "format" => skein_config::deserialize_nested(options_of(&value)).map(RewardFn::Format),
+        "overlong" => skein_config::deserialize_nested(options_of(&value)).map(RewardFn::Overlong),
+        // `exact_match` has no options: serde's unknown-field error names the key already.
         _ => serde_json::from_value(value).map_err(|e| e.to_string()),
     }
 }
@@ -155,7 +169,7 @@ impl Default for RewardConfig {
             executor: ExecutorConfig::default(),
             sources: BTreeMap::from([(
                 "math".to_string(),
-                SourceConfig::Function(RewardFn::Math { flexible: false }),
+                SourceConfig::Function(RewardFn::math()),
             )]),
             routes: BTreeMap::new(),
             default_route: RouteConfig {
@@ -274,25 +288,63 @@ mod tests {
         assert!(e.to_string().contains("path"), "{e}");
     }
 
+    /// The error loading `toml` as a `[reward]` table of `run.toml` gives.
+    fn load_error(toml: &str) -> String {
+        skein_config::load::<RewardConfig>(Some(toml), "run.toml", &[])
+            .unwrap_err()
+            .to_string()
+    }
+
     /// A wrong value inside a service source names its key, not only the source.
     #[test]
     fn a_bad_value_in_a_service_source_names_its_key() {
-        let load = |toml: &str| {
-            skein_config::load::<RewardConfig>(Some(toml), "run.toml", &[])
-                .unwrap_err()
-                .to_string()
-        };
-        let e = load("[sources.py]\nkind = \"worker\"\ncommand = [\"x\"]\ntimeout_ms = \"30s\"\n");
+        let e = load_error(
+            "[sources.py]\nkind = \"worker\"\ncommand = [\"x\"]\ntimeout_ms = \"30s\"\n",
+        );
         assert_eq!(
             e,
             "run.toml: invalid value for `sources.py.timeout_ms`: expected a non-negative \
              integer, got string \"30s\""
         );
-        let e = load("[sources.rm]\nkind = \"remote\"\nurll = \"http://127.0.0.1:9\"\n");
+        let e = load_error("[sources.rm]\nkind = \"remote\"\nurll = \"http://127.0.0.1:9\"\n");
         assert!(
             e.starts_with("run.toml: unknown key `sources.rm.urll` (allowed keys in `sources.rm`:")
                 && e.contains("did you mean `url`?"),
             "{e}"
+        );
+    }
+
+    /// So does a wrong value inside a function source, and a misspelt option gets its near
+    /// miss.
+    #[test]
+    fn a_bad_value_in_a_function_source_names_its_key() {
+        let e = load_error(
+            "[sources.len]\nkind = \"overlong\"\nmax_response_tokens = \"512\"\n\
+             overlong_buffer = 64\n",
+        );
+        assert_eq!(
+            e,
+            "run.toml: invalid value for `sources.len.max_response_tokens`: expected a \
+             non-negative integer, got string \"512\""
+        );
+        let e = load_error("[sources.answer]\nkind = \"math\"\nflexibel = true\n");
+        assert!(
+            e.starts_with("run.toml: unknown key `sources.answer.flexibel`")
+                && e.contains("did you mean `flexible`?"),
+            "{e}"
+        );
+        let e = load_error("[sources.fmt]\nkind = \"format\"\nrequire = \"<think>\"\n");
+        assert!(e.contains("`sources.fmt.require`"), "{e}");
+        let ok = "[sources.len]\nkind = \"overlong\"\nmax_response_tokens = 512\n\
+                  overlong_buffer = 64\n";
+        let cfg = skein_config::load::<RewardConfig>(Some(ok), "run.toml", &[]).unwrap();
+        assert_eq!(
+            cfg.sources["len"],
+            SourceConfig::Function(RewardFn::Overlong(crate::OverlongShaping {
+                max_response_tokens: 512,
+                overlong_buffer: 64,
+                penalty: 1.0,
+            }))
         );
     }
 

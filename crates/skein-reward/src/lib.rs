@@ -22,7 +22,7 @@ pub mod worker;
 pub use config::{RewardConfig, RouteConfig, ServiceConfig, SourceConfig};
 pub use error::RewardError;
 pub use executor::{Executor, ExecutorConfig, Ticket};
-pub use functions::RewardFn;
+pub use functions::{FormatCheck, MathAnswer, OverlongShaping, RewardFn};
 pub use remote::{RemoteConfig, RemoteScorer};
 pub use request::{RewardOutput, RewardRequest, WireResponse};
 pub use rewarder::{Pending, Rewarder};

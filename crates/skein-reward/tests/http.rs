@@ -17,7 +17,7 @@ struct SlowMath {
 impl BatchScorer for SlowMath {
     fn score_batch(&self, batch: &[RewardRequest]) -> Vec<Result<RewardOutput, RewardError>> {
         std::thread::sleep(self.per_batch);
-        RewardFn::Math { flexible: false }.score_batch(batch)
+        RewardFn::math().score_batch(batch)
     }
 }
 

@@ -271,7 +271,7 @@ mod tests {
             judge,
             CorrectBy::Source {
                 name: "math".into(),
-                check: RewardFn::Math { flexible: false }
+                check: RewardFn::math()
             }
         );
         // Named, an unrouted answer check judges beside a reward model's reward.

@@ -1051,13 +1051,13 @@ fn refuse_inert_overlong(
     max_new_tokens: usize,
     v: &mut Validator,
 ) {
-    use skein_reward::{RewardFn, SourceConfig};
+    use skein_reward::{OverlongShaping, RewardFn, SourceConfig};
     for (name, source) in &reward.sources {
-        let SourceConfig::Function(RewardFn::Overlong {
+        let SourceConfig::Function(RewardFn::Overlong(OverlongShaping {
             max_response_tokens,
             overlong_buffer,
             ..
-        }) = source
+        })) = source
         else {
             continue;
         };
@@ -1477,11 +1477,13 @@ mod tests {
             let mut reward = skein_reward::RewardConfig::default();
             reward.sources.insert(
                 "len".into(),
-                skein_reward::SourceConfig::Function(skein_reward::RewardFn::Overlong {
-                    max_response_tokens,
-                    overlong_buffer: 4,
-                    penalty: 1.0,
-                }),
+                skein_reward::SourceConfig::Function(skein_reward::RewardFn::Overlong(
+                    skein_reward::OverlongShaping {
+                        max_response_tokens,
+                        overlong_buffer: 4,
+                        penalty: 1.0,
+                    },
+                )),
             );
             reward.default_route.sources = vec!["math".into(), "len".into()];
             cfg.reward = Some(reward);
