@@ -58,6 +58,7 @@ const EXACT: &[&str] = &[
     "tokens/trained",
     "partial/paused",
     "partial/resumed",
+    "rollout/prefill_tokens",
     "staleness/max",
     "is/weight_mean",
     "policy_version",
@@ -193,6 +194,10 @@ fn a_killed_run_resumes_exactly() {
     let b = rl_steps(&cut);
     // The buffer came back: the first resumed step continued the checkpoint's paused samples.
     assert_eq!(b[from]["partial/resumed"], Value::from(paused as f64));
+    // Each of them prefilled its context again: its prompt and the 4 or more ids it had (a
+    // context that samples of a group share counts once, so at least 6 tokens per 4 of them).
+    let prefilled = b[from]["rollout/prefill_tokens"].as_f64().unwrap();
+    assert!(prefilled >= paused as f64, "{prefilled} tokens");
     // keep_last = 2: only the two newest numbered checkpoints remain.
     let numbered = std::fs::read_dir(&cut)
         .unwrap()

@@ -283,6 +283,12 @@ impl StepRollout {
         }
         match &s.source {
             SourceStats::Prompts { partial, rewards } => {
+                // Prompts a group's samples share count once; a resumed sample's context
+                // (prompt and the ids it had) is prefilled again under the current weights.
+                m.push((
+                    "rollout/prefill_tokens".into(),
+                    self.engine.prefill_tokens.into(),
+                ));
                 if let Some(p) = partial {
                     m.extend(floats(&[
                         ("partial/paused", p.paused as f64),
