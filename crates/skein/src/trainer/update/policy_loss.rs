@@ -426,6 +426,43 @@ mod tests {
         assert_eq!(out.clipped_tokens, 2.0);
     }
 
+    /// The lower clip, with bounds unlike the upper one's (1 − 0.1, 1 + 0.3), so that
+    /// swapping or dropping either would show. Ratios e^-0.2 ≈ 0.82 (below 0.9) and e^-0.05
+    /// with A = −1, and e^0.2 ≈ 1.22 (above 1.1, below 1.3) with A = 1. PPO: the first token's
+    /// term is the constant −A·0.9, with no gradient, and it counts as clipped; the others keep
+    /// their gradient −A·r. CISPO: the first token trains by the bounded weight 0.9.
+    #[test]
+    fn the_lower_clip_bounds_a_falling_ratio_with_a_negative_advantage() {
+        let logp = f64s(&[-0.2, -0.05, 0.2]).set_requires_grad(true);
+        let old = f64s(&[0.0; 3]);
+        let adv = f64s(&[-1.0, -1.0, 1.0]);
+        let ones = f64s(&[1.0; 3]);
+        let batch = plain_batch(&logp, &old, &adv, &ones);
+        let (r1, r2) = ((-0.05f64).exp(), 0.2f64.exp());
+        for (kind, want_value, want_grad) in [
+            (PolicyLoss::Ppo, 0.9 + r1 - r2, [0.0, r1, -r2]),
+            (
+                PolicyLoss::Cispo,
+                0.9 * -0.2 + r1 * -0.05 - r2 * 0.2,
+                [0.9, r1, -r2],
+            ),
+        ] {
+            let cfg = LossConfig {
+                kind,
+                clip_low: 0.1,
+                clip_high: 0.3,
+                ..cfg()
+            };
+            let (value, g) = value_and_grad(&batch, &logp, &cfg);
+            assert!((value - want_value).abs() < 1e-6, "{kind:?}: {value}");
+            assert!(
+                g.iter().zip(want_grad).all(|(a, b)| (a - b).abs() < 1e-9),
+                "{kind:?}: {g:?} vs {want_grad:?}"
+            );
+            assert_eq!(policy_loss(&batch, &cfg).clipped_tokens, 1.0, "{kind:?}");
+        }
+    }
+
     /// CISPO on two tokens, by hand: ratios e^0.5 ≈ 1.65 (above 1 + 0.28, so its weight is
     /// clipped to 1.28) and e^-0.1 ≈ 0.905 (inside), advantages 1 and −2, weights 1. The loss
     /// is −Σ w·A·log π and its gradient in log π is −w·A: the clipped token keeps a gradient
