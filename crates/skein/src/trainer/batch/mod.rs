@@ -355,6 +355,106 @@ mod tests {
         assert_eq!(trained, Some(("tokens/trained", 7.0)));
     }
 
+    /// A default config with `sets` applied, as `--set` applies them.
+    fn config_with(sets: &[&str]) -> crate::trainer::TrainConfig {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        skein_config::load_with_defaults(None, "test", &sets).unwrap()
+    }
+
+    /// The advantage and loss weight of trajectory `t`'s first row.
+    fn first_row_of(batch: &StepBatch, t: usize) -> &TrainRow {
+        let i = batch.origins.iter().position(|o| o.trajectory == t);
+        &batch.rows[i.expect("the trajectory has a row")]
+    }
+
+    /// Each `algorithm.estimator` reaches the batch as its own estimator: two groups of
+    /// rewards (0, 2, 4) and (3, 3, 6), and the advantage of the reward-4 member by hand
+    /// (sample standard deviations: 2 in the first group; 2 over all six rewards; 1.673 over
+    /// the six group-centred ones).
+    #[test]
+    fn every_estimator_reaches_the_batch() {
+        let rewards = [0.0, 2.0, 4.0, 3.0, 3.0, 6.0];
+        let trajs: Vec<Trajectory> = rewards
+            .iter()
+            .enumerate()
+            .map(|(i, &reward)| Trajectory {
+                id: format!("t{i}"),
+                group: format!("g{}", i / 3),
+                transitions: vec![turn(vec![1, 2], vec![3; i + 1])],
+                reward,
+                status: Status::Finished,
+            })
+            .collect();
+        let centred = [-2.0f64, 0.0, 2.0, -1.0, -1.0, 2.0];
+        let centred_std = (centred.iter().map(|a| a * a).sum::<f64>() / 5.0).sqrt();
+        for (sets, want) in [
+            (&["algorithm.estimator=\"grpo\""][..], 2.0 / (2.0 + 1e-6)),
+            (
+                &[
+                    "algorithm.estimator=\"grpo\"",
+                    "algorithm.normalize_std=false",
+                ][..],
+                2.0,
+            ),
+            (&["algorithm.estimator=\"dr-grpo\""][..], 2.0),
+            (&["algorithm.estimator=\"rloo\""][..], 3.0),
+            (
+                &["algorithm.estimator=\"reinforce++\""][..],
+                0.5 / (1.0 + 0.5e-6),
+            ),
+            (
+                &["algorithm.estimator=\"reinforce++-baseline\""][..],
+                2.0 / (centred_std + 1e-6),
+            ),
+        ] {
+            let batch_cfg = StepBatchConfig::from_config(&config_with(sets), 8);
+            let batch = build_step_batch(&trajs, &batch_cfg, 1).unwrap();
+            let got = first_row_of(&batch, 2).advantages[0] as f64;
+            assert!((got - want).abs() < 1e-5, "{sets:?}: {got} vs {want}");
+        }
+    }
+
+    /// Each `algorithm.loss_agg_mode` reaches the batch: a single-turn trajectory of 4 tokens
+    /// and a step-wise one of two rows (1 and 2 tokens); 3 rows, 2 trajectories and 7 loss
+    /// tokens in one mini-batch, horizon 8. The two first rows' weights by hand.
+    #[test]
+    fn every_loss_aggregation_reaches_the_batch() {
+        let single = Trajectory {
+            id: "x".into(),
+            group: "g".into(),
+            transitions: vec![turn(vec![1, 2], vec![3; 4])],
+            reward: 1.0,
+            status: Status::Finished,
+        };
+        let stepwise = Trajectory {
+            id: "y".into(),
+            transitions: vec![turn(vec![1, 2], vec![6]), turn(vec![7], vec![8, 8])],
+            reward: 0.0,
+            ..single.clone()
+        };
+        let trajs = [single, stepwise];
+        for (mode, want) in [
+            ("token-mean", [1.0 / 7.0, 1.0 / 7.0]),
+            ("seq-mean-token-sum", [1.0 / 3.0, 1.0 / 3.0]),
+            ("seq-mean-token-mean", [1.0 / 12.0, 1.0 / 3.0]),
+            ("seq-mean-token-sum-norm", [1.0 / 24.0, 1.0 / 24.0]),
+            ("trajectory-mean", [1.0 / 8.0, 1.0 / 6.0]),
+        ] {
+            let set = format!("algorithm.loss_agg_mode=\"{mode}\"");
+            let batch_cfg = StepBatchConfig::from_config(&config_with(&[&set]), 8);
+            let batch = build_step_batch(&trajs, &batch_cfg, 1).unwrap();
+            assert_eq!(batch.real_rows, 3, "{mode}");
+            let got = [
+                first_row_of(&batch, 0).loss_weight,
+                first_row_of(&batch, 1).loss_weight,
+            ];
+            assert!(
+                got.iter().zip(want).all(|(g, w)| (g - w).abs() < 1e-12),
+                "{mode}: {got:?} vs {want:?}"
+            );
+        }
+    }
+
     /// Turn-level GAE: a token-exact episode of two turns (one merged row) and one whose
     /// second prompt does not extend the first (a row per turn). Each row names one value
     /// position per turn, its first sampled token, and the value loss is a mean over the
