@@ -600,19 +600,41 @@ fn validate_algorithm(cfg: &TrainConfig, v: &mut Validator) {
     );
 }
 
+/// How many of `trainer.unit` a step plans, how the config sets that number, and the unit's
+/// name.
+fn step_units(cfg: &TrainConfig) -> (usize, String, &'static str) {
+    let r = &cfg.rollout;
+    match cfg.trainer.unit {
+        skein_plan::Unit::Group => (
+            r.prompts_per_step,
+            format!("rollout.prompts_per_step = {} groups", r.prompts_per_step),
+            "group",
+        ),
+        skein_plan::Unit::Trajectory => {
+            let n = r.prompts_per_step * r.samples_per_prompt;
+            let how = format!(
+                "{n} trajectories (rollout.prompts_per_step × rollout.samples_per_prompt = {} × {})",
+                r.prompts_per_step, r.samples_per_prompt
+            );
+            (n, how, "trajectory")
+        }
+    }
+}
+
 /// `[trainer]` and `[optim]`.
 fn validate_trainer(cfg: &TrainConfig, v: &mut Validator) {
     let (t, o) = (&cfg.trainer, &cfg.optim);
     v.at_least("trainer.ppo_epochs", t.ppo_epochs, 1)
         .at_least("trainer.num_mini_batches", t.num_mini_batches, 1)
         .check(
-            t.unit != skein_plan::Unit::Group || t.num_mini_batches <= cfg.rollout.prompts_per_step,
+            t.num_mini_batches <= step_units(cfg).0,
             "trainer.num_mini_batches",
             &format!(
-                "must be at most rollout.prompts_per_step = {} with trainer.unit = \"group\" (a \
-                 group is never split over mini-batches, so a step of fewer groups would take \
-                 fewer optimizer steps than asked)",
-                cfg.rollout.prompts_per_step
+                "must be at most the {} a step has with trainer.unit = \"{unit}\" (a {unit} is \
+                 never split over mini-batches, so a step of fewer would take fewer optimizer \
+                 steps than asked)",
+                step_units(cfg).1,
+                unit = step_units(cfg).2,
             ),
             t.num_mini_batches,
         )
@@ -1196,17 +1218,24 @@ mod tests {
         assert!(e.contains("`algorithm.kl_coef` > 0"), "{e}");
     }
 
-    /// A group stays in one mini-batch, so a step cannot have more mini-batches than groups.
+    /// A group stays in one mini-batch, so a step cannot have more mini-batches than groups;
+    /// nor more than trajectories, by trajectory.
     #[test]
-    fn more_mini_batches_than_groups_are_refused() {
+    fn more_mini_batches_than_units_are_refused() {
         let set = ["rollout.prompts_per_step=2", "trainer.num_mini_batches=4"];
         let e = validate(&load(&set).unwrap()).unwrap_err().to_string();
         assert!(
-            e.contains("`trainer.num_mini_batches`") && e.contains("prompts_per_step = 2"),
+            e.contains("`trainer.num_mini_batches`") && e.contains("prompts_per_step = 2 groups"),
             "{e}"
         );
         let by_trajectory = [set[0], set[1], "trainer.unit=\"trajectory\""];
         assert!(validate(&load(&by_trajectory).unwrap()).is_ok());
+        let too_many = [set[0], "trainer.num_mini_batches=17", by_trajectory[2]];
+        let e = validate(&load(&too_many).unwrap()).unwrap_err().to_string();
+        assert!(
+            e.contains("`trainer.num_mini_batches`") && e.contains("16 trajectories"),
+            "{e}"
+        );
     }
 
     /// Values the optimizer would use as given (a negative decay grows the weights, a floor
