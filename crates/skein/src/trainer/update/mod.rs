@@ -58,8 +58,8 @@ pub struct UpdateStats {
     pub grad_norm: f64,
     pub lr: f64,
     pub optimizer_steps: usize,
-    /// Loss tokens the passes computed π on, over every epoch: the denominator of the
-    /// token-averaged figures (`clip_frac`, `approx_kl`, `entropy`, `kl_ref`).
+    /// Loss tokens the passes computed π on, over every epoch: the denominator of `entropy`
+    /// and `kl_ref` (`clip_frac` and `approx_kl` are over `drift_tokens`).
     pub loss_tokens: f64,
     /// Loss tokens of the mini-batches after an applied optimizer step of this update: where
     /// the policy had moved from π_old. 0 with one mini-batch and one epoch: the one step's
