@@ -320,6 +320,35 @@ fn a_resume_that_fails_before_its_first_step_changes_no_record() {
         "a refused resume changed the run's files"
     );
     std::fs::write(&diagnoses, kept).unwrap();
+    // So is a metrics.jsonl the resume could not cut back: missing, or, with TensorBoard
+    // events to rebuild from it, with a line that does not parse.
+    let metrics = dir.join("metrics.jsonl");
+    let records = std::fs::read(&metrics).unwrap();
+    std::fs::remove_file(&metrics).unwrap();
+    let without = results(&dir);
+    let (code, err) = skein_train(&dir, &resume, &["trainer.steps=3"]);
+    assert_ne!(code, 0, "{err}");
+    assert!(err.contains("metrics.jsonl is missing"), "{err}");
+    assert!(
+        results(&dir) == without,
+        "a refused resume changed the run's files"
+    );
+    let first = records.iter().position(|&b| b == b'\n').unwrap() + 1;
+    let broken = [&records[..first], b"not json\n", &records[first..]].concat();
+    std::fs::write(&metrics, broken).unwrap();
+    let damaged = results(&dir);
+    let tensorboard = [
+        "trainer.steps=3",
+        "run.tracking=[\"jsonl\", \"tensorboard\"]",
+    ];
+    let (code, err) = skein_train(&dir, &resume, &tensorboard);
+    assert_ne!(code, 0, "{err}");
+    assert!(err.contains("metrics.jsonl:2"), "{err}");
+    assert!(
+        results(&dir) == damaged,
+        "a refused resume changed the run's files"
+    );
+    std::fs::write(&metrics, records).unwrap();
     // The same resume that can run cuts them back and goes on.
     let (code, err) = skein_train(&dir, &resume, &["trainer.steps=3"]);
     assert_eq!(code, 0, "{err}");

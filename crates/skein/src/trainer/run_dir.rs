@@ -190,6 +190,28 @@ impl RunDir {
         Ok(())
     }
 
+    /// What a resume's first record rewrites, checked before any work: `metrics.jsonl` is cut
+    /// back to the checkpoint's step there, and with TensorBoard its events are rebuilt from
+    /// the lines kept. A file missing or unreadable would fail the resume after its first step,
+    /// with the finished run's records already changed.
+    pub fn check_records_for_resume(&self, cfg: &TrainConfig) -> Result<()> {
+        let metrics = self.path.join("metrics.jsonl");
+        if !metrics.is_file() {
+            bail!(
+                "{} is missing: a resume keeps the run's records up to its checkpoint from it. \
+                 Put it back, or start a new run in another `run.dir` from the checkpoint's \
+                 weights (`model.path` = one of its checkpoint directories)",
+                metrics.display()
+            );
+        }
+        if cfg.run.tracking.contains(&Tracking::Tensorboard) {
+            skein_report::read_metrics(&metrics)?;
+        } else {
+            std::fs::read(&metrics).with_context(|| format!("reading {}", metrics.display()))?;
+        }
+        Ok(())
+    }
+
     /// Starts writing: the resolved config, and the metrics log — new, or cut back to
     /// `keep_lines` lines (a resumed checkpoint's) — with its TensorBoard events rebuilt to
     /// match. A resume that no longer tracks TensorBoard removes the old events, which would
@@ -202,9 +224,6 @@ impl RunDir {
             .with_context(|| format!("creating run directory {}", self.path.display()))?;
         self.lock.claim()?;
         self.set_aside_replaced_run()?;
-        let config = self.path.join("config.toml");
-        std::fs::write(&config, skein_config::to_toml_string(cfg))
-            .with_context(|| format!("writing {}", config.display()))?;
         let metrics = self.path.join("metrics.jsonl");
         match keep_lines {
             Some(lines) => checkpoint::truncate_lines(&metrics, lines)?,
@@ -215,12 +234,11 @@ impl RunDir {
                 }
             }
         }
-        let log = MetricsLog::create(&metrics)?;
+        let mut log = MetricsLog::create(&metrics)?;
         let events = self.path.join(tensorboard::DIR);
         if cfg.run.tracking.contains(&Tracking::Tensorboard) {
-            return log.with_tensorboard(&events);
-        }
-        if events.exists() {
+            log = log.with_tensorboard(&events)?;
+        } else if events.exists() {
             eprintln!(
                 "skein: removing {}: `run.tracking` has no \"tensorboard\", and its events \
                  would show the steps this resume discards",
@@ -229,6 +247,10 @@ impl RunDir {
             std::fs::remove_dir_all(&events)
                 .with_context(|| format!("removing {}", events.display()))?;
         }
+        // Last: a resume that fails on the way leaves the config of the run it resumed.
+        let config = self.path.join("config.toml");
+        std::fs::write(&config, skein_config::to_toml_string(cfg))
+            .with_context(|| format!("writing {}", config.display()))?;
         Ok(log)
     }
 }

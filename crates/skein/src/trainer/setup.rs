@@ -418,6 +418,7 @@ fn run_dir_and_checkpoint(
             if diagnoses.exists() {
                 skein_doctor::read_diagnoses(&diagnoses)?;
             }
+            dir.check_records_for_resume(cfg)?;
             let loaded = checkpoint::load_newest(&dir.path, device, &cfg.model_options())?;
             let done = loaded.rest.state.step;
             if cfg.trainer.steps < done {
