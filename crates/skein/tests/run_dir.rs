@@ -262,6 +262,20 @@ fn a_resume_refuses_fewer_steps_and_reports_missing_records() {
         snapshot(&dir) == finished,
         "a refused resume changed the run"
     );
+    // A path that is not a run says so, not which file it lacks.
+    let empty = workdir("resume-empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    for (path, says) in [
+        (empty.join("nope"), "is not a directory"),
+        (empty.clone(), "holds no run (no config.toml)"),
+    ] {
+        let (code, err) = skein_train(&dir, &["--resume", path.to_str().unwrap()], &[]);
+        assert_ne!(code, 0, "{err}");
+        assert!(
+            err.contains("nothing to resume") && err.contains(says),
+            "{err}"
+        );
+    }
 
     // Records deleted by hand: the resume goes on and says so.
     let metrics = dir.join("metrics.jsonl");

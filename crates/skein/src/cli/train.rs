@@ -11,6 +11,9 @@ pub fn run(
     resume: Option<PathBuf>,
     overwrite: bool,
 ) -> Result<()> {
+    if let Some(dir) = &resume {
+        check_resumable(dir, config.is_some())?;
+    }
     let config = config.or_else(|| resume.as_ref().map(|dir| dir.join("config.toml")));
     if let Some(dir) = &resume {
         // The resumed run stays in its own directory, whatever the config says.
@@ -97,6 +100,26 @@ const FIXED_ON_RESUME: [&str; 4] = ["model", "task", "lora", "data"];
 
 /// Keys of other sections that a resume cannot change either (see [`FIXED_ON_RESUME`]).
 const FIXED_KEYS_ON_RESUME: [(&str, &str); 1] = [("run", "seed")];
+
+/// A `--resume` directory is one an earlier `skein train` wrote: checked before its config is
+/// read, so that a wrong path says what it is rather than which file it lacks.
+fn check_resumable(dir: &Path, config_given: bool) -> Result<()> {
+    if !dir.is_dir() {
+        bail!(
+            "nothing to resume: {} is not a directory (give --resume the `run.dir` of an \
+             earlier `skein train`)",
+            dir.display()
+        );
+    }
+    if !config_given && !dir.join("config.toml").is_file() {
+        bail!(
+            "nothing to resume: {} holds no run (no config.toml); give --resume the `run.dir` \
+             of an earlier `skein train`",
+            dir.display()
+        );
+    }
+    Ok(())
+}
 
 /// A resume keeps the run's [`FIXED_ON_RESUME`] sections as its `config.toml` has them; a
 /// changed key would be ignored by the checkpoint while the config claims it.
