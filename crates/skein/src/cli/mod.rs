@@ -56,8 +56,9 @@ enum Command {
         /// --config is given; --set still applies, e.g. more trainer.steps).
         #[arg(long, value_name = "RUN_DIR")]
         resume: Option<PathBuf>,
-        /// Replace the run in `run.dir`: its files are removed first. Without it, a run
-        /// directory that holds another run is refused.
+        /// Replace the run in `run.dir`: its files are set aside in `.replaced/`, removed once
+        /// this run writes its first checkpoint, and put back if it fails before. Without it, a
+        /// run directory that holds another run is refused.
         #[arg(long, conflicts_with = "resume")]
         overwrite: bool,
     },
