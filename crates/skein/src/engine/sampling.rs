@@ -111,6 +111,9 @@ pub fn sample(logits: &Tensor, p: &SamplingParams) -> Sampled {
         // Drop a token when the mass strictly before it already reaches top_p.
         let before = probs.cumsum(-1, Kind::Float) - &probs;
         let drop_sorted = before.ge(p.top_p);
+        // The most likely token always stays: a top_p that rounds to 0 in float32 would
+        // otherwise drop every token, and the draw would be of nothing.
+        let _ = drop_sorted.narrow(1, 0, 1).fill_(0);
         let drop = drop_sorted.scatter(1, &order, &drop_sorted);
         dropped = Some(match dropped {
             Some(d) => d.logical_or(&drop),
@@ -240,6 +243,20 @@ mod tests {
             .unwrap()
             .iter()
             .all(|&t| t == 1 || t == 3));
+        // A top_p too small for float32 keeps the most likely token, with log-prob 0.
+        let tiny = SamplingParams {
+            top_p: 1e-46,
+            ..Default::default()
+        };
+        let s = sample(&logits, &tiny);
+        assert!(Vec::<i64>::try_from(&s.tokens)
+            .unwrap()
+            .iter()
+            .all(|&t| t == 1));
+        assert!(Vec::<f32>::try_from(&s.logprobs)
+            .unwrap()
+            .iter()
+            .all(|&l| l == 0.0));
     }
 
     /// With truncation the recorded log-prob is of the renormalised distribution over the kept
