@@ -153,7 +153,7 @@ impl ChatTemplate {
     ) -> Result<Self> {
         let mut env = hf_environment();
         for (name, source) in &templates {
-            env.add_template_owned(name.clone(), source.clone())
+            env.add_template_owned(name.clone(), without_generation_tags(source))
                 .map_err(|e| anyhow!("chat template `{name}`: {e:#}"))?;
         }
         let has = |n: &str| templates.iter().any(|(name, _)| name == n);
@@ -277,6 +277,43 @@ fn describe(e: &Error) -> String {
         out.push_str(&s.to_string());
         source = s.source();
     }
+    out
+}
+
+/// `source` with transformers' `{% generation %}` … `{% endgeneration %}` (which mark the
+/// assistant's spans for `return_assistant_tokens_mask`, and render nothing) as a block that
+/// renders its body as it is, `{% if true %}` … `{% endif %}`: minijinja has no such tag, and
+/// the block keeps the tags' whitespace control (`{%-`, `-%}`).
+fn without_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(start) = rest.find("{%") {
+        out.push_str(&rest[..start]);
+        let tag = &rest[start..];
+        let Some(end) = tag.find("%}") else {
+            break;
+        };
+        let inner = &tag[2..end];
+        let (open, body) = match inner.strip_prefix(['-', '+']) {
+            Some(b) => (&inner[..1], b),
+            None => ("", inner),
+        };
+        let (body, close) = match body.strip_suffix(['-', '+']) {
+            Some(b) => (b, &body[b.len()..]),
+            None => (body, ""),
+        };
+        let replaced = match body.trim() {
+            "generation" => Some("if true"),
+            "endgeneration" => Some("endif"),
+            _ => None,
+        };
+        match replaced {
+            Some(statement) => out.push_str(&format!("{{%{open} {statement} {close}%}}")),
+            None => out.push_str(&tag[..end + 2]),
+        }
+        rest = &tag[end + 2..];
+    }
+    out.push_str(rest);
     out
 }
 
@@ -550,6 +587,25 @@ mod tests {
 
     fn qwen() -> ChatTemplate {
         ChatTemplate::new(QWEN_STYLE, None, Some("<|im_end|>")).unwrap()
+    }
+
+    /// transformers' `{% generation %}` marks the assistant's spans and renders nothing (as
+    /// assistant-only-loss setups save it): such a template loads, and its tags trim the
+    /// whitespace their `-` asks for, as any block tag's would.
+    #[test]
+    fn generation_tags_render_their_body_as_it_is() {
+        let marked = "{% for m in messages %}[{{ m.role }}] {%- generation -%}  {{ m.content }}\
+            {% endgeneration %} |{% endfor %}";
+        let messages = [Message::user("2+2?"), Message::assistant("4")];
+        let text = ChatTemplate::new(marked, None, None)
+            .unwrap()
+            .render(&messages, None, false)
+            .unwrap();
+        assert_eq!(text, "[user]2+2? |[assistant]4 |");
+        assert_eq!(
+            without_generation_tags("a{%- generation -%}b{%+ endgeneration %}c{% if x %}"),
+            "a{%- if true -%}b{%+ endif %}c{% if x %}"
+        );
     }
 
     #[test]
