@@ -1132,6 +1132,24 @@ fn sampling_options_skein_does_not_have_are_refused_not_ignored() {
             ),
             (json!({"ignore_eos": true}), "`ignore_eos`"),
             (json!({"min_tokens": 2}), "`min_tokens`"),
+            (
+                json!({"add_generation_prompt": false}),
+                "`add_generation_prompt`",
+            ),
+            (
+                json!({"continue_final_message": true}),
+                "`continue_final_message`",
+            ),
+            // Fields skein does not know are refused by name, not dropped.
+            (
+                json!({"guided_choice": ["yes", "no"]}),
+                "`guided_choice` is not a field skein reads",
+            ),
+            (
+                json!({"max_new_tokens": 3}),
+                "`max_new_tokens` is not a field",
+            ),
+            (json!({"top_k": -7}), "`top_k` is -7"),
             (json!({"max_tokens": 0}), "`max_tokens` must be at least 1"),
             (
                 json!({"max_completion_tokens": 0}),
@@ -1153,6 +1171,8 @@ fn sampling_options_skein_does_not_have_are_refused_not_ignored() {
             json!({"logit_bias": {}, "response_format": {"type": "text"}, "echo": false,
                    "best_of": 1, "suffix": null, "parallel_tool_calls": true,
                    "ignore_eos": false, "min_tokens": 0}),
+            json!({"add_generation_prompt": true, "continue_final_message": false, "top_k": -1,
+                   "metadata": {"a": "b"}, "store": false, "stream_options": null}),
         ] {
             let (s, b) = post(&c, &completions, prompt(extra.clone())).await;
             assert_eq!(s, 200, "{extra}: {b}");

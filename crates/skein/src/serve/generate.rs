@@ -131,7 +131,15 @@ pub fn sampling(
             "`top_p` is {top_p}; it must be in (0, 1]"
         )));
     }
-    let top_k = req.top_k.unwrap_or(0).max(0) as usize;
+    let top_k = match req.top_k.unwrap_or(0) {
+        // vLLM's -1 and 0 both mean off.
+        k if k >= -1 => k.max(0) as usize,
+        k => {
+            return Err(ApiError::bad_request(format!(
+                "`top_k` is {k}; it must be a count of tokens, or 0 or -1 for none"
+            )))
+        }
+    };
     if recorded && (top_p < 1.0 || top_k > 0) {
         return Err(ApiError::bad_request(format!(
             "`top_p` = {top_p} and `top_k` = {top_k}: a rollout's samples are recorded for \
@@ -199,6 +207,14 @@ fn refuse_unsupported(req: &GenerateRequest) -> Result<(), ApiError> {
             "`seed` is not supported: completions draw from the server's generator (a trainer \
              seeds it per step, from run.seed); leave `seed` out",
         ));
+    }
+    if let Some(field) = req.unknown_field() {
+        return Err(ApiError::bad_request(format!(
+            "`{field}` is not a field skein reads: ignoring it could change the completion you \
+             expect (vLLM's guided decoding, a misspelt option); leave it out (fields accepted \
+             and ignored, which change nothing: {})",
+            super::openai::IGNORED_FIELDS.join(", ")
+        )));
     }
     if let Some((field, value)) = req.not_neutral() {
         return Err(ApiError::bad_request(format!(

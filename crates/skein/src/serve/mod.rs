@@ -25,7 +25,8 @@
 //!
 //! Each choice carries `"skein": {"prompt_token_ids", "completion_token_ids", "logprobs",
 //! "versions"}`. `stream`, `stop` strings and OpenAI's `logprobs` are not supported and are
-//! answered 400 when asked for (the model's stop tokens end a completion); a completion that
+//! answered 400 when asked for (the model's stop tokens end a completion), as is a field the
+//! server does not know (`openai::IGNORED_FIELDS` are accepted); a completion that
 //! reaches the context's end finishes with `length`. A prompt is refused by its length in
 //! bytes before it is tokenized when it cannot fit (see [`TextSide`]); a server bound beyond
 //! loopback without an API key refuses `/v1/reload`.

@@ -3,7 +3,8 @@
 //! that change nothing of a completion (`user`, `metadata`…) are accepted and ignored; those
 //! that would change what a client gets back and skein does not do (`stop` strings,
 //! `logprobs`, a `seed`, penalties, `min_p`, a `tool_choice` but `auto`, `logit_bias`,
-//! `response_format`, `echo`…) are refused unless absent or neutral.
+//! `response_format`, `echo`…) are refused unless absent or neutral, and so is any field it
+//! does not know.
 
 use super::error::ApiError;
 use serde::{Deserialize, Serialize};
@@ -62,13 +63,37 @@ pub struct GenerateRequest {
     pub parallel_tool_calls: Option<Value>,
     pub ignore_eos: Option<Value>,
     pub min_tokens: Option<Value>,
+    /// vLLM's chat extensions: skein always closes the last message and opens a new
+    /// assistant turn.
+    pub add_generation_prompt: Option<Value>,
+    pub continue_final_message: Option<Value>,
+    /// Every other field of the body: accepted when it is one of [`IGNORED_FIELDS`], which
+    /// change nothing of a completion, and refused otherwise, so that an option skein does not
+    /// do (vLLM's `guided_json`, a misspelt `max_token`) is never dropped without a word.
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, Value>,
 }
+
+/// Fields clients send that change nothing of a completion: who asks, bookkeeping of the
+/// provider's, and how a stream is framed.
+pub const IGNORED_FIELDS: [&str; 9] = [
+    "user",
+    "metadata",
+    "store",
+    "stream_options",
+    "service_tier",
+    "safety_identifier",
+    "prompt_cache_key",
+    "request_id",
+    "priority",
+];
 
 impl GenerateRequest {
     /// The first option skein does not do that the request sets to something other than
     /// its neutral value, with that value: `logit_bias` other than `{}`, a `response_format`
     /// other than text, `echo`, `best_of` above 1, a `suffix`, `parallel_tool_calls` false
-    /// (skein cannot forbid a second call), `ignore_eos`, `min_tokens` above 0.
+    /// (skein cannot forbid a second call), `ignore_eos`, `min_tokens` above 0,
+    /// `add_generation_prompt` false, `continue_final_message`.
     pub fn not_neutral(&self) -> Option<(&'static str, &Value)> {
         fn empty(v: &Value) -> bool {
             v.as_object().is_some_and(|o| o.is_empty())
@@ -92,7 +117,7 @@ impl GenerateRequest {
             v.as_f64() == Some(0.0)
         }
         type Neutral = fn(&Value) -> bool;
-        let options: [(&'static str, &Option<Value>, Neutral); 8] = [
+        let options: [(&'static str, &Option<Value>, Neutral); 10] = [
             ("logit_bias", &self.logit_bias, empty),
             ("response_format", &self.response_format, text),
             ("echo", &self.echo, falsy),
@@ -101,11 +126,27 @@ impl GenerateRequest {
             ("parallel_tool_calls", &self.parallel_tool_calls, truthy),
             ("ignore_eos", &self.ignore_eos, falsy),
             ("min_tokens", &self.min_tokens, zero),
+            ("add_generation_prompt", &self.add_generation_prompt, truthy),
+            (
+                "continue_final_message",
+                &self.continue_final_message,
+                falsy,
+            ),
         ];
         options.into_iter().find_map(|(name, value, neutral)| {
             let v = value.as_ref().filter(|v| !v.is_null())?;
             (!neutral(v)).then_some((name, v))
         })
+    }
+}
+
+impl GenerateRequest {
+    /// The first field of the body that skein neither reads nor knows to change nothing.
+    pub fn unknown_field(&self) -> Option<&str> {
+        self.other
+            .keys()
+            .map(String::as_str)
+            .find(|k| !IGNORED_FIELDS.contains(k))
     }
 }
 
