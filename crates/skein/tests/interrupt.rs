@@ -99,6 +99,14 @@ fn ctrl_c_during_the_warm_up_stops_with_a_message() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("interrupted during the warm-up"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
+    // The press says what it will do, and the error how to start again: the directory
+    // holds the stopped run's records, which only --overwrite replaces.
+    assert!(err.contains("stopping after this warm-up step"), "{err}");
+    assert!(
+        !err.contains("then writing a checkpoint"),
+        "no checkpoint is written: {err}"
+    );
+    assert!(err.contains("with --overwrite"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

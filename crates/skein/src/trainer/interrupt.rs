@@ -12,11 +12,29 @@
 //! safe against a kill: checkpoints are written aside and renamed, and a resume cuts the
 //! records back to its checkpoint.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Once;
 
 static PRESSES: AtomicUsize = AtomicUsize::new(0);
 static INSTALL: Once = Once::new();
+/// Whether the warm-up runs, which a first press stops without a checkpoint.
+static IN_WARM_UP: AtomicBool = AtomicBool::new(false);
+
+/// Held while the warm-up runs, for what a first press says it will do.
+pub struct WarmUpPhase(());
+
+impl WarmUpPhase {
+    pub fn enter() -> WarmUpPhase {
+        IN_WARM_UP.store(true, Ordering::SeqCst);
+        WarmUpPhase(())
+    }
+}
+
+impl Drop for WarmUpPhase {
+    fn drop(&mut self) {
+        IN_WARM_UP.store(false, Ordering::SeqCst);
+    }
+}
 
 /// The exit status of a run stopped by a second Ctrl-C (128 + SIGINT, as shells report it).
 pub const EXIT_INTERRUPTED: i32 = 130;
@@ -25,6 +43,10 @@ pub const EXIT_INTERRUPTED: i32 = 130;
 pub fn install() {
     INSTALL.call_once(|| {
         let installed = ctrlc::set_handler(|| match PRESSES.fetch_add(1, Ordering::SeqCst) {
+            0 if IN_WARM_UP.load(Ordering::SeqCst) => eprintln!(
+                "\nskein: interrupt: stopping after this warm-up step, without a checkpoint (a \
+                 run has nothing to resume before its first RL step; Ctrl-C again to stop sooner)"
+            ),
             0 => eprintln!(
                 "\nskein: interrupt: finishing this step, then writing a checkpoint \
                  (Ctrl-C again to stop sooner, without one)"

@@ -127,12 +127,14 @@ pub fn warm_up(
     };
     let mut opt = Optimizer::new(&policy.vs, &ocfg, steps)?;
     let mut progress = StepProgress::new(steps as u64);
+    let _phase = super::interrupt::WarmUpPhase::enter();
     for step in 1..=steps {
         if super::interrupt::requested() {
             progress.finish();
             anyhow::bail!(
                 "interrupted during the warm-up, after {} of its steps: a run has nothing \
-                 to resume before its first RL step, so start it again",
+                 to resume before its first RL step, so start it again, with --overwrite (its \
+                 records so far stay in `run.dir` until then)",
                 first + step - 2
             );
         }
