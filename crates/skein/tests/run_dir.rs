@@ -429,6 +429,33 @@ fn a_resume_falls_back_from_a_damaged_checkpoint_and_changes_nothing_without_one
     );
 }
 
+/// A checkpoint that lost a part it was written with (its KL reference), or its state file,
+/// is damage: reported, and the resume falls back, rather than going on without a reference
+/// or passing over the newest checkpoint in silence.
+#[test]
+fn a_checkpoint_missing_a_part_or_its_state_is_reported_as_damaged() {
+    let dir = workdir("resume-parts");
+    let (code, err) = skein_train(&dir, &[], &["algorithm.kl_coef=0.01"]);
+    assert_eq!(code, 0, "{err}");
+    let resume = ["--resume", dir.to_str().unwrap()];
+    std::fs::remove_dir_all(dir.join("checkpoint-2/reference")).unwrap();
+    let (code, err) = skein_train(&dir, &resume, &["trainer.steps=3"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("checkpoint-2 cannot be resumed") && err.contains("reference is missing"),
+        "{err}"
+    );
+    assert!(err.contains("checkpoint-1 instead"), "{err}");
+    std::fs::remove_file(dir.join("checkpoint-3/trainer_state.json")).unwrap();
+    let (code, err) = skein_train(&dir, &resume, &["trainer.steps=4"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("checkpoint-3 cannot be resumed") && err.contains("trainer_state.json"),
+        "{err}"
+    );
+    assert!(err.contains("checkpoint-2 instead"), "{err}");
+}
+
 #[test]
 fn a_resume_that_needs_a_model_the_checkpoint_lacks_names_it() {
     let dir = workdir("critic");

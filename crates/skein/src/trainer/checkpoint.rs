@@ -54,6 +54,50 @@ pub struct TrainerState {
     /// written before they were kept: zero).
     #[serde(default)]
     pub streaks: StopStreaks,
+    /// The parts beside the policy the checkpoint holds, which [`save`] records from what it
+    /// wrote (None in a state built in memory, and in checkpoints written before the parts
+    /// were recorded, which are read by the files present). A part recorded and missing is
+    /// damage, not a run without it.
+    #[serde(default)]
+    pub saved_parts: Option<SavedParts>,
+}
+
+/// What a checkpoint holds besides the policy, its optimizer and the state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavedParts {
+    /// `reference/`: a KL reference that is a model of its own.
+    pub reference: bool,
+    /// `reference_adapter/`: with LoRA, the warm-up's adapters frozen in the reference.
+    pub reference_adapter: bool,
+    /// `critic.safetensors` and its optimizer's moments.
+    pub critic: bool,
+}
+
+impl SavedParts {
+    fn of(s: &Snapshot) -> SavedParts {
+        let adapter = s.reference.is_some_and(|r| r.options.lora.enabled());
+        SavedParts {
+            reference: s.reference.is_some() && !adapter,
+            reference_adapter: adapter,
+            critic: s.critic.is_some(),
+        }
+    }
+
+    /// Refuses a part this checkpoint recorded and lacks.
+    fn check_present(&self, dir: &Path) -> Result<()> {
+        let wanted = [
+            (self.reference, REFERENCE_DIR),
+            (self.reference_adapter, REFERENCE_ADAPTER_DIR),
+            (self.critic, CRITIC_FILE),
+            (self.critic, CRITIC_OPTIMIZER_FILE),
+        ];
+        for (saved, name) in wanted {
+            if saved && !dir.join(name).exists() {
+                bail!("{name} is missing, though the checkpoint was written with it");
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Counts that stop a run when they grow too long, kept so a resumed run stops at the step
@@ -153,9 +197,13 @@ pub fn save(dir: &Path, s: &Snapshot) -> Result<()> {
         )?;
         write_tensors(&opt.state(), &tmp.join(CRITIC_OPTIMIZER_FILE))?;
     }
+    let state = TrainerState {
+        saved_parts: Some(SavedParts::of(s)),
+        ..s.state.clone()
+    };
     std::fs::write(
         tmp.join(STATE_FILE),
-        serde_json::to_string(s.state).context("serialising the trainer state")?,
+        serde_json::to_string(&state).context("serialising the trainer state")?,
     )
     .with_context(|| format!("writing {}", tmp.join(STATE_FILE).display()))?;
     sync_tree(&tmp)?;
@@ -208,6 +256,9 @@ impl Loaded {
     /// naming it.
     pub fn read(dir: &Path, device: tch::Device, options: &ModelOptions) -> Result<Loaded> {
         let state = load_state(dir)?;
+        if let Some(parts) = &state.saved_parts {
+            parts.check_present(dir)?;
+        }
         let tokenizer = Tokenizer::from_dir(dir)?;
         let policy = read_policy(dir, device, options)?;
         let optimizer = read_tensors(&dir.join(OPTIMIZER_FILE))?;
@@ -277,7 +328,9 @@ fn read_policy(dir: &Path, device: tch::Device, options: &ModelOptions) -> Resul
 /// The newest checkpoint of `run_dir` that reads whole. A damaged newer one is reported and
 /// passed over, so a resume falls back to the newest intact checkpoint and says so.
 pub fn load_newest(run_dir: &Path, device: tch::Device, options: &ModelOptions) -> Result<Loaded> {
-    let all = numbered(run_dir)?;
+    // Every checkpoint-N directory, a state file or not: one without is damage to report
+    // (checkpoints are renamed into place whole), not a directory to pass over in silence.
+    let all = numbered_dirs(run_dir, false)?;
     if all.is_empty() {
         bail!(
             "nothing to resume in {}: it has no checkpoint-N directory with {} (runs write \
@@ -373,6 +426,12 @@ pub fn rotate(run_dir: &Path, keep_last: usize, saved: usize) -> Result<()> {
 
 /// `checkpoint-N` directories with a trainer state, oldest first.
 fn numbered(run_dir: &Path) -> Result<Vec<(usize, PathBuf)>> {
+    numbered_dirs(run_dir, true)
+}
+
+/// The `checkpoint-N` directories of `run_dir`, oldest first; with `with_state`, only those
+/// holding a state file.
+fn numbered_dirs(run_dir: &Path, with_state: bool) -> Result<Vec<(usize, PathBuf)>> {
     let mut found = Vec::new();
     let entries = match std::fs::read_dir(run_dir) {
         Ok(e) => e,
@@ -387,7 +446,7 @@ fn numbered(run_dir: &Path) -> Result<Vec<(usize, PathBuf)>> {
             .and_then(|n| n.strip_prefix("checkpoint-"))
             .and_then(|n| n.parse::<usize>().ok());
         if let Some(n) = n {
-            if path.join(STATE_FILE).is_file() {
+            if path.is_dir() && (!with_state || path.join(STATE_FILE).is_file()) {
                 found.push((n, path));
             }
         }

@@ -355,6 +355,7 @@ impl Trainer<'_> {
             eval_before_reward: Some(self.eval_before.mean_reward).filter(|r| r.is_finite()),
             rewards: self.rewards.clone(),
             streaks: self.streaks,
+            saved_parts: None,
         };
         let snapshot = checkpoint::Snapshot {
             policy: &self.policy,
