@@ -230,6 +230,28 @@ fn a_killed_lora_run_on_a_bfloat16_base_resumes_exactly() {
     let _ = std::fs::remove_dir_all(&cut);
 }
 
+/// A run with a critic (GAE) resumes exactly: the critic's weights, its optimizer's moments
+/// and its step count come back from the checkpoint, so its value loss and explained variance
+/// after the resume are the uninterrupted run's.
+#[test]
+fn a_killed_run_with_a_critic_resumes_exactly() {
+    let (whole, cut, from) = whole_and_resumed("gae", &["algorithm.estimator=\"gae\""]);
+    assert!(cut
+        .join(format!("checkpoint-{from}/critic_optimizer.safetensors"))
+        .is_file());
+    assert_same_steps(&whole, &cut);
+    let (a, b) = (rl_steps(&whole), rl_steps(&cut));
+    for key in ["loss/value", "value/explained_variance"] {
+        let logged = a.iter().filter(|x| x.get(key).is_some()).count();
+        assert!(logged >= a.len() / 2, "`{key}` on {logged} steps");
+        for (x, y) in a.iter().zip(&b) {
+            assert_eq!(y.get(key), x.get(key), "step {}: `{key}`", x["step"]);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&whole);
+    let _ = std::fs::remove_dir_all(&cut);
+}
+
 /// A LoRA run of a loaded bfloat16 model, whose warm-up trains the adapters, resumes exactly:
 /// RL goes on training the warm-up's adapters, unfolded, and the KL reference (the base with
 /// a frozen copy of them) comes back from the checkpoint's `reference_adapter/`. Before the
