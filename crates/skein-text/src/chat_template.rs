@@ -26,8 +26,10 @@ pub struct Message {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
     /// The sender gave no content (`null`, as an OpenAI client does for a message of tool
-    /// calls alone): the template sees `content` as none, as transformers passes it. Templates
-    /// that test `content is none` (DeepSeek's) render the calls only then.
+    /// calls alone): the template sees `content` as none, as transformers 4 passed it.
+    /// Templates that test `content is none` (DeepSeek's, written for it) render the calls
+    /// only then. transformers 5 leaves such a key out instead, which such a template reads as
+    /// content.
     #[serde(skip)]
     pub content_is_null: bool,
 }
@@ -121,6 +123,9 @@ pub struct ChatTemplate {
     with_tools: String,
     bos_token: String,
     eos_token: String,
+    /// The tokenizer's other special tokens (`pad_token`, `unk_token`…), which transformers
+    /// passes to a template beside `bos_token` and `eos_token`.
+    other_tokens: Vec<(String, String)>,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -181,7 +186,15 @@ impl ChatTemplate {
             with_tools: with_tools.to_string(),
             bos_token: bos_token.unwrap_or_default().to_string(),
             eos_token: eos_token.unwrap_or_default().to_string(),
+            other_tokens: Vec::new(),
         })
+    }
+
+    /// The template with the tokenizer's other special tokens as variables: (name, token)
+    /// pairs such as `("pad_token", "<|im_end|>")`.
+    pub fn with_special_tokens(mut self, tokens: Vec<(String, String)>) -> Self {
+        self.other_tokens = tokens;
+        self
     }
 
     /// Reads the `chat_template` value of tokenizer_config.json: a string, or a list of
@@ -255,11 +268,18 @@ impl ChatTemplate {
             "messages",
             Value::from_serialize(template_messages(messages)?),
         );
-        // Absent rather than null: HF templates test `tools is not none` and `tools is defined`.
-        if let Some(tools) = tools {
-            ctx.insert("tools", Value::from_serialize(tools));
-        }
+        // As transformers passes them: `tools` and `documents` are none when not given
+        // (defined, so `tools is not none` is the test that tells), and every special token
+        // the tokenizer has is a variable.
+        ctx.insert(
+            "tools",
+            tools.map_or(Value::from(()), Value::from_serialize),
+        );
+        ctx.entry("documents").or_insert(Value::from(()));
         ctx.insert("add_generation_prompt", Value::from(add_generation_prompt));
+        for (name, token) in &self.other_tokens {
+            ctx.insert(name.as_str(), Value::from(token.as_str()));
+        }
         ctx.insert("bos_token", Value::from(self.bos_token.as_str()));
         ctx.insert("eos_token", Value::from(self.eos_token.as_str()));
         template
@@ -760,6 +780,29 @@ mod tests {
         let calls = m.tool_calls.unwrap();
         assert_eq!(calls[0].function.arguments, json!("{\"x\": 1}"));
         assert_eq!(calls[0].id.as_deref(), Some("c1"));
+    }
+
+    /// The variables a template sees besides the messages are transformers' (5.24, with
+    /// SmolLM2's tokenizer and no tools): `tools` and `documents` defined and none, and the
+    /// tokenizer's other special tokens defined.
+    #[test]
+    fn tools_documents_and_special_tokens_are_defined_as_transformers_defines_them() {
+        let probe = "{% for v in [tools is defined, tools is none, tools is not none, \
+                     documents is defined, pad_token is defined, unk_token is defined] %}\
+                     {{ 'T' if v else 'F' }}{% endfor %}";
+        let t = ChatTemplate::new(probe, Some("<|im_start|>"), Some("<|im_end|>"))
+            .unwrap()
+            .with_special_tokens(vec![
+                ("unk_token".into(), "<|endoftext|>".into()),
+                ("pad_token".into(), "<|im_end|>".into()),
+            ]);
+        let text = t.render(&[Message::user("hi")], None, false).unwrap();
+        assert_eq!(text, "TTFTTT");
+        let tools = serde_json::json!([{"type": "function"}]);
+        let text = t
+            .render(&[Message::user("hi")], Some(&tools), false)
+            .unwrap();
+        assert_eq!(text, "TFTTTT");
     }
 
     /// A message sent with `content: null` reaches the template as none: DeepSeek's template

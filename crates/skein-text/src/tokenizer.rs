@@ -498,15 +498,41 @@ impl Tokenizer {
             }
             (None, None) => return Ok(None),
             (None, Some(value)) => {
-                return ChatTemplate::from_config_value(value, bos.as_deref(), eos.as_deref())
-                    .context("tokenizer_config.json: key `chat_template`")
+                let template =
+                    ChatTemplate::from_config_value(value, bos.as_deref(), eos.as_deref())
+                        .context("tokenizer_config.json: key `chat_template`")?;
+                let tokens = self.other_special_tokens()?;
+                return Ok(template.map(|t| t.with_special_tokens(tokens)));
             }
         };
         let mut named = vec![("default".to_string(), default)];
         named.extend(self.more_templates.iter().cloned());
-        ChatTemplate::named(named, bos.as_deref(), eos.as_deref())
-            .map(Some)
-            .with_context(|| format!("{TEMPLATE_FILE} or {MORE_TEMPLATES_DIR}/"))
+        let template = ChatTemplate::named(named, bos.as_deref(), eos.as_deref())
+            .with_context(|| format!("{TEMPLATE_FILE} or {MORE_TEMPLATES_DIR}/"))?;
+        Ok(Some(
+            template.with_special_tokens(self.other_special_tokens()?),
+        ))
+    }
+
+    /// The special tokens tokenizer_config.json names besides BOS and EOS, which
+    /// transformers passes to chat templates.
+    fn other_special_tokens(&self) -> Result<Vec<(String, String)>> {
+        let mut tokens = Vec::new();
+        for key in [
+            "unk_token",
+            "sep_token",
+            "pad_token",
+            "cls_token",
+            "mask_token",
+        ] {
+            let token = self
+                .config_token(key)
+                .with_context(|| format!("tokenizer_config.json: key `{key}`"))?;
+            if let Some(token) = token {
+                tokens.push((key.to_string(), token));
+            }
+        }
+        Ok(tokens)
     }
 
     /// The underlying `tokenizers` tokenizer, for what this type does not wrap.
