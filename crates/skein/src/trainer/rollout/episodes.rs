@@ -32,6 +32,41 @@ use skein_text::{ChatTemplate, Message, Tokenizer, UnknownChars};
 use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
+/// The runtime the episodes run on. Dropped, it does not wait for its blocking threads: an
+/// in-process environment stuck past `agent.env_timeout_s` still holds one (a thread cannot
+/// be killed), and a plain runtime's drop would wait for it, hanging the run at its end.
+pub struct EpisodeRuntime(Option<tokio::runtime::Runtime>);
+
+impl EpisodeRuntime {
+    pub fn new() -> Result<EpisodeRuntime> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("skein-agents")
+            .enable_all()
+            .build()
+            .context("starting the runtime of the agent episodes")?;
+        Ok(EpisodeRuntime(Some(runtime)))
+    }
+}
+
+impl std::ops::Deref for EpisodeRuntime {
+    type Target = tokio::runtime::Runtime;
+
+    fn deref(&self) -> &tokio::runtime::Runtime {
+        self.0
+            .as_ref()
+            .expect("the runtime is taken only when dropped")
+    }
+}
+
+impl Drop for EpisodeRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
 /// Where an episode is cut off.
 #[derive(Debug, Clone)]
 pub struct AgentLimits {
@@ -825,12 +860,8 @@ mod tests {
         assert_eq!((external.merged, external.stepwise), (0, 0));
     }
 
-    fn runtime() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap()
+    fn runtime() -> EpisodeRuntime {
+        EpisodeRuntime::new().unwrap()
     }
 
     fn model(tokenizer: &Tokenizer) -> Model {
@@ -1676,7 +1707,8 @@ mod tests {
     }
 
     /// An environment that errors, one that hangs, and healthy ones: the first two fail their
-    /// own episode with a reason, counted; the rest finish.
+    /// own episode with a reason, counted; the rest finish. The hung ones' threads (a minute
+    /// each) do not hold up the batch's end, where the runtime is dropped.
     #[test]
     fn env_errors_and_timeouts_fail_one_episode_each() {
         struct FlakyEnv(u8);
@@ -1685,7 +1717,7 @@ mod tests {
                 match self.0 {
                     0 => Err(EnvError::new("the simulator crashed")),
                     1 => {
-                        std::thread::sleep(Duration::from_secs(3));
+                        std::thread::sleep(Duration::from_secs(60));
                         Ok(EnvStep::Done(Score {
                             reward: 1.0,
                             correct: true,
@@ -1705,7 +1737,13 @@ mod tests {
             env_timeout: Duration::from_millis(300),
             ..limits()
         };
+        let started = std::time::Instant::now();
         let (kinds, r) = run_by_kind(&task, limits, 40);
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the batch waited for its hung environments: {:?}",
+            started.elapsed()
+        );
         for (e, kind) in r.episodes.iter().zip(&kinds) {
             match (kind.as_str(), &e.trajectory.status) {
                 ("0", Status::Failed(why)) => assert!(why.contains("crashed"), "{why}"),

@@ -4,7 +4,9 @@
 //! (`episodes.rs` runs them).
 
 use super::dataset::eval_seed;
-use super::episodes::{AgentContext, AgentLimits, Episode, EpisodeSpec, TurnFormat};
+use super::episodes::{
+    AgentContext, AgentLimits, Episode, EpisodeRuntime, EpisodeSpec, TurnFormat,
+};
 use super::stats::{SourceStats, StepRollout};
 use super::{
     draw, evaluation_problems, AgentEval, EvalResult, StepContext, Workload, WorkloadState,
@@ -38,7 +40,7 @@ pub struct MultiTurn {
     pub task: Box<dyn AgentTask>,
     pub format: TurnFormat,
     pub limits: AgentLimits,
-    runtime: tokio::runtime::Runtime,
+    runtime: EpisodeRuntime,
     rng: TaskRng,
     /// Evaluation problems, drawn once from a seed of their own: held out when `split`.
     eval: Vec<Problem>,
@@ -87,12 +89,7 @@ impl MultiTurn {
             env_timeout: Duration::from_secs_f64(a.env_timeout_s),
             reuse_prefix: a.reuse_prefix,
         };
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("skein-agents")
-            .enable_all()
-            .build()
-            .context("starting the runtime of the agent episodes")?;
+        let runtime = EpisodeRuntime::new()?;
         let (eval, split) = evaluation_problems(
             task.name(),
             task.problem_count(),
