@@ -127,6 +127,9 @@ mod tests {
     fn drift_needs_two_of_three_steps_beyond_a_bound_including_the_newest() {
         let h = history(3, |s| json!({"approx_kl": if s == 2 { 0.5 } else { 0.01 }}));
         assert!(check_drift(&h).is_none());
+        // Two steps beyond, but not the newest: the policy came back, nothing to say.
+        let h = history(3, |s| json!({"approx_kl": if s < 3 { 0.5 } else { 0.01 }}));
+        assert!(check_drift(&h).is_none());
         let h = history(
             3,
             |s| json!({"approx_kl": if s == 2 { 0.5 } else { 0.01 }, "clip_frac": if s == 3 { 0.6 } else { 0.1 }}),
