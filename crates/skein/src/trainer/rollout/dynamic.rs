@@ -293,8 +293,10 @@ mod tests {
         assert_eq!(trained.fraction(), Some(0.0));
     }
 
-    /// A scripted source of rounds: group `i` (in drawing order) varies when `varies(i)`.
-    /// Records how many groups each round asked for.
+    /// A scripted source of rounds: group `i` (in drawing order) varies when `varies(i)`;
+    /// one that does not has both its samples cut off at the token limit, as a policy whose
+    /// answers run too long scores all of them 0. Records how many groups each round asked
+    /// for.
     fn scripted<'a>(
         varies: impl Fn(usize) -> bool + 'a,
         asked: &'a mut Vec<usize>,
@@ -306,8 +308,14 @@ mod tests {
             for _ in 0..n {
                 let g = format!("g{next}");
                 let second = if varies(next) { 1.0 } else { 0.0 };
-                it.trajectories.push(trajectory(&g, 0, 0.0, false));
-                it.trajectories.push(trajectory(&g, 1, second, false));
+                let mut pair = [
+                    trajectory(&g, 0, 0.0, false),
+                    trajectory(&g, 1, second, false),
+                ];
+                if !varies(next) {
+                    pair.iter_mut().for_each(|t| t.status = Status::Truncated);
+                }
+                it.trajectories.extend(pair);
                 it.correct.extend([false, second == 1.0]);
                 it.sources.extend([String::new(), String::new()]);
                 next += 1;
@@ -379,6 +387,9 @@ mod tests {
         assert_eq!(m["reward/mean"], Value::from(4.0 / 20.0));
         assert_eq!(m["kept/reward_mean"], Value::from(0.5));
         assert_eq!(m["batch/equal_reward_group_fraction"], Value::from(0.6));
+        // The skipped groups were the cut-off ones: 12 of the 20 answers drawn, though none
+        // of the 8 kept.
+        assert_eq!(m["response/truncated_fraction"], Value::from(12.0 / 20.0));
     }
 
     /// Where every group varies there is one round; where none does the step draws exactly

@@ -13,7 +13,7 @@
 //! describe every group drawn and the kept groups' figures get their own (`kept/…`).
 
 use serde_json::Value;
-use skein_plan::Trajectory;
+use skein_plan::{Status, Trajectory};
 use std::collections::HashMap;
 
 /// Sums over the trajectories that did not fail.
@@ -24,6 +24,8 @@ pub struct Outcomes {
     reward_min: Option<f64>,
     reward_max: Option<f64>,
     correct: usize,
+    /// Of those, the ones a single-turn rollout cut off at the token limit (`Truncated`).
+    truncated: usize,
     /// Response tokens summed, and counted, of right and of wrong answers.
     right_len: (f64, usize),
     wrong_len: (f64, usize),
@@ -45,6 +47,7 @@ impl Outcomes {
             }
             let right = correct.get(i).copied().unwrap_or(false);
             self.answered += 1;
+            self.truncated += usize::from(t.status == Status::Truncated);
             self.reward_sum += t.reward;
             self.reward_min = Some(self.reward_min.map_or(t.reward, |m| m.min(t.reward)));
             self.reward_max = Some(self.reward_max.map_or(t.reward, |m| m.max(t.reward)));
@@ -72,6 +75,13 @@ impl Outcomes {
     /// Share of the trajectories that did not fail that the task judged correct.
     pub fn accuracy(&self) -> Option<f64> {
         (self.answered > 0).then(|| self.correct as f64 / self.answered as f64)
+    }
+
+    /// Share of the trajectories that did not fail that were cut off at the token limit
+    /// (`response/truncated_fraction` of a single-turn rollout; an episode is also
+    /// `Truncated` at its turn limit, which that figure leaves out).
+    pub fn truncated_fraction(&self) -> Option<f64> {
+        (self.answered > 0).then(|| self.truncated as f64 / self.answered as f64)
     }
 
     fn response_len_mean(&self) -> Option<f64> {

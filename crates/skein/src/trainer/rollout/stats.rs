@@ -260,13 +260,15 @@ impl StepRollout {
         };
         // Of the trajectories that have a response to judge: a failed one (an environment or
         // reward that failed) was neither cut off nor not, and counting it would dilute the
-        // fraction the `truncation` diagnosis reads.
+        // fraction the `truncation` diagnosis reads. Under dynamic sampling, of every group
+        // drawn: the skipped ones are often those cut off whole.
         let answered = self.trajectories.iter().filter(|t| !t.is_failed()).count();
-        if answered > 0 {
-            m.extend(floats(&[(
-                "response/truncated_fraction",
-                self.truncated() as f64 / answered as f64,
-            )]));
+        let truncated = match &self.drawn {
+            Some(d) => d.outcomes.truncated_fraction(),
+            None => (answered > 0).then(|| self.truncated() as f64 / answered as f64),
+        };
+        if let Some(fraction) = truncated {
+            m.extend(floats(&[("response/truncated_fraction", fraction)]));
         }
         m.extend(self.outcome_metrics());
         if let Some(kept) = self.kept_ids_mean() {
