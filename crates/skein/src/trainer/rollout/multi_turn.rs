@@ -16,7 +16,7 @@ use crate::model::Model;
 use crate::trainer::batch::TrainRow;
 use crate::trainer::config::TrainConfig;
 use crate::trainer::sft::sft_row_masked;
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use skein_tasks::{AgentTask, EnvError, EnvStep, Problem, Split, TaskRng, Turn};
 use skein_text::{Message, Tokenizer, UnknownChars};
 use std::sync::atomic::{AtomicBool, Ordering};
