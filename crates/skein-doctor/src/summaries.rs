@@ -48,6 +48,9 @@ pub(crate) struct RewardSummary {
     pub(crate) latest: Option<Evaluation>,
     pub(crate) best: Option<Evaluation>,
     pub(crate) best_before_latest: Option<Evaluation>,
+    /// Whether an evaluation of the run said its problems can be trained on
+    /// (`eval/held_out` 0: a task without a held-out split).
+    pub(crate) train_set: bool,
 }
 
 impl RewardSummary {
@@ -62,6 +65,7 @@ impl RewardSummary {
                 self.first_rewards.push(done.get("reward/mean"));
             }
         }
+        self.train_set |= done.get("eval/held_out") == Some(0.0);
         if let Some(accuracy) = done.get("eval/accuracy") {
             self.add_evaluation(Evaluation {
                 step: done.step,

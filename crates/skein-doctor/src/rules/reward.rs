@@ -111,6 +111,12 @@ fn out_of_range(h: &History) -> Option<Finding> {
 }
 
 fn overfitting(h: &History) -> Option<Finding> {
+    // Evaluations of problems the run trains on (`eval/held_out` 0: a task without a
+    // held-out split) cannot show overfitting. A log without the flag is read as held out.
+    let newest = h.last().and_then(|s| s.get("eval/held_out"));
+    if h.summaries().reward.train_set || newest == Some(0.0) {
+        return None;
+    }
     let (now, earlier, best) = evaluations(h)?;
     if earlier < 2 {
         return None;
@@ -262,6 +268,21 @@ mod tests {
         let f = overfitting(&h).unwrap();
         assert_eq!(f.steps, vec![3, 9]);
         assert!(f.evidence.contains("from 0.60 to 0.50"), "{}", f.evidence);
+        // The same run evaluated on problems it trains on (no held-out split) cannot be
+        // overfitting, whichever of its evaluations says so.
+        for flagged in [0, 9] {
+            let mut train_set = History::default();
+            for s in 0..=9 {
+                let mut r = json!({"reward/mean": 0.3 + 0.05 * s as f64});
+                if s % 3 == 0 {
+                    let a = [0.5, 0.0, 0.0, 0.6, 0.0, 0.0, 0.55, 0.0, 0.0, 0.5][s];
+                    r["eval/accuracy"] = json!(a);
+                    r["eval/held_out"] = json!(if s == flagged { 0.0 } else { 1.0 });
+                }
+                push(&mut train_set, s, r, vec![]);
+            }
+            assert!(overfitting(&train_set).is_none(), "flagged at {flagged}");
+        }
         // The same accuracies with a flat training reward: no overfitting.
         let mut flat = History::default();
         for (s, a) in [(0, 0.5), (3, 0.6), (6, 0.55), (9, 0.5)] {
@@ -362,6 +383,9 @@ mod tests {
         }
 
         pub fn overfitting(h: &Every) -> Option<Finding> {
+            if h.0.iter().any(|s| s.get("eval/held_out") == Some(0.0)) {
+                return None;
+            }
             let evals: Vec<(usize, f64)> =
                 h.0.iter()
                     .filter_map(|s| Some((s.step, s.get("eval/accuracy")?)))

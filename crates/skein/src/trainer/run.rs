@@ -8,7 +8,7 @@ use super::diagnoses::{digests, summary};
 use super::metrics::{extend, StageTimes, StepReport};
 use super::prepare::prepare;
 use super::rollout::stats::UntrainedSteps;
-use super::rollout::{eval_kind, EvalResult};
+use super::rollout::{eval_kind, eval_metrics, EvalResult};
 use super::setup::{start, Begin, Started, Trainer};
 use super::update::ranks::{layout, Ranks};
 use super::update::CriticStats;
@@ -222,7 +222,8 @@ impl Trainer<'_> {
         extend(&mut m, self.workload.data_metrics(false));
         let every = self.cfg.eval.every;
         if every > 0 && step.is_multiple_of(every) && step != self.cfg.trainer.steps {
-            extend(&mut m, self.evaluate().metrics());
+            let held_out = self.workload.held_out();
+            extend(&mut m, eval_metrics(&self.evaluate(), held_out));
         }
         self.files()?.log.append(&m)?;
         Ok(m)
@@ -260,7 +261,7 @@ fn finish(mut t: Trainer, interrupted: bool) -> Result<RunSummary> {
     }
     let eval_after = t.evaluate();
     let mut last = record(t.cfg.trainer.steps, []);
-    extend(&mut last, eval_after.metrics());
+    extend(&mut last, eval_metrics(&eval_after, t.workload.held_out()));
     let files = t.files()?;
     files.log.append(&last)?;
     files

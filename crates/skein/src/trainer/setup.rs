@@ -12,7 +12,7 @@ use super::prepare::PreparedBatch;
 use super::prepare::{Models, PrepareConfig};
 use super::rollout::stats::StepRollout;
 use super::rollout::tasks::Tasks;
-use super::rollout::{eval_kind, EvalResult, StepContext, Workload};
+use super::rollout::{eval_kind, eval_metrics, EvalResult, StepContext, Workload};
 use super::run_dir::RunDir;
 use super::step_files::{ResumedFiles, StepFiles};
 use super::update::critic::ValueLossConfig;
@@ -567,7 +567,7 @@ fn measure_before(
 ) -> Result<EvalResult> {
     let e = workload.evaluate(ctx);
     let mut first = record(0, []);
-    extend(&mut first, e.metrics());
+    extend(&mut first, eval_metrics(&e, workload.held_out()));
     extend(&mut first, workload.data_metrics(true));
     log.append(&first)?;
     let kind = eval_kind(workload.held_out());

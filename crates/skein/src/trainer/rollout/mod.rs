@@ -192,6 +192,15 @@ impl EvalResult {
     }
 }
 
+/// An evaluation's `eval/…` metrics with `eval/held_out`: 1 when its problems are held out,
+/// 0 when they can be trained on (a task without a held-out split), so that what reads the
+/// log (the `overfitting` diagnosis) knows which it was.
+pub fn eval_metrics(e: &EvalResult, held_out: bool) -> Vec<(&'static str, f64)> {
+    let mut m = e.metrics();
+    m.push(("eval/held_out", f64::from(u8::from(held_out))));
+    m
+}
+
 /// What the evaluation measured: `held-out`, or `train-set` when its problems can be trained on.
 pub fn eval_kind(held_out: bool) -> &'static str {
     if held_out {
