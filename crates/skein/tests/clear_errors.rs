@@ -75,6 +75,35 @@ fn eval_and_sft_refuse_values_that_cannot_work() {
         &["/no/such/model"],
     );
     assert!(!samples.exists(), "a failed eval left {s}");
+    // A prompt file with nothing to evaluate, or rows no reward route scores, is refused
+    // rather than reported as accuracy 0.
+    let prompts = root.join("prompts.jsonl");
+    std::fs::write(
+        &prompts,
+        r#"{"prompt": "1+1=", "data_source": "other", "reward_model": {"ground_truth": "2"}}"#,
+    )
+    .unwrap();
+    let p = prompts.to_str().unwrap();
+    refused(
+        &["eval", m, "--data", p, "--set", "data.max_prompt_tokens=1"],
+        &[
+            "no problem to evaluate",
+            "1 prompts over `data.max_prompt_tokens` = 1",
+        ],
+    );
+    refused(
+        &[
+            "eval",
+            m,
+            "--data",
+            p,
+            "--set",
+            "reward.sources.answer.kind=\"math\"",
+            "--set",
+            "reward.routes.arith.sources=[\"answer\"]",
+        ],
+        &["no route scores rows with data source `other` (1 row)"],
+    );
 
     let chat = root.join("chat.jsonl");
     std::fs::write(

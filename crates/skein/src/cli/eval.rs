@@ -13,6 +13,7 @@ use crate::trainer::rollout::dataset::{
 };
 use crate::trainer::rollout::judge::{answer_prompts_with, Answering, Answers, PromptBatch};
 use crate::trainer::rollout::reward::build_rewarder;
+use crate::trainer::rollout::routes::check_rows_are_routed;
 use crate::trainer::rollout::tasks::is_multi_turn;
 use crate::trainer::rollout::{evaluation_problems, EvalResult};
 use crate::trainer::TrainConfig;
@@ -555,6 +556,20 @@ fn dataset_rows(
     }
     if let Some(n) = limit {
         problems.truncate(n);
+    }
+    if problems.is_empty() {
+        bail!(
+            "no problem to evaluate in {}: {} bad rows skipped, {} prompts over \
+             `data.max_prompt_tokens` = {} filtered; raise the limit or set `data.truncation` to \
+             `left` or `right`",
+            files.join(", "),
+            read.skipped_rows,
+            counts.filtered_prompts,
+            cfg.data.max_prompt_tokens
+        );
+    }
+    if let Some(reward) = &cfg.reward {
+        check_rows_are_routed(reward, &problems)?;
     }
     let rendered = renderer.is_template();
     let task = DatasetTask::new("eval".into(), problems.clone(), "", &cfg.data, rendered);

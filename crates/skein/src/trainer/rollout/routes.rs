@@ -18,10 +18,7 @@ pub fn check_dataset_routes<'a>(
     reward: &RewardConfig,
     problems: impl IntoIterator<Item = &'a Problem>,
 ) -> Result<()> {
-    let mut rows_per_source: BTreeMap<&str, usize> = BTreeMap::new();
-    for p in problems {
-        *rows_per_source.entry(p.data_source.as_str()).or_default() += 1;
-    }
+    let rows_per_source = count_sources(problems);
     let mut refused = Vec::new();
     for name in reward.routes.keys() {
         if !rows_per_source.contains_key(name.as_str()) {
@@ -32,24 +29,51 @@ pub fn check_dataset_routes<'a>(
             ));
         }
     }
-    if reward.default_route.sources.is_empty() {
-        let unrouted: BTreeMap<&str, usize> = rows_per_source
-            .iter()
-            .filter(|(source, _)| !reward.routes.contains_key(**source))
-            .map(|(s, n)| (*s, *n))
-            .collect();
-        if !unrouted.is_empty() {
-            refused.push(format!(
-                "`reward.default_route.sources` is empty and no route scores rows with data \
-                 source {}; add `[reward.routes.<source>]` or a default route",
-                listed(&unrouted)
-            ));
-        }
-    }
+    refused.extend(unrouted(reward, &rows_per_source));
     if !refused.is_empty() {
         bail!("{}", refused.join("\n"));
     }
     Ok(())
+}
+
+/// Refuses rows that no route (nor the default route) scores: an evaluation's file, which
+/// may use only some of a run's routes, every answer of such a row would fail.
+pub fn check_rows_are_routed<'a>(
+    reward: &RewardConfig,
+    problems: impl IntoIterator<Item = &'a Problem>,
+) -> Result<()> {
+    match unrouted(reward, &count_sources(problems)) {
+        Some(refusal) => bail!("{refusal}"),
+        None => Ok(()),
+    }
+}
+
+/// Rows per data source.
+fn count_sources<'a>(problems: impl IntoIterator<Item = &'a Problem>) -> BTreeMap<&'a str, usize> {
+    let mut rows_per_source: BTreeMap<&str, usize> = BTreeMap::new();
+    for p in problems {
+        *rows_per_source.entry(p.data_source.as_str()).or_default() += 1;
+    }
+    rows_per_source
+}
+
+/// The refusal of rows no route scores, if there are any.
+fn unrouted(reward: &RewardConfig, rows_per_source: &BTreeMap<&str, usize>) -> Option<String> {
+    if !reward.default_route.sources.is_empty() {
+        return None;
+    }
+    let unrouted: BTreeMap<&str, usize> = rows_per_source
+        .iter()
+        .filter(|(source, _)| !reward.routes.contains_key(**source))
+        .map(|(s, n)| (*s, *n))
+        .collect();
+    (!unrouted.is_empty()).then(|| {
+        format!(
+            "`reward.default_route.sources` is empty and no route scores rows with data \
+             source {}; add `[reward.routes.<source>]` or a default route",
+            listed(&unrouted)
+        )
+    })
 }
 
 /// `a` (3 rows), `b` (1 row), … and N more
