@@ -295,6 +295,16 @@ fn data_problems_name_the_key_file_and_row() {
     cfg.data.skip_bad_rows = true;
     let data = Data::load(&cfg).unwrap();
     assert_eq!((data.val.len(), data.counts.skipped_rows), (3, 1));
+    // Every training row skipped as bad: the error says so, not that prompts were too long.
+    write_jsonl(&dir.join("bad.jsonl"), &[], &format!("{empty}\n{empty}\n"));
+    let mut bad = cfg.clone();
+    bad.data.train_files = vec![dir.join("bad.jsonl").display().to_string()];
+    let err = format!("{:#}", Data::load(&bad).err().unwrap());
+    assert!(
+        err.contains("every row of `data.train_files` was skipped as bad")
+            && !err.contains("max_prompt_tokens"),
+        "{err}"
+    );
 }
 
 /// A dataset's rows name their data sources, so its `[reward]` routes are checked once the

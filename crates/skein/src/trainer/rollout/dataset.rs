@@ -139,12 +139,20 @@ impl Data {
         counts.add(val.counts);
         let longest_prompt = train.longest_prompt.max(val.longest_prompt);
         let (train, val) = (train.problems, val.problems);
+        if train.is_empty() && counts.filtered_prompts == 0 {
+            bail!(
+                "no training prompt is left: every row of `data.train_files` was skipped as bad \
+                 ({} rows skipped in all, the first named above); fix those rows",
+                counts.skipped_rows
+            );
+        }
         if train.is_empty() {
             bail!(
-                "no training prompt is within `data.max_prompt_tokens` = {} ({} filtered): \
-                 raise the limit or set `data.truncation` to `left` or `right`",
+                "no training prompt is within `data.max_prompt_tokens` = {} ({} filtered, {} \
+                 bad rows skipped): raise the limit or set `data.truncation` to `left` or `right`",
                 cfg.data.max_prompt_tokens,
-                counts.filtered_prompts
+                counts.filtered_prompts,
+                counts.skipped_rows
             );
         }
         let (val, c) = held_out_split(val, &train);
