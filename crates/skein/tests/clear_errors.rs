@@ -533,8 +533,12 @@ fn text_outside_the_vocabulary_is_reported_and_text_of_nothing_else_refused() {
         err.contains(&format!("cut at the model's {positions} positions")),
         "{err}"
     );
+    // Cut there before its reply, it has nothing to train: left out and said so, not
+    // counted as a conversation trained on as cut.
     let summary: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
-    assert_eq!(summary["truncated"], 1, "{summary}");
+    assert_eq!(summary["truncated"], 0, "{summary}");
+    assert_eq!(summary["cut_before_any_reply"], 1, "{summary}");
+    assert!(err.contains("left out 1 conversation cut at"), "{err}");
     // The tuned model keeps the loaded one's generation settings (the run sampled 8 new
     // tokens, not the engine default of 64), with top_k written out.
     let generation = |dir: &Path| -> serde_json::Value {

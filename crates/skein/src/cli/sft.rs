@@ -53,7 +53,9 @@ pub struct SftArgs {
     pub micro_batch_tokens: Option<usize>,
     #[arg(long, default_value_t = 1e-4, allow_negative_numbers = true)]
     pub lr: f64,
-    /// Longest conversation in tokens; longer ones are cut at the end (counted).
+    /// Longest conversation in tokens; longer ones are cut at the end (counted as
+    /// `truncated`, or as `cut_before_any_reply` and left out when the cut leaves no
+    /// assistant token).
     #[arg(long, default_value_t = 2048)]
     pub max_tokens: usize,
     /// Skip (and count) malformed lines instead of stopping at the first.
@@ -123,7 +125,8 @@ pub fn run(args: &SftArgs) -> Result<()> {
 
     save_tuned(&policy, &tokenizer, args)?;
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
-    let k = losses.len().min(5);
+    // Up to 5 steps each, and never the same steps in both.
+    let k = (losses.len() / 2).clamp(1, 5);
     println!(
         "{}",
         json!({
@@ -131,6 +134,7 @@ pub fn run(args: &SftArgs) -> Result<()> {
             "conversations": rows.len(),
             "skipped_rows": loaded.skipped.len() + tokenized.skipped,
             "truncated": tokenized.truncated,
+            "cut_before_any_reply": tokenized.cut_whole,
             "unknown_char_conversations": tokenized.unknown_conversations,
             "steps": args.steps,
             "micro_batch_tokens": pass_tokens,
@@ -285,8 +289,10 @@ fn remove_replaced_shards(out: &Path) -> Result<()> {
 /// The conversations as training rows, and what was cut, skipped or unknown on the way.
 struct ConversationRows {
     rows: Vec<TrainRow>,
-    /// Conversations cut at --max-tokens.
+    /// Conversations cut at --max-tokens, and trained on as cut.
     truncated: usize,
+    /// Conversations cut before their first assistant token: nothing of them is trained.
+    cut_whole: usize,
     /// Conversations skipped (--skip-bad-rows): a message of which no character is in the
     /// vocabulary, or a conversation the chat template cannot render.
     skipped: usize,
@@ -339,9 +345,11 @@ fn conversation_rows(
     let mut out = ConversationRows {
         rows: Vec::with_capacity(conversations.rows.len()),
         truncated: 0,
+        cut_whole: 0,
         skipped: 0,
         unknown_conversations: 0,
     };
+    let mut first_cut_whole = None;
     let (mut unknown, mut first_unknown) = (UnknownChars::default(), None);
     let mut first_skipped: Option<(&_, anyhow::Error)> = None;
     for (place, c) in conversations.places.iter().zip(&conversations.rows) {
@@ -369,13 +377,20 @@ fn conversation_rows(
             first_unknown.get_or_insert(place);
             unknown.add(&chars);
         }
-        if tokens.len() > max_tokens {
+        let cut = tokens.len() > max_tokens;
+        if cut {
             tokens.truncate(max_tokens);
             mask.truncate(max_tokens);
-            out.truncated += 1;
         }
-        if let Some(row) = masked_row(tokens, mask) {
-            out.rows.push(row);
+        match masked_row(tokens, mask) {
+            Some(row) => {
+                out.truncated += usize::from(cut);
+                out.rows.push(row);
+            }
+            None => {
+                out.cut_whole += 1;
+                first_cut_whole.get_or_insert(place);
+            }
         }
     }
     let conversations = |n: usize| match n {
@@ -387,6 +402,13 @@ fn conversation_rows(
             "skein: warning: {} with {unknown} in all, which the model reads as its unknown \
              token (the first: {first})",
             conversations(out.unknown_conversations)
+        );
+    }
+    if let Some(first) = first_cut_whole {
+        eprintln!(
+            "skein: warning: left out {} cut at {max_tokens} tokens before any assistant \
+             token, with nothing to train (the first: {first}); raise --max-tokens to keep them",
+            conversations(out.cut_whole)
         );
     }
     if let Some((_, why)) = first_skipped {
