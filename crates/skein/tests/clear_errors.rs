@@ -104,6 +104,39 @@ fn eval_and_sft_refuse_values_that_cannot_work() {
         ],
         &["no route scores rows with data source `other` (1 row)"],
     );
+    // An answer whose reward failed is written with no reward and the reason, not a 0.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let failed = root.join("failed-samples.jsonl");
+    let url = format!("reward.sources.far.url=\"http://127.0.0.1:{port}/score\"");
+    let mut args = vec![
+        "eval",
+        m,
+        "--data",
+        p,
+        "--samples",
+        failed.to_str().unwrap(),
+    ];
+    for set in [
+        "reward.sources.far.kind=\"remote\"",
+        &url,
+        "reward.sources.far.timeout_ms=500",
+        "reward.sources.far.retries=1",
+        "reward.sources.far.backoff_ms=10",
+        "reward.default_route.sources=[\"far\"]",
+    ] {
+        args.extend(["--set", set]);
+    }
+    let (code, err) = skein(&args);
+    assert_eq!(code, 0, "{err}");
+    let line: serde_json::Value =
+        serde_json::from_str(std::fs::read_to_string(&failed).unwrap().trim()).unwrap();
+    assert!(
+        line["reward"].is_null() && line["failed"].as_str().is_some_and(|f| !f.is_empty()),
+        "{line}"
+    );
 
     let chat = root.join("chat.jsonl");
     std::fs::write(

@@ -19,6 +19,7 @@ use crate::trainer::rollout::{evaluation_problems, EvalResult};
 use crate::trainer::TrainConfig;
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Map, Value};
+use skein_plan::Status;
 use skein_report::StepProgress;
 use skein_tasks::Task;
 use skein_text::Tokenizer;
@@ -383,7 +384,7 @@ fn write_samples(
             .iter()
             .flat_map(|x| x.response.iter().copied())
             .collect();
-        let line = json!({
+        let mut line = json!({
             "problem": p,
             "sample": k,
             "prompt": problem.prompt,
@@ -392,6 +393,12 @@ fn write_samples(
             "correct": correct,
             "reward": t.reward,
         });
+        // A failed answer (a reward service that did not answer) earned no reward: null, and
+        // why, as `eval/reward` leaves it out rather than counting a 0.
+        if let Status::Failed(why) = &t.status {
+            line["reward"] = Value::Null;
+            line["failed"] = Value::from(why.as_str());
+        }
         writeln!(out, "{line}")?;
     }
     Ok(())
