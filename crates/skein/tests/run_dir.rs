@@ -307,61 +307,44 @@ fn a_resume_that_fails_before_its_first_step_changes_no_record() {
         });
         files
     };
-    let finished = results(&dir);
     let resume = ["--resume", dir.to_str().unwrap()];
+    // The resume with `sets` fails, saying `says`, and leaves every file as it found it.
+    let refused_unchanged = |sets: &[&str], says: &str| {
+        let before = results(&dir);
+        let (code, err) = skein_train(&dir, &resume, sets);
+        assert_ne!(code, 0, "{err}");
+        assert!(err.contains(says), "{err}");
+        assert!(
+            results(&dir) == before,
+            "a failed resume changed the run's files"
+        );
+    };
     let unreachable = [
         "trainer.steps=3",
         "rollout.engine=\"remote\"",
         "rollout.remote.url=\"http://127.0.0.1:9\"",
     ];
-    let (code, err) = skein_train(&dir, &resume, &unreachable);
-    assert_ne!(code, 0, "{err}");
-    assert!(err.contains("rollout.remote"), "{err}");
-    assert!(
-        results(&dir) == finished,
-        "a failed resume changed the run's files"
-    );
+    refused_unchanged(&unreachable, "rollout.remote");
     // A diagnoses.jsonl line it could not write back is refused before the first step too.
     let diagnoses = dir.join("diagnoses.jsonl");
     let kept = std::fs::read(&diagnoses).unwrap();
     std::fs::write(&diagnoses, [kept.as_slice(), b"{\"name\": 1}\n"].concat()).unwrap();
-    let damaged = results(&dir);
-    let (code, err) = skein_train(&dir, &resume, &["trainer.steps=3"]);
-    assert_ne!(code, 0, "{err}");
-    assert!(err.contains("diagnoses.jsonl:"), "{err}");
-    assert!(
-        results(&dir) == damaged,
-        "a refused resume changed the run's files"
-    );
+    refused_unchanged(&["trainer.steps=3"], "diagnoses.jsonl:");
     std::fs::write(&diagnoses, kept).unwrap();
     // So is a metrics.jsonl the resume could not cut back: missing, or, with TensorBoard
     // events to rebuild from it, with a line that does not parse.
     let metrics = dir.join("metrics.jsonl");
     let records = std::fs::read(&metrics).unwrap();
     std::fs::remove_file(&metrics).unwrap();
-    let without = results(&dir);
-    let (code, err) = skein_train(&dir, &resume, &["trainer.steps=3"]);
-    assert_ne!(code, 0, "{err}");
-    assert!(err.contains("metrics.jsonl is missing"), "{err}");
-    assert!(
-        results(&dir) == without,
-        "a refused resume changed the run's files"
-    );
+    refused_unchanged(&["trainer.steps=3"], "metrics.jsonl is missing");
     let first = records.iter().position(|&b| b == b'\n').unwrap() + 1;
     let broken = [&records[..first], b"not json\n", &records[first..]].concat();
     std::fs::write(&metrics, broken).unwrap();
-    let damaged = results(&dir);
     let tensorboard = [
         "trainer.steps=3",
         "run.tracking=[\"jsonl\", \"tensorboard\"]",
     ];
-    let (code, err) = skein_train(&dir, &resume, &tensorboard);
-    assert_ne!(code, 0, "{err}");
-    assert!(err.contains("metrics.jsonl:2"), "{err}");
-    assert!(
-        results(&dir) == damaged,
-        "a refused resume changed the run's files"
-    );
+    refused_unchanged(&tensorboard, "metrics.jsonl:2");
     std::fs::write(&metrics, records).unwrap();
     // The same resume that can run cuts them back and goes on.
     let (code, err) = skein_train(&dir, &resume, &["trainer.steps=3"]);

@@ -624,17 +624,16 @@ fn step_units(cfg: &TrainConfig) -> (usize, String, &'static str) {
 /// `[trainer]` and `[optim]`.
 fn validate_trainer(cfg: &TrainConfig, v: &mut Validator) {
     let (t, o) = (&cfg.trainer, &cfg.optim);
+    let (units, units_set_by, unit) = step_units(cfg);
     v.at_least("trainer.ppo_epochs", t.ppo_epochs, 1)
         .at_least("trainer.num_mini_batches", t.num_mini_batches, 1)
         .check(
-            t.num_mini_batches <= step_units(cfg).0,
+            t.num_mini_batches <= units,
             "trainer.num_mini_batches",
             &format!(
-                "must be at most the {} a step has with trainer.unit = \"{unit}\" (a {unit} is \
-                 never split over mini-batches, so a step of fewer would take fewer optimizer \
-                 steps than asked)",
-                step_units(cfg).1,
-                unit = step_units(cfg).2,
+                "must be at most the {units_set_by} a step has with trainer.unit = \"{unit}\" (a \
+                 {unit} is never split over mini-batches, so a step of fewer would take fewer \
+                 optimizer steps than asked)"
             ),
             t.num_mini_batches,
         )
