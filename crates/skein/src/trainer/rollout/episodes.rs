@@ -275,6 +275,25 @@ impl AgentStats {
         }
     }
 
+    /// Takes out of the figures of trained episodes one that failed after it ended (a reward
+    /// out of range, a row longer than the model's context), called before it is marked
+    /// failed: `solved` says whether it was solved, `cut_by_tokens` whether a token limit
+    /// stopped it. Its turns, tool calls and limits still count: it did play them.
+    pub fn forget_trained(&mut self, t: &Trajectory, solved: bool, cut_by_tokens: bool) {
+        if solved {
+            self.solved = self.solved.saturating_sub(1);
+            self.solved_turns = self.solved_turns.saturating_sub(t.transitions.len());
+        }
+        if cut_by_tokens {
+            self.truncated = self.truncated.saturating_sub(1);
+        }
+        if extends_token_for_token(t) {
+            self.merged = self.merged.saturating_sub(1);
+        } else {
+            self.stepwise = self.stepwise.saturating_sub(1);
+        }
+    }
+
     pub fn turns_mean(&self) -> f64 {
         self.turns as f64 / self.episodes.max(1) as f64
     }

@@ -4,7 +4,7 @@
 //! metrics they make.
 
 use super::buffer::PartialStats;
-use super::episodes::AgentStats;
+use super::episodes::{AgentStats, Cutoff};
 use super::outcomes::{Drawn, EqualGroups, Outcomes};
 use super::trajectory_info::TrajectoryInfo;
 use crate::engine::EngineStats;
@@ -165,7 +165,8 @@ impl StepRollout {
     }
 
     /// Fails every trajectory not failed yet for which `why` gives a reason; its tokens no
-    /// longer count as trained, and it is no longer correct. Returns how many.
+    /// longer count as trained, and it is no longer correct (nor, for an episode, solved, cut
+    /// off or trained as a row: [`AgentStats::forget_trained`]). Returns how many.
     fn fail_each(&mut self, why: impl Fn(&Trajectory) -> Option<String>) -> usize {
         let mut failed = 0;
         for (i, t) in self.trajectories.iter_mut().enumerate() {
@@ -173,6 +174,12 @@ impl StepRollout {
                 continue;
             }
             if let Some(reason) = why(t) {
+                let solved = self.correct.get(i).copied().unwrap_or(false);
+                if let SourceStats::Episodes(agent) = &mut self.stats.source {
+                    let cut_by_tokens = self.info.get(i).and_then(|x| x.cutoff.as_deref())
+                        == Some(Cutoff::Tokens.describe());
+                    agent.forget_trained(t, solved, cut_by_tokens);
+                }
                 if let Some(correct) = self.correct.get_mut(i) {
                     *correct = false;
                 }
@@ -647,6 +654,61 @@ mod tests {
             r.correct,
             [true, false, false],
             "the failed are not correct"
+        );
+    }
+
+    /// Episodes failed after they ended (a reward out of range) leave the figures of trained
+    /// episodes: a solved one is no longer among the solved, a cut-off one no longer among
+    /// the responses cut off, and neither trains a row. Counting them at the episodes' end
+    /// would log a truncated fraction of 1/1 and 2 solved turns on average here.
+    #[test]
+    fn episodes_failed_after_they_ended_leave_the_agent_figures() {
+        let mut solved_then_failed = trajectory(4, 2);
+        solved_then_failed.reward = 1e308;
+        solved_then_failed
+            .transitions
+            .push(solved_then_failed.transitions[0].clone());
+        let mut cut_then_failed = trajectory(5, 2);
+        cut_then_failed.status = Status::Truncated;
+        cut_then_failed.reward = f64::NAN;
+        let agent = super::super::episodes::AgentStats {
+            episodes: 3,
+            solved: 2,
+            solved_turns: 3,
+            token_limit: 1,
+            truncated: 1,
+            // The two-turn one re-renders its first prompt: a row per turn.
+            merged: 2,
+            stepwise: 1,
+            ..Default::default()
+        };
+        let cut_info = TrajectoryInfo {
+            cutoff: Some(Cutoff::Tokens.describe().to_string()),
+            ..TrajectoryInfo::default()
+        };
+        let mut r = StepRollout::new(
+            vec![trajectory(3, 2), solved_then_failed, cut_then_failed],
+            vec![true, true, false],
+            EngineStats::default(),
+            0,
+            SourceStats::Episodes(agent),
+        )
+        .with_info(vec![
+            TrajectoryInfo::default(),
+            TrajectoryInfo::default(),
+            cut_info,
+        ]);
+        assert_eq!(r.fail_rewards_out_of_range(), 2);
+        let m: std::collections::HashMap<String, Value> =
+            r.metrics(1.0, false, None).into_iter().collect();
+        assert_eq!(m["response/truncated_fraction"], Value::from(0.0), "{m:?}");
+        assert_eq!(m["agent/solved_turns_mean"], Value::from(1.0), "{m:?}");
+        assert_eq!(m["agent/merged_trajectories"], Value::from(1.0), "{m:?}");
+        assert_eq!(m["agent/stepwise_trajectories"], Value::from(0.0), "{m:?}");
+        assert_eq!(
+            m["agent/token_limit"],
+            Value::from(1.0),
+            "it was still stopped there"
         );
     }
 
