@@ -266,6 +266,9 @@ pub struct DataConfig {
     pub truncation: Truncation,
     /// Visit the rows of each epoch in a seeded random order (else in file order).
     pub shuffle: bool,
+    /// The seed of that order, apart from `run.seed`: runs that differ only in `run.seed`
+    /// (the model's initialisation and sampling) draw the same rows in the same order. Each
+    /// epoch gets its own order from it; a resumed run continues where it stopped.
     pub seed: u64,
 }
 
