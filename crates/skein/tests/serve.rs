@@ -670,21 +670,34 @@ fn reload_loads_new_weights_and_bumps_the_version() {
         assert_eq!((s.as_u16(), body["version"].as_u64()), (200, Some(2)));
         assert_eq!(greedy().await.0, before, "the first weights again");
 
-        // A model with a shorter context is refused, and the server goes on as it was.
-        let short = dir.join("short");
-        save_model(&short, 2);
-        let config_path = short.join("config.json");
-        let mut config: Value =
-            serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
-        config["max_position_embeddings"] = json!(16);
-        std::fs::write(&config_path, config.to_string()).unwrap();
-        let (s, body) = post(
-            &c,
-            &format!("{}/v1/reload", server.url),
-            json!({"path": short.to_str().unwrap()}),
-        )
-        .await;
-        assert_error(s, &body, 400, "shorter than the served model's");
+        // A model with a shorter context is refused, and the server goes on as it was; so is
+        // one trained with another chat template (a reload keeps the served one).
+        let refused = [
+            ("short", "config.json", "max_position_embeddings", json!(16)),
+            (
+                "retemplated",
+                "tokenizer_config.json",
+                "chat_template",
+                json!("{% for m in messages %}{{ m.content }}{% endfor %}"),
+            ),
+        ];
+        let reasons = ["shorter than the served model's", "in its chat template"];
+        for ((name, file, key, value), reason) in refused.into_iter().zip(reasons) {
+            let edited = dir.join(name);
+            save_model(&edited, 2);
+            let path = edited.join(file);
+            let mut config: Value =
+                serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            config[key] = value;
+            std::fs::write(&path, config.to_string()).unwrap();
+            let (s, body) = post(
+                &c,
+                &format!("{}/v1/reload", server.url),
+                json!({"path": edited.to_str().unwrap()}),
+            )
+            .await;
+            assert_error(s, &body, 400, reason);
+        }
         // So is one whose KV cache takes more per token than the cache sized at start-up.
         let deeper = dir.join("deeper");
         let mut cfg = ModelSection::default().tiny_config(tokenizer().vocab_size(), CONTEXT);

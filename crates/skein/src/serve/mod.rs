@@ -37,6 +37,7 @@ mod error;
 mod generate;
 mod guard;
 mod openai;
+mod reload_text;
 mod routes;
 mod server;
 mod state;

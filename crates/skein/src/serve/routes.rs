@@ -311,6 +311,19 @@ async fn reload(
              loopback takes it only with an API key: restart with --api-key (or bind 127.0.0.1)",
         ));
     }
+    let served = s.clone();
+    let dir = req.path.clone();
+    tokio::task::spawn_blocking(move || {
+        super::reload_text::check_same_text(served.0.text.tokenizer(), &dir)
+    })
+    .await
+    .map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("checking the new text: {e}"),
+        )
+    })?
+    .map_err(|e| ApiError::bad_request(format!("reloading the weights: {e:#}")))?;
     let gone =
         |e: crate::engine::EngineGone| ApiError::unavailable(format!("{e}: restart the server"));
     let (reply, answer) = tokio::sync::oneshot::channel();
