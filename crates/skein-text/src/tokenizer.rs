@@ -632,19 +632,8 @@ mod tests {
     /// other special tokens, such as the stop token, are left out.
     #[test]
     fn a_message_keeps_tool_call_tags_marked_special() {
-        let json = format!(
-            r#"{{"version": "1.0", "truncation": null, "padding": null,
-            "added_tokens": [{}, {}, {}],
-            "normalizer": null, "pre_tokenizer": null, "post_processor": null, "decoder": null,
-            "model": {{"type": "WordLevel", "vocab": {{"<unk>": 0, "x": 1}}, "unk_token": "<unk>"}}}}"#,
-            special(2, "<tool_call>"),
-            special(3, "</tool_call>"),
-            special(4, "<|im_end|>")
-        );
-        let path = std::env::temp_dir().join(format!("skein-tags-{}.json", std::process::id()));
-        std::fs::write(&path, json).unwrap();
-        let tok = Tokenizer::from_file(&path).unwrap();
-        std::fs::remove_file(&path).ok();
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tool-tags-special");
+        let tok = Tokenizer::from_file(dir.join(TOKENIZER_FILE)).unwrap();
         assert_eq!(tok.decode(&[2, 1, 3, 4], true).unwrap(), "x");
         // (A vocabulary without a decoder joins its tokens with spaces.)
         assert_eq!(

@@ -7,7 +7,7 @@
 use super::bench_args::median;
 use crate::engine::{Engine, GenRequest, SamplingParams};
 use crate::model::{Model, ModelConfig};
-use crate::trainer::rollout::judge::text_ids;
+use crate::trainer::rollout::judge::response_text;
 use crate::trainer::rollout::reward::{request, ModelScorer};
 use anyhow::{Context, Result};
 use skein_reward::{BatchScorer, Executor, ExecutorConfig, RewardRequest, Ticket};
@@ -243,8 +243,7 @@ fn round(s: &Setup, exec: &Executor, n: usize, async_scoring: bool, seed: i64) -
     let mut tickets = Vec::new();
     Engine::new(256).generate(&s.model, 0, gen, |out| {
         let p = out.id as usize / n;
-        let ids = text_ids(&s.tokenizer, &out.tokens);
-        let text = s.tokenizer.decode(ids, true).unwrap_or_default();
+        let text = response_text(&s.tokenizer, &out.tokens).unwrap_or_default();
         let req = request(
             out.id.to_string(),
             &s.problems[p],

@@ -389,7 +389,7 @@ fn write_samples(
             "sample": k,
             "prompt": problem.prompt,
             "ground_truth": problem.ground_truth,
-            "response": tokenizer.decode(&response, true)?,
+            "response": crate::trainer::rollout::judge::response_text(tokenizer, &response)?,
             "correct": correct,
             "reward": t.reward,
         });

@@ -167,12 +167,21 @@ pub struct Judged {
 /// A response's ids as rewards, environments and the judge read its text: without a final
 /// end-of-sequence id of the tokenizer. An id `stop_token_ids` adds keeps its text (a closing
 /// `</answer>` or `</tool_call>` a run stops at is part of what the model wrote), as in what
-/// `skein serve` returns; decoding then leaves special tokens out.
+/// `skein serve` returns; decoding then leaves special tokens out but the tool-call tags
+/// ([`response_text`]).
 pub fn text_ids<'a>(tokenizer: &Tokenizer, tokens: &'a [u32]) -> &'a [u32] {
     match tokens.split_last() {
         Some((last, rest)) if tokenizer.eos_token_ids().contains(last) => rest,
         _ => tokens,
     }
+}
+
+/// A response's text as rewards, the judge and `skein eval --samples` read it: [`text_ids`],
+/// decoded as a model's message ([`Tokenizer::decode_message`]: the tool-call tags kept where
+/// a vocabulary marks them special), the same text `skein serve` returns and a multi-turn
+/// environment receives.
+pub fn response_text(tokenizer: &Tokenizer, tokens: &[u32]) -> anyhow::Result<String> {
+    tokenizer.decode_message(text_ids(tokenizer, tokens))
 }
 
 /// Scores one finished response (`tokens`, stop token included) and judges it by
@@ -187,7 +196,6 @@ pub fn score_response(
     finish: Finish,
     engine_error: Option<&str>,
 ) -> Judged {
-    let answer_ids = text_ids(tokenizer, tokens);
     let failed = match finish {
         Finish::Failed => Some(format!(
             "the remote engine failed to generate it: {}",
@@ -206,7 +214,7 @@ pub fn score_response(
             text: None,
         };
     }
-    match tokenizer.decode(answer_ids, true) {
+    match response_text(tokenizer, tokens) {
         Ok(text) => {
             let score = task.score(problem, &text);
             let status = if finish == Finish::Stop {
@@ -290,6 +298,15 @@ mod tests {
     use super::*;
     use skein_plan::Status;
 
+    fn arithmetic(prompt: &str, ground_truth: &str) -> Problem {
+        Problem {
+            prompt: prompt.into(),
+            ground_truth: ground_truth.into(),
+            data_source: "arithmetic".into(),
+            meta: serde_json::Value::Null,
+        }
+    }
+
     /// The tokenizer's end-of-sequence id ends a response without text; an id
     /// `stop_token_ids` adds (here `)`) is part of what the model wrote, as `skein serve`
     /// returns it, so a reward that looks for a closing tag finds it.
@@ -297,12 +314,7 @@ mod tests {
     fn a_stop_id_that_is_text_stays_in_the_text_rewards_read() {
         let tokenizer = Tokenizer::char_level("0123456789+=()").unwrap();
         let task = skein_tasks::task_by_name("arithmetic", 1).unwrap();
-        let problem = Problem {
-            prompt: "2+3=".into(),
-            ground_truth: "5".into(),
-            data_source: "arithmetic".into(),
-            meta: serde_json::Value::Null,
-        };
+        let problem = arithmetic("2+3=", "5");
         let ids = |text: &str| tokenizer.encode(text, false).unwrap();
         let eos = tokenizer.eos_token_ids()[0];
         let judge = |tokens: &[u32]| {
@@ -336,6 +348,28 @@ mod tests {
             Status::Failed(why) => assert!(why.ends_with(refused), "{why}"),
             s => panic!("{s:?}"),
         }
+    }
+
+    /// Where a vocabulary marks the tool-call tags special, the text rewards read keeps them,
+    /// as `skein serve` and a multi-turn environment do: a format reward finds the call.
+    #[test]
+    fn rewards_read_tool_call_tags_that_the_vocabulary_marks_special() {
+        let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../skein-text/tests/fixtures/tool-tags-special/tokenizer.json");
+        let tokenizer = Tokenizer::from_file(fixture).unwrap();
+        let task = skein_tasks::task_by_name("arithmetic", 1).unwrap();
+        let problem = arithmetic("x", "x");
+        let judged = score_response(
+            task.as_ref(),
+            &CorrectBy::Task,
+            &tokenizer,
+            &problem,
+            &[2, 1, 3, 4],
+            Finish::Stop,
+            None,
+        );
+        // (A vocabulary without a decoder joins its tokens with spaces.)
+        assert_eq!(judged.text.as_deref(), Some("<tool_call> x </tool_call>"));
     }
 
     #[test]
