@@ -103,10 +103,20 @@ fn parse_one(body: &str) -> Result<ToolCall, ToolCallError> {
         }
     };
     // A call without arguments is a call with none; a string is kept as the JSON text it is
-    // (the OpenAI shape `ToolCall` also allows).
+    // (the OpenAI shape `ToolCall` also allows), once it is seen to hold an object: clients
+    // parse it, and a tool reads its arguments from it.
     let arguments = match obj.remove("arguments") {
         None => Value::Object(Default::default()),
-        Some(a @ (Value::Object(_) | Value::String(_))) => a,
+        Some(a @ Value::Object(_)) => a,
+        Some(Value::String(text)) => {
+            if !matches!(serde_json::from_str(&text), Ok(Value::Object(_))) {
+                return Err(ToolCallError(format!(
+                    "tool call `arguments` is a string that is not a JSON object: {}",
+                    quote(body)
+                )));
+            }
+            Value::String(text)
+        }
         Some(_) => {
             return Err(ToolCallError(format!(
                 "tool call `arguments` is neither an object nor a JSON string: {}",
@@ -190,6 +200,14 @@ mod tests {
             (
                 "<tool_call>{\"name\": \"f\", \"arguments\": 3}</tool_call>",
                 "`arguments`",
+            ),
+            (
+                "<tool_call>{\"name\": \"f\", \"arguments\": \"oops\"}</tool_call>",
+                "string that is not a JSON object",
+            ),
+            (
+                "<tool_call>{\"name\": \"f\", \"arguments\": \"[1]\"}</tool_call>",
+                "string that is not a JSON object",
             ),
             (
                 "<tool_call>{\"name\": \"calc\", \"parameters\": {\"expr\": \"1\"}}</tool_call>",
