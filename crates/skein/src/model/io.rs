@@ -215,7 +215,8 @@ fn ensure_fits_reading(
     reading: f64,
 ) -> Result<()> {
     cfg.validate()?;
-    options.check(device)?;
+    // Loading alone: whether the model may train is the trainer's check.
+    options.check_loadable(device)?;
     let bytes = cfg.build_bytes(options.dtype.bytes()) + reading;
     if let Some(free) = crate::memory::available_on(device).filter(|&f| bytes > f) {
         bail!(

@@ -67,7 +67,8 @@ impl ModelOptions {
         !self.lora.enabled() && self.dtype != Dtype::Float32
     }
 
-    /// An error naming the key for a combination that cannot train.
+    /// An error naming the key for a combination that cannot train: one that cannot load
+    /// ([`check_loadable`](Self::check_loadable)), or float16 weights trained in full.
     pub fn check(&self, device: Device) -> Result<()> {
         self.lora.check()?;
         if self.dtype == Dtype::Float16 && !self.lora.enabled() {
@@ -78,10 +79,17 @@ impl ModelOptions {
                  float16 base"
             );
         }
+        self.check_loadable(device)
+    }
+
+    /// An error for a combination no model can be built with on `device`. Serving and
+    /// evaluating never train, so float16 without adapters is fine there.
+    pub fn check_loadable(&self, device: Device) -> Result<()> {
+        self.lora.check()?;
         if self.dtype == Dtype::Float16 && device == Device::Cpu {
             bail!(
-                "`model.dtype = \"float16\"` needs a CUDA device (`run.device`): the CPU has \
-                 no fast float16 kernels; use \"bfloat16\" on the CPU"
+                "float16 (`model.dtype`, `--dtype`) needs a CUDA device (`run.device`, \
+                 `--device`): the CPU has no fast float16 kernels; use \"bfloat16\" on the CPU"
             );
         }
         Ok(())
@@ -95,5 +103,34 @@ impl Dtype {
             Dtype::Bfloat16 => "bfloat16",
             Dtype::Float16 => "float16",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// float16 with every weight is refused for training but loads for serving and
+    /// evaluation on a CUDA device; on the CPU it loads nowhere.
+    #[test]
+    fn full_float16_loads_on_cuda_but_does_not_train() {
+        let full = ModelOptions {
+            dtype: Dtype::Float16,
+            lora: LoraConfig::default(),
+        };
+        let cuda = Device::Cuda(0);
+        assert!(full.check_loadable(cuda).is_ok());
+        let e = full.check(cuda).unwrap_err().to_string();
+        assert!(e.contains("loss scaling"), "{e}");
+        let e = full.check_loadable(Device::Cpu).unwrap_err().to_string();
+        assert!(e.contains("CUDA"), "{e}");
+        let adapters = ModelOptions {
+            lora: LoraConfig {
+                rank: 8,
+                ..LoraConfig::default()
+            },
+            ..full
+        };
+        assert!(adapters.check(cuda).is_ok());
     }
 }
