@@ -296,6 +296,40 @@ fn sizes_beyond_the_machine_are_refused_before_anything_is_allocated() {
     refused(&["eval", "/nonexistent", "--n", "1000000000000"], &["--n"]);
 }
 
+/// `skein eval` and `skein plan-memory` refuse the sizes and sampling `skein train` refuses,
+/// by key: they used to evaluate greedily at `top_p = 0`, score 0 at `max_new_tokens = 0`,
+/// and plan a step of no tokens as fitting. No evaluation is `eval.every = 0`, not 0 problems.
+#[test]
+fn eval_and_plan_memory_refuse_what_train_refuses() {
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-qwen2");
+    let m = model.to_str().unwrap();
+    for (set, key) in [
+        ("rollout.sampling.top_p=0", "`rollout.sampling.top_p`"),
+        ("rollout.sampling.top_p=nan", "`rollout.sampling.top_p`"),
+        (
+            "rollout.sampling.max_new_tokens=0",
+            "`rollout.sampling.max_new_tokens`",
+        ),
+        ("eval.problems=0", "`eval.problems`"),
+    ] {
+        refused(&["eval", m, "--set", set], &[key]);
+        refused(&["train", "--set", set], &[key]);
+    }
+    for (set, key) in [
+        (
+            "trainer.micro_batch_tokens=0",
+            "`trainer.micro_batch_tokens`",
+        ),
+        (
+            "rollout.samples_per_prompt=0",
+            "`rollout.samples_per_prompt`",
+        ),
+        ("rollout.max_slots=0", "`rollout.max_slots`"),
+    ] {
+        refused(&["plan-memory", "--set", set], &[key]);
+    }
+}
+
 /// CUDA graphs replay GPU kernels: asked for on the CPU (the default device), the training
 /// key and the server's flag are refused with the device they need.
 #[test]

@@ -434,6 +434,7 @@ fn resolve(args: &EvalArgs) -> Result<(PathBuf, TrainConfig)> {
         ));
     }
     let cfg = super::train::load_config(config.as_deref(), &overrides)?;
+    crate::trainer::config::validate::validate_for_eval(&cfg)?;
     let dir = if is_run {
         args.model.join("checkpoint")
     } else {

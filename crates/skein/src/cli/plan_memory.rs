@@ -79,6 +79,7 @@ impl Target {
 pub fn run(a: &PlanMemoryArgs) -> Result<()> {
     let target = Target::parse(&a.device)?;
     let cfg = super::train::load_config(a.config.as_deref(), &a.overrides)?;
+    crate::trainer::config::validate::validate_for_memory_plan(&cfg)?;
     cfg.model_options().check(target.device())?;
     let model = model_config(a.model.as_deref(), &cfg)?;
     // One device, whichever: every thread rank's replica on it (a GPU of this machine, or

@@ -704,6 +704,7 @@ pub struct EvalConfig {
     /// Distinct held-out problems (from a seed of their own) evaluated greedily; a held-out
     /// split that holds fewer is evaluated whole (`eval/problems` logs how many). An
     /// environment worker's problems are distinct seeds, which it may map onto fewer problems.
+    /// At least 1: every run is evaluated before and after training.
     pub problems: usize,
     /// Evaluate every N RL steps (0: only before and after training).
     pub every: usize,

@@ -19,7 +19,6 @@ pub fn validate(cfg: &TrainConfig) -> Result<()> {
     validate_equal_group_skipping(cfg, &mut v);
     validate_algorithm(cfg, &mut v);
     validate_trainer(cfg, &mut v);
-    v.in_range("eval.problems", cfg.eval.problems, 0, MAX_EVAL_PROBLEMS);
     if let Err(problem) = cfg.correct_by() {
         v.problem(problem);
     }
@@ -235,28 +234,19 @@ fn validate_rollout(cfg: &TrainConfig, v: &mut Validator) {
          \"merged\"",
         "adapter",
     );
-    v.at_least("rollout.prompts_per_step", r.prompts_per_step, 1)
-        .at_least("rollout.samples_per_prompt", r.samples_per_prompt, 1)
-        .at_least("rollout.max_slots", r.max_slots, 1)
-        // Greedy decoding is top-k 1: the engine takes the argmax while the trainer's π is the
-        // whole distribution, and under a group estimator every sample of a prompt is the same.
-        .check(
-            s.temperature >= MIN_SAMPLING_TEMPERATURE && s.temperature.is_finite(),
-            "rollout.sampling.temperature",
-            "must be a finite number >= 1e-5 in training: below it (0 included) decoding is \
-             greedy, which draws from a one-token distribution while the importance ratio uses \
-             the whole one (off-policy, uncorrected), and makes every sample of a prompt the \
-             same (no group signal); greedy is for `skein eval` (its default with --n 1) and \
-             `skein serve`",
-            s.temperature,
-        )
-        .check(
-            s.top_p > 0.0 && s.top_p <= 1.0,
-            "rollout.sampling.top_p",
-            "must be in (0, 1] (1: no nucleus truncation)",
-            s.top_p,
-        )
-        .at_least("rollout.sampling.max_new_tokens", s.max_new_tokens, 1);
+    validate_rollout_sizes(cfg, v);
+    // Greedy decoding is top-k 1: the engine takes the argmax while the trainer's π is the
+    // whole distribution, and under a group estimator every sample of a prompt is the same.
+    v.check(
+        s.temperature >= MIN_SAMPLING_TEMPERATURE && s.temperature.is_finite(),
+        "rollout.sampling.temperature",
+        "must be a finite number >= 1e-5 in training: below it (0 included) decoding is \
+         greedy, which draws from a one-token distribution while the importance ratio uses \
+         the whole one (off-policy, uncorrected), and makes every sample of a prompt the \
+         same (no group signal); greedy is for `skein eval` (its default with --n 1) and \
+         `skein serve`",
+        s.temperature,
+    );
     // Truncated sampling stays on-policy only where the engine records what it kept and the
     // trainer computes π over the same ids: skein's own engine running its own episodes. A
     // remote engine or an external agent's server returns tokens without their kept sets.
@@ -310,6 +300,44 @@ fn validate_rollout(cfg: &TrainConfig, v: &mut Validator) {
         .at_least("rollout.remote.timeout_ms", rm.timeout_ms, 1)
         .at_least("rollout.remote.concurrency", rm.concurrency, 1);
     }
+}
+
+/// What every use of `[rollout]` sizes: the batch, the engine's slots, and how sampling is
+/// cut (the temperature is checked apart: training and evaluation allow different ones).
+fn validate_rollout_sizes(cfg: &TrainConfig, v: &mut Validator) {
+    let (r, s) = (&cfg.rollout, &cfg.rollout.sampling);
+    v.at_least("rollout.prompts_per_step", r.prompts_per_step, 1)
+        .at_least("rollout.samples_per_prompt", r.samples_per_prompt, 1)
+        .at_least("rollout.max_slots", r.max_slots, 1)
+        .check(
+            s.top_p > 0.0 && s.top_p <= 1.0,
+            "rollout.sampling.top_p",
+            "must be in (0, 1] (1: no nucleus truncation)",
+            s.top_p,
+        )
+        .at_least("rollout.sampling.max_new_tokens", s.max_new_tokens, 1);
+    v.in_range("eval.problems", cfg.eval.problems, 1, MAX_EVAL_PROBLEMS);
+}
+
+/// The checks of a config `skein eval` samples with (a run's, with `--set` overrides): its
+/// sizes and sampling, and what judges an answer. Paths and the training keys are not its
+/// business: a finished run's data may have moved.
+pub fn validate_for_eval(cfg: &TrainConfig) -> Result<()> {
+    let mut v = Validator::new();
+    validate_rollout_sizes(cfg, &mut v);
+    if let Err(problem) = cfg.correct_by() {
+        v.problem(problem);
+    }
+    Ok(v.finish()?)
+}
+
+/// The checks of a config `skein plan-memory` sizes a training step of: every size `skein
+/// train` refuses, without its paths or this machine's devices (the plan may be for another).
+pub fn validate_for_memory_plan(cfg: &TrainConfig) -> Result<()> {
+    let mut v = Validator::new();
+    validate_rollout_sizes(cfg, &mut v);
+    validate_trainer(cfg, &mut v);
+    Ok(v.finish()?)
 }
 
 /// `[rollout.partial]`, when it is on: a budget that pauses samples, and a cap they can
