@@ -139,6 +139,30 @@ fn validate_policy_loss_keys(a: &super::AlgorithmConfig, v: &mut Validator) {
 
 /// `task.dropped_carries`: a probability, for the task whose demonstrations have carries.
 fn validate_task(cfg: &TrainConfig, v: &mut Validator) {
+    // The rows, or the worker's environment, are the problems: a task named beside them would
+    // be recorded in config.toml as what the run trained on, and never drawn from.
+    let replaced_by = if !cfg.data.train_files.is_empty() {
+        Some("`data.train_files` (the rows are the problems)")
+    } else if cfg.agent.kind == AgentKind::EnvWorker {
+        Some("`agent.kind = \"env-worker\"` (its environment poses the problems)")
+    } else {
+        None
+    };
+    if let Some(by) = replaced_by {
+        let default = super::TaskConfig::default();
+        v.check(
+            cfg.task.name == default.name,
+            "task.name",
+            &format!("is not used with {by}: remove it"),
+            &cfg.task.name,
+        )
+        .check(
+            cfg.task.difficulty == default.difficulty,
+            "task.difficulty",
+            &format!("is not used with {by}: remove it"),
+            cfg.task.difficulty,
+        );
+    }
     let Some(p) = cfg.task.dropped_carries else {
         return;
     };
@@ -1357,6 +1381,35 @@ mod tests {
         }
         // Unset, it is the task's own default, whatever the task.
         assert!(validate(&load(&["task.name=\"guess\""]).unwrap()).is_ok());
+    }
+
+    /// A task named beside a dataset or an environment worker is never drawn from: refused,
+    /// rather than recorded in config.toml as what the run trained on.
+    #[test]
+    fn a_task_that_something_else_replaces_is_refused() {
+        let rows = "data.train_files=[\"x.jsonl\"]";
+        let worker = "agent.kind=\"env-worker\"";
+        for (set, key) in [
+            (&[rows, "task.name=\"guess\""][..], "`task.name`"),
+            (&[rows, "task.difficulty=3"], "`task.difficulty`"),
+            (
+                &[worker, "agent.command=[\"w\"]", "task.difficulty=3"],
+                "`task.difficulty`",
+            ),
+        ] {
+            let e = validate(&load(set).unwrap()).unwrap_err().to_string();
+            assert!(
+                e.contains(key) && e.contains("is not used with"),
+                "{set:?}: {e}"
+            );
+        }
+        let e = validate(&load(&[rows]).unwrap())
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            !e.is_some_and(|e| e.contains("`task.")),
+            "the defaults pass"
+        );
     }
 
     #[test]
