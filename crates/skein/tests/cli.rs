@@ -1,5 +1,7 @@
 //! The `skein` binary, run for real as a subprocess.
 
+mod common;
+
 use std::io::Write;
 use std::process::{Command, Stdio};
 
@@ -198,4 +200,30 @@ fn bench_sizes_that_cannot_work_name_their_flag() {
         assert!(err.contains(&format!("`{flag}`")), "{flag} {value}: {err}");
         assert!(!err.contains("panicked"), "{err}");
     }
+}
+
+/// The summary's held-out accuracy starts "after the warm-up" when either warm-up stage ran,
+/// the second alone included, and "before RL" when neither did.
+#[test]
+fn the_summary_says_where_its_accuracy_starts() {
+    let dir = common::workdir("cli", "summary");
+    let run_dir = format!("run.dir={:?}", dir.display().to_string());
+    let start = |warm_up: &[&str]| {
+        let mut args = vec!["train", "--overwrite", "--set", &run_dir];
+        let short = ["eval.problems=2", "trainer.steps=0"];
+        for s in common::TINY_RUN.iter().chain(&short).chain(warm_up) {
+            args.extend(["--set", s]);
+        }
+        let (code, out, err) = skein(&args, "");
+        assert_eq!(code, 0, "{err}");
+        out.lines()
+            .find(|l| l.contains("greedy accuracy"))
+            .unwrap_or_else(|| panic!("no accuracy line: {out}"))
+            .to_string()
+    };
+    let line = start(&["sft.steps=0", "sft.direct_steps=2"]);
+    assert!(line.contains("(after the warm-up → after RL"), "{line}");
+    let line = start(&["sft.steps=0"]);
+    assert!(line.contains("(before RL → after RL"), "{line}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -67,8 +67,8 @@ pub fn run(
             mean(&rewards[rewards.len() - k..]),
         );
     }
-    // A run without a warm-up measured its model as loaded.
-    let start = if cfg.sft.steps > 0 {
+    // A run without a warm-up (neither stage) measured its model as loaded.
+    let start = if cfg.sft.warms_up() {
         "after the warm-up"
     } else {
         "before RL"

@@ -716,7 +716,7 @@ fn lora_after_warm_up(cfg: &TrainConfig, policy: &mut Model) -> Result<()> {
 /// told otherwise, so it is told what it is about to go through.
 fn announce_warm_up_of_loaded_model(cfg: &TrainConfig) {
     let s = &cfg.sft;
-    if cfg.model.path.is_empty() || s.steps + s.direct_steps == 0 {
+    if cfg.model.path.is_empty() || !s.warms_up() {
         return;
     }
     eprintln!(

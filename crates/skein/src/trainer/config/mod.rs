@@ -171,9 +171,7 @@ impl TrainConfig {
     /// scratch is warmed up in full and gets its adapters after). RL then goes on training
     /// them, with a frozen copy of them in its KL reference.
     pub fn warm_up_trains_adapters(&self) -> bool {
-        self.lora.enabled()
-            && !self.model.path.is_empty()
-            && self.sft.steps + self.sft.direct_steps > 0
+        self.lora.enabled() && !self.model.path.is_empty() && self.sft.warms_up()
     }
 
     /// How the policy's weights are held: `model.dtype` and `[lora]`.
@@ -326,6 +324,11 @@ pub struct SftConfig {
 }
 
 impl SftConfig {
+    /// Whether the run warms up at all: either stage has steps.
+    pub fn warms_up(&self) -> bool {
+        self.steps + self.direct_steps > 0
+    }
+
     /// Token slots of one warm-up pass: `micro_batch_tokens`, or the update's.
     pub fn pass_tokens(&self, trainer: &TrainerConfig) -> usize {
         match self.micro_batch_tokens {

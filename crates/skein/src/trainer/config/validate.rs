@@ -205,7 +205,7 @@ fn validate_run(cfg: &TrainConfig, v: &mut Validator) {
         cfg.run.threads,
     );
     let s = &cfg.sft;
-    if s.steps + s.direct_steps > 0 {
+    if s.warms_up() {
         v.in_range("sft.batch_size", s.batch_size, 1, 1 << 16)
             .check(
                 s.lr > 0.0 && s.lr.is_finite(),

@@ -118,7 +118,7 @@ fn check_against_config(cfg: &TrainConfig, info: &Info, label: &str) -> Result<(
         cfg.rollout.sampling.max_new_tokens,
     );
     v.check(
-        cfg.sft.steps + cfg.sft.direct_steps == 0 || info.demonstrations,
+        !cfg.sft.warms_up() || info.demonstrations,
         "sft.steps",
         &format!(
             "must be 0: environment worker `{label}` offers no demonstrations for the \
