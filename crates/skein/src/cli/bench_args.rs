@@ -46,26 +46,45 @@ pub fn at_least_one(flags: &[(&str, usize)]) -> Result<()> {
     }
 }
 
-/// Refuses a `--set` of a key the command sets itself (or of a key under it), which would
-/// otherwise be overwritten without a word; `owned` pairs each key with the flag to use.
+/// Refuses a `--set` of a key the command sets itself (or of a key under it, or of a section
+/// above it with an inline table that sets it: `trainer={steps=5}`), which would otherwise
+/// change the command's own setting without a word; `owned` pairs each key with the flag to
+/// use. An override that does not parse is left for the config's loading to report.
 pub fn refuse_owned_keys(
     command: &str,
     overrides: &[String],
     owned: &[(&str, &str)],
 ) -> Result<()> {
     for set in overrides {
-        let key = set.split('=').next().unwrap_or("").trim();
-        let hit = owned.iter().find(|(k, _)| {
-            key == *k
-                || key
-                    .strip_prefix(k)
-                    .is_some_and(|rest| rest.starts_with('.'))
-        });
+        let Ok(o) = skein_config::Override::parse(set) else {
+            continue;
+        };
+        let hit = owned.iter().find(|(k, _)| sets_key(&o, k));
         if let Some((k, flag)) = hit {
             anyhow::bail!("`--set {set}`: {command} sets `{k}` itself; use {flag} instead");
         }
     }
     Ok(())
+}
+
+/// Whether applying `o` sets `key` or a key under it.
+fn sets_key(o: &skein_config::Override, key: &str) -> bool {
+    let under = |a: &str, b: &str| a.strip_prefix(b).is_some_and(|r| r.starts_with('.'));
+    if o.key == key || under(&o.key, key) {
+        return true;
+    }
+    // A section above the key, set with an inline table: does the table reach down to it?
+    let Some(rest) = key.strip_prefix(&o.key).and_then(|r| r.strip_prefix('.')) else {
+        return false;
+    };
+    let mut value = &o.value;
+    for part in rest.split('.') {
+        match value.as_table().and_then(|t| t.get(part)) {
+            Some(inner) => value = inner,
+            None => return false,
+        }
+    }
+    true
 }
 
 /// The shape of a benchmark's random Qwen2-layout model.
@@ -234,7 +253,30 @@ pub fn synchronize(device: Device) {
 
 #[cfg(test)]
 mod tests {
-    use super::median;
+    use super::{median, refuse_owned_keys};
+
+    /// A key the bench sets is refused however it is spelled: itself, a key under it, or an
+    /// inline table of a section above it that sets it; other keys of that section pass.
+    #[test]
+    fn an_owned_key_is_refused_however_it_is_spelled() {
+        let owned = [("trainer.steps", "--steps"), ("task", "--task")];
+        let refused = |set: &str| refuse_owned_keys("bench", &[set.to_string()], &owned).is_err();
+        for set in [
+            "trainer.steps=5",
+            "trainer={steps=5}",
+            "task.name=guess",
+            "task={name=\"guess\"}",
+        ] {
+            assert!(refused(set), "{set}");
+        }
+        for set in [
+            "trainer={ppo_epochs=2}",
+            "trainer.ppo_epochs=2",
+            "trainer_x=1",
+        ] {
+            assert!(!refused(set), "{set}");
+        }
+    }
 
     /// An even count takes the mean of the middle two, as the Python references do: the
     /// upper one made `--iters 2` report skein's slower step against eager's mean.
