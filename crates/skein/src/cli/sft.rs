@@ -3,7 +3,9 @@
 //!
 //! A conversation is tokenized through the chat template turn by turn: the text up to an
 //! assistant turn (rendered with the generation prompt) has loss mask 0, the turn itself
-//! (its content and end-of-turn tokens) mask 1.
+//! mask 1: its content, its end-of-turn token, and what the template writes after that
+//! before the next message (ChatML's newline), which sampling never reaches, since it stops
+//! at the end-of-turn token.
 
 use super::sft_memory;
 use crate::engine::SamplingParams;
@@ -51,6 +53,8 @@ pub struct SftArgs {
     /// estimate fits the free memory.
     #[arg(long, value_name = "N")]
     pub micro_batch_tokens: Option<usize>,
+    /// Peak learning rate: reached after a linear warm-up over the first tenth of the steps,
+    /// then decayed along a cosine toward 0.1× by the end (AdamW, gradients clipped at norm 1).
     #[arg(long, default_value_t = 1e-4, allow_negative_numbers = true)]
     pub lr: f64,
     /// Longest conversation in tokens; longer ones are cut at the end (counted as
