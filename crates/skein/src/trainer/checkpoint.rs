@@ -107,6 +107,9 @@ pub struct StopStreaks {
     /// Consecutive policy updates skipped for a NaN or infinite loss or gradient
     /// (`trainer.max_consecutive_skips`).
     pub skipped_updates: usize,
+    /// The same of the critic's updates (0 in a checkpoint written before it was kept).
+    #[serde(default)]
+    pub critic_skipped_updates: usize,
     /// Consecutive steps with no token to train (`MAX_UNTRAINED_STEPS`).
     pub untrained_steps: usize,
 }

@@ -80,7 +80,7 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
     };
     let steps = cfg.trainer.steps;
     // A resumed run goes on with its checkpoint's streaks.
-    let mut skips = SkipStreak::resumed(t.streaks.skipped_updates);
+    let mut skips = SkipStreak::resumed(&t.streaks);
     let mut untrained = UntrainedSteps::resumed(t.streaks.untrained_steps);
     let mut interrupted = false;
     let mut progress = StepProgress::resumed(steps as u64, t.first_step.saturating_sub(1) as u64);
@@ -158,6 +158,7 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
         if (every > 0 && step % every == 0) || interrupted {
             t.streaks = StopStreaks {
                 skipped_updates: skips.streak,
+                critic_skipped_updates: skips.critic_streak,
                 untrained_steps: untrained.streak(),
             };
             t.save_checkpoint(step)?;
@@ -172,22 +173,37 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
     finish(*t, interrupted)
 }
 
-/// Updates skipped for a NaN or infinite loss or gradient.
+/// Updates skipped for a NaN or infinite loss or gradient, the policy's and the critic's
+/// apart: a critic whose every update is skipped stops the run as the policy's would, rather
+/// than train on under a frozen value model.
 struct SkipStreak {
     /// Consecutive policy updates skipped, in the order they ran, the last one included.
     streak: usize,
-    /// The longest run of consecutive skips the last step's update held.
+    /// The same of the critic's updates.
+    critic_streak: usize,
+    /// The longest run of consecutive skips, of either, the last step's updates held.
     longest: usize,
 }
 
 impl SkipStreak {
-    /// Going on from a checkpoint's streak (0 for a new run).
-    fn resumed(streak: usize) -> Self {
-        SkipStreak { streak, longest: 0 }
+    /// Going on from a checkpoint's streaks (0 for a new run).
+    fn resumed(streaks: &StopStreaks) -> Self {
+        SkipStreak {
+            streak: streaks.skipped_updates,
+            critic_streak: streaks.critic_skipped_updates,
+            longest: 0,
+        }
     }
 
     fn count(&mut self, step: usize, policy: &UpdateStats, critic: Option<&CriticStats>) {
-        (self.longest, self.streak) = policy.skip_runs.continue_streak(self.streak);
+        let longest;
+        (longest, self.streak) = policy.skip_runs.continue_streak(self.streak);
+        self.longest = longest;
+        if let Some(c) = critic {
+            let critic_longest;
+            (critic_longest, self.critic_streak) = c.skip_runs.continue_streak(self.critic_streak);
+            self.longest = self.longest.max(critic_longest);
+        }
         let skipped = policy.skipped_updates + critic.map_or(0, |c| c.skipped_updates);
         if skipped > 0 {
             eprintln!(
@@ -312,7 +328,8 @@ fn stop_for_skips(t: &Trainer, step: usize, streak: usize) -> Result<()> {
         ),
     };
     bail!(
-        "stopping at step {step}: {streak} consecutive updates had a NaN or infinite loss or \
+        "stopping at step {step}: {streak} consecutive updates (of the policy, or of the \
+         critic) had a NaN or infinite loss or \
          gradient (limit `trainer.max_consecutive_skips`); the last good checkpoint is \
          {last_good}. Lower `optim.lr`, keep `optim.grad_clip` > 0, and check the rewards for \
          non-finite values {then}."
@@ -347,4 +364,48 @@ fn with_curves(dir: &std::path::Path, why: anyhow::Error) -> anyhow::Error {
 /// The libtorch seed of one step.
 fn step_seed(seed: u64, step: usize) -> i64 {
     (seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ step as u64) as i64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trainer::update::SkipRuns;
+
+    fn runs(applied: &[bool]) -> SkipRuns {
+        let mut r = SkipRuns::default();
+        applied.iter().for_each(|&a| r.record(a));
+        r
+    }
+
+    /// A critic whose updates are all skipped builds a streak of its own across steps while
+    /// the policy's updates apply, and a resumed run goes on with it.
+    #[test]
+    fn the_critics_skips_build_a_streak_of_their_own() {
+        let policy = UpdateStats {
+            skip_runs: runs(&[true, true]),
+            ..UpdateStats::default()
+        };
+        let critic = CriticStats {
+            skipped_updates: 2,
+            skip_runs: runs(&[false, false]),
+            ..CriticStats::default()
+        };
+        let mut skips = SkipStreak::resumed(&StopStreaks::default());
+        skips.count(1, &policy, Some(&critic));
+        assert_eq!(
+            (skips.streak, skips.critic_streak, skips.longest),
+            (0, 2, 2)
+        );
+        let saved = StopStreaks {
+            skipped_updates: skips.streak,
+            critic_skipped_updates: skips.critic_streak,
+            untrained_steps: 0,
+        };
+        let mut resumed = SkipStreak::resumed(&saved);
+        resumed.count(2, &policy, Some(&critic));
+        assert_eq!(resumed.longest, 4, "the critic's run goes on across steps");
+        // Without a critic only the policy's skips count.
+        resumed.count(3, &policy, None);
+        assert_eq!(resumed.longest, 0);
+    }
 }

@@ -274,6 +274,8 @@ pub struct CriticStats {
     pub optimizer_steps: usize,
     /// Mini-batches whose loss or gradient was NaN or infinite: not applied.
     pub skipped_updates: usize,
+    /// Where those fell among the applied steps, for the run's streak of skips.
+    pub skip_runs: SkipRuns,
 }
 
 impl CriticStats {
@@ -306,6 +308,7 @@ pub fn critic_update<R: Ranks<ValueModel>>(
             let (out, step) = mini_batch_step(critic, ranks, opt, mini_batch, |m, r, _| {
                 critic_pass(m, rows, r, cfg)
             })?;
+            stats.skip_runs.record(step.is_some());
             match step {
                 Some(_) => {
                     stats.loss += out.loss;
