@@ -8,12 +8,14 @@
 mod chat_template;
 mod generation_config;
 mod json_file;
+mod special_texts;
 mod tokenizer;
 mod tool_calls;
 mod unknown_chars;
 
 pub use chat_template::{ChatTemplate, FunctionCall, Message, ToolCall};
 pub use generation_config::{GenerationConfig, TokenIds};
+pub use special_texts::{SpecialTexts, SpelledSpecials};
 pub use tokenizer::Tokenizer;
 pub use tool_calls::{parse_tool_calls, strip_tool_calls, ToolCallError};
 pub use unknown_chars::{UnknownChars, UNKNOWN_EXAMPLES};

@@ -28,7 +28,7 @@ use skein_plan::{extends_token_for_token, Status, Trajectory, Transition};
 use skein_tasks::{
     render_plain, AgentTask, Env, EnvError, EnvMessage, EnvRole, EnvStep, Problem, Turn,
 };
-use skein_text::{ChatTemplate, Message, Tokenizer, UnknownChars};
+use skein_text::{ChatTemplate, Message, SpecialTexts, SpelledSpecials, Tokenizer, UnknownChars};
 use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
@@ -130,6 +130,9 @@ pub struct Episode {
     /// Characters of the environment's prompt and replies outside the tokenizer's vocabulary
     /// (the model read each as its unknown token).
     pub unknown: UnknownChars,
+    /// Special-token strings the environment's prompt and replies spelled (the model read
+    /// each as that control token).
+    pub spelled_specials: SpelledSpecials,
     /// Messages cut at `rollout.sampling.max_new_tokens` with room left in the episode, and
     /// handed to the environment as they were.
     pub cut_turns: usize,
@@ -220,6 +223,8 @@ pub struct AgentStats {
     pub task_counters: Option<Vec<(&'static str, f64)>>,
     /// Characters the environments sent that the tokenizer lacks, over all episodes.
     pub unknown: UnknownChars,
+    /// Special-token strings the environments sent, over all episodes.
+    pub spelled_specials: SpelledSpecials,
 }
 
 impl AgentStats {
@@ -242,6 +247,7 @@ impl AgentStats {
         self.tool_call_errors += e.tool_call_errors();
         self.cut_turns += e.cut_turns;
         self.unknown.add(&e.unknown);
+        self.spelled_specials.add(&e.spelled_specials);
         let ts = &e.trajectory.transitions;
         for w in ts.windows(2) {
             let context = w[0].prompt.iter().chain(&w[0].response);
@@ -314,6 +320,10 @@ impl AgentStats {
             ("agent/merged_trajectories", self.merged as f64),
             ("agent/stepwise_trajectories", self.stepwise as f64),
             ("agent/unknown_chars", self.unknown.count as f64),
+            (
+                "agent/special_token_texts",
+                self.spelled_specials.count as f64,
+            ),
         ];
         if self.solved > 0 {
             let turns = self.solved_turns as f64 / self.solved as f64;
@@ -451,6 +461,8 @@ impl AgentContext<'_> {
             transitions: Vec::new(),
             transcript: Vec::new(),
             unknown: UnknownChars::default(),
+            specials: SpecialTexts::of(self.tokenizer),
+            spelled: SpelledSpecials::default(),
             cut_turns: 0,
         };
         // The task's own code runs in here (`AgentTask::start`, `Env::state_key`), not all of
@@ -481,6 +493,7 @@ impl AgentContext<'_> {
             transcript: run.transcript,
             cutoff,
             unknown: run.unknown,
+            spelled_specials: run.spelled,
             cut_turns: run.cut_turns,
         }
     }
@@ -546,8 +559,10 @@ impl AgentContext<'_> {
                     if let Some(t) = run.transitions.last_mut() {
                         t.reward = reward;
                     }
-                    let unknown = self.tokenizer.unknown_chars(&render_plain(&reply));
-                    run.unknown.add(&unknown.map_err(other)?);
+                    let replied = render_plain(&reply);
+                    run.unknown
+                        .add(&self.tokenizer.unknown_chars(&replied).map_err(other)?);
+                    run.spelled.add(&run.specials.find(&replied));
                     context = self
                         .next_prompt(&mut messages, context, &text, &reply)
                         .map_err(other)?;
@@ -600,6 +615,7 @@ impl AgentContext<'_> {
             .unknown_chars(prompt)
             .map_err(|e| (Cutoff::Other, format!("{e:#}")))?;
         run.unknown.add(&unknown);
+        run.spelled.add(&run.specials.find(prompt));
         if unknown.is_total() {
             return Err((
                 Cutoff::EnvError,
@@ -831,6 +847,9 @@ struct EpisodeRun {
     transitions: Vec<Transition>,
     transcript: Vec<Turn>,
     unknown: UnknownChars,
+    /// The tokenizer's special tokens, and where the environment's text spelled them.
+    specials: SpecialTexts,
+    spelled: SpelledSpecials,
     cut_turns: usize,
 }
 
@@ -863,6 +882,7 @@ mod tests {
             transcript: Vec::new(),
             cutoff: Some(Cutoff::EnvError),
             unknown: UnknownChars::default(),
+            spelled_specials: SpelledSpecials::default(),
             cut_turns: 0,
         };
         let stats = AgentStats::of(&[failed]);
@@ -1024,10 +1044,15 @@ mod tests {
 
     /// Characters of an environment's text outside the vocabulary are counted per step
     /// (`agent/unknown_chars`); a first prompt of nothing else fails its episode as an
-    /// environment error, with the characters in the reason.
+    /// environment error, with the characters in the reason. A special token's spelling is
+    /// counted apart (`agent/special_token_texts`): the model read it as that control token.
     #[test]
     fn unknown_characters_are_counted_and_a_first_prompt_of_only_those_fails() {
-        for (first, fails) in [("guess 1-16 ¿\n", false), ("¿¡ ¿\n", true)] {
+        for (first, fails, spelled) in [
+            ("guess 1-16 ¿\n", false, 0),
+            ("¿¡ ¿\n", true, 0),
+            ("guess 1-16 ¿<|im_end|>\n", false, 1),
+        ] {
             let task = Opening {
                 inner: agent_task_by_name("guess", 1).unwrap().unwrap(),
                 first,
@@ -1051,6 +1076,7 @@ mod tests {
             );
             let per_episode = if fails { 3 } else { 1 };
             for e in &r.episodes {
+                assert_eq!(e.spelled_specials.count, spelled, "{first:?}");
                 assert_eq!(e.unknown.count, per_episode, "{first:?}");
                 assert_eq!(e.unknown.examples[0], "¿", "{first:?}");
                 match (&e.trajectory.status, fails) {
@@ -1069,6 +1095,7 @@ mod tests {
                 "{first:?}"
             );
             assert_eq!(r.stats.env_errors, if fails { 2 } else { 0 }, "{first:?}");
+            assert_eq!(m["agent/special_token_texts"], 2.0 * spelled as f64);
         }
     }
 

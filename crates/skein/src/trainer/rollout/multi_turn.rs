@@ -18,7 +18,7 @@ use crate::trainer::config::TrainConfig;
 use crate::trainer::sft::sft_row_masked;
 use anyhow::{bail, Result};
 use skein_tasks::{AgentTask, EnvError, EnvStep, Problem, Split, TaskRng, Turn};
-use skein_text::{Message, Tokenizer, UnknownChars};
+use skein_text::{Message, SpelledSpecials, Tokenizer, UnknownChars};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -51,6 +51,8 @@ pub struct MultiTurn {
     samples: usize,
     /// The environment's text had characters the tokenizer lacks, and the run was told.
     unknown_warned: AtomicBool,
+    /// Whether the run said that an environment spelled special tokens.
+    specials_warned: AtomicBool,
 }
 
 impl MultiTurn {
@@ -108,6 +110,7 @@ impl MultiTurn {
             groups: cfg.rollout.prompts_per_step,
             samples: cfg.rollout.samples_per_prompt,
             unknown_warned: AtomicBool::new(false),
+            specials_warned: AtomicBool::new(false),
         })
     }
 
@@ -121,6 +124,21 @@ impl MultiTurn {
             "skein: warning: environment `{}` sent {unknown} in {seen_in}, which the model reads \
              as its unknown token (counted per step as agent/unknown_chars; an episode whose \
              first prompt has no other character fails)",
+            self.task.name()
+        );
+    }
+
+    /// Says once that an environment's text spelled special tokens: the model read control
+    /// tokens there (a turn's end, a system turn's start) where text was meant.
+    fn warn_spelled(&self, spelled: &SpelledSpecials, seen_in: &str) {
+        if spelled.is_empty() || self.specials_warned.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        eprintln!(
+            "skein: warning: environment `{}` sent {spelled} in {seen_in}, which the tokenizer \
+             reads as those control tokens, not as text: the model sees the turn structure they \
+             spell (counted per step as agent/special_token_texts); escape them in the \
+             environment if they are data",
             self.task.name()
         );
     }
@@ -252,6 +270,10 @@ impl Workload for MultiTurn {
             &|| {},
         );
         self.warn_unknown(&r.stats.unknown, &format!("the episodes of step {step}"));
+        self.warn_spelled(
+            &r.stats.spelled_specials,
+            &format!("the episodes of step {step}"),
+        );
         if !counters_before.is_empty() {
             let grown = self.task.counters().into_iter().zip(&counters_before);
             r.stats.task_counters =
@@ -298,6 +320,7 @@ impl Workload for MultiTurn {
         let counted = ctx.on_episode_end.unwrap_or(&|| {});
         let r = agent.run(ctx.engine, ctx.policy, 0, &self.runtime, specs, counted);
         self.warn_unknown(&r.stats.unknown, "the evaluation episodes");
+        self.warn_spelled(&r.stats.spelled_specials, "the evaluation episodes");
         let n = r.episodes.len().max(1) as f64;
         let turns = |e: &Episode| e.trajectory.transitions.len() as f64;
         let solved: Vec<f64> = r.episodes.iter().filter(|e| e.correct).map(turns).collect();
