@@ -590,7 +590,7 @@ fn write_more_templates(dir: &Path, named: &[(String, String)]) -> Result<()> {
 
 /// The ids the post-processor adds before a text: those it marks special at the front of a
 /// one-character text.
-fn leading_special_ids(inner: &tokenizers::Tokenizer) -> Result<Vec<u32>> {
+pub fn leading_special_ids(inner: &tokenizers::Tokenizer) -> Result<Vec<u32>> {
     let encoding = inner.encode("a", true).map_err(tk_err)?;
     Ok(encoding
         .get_ids()

@@ -331,10 +331,30 @@ impl RewardModel {
         if enc.get_ids().is_empty() {
             bail!("an empty input: the tokenizer produced no tokens");
         }
-        Ok(Row {
+        let mut row = Row {
             ids: enc.get_ids().iter().map(|&i| i as i64).collect(),
             types: enc.get_type_ids().iter().map(|&i| i as i64).collect(),
-        })
+        };
+        if pair.is_none() {
+            self.drop_doubled_start(&mut row)?;
+        }
+        Ok(row)
+    }
+
+    /// A text that already starts with what the tokenizer puts before a text (a policy's
+    /// prompt rendered by a chat template that writes its own `<|begin_of_text|>`) would get
+    /// it twice: the model reads it once, as transformers' `apply_chat_template` gives it.
+    fn drop_doubled_start(&self, row: &mut Row) -> Result<()> {
+        let lead = skein_text::leading_special_ids(&self.tokenizer)
+            .with_context(|| format!("{}: reading its post-processor", self.dir.display()))?;
+        let lead: Vec<i64> = lead.iter().map(|&i| i as i64).collect();
+        let n = lead.len();
+        let doubled = n > 0 && row.ids.len() > 2 * n && row.ids[..n] == lead[..];
+        if doubled && row.ids[n..2 * n] == lead[..] {
+            row.ids.drain(..n);
+            row.types.drain(..n);
+        }
+        Ok(())
     }
 
     fn encode_pair(&self, response: &str, prompt: &str) -> Result<Row> {

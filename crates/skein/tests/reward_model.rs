@@ -328,6 +328,42 @@ fn decoder_classifier_reads_the_last_real_token() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// A decoder reward model whose tokenizer puts a BOS before a text reads a prompt that a chat
+/// template began with that BOS once, as transformers' `apply_chat_template` gives it: the
+/// same score as the prompt without it.
+#[test]
+fn a_prompt_that_starts_with_the_bos_gets_it_once() {
+    let (dir, _) = tiny_decoder_classifier();
+    let path = dir.join("tokenizer.json");
+    let mut tokenizer: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let bos = "<|endoftext|>";
+    let special = serde_json::json!({"SpecialToken": {"id": bos, "type_id": 0}});
+    let sequence = serde_json::json!({"Sequence": {"id": "A", "type_id": 0}});
+    tokenizer["post_processor"] = serde_json::json!({
+        "type": "TemplateProcessing",
+        "single": [special, sequence],
+        "pair": [special, sequence, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {bos: {"id": bos, "ids": [2], "tokens": [bos]}},
+    });
+    std::fs::remove_file(&path).unwrap();
+    std::fs::write(&path, tokenizer.to_string()).unwrap();
+    let model = RewardModel::load(&dir, Device::Cpu).unwrap();
+    let plain = model.token_ids("what is 2+2? 4").unwrap();
+    assert_eq!(plain[..2], [2, plain[1]], "the tokenizer adds its BOS");
+    assert_ne!(plain[1], 2);
+    let rendered = model.token_ids(&format!("{bos}what is 2+2? 4")).unwrap();
+    assert_eq!(rendered, plain, "one BOS, not two");
+    let scores = model
+        .score_batch(&[
+            ("4".to_string(), "what is 2+2? ".to_string()),
+            ("4".to_string(), format!("{bos}what is 2+2? ")),
+        ])
+        .unwrap();
+    assert!((scores[0] - scores[1]).abs() < 1e-5, "{scores:?}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn a_missing_directory_says_how_to_get_the_model() {
     let err = RewardModel::load(Path::new("/nonexistent/minilm"), Device::Cpu)
