@@ -20,8 +20,8 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use tch::{nn, Device, Kind, Tensor};
 use tokenizers::{TruncationDirection, TruncationParams, TruncationStrategy};
 
@@ -72,6 +72,9 @@ pub struct RewardModel {
     tokenizer: tokenizers::Tokenizer,
     max_length: usize,
     body: Body,
+    /// Whether an input longer than `max_length` was cut and the run told (once, for every
+    /// handle on these weights).
+    cut_warned: Arc<AtomicBool>,
 }
 
 impl RewardModel {
@@ -126,6 +129,7 @@ impl RewardModel {
             tokenizer,
             max_length,
             body,
+            cut_warned: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -195,6 +199,7 @@ impl RewardModel {
             tokenizer: self.tokenizer.clone(),
             max_length: self.max_length,
             body,
+            cut_warned: self.cut_warned.clone(),
         })
     }
 
@@ -331,6 +336,9 @@ impl RewardModel {
         if enc.get_ids().is_empty() {
             bail!("an empty input: the tokenizer produced no tokens");
         }
+        if !enc.get_overflowing().is_empty() {
+            self.warn_of_a_cut(pair.is_some());
+        }
         let mut row = Row {
             ids: enc.get_ids().iter().map(|&i| i as i64).collect(),
             types: enc.get_type_ids().iter().map(|&i| i as i64).collect(),
@@ -339,6 +347,30 @@ impl RewardModel {
             self.drop_doubled_start(&mut row)?;
         }
         Ok(row)
+    }
+
+    /// Whether an input longer than [`max_length`](Self::max_length) was cut, on any handle on
+    /// these weights.
+    pub fn has_cut_an_input(&self) -> bool {
+        self.cut_warned.load(Ordering::Relaxed)
+    }
+
+    /// Says once that the model read only part of an input: its score is of what was kept.
+    fn warn_of_a_cut(&self, pair: bool) {
+        if self.cut_warned.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let kept = match (&self.body, pair) {
+            (Body::DecoderClassifier(_), _) => "its end (the start of the prompt is cut)",
+            (_, true) => "the start of each text (the longer of prompt and response is cut first)",
+            _ => "its start (the end of the text is cut)",
+        };
+        eprintln!(
+            "skein: warning: reward model {} reads at most {} tokens, and an input was longer: \
+             it scored {kept}; a score that hangs on a final answer may not see it",
+            self.dir.display(),
+            self.max_length
+        );
     }
 
     /// A text that already starts with what the tokenizer puts before a text (a policy's

@@ -364,6 +364,31 @@ fn a_prompt_that_starts_with_the_bos_gets_it_once() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// A decoder reward model reads at most its context; a longer input keeps its end (where the
+/// score is read) and is said to have been cut, so its score is that of the end alone.
+#[test]
+fn a_decoder_input_longer_than_the_context_keeps_its_end() {
+    let (dir, _) = tiny_decoder_classifier();
+    let model = RewardModel::load(&dir, Device::Cpu).unwrap();
+    let limit = model.max_length();
+    let answer = "so the sum is 4".to_string();
+    let short = model
+        .score_batch(&[(answer.clone(), "what is 2+2? ".into())])
+        .unwrap();
+    assert!(!model.has_cut_an_input());
+    let long_prompt = "a".repeat(3 * limit);
+    let tail: String = long_prompt
+        .chars()
+        .skip(3 * limit + answer.len() - limit)
+        .collect();
+    let cut = model.score_batch(&[(answer.clone(), long_prompt)]).unwrap();
+    let end = model.score_batch(&[(answer, tail)]).unwrap();
+    assert!(model.has_cut_an_input() && model.share().unwrap().has_cut_an_input());
+    assert!((cut[0] - end[0]).abs() < 1e-5, "{cut:?} vs {end:?}");
+    assert!((cut[0] - short[0]).abs() > 1e-6, "the prompt was read");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn a_missing_directory_says_how_to_get_the_model() {
     let err = RewardModel::load(Path::new("/nonexistent/minilm"), Device::Cpu)

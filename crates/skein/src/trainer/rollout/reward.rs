@@ -132,7 +132,8 @@ fn model_reward(source: &str, score: f64) -> Result<RewardOutput, RewardError> {
     Err(RewardError::Scorer {
         source: format!("reward_models.{source}"),
         detail: format!(
-            "the model scored {score}, not a finite number; check its weights and `model.dtype`"
+            "the model scored {score}, not a finite number; check its weights (a reward model \
+             runs in float32, whatever `model.dtype` the policy has)"
         ),
     })
 }
