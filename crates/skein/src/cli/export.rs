@@ -58,14 +58,15 @@ pub fn run(args: &ExportArgs) -> Result<()> {
     Ok(())
 }
 
-/// Everything of the base directory but its weights and config (the tokenizer, generation
-/// config, chat template), so the merged directory is a complete model.
+/// Everything of the base directory but its weights in any format and its config (the
+/// tokenizer, generation config, chat template), so the merged directory is a complete model
+/// whose only weights are the merged ones. Links are followed: a Hugging Face cache snapshot is
+/// all links.
 fn copy_other_files(base: &Path, out: &Path) -> Result<()> {
     for entry in std::fs::read_dir(base).with_context(|| format!("reading {}", base.display()))? {
         let entry = entry?;
         let name = entry.file_name().to_string_lossy().to_string();
-        let weights = name.starts_with("model") && name.contains(".safetensors");
-        if entry.file_type()?.is_file() && !weights && name != "config.json" {
+        if entry.path().is_file() && !is_weights(&name) && name != "config.json" {
             std::fs::copy(entry.path(), out.join(&name))
                 .with_context(|| format!("copying {name} to {}", out.display()))?;
         }
@@ -78,7 +79,7 @@ fn copy_other_files(base: &Path, out: &Path) -> Result<()> {
             .with_context(|| format!("reading {}", templates.display()))?
         {
             let entry = entry?;
-            if entry.file_type()?.is_file() {
+            if entry.path().is_file() {
                 let to = out.join(MORE_TEMPLATES_DIR).join(entry.file_name());
                 std::fs::copy(entry.path(), &to)
                     .with_context(|| format!("copying {}", to.display()))?;
@@ -88,6 +89,26 @@ fn copy_other_files(base: &Path, out: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Whether a file of a model directory holds weights, or indexes them: safetensors, PyTorch,
+/// GGUF, TensorFlow, Flax, ONNX. A base's unmerged `pytorch_model.bin` beside the merged
+/// safetensors would be what a loader asked for that format reads.
+fn is_weights(name: &str) -> bool {
+    const FORMATS: [&str; 9] = [
+        "safetensors",
+        "bin",
+        "pt",
+        "pth",
+        "ckpt",
+        "gguf",
+        "h5",
+        "msgpack",
+        "onnx",
+    ];
+    let indexed = name.strip_suffix(".index.json").unwrap_or(name);
+    let extension = indexed.rsplit_once('.').map(|(_, e)| e);
+    extension.is_some_and(|e| FORMATS.contains(&e))
+}
+
 /// Where transformers keeps a model's named chat templates beside chat_template.jinja.
 const MORE_TEMPLATES_DIR: &str = "additional_chat_templates";
 
@@ -95,21 +116,46 @@ const MORE_TEMPLATES_DIR: &str = "additional_chat_templates";
 mod tests {
     use super::*;
 
-    /// The merged directory takes the base's other files, its named chat templates included
-    /// (without `tool_use`, requests with tools would render with the default template).
+    /// The merged directory takes the base's other files, linked or not, its named chat
+    /// templates included (without `tool_use`, requests with tools would render with the
+    /// default template), and none of its weights in any format.
     #[test]
     fn the_base_files_beside_the_weights_are_copied_templates_folder_included() {
         let root = std::env::temp_dir().join(format!("skein-export-{}", std::process::id()));
         let (base, out) = (root.join("base"), root.join("out"));
         std::fs::create_dir_all(base.join(MORE_TEMPLATES_DIR)).unwrap();
         std::fs::create_dir_all(&out).unwrap();
-        for name in ["tokenizer.json", "config.json", "model.safetensors"] {
+        let weights = [
+            "config.json",
+            "model.safetensors",
+            "pytorch_model.bin",
+            "pytorch_model.bin.index.json",
+            "model.safetensors.index.json",
+            "consolidated.safetensors",
+            "model-q8_0.gguf",
+            "tf_model.h5",
+        ];
+        for name in ["tokenizer.json", "generation_config.json"]
+            .iter()
+            .chain(&weights)
+        {
             std::fs::write(base.join(name), name).unwrap();
         }
+        // A cache snapshot's files are links to blobs.
+        std::fs::write(root.join("blob"), "{}").unwrap();
+        std::os::unix::fs::symlink(root.join("blob"), base.join("tokenizer_config.json")).unwrap();
         std::fs::write(base.join(MORE_TEMPLATES_DIR).join("tool_use.jinja"), "t").unwrap();
         copy_other_files(&base, &out).unwrap();
-        assert!(out.join("tokenizer.json").is_file());
-        assert!(!out.join("config.json").exists() && !out.join("model.safetensors").exists());
+        for name in [
+            "tokenizer.json",
+            "generation_config.json",
+            "tokenizer_config.json",
+        ] {
+            assert!(out.join(name).is_file(), "{name}");
+        }
+        for name in weights {
+            assert!(!out.join(name).exists(), "{name}");
+        }
         let copied = out.join(MORE_TEMPLATES_DIR).join("tool_use.jinja");
         assert_eq!(std::fs::read_to_string(copied).unwrap(), "t");
         std::fs::remove_dir_all(&root).unwrap();
