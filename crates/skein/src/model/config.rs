@@ -100,6 +100,15 @@ impl ModelConfig {
                 self.kv_heads()
             );
         }
+        if let (Some(top), Some(nested)) = (self.rope_theta, self.nested_rope_theta()) {
+            if top != nested {
+                bail!(
+                    "rope_theta is {top} and rope_parameters.rope_theta {nested}: transformers 5 \
+                     reads the second and transformers 4 the first, so the model computes \
+                     differently in each; make them equal"
+                );
+            }
+        }
         if self.max_position_embeddings > MAX_POSITIONS {
             bail!(
                 "max_position_embeddings {} exceeds the {MAX_POSITIONS} positions skein supports",
@@ -179,14 +188,18 @@ impl ModelConfig {
         self.extra.get("rope_parameters").and_then(Value::as_object)
     }
 
+    /// `rope_parameters.rope_theta` first, as transformers 5 reads it, then the top-level key
+    /// that transformers 4 wrote (a config with both, differing, is refused by `validate`).
     pub fn rope_theta(&self) -> f64 {
-        self.rope_theta
-            .or_else(|| {
-                self.rope_parameters()
-                    .and_then(|p| p.get("rope_theta"))
-                    .and_then(Value::as_f64)
-            })
+        self.nested_rope_theta()
+            .or(self.rope_theta)
             .unwrap_or(10_000.0)
+    }
+
+    fn nested_rope_theta(&self) -> Option<f64> {
+        self.rope_parameters()
+            .and_then(|p| p.get("rope_theta"))
+            .and_then(Value::as_f64)
     }
 
     pub fn rope(&self) -> Result<RopeScaling> {
@@ -392,6 +405,27 @@ mod tests {
         assert_eq!(cfg.head_dim(), 4);
         let back = serde_json::to_value(&cfg).unwrap();
         assert_eq!(back["foo"], 1, "unknown keys survive a round trip");
+    }
+
+    /// With both keys, transformers 5 reads `rope_parameters`; equal values load, differing
+    /// ones are refused naming both.
+    #[test]
+    fn both_rope_thetas_must_agree() {
+        let with = |top: f64, nested: f64| -> ModelConfig {
+            serde_json::from_value(json!({"model_type":"llama","vocab_size":10,"hidden_size":8,
+                "intermediate_size":16,"num_hidden_layers":1,"num_attention_heads":2,
+                "rope_theta": top, "rope_parameters": {"rope_theta": nested, "rope_type": "default"}}))
+            .unwrap()
+        };
+        let same = with(1e6, 1e6);
+        same.validate().unwrap();
+        assert_eq!(same.rope_theta(), 1e6);
+        let e = with(1e4, 1e6).validate().unwrap_err().to_string();
+        assert!(
+            e.contains("rope_parameters.rope_theta") && e.contains("10000"),
+            "{e}"
+        );
+        assert_eq!(with(1e4, 1e6).rope_theta(), 1e6, "transformers 5's reading");
     }
 
     /// The published figure: 494,032,768 parameters (0.49B), 0.36B of them outside the
