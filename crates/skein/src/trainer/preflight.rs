@@ -17,7 +17,7 @@
 //! - beside the update: the reference, the critic, other thread ranks, the rollout KV cache and
 //!   the step's rows.
 
-use super::config::{AgentKind, DpBackend, TrainConfig};
+use super::config::{AgentKind, DpBackend, EngineKind, TrainConfig};
 use super::rollout::tasks::multi_turn_task;
 use super::update::head::chunk_positions;
 use super::update::optim::group_elements;
@@ -491,14 +491,18 @@ fn rollout_parts(
     // CUDA graphs pad their batches into a scratch slot the cache holds beyond the engine's.
     let cache_slots = slots + usize::from(r.cuda_graphs);
     let element = cfg.model.dtype.bytes();
-    let mut parts = vec![Part {
-        what: "rollout KV cache",
-        bytes: model.kv_cache_bytes(cache_slots, context, element),
-        lower: "`rollout.max_slots`, or the tokens a sample or an episode may hold \
-                (`rollout.sampling.max_new_tokens`, a dataset's `data.max_prompt_tokens`, \
-                `agent.max_tokens`)",
-    }];
-    if r.cuda_graphs {
+    let mut parts = Vec::new();
+    // A remote engine holds its cache on its own server: this process builds none.
+    if r.engine == EngineKind::Local {
+        parts.push(Part {
+            what: "rollout KV cache",
+            bytes: model.kv_cache_bytes(cache_slots, context, element),
+            lower: "`rollout.max_slots`, or the tokens a sample or an episode may hold \
+                    (`rollout.sampling.max_new_tokens`, a dataset's `data.max_prompt_tokens`, \
+                    `agent.max_tokens`)",
+        });
+    }
+    if r.cuda_graphs && r.engine == EngineKind::Local {
         parts.push(Part {
             what: "CUDA graphs' logits, at most one [batch, vocab] per decode shape",
             bytes: crate::engine::captured_logits_bound(
@@ -638,6 +642,18 @@ mod tests {
             .to_string();
         assert!(err.contains("`rollout.max_slots`"), "{err}");
         assert!(err.contains("rollout KV cache"), "{err}");
+    }
+
+    /// A remote engine's cache lives on its server: however many slots the config names, the
+    /// trainer's process holds none.
+    #[test]
+    fn a_remote_engine_holds_no_cache_here() {
+        let mut cfg = TrainConfig::default();
+        cfg.rollout.max_slots = 1 << 20;
+        cfg.rollout.prompts_per_step = 1 << 14;
+        assert!(part(&cpu(&cfg, &model()), "rollout KV") > 16.0 * GIB);
+        cfg.rollout.engine = EngineKind::Remote;
+        assert_eq!(part(&cpu(&cfg, &model()), "rollout KV"), 0.0);
     }
 
     /// The cache is counted as the engine sizes it: a multi-turn episode's slot holds the
