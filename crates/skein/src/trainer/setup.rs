@@ -760,6 +760,7 @@ fn warm_up(
             eval_last: Some(i) != last,
             weight_decay: s.weight_decay,
             micro_batch_tokens: s.pass_tokens(&cfg.trainer),
+            checkpointing: cfg.trainer.activation_checkpointing,
         };
         match s.demonstrations {
             0 => sft::warm_up(policy, &stage, demos, log)?,

@@ -4,7 +4,7 @@
 
 use super::batch::TrainRow;
 use super::config::Batching;
-use super::update::head::{token_logprobs, Entropy};
+use super::update::head::{logprobs_of_hidden, Entropy};
 use super::update::optim::{OptimConfig, Optimizer, Schedule};
 use super::update::pack::{input_len, micro_batches, MicroPlan};
 use super::update::tensors::MicroBatch;
@@ -41,6 +41,9 @@ pub struct Stage {
     pub weight_decay: f64,
     /// Token slots of one forward/backward pass (`trainer.micro_batch_tokens`).
     pub micro_batch_tokens: usize,
+    /// Keep only each layer's input and recompute it in the backward
+    /// (`trainer.activation_checkpointing`), as the RL update does.
+    pub checkpointing: bool,
 }
 
 /// Where a warm-up gets its rows, and how it measures the policy on the way.
@@ -120,6 +123,7 @@ pub fn warm_up(
         eval_last,
         weight_decay,
         micro_batch_tokens,
+        checkpointing,
     } = *stage;
     let ocfg = OptimConfig {
         weight_decay,
@@ -149,7 +153,11 @@ pub fn warm_up(
                 long.tokens.len()
             );
         }
-        let outcome = sft_step(policy, &mut opt, &rows, micro_batch_tokens);
+        let pass = SftPass {
+            micro_batch_tokens,
+            checkpointing,
+        };
+        let outcome = sft_step_with(policy, &mut opt, &rows, pass);
         let loss = outcome.loss;
         let logged = first + step - 1;
         let mut record = skein_report::record(logged, [("sft/loss", loss)]);
@@ -245,6 +253,33 @@ pub fn sft_step(
     rows: &[TrainRow],
     micro_batch_tokens: usize,
 ) -> SftStep {
+    let pass = SftPass {
+        micro_batch_tokens,
+        checkpointing: false,
+    };
+    sft_step_with(model, opt, rows, pass)
+}
+
+/// How a supervised step's forward/backward passes run.
+#[derive(Debug, Clone, Copy)]
+pub struct SftPass {
+    /// Token slots of one pass.
+    pub micro_batch_tokens: usize,
+    /// Activation checkpointing: each layer's input kept, the layer recomputed in the backward.
+    pub checkpointing: bool,
+}
+
+/// [`sft_step`] with activation checkpointing when `pass` asks for it.
+pub fn sft_step_with(
+    model: &Model,
+    opt: &mut Optimizer,
+    rows: &[TrainRow],
+    pass: SftPass,
+) -> SftStep {
+    let SftPass {
+        micro_batch_tokens,
+        checkpointing,
+    } = pass;
     opt.zero_grad();
     let tokens = rows
         .iter()
@@ -254,10 +289,14 @@ pub fn sft_step(
     let mut loss = 0.0;
     for plan in sft_layout(rows, micro_batch_tokens) {
         let mb = MicroBatch::new(rows, &plan, model.vs.device());
-        let lp = token_logprobs(&model.net, &mb, 1.0, Entropy::Skip);
+        let (hidden, recompute) = mb.train_hidden(&model.net, checkpointing);
+        let lp = logprobs_of_hidden(&model.net, &mb, &hidden, 1.0, Entropy::Skip);
         let part = -(&lp.logp * &mb.mask).sum(Kind::Float) / tokens;
         part.backward();
         lp.backward();
+        if let Some(recompute) = recompute {
+            recompute.backward();
+        }
         loss += part.double_value(&[]);
     }
     let stats = opt.step();
@@ -433,6 +472,7 @@ mod tests {
             eval_last,
             weight_decay: 0.1,
             micro_batch_tokens: 8192,
+            checkpointing: false,
         };
         warm_up(&model, &stage, &mut demos, &mut log).unwrap();
         drop(log);
@@ -457,7 +497,9 @@ mod tests {
             .iter()
             .map(|p| {
                 let mb = MicroBatch::new(rows, p, Device::Cpu);
-                let logp = token_logprobs(&model.net, &mb, 1.0, Entropy::Skip).logp;
+                let logp =
+                    super::super::update::head::token_logprobs(&model.net, &mb, 1.0, Entropy::Skip)
+                        .logp;
                 -(logp * &mb.mask).sum(Kind::Float).double_value(&[])
             })
             .sum::<f64>()
@@ -493,7 +535,9 @@ mod tests {
     }
 
     /// A batch over the pass budget is split into passes, each within it (a longer row alone),
-    /// and takes the same step as one pass: the same loss and the same weights after it.
+    /// and takes the same step as one pass: the same loss and the same weights after it. So
+    /// does a step with activation checkpointing, which the warm-up takes when the run's
+    /// update does.
     #[test]
     fn a_batch_split_into_passes_takes_the_same_step() {
         let row = |len: usize| sft_row(&[1, 2, 3], &vec![5 + len as u32 % 7; len]);
@@ -507,19 +551,25 @@ mod tests {
         let cfg = ModelConfig::tiny_qwen2(16, 32, 2, 2, 1, 64, 64);
         let model = Model::random(&cfg, Device::Cpu, 5).unwrap();
         // The same weights for both (the global seed is shared with tests running alongside).
-        let step = |budget: usize| {
+        let step = |micro_batch_tokens: usize, checkpointing: bool| {
             let mut copy = Model::random(&cfg, Device::Cpu, 0).unwrap();
             copy.vs.copy(&model.vs).unwrap();
             let ocfg = sft_optim_config(1e-2, 10);
             let mut opt = Optimizer::new(&copy.vs, &ocfg, 10).unwrap();
-            let loss = sft_step(&copy, &mut opt, &rows, budget).loss;
+            let pass = SftPass {
+                micro_batch_tokens,
+                checkpointing,
+            };
+            let loss = sft_step_with(&copy, &mut opt, &rows, pass).loss;
             (loss, copy)
         };
-        let ((whole, one), (split, many)) = (step(8192), step(budget));
+        let ((whole, one), (split, many)) = (step(8192, false), step(budget, false));
         assert!(
             (whole - split).abs() < 1e-6,
             "one pass {whole}, passes {split}"
         );
+        let (recomputed, checkpointed) = step(budget, true);
+        assert!((recomputed - split).abs() < 1e-6);
         // The gradients the step took (AdamW's first step divides them by their own size, so
         // a gradient of zero in exact arithmetic, as a key bias has, turns rounding into lr).
         let (a, b) = (one.vs.variables(), many.vs.variables());
@@ -528,9 +578,12 @@ mod tests {
             .map(|t| t.grad().abs().sum(Kind::Float).double_value(&[]))
             .sum();
         assert!(size > 1.0, "the step left no gradient to compare ({size})");
+        let c = checkpointed.vs.variables();
         for (name, t) in &a {
-            let diff = (t.grad() - b[name].grad()).abs().max().double_value(&[]);
-            assert!(diff < 1e-5, "{name}'s gradient differs by {diff}");
+            for other in [&b[name], &c[name]] {
+                let diff = (t.grad() - other.grad()).abs().max().double_value(&[]);
+                assert!(diff < 1e-5, "{name}'s gradient differs by {diff}");
+            }
         }
     }
 }

@@ -663,8 +663,8 @@ pub struct TrainerConfig {
     /// Keep only each decoder layer's input during the update's forward and compute the layer
     /// again during the backward: the memory of every layer's activations (the largest part
     /// of a long batch's) for one extra forward of each layer, about a third more compute.
-    /// Gradients are unchanged. The log-prob and value forwards that have no backward do not
-    /// use it.
+    /// Gradients are unchanged. The supervised warm-up's passes use it too; the log-prob and
+    /// value forwards that have no backward do not.
     pub activation_checkpointing: bool,
 }
 
