@@ -78,10 +78,14 @@ impl Target {
 
 pub fn run(a: &PlanMemoryArgs) -> Result<()> {
     let target = Target::parse(&a.device)?;
-    let cfg = super::train::load_config(a.config.as_deref(), &a.overrides)?;
+    let mut cfg = super::train::load_config(a.config.as_deref(), &a.overrides)?;
     crate::trainer::config::validate::validate_for_memory_plan(&cfg)?;
     cfg.model_options().check(target.device())?;
     let model = model_config(a.model.as_deref(), &cfg)?;
+    if let Some(dir) = a.model.as_deref().filter(|_| cfg.model.path.is_empty()) {
+        // The plan is of that model loaded, not of one built from scratch in its shape.
+        cfg.model.path = dir.display().to_string();
+    }
     // One device, whichever: every thread rank's replica on it (a GPU of this machine, or
     // none, does not change the plan).
     let sharing = cfg.trainer.dp_size.saturating_sub(1);

@@ -354,6 +354,11 @@ pub fn estimate_sharing(
     let shape = UpdateShape::of(cfg, device);
     let critic = cfg.algorithm.estimator.needs_critic();
     let mut parts = update_parts(model, &shape, device, critic);
+    if let Some(warm_up) = full_warm_up_parts(cfg, model, &shape, device) {
+        if total(&warm_up) > total(&parts) {
+            parts = warm_up;
+        }
+    }
     let params = model.parameter_count() * F32;
     if cfg.algorithm.kl_coef > 0.0 && !shape.options.lora.enabled() {
         parts.push(Part {
@@ -374,6 +379,35 @@ pub fn estimate_sharing(
     parts.extend(rollout_parts(cfg, model, device, loaded_prompt));
     parts.extend(reward_models_part(cfg));
     parts
+}
+
+/// A model built from scratch with LoRA warms up every weight in float32, and gets its
+/// adapters after (`setup::build_policy`): that warm-up's update, where there is one, in place
+/// of the adapters' when it is the larger.
+fn full_warm_up_parts(
+    cfg: &TrainConfig,
+    model: &ModelConfig,
+    shape: &UpdateShape,
+    device: Device,
+) -> Option<Vec<Part>> {
+    if !cfg.model.path.is_empty() || !cfg.lora.enabled() || !cfg.sft.warms_up() {
+        return None;
+    }
+    let full = UpdateShape {
+        options: ModelOptions::default(),
+        ..shape.clone()
+    };
+    let mut parts = update_parts(model, &full, device, false);
+    for p in parts
+        .iter_mut()
+        .filter(|p| p.what.starts_with("policy weights"))
+    {
+        p.what = "the warm-up's policy weights, gradients and AdamW moments (float32: a model \
+                  built from scratch warms up in full, then gets its adapters)";
+        p.lower = "`sft.steps` and `sft.direct_steps` (0: no warm-up), or the model size \
+                   (`model.*`)";
+    }
+    Some(parts)
 }
 
 /// The `[reward_models]` a `[reward]` table loads beside the policy, each once, in float32. A
@@ -588,7 +622,8 @@ mod tests {
             .sum()
     }
 
-    /// A config with LoRA rank 16 on every projection, and `dtype` weights.
+    /// A config with LoRA rank 16 on every projection, and `dtype` weights, of a loaded model
+    /// (one built from scratch warms up in full first).
     fn lora(dtype: Dtype) -> TrainConfig {
         let mut cfg = TrainConfig {
             lora: LoraConfig {
@@ -598,6 +633,7 @@ mod tests {
             ..Default::default()
         };
         cfg.model.dtype = dtype;
+        cfg.model.path = "models/loaded".into();
         cfg
     }
 
@@ -642,6 +678,28 @@ mod tests {
             .to_string();
         assert!(err.contains("`rollout.max_slots`"), "{err}");
         assert!(err.contains("rollout KV cache"), "{err}");
+    }
+
+    /// A model built from scratch with LoRA warms up every weight in float32 first: its
+    /// estimate is that warm-up's where it is the larger, and the adapters' without a warm-up.
+    #[test]
+    fn a_scratch_model_with_lora_is_sized_for_its_full_warm_up() {
+        let model = ModelConfig::tiny_qwen2(256, 1024, 8, 8, 2, 4096, 64);
+        let mut cfg = TrainConfig::default();
+        cfg.lora.rank = 8;
+        let full_weights = 4.0 * F32 * model.parameter_count();
+        let warming = cpu(&cfg, &model);
+        assert!(part(&warming, "the warm-up's policy weights") >= full_weights);
+        assert_eq!(part(&warming, "LoRA adapters"), 0.0);
+        cfg.sft.steps = 0;
+        let lora = cpu(&cfg, &model);
+        assert_eq!(part(&lora, "the warm-up's"), 0.0);
+        assert!(part(&lora, "LoRA adapters") > 0.0);
+        assert!(total(&lora) < total(&warming));
+        // A loaded model warms up its adapters alone.
+        cfg.sft.steps = 10;
+        cfg.model.path = "models/m".into();
+        assert_eq!(part(&cpu(&cfg, &model), "the warm-up's"), 0.0);
     }
 
     /// A remote engine's cache lives on its server: however many slots the config names, the
