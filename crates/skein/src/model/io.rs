@@ -3,6 +3,7 @@
 
 use super::config::ModelConfig;
 use super::options::ModelOptions;
+use super::safetensors_stream::{write_streamed, Entry};
 use super::transformer::Transformer;
 use anyhow::{bail, Context, Result};
 use std::collections::{BTreeSet, HashMap};
@@ -112,28 +113,44 @@ impl Model {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let all: HashMap<String, Tensor> = self.vs.variables();
         let scale = self.options.lora.scale();
-        let named: Vec<(String, Tensor)> = super::sorted_variables(&self.vs)
+        // Each weight with the adapter (A, B) it merges with, if any.
+        type Merge<'a> = Option<(&'a Tensor, &'a Tensor)>;
+        let weights: Vec<(String, Tensor, Merge)> = super::sorted_variables(&self.vs)
             .into_iter()
             .filter(|(name, _)| !super::lora::is_adapter(name))
             .map(|(name, w)| {
                 let pair = super::lora::adapter_names(&name)
-                    .and_then(|(a, b)| Some((all.get(&a)?, all.get(&b)?)));
-                let w = match pair {
-                    Some((a, b)) if merged => {
-                        tch::no_grad(|| w.to_kind(Kind::Float) + b.matmul(a) * scale)
-                    }
-                    _ => w,
-                };
-                (name, w)
+                    .and_then(|(a, b)| Some((all.get(&a)?, all.get(&b)?)))
+                    .filter(|_| merged);
+                (name, w, pair)
+            })
+            .collect();
+        let entries: Vec<Entry> = weights
+            .iter()
+            .map(|(name, w, pair)| Entry {
+                name: name.clone(),
+                kind: if pair.is_some() {
+                    Kind::Float
+                } else {
+                    w.kind()
+                },
+                shape: w.size(),
             })
             .collect();
         // The weights first, aside then renamed, and the config after: a write that fails or
         // is cut short (a full disk, Ctrl-C) over an existing model leaves that model whole,
-        // never its weights beside the new model's config.
+        // never its weights beside the new model's config. Merged weights are made one at a
+        // time as they are written.
         let tmp = dir.join("model.safetensors.tmp");
-        Tensor::write_safetensors(&named, &tmp)
-            .with_context(|| format!("writing {}", tmp.display()))?;
-        let config = serde_json::to_string_pretty(&config_as_written(&self.net.config, &named))?;
+        write_streamed(&tmp, &entries, |i| {
+            let (_, w, pair) = &weights[i];
+            Ok(match pair {
+                Some((a, b)) => tch::no_grad(|| w.to_kind(Kind::Float) + b.matmul(a) * scale),
+                None => w.shallow_clone(),
+            })
+        })?;
+        let kinds: Vec<Kind> = entries.iter().map(|e| e.kind).collect();
+        let config = serde_json::to_string_pretty(&config_as_written(&self.net.config, &kinds))?;
         std::fs::rename(&tmp, dir.join("model.safetensors"))
             .with_context(|| format!("replacing {}", dir.join("model.safetensors").display()))?;
         write_atomic(&dir.join("config.json"), config.as_bytes())
@@ -431,7 +448,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 /// is set): the widest of `written`. A source model's own (`bfloat16`) would have transformers
 /// round the float32 weights of a trained model back to bfloat16 as it loads them, and lose
 /// the updates that were written in float32 to be kept.
-fn config_as_written(config: &ModelConfig, written: &[(String, Tensor)]) -> ModelConfig {
+fn config_as_written(config: &ModelConfig, written: &[Kind]) -> ModelConfig {
     let width = |kind: Kind| match kind {
         Kind::Double => 3,
         Kind::Float => 2,
@@ -439,10 +456,7 @@ fn config_as_written(config: &ModelConfig, written: &[(String, Tensor)]) -> Mode
         _ => 0,
     };
     let mut config = config.clone();
-    let widest = written
-        .iter()
-        .map(|(_, t)| t.kind())
-        .max_by_key(|&k| width(k));
+    let widest = written.iter().copied().max_by_key(|&k| width(k));
     if let Some(kind) = widest {
         let name = serde_json::Value::from(crate::devices::dtype_name(kind));
         config.extra.insert("torch_dtype".into(), name.clone());

@@ -12,6 +12,7 @@ pub mod lora;
 pub mod options;
 pub mod peft;
 pub mod rope;
+pub mod safetensors_stream;
 pub mod transformer;
 pub mod value;
 
