@@ -196,7 +196,8 @@ fn eval_and_sft_refuse_values_that_cannot_work() {
     run(sft(o, &[]), &["already holds files", "--overwrite"]);
     run(sft(o, &["--overwrite"]), &["no model", "config.json"]);
     // A sharded model there loses its index and shards, which would still be read as its
-    // weights beside the new model.safetensors; other files stay.
+    // weights beside the new model.safetensors, and the files of it loaders read beside the
+    // new model's (its special tokens, its PyTorch weights); other files stay.
     std::fs::write(out.join("config.json"), "{}").unwrap();
     let shards = [
         "model-00001-of-00002.safetensors",
@@ -206,6 +207,14 @@ fn eval_and_sft_refuse_values_that_cannot_work() {
     std::fs::write(out.join("model.safetensors.index.json"), index.to_string()).unwrap();
     for shard in shards {
         std::fs::write(out.join(shard), "old weights").unwrap();
+    }
+    let stale = [
+        "special_tokens_map.json",
+        "added_tokens.json",
+        "pytorch_model.bin",
+    ];
+    for name in stale {
+        std::fs::write(out.join(name), "the old model's").unwrap();
     }
     let a = sft(o, &["--overwrite"]);
     let a: Vec<&str> = a.iter().map(String::as_str).collect();
@@ -225,6 +234,7 @@ fn eval_and_sft_refuse_values_that_cannot_work() {
     assert!(out.join("model.safetensors").is_file());
     assert!(!out.join("model.safetensors.index.json").exists());
     assert!(shards.iter().all(|s| !out.join(s).exists()));
+    assert!(stale.iter().all(|s| !out.join(s).exists()));
     assert!(out.join("notes.txt").is_file());
     let _ = std::fs::remove_dir_all(&root);
 }

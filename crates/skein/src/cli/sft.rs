@@ -176,7 +176,7 @@ fn save_tuned(policy: &Model, tokenizer: &Tokenizer, args: &SftArgs) -> Result<(
     save_model_dir(policy, tokenizer, &sampling, &args.out)?;
     // Only once the new model is written: a save that fails leaves the old one whole.
     if args.overwrite {
-        remove_replaced_shards(&args.out)?;
+        remove_replaced_files(&args.out)?;
     }
     let loaded = args.model.as_deref().map(GenerationConfig::from_dir);
     let mut generation = match loaded.transpose()?.flatten() {
@@ -264,12 +264,47 @@ fn check_out(args: &SftArgs) -> Result<()> {
     Ok(())
 }
 
-/// Before a model is written over the one at `out`: that model's shard index and the shards
-/// it names, which the new single `model.safetensors` does not replace. Loaders that read
-/// the index (vLLM keeps only the files it names) would load the old weights.
-fn remove_replaced_shards(out: &Path) -> Result<()> {
-    let index = out.join("model.safetensors.index.json");
-    let Ok(text) = std::fs::read_to_string(&index) else {
+/// Files of a replaced model that the new one does not write and loaders read before or
+/// beside what it does: transformers takes `special_tokens_map.json` and `added_tokens.json`
+/// over tokenizer.json's own special tokens, a slow tokenizer reads the vocabulary files, and
+/// a loader asked for PyTorch or TensorFlow weights reads those.
+const REPLACED_FILES: [&str; 9] = [
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "vocab.txt",
+    "tokenizer.model",
+    "pytorch_model.bin",
+    "tf_model.h5",
+    "flax_model.msgpack",
+];
+
+/// Once a model is written over the one at `out`: that model's files the new one left in
+/// place ([`REPLACED_FILES`], and each weight index with the shards it names, which the new
+/// single `model.safetensors` does not replace: loaders that read an index, as vLLM does,
+/// would load the old weights).
+fn remove_replaced_files(out: &Path) -> Result<()> {
+    for name in REPLACED_FILES {
+        let path = out.join(name);
+        if path.is_file() {
+            std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+        }
+    }
+    for index in [
+        "model.safetensors.index.json",
+        "pytorch_model.bin.index.json",
+    ] {
+        remove_index_and_shards(&out.join(index))?;
+    }
+    Ok(())
+}
+
+fn remove_index_and_shards(index: &Path) -> Result<()> {
+    let Some(out) = index.parent() else {
+        return Ok(());
+    };
+    let Ok(text) = std::fs::read_to_string(index) else {
         return Ok(());
     };
     let parsed: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
@@ -287,7 +322,7 @@ fn remove_replaced_shards(out: &Path) -> Result<()> {
             }
         }
     }
-    std::fs::remove_file(&index).with_context(|| format!("removing {}", index.display()))
+    std::fs::remove_file(index).with_context(|| format!("removing {}", index.display()))
 }
 
 /// The conversations as training rows, and what was cut, skipped or unknown on the way.
