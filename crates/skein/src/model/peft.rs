@@ -63,6 +63,15 @@ pub fn read_config(dir: &Path) -> Result<LoraConfig> {
         list => serde_json::from_value(list.clone())
             .with_context(|| format!("{}: `target_modules` is not a list", path.display()))?,
     };
+    let targets = projections(targets).with_context(|| {
+        format!(
+            "{}: `target_modules` names modules skein cannot apply LoRA to (allowed: the \
+             projections {}, by name or by full module name, or \"all-linear\"; a regular \
+             expression is not read)",
+            path.display(),
+            super::lora::TARGETS.join(", ")
+        )
+    })?;
     let number = |key: &str, read: &dyn Fn(&serde_json::Value) -> Option<f64>| {
         let v = field(key)?;
         read(v).with_context(|| format!("{}: `{key}` = {v} is not a number", path.display()))
@@ -92,6 +101,28 @@ pub fn read_config(dir: &Path) -> Result<LoraConfig> {
     cfg.check()
         .with_context(|| format!("{}: unsupported settings", path.display()))?;
     Ok(cfg)
+}
+
+/// The projections `target_modules` names, in PEFT's forms: a projection's name, a full module
+/// name ending in one (PEFT saves `"all-linear"` as those when they are few), or
+/// `"all-linear"`. Which layers have adapters is checked where the weights are read: a
+/// layer without its tensors fails the load. The first name of another form is the error.
+fn projections(targets: Vec<String>) -> Result<Vec<String>> {
+    use super::lora::TARGETS;
+    if targets == ["all-linear"] {
+        return Ok(TARGETS.iter().map(|t| t.to_string()).collect());
+    }
+    let mut out: Vec<String> = Vec::new();
+    for t in &targets {
+        let last = t.rsplit('.').next().unwrap_or(t);
+        if !TARGETS.contains(&last) {
+            bail!("`{t}`");
+        }
+        if !out.iter().any(|o| o == last) {
+            out.push(last.to_string());
+        }
+    }
+    Ok(out)
 }
 
 /// PEFT settings that change what the adapter computes beyond plain LoRA, each as
@@ -253,6 +284,43 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join(CONFIG_FILE), config.to_string()).unwrap();
         dir
+    }
+
+    /// `target_modules` in PEFT's other forms reads as the projections it names: full module
+    /// names (PEFT saves "all-linear" as those when they are few) and "all-linear" itself; a
+    /// regular expression or another module is refused naming the key.
+    #[test]
+    fn target_modules_read_in_peft_forms() {
+        let mut config = config_json(
+            &LoraConfig {
+                rank: 4,
+                ..Default::default()
+            },
+            "base",
+        );
+        let read = |config: &serde_json::Value| {
+            let dir = adapter_dir("targets", config);
+            let read = read_config(&dir).map_err(|e| format!("{e:#}"));
+            std::fs::remove_dir_all(&dir).ok();
+            read
+        };
+        config["target_modules"] = json!([
+            "model.layers.0.mlp.down_proj",
+            "model.layers.1.mlp.down_proj",
+            "model.layers.0.self_attn.q_proj",
+            "model.layers.1.self_attn.q_proj"
+        ]);
+        assert_eq!(read(&config).unwrap().targets, ["down_proj", "q_proj"]);
+        config["target_modules"] = json!("all-linear");
+        assert_eq!(read(&config).unwrap().targets.len(), 7);
+        for other in [json!(".*\\.(q_proj|v_proj)"), json!(["lm_head"])] {
+            config["target_modules"] = other.clone();
+            let err = read(&config).unwrap_err();
+            assert!(
+                err.contains("`target_modules`") && err.contains("all-linear"),
+                "{err}"
+            );
+        }
     }
 
     /// Each PEFT setting that changes what an adapter computes is refused by name, not
