@@ -5,6 +5,10 @@ The Rust decoder (crates/skein) loads these directories and must reproduce `expe
 so the fixtures pin our implementation to the reference one for Qwen2 (attention bias, untied
 head), Qwen3 (q/k RMSNorm, explicit head_dim) and Llama (no bias, tied embeddings), and check
 that sharded checkpoints (model.safetensors.index.json) load the same as single files.
+tiny-llama-rope3 sets what the others leave at their defaults (rope_theta 5e5, rms_norm_eps
+1e-5, a head_dim other than hidden/heads, Llama 3 rope scaling over a sequence longer than its
+original context) in the layout published Llama 3 checkpoints use: rope_theta and rope_scaling
+at the top level, no rope_parameters.
 
 Run with the project venv (torch, transformers, safetensors, numpy):
     .venv/bin/python scripts/make_tiny_hf_fixture.py [--out crates/skein/tests/fixtures]
@@ -65,6 +69,33 @@ def models():
     yield "tiny-llama", LlamaForCausalLM, LlamaConfig(
         **COMMON, tie_word_embeddings=True, attention_bias=False, mlp_bias=False
     )
+    rope3 = dict(COMMON, rope_theta=500000.0, rms_norm_eps=1e-5)
+    rope3["rope_parameters"] = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 4.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        # Shorter than the 12-token input, so the scaled frequencies matter.
+        "original_max_position_embeddings": 8,
+    }
+    yield "tiny-llama-rope3", LlamaForCausalLM, LlamaConfig(
+        **rope3, head_dim=16, tie_word_embeddings=False, attention_bias=False, mlp_bias=False
+    )
+
+
+def legacy_rope_layout(out_dir):
+    # Published Llama 3 configs (transformers 4) keep rope_theta and rope_scaling at the top
+    # level; transformers 5 reads them into rope_parameters.
+    path = os.path.join(out_dir, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    params = dict(config.pop("rope_parameters"))
+    config["rope_theta"] = params.pop("rope_theta")
+    config["rope_scaling"] = params
+    with open(path, "w") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+        f.write("\n")
 
 
 def fixed_input_ids():
@@ -123,7 +154,10 @@ def build(name, cls, config, out_root, shard=False):
 
     out_dir = os.path.join(out_root, name)
     save(model, out_dir)
-    add_legacy_rope_theta(out_dir)
+    if name.endswith("rope3"):
+        legacy_rope_layout(out_dir)
+    else:
+        add_legacy_rope_theta(out_dir)
     GenerationConfig(
         bos_token_id=1, eos_token_id=[2, 3], pad_token_id=0, do_sample=True, temperature=0.7, top_p=0.9
     ).save_pretrained(out_dir)
@@ -168,10 +202,12 @@ def main():
     default_out = os.path.join(here, "..", "crates", "skein", "tests", "fixtures")
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=default_out)
+    ap.add_argument("--only", help="build this fixture alone")
     args = ap.parse_args()
     torch.use_deterministic_algorithms(True)
     for name, cls, config in models():
-        build(name, cls, config, args.out, shard=(name == "tiny-qwen2"))
+        if args.only in (None, name):
+            build(name, cls, config, args.out, shard=(name == "tiny-qwen2"))
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ fn logits_match_transformers_for_every_layout() {
         "tiny-qwen2",
         "tiny-qwen3",
         "tiny-llama",
+        "tiny-llama-rope3",
         "tiny-qwen2-sharded",
     ] {
         let dir = fixture(name);
@@ -60,22 +61,33 @@ fn logits_match_transformers_for_every_layout() {
     }
 }
 
+/// A saved copy computes the same logits, and keeps the keys that decide them: the rotary
+/// base and scaling, the norm's epsilon and the head size (tiny-llama-rope3 sets each away
+/// from its default), and keys skein does not read.
 #[test]
 fn a_saved_checkpoint_loads_back_identically() {
-    let src = fixture("tiny-qwen3");
-    let model = Model::load_dir(&src, Device::Cpu).unwrap();
-    let out = std::env::temp_dir().join(format!("skein-save-{}", std::process::id()));
-    model.save_dir(&out).unwrap();
-    std::fs::copy(src.join("expected.json"), out.join("expected.json")).unwrap();
-    let back = Model::load_dir(&out, Device::Cpu).unwrap();
-    check(&out, &back);
-    let cfg: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
-    assert_eq!(
-        cfg["architectures"][0], "Qwen3ForCausalLM",
-        "unknown config keys are written back"
-    );
-    std::fs::remove_dir_all(&out).ok();
+    for (name, architecture) in [
+        ("tiny-qwen3", "Qwen3ForCausalLM"),
+        ("tiny-llama-rope3", "LlamaForCausalLM"),
+    ] {
+        let src = fixture(name);
+        let model = Model::load_dir(&src, Device::Cpu).unwrap();
+        let out = std::env::temp_dir().join(format!("skein-save-{}-{name}", std::process::id()));
+        model.save_dir(&out).unwrap();
+        std::fs::copy(src.join("expected.json"), out.join("expected.json")).unwrap();
+        let back = Model::load_dir(&out, Device::Cpu).unwrap();
+        check(&out, &back);
+        let read = |dir: &Path| -> Value {
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
+                .unwrap()
+        };
+        let (saved, source) = (read(&out), read(&src));
+        assert_eq!(saved["architectures"][0], architecture, "{name}");
+        for key in ["rope_theta", "rope_scaling", "rms_norm_eps", "head_dim"] {
+            assert_eq!(saved[key], source[key], "{name}: {key}");
+        }
+        std::fs::remove_dir_all(&out).ok();
+    }
 }
 
 #[test]
