@@ -257,14 +257,9 @@ impl AgentStats {
                 .count();
             self.inserted_tokens += w[1].prompt.len() - shared;
         }
-        match (
-            e.trajectory.is_failed(),
-            extends_token_for_token(&e.trajectory),
-        ) {
-            // A failed episode trains no row, merged or not.
-            (true, _) => {}
-            (false, true) => self.merged += 1,
-            (false, false) => self.stepwise += 1,
+        // A failed episode trains no row, merged or not.
+        if !e.trajectory.is_failed() {
+            *self.rows_of(&e.trajectory) += 1;
         }
         match e.cutoff {
             Some(Cutoff::Turns) => self.turn_limit += 1,
@@ -293,10 +288,15 @@ impl AgentStats {
         if cut_by_tokens {
             self.truncated = self.truncated.saturating_sub(1);
         }
-        if extends_token_for_token(t) {
-            self.merged = self.merged.saturating_sub(1);
-        } else {
-            self.stepwise = self.stepwise.saturating_sub(1);
+        let rows = self.rows_of(t);
+        *rows = rows.saturating_sub(1);
+    }
+
+    /// The count a trained episode falls in: merged into one row, or a row per turn.
+    fn rows_of(&mut self, t: &Trajectory) -> &mut usize {
+        match extends_token_for_token(t) {
+            true => &mut self.merged,
+            false => &mut self.stepwise,
         }
     }
 
@@ -445,10 +445,12 @@ impl AgentContext<'_> {
         on_episode_end: &(dyn Fn() + Sync),
     ) -> Vec<Episode> {
         // Each episode is a session of the engine: its slot keeps the context between turns.
+        let specials = SpecialTexts::of(self.tokenizer);
+        let specials = &specials;
         let runs = specs.into_iter().enumerate().map(|(i, spec)| {
             let c = caller.clone();
             async move {
-                let episode = self.episode(c, spec, i as u64).await;
+                let episode = self.episode(c, spec, i as u64, specials).await;
                 on_episode_end();
                 episode
             }
@@ -456,12 +458,19 @@ impl AgentContext<'_> {
         runtime.block_on(futures_util::future::join_all(runs))
     }
 
-    async fn episode(&self, handle: Caller, spec: EpisodeSpec, session: u64) -> Episode {
+    /// One episode; `specials` are the tokenizer's special tokens, found once for all.
+    async fn episode(
+        &self,
+        handle: Caller,
+        spec: EpisodeSpec,
+        session: u64,
+        specials: &SpecialTexts,
+    ) -> Episode {
         let mut run = EpisodeRun {
             transitions: Vec::new(),
             transcript: Vec::new(),
             unknown: UnknownChars::default(),
-            specials: SpecialTexts::of(self.tokenizer),
+            specials,
             spelled: SpelledSpecials::default(),
             cut_turns: 0,
         };
@@ -504,7 +513,7 @@ impl AgentContext<'_> {
         handle: &Caller,
         problem: &Problem,
         session: u64,
-        run: &mut EpisodeRun,
+        run: &mut EpisodeRun<'_>,
     ) -> std::result::Result<Outcome, (Cutoff, String)> {
         let other = |e: anyhow::Error| (Cutoff::Other, format!("{e:#}"));
         let (mut env, prompt) = self.open_env(problem).await?;
@@ -608,7 +617,7 @@ impl AgentContext<'_> {
     fn check_first_prompt(
         &self,
         prompt: &str,
-        run: &mut EpisodeRun,
+        run: &mut EpisodeRun<'_>,
     ) -> std::result::Result<(), (Cutoff, String)> {
         let unknown = self
             .tokenizer
@@ -639,7 +648,7 @@ impl AgentContext<'_> {
         room: usize,
         session: u64,
         state: Option<String>,
-        run: &mut EpisodeRun,
+        run: &mut EpisodeRun<'_>,
     ) -> std::result::Result<(Vec<u32>, Finish), (Cutoff, String)> {
         let req = GenRequest {
             id: 0,
@@ -843,12 +852,12 @@ impl Caller {
     }
 }
 
-struct EpisodeRun {
+struct EpisodeRun<'s> {
     transitions: Vec<Transition>,
     transcript: Vec<Turn>,
     unknown: UnknownChars,
     /// The tokenizer's special tokens, and where the environment's text spelled them.
-    specials: SpecialTexts,
+    specials: &'s SpecialTexts,
     spelled: SpelledSpecials,
     cut_turns: usize,
 }
