@@ -421,22 +421,39 @@ fn a_checkpoint_missing_a_part_or_its_state_is_reported_as_damaged() {
     let (code, err) = skein_train(&dir, &[], &["algorithm.kl_coef=0.01"]);
     assert_eq!(code, 0, "{err}");
     let resume = ["--resume", dir.to_str().unwrap()];
-    std::fs::remove_dir_all(dir.join("checkpoint-2/reference")).unwrap();
-    let (code, err) = skein_train(&dir, &resume, &["trainer.steps=3"]);
-    assert_eq!(code, 0, "{err}");
-    assert!(
-        err.contains("checkpoint-2 cannot be resumed") && err.contains("reference is missing"),
-        "{err}"
-    );
-    assert!(err.contains("checkpoint-1 instead"), "{err}");
-    std::fs::remove_file(dir.join("checkpoint-3/trainer_state.json")).unwrap();
-    let (code, err) = skein_train(&dir, &resume, &["trainer.steps=4"]);
-    assert_eq!(code, 0, "{err}");
-    assert!(
-        err.contains("checkpoint-3 cannot be resumed") && err.contains("trainer_state.json"),
-        "{err}"
-    );
-    assert!(err.contains("checkpoint-2 instead"), "{err}");
+    // What is lost, the steps the resume goes to, and what it must say.
+    let cases = [
+        (
+            "checkpoint-2/reference",
+            "trainer.steps=3",
+            [
+                "checkpoint-2 cannot be resumed",
+                "reference is missing",
+                "checkpoint-1 instead",
+            ],
+        ),
+        (
+            "checkpoint-3/trainer_state.json",
+            "trainer.steps=4",
+            [
+                "checkpoint-3 cannot be resumed",
+                "trainer_state.json",
+                "checkpoint-2 instead",
+            ],
+        ),
+    ];
+    for (lost, steps, says) in cases {
+        let lost = dir.join(lost);
+        match lost.is_dir() {
+            true => std::fs::remove_dir_all(&lost).unwrap(),
+            false => std::fs::remove_file(&lost).unwrap(),
+        }
+        let (code, err) = skein_train(&dir, &resume, &[steps]);
+        assert_eq!(code, 0, "{err}");
+        for s in says {
+            assert!(err.contains(s), "{s}: {err}");
+        }
+    }
 }
 
 #[test]

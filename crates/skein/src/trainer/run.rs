@@ -196,9 +196,7 @@ impl SkipStreak {
     }
 
     fn count(&mut self, step: usize, policy: &UpdateStats, critic: Option<&CriticStats>) {
-        let longest;
-        (longest, self.streak) = policy.skip_runs.continue_streak(self.streak);
-        self.longest = longest;
+        (self.longest, self.streak) = policy.skip_runs.continue_streak(self.streak);
         if let Some(c) = critic {
             let critic_longest;
             (critic_longest, self.critic_streak) = c.skip_runs.continue_streak(self.critic_streak);
