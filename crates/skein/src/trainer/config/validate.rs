@@ -258,7 +258,7 @@ fn validate_rollout(cfg: &TrainConfig, v: &mut Validator) {
          \"merged\"",
         "adapter",
     );
-    validate_rollout_sizes(cfg, v);
+    validate_sampling_sizes(cfg, v);
     // Greedy decoding is top-k 1: the engine takes the argmax while the trainer's π is the
     // whole distribution, and under a group estimator every sample of a prompt is the same.
     v.check(
@@ -326,9 +326,10 @@ fn validate_rollout(cfg: &TrainConfig, v: &mut Validator) {
     }
 }
 
-/// What every use of `[rollout]` sizes: the batch, the engine's slots, and how sampling is
-/// cut (the temperature is checked apart: training and evaluation allow different ones).
-fn validate_rollout_sizes(cfg: &TrainConfig, v: &mut Validator) {
+/// The sizes every command that samples uses: the batch, the engine's slots, how sampling is
+/// cut, and the evaluation's problems (the temperature is checked apart: training and
+/// evaluation allow different ones).
+fn validate_sampling_sizes(cfg: &TrainConfig, v: &mut Validator) {
     let (r, s) = (&cfg.rollout, &cfg.rollout.sampling);
     v.at_least("rollout.prompts_per_step", r.prompts_per_step, 1)
         .at_least("rollout.samples_per_prompt", r.samples_per_prompt, 1)
@@ -348,7 +349,7 @@ fn validate_rollout_sizes(cfg: &TrainConfig, v: &mut Validator) {
 /// business: a finished run's data may have moved.
 pub fn validate_for_eval(cfg: &TrainConfig) -> Result<()> {
     let mut v = Validator::new();
-    validate_rollout_sizes(cfg, &mut v);
+    validate_sampling_sizes(cfg, &mut v);
     if let Err(problem) = cfg.correct_by() {
         v.problem(problem);
     }
@@ -359,7 +360,7 @@ pub fn validate_for_eval(cfg: &TrainConfig) -> Result<()> {
 /// train` refuses, without its paths or this machine's devices (the plan may be for another).
 pub fn validate_for_memory_plan(cfg: &TrainConfig) -> Result<()> {
     let mut v = Validator::new();
-    validate_rollout_sizes(cfg, &mut v);
+    validate_sampling_sizes(cfg, &mut v);
     validate_trainer(cfg, &mut v);
     Ok(v.finish()?)
 }
