@@ -141,8 +141,18 @@ impl EngineStats {
     }
 }
 
+/// Most context tokens one prefill forward computes, padding included ([`Engine::prefill_tokens`]).
+/// A forward's activations grow with its tokens: an admission of hundreds of long prompts at
+/// once (an evaluation's problems, a server's burst) would hold several times the KV cache's
+/// memory for a moment. 8192 tokens are still enough work per forward that the launches
+/// between forwards cost little, on a GPU too; the decode steps after them take the time.
+pub const PREFILL_TOKENS: usize = 8192;
+
 pub struct Engine {
     pub max_slots: usize,
+    /// Most context tokens (padding included) one prefill forward computes; a context longer
+    /// than this runs alone. [`PREFILL_TOKENS`] unless a test or a bench sets another.
+    pub prefill_tokens: usize,
     /// The form the decoding copy takes; `None`: the model's device's
     /// ([`DecodeForm::for_device`]). `skein bench --decode-form` counts another's calls.
     pub decode_form: Option<DecodeForm>,
@@ -164,6 +174,7 @@ impl Engine {
     pub fn new(max_slots: usize) -> Self {
         Engine {
             max_slots: max_slots.max(1),
+            prefill_tokens: PREFILL_TOKENS,
             decode_form: None,
             cuda_graphs: false,
         }
@@ -335,32 +346,21 @@ impl Engine {
         // once, and its keys/values are copied to the slots of the others.
         let (distinct, source) = distinct_contexts(&contexts);
         let t = contexts.iter().map(Vec::len).max().unwrap_or(1).max(1);
-        let mut ids = vec![0i64; distinct.len() * t];
-        for (b, &c) in distinct.iter().enumerate() {
-            for (j, &tok) in contexts[c].iter().enumerate() {
-                ids[b * t + j] = tok as i64;
-            }
-        }
-        let input = Tensor::from_slice(&ids)
-            .view([distinct.len() as i64, t as i64])
-            .to_device(device);
-        let positions = crate::model::transformer::positions_like(&input);
         let slots: Vec<i64> = admitted.iter().map(|(s, _)| *s as i64).collect();
         let lens: Vec<i64> = contexts.iter().map(|c| c.len() as i64).collect();
         let first_slots: Vec<i64> = distinct.iter().map(|&c| slots[c]).collect();
-        let hidden = net.hidden(
-            &input,
-            &positions,
-            AttnMode::Prefill {
-                cache,
-                slots: &Tensor::from_slice(&first_slots).to_device(device),
-            },
-        );
-        let last = Tensor::from_slice(&distinct.iter().map(|&c| lens[c] - 1).collect::<Vec<_>>())
-            .to_device(device);
-        let rows = Tensor::arange(distinct.len() as i64, (Kind::Int64, device));
-        let h_last = hidden.index(&[Some(rows), Some(last)]);
-        let mut logits = net.logits(&h_last);
+        let distinct_lens: Vec<usize> = distinct.iter().map(|&c| contexts[c].len()).collect();
+        let chunks: Vec<Tensor> = prefill_chunks(&distinct_lens, self.prefill_tokens)
+            .into_iter()
+            .map(|chunk| {
+                let chunk_contexts: Vec<&[u32]> = distinct[chunk.clone()]
+                    .iter()
+                    .map(|&c| &contexts[c][..])
+                    .collect();
+                prefill_forward(net, cache, &chunk_contexts, &first_slots[chunk])
+            })
+            .collect();
+        let mut logits = Tensor::cat(&chunks, 0);
         if distinct.len() < contexts.len() {
             let (from, to): (Vec<i64>, Vec<i64>) = source
                 .iter()
@@ -671,6 +671,60 @@ fn reuse_of(p: &Parked, req: &GenRequest, capacity: i64) -> Option<Reuse> {
 /// Admitted requests grouped by context length (shortest first; a bucket's longest context
 /// at most twice its shortest), so a prefill pads short prompts only to similar ones — a
 /// resumed partial rollout brings a long context into a batch of fresh short prompts.
+/// The last position's logits of each context, its keys and values stored in `slots` (one
+/// slot per context, in order): one forward, the contexts padded to the longest.
+fn prefill_forward(
+    net: &Transformer,
+    cache: &mut KvCache,
+    contexts: &[&[u32]],
+    slots: &[i64],
+) -> Tensor {
+    let device = net.device();
+    let t = contexts.iter().map(|c| c.len()).max().unwrap_or(1).max(1);
+    let mut ids = vec![0i64; contexts.len() * t];
+    for (b, context) in contexts.iter().enumerate() {
+        for (j, &tok) in context.iter().enumerate() {
+            ids[b * t + j] = tok as i64;
+        }
+    }
+    let input = Tensor::from_slice(&ids)
+        .view([contexts.len() as i64, t as i64])
+        .to_device(device);
+    let positions = crate::model::transformer::positions_like(&input);
+    let hidden = net.hidden(
+        &input,
+        &positions,
+        AttnMode::Prefill {
+            cache,
+            slots: &Tensor::from_slice(slots).to_device(device),
+        },
+    );
+    let last: Vec<i64> = contexts.iter().map(|c| c.len() as i64 - 1).collect();
+    let last = Tensor::from_slice(&last).to_device(device);
+    let rows = Tensor::arange(contexts.len() as i64, (Kind::Int64, device));
+    net.logits(&hidden.index(&[Some(rows), Some(last)]))
+}
+
+/// Consecutive runs of contexts (by their lengths `lens`) whose forward, padded to the run's
+/// longest, computes at most `budget` tokens; a context longer than the budget runs alone.
+fn prefill_chunks(lens: &[usize], budget: usize) -> Vec<std::ops::Range<usize>> {
+    let mut chunks = Vec::new();
+    let (mut start, mut longest) = (0, 0);
+    for (i, &len) in lens.iter().enumerate() {
+        let wider = longest.max(len.max(1));
+        if i > start && (i + 1 - start) * wider > budget {
+            chunks.push(start..i);
+            (start, longest) = (i, len.max(1));
+        } else {
+            longest = wider;
+        }
+    }
+    if start < lens.len() {
+        chunks.push(start..lens.len());
+    }
+    chunks
+}
+
 fn length_buckets(mut admitted: Vec<(usize, GenRequest)>) -> Vec<Vec<(usize, GenRequest)>> {
     let len = |r: &GenRequest| r.prompt.len() + r.resumed.len();
     admitted.sort_by_key(|(_, r)| len(r));
@@ -1062,6 +1116,63 @@ mod tests {
             for (a, b) in out.logprobs.iter().zip(&alone[0].logprobs) {
                 assert!((a - b).abs() < 1e-5, "request {i}: {a} vs {b}");
             }
+        }
+    }
+
+    /// Runs cut where the next context would take a forward past its token budget, padding
+    /// included; a context over the budget runs alone.
+    #[test]
+    fn prefill_chunks_keep_each_forward_within_its_budget() {
+        assert_eq!(prefill_chunks(&[3, 4, 5, 9], 15), vec![0..3, 3..4]);
+        assert_eq!(prefill_chunks(&[3, 4, 5, 9], 12), vec![0..2, 2..3, 3..4]);
+        assert_eq!(prefill_chunks(&[3, 3, 3, 3], 12), vec![0..4]);
+        assert_eq!(prefill_chunks(&[20, 2, 2], 12), vec![0..1, 1..3]);
+        assert_eq!(prefill_chunks(&[2, 20, 2], 12), vec![0..1, 1..2, 2..3]);
+        assert_eq!(
+            prefill_chunks(&[], 12),
+            Vec::<std::ops::Range<usize>>::new()
+        );
+        for lens in [vec![5, 1, 7, 7, 2, 30, 3], vec![1; 50]] {
+            let chunks = prefill_chunks(&lens, 16);
+            assert_eq!(chunks.iter().map(|c| c.len()).sum::<usize>(), lens.len());
+            for c in chunks {
+                let widest = lens[c.clone()].iter().max().copied().unwrap_or(0);
+                assert!(c.len() == 1 || c.len() * widest <= 16, "{c:?} of {lens:?}");
+            }
+        }
+    }
+
+    /// An admission prefilled a few contexts per forward generates what one forward of them
+    /// all generates, with the same log-probs, shared contexts included.
+    #[test]
+    fn a_prefill_cut_into_forwards_generates_as_one_forward() {
+        let prompts: Vec<Vec<u32>> = vec![
+            vec![3, 1, 4, 1, 5],
+            vec![2, 7, 1],
+            vec![3, 1, 4, 1, 5],
+            (1..12).collect(),
+            vec![9],
+            vec![2, 7, 1],
+        ];
+        let reqs = greedy_requests(&prompts, |_| 5);
+        let model = tiny();
+        let whole = run(&Engine::new(6), &model, reqs.clone());
+        let mut cut = Engine::new(6);
+        cut.prefill_tokens = 7;
+        let mut outs = Vec::new();
+        let stats = cut.generate(&model, 3, reqs, |o| outs.push(o));
+        outs.sort_by_key(|o| o.id);
+        assert_eq!(
+            stats.prefill_tokens,
+            5 + 3 + 11 + 1,
+            "each distinct context once"
+        );
+        for ((out, whole), p) in outs.iter().zip(&whole).zip(&prompts) {
+            assert_eq!(out.tokens, whole.tokens, "{p:?}");
+            for (a, b) in out.logprobs.iter().zip(&whole.logprobs) {
+                assert!((a - b).abs() < 1e-5, "{p:?}: {a} vs {b}");
+            }
+            assert_recomputed(&model, p, out);
         }
     }
 

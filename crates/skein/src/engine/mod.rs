@@ -10,7 +10,7 @@ pub mod inference_mode;
 pub mod remote;
 pub mod sampling;
 
-pub use continuous::{Engine, EngineStats, Feed, Finish, GenOutput, GenRequest};
+pub use continuous::{Engine, EngineStats, Feed, Finish, GenOutput, GenRequest, PREFILL_TOKENS};
 pub use graph_decode::{captured_logits_bound, StepTimes};
 pub use handle::{channel, Control, EngineGone, EngineHandle, EngineQueue};
 pub use remote::{Publish, RemoteEngine, RemoteEngineConfig};

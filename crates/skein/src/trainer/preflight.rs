@@ -14,14 +14,15 @@
 //!   of positions (the head runs a bounded number at a time);
 //! - the AdamW step's temporaries, where they outgrow the micro-batch's freed memory;
 //! - the process and libtorch themselves;
-//! - beside the update: the reference, the critic, other thread ranks, the rollout KV cache and
-//!   the step's rows.
+//! - beside the update: the reference, the critic, other thread ranks, the rollout KV cache, one
+//!   prefill forward's activations and the step's rows.
 
 use super::config::{AgentKind, DpBackend, EngineKind, TrainConfig};
 use super::rollout::tasks::multi_turn_task;
 use super::update::head::chunk_positions;
 use super::update::optim::group_elements;
 use super::update::ranks::ranks_sharing;
+use crate::engine::PREFILL_TOKENS;
 use crate::memory::GIB;
 use crate::model::{Dtype, Model, ModelConfig, ModelOptions};
 use anyhow::{bail, Result};
@@ -536,6 +537,9 @@ fn rollout_parts(
                     `agent.max_tokens`)",
         });
     }
+    if r.engine == EngineKind::Local {
+        parts.push(prefill_part(model, context, element));
+    }
     if r.cuda_graphs && r.engine == EngineKind::Local {
         parts.push(Part {
             what: "CUDA graphs' logits, at most one [batch, vocab] per decode shape",
@@ -559,6 +563,22 @@ fn rollout_parts(
         });
     }
     parts
+}
+
+/// One prefill forward's activations: at most [`PREFILL_TOKENS`] context tokens (a context
+/// longer than that alone), each holding at a layer's peak the residual stream, the MLP's input
+/// and three intermediate-sized tensors (gate, up, their product). `skein bench --decode-only
+/// --batch 64 --decode-prompt 1024` peaked 9.2 KiB per prefilled token above the cache at
+/// hidden 256 and intermediate 688 in float32, where this counts 10.3.
+fn prefill_part(model: &ModelConfig, context: usize, element: f64) -> Part {
+    let per_token = (2 * model.hidden_size + 3 * model.intermediate_size) as f64 * element;
+    Part {
+        what: "rollout prefill activations, one forward at a time",
+        bytes: PREFILL_TOKENS.max(context) as f64 * per_token,
+        lower: "the tokens an episode or a sample may hold (`agent.max_tokens`, a dataset's \
+                `data.max_prompt_tokens`), where one context is longer than a prefill forward's \
+                budget",
+    }
 }
 
 /// Bytes of the policy's tensors (its weights, and adapters with LoRA).
@@ -712,6 +732,22 @@ mod tests {
         assert!(part(&cpu(&cfg, &model()), "rollout KV") > 16.0 * GIB);
         cfg.rollout.engine = EngineKind::Remote;
         assert_eq!(part(&cpu(&cfg, &model()), "rollout KV"), 0.0);
+    }
+
+    /// One prefill forward is counted, however many prompts an admission holds: the engine's
+    /// token budget, or one context beyond it; a remote engine prefills on its server.
+    #[test]
+    fn one_prefill_forward_is_counted() {
+        let model = ModelConfig::tiny_qwen2(32, 192, 4, 4, 2, 512, 65536);
+        let per_token = (2.0 * 192.0 + 3.0 * 512.0) * 4.0;
+        let prefill = |cfg: &TrainConfig| part(&cpu(cfg, &model), "rollout prefill");
+        let mut cfg = TrainConfig::default();
+        cfg.eval.problems = 1000;
+        assert_eq!(prefill(&cfg), PREFILL_TOKENS as f64 * per_token);
+        (cfg.task.name, cfg.agent.max_tokens) = ("calculator".into(), 40000);
+        assert_eq!(prefill(&cfg), 40000.0 * per_token);
+        cfg.rollout.engine = EngineKind::Remote;
+        assert_eq!(prefill(&cfg), 0.0);
     }
 
     /// The cache is counted as the engine sizes it: a multi-turn episode's slot holds the
