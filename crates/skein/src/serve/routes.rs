@@ -347,10 +347,19 @@ struct AddTasks {
     tasks: Vec<TaskSpec>,
 }
 
+/// Queues tasks for `GET /tasks/next`. A trainer's server refuses them: its trainer hands out
+/// each step's tasks and waits for that many rollouts to close, so tasks of another's would
+/// end its step early, and one named like the trainer's own would stop the run.
 async fn add_tasks(
     State(s): State<ServeState>,
     Body(req): Body<AddTasks>,
 ) -> Result<Json<Value>, ApiError> {
+    if s.0.config.rollout_temperature.is_some() {
+        return Err(ApiError::conflict(
+            "this server is a trainer's: it hands out its own tasks each step at \
+             /tasks/next; queue tasks on a `skein serve` of your own",
+        ));
+    }
     let added = req.tasks.len();
     s.0.store.add_tasks(req.tasks).map_err(store_error)?;
     Ok(Json(json!({ "added": added })))
