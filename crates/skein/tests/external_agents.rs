@@ -64,6 +64,52 @@ fn the_example_agent_trains_the_policy_through_the_server() {
     assert_eq!(run.rewards.len(), 2);
 }
 
+/// Agent processes that exit at once (a missing module, a bad key) do not leave each step
+/// waiting out `agent.rollout_timeout_s`: the step ends as soon as none is left, its rollouts
+/// fail for that reason (counted apart from timeouts), each step starts the agents again, and
+/// the run stops after its steps in a row with nothing to train, naming the exit status.
+#[test]
+fn agents_that_exit_end_the_step_at_once_and_are_started_again() {
+    use std::time::{Duration, Instant};
+    let mut cfg: TrainConfig = skein_config::load(None, "test", &[]).unwrap();
+    let dir = std::env::temp_dir().join(format!("skein-external-exit-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    cfg.run.dir = dir.display().to_string();
+    cfg.trainer.steps = 5;
+    (cfg.rollout.prompts_per_step, cfg.rollout.samples_per_prompt) = (2, 2);
+    (cfg.sft.steps, cfg.eval.problems, cfg.eval.every) = (0, 4, 0);
+    cfg.agent.kind = skein::trainer::config::AgentKind::External;
+    cfg.agent.workers = 2;
+    cfg.agent.rollout_timeout_s = 300.0;
+    cfg.agent.command = ["sh", "-c", "exit 3"].map(String::from).to_vec();
+    let started = Instant::now();
+    let err = format!(
+        "{:#}",
+        train(&cfg).expect_err("no agent ever closes a rollout")
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(120),
+        "the steps waited for agents that had exited"
+    );
+    assert!(
+        err.contains("steps in a row had no token to train"),
+        "{err}"
+    );
+    assert!(
+        err.contains("every agent process") && err.contains("exit status: 3"),
+        "{err}"
+    );
+    let steps = step_metrics(&dir);
+    assert_eq!(steps.len(), 3, "stopped after three steps in a row");
+    for m in &steps {
+        assert_eq!(m["agent/orphaned_rollouts"].as_f64(), Some(4.0), "{m}");
+        assert_eq!(m["agent/timed_out_rollouts"].as_f64(), Some(0.0), "{m}");
+        assert_eq!(m["agent/failed_rollouts"].as_f64(), Some(0.0), "{m}");
+        assert_eq!(m["agent/restarted_workers"].as_f64(), Some(2.0), "{m}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A Ctrl-C at the terminal goes to the whole foreground process group. The agents the
 /// trainer started sit in groups of their own, so they keep answering while the trainer
 /// finishes its step, and the run stops at once with nothing timed out. Were they in the

@@ -23,10 +23,13 @@ use skein_plan::{Status, Trajectory, Transition};
 use skein_reward::lines::reaper::{self, Recorded};
 use skein_text::Tokenizer;
 use std::collections::HashMap;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// How often a step's watcher looks whether the agent processes still live.
+const WORKER_POLL: Duration = Duration::from_millis(200);
 
 /// The policy served to external agents, and the single-turn task whose problems they get.
 pub struct External {
@@ -40,8 +43,13 @@ pub struct External {
     version: Arc<AtomicU64>,
     /// Serves while the trainer lives; dropping it stops the server.
     _server: serve::BackgroundServer,
-    /// Held for their drop, which kills them.
-    _workers: Vec<AgentProcess>,
+    /// The agent processes started here (`agent.workers`), shared with each step's watcher;
+    /// dropping them kills them.
+    workers: Arc<Mutex<Vec<AgentProcess>>>,
+    /// How to start one again: `agent.command`, the server's URL and `agent.api_key`.
+    command: Vec<String>,
+    url: String,
+    api_key: String,
     timeout: Duration,
     capacity: i64,
 }
@@ -91,11 +99,76 @@ impl External {
             store,
             version,
             _server: server,
-            _workers: workers,
+            workers: Arc::new(Mutex::new(workers)),
+            command: a.command.clone(),
+            url,
+            api_key: a.api_key.clone(),
             timeout: Duration::from_secs_f64(a.rollout_timeout_s),
             capacity,
         })
     }
+
+    /// Starts again every agent process that exited since the last step (an agent that quits
+    /// when idle, one that crashed), saying so; the count is logged as
+    /// `agent/restarted_workers`.
+    fn restart_exited_workers(&mut self) -> Result<usize> {
+        let mut workers = lock(&self.workers);
+        let mut restarted = 0;
+        for (i, worker) in workers.iter_mut().enumerate() {
+            if let Some(status) = worker.exited() {
+                eprintln!(
+                    "skein: warning: agent {i} (`agent.command`) exited ({status}); starting \
+                     it again"
+                );
+                *worker = start_worker(&self.command, &self.url, &self.api_key, i)?;
+                restarted += 1;
+            }
+        }
+        Ok(restarted)
+    }
+}
+
+/// Why a step's engine phase ended.
+enum Ended {
+    AllClosed,
+    TimedOut,
+    /// Every agent process the trainer started had exited: the reason for the rollouts left.
+    AgentsExited(String),
+}
+
+/// Waits until `n` rollouts are closed, `timeout` has passed, or every agent process in
+/// `workers` has exited (none is left to close the rest; agents started by hand are not
+/// watched).
+fn watch(
+    store: &RolloutStore,
+    n: usize,
+    timeout: Duration,
+    workers: &Mutex<Vec<AgentProcess>>,
+) -> Ended {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if store.wait_closed_blocking(n, left.min(WORKER_POLL)) >= n {
+            return Ended::AllClosed;
+        }
+        let mut workers = lock(workers);
+        let statuses: Vec<Option<ExitStatus>> = workers.iter_mut().map(|w| w.exited()).collect();
+        if !statuses.is_empty() && statuses.iter().all(Option::is_some) {
+            let last = statuses.iter().flatten().last().map(ToString::to_string);
+            return Ended::AgentsExited(format!(
+                "every agent process (`agent.command`) exited before closing it, the last \
+                 with {}; its output above says why",
+                last.unwrap_or_default()
+            ));
+        }
+        if Instant::now() >= deadline {
+            return Ended::TimedOut;
+        }
+    }
+}
+
+fn lock(workers: &Mutex<Vec<AgentProcess>>) -> MutexGuard<'_, Vec<AgentProcess>> {
+    workers.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Workload for External {
@@ -126,34 +199,48 @@ impl Workload for External {
         }
         let ids: Vec<String> = specs.iter().map(|s| s.rollout_id.clone()).collect();
         let n = ids.len();
+        let restarted = self.restart_exited_workers()?;
         if let Err(e) = self.store.add_tasks(specs) {
             bail!("handing out the tasks of step {step}: {e}");
         }
-        // The watcher ends the engine phase once every rollout is closed or the time is up.
-        let (store, handle, timeout) = (self.store.clone(), self.handle.clone(), self.timeout);
+        // The watcher ends the engine phase once every rollout is closed, the time is up, or
+        // no agent process is left to close the rest.
+        let (store, handle) = (self.store.clone(), self.handle.clone());
+        let (workers, timeout) = (self.workers.clone(), self.timeout);
         let watcher = std::thread::spawn(move || {
-            store.wait_closed_blocking(n, timeout);
+            let ended = watch(&store, n, timeout, &workers);
             let _ = handle.control(Control::EndPhase);
+            ended
         });
         let (engine_stats, _) = self
             .queue
             .run_phase(engine, ctx.policy, version, self.capacity, n);
-        let _ = watcher.join();
+        let ended = watcher.join().unwrap_or(Ended::AllClosed);
 
         let mut recorded = self.store.take_closed();
         let mut stats = ExternalStats {
             agent_failures: recorded.iter().filter(|r| r.error.is_some()).count(),
+            restarted_workers: restarted,
             ..ExternalStats::default()
         };
-        // Rollouts still open fail now (their agents' later calls find them gone).
-        let why = format!(
-            "not closed within {:.0}s (agent.rollout_timeout_s)",
-            self.timeout.as_secs_f64()
-        );
+        // Rollouts still open fail now (their agents' later calls find them gone), for the
+        // trainer's reason, not as the agents' report.
+        let why = match &ended {
+            Ended::AllClosed | Ended::TimedOut => format!(
+                "not closed within {:.0}s (agent.rollout_timeout_s)",
+                self.timeout.as_secs_f64()
+            ),
+            Ended::AgentsExited(why) => why.clone(),
+        };
+        let mut closed_here = std::collections::HashSet::new();
         for id in &ids {
             if self.store.close(id, 0.0, None, Some(why.clone())).is_ok() {
-                stats.timeouts += 1;
+                closed_here.insert(id.clone());
             }
+        }
+        match ended {
+            Ended::AgentsExited(_) => stats.orphaned = closed_here.len(),
+            _ => stats.timeouts = closed_here.len(),
         }
         recorded.extend(self.store.take_closed());
         let order: HashMap<&str, usize> = ids
@@ -165,7 +252,11 @@ impl Workload for External {
         recorded.sort_by_key(|r| order[r.rollout_id.as_str()]);
         let (mut trajectories, mut correct) = (Vec::with_capacity(n), Vec::with_capacity(n));
         for r in recorded {
-            let (t, ok) = trajectory(r);
+            let by_trainer = closed_here.contains(&r.rollout_id);
+            let (mut t, ok) = trajectory(r);
+            if by_trainer {
+                t.status = Status::Failed(why.clone());
+            }
             stats.add(&t);
             trajectories.push(t);
             correct.push(ok);
@@ -255,6 +346,48 @@ pub fn trajectory(r: RecordedRollout) -> (Trajectory, bool) {
 struct AgentProcess {
     child: Child,
     recorded: Option<Recorded>,
+    /// Set once it has exited and been reaped.
+    status: Option<ExitStatus>,
+}
+
+impl AgentProcess {
+    /// Its exit status once it has exited; `None` while it runs. An exited agent's group is
+    /// killed (what it left running) and forgotten before the agent is reaped, while its id
+    /// cannot be reused yet.
+    fn exited(&mut self) -> Option<ExitStatus> {
+        if self.status.is_none() {
+            let pid = libc::id_t::try_from(self.child.id()).ok()?;
+            // SAFETY: waitid(2) with WNOWAIT only reads this child's state into `info`, which
+            // it owns; the child stays a zombie, to be reaped below.
+            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+            let peeked = unsafe {
+                libc::waitid(
+                    libc::P_PID,
+                    pid,
+                    &mut info,
+                    libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+                )
+            };
+            // SAFETY: `info` was filled by waitid (zeroed when nothing has exited).
+            if peeked != 0 || unsafe { info.si_pid() } == 0 {
+                return None;
+            }
+            self.kill_group();
+            self.recorded.take();
+            self.status = self.child.wait().ok();
+        }
+        self.status
+    }
+
+    fn kill_group(&self) {
+        if let Ok(group) = libc::pid_t::try_from(self.child.id()) {
+            // SAFETY: kill(2) with a negative pid signals the group this child leads, which
+            // is still ours (the child is not reaped yet); it touches no memory of ours.
+            unsafe {
+                libc::kill(-group, libc::SIGKILL);
+            }
+        }
+    }
 }
 
 /// Starts one agent process: `command` with `{server}` and `{api_key}` replaced, and the same
@@ -280,18 +413,20 @@ fn start_worker(
     let child = reaper::spawn(cmd)
         .with_context(|| format!("starting the agent `{}` (agent.command)", command.join(" ")))?;
     let recorded = Some(Recorded::new(child.id()));
-    Ok(AgentProcess { child, recorded })
+    Ok(AgentProcess {
+        child,
+        recorded,
+        status: None,
+    })
 }
 
 impl Drop for AgentProcess {
     fn drop(&mut self) {
-        if let Ok(group) = libc::pid_t::try_from(self.child.id()) {
-            // SAFETY: kill(2) with a negative pid signals the group this child leads, which
-            // is still ours (the child is not reaped yet); it touches no memory of ours.
-            unsafe {
-                libc::kill(-group, libc::SIGKILL);
-            }
+        // A reaped agent's id may be another process's by now; its group was killed then.
+        if self.status.is_some() {
+            return;
         }
+        self.kill_group();
         // Forgotten before the reap frees the id for reuse.
         self.recorded.take();
         let _ = self.child.kill();

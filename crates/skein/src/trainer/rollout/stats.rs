@@ -464,6 +464,10 @@ pub struct ExternalStats {
     pub agent_failures: usize,
     /// Rollouts not closed within `agent.rollout_timeout_s`.
     pub timeouts: usize,
+    /// Rollouts left open when every agent process the trainer started had exited.
+    pub orphaned: usize,
+    /// Agent processes started again at the step's start, having exited since the last.
+    pub restarted_workers: usize,
     /// Trained rollouts (failed ones train no row) whose every call's prompt extends the
     /// previous call's prompt and completion (one merged row; a rollout of one call counts
     /// here).
@@ -484,7 +488,7 @@ impl ExternalStats {
         }
     }
 
-    pub fn metrics(&self, rollouts: usize) -> [(&'static str, f64); 5] {
+    pub fn metrics(&self, rollouts: usize) -> [(&'static str, f64); 7] {
         [
             (
                 "agent/calls_mean",
@@ -492,6 +496,8 @@ impl ExternalStats {
             ),
             ("agent/failed_rollouts", self.agent_failures as f64),
             ("agent/timed_out_rollouts", self.timeouts as f64),
+            ("agent/orphaned_rollouts", self.orphaned as f64),
+            ("agent/restarted_workers", self.restarted_workers as f64),
             ("agent/merged_trajectories", self.merged as f64),
             ("agent/stepwise_trajectories", self.stepwise as f64),
         ]
