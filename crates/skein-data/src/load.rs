@@ -22,8 +22,8 @@ impl Format {
             Some("parquet") => Ok(Format::Parquet),
             _ => Err(DataError::file(
                 file,
-                "unknown data file format (allowed extensions: .jsonl, .json for JSON lines, \
-                 .parquet)",
+                "unknown data file format (allowed extensions: .jsonl for JSON lines, .json for \
+                 JSON lines or one JSON array of rows, .parquet)",
             )),
         }
     }

@@ -71,8 +71,15 @@ proptest! {
         let skip = ReadOptions { skip_bad_rows: true };
         let f = Path::new("fuzz.jsonl");
         let _ = read_from(&bytes[..], f, &strict, from_json);
-        let rows = read_from(&bytes[..], f, &skip, from_json).unwrap();
-        // Every non-blank line is either a row or a counted skip.
+        // Every non-blank line is either a row or a counted skip, unless one holds a JSON
+        // array: then the file is refused, naming it.
+        let rows = match read_from(&bytes[..], f, &skip, from_json) {
+            Ok(rows) => rows,
+            Err(e) => {
+                prop_assert!(e.row.is_none() && e.message.contains("is a JSON array"), "{}", e);
+                return Ok(());
+            }
+        };
         let lines = bytes.split(|&b| b == b'\n')
             .filter(|l| !std::str::from_utf8(l).is_ok_and(|t| t.trim().is_empty()))
             .count();
@@ -83,7 +90,13 @@ proptest! {
     fn arbitrary_json_lines_are_rows_or_named_errors(values in prop::collection::vec(any_json(), 1..8)) {
         let text: String = values.iter().map(|v| v.to_string() + "\n").collect();
         let skip = ReadOptions { skip_bad_rows: true };
-        let rows = read_from(text.as_bytes(), Path::new("f.jsonl"), &skip, from_json).unwrap();
+        let read = read_from(text.as_bytes(), Path::new("f.jsonl"), &skip, from_json);
+        if let Some(first) = values.iter().position(|v| v.is_array()) {
+            let e = read.unwrap_err();
+            prop_assert!(e.to_string().starts_with(&format!("f.jsonl: line {} is a JSON array", first + 1)), "{}", e);
+            return Ok(());
+        }
+        let rows = read.unwrap();
         prop_assert_eq!(rows.rows.len() + rows.skipped.len(), values.len());
         for e in &rows.skipped {
             prop_assert!(e.row.is_some_and(|r| (1..=values.len()).contains(&r)));
