@@ -70,8 +70,7 @@ pub fn from_json(value: &Value) -> Result<PromptRow, String> {
         Some(Value::Object(rm)) => match rm.get("ground_truth") {
             None | Some(Value::Null) => return Err("missing `reward_model.ground_truth`".into()),
             Some(Value::String(s)) => s.clone(),
-            // A number is its decimal text: `42` and `"42"` mean the same answer.
-            Some(Value::Number(n)) => n.to_string(),
+            Some(Value::Number(n)) => numeric_truth(n)?,
             Some(other) => {
                 return Err(format!(
                     "`reward_model.ground_truth` must be a string or a number, got {}",
@@ -92,6 +91,23 @@ pub fn from_json(value: &Value) -> Result<PromptRow, String> {
         ground_truth,
         extra_info: obj.get("extra_info").cloned().unwrap_or(Value::Null),
     })
+}
+
+/// A numeric ground truth as its decimal text: `42` and `"42"` mean the same answer. A number
+/// that reads back only in exponent form is refused: an integer beyond 64 bits (read as a
+/// float, its last digits lost) or a float as large as `1e20` or as small as `1e-7` would be
+/// compared as `1.8446744073709552e19`, which no answer writes, so the row could never be
+/// solved.
+fn numeric_truth(n: &serde_json::Number) -> Result<String, String> {
+    let text = n.to_string();
+    if text.contains(['e', 'E']) {
+        return Err(format!(
+            "`reward_model.ground_truth` is the number {text}, which has no plain decimal \
+             text here (an integer beyond 64 bits loses digits): store it as a string of the \
+             answer as written"
+        ));
+    }
+    Ok(text)
 }
 
 /// The roles of the OpenAI chat format, which chat templates render. Any other role would be
@@ -238,6 +254,30 @@ mod tests {
         for (value, needle) in cases {
             let err = from_json(&value).unwrap_err();
             assert!(err.contains(needle), "{value}: {err}");
+        }
+    }
+
+    /// A numeric ground truth is its decimal text; one that has none (an integer beyond 64
+    /// bits, a float in exponent form) is refused rather than never matched.
+    #[test]
+    fn numeric_ground_truths_are_their_decimal_text_or_refused() {
+        let truth = |number: &str| {
+            let row = format!(
+                r#"{{"prompt": "x", "data_source": "a", "reward_model": {{"ground_truth": {number}}}}}"#
+            );
+            from_json(&serde_json::from_str(&row).unwrap()).map(|r| r.ground_truth)
+        };
+        for (number, text) in [
+            ("42", "42"),
+            ("-7", "-7"),
+            ("2.5", "2.5"),
+            ("18446744073709551615", "18446744073709551615"),
+        ] {
+            assert_eq!(truth(number).unwrap(), text);
+        }
+        for number in ["18446744073709551616", "1e20", "0.0000001"] {
+            let err = truth(number).unwrap_err();
+            assert!(err.contains("store it as a string"), "{number}: {err}");
         }
     }
 
