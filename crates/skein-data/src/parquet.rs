@@ -189,11 +189,21 @@ impl Leaf {
 /// message syntax (a building block for [`write`] and for test files of any shape). Binary
 /// leaves take `bytes`, INT64 leaves `longs`, FLOAT leaves `floats`.
 pub fn write_columns(file: &Path, schema: &str, leaves: Vec<Leaf>) -> Result<(), DataError> {
+    write_columns_compressed(file, schema, leaves, Compression::SNAPPY)
+}
+
+/// [`write_columns`] with another codec.
+pub fn write_columns_compressed(
+    file: &Path,
+    schema: &str,
+    leaves: Vec<Leaf>,
+    compression: Compression,
+) -> Result<(), DataError> {
     let err = |e: parquet::errors::ParquetError| DataError::file(file, format!("writing: {e}"));
     let schema = Arc::new(parse_message_type(schema).map_err(err)?);
     let props = Arc::new(
         WriterProperties::builder()
-            .set_compression(Compression::SNAPPY)
+            .set_compression(compression)
             .build(),
     );
     let f = File::create(file).map_err(|e| DataError::file(file, format!("cannot create: {e}")))?;

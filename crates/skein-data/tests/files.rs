@@ -1,8 +1,9 @@
 //! Reading real files: JSONL and parquet written here, good rows, every kind of bad row, skip
 //! counting, and file-level problems.
 
+use parquet::basic::{BrotliLevel, Compression, GzipLevel, ZstdLevel};
 use serde_json::json;
-use skein_data::parquet::{write, write_columns, Leaf};
+use skein_data::parquet::{write, write_columns, write_columns_compressed, Leaf};
 use skein_data::{load, ChatMessage, PromptRow, ReadOptions};
 use std::path::{Path, PathBuf};
 
@@ -54,6 +55,39 @@ fn parquet_written_in_verl_layout_reads_back_row_for_row() {
     }
 }
 
+/// Every codec pandas and polars write reads the same rows: snappy, gzip, brotli, zstd, lz4
+/// and none.
+#[test]
+fn parquet_in_every_codec_pandas_and_polars_write_reads_the_same_rows() {
+    let rows: Vec<RawRow> = vec![
+        (Some(vec![("user", "2+3=")]), Some("a"), Some("5")),
+        (
+            Some(vec![("system", "be brief"), ("user", "7*6=")]),
+            Some("b"),
+            Some("42"),
+        ),
+    ];
+    for compression in [
+        Compression::SNAPPY,
+        Compression::GZIP(GzipLevel::default()),
+        Compression::BROTLI(BrotliLevel::default()),
+        Compression::ZSTD(ZstdLevel::default()),
+        Compression::LZ4_RAW,
+        Compression::UNCOMPRESSED,
+    ] {
+        let path = tmp(&format!("codec-{compression}.parquet"));
+        write_verl_rows_compressed(&path, &rows, compression);
+        let loaded = load(&[path], &STRICT).unwrap_or_else(|e| panic!("{compression}: {e}"));
+        let truths: Vec<&str> = loaded
+            .rows
+            .iter()
+            .map(|r| r.ground_truth.as_str())
+            .collect();
+        assert_eq!(truths, ["5", "42"], "{compression}");
+        assert_eq!(loaded.rows[1].prompt.len(), 2, "{compression}");
+    }
+}
+
 /// The schema pandas/pyarrow write for a verl dataset: a three-level list of structs, a
 /// `reward_model` struct and an `extra_info` struct with an integer; one row per case below.
 const VERL_SCHEMA: &str = "message schema {
@@ -78,6 +112,10 @@ type RawRow<'a> = (
 );
 
 fn write_verl_rows(path: &Path, rows: &[RawRow]) {
+    write_verl_rows_compressed(path, rows, Compression::SNAPPY)
+}
+
+fn write_verl_rows_compressed(path: &Path, rows: &[RawRow], compression: Compression) {
     let (mut content, mut role, mut source, mut truth, mut index) = (
         Leaf::default(),
         Leaf::default(),
@@ -112,7 +150,13 @@ fn write_verl_rows(path: &Path, rows: &[RawRow]) {
         }
         index.push_long(i as i64, 2, 0);
     }
-    write_columns(path, VERL_SCHEMA, vec![content, role, source, truth, index]).unwrap();
+    write_columns_compressed(
+        path,
+        VERL_SCHEMA,
+        vec![content, role, source, truth, index],
+        compression,
+    )
+    .unwrap();
 }
 
 #[test]
