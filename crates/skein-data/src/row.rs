@@ -42,6 +42,12 @@ pub fn from_json(value: &Value) -> Result<PromptRow, String> {
     };
     let prompt = match obj.get("prompt") {
         None | Some(Value::Null) => return Err("missing `prompt`".into()),
+        Some(Value::String(s)) if is_message_list_text(s) => {
+            return Err("`prompt` is the JSON text of a message list, which would be one user \
+                        message of that text: store the list itself (a list column in \
+                        parquet, a JSON list here)"
+                .into())
+        }
         Some(Value::String(s)) => vec![ChatMessage {
             role: "user".into(),
             content: s.clone(),
@@ -91,6 +97,24 @@ pub fn from_json(value: &Value) -> Result<PromptRow, String> {
         ground_truth,
         extra_info: obj.get("extra_info").cloned().unwrap_or(Value::Null),
     })
+}
+
+/// Whether a string prompt is a message list written as JSON text (`json.dumps(messages)`, as
+/// some pipelines store it to avoid nested columns), not a question.
+fn is_message_list_text(prompt: &str) -> bool {
+    let text = prompt.trim();
+    if !text.starts_with('[') {
+        return false;
+    }
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Array(items)) => {
+            !items.is_empty()
+                && items
+                    .iter()
+                    .all(|m| m.get("role").is_some() && m.get("content").is_some())
+        }
+        _ => false,
+    }
 }
 
 /// A numeric ground truth as its decimal text: `42` and `"42"` mean the same answer. A number
@@ -251,6 +275,11 @@ mod tests {
                 "`reward_model.ground_truth` must be a string or a number",
             ),
         ];
+        let listed = r#"[{"role": "user", "content": "2+2="}]"#;
+        let cases = cases.into_iter().chain([(
+            json!({"prompt": listed, "data_source": "a", "reward_model": {"ground_truth": "4"}}),
+            "`prompt` is the JSON text of a message list",
+        )]);
         for (value, needle) in cases {
             let err = from_json(&value).unwrap_err();
             assert!(err.contains(needle), "{value}: {err}");
@@ -283,6 +312,13 @@ mod tests {
 
     #[test]
     fn a_string_prompt_is_one_user_message_and_rows_round_trip() {
+        // Text that only looks like JSON is a question like any other.
+        for prompt in ["[1, 2] + [3] = ?", "[{\"a\": 1}] has how many keys?", "[]"] {
+            let row = from_json(&json!({"prompt": prompt, "data_source": "s",
+                "reward_model": {"ground_truth": "x"}}))
+            .unwrap();
+            assert_eq!(row.prompt[0].content, prompt);
+        }
         let row = from_json(&json!({"prompt": "2+3=", "data_source": "s",
             "reward_model": {"ground_truth": "5"}, "extra_info": {"index": 4}}))
         .unwrap();
