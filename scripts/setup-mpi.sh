@@ -5,8 +5,16 @@
 # With --check it installs nothing and only says, by its exit status, whether they are there.
 set -euo pipefail
 
+# The names clang-sys (bindgen) loads: libclang.so[.N] or libclang-N.so[.N], never libclang-cpp,
+# which is a different library. Each candidate is tested on its own, with no pipe: under pipefail
+# `ls a b | grep` fails whenever one pattern matches nothing (an arm64 host has no x86_64 dir).
 have_libclang() {
-  ls /usr/lib/llvm-*/lib/libclang*.so* /usr/lib/x86_64-linux-gnu/libclang*.so* 2>/dev/null | grep -q .
+  local f
+  for f in /usr/lib/llvm-*/lib/libclang.so* /usr/lib/llvm-*/lib/libclang-[0-9]*.so* \
+    /usr/lib/*-linux-gnu/libclang.so* /usr/lib/*-linux-gnu/libclang-[0-9]*.so*; do
+    [ -e "$f" ] && return 0
+  done
+  return 1
 }
 
 if command -v mpicc >/dev/null && command -v mpirun >/dev/null && have_libclang; then
