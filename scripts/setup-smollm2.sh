@@ -40,7 +40,8 @@ if installed; then
   exit 0
 fi
 
-[ -x .venv/bin/python ] || ./scripts/setup-libtorch.sh
+# setup-libtorch.sh makes the .venv, and makes it again when it has no pip.
+.venv/bin/python -m pip --version >/dev/null 2>&1 || ./scripts/setup-libtorch.sh
 # transformers does the conversion; the `peft` setup installs it.
 .venv/bin/python -c "import transformers" 2>/dev/null || ./scripts/setup-peft.sh
 
