@@ -14,6 +14,9 @@ choice carries a `skein` field with the prompt and completion ids, which `--log`
 
 A task looks like {"prompt": "What is 2+3?", "expression": "2+3", "ground_truth": "5"}.
 
+Started by the trainer (`[agent] command`), the agent waits for tasks as long as the trainer
+runs. On its own it exits after --idle-exit seconds without a task:
+
     python3 scripts/example_agent.py --server http://127.0.0.1:8000 --idle-exit 5
 """
 
@@ -21,6 +24,7 @@ import argparse
 import ast
 import json
 import operator
+import os
 import sys
 import time
 import urllib.error
@@ -43,6 +47,9 @@ CALC_TOOL = {
 }
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+
+# Without --idle-exit, how long an agent started by hand waits for a task before it exits.
+IDLE_EXIT_S = 10.0
 
 
 def calc(expression):
@@ -154,6 +161,11 @@ class Agent:
     def run(self):
         if not self.args.model:
             self.args.model = self.model_name()
+        idle_exit = self.args.idle_exit
+        if idle_exit is None:
+            # The trainer starts its agents before its warm-up and first evaluation, which may
+            # take longer than any fixed wait, and stops them itself when it is done.
+            idle_exit = float("inf") if "SKEIN_WORKER" in os.environ else IDLE_EXIT_S
         done = failed = correct = 0
         idle_since = time.monotonic()
         with ThreadPoolExecutor(self.args.concurrency) as pool:
@@ -170,7 +182,7 @@ class Agent:
                         sys.exit(f"example_agent: GET /tasks/next answered {status}: {body}")
                     batch.append(body)
                 if not batch:
-                    if time.monotonic() - idle_since >= self.args.idle_exit:
+                    if time.monotonic() - idle_since >= idle_exit:
                         break
                     time.sleep(0.1)
                     continue
@@ -194,8 +206,9 @@ def main():
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--max-tasks", type=int, default=None)
-    p.add_argument("--idle-exit", type=float, default=10.0,
-                   help="exit after this many seconds without a task")
+    p.add_argument("--idle-exit", type=float, default=None,
+                   help=f"exit after this many seconds without a task; default {IDLE_EXIT_S:g}, "
+                        "or never when the trainer started the agent ($SKEIN_WORKER set)")
     p.add_argument("--log", default=None,
                    help="append each call's token ids (the `skein` field) as JSON lines")
     sys.exit(Agent(p.parse_args()).run())
