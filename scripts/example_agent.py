@@ -14,7 +14,8 @@ choice carries a `skein` field with the prompt and completion ids, which `--log`
 
 A task looks like {"prompt": "What is 2+3?", "expression": "2+3", "ground_truth": "5"}.
 
-Started by the trainer (`[agent] command`), the agent waits for tasks as long as the trainer
+Started by the trainer (`[agent] command`), the agent reads the server and key from
+SKEIN_SERVER / SKEIN_API_KEY when not given them, and waits for tasks as long as the trainer
 runs. On its own it exits after --idle-exit seconds without a task:
 
     python3 scripts/example_agent.py --server http://127.0.0.1:8000 --idle-exit 5
@@ -99,12 +100,18 @@ class Agent:
         return body["data"][0]["id"]
 
     def ask(self, client, rollout_id, messages):
+        # Sampling settings only when asked for: left out, the server applies its own, which
+        # under a trainer are rollout.sampling's (any other temperature gets a 400 there).
+        sampling = {}
+        if self.args.max_tokens is not None:
+            sampling["max_tokens"] = self.args.max_tokens
+        if self.args.temperature is not None:
+            sampling["temperature"] = self.args.temperature
         response = client.chat.completions.create(
             model=self.args.model,
             messages=messages,
             tools=[CALC_TOOL],
-            max_tokens=self.args.max_tokens,
-            temperature=self.args.temperature,
+            **sampling,
         )
         choice = response.choices[0]
         if self.log:
@@ -199,11 +206,14 @@ class Agent:
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--server", default="http://127.0.0.1:8000")
-    p.add_argument("--api-key", default=None)
+    p.add_argument("--server", default=None,
+                   help="default: $SKEIN_SERVER, else http://127.0.0.1:8000")
+    p.add_argument("--api-key", default=None, help="default: $SKEIN_API_KEY")
     p.add_argument("--model", default=None, help="default: the one the server lists")
-    p.add_argument("--max-tokens", type=int, default=16)
-    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="default: the server's (a trainer's rollout.sampling.max_new_tokens)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="default: the server's (a trainer's rollout.sampling.temperature)")
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--max-tasks", type=int, default=None)
     p.add_argument("--idle-exit", type=float, default=None,
@@ -211,7 +221,10 @@ def main():
                         "or never when the trainer started the agent ($SKEIN_WORKER set)")
     p.add_argument("--log", default=None,
                    help="append each call's token ids (the `skein` field) as JSON lines")
-    sys.exit(Agent(p.parse_args()).run())
+    args = p.parse_args()
+    args.server = args.server or os.environ.get("SKEIN_SERVER") or "http://127.0.0.1:8000"
+    args.api_key = args.api_key or os.environ.get("SKEIN_API_KEY") or None
+    sys.exit(Agent(args).run())
 
 
 if __name__ == "__main__":
