@@ -14,6 +14,11 @@ choice carries a `skein` field with the prompt and completion ids, which `--log`
 
 A task looks like {"prompt": "What is 2+3?", "expression": "2+3", "ground_truth": "5"}.
 
+What the model gets wrong (a tool call whose arguments are not a JSON object, a conversation
+that outgrows the context) is scored 0 like a wrong answer, so training learns from it;
+`POST {server}/rollouts/{id}/fail`, which leaves the rollout out of training, is kept for the
+agent's own faults (the server unreachable, a bug here).
+
 Started by the trainer (`[agent] command`), the agent reads the server and key from
 SKEIN_SERVER / SKEIN_API_KEY when not given them, and waits for tasks as long as the trainer
 runs. On its own it exits after --idle-exit seconds without a task:
@@ -32,6 +37,7 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
+import openai
 from openai import OpenAI
 
 CALC_TOOL = {
@@ -53,6 +59,10 @@ _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 IDLE_EXIT_S = 10.0
 
 
+class ModelError(Exception):
+    """A rollout the model itself spoiled: scored 0, not reported as the agent's failure."""
+
+
 def calc(expression):
     """The local tool: integer arithmetic only, never `eval`."""
 
@@ -66,6 +76,17 @@ def calc(expression):
         raise ValueError(f"calc cannot evaluate {expression!r}")
 
     return str(walk(ast.parse(expression, mode="eval").body))
+
+
+def tool_arguments(call):
+    """A tool call's arguments, which the model writes: a JSON object, or a ModelError."""
+    try:
+        arguments = json.loads(call.function.arguments or "{}")
+    except ValueError as e:
+        raise ModelError(f"tool call arguments are not JSON: {call.function.arguments!r}") from e
+    if not isinstance(arguments, dict):
+        raise ModelError(f"tool call arguments are not an object: {call.function.arguments!r}")
+    return arguments
 
 
 def http(method, url, api_key, body=None):
@@ -107,12 +128,19 @@ class Agent:
             sampling["max_tokens"] = self.args.max_tokens
         if self.args.temperature is not None:
             sampling["temperature"] = self.args.temperature
-        response = client.chat.completions.create(
-            model=self.args.model,
-            messages=messages,
-            tools=[CALC_TOOL],
-            **sampling,
-        )
+        try:
+            response = client.chat.completions.create(
+                model=self.args.model,
+                messages=messages,
+                tools=[CALC_TOOL],
+                **sampling,
+            )
+        except openai.BadRequestError as e:
+            # The conversation the model wrote no longer fits its context (generate.rs and
+            # text.rs word both refusals so); any other 400 is this agent's request at fault.
+            if "shorten the prompt" in str(e):
+                raise ModelError(f"the context is full: {e}") from e
+            raise
         choice = response.choices[0]
         if self.log:
             exact = (choice.model_extra or {}).get("skein", {})
@@ -134,8 +162,7 @@ class Agent:
         turn = {"role": "assistant", "content": reply.content or ""}
         if reply.tool_calls:
             turn["tool_calls"] = [c.model_dump() for c in reply.tool_calls]
-            calls = [(c.id, json.loads(c.function.arguments or "{}").get("expression", ""))
-                     for c in reply.tool_calls]
+            calls = [(c.id, str(tool_arguments(c).get("expression", ""))) for c in reply.tool_calls]
         else:
             # The model did not ask: the agent runs the tool on the task's expression anyway.
             calls = [("local-0", task.get("expression", ""))]
@@ -149,21 +176,32 @@ class Agent:
         answer = self.ask(client, rollout_id, messages).content or ""
         truth = str(task.get("ground_truth", "")).strip()
         correct = bool(truth) and answer.strip() == truth
+        self.reward(rollout_id, correct)
+        return correct
+
+    def reward(self, rollout_id, correct):
         status, body = http("POST", f"{self.server}/rollouts/{rollout_id}/reward",
                             self.args.api_key, {"reward": 1.0 if correct else 0.0,
                                                 "correct": correct})
         if status != 200:
             raise RuntimeError(f"reward for {rollout_id} answered {status}: {body}")
-        return correct
 
     def run_one(self, handed):
+        """(correct, the agent's own error or None, the model's error or None) of one rollout."""
+        rollout_id = handed["rollout_id"]
         try:
-            return self.solve(handed), None
+            try:
+                return self.solve(handed), None, None
+            except ModelError as e:
+                # Scored as a wrong answer: /fail would drop the sample, so the policy would
+                # never learn to avoid this, and its group's mean would leave it out.
+                self.reward(rollout_id, False)
+                return False, None, str(e)
         except Exception as e:  # one failed rollout is reported, the agent goes on
             message = f"{type(e).__name__}: {e}"
-            http("POST", f"{self.server}/rollouts/{handed['rollout_id']}/fail",
+            http("POST", f"{self.server}/rollouts/{rollout_id}/fail",
                  self.args.api_key, {"error": message})
-            return False, message
+            return False, message, None
 
     def run(self):
         if not self.args.model:
@@ -173,7 +211,7 @@ class Agent:
             # The trainer starts its agents before its warm-up and first evaluation, which may
             # take longer than any fixed wait, and stops them itself when it is done.
             idle_exit = float("inf") if "SKEIN_WORKER" in os.environ else IDLE_EXIT_S
-        done = failed = correct = 0
+        done = failed = correct = model_errors = 0
         idle_since = time.monotonic()
         with ThreadPoolExecutor(self.args.concurrency) as pool:
             while self.args.max_tasks is None or done < self.args.max_tasks:
@@ -193,14 +231,18 @@ class Agent:
                         break
                     time.sleep(0.1)
                     continue
-                for ok, error in pool.map(self.run_one, batch):
+                for ok, error, model_error in pool.map(self.run_one, batch):
                     done += 1
                     correct += ok
                     if error:
                         failed += 1
                         print(f"example_agent: rollout failed: {error}", file=sys.stderr)
+                    if model_error:
+                        model_errors += 1
+                        print(f"example_agent: scored 0: {model_error}", file=sys.stderr)
                 idle_since = time.monotonic()
-        print(json.dumps({"tasks": done, "failed": failed, "correct": correct}))
+        print(json.dumps({"tasks": done, "failed": failed, "correct": correct,
+                          "model_errors": model_errors}))
         return 1 if failed else 0
 
 
