@@ -10,7 +10,8 @@ use std::io::{BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 
 pub const FILE: &str = "diagnoses.jsonl";
-/// Most bytes read of the file, and longest line kept (longer ones are skipped whole).
+/// Most bytes read of the file, and the longest line read: a longer one refuses the whole file,
+/// with an error naming the line (`read_diagnoses`).
 const MAX_BYTES: u64 = 16 << 20;
 const MAX_LINE: usize = 64 << 10;
 
