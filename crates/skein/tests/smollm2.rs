@@ -382,3 +382,48 @@ fn peft_loads_a_lora_adapter_on_it_with_equal_logits() {
     );
     assert!(worst < TOLERANCE, "max |Δ| {worst}");
 }
+
+/// A dataset prompt over `data.max_prompt_tokens` is cut inside its question: through
+/// SmolLM2's chat template, a right cut keeps the question's start and a left cut its end,
+/// and both keep the system turn and the assistant header the model answers after, within the
+/// limit.
+#[test]
+fn truncation_cuts_the_question_and_keeps_the_chat_template() {
+    let dir = std::env::temp_dir().join(format!("skein-smollm2-cut-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let question: String = (1..=60).map(|i| format!("{i} ")).collect();
+    let row = |prompt: Value| {
+        json!({"prompt": prompt, "data_source": "d", "reward_model": {"ground_truth": "1"}})
+            .to_string()
+    };
+    let long = json!([{"role": "system", "content": "Answer with one number."},
+                      {"role": "user", "content": question.trim_end()}]);
+    std::fs::write(dir.join("train.jsonl"), row(json!("What is 1?")) + "\n").unwrap();
+    std::fs::write(dir.join("val.jsonl"), row(long) + "\n").unwrap();
+    let tokenizer = Tokenizer::from_dir(model_dir()).unwrap();
+    for (side, kept_end) in [("right", "1 2 3 4"), ("left", "57 58 59 60")] {
+        let toml = format!(
+            "[model]\npath = \"{model}\"\n[data]\ntrain_files = [\"{train}\"]\n\
+             val_files = [\"{val}\"]\nmax_prompt_tokens = 100\ntruncation = \"{side}\"\n",
+            model = model_dir().display(),
+            train = dir.join("train.jsonl").display(),
+            val = dir.join("val.jsonl").display(),
+        );
+        let cfg: skein::trainer::TrainConfig =
+            skein_config::load(Some(&toml), "test", &[]).unwrap();
+        let data = skein::trainer::rollout::dataset::Data::load(&cfg).unwrap();
+        assert_eq!(data.counts.truncated_prompts, 1, "{side}");
+        let prompt = &data.val[0].prompt;
+        assert!(encode(&tokenizer, prompt).len() <= 100, "{side}: {prompt}");
+        assert!(
+            prompt.starts_with("<|im_start|>system\nAnswer with one number.<|im_end|>\n"),
+            "{side}: {prompt}"
+        );
+        assert!(
+            prompt.ends_with("<|im_end|>\n<|im_start|>assistant\n"),
+            "{side}: {prompt}"
+        );
+        assert!(prompt.contains(kept_end), "{side}: {prompt}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

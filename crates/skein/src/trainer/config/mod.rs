@@ -259,7 +259,8 @@ pub struct DataConfig {
     /// Longest prompt in tokens, after the chat template (0: no limit).
     pub max_prompt_tokens: usize,
     /// A prompt over the limit: `error`, `filter` (left out, counted as
-    /// `data/filtered_prompts`), `left` or `right` (tokens cut from that side, counted as
+    /// `data/filtered_prompts`), `left` or `right` (tokens cut from that side of its question,
+    /// the last user message's text, so a chat template's framing stays whole; counted as
     /// `data/truncated_prompts`).
     pub truncation: Truncation,
     /// Visit the rows of each epoch in a seeded random order (else in file order).

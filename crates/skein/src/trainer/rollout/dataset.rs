@@ -4,6 +4,7 @@
 //! equivalence against the row's ground truth (`[reward]` routes can replace that).
 
 use super::judge::PromptBatch;
+use super::truncate;
 use crate::trainer::config::{DataConfig, TrainConfig};
 use anyhow::{bail, Context, Result};
 use skein_data::{fit, Fit, PromptRow, ReadOptions, RowPlace, Sampler};
@@ -11,6 +12,7 @@ use skein_reward::math;
 use skein_tasks::{Problem, Score, Task, TaskRng};
 use skein_text::{ChatTemplate, Message, Tokenizer, UnknownChars};
 use std::collections::BTreeSet;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -126,7 +128,7 @@ impl Data {
             read_split(&cfg.data, &cfg.data.val_files, "val", &renderer)?
         };
         counts.add(val_counts);
-        let alphabet = alphabet_of(train.iter().chain(&val).map(|(_, p)| p));
+        let alphabet = alphabet_of(train.iter().chain(&val).map(|r| &r.problem));
         let tokenizer = if cfg.model.path.is_empty() {
             Tokenizer::char_level(&alphabet)?
         } else {
@@ -340,7 +342,7 @@ pub fn read_split(
     files: &[String],
     split: &str,
     renderer: &Renderer,
-) -> Result<(Vec<(RowPlace, Problem)>, DataCounts)> {
+) -> Result<(Vec<ReadPrompt>, DataCounts)> {
     let paths: Vec<PathBuf> = files.iter().map(PathBuf::from).collect();
     let opts = ReadOptions {
         skip_bad_rows: cfg.skip_bad_rows,
@@ -365,7 +367,11 @@ pub fn read_split(
     let mut first_skipped = None;
     for (place, row) in loaded.places.into_iter().zip(loaded.rows) {
         match problem(row, renderer) {
-            Ok(p) => problems.push((place, p)),
+            Ok((problem, question)) => problems.push(ReadPrompt {
+                place,
+                problem,
+                question,
+            }),
             Err(e) if cfg.skip_bad_rows => {
                 counts.skipped_rows += 1;
                 first_skipped.get_or_insert_with(|| place.error(format!("{e:#}")));
@@ -386,13 +392,29 @@ pub fn read_split(
     Ok((problems, counts))
 }
 
-fn problem(row: PromptRow, renderer: &Renderer) -> Result<Problem> {
-    Ok(Problem {
-        prompt: renderer.render(&row.prompt)?,
+/// A prompt as read and rendered, with the file and row it came from.
+#[derive(Debug)]
+pub struct ReadPrompt {
+    pub place: RowPlace,
+    pub problem: Problem,
+    /// Where its question (the last user message's text) sits in the rendered prompt, when a
+    /// chat template framed it: `data.truncation` cuts there ([`truncate`]).
+    pub question: Option<std::ops::Range<usize>>,
+}
+
+fn problem(row: PromptRow, renderer: &Renderer) -> Result<(Problem, Option<Range<usize>>)> {
+    let prompt = renderer.render(&row.prompt)?;
+    let question = renderer
+        .is_template()
+        .then(|| truncate::question_span(&row.prompt, &prompt))
+        .flatten();
+    let problem = Problem {
+        prompt,
         ground_truth: row.ground_truth,
         data_source: row.data_source,
         meta: row.extra_info,
-    })
+    };
+    Ok((problem, question))
 }
 
 /// A split held to `data.max_prompt_tokens`.
@@ -410,9 +432,10 @@ pub struct FittedSplit {
 ///
 /// A prompt of no token at all (an empty text without a chat template) is a bad row: nothing
 /// would predict its first response token. The `start` tokens put before each prompt's text
-/// (`Renderer::start_ids`) count against the limit; truncation cuts the text only.
+/// (`Renderer::start_ids`) count against the limit; truncation cuts the text only, inside the
+/// question when a chat template framed it ([`truncate`]).
 pub fn fit_split(
-    problems: Vec<(RowPlace, Problem)>,
+    problems: Vec<ReadPrompt>,
     tokenizer: &Tokenizer,
     cfg: &DataConfig,
     split: &str,
@@ -431,7 +454,12 @@ pub fn fit_split(
     let mut unknown = UnknownRows::default();
     let mut kept = Vec::with_capacity(problems.len());
     let mut longest = 0;
-    for (place, mut p) in problems {
+    for ReadPrompt {
+        place,
+        problem: mut p,
+        question,
+    } in problems
+    {
         let (ids, chars) = tokenizer.encode_checked(&p.prompt, false)?;
         if !unknown.note(&place, chars, cfg)? {
             counts.skipped_rows += 1;
@@ -461,8 +489,10 @@ pub fn fit_split(
                 ids.len() + start,
                 max + start
             ),
-            Fit::Cut(range) => {
-                p.prompt = cut_to_fit(tokenizer, &ids, range, max)?;
+            Fit::Cut(_) => {
+                p.prompt =
+                    truncate::cut_to_fit(tokenizer, &p.prompt, &ids, question, max, truncation)
+                        .with_context(|| place.to_string())?;
                 longest = longest.max(max + start);
                 counts.truncated_prompts += 1;
                 kept.push(p);
@@ -538,29 +568,6 @@ impl UnknownRows {
                  tokenizer's vocabulary (`data.skip_bad_rows`; the first: {first})",
                 prompts(self.skipped)
             );
-        }
-    }
-}
-
-/// The text of `ids[range]`, shortened further if its re-encoding (which can merge tokens
-/// differently at the new edge) would still be over `max`.
-fn cut_to_fit(
-    tokenizer: &Tokenizer,
-    ids: &[u32],
-    range: std::ops::Range<usize>,
-    max: usize,
-) -> Result<String> {
-    let (mut start, mut end) = (range.start, range.end);
-    let from_left = start > 0;
-    loop {
-        let text = tokenizer.decode(&ids[start..end], false)?;
-        if tokenizer.encode(&text, false)?.len() <= max || start >= end {
-            return Ok(text);
-        }
-        if from_left {
-            start += 1;
-        } else {
-            end -= 1;
         }
     }
 }
@@ -802,13 +809,18 @@ mod tests {
     }
 
     /// `prompts` as read from lines 1, 2, … of d.jsonl.
-    fn placed(prompts: Vec<Problem>) -> Vec<(RowPlace, Problem)> {
+    fn placed(prompts: Vec<Problem>) -> Vec<ReadPrompt> {
         prompts
             .into_iter()
             .enumerate()
-            .map(|(i, p)| {
+            .map(|(i, problem)| {
                 let file = PathBuf::from("d.jsonl");
-                (RowPlace { file, row: i + 1 }, p)
+                let place = RowPlace { file, row: i + 1 };
+                ReadPrompt {
+                    place,
+                    problem,
+                    question: None,
+                }
             })
             .collect()
     }

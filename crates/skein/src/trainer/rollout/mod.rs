@@ -33,6 +33,7 @@ pub mod routes;
 pub mod stats;
 pub mod tasks;
 pub mod trajectory_info;
+pub mod truncate;
 
 use crate::engine::{Generator, SamplingParams};
 use crate::model::Model;
