@@ -32,6 +32,10 @@ impl PromptRow {
     }
 }
 
+const LISTED_PROMPT: &str = "`prompt` is the JSON text of a message list, which would be one \
+    user message of that text: store the list itself (a list column in parquet, a JSON list \
+    here)";
+
 /// Reads a row; the error says which field is wrong and how (the caller adds file and row).
 pub fn from_json(value: &Value) -> Result<PromptRow, String> {
     let Value::Object(obj) = value else {
@@ -42,12 +46,7 @@ pub fn from_json(value: &Value) -> Result<PromptRow, String> {
     };
     let prompt = match obj.get("prompt") {
         None | Some(Value::Null) => return Err("missing `prompt`".into()),
-        Some(Value::String(s)) if is_message_list_text(s) => {
-            return Err("`prompt` is the JSON text of a message list, which would be one user \
-                        message of that text: store the list itself (a list column in \
-                        parquet, a JSON list here)"
-                .into())
-        }
+        Some(Value::String(s)) if is_message_list_text(s) => return Err(LISTED_PROMPT.into()),
         Some(Value::String(s)) => vec![ChatMessage {
             role: "user".into(),
             content: s.clone(),
