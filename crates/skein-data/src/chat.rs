@@ -41,11 +41,7 @@ pub fn load_conversations(
         all.extend(rows);
     }
     if all.rows.is_empty() {
-        let first = files.first().cloned().unwrap_or_default();
-        return Err(DataError::file(
-            &first,
-            format!("no conversations ({} bad lines skipped)", all.skipped.len()),
-        ));
+        return Err(all.none_left(files, "conversations"));
     }
     Ok(all)
 }
@@ -70,5 +66,26 @@ mod tests {
         assert!(conversation_from_json(&json!({"messages": "x"}))
             .unwrap_err()
             .contains("must be a list"));
+    }
+
+    /// Files whose every line was skipped as bad say why the first was.
+    #[test]
+    fn no_conversation_left_names_the_first_bad_line() {
+        let dir = std::env::temp_dir().join(format!("skein-chat-bad-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("chat.jsonl");
+        let line = r#"{"messages": [{"role": "user", "content": "hi"}]}"#;
+        std::fs::write(&file, format!("{line}\n{line}\n")).unwrap();
+        let opts = ReadOptions {
+            skip_bad_rows: true,
+        };
+        let err = load_conversations(std::slice::from_ref(&file), &opts).unwrap_err();
+        let err = err.to_string();
+        assert!(err.contains("all 2 were bad"), "{err}");
+        assert!(
+            err.contains("chat.jsonl, row 1: no `assistant` message"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -40,15 +40,7 @@ pub fn load(files: &[PathBuf], opts: &ReadOptions) -> Result<Loaded, DataError> 
         all.extend(rows);
     }
     if all.rows.is_empty() {
-        let first = files.first().map(PathBuf::as_path).unwrap_or(Path::new(""));
-        let why = match all.skipped.first() {
-            Some(e) => format!("; all {} were bad, the first: {e}", all.skipped.len()),
-            None => String::new(),
-        };
-        return Err(DataError::file(
-            first,
-            format!("no rows in {} file(s){why}", files.len()),
-        ));
+        return Err(all.none_left(files, "rows"));
     }
     Ok(all)
 }

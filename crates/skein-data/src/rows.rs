@@ -80,6 +80,17 @@ impl<T> Rows<T> {
         Ok(())
     }
 
+    /// The error of files that left no row (`what`: "rows", "conversations"), naming the
+    /// first bad row when every one was skipped as bad.
+    pub(crate) fn none_left(&self, files: &[PathBuf], what: &str) -> DataError {
+        let first = files.first().map(PathBuf::as_path).unwrap_or(Path::new(""));
+        let why = match self.skipped.first() {
+            Some(e) => format!("; all {} were bad, the first: {e}", self.skipped.len()),
+            None => String::new(),
+        };
+        DataError::file(first, format!("no {what} in {} file(s){why}", files.len()))
+    }
+
     pub(crate) fn extend(&mut self, other: Rows<T>) {
         self.rows.extend(other.rows);
         self.places.extend(other.places);
