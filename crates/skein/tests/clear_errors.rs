@@ -91,6 +91,26 @@ fn eval_and_sft_refuse_values_that_cannot_work() {
             "1 prompts over `data.max_prompt_tokens` = 1",
         ],
     );
+    // Rows skipped when read (malformed) and when tokenized (no character the model knows)
+    // are both counted.
+    let bad = root.join("bad-prompts.jsonl");
+    std::fs::write(
+        &bad,
+        "{\"prompt\": 5}\n\
+         {\"prompt\": \"\u{e9}\u{e9}\", \"data_source\": \"a\", \"reward_model\": {\"ground_truth\": \"2\"}}\n",
+    )
+    .unwrap();
+    refused(
+        &[
+            "eval",
+            m,
+            "--data",
+            bad.to_str().unwrap(),
+            "--set",
+            "data.skip_bad_rows=true",
+        ],
+        &["no problem to evaluate", "2 bad rows skipped"],
+    );
     refused(
         &[
             "eval",

@@ -556,10 +556,13 @@ fn dataset_rows(
     let start = renderer.start_ids(tokenizer).len();
     let fitted = fit_split(problems, tokenizer, &cfg.data, "val", start)?;
     let (mut problems, counts) = (fitted.problems, fitted.counts);
-    if read.skipped_rows + counts.filtered_prompts + counts.truncated_prompts > 0 {
+    // Rows are skipped as bad when read (a malformed row, a template that fails) and when
+    // tokenized (an empty prompt, one of unknown characters only).
+    let skipped = read.skipped_rows + counts.skipped_rows;
+    if skipped + counts.filtered_prompts + counts.truncated_prompts > 0 {
         eprintln!(
-            "skein: {} bad rows skipped, {} prompts filtered, {} truncated",
-            read.skipped_rows, counts.filtered_prompts, counts.truncated_prompts
+            "skein: {skipped} bad rows skipped, {} prompts filtered, {} truncated",
+            counts.filtered_prompts, counts.truncated_prompts
         );
     }
     if let Some(n) = limit {
@@ -571,7 +574,7 @@ fn dataset_rows(
              `data.max_prompt_tokens` = {} filtered; raise the limit or set `data.truncation` to \
              `left` or `right`",
             files.join(", "),
-            read.skipped_rows,
+            skipped,
             counts.filtered_prompts,
             cfg.data.max_prompt_tokens
         );
