@@ -90,6 +90,44 @@ fn every_trajectory_of_every_step_is_kept_as_trained() {
     }
 }
 
+/// A group left out of training for its equal rewards (`algorithm.drop_equal_reward_groups`)
+/// is kept as it was sampled: each of its trajectories with its tokens, in no mini-batch.
+#[test]
+fn a_dropped_group_is_kept_as_sampled_untrained() {
+    let mut cfg = config("dropped");
+    cfg.algorithm.drop_equal_reward_groups = true;
+    let run = train(&cfg).expect("run");
+    let mut dropped = 0;
+    for step in [1, 2] {
+        let records = read_step(&step_path(&run.dir, step)).unwrap();
+        assert_eq!(records.len(), 16, "step {step}");
+        for r in &records {
+            assert!(!r.rows.is_empty(), "{} has no tokens", r.id);
+            assert!(
+                r.rows.iter().all(|row| !row.response_ids.is_empty()),
+                "{}",
+                r.id
+            );
+            let trained = r.rows.iter().any(|row| row.mini_batch.is_some());
+            let group: Vec<f64> = records
+                .iter()
+                .filter(|o| o.group == r.group)
+                .map(|o| o.reward)
+                .collect();
+            let equal = group.iter().all(|&x| x == group[0]);
+            assert_eq!(trained, !equal, "{}: {group:?}", r.id);
+            if !trained {
+                assert!(r.rows.iter().all(|row| row.advantages.is_empty()));
+                dropped += 1;
+            }
+        }
+    }
+    assert!(
+        dropped > 0,
+        "no group had equal rewards: nothing was dropped"
+    );
+}
+
 #[test]
 fn keep_bounds_the_trajectories_of_a_step() {
     let mut cfg = config("keep");

@@ -176,29 +176,6 @@ fn records(s: &StepJob, tokenizer: &Tokenizer) -> Vec<TrajectoryRecord> {
                 Status::Truncated => (trajectories::Status::Truncated, info.cutoff.clone()),
                 Status::Failed(why) => (trajectories::Status::Failed, Some(why.clone())),
             };
-            // A failed trajectory does not train: its transitions are shown as they were.
-            let rows = if t.is_failed() {
-                t.transitions
-                    .iter()
-                    .enumerate()
-                    .map(|(k, x)| RowRecord {
-                        transition: Some(k),
-                        mini_batch: None,
-                        rank: None,
-                        prompt_text: text(None, &x.prompt),
-                        prompt_ids: x.prompt.clone(),
-                        response_text: text(x.prompt.last(), &x.response),
-                        response_ids: x.response.clone(),
-                        loss_mask: x.loss_mask.clone(),
-                        behavior_logp: x.logprobs.clone(),
-                        versions: x.versions.clone(),
-                        advantages: Vec::new(),
-                        is_weight: Vec::new(),
-                    })
-                    .collect()
-            } else {
-                Vec::new()
-            };
             TrajectoryRecord {
                 step: s.step,
                 policy_version: s.version,
@@ -212,7 +189,7 @@ fn records(s: &StepJob, tokenizer: &Tokenizer) -> Vec<TrajectoryRecord> {
                 turns: info.turns,
                 tool_calls: info.tool_calls,
                 turn_rewards: t.transitions.iter().map(|x| x.reward).collect(),
-                rows,
+                rows: Vec::new(),
             }
         })
         .collect();
@@ -237,6 +214,31 @@ fn records(s: &StepJob, tokenizer: &Tokenizer) -> Vec<TrajectoryRecord> {
             advantages: r.advantages.clone(),
             is_weight: r.importance_weights.clone(),
         });
+    }
+    // A trajectory that trained no row (failed, or in a group left out for its equal rewards,
+    // `algorithm.drop_equal_reward_groups`) is shown as it was sampled, untrained.
+    for (record, t) in out.iter_mut().zip(&s.trajectories) {
+        if record.rows.is_empty() {
+            record.rows = t
+                .transitions
+                .iter()
+                .enumerate()
+                .map(|(k, x)| RowRecord {
+                    transition: Some(k),
+                    mini_batch: None,
+                    rank: None,
+                    prompt_text: text(None, &x.prompt),
+                    prompt_ids: x.prompt.clone(),
+                    response_text: text(x.prompt.last(), &x.response),
+                    response_ids: x.response.clone(),
+                    loss_mask: x.loss_mask.clone(),
+                    behavior_logp: x.logprobs.clone(),
+                    versions: x.versions.clone(),
+                    advantages: Vec::new(),
+                    is_weight: Vec::new(),
+                })
+                .collect();
+        }
     }
     out
 }
