@@ -325,7 +325,9 @@ pub fn trajectory(r: RecordedRollout) -> (Trajectory, bool) {
         (None, true) => Status::Failed("the agent made no model call".into()),
         (None, false) => Status::Finished,
     };
-    let correct = r.correct.unwrap_or(r.reward > 0.0) && r.error.is_none();
+    // A failed rollout is not correct, whatever its agent posted: one without a model call
+    // was not answered by the policy.
+    let correct = r.correct.unwrap_or(r.reward > 0.0) && status == Status::Finished;
     (
         Trajectory {
             id: r.rollout_id,
@@ -448,6 +450,44 @@ mod tests {
             versions: vec![4; completion.len()],
             finish: "stop".into(),
         }
+    }
+
+    /// A rollout the agent failed, or closed without a model call, fails: it keeps no reward
+    /// and is not correct, trains no row, and is counted as failed by the batch.
+    #[test]
+    fn failed_and_empty_rollouts_fail_and_train_nothing() {
+        let rollout = |id: &str, calls, error: Option<&str>| RecordedRollout {
+            rollout_id: id.into(),
+            group: "g".into(),
+            calls,
+            reward: 1.0,
+            correct: Some(true),
+            error: error.map(String::from),
+        };
+        let recorded = [
+            rollout("ok", vec![call(&[1, 2], &[3, 4], -0.5)], None),
+            rollout("bad", vec![call(&[1, 2], &[5], -0.1)], Some("tool crashed")),
+            rollout("empty", vec![], None),
+        ];
+        let (trajectories, correct): (Vec<Trajectory>, Vec<bool>) =
+            recorded.into_iter().map(trajectory).unzip();
+        assert_eq!(correct, [true, false, false]);
+        assert_eq!(trajectories[0].status, Status::Finished);
+        assert_eq!(
+            trajectories[1].status,
+            Status::Failed("the agent reported: tool crashed".into())
+        );
+        assert_eq!(trajectories[1].reward, 0.0);
+        assert_eq!(
+            trajectories[2].status,
+            Status::Failed("the agent made no model call".into())
+        );
+        let cfg = TrainConfig::default();
+        let batch =
+            build_step_batch(&trajectories, &StepBatchConfig::from_config(&cfg, 8), 5).unwrap();
+        assert_eq!(batch.failed_trajectories, 2);
+        assert_eq!(batch.real_rows, 1);
+        assert!(batch.origins.iter().all(|o| o.trajectory == 0));
     }
 
     /// An agent whose second call does not extend its first (the history was rendered without
