@@ -668,9 +668,6 @@ fn reuse_of(p: &Parked, req: &GenRequest, capacity: i64) -> Option<Reuse> {
     })
 }
 
-/// Admitted requests grouped by context length (shortest first; a bucket's longest context
-/// at most twice its shortest), so a prefill pads short prompts only to similar ones — a
-/// resumed partial rollout brings a long context into a batch of fresh short prompts.
 /// The last position's logits of each context, its keys and values stored in `slots` (one
 /// slot per context, in order): one forward, the contexts padded to the longest.
 fn prefill_forward(
@@ -725,6 +722,9 @@ fn prefill_chunks(lens: &[usize], budget: usize) -> Vec<std::ops::Range<usize>> 
     chunks
 }
 
+/// Admitted requests grouped by context length (shortest first; a bucket's longest context
+/// at most twice its shortest), so a prefill pads short prompts only to similar ones — a
+/// resumed partial rollout brings a long context into a batch of fresh short prompts.
 fn length_buckets(mut admitted: Vec<(usize, GenRequest)>) -> Vec<Vec<(usize, GenRequest)>> {
     let len = |r: &GenRequest| r.prompt.len() + r.resumed.len();
     admitted.sort_by_key(|(_, r)| len(r));
