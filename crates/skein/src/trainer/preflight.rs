@@ -538,7 +538,7 @@ fn rollout_parts(
         });
     }
     if r.engine == EngineKind::Local {
-        parts.push(prefill_part(model, context, element));
+        parts.push(prefill_part(model, slots, context, element));
     }
     if r.cuda_graphs && r.engine == EngineKind::Local {
         parts.push(Part {
@@ -565,16 +565,17 @@ fn rollout_parts(
     parts
 }
 
-/// One prefill forward's activations: at most [`PREFILL_TOKENS`] context tokens (a context
-/// longer than that alone), each holding at a layer's peak the residual stream, the MLP's input
+/// One prefill forward's activations: at most [`PREFILL_TOKENS`] context tokens, and no more
+/// than the slots' contexts hold (a context longer than that alone), each holding at a layer's peak the residual stream, the MLP's input
 /// and three intermediate-sized tensors (gate, up, their product). `skein bench --decode-only
 /// --batch 64 --decode-prompt 1024` peaked 9.2 KiB per prefilled token above the cache at
 /// hidden 256 and intermediate 688 in float32, where this counts 10.3.
-fn prefill_part(model: &ModelConfig, context: usize, element: f64) -> Part {
+fn prefill_part(model: &ModelConfig, slots: usize, context: usize, element: f64) -> Part {
     let per_token = (2 * model.hidden_size + 3 * model.intermediate_size) as f64 * element;
+    let tokens = PREFILL_TOKENS.min(slots * context).max(context);
     Part {
         what: "rollout prefill activations, one forward at a time",
-        bytes: PREFILL_TOKENS.max(context) as f64 * per_token,
+        bytes: tokens as f64 * per_token,
         lower: "the tokens an episode or a sample may hold (`agent.max_tokens`, a dataset's \
                 `data.max_prompt_tokens`), where one context is longer than a prefill forward's \
                 budget",
@@ -746,6 +747,11 @@ mod tests {
         assert_eq!(prefill(&cfg), PREFILL_TOKENS as f64 * per_token);
         (cfg.task.name, cfg.agent.max_tokens) = ("calculator".into(), 40000);
         assert_eq!(prefill(&cfg), 40000.0 * per_token);
+        // A few slots never fill a forward's budget.
+        (cfg.task.name, cfg.agent.max_tokens) = ("arithmetic".into(), 0);
+        (cfg.rollout.max_slots, cfg.eval.problems) = (4, 4);
+        let context = 64 + cfg.rollout.sampling.max_new_tokens;
+        assert_eq!(prefill(&cfg), (4 * context) as f64 * per_token);
         cfg.rollout.engine = EngineKind::Remote;
         assert_eq!(prefill(&cfg), 0.0);
     }
