@@ -327,13 +327,16 @@ pub fn trajectory(r: RecordedRollout) -> (Trajectory, bool) {
     };
     // A failed rollout is not correct, whatever its agent posted: one without a model call
     // was not answered by the policy.
-    let correct = r.correct.unwrap_or(r.reward > 0.0) && status == Status::Finished;
+    let finished = status == Status::Finished;
+    let correct = r.correct.unwrap_or(r.reward > 0.0) && finished;
     (
         Trajectory {
             id: r.rollout_id,
             group: r.group,
             transitions,
-            reward: if r.error.is_some() { 0.0 } else { r.reward },
+            // A failed rollout keeps no reward: it trains nothing, and its trajectory shows
+            // the trainer's verdict, not what the agent posted.
+            reward: if finished { r.reward } else { 0.0 },
             status,
         },
         correct,
@@ -477,7 +480,8 @@ mod tests {
             trajectories[1].status,
             Status::Failed("the agent reported: tool crashed".into())
         );
-        assert_eq!(trajectories[1].reward, 0.0);
+        let rewards: Vec<f64> = trajectories.iter().map(|t| t.reward).collect();
+        assert_eq!(rewards, [1.0, 0.0, 0.0]);
         assert_eq!(
             trajectories[2].status,
             Status::Failed("the agent made no model call".into())
