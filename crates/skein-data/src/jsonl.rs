@@ -24,33 +24,29 @@ pub fn read<T>(
     read_from(reader, file, opts, convert)
 }
 
-/// Whether the text ahead (past a byte-order mark and white space) opens a JSON array.
+/// Whether the text ahead (past a byte-order mark and white space) opens a JSON array. Only
+/// the buffered start is looked at, and nothing is consumed: a file of JSON lines is then read
+/// from its first line, numbered as it is.
 fn starts_an_array(reader: &mut impl BufRead, file: &Path) -> Result<bool, DataError> {
-    loop {
-        let ahead = reader
-            .fill_buf()
-            .map_err(|e| DataError::file(file, format!("read error: {e}")))?;
-        let Some(&first) = ahead.first() else {
-            return Ok(false);
-        };
-        if ahead.starts_with("\u{feff}".as_bytes()) {
-            reader.consume(3);
-        } else if first.is_ascii_whitespace() {
-            reader.consume(1);
-        } else {
-            return Ok(first == b'[');
-        }
-    }
+    let ahead = reader
+        .fill_buf()
+        .map_err(|e| DataError::file(file, format!("read error: {e}")))?;
+    let ahead = ahead.strip_prefix("\u{feff}".as_bytes()).unwrap_or(ahead);
+    Ok(ahead.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'['))
 }
 
 /// One JSON array of rows; the file must parse as a whole, its elements are rows 1, 2, ….
 fn read_array<T>(
-    reader: impl BufRead,
+    mut reader: impl BufRead,
     file: &Path,
     opts: &ReadOptions,
     convert: impl Fn(&Value) -> Result<T, String>,
 ) -> Result<Rows<T>, DataError> {
-    let rows: Vec<Value> = serde_json::from_reader(reader)
+    let mut text = String::new();
+    reader
+        .read_to_string(&mut text)
+        .map_err(|e| DataError::file(file, format!("read error (not UTF-8 text?): {e}")))?;
+    let rows: Vec<Value> = serde_json::from_str(text.trim_start_matches('\u{feff}'))
         .map_err(|e| DataError::file(file, format!("unparsable JSON array of rows: {e}")))?;
     let mut out = Rows::default();
     for (i, value) in rows.iter().enumerate() {
@@ -100,9 +96,10 @@ fn array_line(file: &Path, line: usize) -> DataError {
     DataError::file(
         file,
         format!(
-            "line {line} is a JSON array, not a row: JSON lines hold one object per line \
-             (pandas: `to_json(path, orient=\"records\", lines=True)`); a file holding one \
-             array of rows is read as such when it is named `.json`"
+            "line {line} is a JSON array, where JSON lines hold one object per line (a prompt \
+             row, or a `{{\"messages\": [...]}}` conversation); pandas writes them with \
+             `to_json(path, orient=\"records\", lines=True)`, and a `.json` file may hold one \
+             array of such objects instead"
         ),
     )
 }
@@ -152,7 +149,7 @@ mod tests {
             let err = read_text(text.as_bytes(), skip).unwrap_err();
             assert_eq!(err.row, None, "{err}");
             assert!(err.to_string().contains("line 2 is a JSON array"), "{err}");
-            assert!(err.to_string().contains("lines=True"), "{err}");
+            assert!(err.to_string().contains("one object per line"), "{err}");
         }
     }
 
@@ -178,6 +175,10 @@ mod tests {
         assert!(err.to_string().contains("unparsable JSON array"), "{err}");
         std::fs::write(&file, format!("{GOOD}\n{GOOD}\n")).unwrap();
         assert_eq!(read(&file, &opts(false), from_json).unwrap().rows.len(), 2);
+        // JSON lines after blank lines: a bad line is named by its own number.
+        std::fs::write(&file, format!("\n\n{GOOD}\n{bad}\n")).unwrap();
+        let err = read(&file, &opts(false), from_json).unwrap_err();
+        assert_eq!(err.row, Some(4), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
