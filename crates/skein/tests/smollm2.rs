@@ -401,17 +401,21 @@ fn truncation_cuts_the_question_and_keeps_the_chat_template() {
     std::fs::write(dir.join("train.jsonl"), row(json!("What is 1?")) + "\n").unwrap();
     std::fs::write(dir.join("val.jsonl"), row(long) + "\n").unwrap();
     let tokenizer = Tokenizer::from_dir(model_dir()).unwrap();
-    for (side, kept_end) in [("right", "1 2 3 4"), ("left", "57 58 59 60")] {
+    // The run's data through SmolLM2, its prompts at most `max` tokens cut from `side`.
+    let load = |side: &str, max: usize| {
         let toml = format!(
             "[model]\npath = \"{model}\"\n[data]\ntrain_files = [\"{train}\"]\n\
-             val_files = [\"{val}\"]\nmax_prompt_tokens = 100\ntruncation = \"{side}\"\n",
+             val_files = [\"{val}\"]\nmax_prompt_tokens = {max}\ntruncation = \"{side}\"\n",
             model = model_dir().display(),
             train = dir.join("train.jsonl").display(),
             val = dir.join("val.jsonl").display(),
         );
         let cfg: skein::trainer::TrainConfig =
             skein_config::load(Some(&toml), "test", &[]).unwrap();
-        let data = skein::trainer::rollout::dataset::Data::load(&cfg).unwrap();
+        skein::trainer::rollout::dataset::Data::load(&cfg).unwrap()
+    };
+    for (side, kept_end) in [("right", "1 2 3 4"), ("left", "57 58 59 60")] {
+        let data = load(side, 100);
         assert_eq!(data.counts.truncated_prompts, 1, "{side}");
         let prompt = &data.val[0].prompt;
         assert!(encode(&tokenizer, prompt).len() <= 100, "{side}: {prompt}");
@@ -424,6 +428,29 @@ fn truncation_cuts_the_question_and_keeps_the_chat_template() {
             "{side}: {prompt}"
         );
         assert!(prompt.contains(kept_end), "{side}: {prompt}");
+    }
+    // A question of emoji, each several byte-level tokens: a cut never leaves half of one.
+    // A long history before a short question cannot be cut inside it: that prompt is left
+    // out and counted as filtered, and the run goes on.
+    let emoji = json!([{"role": "user", "content": "🙂🎉🙂🎉".repeat(12)}]);
+    let history = json!([{"role": "user", "content": question.trim_end()},
+                         {"role": "assistant", "content": question.trim_end()},
+                         {"role": "user", "content": "And then?"}]);
+    std::fs::write(
+        dir.join("val.jsonl"),
+        row(emoji) + "\n" + &row(history) + "\n",
+    )
+    .unwrap();
+    for max in [40, 41, 42, 43] {
+        for side in ["right", "left"] {
+            let data = load(side, max);
+            assert_eq!(data.counts.filtered_prompts, 1, "{side} {max}");
+            assert_eq!(data.val.len(), 1, "{side} {max}");
+            let prompt = &data.val[0].prompt;
+            assert!(!prompt.contains('\u{fffd}'), "{side} {max}: {prompt}");
+            assert!(prompt.contains("🙂🎉"), "{side} {max}: {prompt}");
+            assert!(encode(&tokenizer, prompt).len() <= max, "{side} {max}");
+        }
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -397,17 +397,18 @@ pub fn read_split(
 pub struct ReadPrompt {
     pub place: RowPlace,
     pub problem: Problem,
-    /// Where its question (the last user message's text) sits in the rendered prompt, when a
-    /// chat template framed it: `data.truncation` cuts there ([`truncate`]).
+    /// The part of the rendered prompt `data.truncation` may cut ([`truncate`]): the question
+    /// (the last user message's text) where a chat template framed it, all of a prompt
+    /// without one; `None` when the template did not copy the question as written.
     pub question: Option<std::ops::Range<usize>>,
 }
 
 fn problem(row: PromptRow, renderer: &Renderer) -> Result<(Problem, Option<Range<usize>>)> {
     let prompt = renderer.render(&row.prompt)?;
-    let question = renderer
-        .is_template()
-        .then(|| truncate::question_span(&row.prompt, &prompt))
-        .flatten();
+    let question = match renderer.is_template() {
+        true => truncate::question_span(&row.prompt, &prompt),
+        false => Some(0..prompt.len()),
+    };
     let problem = Problem {
         prompt,
         ground_truth: row.ground_truth,
@@ -454,6 +455,8 @@ pub fn fit_split(
     let mut unknown = UnknownRows::default();
     let mut kept = Vec::with_capacity(problems.len());
     let mut longest = 0;
+    // Prompts `data.truncation` could not cut inside their question, and the first of them.
+    let mut uncut: Option<(usize, RowPlace)> = None;
     for ReadPrompt {
         place,
         problem: mut p,
@@ -490,9 +493,18 @@ pub fn fit_split(
                 max + start
             ),
             Fit::Cut(_) => {
-                p.prompt =
-                    truncate::cut_to_fit(tokenizer, &p.prompt, &ids, question, max, truncation)
-                        .with_context(|| place.to_string())?;
+                let cut = match question {
+                    Some(span) => {
+                        truncate::cut_to_fit(tokenizer, &p.prompt, &ids, span, max, truncation)?
+                    }
+                    None => None,
+                };
+                let Some(cut) = cut else {
+                    counts.filtered_prompts += 1;
+                    uncut.get_or_insert((0, place.clone())).0 += 1;
+                    continue;
+                };
+                p.prompt = cut;
                 longest = longest.max(max + start);
                 counts.truncated_prompts += 1;
                 kept.push(p);
@@ -501,6 +513,14 @@ pub fn fit_split(
     }
     counts.unknown_char_prompts = unknown.prompts;
     unknown.warn(split);
+    if let Some((n, first)) = uncut {
+        eprintln!(
+            "skein: {split} split: {n} prompts over `data.max_prompt_tokens` could not be cut \
+             inside their question (the rest of the prompt alone is over the limit, or the chat \
+             template does not copy the last user message as written), and were left out \
+             (counted in data/filtered_prompts); the first: {first}"
+        );
+    }
     Ok(FittedSplit {
         problems: kept,
         counts,
@@ -816,10 +836,11 @@ mod tests {
             .map(|(i, problem)| {
                 let file = PathBuf::from("d.jsonl");
                 let place = RowPlace { file, row: i + 1 };
+                let question = Some(0..problem.prompt.len());
                 ReadPrompt {
                     place,
                     problem,
-                    question: None,
+                    question,
                 }
             })
             .collect()

@@ -7,7 +7,7 @@
 //! template's start. So the cut falls inside the question, the last user message's text, and
 //! the framing stays whole. A prompt without a template is its text alone, cut as it is.
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use skein_data::{ChatMessage, Truncation};
 use skein_text::Tokenizer;
 use std::ops::Range;
@@ -24,44 +24,47 @@ pub fn question_span(messages: &[ChatMessage], rendered: &str) -> Option<Range<u
         .find_map(|text| rendered.rfind(text).map(|at| at..at + text.len()))
 }
 
-/// `prompt` (whose tokens `ids` are over `max`) cut from `truncation`'s side until it
-/// re-encodes within `max` tokens: inside `question` when given, else anywhere. A cut edge can
-/// re-encode into other tokens, so the cut grows a token at a time until the whole fits. An
-/// error when even the whole question cut away leaves the prompt over `max`.
+/// `prompt` (whose tokens `ids` are over `max`) cut inside `span` (its question, or all of a
+/// prompt without a template) from `truncation`'s side until it re-encodes within `max`
+/// tokens; `None` when even the whole span cut away leaves it over (the rest alone is too
+/// long). A cut edge can re-encode into other tokens, or fall inside a character that a
+/// byte-level vocabulary spells in several tokens, so the cut grows a token at a time until
+/// the whole fits with no broken character at its edge.
 pub fn cut_to_fit(
     tokenizer: &Tokenizer,
     prompt: &str,
     ids: &[u32],
-    question: Option<Range<usize>>,
+    span: Range<usize>,
     max: usize,
     truncation: Truncation,
-) -> Result<String> {
-    let span = question.unwrap_or(0..prompt.len());
+) -> Result<Option<String>> {
     let (before, body, after) = (
         &prompt[..span.start],
         &prompt[span.clone()],
         &prompt[span.end..],
     );
     let body_ids = tokenizer.encode(body, false)?;
-    let framing = ids.len().saturating_sub(body_ids.len());
     let mut keep = body_ids.len().saturating_sub(ids.len().saturating_sub(max));
     while keep > 0 {
-        let kept = match truncation {
-            Truncation::Left => &body_ids[body_ids.len() - keep..],
-            _ => &body_ids[..keep],
+        let (kept, broken) = match truncation {
+            Truncation::Left => {
+                let kept = tokenizer.decode(&body_ids[body_ids.len() - keep..], false)?;
+                let broken = kept.starts_with(char::REPLACEMENT_CHARACTER);
+                (kept, broken)
+            }
+            _ => {
+                let kept = tokenizer.decode(&body_ids[..keep], false)?;
+                let broken = kept.ends_with(char::REPLACEMENT_CHARACTER);
+                (kept, broken)
+            }
         };
-        let text = format!("{before}{}{after}", tokenizer.decode(kept, false)?);
-        if tokenizer.encode(&text, false)?.len() <= max {
-            return Ok(text);
+        let text = format!("{before}{kept}{after}");
+        if !broken && tokenizer.encode(&text, false)?.len() <= max {
+            return Ok(Some(text));
         }
         keep -= 1;
     }
-    bail!(
-        "the prompt has {} tokens, over `data.max_prompt_tokens` = {max}, and its chat template \
-         and other messages take {framing} of them: cutting its question away would not make it \
-         fit; raise the limit, or set `data.truncation = \"filter\"` to leave such prompts out",
-        ids.len(),
-    )
+    Ok(None)
 }
 
 #[cfg(test)]
@@ -85,25 +88,26 @@ mod tests {
         let ids = tok.encode(rendered, false).unwrap();
         let span = question_span(&messages, rendered);
         assert_eq!(span.clone().map(|s| &rendered[s]), Some("0123456789"));
+        let span = span.unwrap();
         let max = ids.len() - 4;
         let right = cut_to_fit(&tok, rendered, &ids, span.clone(), max, Truncation::Right);
         assert_eq!(
-            right.unwrap(),
+            right.unwrap().unwrap(),
             "<|system|>\n be terse\n<|user|>\n 012345\n<|assistant|>\n"
         );
         let left = cut_to_fit(&tok, rendered, &ids, span.clone(), max, Truncation::Left);
         assert_eq!(
-            left.unwrap(),
+            left.unwrap().unwrap(),
             "<|system|>\n be terse\n<|user|>\n 456789\n<|assistant|>\n"
         );
-        // The framing alone over the limit: no cut of the question makes it fit.
-        let err = cut_to_fit(&tok, rendered, &ids, span, 10, Truncation::Right).unwrap_err();
-        assert!(err.to_string().contains("data.truncation"), "{err}");
+        // The rest alone over the limit: no cut of the question makes it fit.
+        let none = cut_to_fit(&tok, rendered, &ids, span, 10, Truncation::Right).unwrap();
+        assert_eq!(none, None);
         // Without a template the whole text is the question.
         let plain = "0123456789";
         let ids = tok.encode(plain, false).unwrap();
-        let cut = cut_to_fit(&tok, plain, &ids, None, 4, Truncation::Left).unwrap();
-        assert_eq!(cut, "6789");
+        let cut = cut_to_fit(&tok, plain, &ids, 0..plain.len(), 4, Truncation::Left).unwrap();
+        assert_eq!(cut.as_deref(), Some("6789"));
     }
 
     /// The span is the last user message's, found from the end (an earlier copy of its text
