@@ -7,27 +7,35 @@ mod common;
 use common::{require_python_with_openai, step_metrics};
 use skein::trainer::run::train;
 use skein::trainer::TrainConfig;
+use std::path::PathBuf;
 
-#[test]
-fn the_example_agent_trains_the_policy_through_the_server() {
-    let python = require_python_with_openai();
+/// The test config of an external-agents run in a fresh directory named after `name`: the
+/// example agent's script, and the config with `workers` agents started by the trainer.
+fn external_run(name: &str, workers: usize) -> (&'static str, TrainConfig, PathBuf) {
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../scripts/example_agent.py"
     );
     let mut cfg: TrainConfig = skein_config::load(None, "test", &[]).unwrap();
-    let dir = std::env::temp_dir().join(format!("skein-external-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("skein-external-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     cfg.run.dir = dir.display().to_string();
+    cfg.eval.every = 0;
+    cfg.agent.kind = skein::trainer::config::AgentKind::External;
+    cfg.agent.api_key = "sk-test".into();
+    cfg.agent.workers = workers;
+    (script, cfg, dir)
+}
+
+#[test]
+fn the_example_agent_trains_the_policy_through_the_server() {
+    let python = require_python_with_openai();
+    let (script, mut cfg, dir) = external_run("train", 2);
     cfg.trainer.steps = 2;
     cfg.rollout.prompts_per_step = 4;
     cfg.rollout.samples_per_prompt = 4;
     cfg.sft.steps = 5;
     cfg.eval.problems = 16;
-    cfg.eval.every = 0;
-    cfg.agent.kind = skein::trainer::config::AgentKind::External;
-    cfg.agent.api_key = "sk-test".into();
-    cfg.agent.workers = 2;
     cfg.agent.rollout_timeout_s = 120.0;
     cfg.agent.command = [
         python.as_str(),
@@ -71,15 +79,10 @@ fn the_example_agent_trains_the_policy_through_the_server() {
 #[test]
 fn agents_that_exit_end_the_step_at_once_and_are_started_again() {
     use std::time::{Duration, Instant};
-    let mut cfg: TrainConfig = skein_config::load(None, "test", &[]).unwrap();
-    let dir = std::env::temp_dir().join(format!("skein-external-exit-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    cfg.run.dir = dir.display().to_string();
+    let (_, mut cfg, dir) = external_run("exit", 2);
     cfg.trainer.steps = 5;
     (cfg.rollout.prompts_per_step, cfg.rollout.samples_per_prompt) = (2, 2);
-    (cfg.sft.steps, cfg.eval.problems, cfg.eval.every) = (0, 4, 0);
-    cfg.agent.kind = skein::trainer::config::AgentKind::External;
-    cfg.agent.workers = 2;
+    (cfg.sft.steps, cfg.eval.problems) = (0, 4);
     cfg.agent.rollout_timeout_s = 300.0;
     cfg.agent.command = ["sh", "-c", "exit 3"].map(String::from).to_vec();
     let started = Instant::now();
@@ -106,6 +109,32 @@ fn agents_that_exit_end_the_step_at_once_and_are_started_again() {
         assert_eq!(m["agent/timed_out_rollouts"].as_f64(), Some(0.0), "{m}");
         assert_eq!(m["agent/failed_rollouts"].as_f64(), Some(0.0), "{m}");
         assert_eq!(m["agent/restarted_workers"].as_f64(), Some(2.0), "{m}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// An `agent.command` that starts its agent in the background and exits at once (a launcher
+/// script) is running as long as its agent is: the steps are served, not ended as if the
+/// agents had exited. The agent finds the server in `SKEIN_SERVER` and `SKEIN_API_KEY`.
+#[test]
+fn a_launcher_that_leaves_its_agent_running_is_not_an_exited_agent() {
+    let python = require_python_with_openai();
+    let (script, mut cfg, dir) = external_run("launch", 1);
+    cfg.trainer.steps = 2;
+    (cfg.rollout.prompts_per_step, cfg.rollout.samples_per_prompt) = (2, 2);
+    (cfg.sft.steps, cfg.eval.problems) = (5, 4);
+    cfg.rollout.sampling.max_new_tokens = 6;
+    cfg.agent.rollout_timeout_s = 120.0;
+    let launch = format!("'{python}' '{script}' --concurrency 4 & exit 0");
+    cfg.agent.command = vec!["sh".to_string(), "-c".into(), launch];
+    train(&cfg).expect("training with a launched agent");
+    let steps = step_metrics(&dir);
+    assert_eq!(steps.len(), 2);
+    for m in &steps {
+        assert_eq!(m["agent/calls_mean"].as_f64(), Some(2.0), "{m}");
+        assert_eq!(m["agent/orphaned_rollouts"].as_f64(), Some(0.0), "{m}");
+        assert_eq!(m["agent/timed_out_rollouts"].as_f64(), Some(0.0), "{m}");
+        assert_eq!(m["agent/restarted_workers"].as_f64(), Some(0.0), "{m}");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

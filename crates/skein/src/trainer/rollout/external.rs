@@ -356,9 +356,11 @@ struct AgentProcess {
 }
 
 impl AgentProcess {
-    /// Its exit status once it has exited; `None` while it runs. An exited agent's group is
-    /// killed (what it left running) and forgotten before the agent is reaped, while its id
-    /// cannot be reused yet.
+    /// Its exit status once it and its process group have ended; `None` while anything of
+    /// it runs: a launcher that exits once it has started its agents in the background is
+    /// running as long as they are (it stays unreaped until then, keeping its id the
+    /// group's). The group is forgotten before the launcher is reaped, while its id cannot be
+    /// reused yet.
     fn exited(&mut self) -> Option<ExitStatus> {
         if self.status.is_none() {
             let pid = libc::id_t::try_from(self.child.id()).ok()?;
@@ -374,10 +376,9 @@ impl AgentProcess {
                 )
             };
             // SAFETY: `info` was filled by waitid (zeroed when nothing has exited).
-            if peeked != 0 || unsafe { info.si_pid() } == 0 {
+            if peeked != 0 || unsafe { info.si_pid() } == 0 || group_has_others(self.child.id()) {
                 return None;
             }
-            self.kill_group();
             self.recorded.take();
             self.status = self.child.wait().ok();
         }
@@ -423,6 +424,28 @@ fn start_worker(
         recorded,
         status: None,
     })
+}
+
+/// Whether a process other than `leader` is in the process group `leader` leads.
+fn group_has_others(leader: u32) -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    entries.flatten().any(|entry| {
+        let pid = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok());
+        pid.is_some_and(|pid| pid != leader && process_group(pid) == Some(leader))
+    })
+}
+
+/// The process group of `pid`: the third field after its command's name in /proc/PID/stat
+/// (the name is in parentheses and may hold spaces and parentheses itself).
+fn process_group(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields = &stat[stat.rfind(')')? + 1..];
+    fields.split_whitespace().nth(2)?.parse().ok()
 }
 
 impl Drop for AgentProcess {
