@@ -348,12 +348,6 @@ fn bad_requests_get_openai_errors_that_say_what_to_change() {
         .await;
         assert_error(s, &b, 404, "model `gpt-4o` not found (served: skein-tiny)");
         let (s, b) = send(
-            json!({"messages": [{"role": "user", "content": "hi"}], "stream": true}).to_string(),
-            key,
-        )
-        .await;
-        assert_error(s, &b, 400, "streaming");
-        let (s, b) = send(
             json!({"messages": [{"role": "user", "content": "hi"}], "temperature": -1}).to_string(),
             key,
         )
@@ -1194,4 +1188,116 @@ fn sampling_options_skein_does_not_have_are_refused_not_ignored() {
             assert_eq!(s, 200, "{extra}: {b}");
         }
     });
+}
+
+/// The events of a streamed answer, `[DONE]` last, as JSON (without `[DONE]`).
+fn sse_chunks(body: &str) -> Vec<Value> {
+    let data: Vec<&str> = body
+        .split("\n\n")
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            e.strip_prefix("data: ")
+                .expect("every event is a data line")
+        })
+        .collect();
+    assert_eq!(data.last(), Some(&"[DONE]"), "{body}");
+    data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect()
+}
+
+/// `stream: true` gets the same greedy completion as `stream: false`, as server-sent events:
+/// chat and text completions, with the token-exact record and, when asked, the usage; the
+/// official `openai` client reads the chat stream.
+#[test]
+fn a_streamed_answer_is_the_plain_answer_as_events() {
+    let server = in_process(4, ServeConfig::default());
+    let base = server.url.clone();
+    let chat = json!({"messages": [{"role": "user", "content": "2+3="}], "max_tokens": 6,
+                      "temperature": 0});
+    let text = json!({"prompt": "2+3=", "max_tokens": 6, "temperature": 0});
+    runtime().block_on(async {
+        let c = client();
+        let streamed = |mut body: Value, usage: bool| {
+            body["stream"] = json!(true);
+            if usage {
+                body["stream_options"] = json!({"include_usage": true});
+            }
+            body
+        };
+        for (route, body) in [("chat/completions", &chat), ("completions", &text)] {
+            let url = format!("{base}/v1/{route}");
+            let (s, plain) = post(&c, &url, body.clone()).await;
+            assert_eq!(s, 200, "{plain}");
+            let r = c
+                .post(&url)
+                .json(&streamed(body.clone(), true))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            assert_eq!(r.headers()["content-type"], "text/event-stream");
+            let chunks = sse_chunks(&r.text().await.unwrap());
+            assert_eq!(chunks.len(), 3, "{chunks:?}");
+            let choice = &plain["choices"][0];
+            let (first, last) = (&chunks[0]["choices"][0], &chunks[1]["choices"][0]);
+            match route {
+                "chat/completions" => {
+                    assert_eq!(chunks[0]["object"], "chat.completion.chunk");
+                    assert_eq!(first["delta"]["role"], "assistant");
+                    assert_eq!(first["delta"]["content"], choice["message"]["content"]);
+                }
+                _ => {
+                    assert_eq!(chunks[0]["object"], "text_completion");
+                    assert_eq!(first["text"], choice["text"]);
+                }
+            }
+            assert_eq!(first["finish_reason"], Value::Null);
+            assert_eq!(last["finish_reason"], choice["finish_reason"]);
+            assert_eq!(last["skein"], choice["skein"]);
+            assert_eq!(chunks[2]["choices"], json!([]));
+            assert_eq!(chunks[2]["usage"], plain["usage"]);
+            // Without include_usage, no usage chunk.
+            let r = c
+                .post(&url)
+                .json(&streamed(body.clone(), false))
+                .send()
+                .await;
+            let chunks = sse_chunks(&r.unwrap().text().await.unwrap());
+            assert_eq!(chunks.len(), 2);
+        }
+    });
+    let python = require_python_with_openai();
+    let script = r#"
+import sys
+from openai import OpenAI
+client = OpenAI(base_url=sys.argv[1] + "/v1", api_key="none")
+parts = [c.choices[0].delta.content or "" for c in client.chat.completions.create(
+    model="skein", messages=[{"role": "user", "content": "2+3="}], max_tokens=6,
+    temperature=0, stream=True) if c.choices]
+print("".join(parts), end="")
+"#;
+    let out = Command::new(&python)
+        .args(["-c", script, &server.url])
+        .output()
+        .unwrap();
+    let (streamed, errors) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{errors}");
+    let plain = runtime().block_on(async {
+        post(
+            &client(),
+            &format!("{base}/v1/chat/completions"),
+            chat.clone(),
+        )
+        .await
+        .1
+    });
+    assert_eq!(
+        streamed,
+        plain["choices"][0]["message"]["content"].as_str().unwrap()
+    );
 }

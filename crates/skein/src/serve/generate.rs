@@ -53,8 +53,8 @@ pub fn store_error(e: StoreError) -> ApiError {
     }
 }
 
-/// Checks the request fields that do not depend on the prompt: model name, streaming, `n`,
-/// sampling ranges. Returns the sampling parameters and `n`. A request in a rollout
+/// Checks the request fields that do not depend on the prompt: model name, `n`, sampling
+/// ranges. Returns the sampling parameters and `n`. A request in a rollout
 /// (`recorded`) is training data: it samples from the whole distribution, whose log-probs are
 /// the ones recorded, so `top_p` and `top_k` are refused there.
 pub fn sampling(
@@ -70,11 +70,6 @@ pub fn sampling(
                 cfg.model_name
             )));
         }
-    }
-    if req.stream == Some(true) {
-        return Err(ApiError::bad_request(
-            "streaming is not supported: send `stream: false`",
-        ));
     }
     refuse_unsupported(req)?;
     let n = req.n.unwrap_or(1);

@@ -24,8 +24,9 @@
 //! | `POST /v1/reload` | `{"path": HF dir}`: load new weights, answer `{"version": N}` (409 on a trainer's server) |
 //!
 //! Each choice carries `"skein": {"prompt_token_ids", "completion_token_ids", "logprobs",
-//! "versions"}`. `stream`, `stop` strings and OpenAI's `logprobs` are not supported and are
-//! answered 400 when asked for (the model's stop tokens end a completion), as is a field the
+//! "versions"}`. `stream: true` gets the finished completion as server-sent events
+//! ([`stream`]). `stop` strings and OpenAI's `logprobs` are not supported and are answered 400
+//! when asked for (the model's stop tokens end a completion), as is a field the
 //! server does not know (`openai::IGNORED_FIELDS` are accepted); a completion that
 //! reaches the context's end finishes with `length`. A prompt is refused by its length in
 //! bytes before it is tokenized when it cannot fit (see [`TextSide`]); a server bound beyond
@@ -42,6 +43,7 @@ mod routes;
 mod server;
 mod state;
 mod store;
+mod stream;
 mod text;
 
 pub use config::ServeConfig;

@@ -10,6 +10,7 @@ use super::openai::{
 };
 use super::state::ServeState;
 use super::store::TaskSpec;
+use super::stream;
 use crate::engine::Control;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
@@ -100,31 +101,59 @@ async fn models(State(s): State<ServeState>) -> Json<Value> {
 async fn chat(
     State(s): State<ServeState>,
     Body(req): Body<GenerateRequest>,
-) -> Result<Json<ChatResponse>, ApiError> {
-    chat_in(&s, None, req).await.map(Json)
+) -> Result<Response, ApiError> {
+    chat_answer(&s, None, req).await
 }
 
 async fn rollout_chat(
     State(s): State<ServeState>,
     RolloutId(id): RolloutId,
     Body(req): Body<GenerateRequest>,
-) -> Result<Json<ChatResponse>, ApiError> {
-    chat_in(&s, Some(&id), req).await.map(Json)
+) -> Result<Response, ApiError> {
+    chat_answer(&s, Some(&id), req).await
 }
 
 async fn completions(
     State(s): State<ServeState>,
     Body(req): Body<GenerateRequest>,
-) -> Result<Json<CompletionResponse>, ApiError> {
-    completion_in(&s, None, req).await.map(Json)
+) -> Result<Response, ApiError> {
+    completion_answer(&s, None, req).await
 }
 
 async fn rollout_completions(
     State(s): State<ServeState>,
     RolloutId(id): RolloutId,
     Body(req): Body<GenerateRequest>,
-) -> Result<Json<CompletionResponse>, ApiError> {
-    completion_in(&s, Some(&id), req).await.map(Json)
+) -> Result<Response, ApiError> {
+    completion_answer(&s, Some(&id), req).await
+}
+
+/// A chat completion as JSON, or as a stream when the request asks for one.
+async fn chat_answer(
+    s: &ServeState,
+    rollout: Option<&str>,
+    req: GenerateRequest,
+) -> Result<Response, ApiError> {
+    let streamed = stream::requested(&req);
+    let resp = chat_in(s, rollout, req).await?;
+    Ok(match streamed {
+        Some(opts) => stream::chat(resp, opts),
+        None => Json(resp).into_response(),
+    })
+}
+
+/// A text completion as JSON, or as a stream when the request asks for one.
+async fn completion_answer(
+    s: &ServeState,
+    rollout: Option<&str>,
+    req: GenerateRequest,
+) -> Result<Response, ApiError> {
+    let streamed = stream::requested(&req);
+    let resp = completion_in(s, rollout, req).await?;
+    Ok(match streamed {
+        Some(opts) => stream::completion(resp, opts),
+        None => Json(resp).into_response(),
+    })
 }
 
 async fn chat_in(
