@@ -1101,8 +1101,8 @@ fn an_api_key_no_client_can_send_is_refused_at_start_up() {
     }
 }
 
-/// `stop` strings and OpenAI's `logprobs` are answered 400 rather than silently ignored,
-/// however long the stop list; their empty forms are fine.
+/// OpenAI's `logprobs` and options skein does not have are answered 400 rather than silently
+/// ignored, and so is a stop list too long to look for; their empty forms are fine.
 #[test]
 fn sampling_options_skein_does_not_have_are_refused_not_ignored() {
     let server = ServeProcess::start(&[]);
@@ -1121,7 +1121,6 @@ fn sampling_options_skein_does_not_have_are_refused_not_ignored() {
         for (extra, says) in [
             (json!({"logprobs": 5}), "`logprobs`"),
             (json!({"top_logprobs": 3}), "`logprobs`"),
-            (json!({"stop": "\n"}), "`stop`"),
             (json!({"stop": stops}), "10000 entries"),
             (json!({"seed": 42}), "`seed`"),
             (json!({"presence_penalty": 0.5}), "`presence_penalty`"),
@@ -1300,4 +1299,73 @@ print("".join(parts), end="")
         streamed,
         plain["choices"][0]["message"]["content"].as_str().unwrap()
     );
+}
+
+/// `stop` strings end a completion where its text first holds one: the text stops before it,
+/// the tokens at the one that completed it (what the policy sampled, and what a rollout
+/// records), with finish reason `stop`; a string the completion never writes changes nothing.
+#[test]
+fn stop_strings_end_a_completion_at_the_first_they_complete() {
+    let config = ServeConfig {
+        rollout_temperature: Some(1.0),
+        ..ServeConfig::default()
+    };
+    let server = in_process(4, config);
+    let store = server.store.clone();
+    let task = TaskSpec {
+        rollout_id: "r".into(),
+        group: "g".into(),
+        task: json!({}),
+    };
+    store.add_tasks(vec![task]).unwrap();
+    let base = server.url.clone();
+    runtime().block_on(async move {
+        let c = client();
+        let url = format!("{base}/v1/completions");
+        let greedy = |stop: Value| {
+            json!({"prompt": "2+3=", "max_tokens": 24, "temperature": 0, "stop": stop})
+        };
+        let (s, whole) = post(&c, &url, greedy(Value::Null)).await;
+        assert_eq!(s, 200, "{whole}");
+        let text = whole["choices"][0]["text"].as_str().unwrap().to_string();
+        let every = ids(&whole["choices"][0]["skein"]["completion_token_ids"]);
+        let chars: Vec<char> = text.chars().collect();
+        assert!(chars.len() >= 6, "{text:?}");
+        let stop: String = chars[3..5].iter().collect();
+        let at = text.find(&stop).unwrap();
+        let (s, cut) = post(&c, &url, greedy(json!(["never written", stop]))).await;
+        assert_eq!(s, 200, "{cut}");
+        let choice = &cut["choices"][0];
+        assert_eq!(choice["text"], text[..at]);
+        assert_eq!(choice["finish_reason"], "stop");
+        // The tokens end at the first whose text completes the string.
+        let kept = ids(&choice["skein"]["completion_token_ids"]);
+        let tok = tokenizer();
+        let reads = |ids: &[u32]| tok.decode_message(ids).unwrap();
+        assert_eq!(kept, every[..kept.len()]);
+        assert!(reads(&kept).contains(&stop), "{kept:?}");
+        assert!(!reads(&kept[..kept.len() - 1]).contains(&stop), "{kept:?}");
+        assert_eq!(
+            choice["skein"]["logprobs"].as_array().unwrap().len(),
+            kept.len()
+        );
+        let (_, same) = post(&c, &url, greedy(json!("never written"))).await;
+        assert_eq!(same["choices"][0]["text"], text);
+        let (s, b) = post(&c, &url, greedy(json!(5))).await;
+        assert_error(s, &b, 400, "`stop` must be a string or a list of strings");
+
+        // In a rollout the recorded call is the one returned, cut where it stopped.
+        let (s, rolled) = post(
+            &c,
+            &format!("{base}/rollouts/r/v1/completions"),
+            json!({"prompt": "2+3=", "max_tokens": 24, "stop": [stop, "+", "="]}),
+        )
+        .await;
+        assert_eq!(s, 200, "{rolled}");
+        let returned = ids(&rolled["choices"][0]["skein"]["completion_token_ids"]);
+        let (_, recorded) = store.get("r").unwrap();
+        assert_eq!(recorded.calls[0].completion_ids, returned);
+        let text = rolled["choices"][0]["text"].as_str().unwrap();
+        assert!(!text.contains('+') && !text.contains('='), "{text:?}");
+    });
 }

@@ -6,16 +6,63 @@ use super::error::ApiError;
 use super::openai::{Exact, GenerateRequest, Usage};
 use super::state::ServeState;
 use super::store::{RecordedCall, StoreError};
-use super::text::add_stop_ids;
+use super::text::{add_stop_ids, TextSide};
 use crate::engine::{Finish, GenOutput, GenRequest, SamplingParams};
 use axum::http::StatusCode;
 
 /// One generated choice, token-exact.
 pub struct Sample {
     pub out: GenOutput,
+    /// Where the first of the request's `stop` strings starts in the decoded completion: its
+    /// text ends there.
+    pub stop_at: Option<usize>,
 }
 
 impl Sample {
+    /// The completion's text, ended before a `stop` string it reached.
+    pub fn text(&self, text: &TextSide) -> Result<String, ApiError> {
+        let mut decoded = text.decode(&self.out.tokens)?;
+        if let Some(at) = self.stop_at {
+            decoded.truncate(at);
+        }
+        Ok(decoded)
+    }
+
+    /// Ends the completion at the first token whose text completes one of `stops`, as if
+    /// generation had stopped there: the tokens kept are what the policy sampled, and whether
+    /// to stop depends only on them, so a recorded call is the policy's sample with `stop`.
+    /// Tokens past that one are dropped.
+    fn cut_at_stop(&mut self, stops: &[String], text: &TextSide) -> Result<(), ApiError> {
+        let first_stop =
+            |decoded: &str| stops.iter().filter_map(|s| decoded.find(s.as_str())).min();
+        let tokens = &self.out.tokens;
+        if first_stop(&text.decode(tokens)?).is_none() {
+            return Ok(());
+        }
+        // The shortest prefix whose text holds a stop string: a longer prefix's text extends
+        // a shorter one's, so the search halves.
+        let (mut lo, mut hi) = (1, tokens.len());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            match first_stop(&text.decode(&tokens[..mid])?) {
+                Some(_) => hi = mid,
+                None => lo = mid + 1,
+            }
+        }
+        let out = &mut self.out;
+        out.tokens.truncate(hi);
+        out.logprobs.truncate(hi);
+        out.versions.truncate(hi);
+        if !out.kept.is_empty() {
+            out.kept.ends.truncate(hi);
+            let kept_ids = out.kept.ends.last().map_or(0, |&end| end as usize);
+            out.kept.ids.truncate(kept_ids);
+        }
+        out.finish = Finish::Stop;
+        self.stop_at = first_stop(&text.decode(&out.tokens)?);
+        Ok(())
+    }
+
     pub fn finish_reason(&self) -> &'static str {
         match self.out.finish {
             Finish::Stop => "stop",
@@ -168,8 +215,43 @@ fn stop_ids(state: &ServeState, req: &GenerateRequest) -> Result<Vec<u32>, ApiEr
     Ok(ids)
 }
 
-/// `stop` strings and OpenAI-style `logprobs` would change what the client gets back; asked
-/// for, they are refused rather than ignored.
+/// Most `stop` strings one request may give: each is looked for in the completion's text.
+pub const MAX_STOP_STRINGS: usize = 64;
+
+/// The request's `stop` strings (a string or a list of them; empty, null or none: none).
+pub fn stop_strings(req: &GenerateRequest) -> Result<Vec<String>, ApiError> {
+    use serde_json::Value;
+    let refuse = |why: String| Err(ApiError::bad_request(format!("`stop` {why}")));
+    let stops: Vec<String> = match &req.stop {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) if items.len() > MAX_STOP_STRINGS => {
+            return refuse(format!(
+                "has {} entries; at most {MAX_STOP_STRINGS} are looked for",
+                items.len()
+            ))
+        }
+        Some(Value::Array(items)) => {
+            match items
+                .iter()
+                .map(Value::as_str)
+                .collect::<Option<Vec<&str>>>()
+            {
+                Some(strings) => strings.into_iter().map(String::from).collect(),
+                None => return refuse("must be a string or a list of strings".into()),
+            }
+        }
+        Some(other) => {
+            return refuse(format!(
+                "must be a string or a list of strings, not {other}"
+            ))
+        }
+    };
+    Ok(stops.into_iter().filter(|s| !s.is_empty()).collect())
+}
+
+/// OpenAI-style `logprobs` would change what the client gets back; asked for, they are
+/// refused rather than ignored.
 fn refuse_unsupported(req: &GenerateRequest) -> Result<(), ApiError> {
     use serde_json::Value;
     let asked = |v: &Option<Value>| match v {
@@ -179,18 +261,6 @@ fn refuse_unsupported(req: &GenerateRequest) -> Result<(), ApiError> {
         Some(Value::Array(a)) => !a.is_empty(),
         Some(_) => true,
     };
-    if asked(&req.stop) {
-        let entries = req
-            .stop
-            .as_ref()
-            .and_then(Value::as_array)
-            .map_or(1, Vec::len);
-        return Err(ApiError::bad_request(format!(
-            "`stop` ({entries} entr{}) is not supported: a completion ends at the model's stop \
-             tokens or at max_tokens; leave `stop` out",
-            if entries == 1 { "y" } else { "ies" }
-        )));
-    }
     if asked(&req.logprobs) || asked(&req.top_logprobs) {
         return Err(ApiError::bad_request(
             "`logprobs` and `top_logprobs` are not supported: each choice's \
@@ -237,13 +307,15 @@ fn refuse_unsupported(req: &GenerateRequest) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Generates `n` completions of `prompt`; for a rollout-scoped call, records them.
+/// Generates `n` completions of `prompt`, each ended at the first of `stops` it reaches; for
+/// a rollout-scoped call, records them.
 pub async fn run(
     state: &ServeState,
     rollout: Option<&str>,
     prompt: &[u32],
     params: SamplingParams,
     n: usize,
+    stops: &[String],
 ) -> Result<Vec<Sample>, ApiError> {
     let capacity = state.0.config.capacity.max(1) as usize;
     if prompt.is_empty() {
@@ -277,9 +349,14 @@ pub async fn run(
                 format!("{gone}: restart the server"),
             )
         })?;
-        samples.push(Sample { out });
+        samples.push(Sample { out, stop_at: None });
     }
     samples.sort_by_key(|s| s.out.id);
+    if !stops.is_empty() {
+        for sample in &mut samples {
+            sample.cut_at_stop(stops, &state.0.text)?;
+        }
+    }
     if let Some(id) = rollout {
         let calls = samples
             .iter()

@@ -25,8 +25,9 @@
 //!
 //! Each choice carries `"skein": {"prompt_token_ids", "completion_token_ids", "logprobs",
 //! "versions"}`. `stream: true` gets the finished completion as server-sent events
-//! ([`stream`]). `stop` strings and OpenAI's `logprobs` are not supported and are answered 400
-//! when asked for (the model's stop tokens end a completion), as is a field the
+//! ([`stream`]). `stop` strings end a completion at the first token whose text completes one
+//! (the text stops before it). OpenAI's `logprobs` are not supported and are answered 400
+//! when asked for, as is a field the
 //! server does not know (`openai::IGNORED_FIELDS` are accepted); a completion that
 //! reaches the context's end finishes with `length`. A prompt is refused by its length in
 //! bytes before it is tokenized when it cannot fit (see [`TextSide`]); a server bound beyond

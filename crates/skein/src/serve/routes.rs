@@ -182,10 +182,11 @@ async fn chat_in(
     let (_, prompt) =
         s.0.text
             .chat_prompt(&messages, tools.as_ref(), &variables, capacity)?;
-    let samples = generate::run(s, rollout, &prompt, params, n).await?;
+    let stops = generate::stop_strings(&req)?;
+    let samples = generate::run(s, rollout, &prompt, params, n, &stops).await?;
     let mut choices = Vec::with_capacity(samples.len());
     for (index, sample) in samples.iter().enumerate() {
-        let text = s.0.text.decode(&sample.out.tokens)?;
+        let text = sample.text(&s.0.text)?;
         let finish = sample.finish_reason();
         let (message, finish_reason) =
             assistant_message(text, tools.is_some(), finish, || s.fresh_id());
@@ -262,6 +263,7 @@ async fn completion_in(
     req: GenerateRequest,
 ) -> Result<CompletionResponse, ApiError> {
     let (params, n) = generate::sampling(s, &req, rollout.is_some())?;
+    let stops = generate::stop_strings(&req)?;
     if req.messages.is_some() {
         return Err(ApiError::bad_request(
             "`messages` belongs to /v1/chat/completions; a completion request sends `prompt`",
@@ -291,12 +293,12 @@ async fn completion_in(
             ))
         }
     };
-    let samples = generate::run(s, rollout, &prompt, params, n).await?;
+    let samples = generate::run(s, rollout, &prompt, params, n, &stops).await?;
     let mut choices = Vec::with_capacity(samples.len());
     for (index, sample) in samples.iter().enumerate() {
         choices.push(CompletionChoice {
             index,
-            text: s.0.text.decode(&sample.out.tokens)?,
+            text: sample.text(&s.0.text)?,
             finish_reason: sample.finish_reason(),
             logprobs: None,
             skein: sample.exact(&prompt),
