@@ -73,9 +73,10 @@ fn the_example_agent_trains_the_policy_through_the_server() {
 }
 
 /// Agent processes that exit at once (a missing module, a bad key) do not leave each step
-/// waiting out `agent.rollout_timeout_s`: the step ends as soon as none is left, its rollouts
-/// fail for that reason (counted apart from timeouts), each step starts the agents again, and
-/// the run stops after its steps in a row with nothing to train, naming the exit status.
+/// waiting out `agent.rollout_timeout_s`, even with a helper of theirs left in their process
+/// group: the step ends as soon as none is left (the helpers killed), its rollouts fail for
+/// that reason (counted apart from timeouts), each step starts the agents again, and the run
+/// stops after its steps in a row with nothing to train, naming the exit status.
 #[test]
 fn agents_that_exit_end_the_step_at_once_and_are_started_again() {
     use std::time::{Duration, Instant};
@@ -84,7 +85,10 @@ fn agents_that_exit_end_the_step_at_once_and_are_started_again() {
     (cfg.rollout.prompts_per_step, cfg.rollout.samples_per_prompt) = (2, 2);
     (cfg.sft.steps, cfg.eval.problems) = (0, 4);
     cfg.agent.rollout_timeout_s = 300.0;
-    cfg.agent.command = ["sh", "-c", "exit 3"].map(String::from).to_vec();
+    // Each leaves a helper behind in its process group as it fails.
+    let helper = format!("sleep 613.{}", std::process::id());
+    let command = format!("{helper} & exit 3");
+    cfg.agent.command = vec!["sh".into(), "-c".into(), command];
     let started = Instant::now();
     let err = format!(
         "{:#}",
@@ -110,6 +114,14 @@ fn agents_that_exit_end_the_step_at_once_and_are_started_again() {
         assert_eq!(m["agent/failed_rollouts"].as_f64(), Some(0.0), "{m}");
         assert_eq!(m["agent/restarted_workers"].as_f64(), Some(2.0), "{m}");
     }
+    // A failed agent's group is killed with it: no helper is left running.
+    let running = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .filter(|cmdline| String::from_utf8_lossy(cmdline).replace('\0', " ").trim() == helper)
+        .count();
+    assert_eq!(running, 0, "helpers of failed agents still run");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

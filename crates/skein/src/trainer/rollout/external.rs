@@ -113,9 +113,9 @@ impl External {
     /// `agent/restarted_workers`.
     fn restart_exited_workers(&mut self) -> Result<usize> {
         let mut workers = lock(&self.workers);
-        let mut restarted = 0;
+        let (mut restarted, live) = (0, LiveGroups::default());
         for (i, worker) in workers.iter_mut().enumerate() {
-            if let Some(status) = worker.exited() {
+            if let Some(status) = worker.exited(&live) {
                 eprintln!(
                     "skein: warning: agent {i} (`agent.command`) exited ({status}); starting \
                      it again"
@@ -152,7 +152,9 @@ fn watch(
             return Ended::AllClosed;
         }
         let mut workers = lock(workers);
-        let statuses: Vec<Option<ExitStatus>> = workers.iter_mut().map(|w| w.exited()).collect();
+        let live = LiveGroups::default();
+        let statuses: Vec<Option<ExitStatus>> =
+            workers.iter_mut().map(|w| w.exited(&live)).collect();
         if !statuses.is_empty() && statuses.iter().all(Option::is_some) {
             let last = statuses.iter().flatten().last().map(ToString::to_string);
             return Ended::AgentsExited(format!(
@@ -356,12 +358,12 @@ struct AgentProcess {
 }
 
 impl AgentProcess {
-    /// Its exit status once it and its process group have ended; `None` while anything of
-    /// it runs: a launcher that exits once it has started its agents in the background is
-    /// running as long as they are (it stays unreaped until then, keeping its id the
-    /// group's). The group is forgotten before the launcher is reaped, while its id cannot be
-    /// reused yet.
-    fn exited(&mut self) -> Option<ExitStatus> {
+    /// Its exit status once it has ended; `None` while it runs. A launcher that exited with
+    /// status 0 having started its agents in the background runs as long as anything of its
+    /// process group does (`live` says: it stays unreaped until then, keeping its id the
+    /// group's). Any other exit ends the agent: what it left in its group is killed, and the
+    /// group forgotten before it is reaped, while its id cannot be reused yet.
+    fn exited(&mut self, live: &LiveGroups) -> Option<ExitStatus> {
         if self.status.is_none() {
             let pid = libc::id_t::try_from(self.child.id()).ok()?;
             // SAFETY: waitid(2) with WNOWAIT only reads this child's state into `info`, which
@@ -376,9 +378,15 @@ impl AgentProcess {
                 )
             };
             // SAFETY: `info` was filled by waitid (zeroed when nothing has exited).
-            if peeked != 0 || unsafe { info.si_pid() } == 0 || group_has_others(self.child.id()) {
+            if peeked != 0 || unsafe { info.si_pid() } == 0 {
                 return None;
             }
+            // SAFETY: as above; a child that exited has its status there.
+            let clean = info.si_code == libc::CLD_EXITED && unsafe { info.si_status() } == 0;
+            if clean && live.has(self.child.id()) {
+                return None;
+            }
+            self.kill_group();
             self.recorded.take();
             self.status = self.child.wait().ok();
         }
@@ -426,26 +434,41 @@ fn start_worker(
     })
 }
 
-/// Whether a process other than `leader` is in the process group `leader` leads.
-fn group_has_others(leader: u32) -> bool {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return false;
-    };
-    entries.flatten().any(|entry| {
-        let pid = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok());
-        pid.is_some_and(|pid| pid != leader && process_group(pid) == Some(leader))
-    })
+/// The process groups that have a live process (not a zombie), read from /proc once, when
+/// first asked: a step's watcher asks about every agent at one look.
+#[derive(Default)]
+struct LiveGroups(std::cell::OnceCell<std::collections::HashSet<u32>>);
+
+impl LiveGroups {
+    /// Whether a live process is in `group`. An exited launcher is a zombie and does not count;
+    /// nor do finished agents no one has reaped yet (as when skein is a container's PID 1).
+    fn has(&self, group: u32) -> bool {
+        self.0.get_or_init(scan_live_groups).contains(&group)
+    }
 }
 
-/// The process group of `pid`: the third field after its command's name in /proc/PID/stat
-/// (the name is in parentheses and may hold spaces and parentheses itself).
-fn process_group(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let fields = &stat[stat.rfind(')')? + 1..];
-    fields.split_whitespace().nth(2)?.parse().ok()
+/// Every live process's group, from /proc/PID/stat: its state and group are the first and
+/// third fields after the command's name (in parentheses, which may hold spaces and
+/// parentheses itself).
+fn scan_live_groups() -> std::collections::HashSet<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Default::default();
+    };
+    entries
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.parse::<u32>().is_ok())
+        })
+        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+        .filter_map(|stat| {
+            let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
+            let state = fields.next()?;
+            let group = fields.nth(1)?.parse().ok()?;
+            (!matches!(state, "Z" | "X")).then_some(group)
+        })
+        .collect()
 }
 
 impl Drop for AgentProcess {
