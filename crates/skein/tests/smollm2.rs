@@ -402,7 +402,7 @@ fn truncation_cuts_the_question_and_keeps_the_chat_template() {
     std::fs::write(dir.join("val.jsonl"), row(long) + "\n").unwrap();
     let tokenizer = Tokenizer::from_dir(model_dir()).unwrap();
     // The run's data through SmolLM2, its prompts at most `max` tokens cut from `side`.
-    let load = |side: &str, max: usize| {
+    let try_load = |side: &str, max: usize| {
         let toml = format!(
             "[model]\npath = \"{model}\"\n[data]\ntrain_files = [\"{train}\"]\n\
              val_files = [\"{val}\"]\nmax_prompt_tokens = {max}\ntruncation = \"{side}\"\n",
@@ -412,8 +412,9 @@ fn truncation_cuts_the_question_and_keeps_the_chat_template() {
         );
         let cfg: skein::trainer::TrainConfig =
             skein_config::load(Some(&toml), "test", &[]).unwrap();
-        skein::trainer::rollout::dataset::Data::load(&cfg).unwrap()
+        skein::trainer::rollout::dataset::Data::load(&cfg)
     };
+    let load = |side: &str, max: usize| try_load(side, max).unwrap();
     for (side, kept_end) in [("right", "1 2 3 4"), ("left", "57 58 59 60")] {
         let data = load(side, 100);
         assert_eq!(data.counts.truncated_prompts, 1, "{side}");
@@ -438,7 +439,7 @@ fn truncation_cuts_the_question_and_keeps_the_chat_template() {
                          {"role": "user", "content": "And then?"}]);
     std::fs::write(
         dir.join("val.jsonl"),
-        row(emoji) + "\n" + &row(history) + "\n",
+        row(emoji) + "\n" + &row(history.clone()) + "\n",
     )
     .unwrap();
     for max in [40, 41, 42, 43] {
@@ -452,5 +453,12 @@ fn truncation_cuts_the_question_and_keeps_the_chat_template() {
             assert!(encode(&tokenizer, prompt).len() <= max, "{side} {max}");
         }
     }
+    // Training prompts that all cannot be cut: the error says why, not to set the truncation.
+    std::fs::write(dir.join("train.jsonl"), row(history) + "\n").unwrap();
+    let err = format!("{:#}", try_load("left", 40).err().expect("no prompt fits"));
+    assert!(
+        err.contains("could not be cut inside their question"),
+        "{err}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -9,7 +9,7 @@ use crate::engine::{Engine, Generator, SamplingParams};
 use crate::model::{Dtype, Model, ModelOptions};
 use crate::trainer::config::correct_by::{builtin_checker, DATASET_CHECKER};
 use crate::trainer::rollout::dataset::{
-    eval_seed, fit_split, prompt_batch, read_split, Data, DatasetTask, Renderer,
+    eval_seed, fit_split, prompt_batch, read_split, what_fits_more, Data, DatasetTask, Renderer,
 };
 use crate::trainer::rollout::judge::{answer_prompts_with, Answering, Answers, PromptBatch};
 use crate::trainer::rollout::reward::build_rewarder;
@@ -571,12 +571,12 @@ fn dataset_rows(
     if problems.is_empty() {
         bail!(
             "no problem to evaluate in {}: {} bad rows skipped, {} prompts over \
-             `data.max_prompt_tokens` = {} filtered; raise the limit or set `data.truncation` to \
-             `left` or `right`",
+             `data.max_prompt_tokens` = {} filtered; {}",
             files.join(", "),
             skipped,
             counts.filtered_prompts,
-            cfg.data.max_prompt_tokens
+            cfg.data.max_prompt_tokens,
+            what_fits_more(cfg.data.truncation)
         );
     }
     if let Some(reward) = &cfg.reward {

@@ -151,10 +151,11 @@ impl Data {
         if train.is_empty() {
             bail!(
                 "no training prompt is within `data.max_prompt_tokens` = {} ({} filtered, {} \
-                 bad rows skipped): raise the limit or set `data.truncation` to `left` or `right`",
+                 bad rows skipped): {}",
                 cfg.data.max_prompt_tokens,
                 counts.filtered_prompts,
-                counts.skipped_rows
+                counts.skipped_rows,
+                what_fits_more(cfg.data.truncation)
             );
         }
         let (val, c) = held_out_split(val, &train);
@@ -390,6 +391,18 @@ pub fn read_split(
         );
     }
     Ok((problems, counts))
+}
+
+/// What lets more prompts within `data.max_prompt_tokens`, given `data.truncation`.
+pub fn what_fits_more(truncation: skein_data::Truncation) -> &'static str {
+    match truncation {
+        skein_data::Truncation::Left | skein_data::Truncation::Right => {
+            "they could not be cut inside their question (the rest of the prompt alone is over \
+             the limit, or the chat template does not copy the question as written); raise the \
+             limit, or shorten what comes before the question"
+        }
+        _ => "raise the limit or set `data.truncation` to `left` or `right`",
+    }
 }
 
 /// A prompt as read and rendered, with the file and row it came from.
