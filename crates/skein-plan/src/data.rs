@@ -111,6 +111,13 @@ impl KeptSets {
         self.ends.push(self.ids.len() as u32);
     }
 
+    /// Keeps the sets of the first `n` tokens.
+    pub fn truncate(&mut self, n: usize) {
+        self.ends.truncate(n);
+        self.ids
+            .truncate(self.ends.last().map_or(0, |&end| end as usize));
+    }
+
     /// Appends `n` tokens with the whole vocabulary (inserted text).
     pub fn push_whole(&mut self, n: usize) {
         let end = self.ids.len() as u32;

@@ -74,6 +74,14 @@ impl GenOutput {
             error: None,
         }
     }
+
+    /// Keeps its first `n` tokens, with their log-probs, versions and kept sets.
+    pub fn keep_first(&mut self, n: usize) {
+        self.tokens.truncate(n);
+        self.logprobs.truncate(n);
+        self.versions.truncate(n);
+        self.kept.truncate(n);
+    }
 }
 
 struct Running {

@@ -49,17 +49,9 @@ impl Sample {
                 None => lo = mid + 1,
             }
         }
-        let out = &mut self.out;
-        out.tokens.truncate(hi);
-        out.logprobs.truncate(hi);
-        out.versions.truncate(hi);
-        if !out.kept.is_empty() {
-            out.kept.ends.truncate(hi);
-            let kept_ids = out.kept.ends.last().map_or(0, |&end| end as usize);
-            out.kept.ids.truncate(kept_ids);
-        }
-        out.finish = Finish::Stop;
-        self.stop_at = first_stop(&text.decode(&out.tokens)?);
+        self.out.keep_first(hi);
+        self.out.finish = Finish::Stop;
+        self.stop_at = first_stop(&text.decode(&self.out.tokens)?);
         Ok(())
     }
 
