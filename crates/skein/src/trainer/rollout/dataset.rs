@@ -514,7 +514,7 @@ pub fn fit_split(
                 };
                 let Some(cut) = cut else {
                     counts.filtered_prompts += 1;
-                    uncut.get_or_insert((0, place.clone())).0 += 1;
+                    uncut.get_or_insert((0, place)).0 += 1;
                     continue;
                 };
                 p.prompt = cut;

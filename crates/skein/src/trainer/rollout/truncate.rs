@@ -46,18 +46,12 @@ pub fn cut_to_fit(
     let body_ids = tokenizer.encode(body, false)?;
     let mut keep = body_ids.len().saturating_sub(ids.len().saturating_sub(max));
     while keep > 0 {
-        let (kept, broken) = match truncation {
-            Truncation::Left => {
-                let kept = tokenizer.decode(&body_ids[body_ids.len() - keep..], false)?;
-                let broken = kept.starts_with(char::REPLACEMENT_CHARACTER);
-                (kept, broken)
-            }
-            _ => {
-                let kept = tokenizer.decode(&body_ids[..keep], false)?;
-                let broken = kept.ends_with(char::REPLACEMENT_CHARACTER);
-                (kept, broken)
-            }
+        let (ids, edge): (_, fn(&str) -> Option<char>) = match truncation {
+            Truncation::Left => (&body_ids[body_ids.len() - keep..], |t| t.chars().next()),
+            _ => (&body_ids[..keep], |t| t.chars().next_back()),
         };
+        let kept = tokenizer.decode(ids, false)?;
+        let broken = edge(&kept) == Some(char::REPLACEMENT_CHARACTER);
         let text = format!("{before}{kept}{after}");
         if !broken && tokenizer.encode(&text, false)?.len() <= max {
             return Ok(Some(text));
