@@ -209,6 +209,7 @@ fn greedy_tokens_match(
             },
             budget: None,
             session: None,
+            stop_text: None,
         })
         .collect();
     let mut ours = vec![Vec::new(); ids.len()];

@@ -4,6 +4,7 @@
 use super::graph_decode::{step_logits, GraphDecoder, StepTimes};
 use super::inference_mode::InferenceMode;
 use super::sampling::{kept_ids, sample, SamplingParams};
+use super::stop_text::StopText;
 use crate::model::{AttnMode, DecodeForm, KvCache, Model, Transformer};
 use skein_plan::KeptSets;
 use std::collections::VecDeque;
@@ -28,11 +29,16 @@ pub struct GenRequest {
     /// afresh), keeps the prefix they share when that is at least half the prompt, else
     /// prefills afresh. Parked slots are given up whenever a new request needs one.
     pub session: Option<u64>,
+    /// Ends the request when its text reaches a stop string (a served request's `stop`). The
+    /// embedded engine asks it after every token; a remote engine does not (its server has its
+    /// own `stop`).
+    pub stop_text: Option<StopText>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Finish {
-    /// Sampled a stop token (included in `tokens`).
+    /// Sampled a stop token (included in `tokens`), or its request's
+    /// [`stop_text`](GenRequest::stop_text) said its text reached a stop string.
     Stop,
     /// Reached `max_new_tokens` (counting resumed tokens) or the model's context.
     Length,
@@ -535,7 +541,12 @@ impl Engine {
                 r.last = tok;
                 r.next_pos += 1;
                 let total = r.req.resumed.len() + r.out.tokens.len();
-                let finish = if r.req.params.stop_token_ids.contains(&tok) {
+                let stopped = r.req.params.stop_token_ids.contains(&tok)
+                    || r.req
+                        .stop_text
+                        .as_ref()
+                        .is_some_and(|s| s.reached(&r.out.tokens));
+                let finish = if stopped {
                     Some(Finish::Stop)
                 } else if total >= r.req.params.max_new_tokens || r.next_pos >= capacity {
                     Some(Finish::Length)
@@ -832,6 +843,7 @@ mod tests {
             params: greedy(3),
             budget: None,
             session: None,
+            stop_text: None,
         }]);
         let mut fed_outside = Vec::new();
         let mut feed = |_: bool| {
@@ -865,6 +877,7 @@ mod tests {
             params: greedy(3),
             budget: None,
             session: None,
+            stop_text: None,
         };
         let run_with = |reqs: Vec<GenRequest>| {
             let mut outs = Vec::new();
@@ -904,6 +917,7 @@ mod tests {
                 params: greedy(max_new(i)),
                 budget: None,
                 session: None,
+                stop_text: None,
             })
             .collect()
     }
@@ -1019,6 +1033,7 @@ mod tests {
                 params: greedy(8),
                 budget: None,
                 session: None,
+                stop_text: None,
             }],
         );
         let first = run(
@@ -1031,6 +1046,7 @@ mod tests {
                 params: greedy(8),
                 budget: Some(3),
                 session: None,
+                stop_text: None,
             }],
         );
         assert_eq!(first[0].finish, Finish::Paused);
@@ -1045,6 +1061,7 @@ mod tests {
                 params: greedy(8),
                 budget: None,
                 session: None,
+                stop_text: None,
             }],
         );
         let mut joined = first[0].tokens.clone();
@@ -1062,6 +1079,7 @@ mod tests {
             params: greedy(4),
             budget: None,
             session: None,
+            stop_text: None,
         };
         let buckets = length_buckets(vec![
             (0, req(0, 40)),
@@ -1098,6 +1116,7 @@ mod tests {
             params: greedy(5),
             budget: None,
             session: None,
+            stop_text: None,
         };
         let prompts = [
             vec![3, 1, 4, 1, 5],
@@ -1198,6 +1217,7 @@ mod tests {
             params: greedy(5),
             budget: None,
             session,
+            stop_text: None,
         };
         let first_prompt = vec![1, 2, 3];
         let (outs, stats) = std::thread::scope(|s| {
@@ -1241,6 +1261,7 @@ mod tests {
             params: greedy(4),
             budget: None,
             session,
+            stop_text: None,
         };
         let first: Vec<u32> = (1..=12).collect();
         // (where the second prompt departs, prompt tokens the slot saves)
@@ -1297,6 +1318,7 @@ mod tests {
                 params: greedy(5),
                 budget: None,
                 session: None,
+                stop_text: None,
             }],
         );
         let stop = probe[0].tokens[1];
@@ -1312,10 +1334,49 @@ mod tests {
                 params,
                 budget: None,
                 session: None,
+                stop_text: None,
             }],
         );
         assert_eq!(out[0].finish, Finish::Stop);
         assert_eq!(*out[0].tokens.last().unwrap(), stop);
         assert!(out[0].tokens.len() <= 2);
+    }
+
+    /// A request's stop-text test ends it at the token it says yes to, seeing the tokens this
+    /// call generated so far each time.
+    #[test]
+    fn a_stop_text_ends_a_request_where_it_says() {
+        let model = tiny();
+        let plain = GenRequest {
+            id: 0,
+            prompt: vec![3],
+            resumed: vec![],
+            params: greedy(6),
+            budget: None,
+            session: None,
+            stop_text: None,
+        };
+        let probe = run(&Engine::new(1), &model, vec![plain.clone()]);
+        assert_eq!(probe[0].tokens.len(), 6);
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let stop_text = StopText::new(move |generated: &[u32]| {
+            log.lock().unwrap().push(generated.to_vec());
+            generated.len() == 3
+        });
+        let out = run(
+            &Engine::new(1),
+            &model,
+            vec![GenRequest {
+                stop_text: Some(stop_text),
+                ..plain
+            }],
+        );
+        assert_eq!(out[0].finish, Finish::Stop);
+        assert_eq!(out[0].tokens, probe[0].tokens[..3]);
+        assert_eq!(out[0].logprobs, probe[0].logprobs[..3]);
+        let seen = seen.lock().unwrap();
+        let expected: Vec<Vec<u32>> = (1..=3).map(|n| probe[0].tokens[..n].to_vec()).collect();
+        assert_eq!(*seen, expected);
     }
 }

@@ -323,6 +323,9 @@ pub async fn run(
     if let Some(id) = rollout {
         state.0.store.check_open(id).map_err(store_error)?;
     }
+    // The engine ends each sample at the token that completes a stop string; the exact cut
+    // (text before the string, ids through that token) is made below.
+    let stop_text = state.0.text.stop_text(stops);
     let calls = (0..n).map(|i| {
         state.0.engine.generate(GenRequest {
             id: i as u64,
@@ -331,6 +334,7 @@ pub async fn run(
             params: params.clone(),
             budget: None,
             session: None,
+            stop_text: stop_text.clone(),
         })
     });
     let mut samples = Vec::with_capacity(n);

@@ -3,12 +3,15 @@
 //! themselves too, so nothing downstream ever retokenizes.
 
 use super::error::ApiError;
+use crate::engine::StopText;
 use skein_text::{ChatTemplate, Message, Tokenizer, UnknownChars};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// Tokenizer, chat template and stop ids of the served model.
 pub struct TextSide {
-    tokenizer: Tokenizer,
+    /// Shared with the engine's stop-string tests.
+    tokenizer: Arc<Tokenizer>,
     template: Option<ChatTemplate>,
     eos: Vec<u32>,
     /// Rows of the model's embedding table: token-id prompts must stay below it.
@@ -51,7 +54,7 @@ impl TextSide {
             .map(String::len)
             .max();
         Ok(TextSide {
-            tokenizer,
+            tokenizer: Arc::new(tokenizer),
             template,
             eos,
             vocab_size,
@@ -189,6 +192,29 @@ impl TextSide {
 
     /// Completion text as a client reads it: special tokens (the stop token) left out, the
     /// tool-call tags kept ([`Tokenizer::decode_message`]).
+    /// The engine's test for a completion whose text holds one of `stops` (none when there
+    /// are none), so generation ends at the token that completes one instead of running on.
+    /// It decodes the last few tokens, enough to spell the longest stop string with one token
+    /// to spare (a token spells at least a byte, and a decode that starts at the spare token
+    /// cannot change the text after it), and only when a stop string shows there, the whole
+    /// completion: yes means the completion's text, as [`decode`](Self::decode) gives it,
+    /// holds a stop string.
+    pub fn stop_text(&self, stops: &[String]) -> Option<StopText> {
+        let longest = stops.iter().map(String::len).max()?;
+        let window = longest + 1;
+        let tokenizer = Arc::clone(&self.tokenizer);
+        let stops = stops.to_vec();
+        let holds_stop = move |ids: &[u32]| {
+            tokenizer
+                .decode_message(ids)
+                .is_ok_and(|text| stops.iter().any(|s| text.contains(s.as_str())))
+        };
+        Some(StopText::new(move |generated: &[u32]| {
+            let tail = &generated[generated.len().saturating_sub(window)..];
+            holds_stop(tail) && holds_stop(generated)
+        }))
+    }
+
     pub fn decode(&self, ids: &[u32]) -> Result<String, ApiError> {
         self.tokenizer.decode_message(ids).map_err(|e| {
             ApiError::new(
@@ -253,6 +279,25 @@ mod tests {
             Some(&2),
             "the post-processor does add the EOS"
         );
+    }
+
+    /// The engine's stop test says yes from the token that completes a stop string on, and
+    /// never before, however long the text before it.
+    #[test]
+    fn the_stop_test_answers_from_the_token_that_completes_a_stop_string() {
+        let t = side();
+        assert!(t.stop_text(&[]).is_none());
+        let stop = t.stop_text(&["12".into(), "c c".into()]).unwrap();
+        for (text, first_yes) in [("ab12c", 4), ("aaaaaaaaaaaa 1 12", 17), ("bc cc", 4)] {
+            let ids = t.tokenizer().encode(text, false).unwrap();
+            assert_eq!(ids.len(), text.len());
+            let answers: Vec<bool> = (1..=ids.len()).map(|n| stop.reached(&ids[..n])).collect();
+            let first = answers.iter().position(|&yes| yes).map(|i| i + 1);
+            assert_eq!(first, Some(first_yes), "{text}: {answers:?}");
+            assert!(answers[first_yes - 1..].iter().all(|&yes| yes), "{text}");
+        }
+        let never = t.tokenizer().encode("ab1 2c", false).unwrap();
+        assert!((1..=never.len()).all(|n| !stop.reached(&never[..n])));
     }
 
     /// `chat_template_kwargs` reach the template as its variables (a Qwen3-style

@@ -305,6 +305,7 @@ impl GroupBuffer {
                 params: params.clone(),
                 budget: cfg.token_budget,
                 session: None,
+                stop_text: None,
             });
         }
         self.groups.push(Group {
@@ -393,6 +394,7 @@ impl GroupBuffer {
                         params: params.clone(),
                         budget,
                         session: None,
+                        stop_text: None,
                     });
                 }
             }
