@@ -125,20 +125,19 @@ fn agents_that_exit_end_the_step_at_once_and_are_started_again() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// An `agent.command` that starts its agent in the background and exits at once (a launcher
-/// script) is running as long as its agent is: the steps are served, not ended as if the
-/// agents had exited. The agent finds the server in `SKEIN_SERVER` and `SKEIN_API_KEY`.
-#[test]
-fn a_launcher_that_leaves_its_agent_running_is_not_an_exited_agent() {
+/// Trains two steps with one agent started by `launch(python, script)`, a shell command that
+/// exits with status 0 once the agent is running in the background, and checks that the agent
+/// served both steps: every rollout closed, none ended as if its agent had exited, and no
+/// agent started again.
+fn served_by_a_launched_agent(name: &str, launch: impl Fn(&str, &str) -> String) {
     let python = require_python_with_openai();
-    let (script, mut cfg, dir) = external_run("launch", 1);
+    let (script, mut cfg, dir) = external_run(name, 1);
     cfg.trainer.steps = 2;
     (cfg.rollout.prompts_per_step, cfg.rollout.samples_per_prompt) = (2, 2);
     (cfg.sft.steps, cfg.eval.problems) = (5, 4);
     cfg.rollout.sampling.max_new_tokens = 6;
     cfg.agent.rollout_timeout_s = 120.0;
-    let launch = format!("'{python}' '{script}' --concurrency 4 & exit 0");
-    cfg.agent.command = vec!["sh".to_string(), "-c".into(), launch];
+    cfg.agent.command = vec!["sh".to_string(), "-c".into(), launch(&python, script)];
     train(&cfg).expect("training with a launched agent");
     let steps = step_metrics(&dir);
     assert_eq!(steps.len(), 2);
@@ -149,6 +148,27 @@ fn a_launcher_that_leaves_its_agent_running_is_not_an_exited_agent() {
         assert_eq!(m["agent/restarted_workers"].as_f64(), Some(0.0), "{m}");
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// An `agent.command` that starts its agent in the background and exits at once (a launcher
+/// script) is running as long as its agent is: the steps are served, not ended as if the
+/// agents had exited. The agent finds the server in `SKEIN_SERVER` and `SKEIN_API_KEY`.
+#[test]
+fn a_launcher_that_leaves_its_agent_running_is_not_an_exited_agent() {
+    served_by_a_launched_agent("launch", |python, script| {
+        format!("'{python}' '{script}' --concurrency 4 & exit 0")
+    });
+}
+
+/// A launcher that starts its agent outside its process group (`setsid`) and exits with
+/// status 0 leaves nothing skein can watch: the steps are still served by that agent, not
+/// ended as if it had exited, and no copy of it is started again each step. (The detached
+/// agent ends when the trainer's server is gone.)
+#[test]
+fn a_launcher_that_detaches_its_agent_is_neither_ended_nor_restarted() {
+    served_by_a_launched_agent("detach", |python, script| {
+        format!("setsid '{python}' '{script}' --concurrency 4 >/dev/null 2>&1 </dev/null & exit 0")
+    });
 }
 
 /// A Ctrl-C at the terminal goes to the whole foreground process group. The agents the

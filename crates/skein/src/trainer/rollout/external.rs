@@ -355,16 +355,24 @@ struct AgentProcess {
     recorded: Option<Recorded>,
     /// Set once it has exited and been reaped.
     status: Option<ExitStatus>,
+    /// It exited with status 0 and something of its process group ran on after it.
+    group_outlived_it: bool,
+    /// It exited with status 0 and left nothing running in its process group: a launcher
+    /// that started its agent elsewhere (`setsid`, `docker run -d`), or an agent that quit.
+    /// skein cannot tell which, so it neither watches nor restarts it: starting a detached
+    /// agent again each step would leave copies running that nothing stops.
+    detached: bool,
 }
 
 impl AgentProcess {
-    /// Its exit status once it has ended; `None` while it runs. A launcher that exited with
-    /// status 0 having started its agents in the background runs as long as anything of its
-    /// process group does (`live` says: it stays unreaped until then, keeping its id the
-    /// group's). Any other exit ends the agent: what it left in its group is killed, and the
-    /// group forgotten before it is reaped, while its id cannot be reused yet.
+    /// Its exit status once it has ended; `None` while it runs, and for a
+    /// [`detached`](Self::detached) one. A launcher that exited with status 0 having started
+    /// its agents in the background runs as long as anything of its process group does
+    /// (`live` says: it stays unreaped until then, keeping its id the group's). Any other exit
+    /// ends the agent: what it left in its group is killed, and the group forgotten before it
+    /// is reaped, while its id cannot be reused yet.
     fn exited(&mut self, live: &LiveGroups) -> Option<ExitStatus> {
-        if self.status.is_none() {
+        if self.status.is_none() && !self.detached {
             let pid = libc::id_t::try_from(self.child.id()).ok()?;
             // SAFETY: waitid(2) with WNOWAIT only reads this child's state into `info`, which
             // it owns; the child stays a zombie, to be reaped below.
@@ -384,6 +392,22 @@ impl AgentProcess {
             // SAFETY: as above; a child that exited has its status there.
             let clean = info.si_code == libc::CLD_EXITED && unsafe { info.si_status() } == 0;
             if clean && live.has(self.child.id()) {
+                self.group_outlived_it = true;
+                return None;
+            }
+            if clean && !self.group_outlived_it {
+                eprintln!(
+                    "skein: warning: an agent process (`agent.command`, pid {}) exited with \
+                     status 0 and left nothing running in its process group. If it started the \
+                     agent elsewhere (setsid, docker run -d), skein neither watches nor stops \
+                     it; if the agent quit, its rollouts fail after agent.rollout_timeout_s. \
+                     Run the agent in the foreground (`exec` it) so skein can start it again \
+                     when it exits",
+                    self.child.id()
+                );
+                self.detached = true;
+                self.recorded.take();
+                let _ = self.child.wait();
                 return None;
             }
             self.kill_group();
@@ -431,6 +455,8 @@ fn start_worker(
         child,
         recorded,
         status: None,
+        group_outlived_it: false,
+        detached: false,
     })
 }
 
@@ -473,8 +499,9 @@ fn scan_live_groups() -> std::collections::HashSet<u32> {
 
 impl Drop for AgentProcess {
     fn drop(&mut self) {
-        // A reaped agent's id may be another process's by now; its group was killed then.
-        if self.status.is_some() {
+        // A reaped agent's id may be another process's by now; its group was killed then
+        // (or, detached, left nothing in it).
+        if self.status.is_some() || self.detached {
             return;
         }
         self.kill_group();
