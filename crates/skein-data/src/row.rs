@@ -116,21 +116,26 @@ fn is_message_list_text(prompt: &str) -> bool {
     }
 }
 
-/// A numeric ground truth as its decimal text: `42` and `"42"` mean the same answer. A number
-/// that reads back only in exponent form is refused: an integer beyond 64 bits (read as a
-/// float, its last digits lost) or a float as large as `1e20` or as small as `1e-7` would be
-/// compared as `1.8446744073709552e19`, which no answer writes, so the row could never be
+/// A numeric ground truth as its decimal text: `42` and `"42"` mean the same answer, and so do
+/// `0.000001` and `"0.000001"` (JSON's own text of a float that small or large is in exponent
+/// form, `1e-6`, which no answer writes). A number outside the 64-bit integers is refused: an
+/// integer beyond them was read as a float, its last digits lost, so the row could never be
 /// solved.
 fn numeric_truth(n: &serde_json::Number) -> Result<String, String> {
     let text = n.to_string();
-    if text.contains(['e', 'E']) {
-        return Err(format!(
-            "`reward_model.ground_truth` is the number {text}, which has no plain decimal \
-             text here (an integer beyond 64 bits loses digits): store it as a string of the \
-             answer as written"
-        ));
+    if !text.contains(['e', 'E']) {
+        return Ok(text);
     }
-    Ok(text)
+    // Bounds excluded: a float equal to one is an integer literal past it, rounded onto it.
+    let within_64_bits = |f: f64| f > -(2f64.powi(63)) && f < 2f64.powi(64);
+    match n.as_f64() {
+        Some(f) if within_64_bits(f) => Ok(format!("{f}")),
+        _ => Err(format!(
+            "`reward_model.ground_truth` is the number {text}, outside the 64-bit integers \
+             (an integer that large was read as a float and lost its last digits): store it as \
+             a string of the answer as written"
+        )),
+    }
 }
 
 /// The roles of the OpenAI chat format, which chat templates render. Any other role would be
@@ -285,8 +290,8 @@ mod tests {
         }
     }
 
-    /// A numeric ground truth is its decimal text; one that has none (an integer beyond 64
-    /// bits, a float in exponent form) is refused rather than never matched.
+    /// A numeric ground truth is its decimal text, never exponent form; one beyond the 64-bit
+    /// integers, whose digits were lost, is refused rather than never matched.
     #[test]
     fn numeric_ground_truths_are_their_decimal_text_or_refused() {
         let truth = |number: &str| {
@@ -300,10 +305,15 @@ mod tests {
             ("-7", "-7"),
             ("2.5", "2.5"),
             ("18446744073709551615", "18446744073709551615"),
+            ("-9223372036854775808", "-9223372036854775808"),
+            ("0.000001", "0.000001"),
+            ("1e-7", "0.0000001"),
+            ("-2.5E-6", "-0.0000025"),
+            ("1e17", "100000000000000000"),
         ] {
             assert_eq!(truth(number).unwrap(), text);
         }
-        for number in ["18446744073709551616", "1e20", "0.0000001"] {
+        for number in ["18446744073709551616", "-9223372036854775809", "1e20"] {
             let err = truth(number).unwrap_err();
             assert!(err.contains("store it as a string"), "{number}: {err}");
         }
