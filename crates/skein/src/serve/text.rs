@@ -21,6 +21,8 @@ pub struct TextSide {
     bytes_per_token: usize,
     /// A prompt had characters outside the vocabulary, and the server said so.
     unknown_warned: AtomicBool,
+    /// A request offered tools the chat template does not render, and the server said so.
+    unrendered_tools_warned: AtomicBool,
 }
 
 /// Adds each id of `extra` to `ids` once; the first one outside a vocabulary of `vocab_size`
@@ -60,6 +62,7 @@ impl TextSide {
             vocab_size,
             bytes_per_token: longest.unwrap_or(0).max(MIN_BYTES_PER_TOKEN),
             unknown_warned: AtomicBool::new(false),
+            unrendered_tools_warned: AtomicBool::new(false),
         })
     }
 
@@ -103,9 +106,31 @@ impl TextSide {
                 "the served model has no chat template: use /v1/completions with a prompt",
             )
         })?;
-        let text = template
-            .render_with(messages, tools, true, variables)
-            .map_err(|e| ApiError::bad_request(format!("rendering the chat template: {e:#}")))?;
+        let render = |tools| {
+            template
+                .render_with(messages, tools, true, variables)
+                .map_err(|e| ApiError::bad_request(format!("rendering the chat template: {e:#}")))
+        };
+        let text = render(tools)?;
+        let offered = match tools {
+            None | Some(serde_json::Value::Null) => false,
+            Some(serde_json::Value::Array(list)) => !list.is_empty(),
+            Some(_) => true,
+        };
+        // A model trained on its tools may call them unseen, so the request is served; but an
+        // agent whose schemas never reach the model should hear of it.
+        if offered
+            && !self.unrendered_tools_warned.load(Ordering::Relaxed)
+            && render(None)? == text
+            && !self.unrendered_tools_warned.swap(true, Ordering::Relaxed)
+        {
+            eprintln!(
+                "skein serve: warning: the model's chat template does not render `tools` (a \
+                 request's prompt is the same with and without them), so the model does not \
+                 see them; its tool calls are still read. Describe the tools in a message, or \
+                 serve a model whose template renders them (reported once)"
+            );
+        }
         self.check_bytes(&text, capacity)?;
         let (ids, _) = self.encode(&text, false)?;
         // The template's own text is in the vocabulary: what counts is the messages'.
@@ -279,6 +304,28 @@ mod tests {
             Some(&2),
             "the post-processor does add the EOS"
         );
+    }
+
+    /// Tools offered to a template that never renders them reach no model: the server says
+    /// so (once) and serves the request, whose model may have learnt its tools unseen; a
+    /// template that renders them, or no tools offered, says nothing.
+    #[test]
+    fn tools_a_template_does_not_render_are_reported() {
+        let user = [Message::user("12")];
+        let tools = serde_json::json!([{"type": "function", "function": {"name": "c"}}]);
+        let with = |source: &str, tools: &serde_json::Value| {
+            let mut t = side();
+            t.template = Some(ChatTemplate::new(source, None, None).unwrap());
+            let (text, _) = t.chat_prompt(&user, Some(tools), &Map::new(), 64).unwrap();
+            (text, t.unrendered_tools_warned.load(Ordering::Relaxed))
+        };
+        let plain = "{{ messages[0].content }}";
+        assert_eq!(with(plain, &tools), ("12".into(), true));
+        for none in [serde_json::json!([]), serde_json::Value::Null] {
+            assert_eq!(with(plain, &none), ("12".into(), false));
+        }
+        let rendering = "{{ messages[0].content }}{% if tools %}c{% endif %}";
+        assert_eq!(with(rendering, &tools), ("12c".into(), false));
     }
 
     /// The engine's stop test says yes from the token that completes a stop string on, and
