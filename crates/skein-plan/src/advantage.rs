@@ -86,7 +86,8 @@ pub struct AdvantageResult {
     pub failed_trajectories: usize,
 }
 
-/// Whether a group's rewards (of its trajectories that did not fail) are all equal, so that
+/// Whether a group's rewards (of its trajectories that did not fail, each its
+/// [`Trajectory::total_reward`]) are all equal, so that
 /// a group baseline leaves every member an advantage of zero: what `drop_equal_reward_groups`
 /// drops and the trainer's dynamic sampling skips. Fewer than two rewards count as equal.
 pub fn rewards_all_equal(rewards: &[f64]) -> bool {
@@ -117,7 +118,7 @@ pub fn compute_advantages(trajs: &[Trajectory], cfg: &AdvantageConfig) -> Advant
     let mut kept = Vec::new();
     let mut kept_groups = Vec::new();
     for members in groups {
-        let rewards: Vec<f64> = members.iter().map(|&i| trajs[i].reward).collect();
+        let rewards: Vec<f64> = members.iter().map(|&i| trajs[i].total_reward()).collect();
         if cfg.drop_equal_reward_groups && rewards_all_equal(&rewards) {
             out.dropped_groups += 1;
             out.dropped_trajectories += members.len();
@@ -387,13 +388,49 @@ mod tests {
         };
         let r = compute_advantages(&[a, b], &cfg);
         let close = |x: &[f64], y: &[f64]| x.iter().zip(y).all(|(p, q)| (p - q).abs() < 1e-12);
-        assert_eq!(r.per_trajectory, vec![Some(0.5), Some(-0.5)]);
+        // The episodes' totals are 1 and 0.2 (B's turn reward counts).
+        let whole: Vec<f64> = r.per_trajectory.iter().flatten().copied().collect();
+        assert!(close(&whole, &[0.4, -0.4]), "{whole:?}");
         let (ta, tb) = (
             r.per_turn[0].as_ref().unwrap(),
             r.per_turn[1].as_ref().unwrap(),
         );
         assert!(close(ta, &[0.2, 0.4]), "{ta:?}");
-        assert!(close(tb, &[-0.2, -0.4, -0.5]), "{tb:?}");
+        assert!(close(tb, &[-0.2, -0.4, -0.4]), "{tb:?}");
+    }
+
+    /// With every turn given its episode's credit, an episode's turn rewards count in the
+    /// return its group compares: A earned 1 on its first turn and B nothing, both final
+    /// scores 0, so A is ahead and the group is not one of equal rewards.
+    #[test]
+    fn trajectory_credit_compares_episodes_by_their_total_reward() {
+        let a = Trajectory {
+            transitions: vec![one_token_turn(Some(1.0), None), one_token_turn(None, None)],
+            ..traj("a", "g", 0.0, Status::Finished)
+        };
+        let b = Trajectory {
+            transitions: vec![one_token_turn(None, None), one_token_turn(None, None)],
+            ..traj("b", "g", 0.0, Status::Finished)
+        };
+        assert_eq!((a.total_reward(), b.total_reward()), (1.0, 0.0));
+        for estimator in [
+            Estimator::DrGrpo,
+            Estimator::Rloo,
+            Estimator::ReinforcePP {
+                group_baseline: true,
+            },
+        ] {
+            let cfg = AdvantageConfig {
+                estimator,
+                drop_equal_reward_groups: true,
+                ..Default::default()
+            };
+            let r = compute_advantages(&[a.clone(), b.clone()], &cfg);
+            assert_eq!(r.dropped_groups, 0, "{estimator:?}");
+            let (pa, pb) = (r.per_trajectory[0].unwrap(), r.per_trajectory[1].unwrap());
+            assert!(pa > 0.0 && pb < 0.0, "{estimator:?}: {r:?}");
+            assert_eq!(r.per_turn[0], Some(vec![pa; 2]), "{estimator:?}");
+        }
     }
 
     /// Step groups: both episodes guessed first in the same (empty) state; A's first guess led

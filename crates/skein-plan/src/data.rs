@@ -167,6 +167,18 @@ impl Trajectory {
         matches!(self.status, Status::Failed(_))
     }
 
+    /// What the episode earned in all: its final score plus every turn's own reward
+    /// ([`Transition::reward`]). Group estimators compare a group's trajectories by it when
+    /// every turn gets the trajectory's credit, as GAE sums the same rewards.
+    pub fn total_reward(&self) -> f64 {
+        self.reward
+            + self
+                .transitions
+                .iter()
+                .filter_map(|x| x.reward)
+                .sum::<f64>()
+    }
+
     /// What is wrong with this trajectory's rewards, if anything: its final score or a turn's
     /// reward is non-finite or beyond ±[`MAX_REWARD`], or its turns' rewards are each within
     /// it but their magnitudes and the final score's sum beyond it. A turn's return adds the

@@ -92,8 +92,8 @@ pub struct StepBatch {
     pub real_rows: usize,
     /// Tokens of all rows, padding included (throughput only).
     pub total_tokens: usize,
-    /// With per-turn credit: advantages by turn index and the turns' own rewards (with a
-    /// critic, `trainer::prepare` adds the advantages once GAE has made them).
+    /// With per-turn credit: advantages by turn index (with a critic, `trainer::prepare` adds
+    /// them once GAE has made them); whenever turns have rewards of their own, their mean.
     pub turn_metrics: Vec<(String, f64)>,
 }
 
@@ -133,7 +133,7 @@ pub fn build_step_batch(
         turn_metrics: if per_turn {
             turn_metrics(trajectories, &adv, cfg.critic.is_none())
         } else {
-            Vec::new()
+            turn_reward_mean(trajectories).into_iter().collect()
         },
     };
     if rows.is_empty() {
@@ -239,18 +239,24 @@ fn turn_metrics(
         "credit/step_group_turns".into(),
         adv.step_group_turns as f64,
     ));
+    out.extend(turn_reward_mean(trajectories));
+    out
+}
+
+/// `reward/turn_mean`: the mean of the turns' own rewards, over the turns that have one; none
+/// when no turn has.
+fn turn_reward_mean(trajectories: &[plan::Trajectory]) -> Option<(String, f64)> {
     let own: Vec<f64> = trajectories
         .iter()
         .filter(|t| !t.is_failed())
         .flat_map(|t| t.transitions.iter().filter_map(|x| x.reward))
         .collect();
-    if !own.is_empty() {
-        out.push((
+    (!own.is_empty()).then(|| {
+        (
             "reward/turn_mean".into(),
             own.iter().sum::<f64>() / own.len() as f64,
-        ));
-    }
-    out
+        )
+    })
 }
 
 /// The advantages of each trajectory's turns by turn index: mean and std per index

@@ -90,7 +90,7 @@ pub fn keep_varied_groups(it: &mut Iteration) -> Filtered {
             Vec::new()
         });
         if !t.is_failed() {
-            r.push(t.reward);
+            r.push(t.total_reward());
         }
     }
     let varied: HashMap<String, bool> = order

@@ -167,7 +167,7 @@ impl EqualGroups {
                 groups.push(Vec::new());
                 groups.len() - 1
             });
-            groups[g].push(t.reward);
+            groups[g].push(t.total_reward());
         }
         EqualGroups {
             equal: groups
