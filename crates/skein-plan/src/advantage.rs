@@ -14,7 +14,9 @@ pub enum Estimator {
     /// Leave-one-out baseline: the mean of the other members of the group. A group of one has
     /// no other member to form a baseline from, so its advantage is 0.
     Rloo,
-    /// REINFORCE++: rewards (minus the group mean with `group_baseline`) whitened over the batch.
+    /// REINFORCE++: rewards whitened over the batch's loss tokens, each trajectory's (or
+    /// turn's) value counted once per loss token; with `group_baseline`, minus the group mean
+    /// and divided by that spread only, so an equal-reward group keeps advantage 0.
     ReinforcePP { group_baseline: bool },
     /// PPO with a critic: no group advantage (0 for every kept trajectory). Groups are still
     /// formed, so failures are counted; the trainer then replaces the advantages with GAE's
@@ -156,8 +158,14 @@ pub fn compute_advantages(trajs: &[Trajectory], cfg: &AdvantageConfig) -> Advant
         Credit::Turn { gamma } => Some(turn_advantages(trajs, &kept_groups, &out, cfg, gamma)),
         Credit::Trajectory => None,
     };
-    if let Estimator::ReinforcePP { .. } = cfg.estimator {
-        whiten(&mut out.per_trajectory, &kept, cfg.eps);
+    if let Estimator::ReinforcePP { group_baseline } = cfg.estimator {
+        whiten(
+            trajs,
+            &mut out.per_trajectory,
+            &kept,
+            !group_baseline,
+            cfg.eps,
+        );
     }
     out.per_turn = turns.unwrap_or_else(|| {
         trajs
@@ -284,25 +292,46 @@ fn turn_advantages(
             out[i] = Some(adv);
         }
     }
-    if let Estimator::ReinforcePP { .. } = cfg.estimator {
-        let all = Moments::of(out.iter().flatten().flatten().copied());
-        if all.n < 2 {
-            out.iter_mut().flatten().flatten().for_each(|a| *a = 0.0);
-        } else {
-            for a in out.iter_mut().flatten().flatten() {
-                *a = all.whiten(*a, cfg.eps);
-            }
+    if let Estimator::ReinforcePP { group_baseline } = cfg.estimator {
+        // Each turn's advantage counted once per loss token of its turn.
+        let per_token = out.iter().zip(trajs).flat_map(|(adv, t)| {
+            let turns = adv.iter().flat_map(|a| a.iter().zip(&t.transitions));
+            turns.flat_map(|(&a, x)| std::iter::repeat_n(a, x.loss_tokens()))
+        });
+        let all = Moments::of(per_token);
+        for a in out.iter_mut().flatten().flatten() {
+            *a = token_whitened(*a, &all, !group_baseline, cfg.eps);
         }
     }
     out
 }
 
-/// REINFORCE++'s batch whitening of the kept trajectories' advantages ([`Moments`]); fewer
-/// than two have nothing to be whitened against and get 0.
-fn whiten(values: &mut [Option<f64>], idx: &[usize], eps: f64) {
-    let m = Moments::of(idx.iter().filter_map(|&i| values[i]));
+/// REINFORCE++'s batch whitening of the kept trajectories' advantages over the batch's loss
+/// tokens, as it whitens its per-token advantages: each trajectory's value counts once per
+/// loss token ([`token_whitened`]).
+fn whiten(trajs: &[Trajectory], values: &mut [Option<f64>], idx: &[usize], centre: bool, eps: f64) {
+    let per_token = idx.iter().flat_map(|&i| {
+        let tokens = trajs[i].transitions.iter().map(|x| x.loss_tokens()).sum();
+        values[i]
+            .into_iter()
+            .flat_map(move |v| std::iter::repeat_n(v, tokens))
+    });
+    let m = Moments::of(per_token);
     for &i in idx {
-        values[i] = values[i].map(|v| if m.n < 2 { 0.0 } else { m.whiten(v, eps) });
+        values[i] = values[i].map(|v| token_whitened(v, &m, centre, eps));
+    }
+}
+
+/// `v` against the moments `m` of the batch's per-token advantages. REINFORCE++ (`centre`)
+/// subtracts their mean, so the trained tokens' advantages have mean 0 however long the right
+/// and wrong answers; with its group baseline, the groups are centred already, and dividing
+/// alone keeps an equal-reward group at 0. Fewer than two tokens have nothing to be whitened
+/// against and get 0.
+fn token_whitened(v: f64, m: &Moments, centre: bool, eps: f64) -> f64 {
+    match (m.n < 2, centre) {
+        (true, _) => 0.0,
+        (false, true) => m.whiten(v, eps),
+        (false, false) => v / (m.std + eps),
     }
 }
 
@@ -648,6 +677,82 @@ mod tests {
         // unit sample variance after whitening
         let var = w.iter().map(|x| x * x).sum::<f64>() / 3.0;
         assert!((var - 1.0).abs() < 1e-4, "{var}");
+    }
+
+    /// REINFORCE++ whitens over loss tokens: right answers of 10 tokens and wrong ones of 30
+    /// leave the trained tokens' advantages with mean 0, where whitening the four answers
+    /// alike would push every token down (a token-weighted mean of -0.433).
+    #[test]
+    fn reinforce_pp_whitens_over_loss_tokens() {
+        let answer = |i: usize, reward: f64, tokens: usize| Trajectory {
+            transitions: vec![Transition {
+                response: vec![2; tokens],
+                loss_mask: vec![1; tokens],
+                logprobs: vec![0.0; tokens],
+                versions: vec![0; tokens],
+                ..one_token_turn(None, None)
+            }],
+            ..traj(&format!("t{i}"), "g", reward, Status::Finished)
+        };
+        let ts = [
+            answer(0, 1.0, 10),
+            answer(1, 1.0, 10),
+            answer(2, 0.0, 30),
+            answer(3, 0.0, 30),
+        ];
+        let cfg = AdvantageConfig {
+            estimator: Estimator::ReinforcePP {
+                group_baseline: false,
+            },
+            ..Default::default()
+        };
+        let r = compute_advantages(&ts, &cfg);
+        let v: Vec<f64> = r.per_trajectory.iter().map(|a| a.unwrap()).collect();
+        // Over 80 tokens: mean 0.25, sample variance 15 / 79.
+        let std = (15.0f64 / 79.0).sqrt() + 1e-6;
+        assert!((v[0] - 0.75 / std).abs() < 1e-9, "{v:?}");
+        assert!((v[2] + 0.25 / std).abs() < 1e-9, "{v:?}");
+        let token_mean = (v[0] * 20.0 + v[2] * 60.0) / 80.0;
+        assert!(token_mean.abs() < 1e-9, "{token_mean}");
+        // Per turn, the same.
+        let turns = compute_advantages(
+            &ts,
+            &AdvantageConfig {
+                credit: Credit::Turn { gamma: 1.0 },
+                ..cfg
+            },
+        );
+        let per_turn: Vec<f64> = turns
+            .per_turn
+            .iter()
+            .map(|a| a.as_ref().unwrap()[0])
+            .collect();
+        assert!(
+            per_turn.iter().zip(&v).all(|(a, b)| (a - b).abs() < 1e-9),
+            "{per_turn:?}"
+        );
+        // With the group baseline, a group of equal rewards keeps advantage 0 beside one that
+        // differs, whatever its answers' lengths.
+        let mut both = ts.to_vec();
+        both.push(Trajectory {
+            group: "h".into(),
+            ..answer(4, 1.0, 5)
+        });
+        both.push(Trajectory {
+            group: "h".into(),
+            ..answer(5, 1.0, 40)
+        });
+        let b = compute_advantages(
+            &both,
+            &AdvantageConfig {
+                estimator: Estimator::ReinforcePP {
+                    group_baseline: true,
+                },
+                ..Default::default()
+            },
+        );
+        assert_eq!(b.per_trajectory[4..], [Some(0.0), Some(0.0)]);
+        assert!(b.per_trajectory[0].unwrap() > 0.0 && b.per_trajectory[2].unwrap() < 0.0);
     }
 
     #[test]

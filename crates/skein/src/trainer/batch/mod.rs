@@ -375,8 +375,8 @@ mod tests {
 
     /// Each `algorithm.estimator` reaches the batch as its own estimator: two groups of
     /// rewards (0, 2, 4) and (3, 3, 6), and the advantage of the reward-4 member by hand
-    /// (sample standard deviations: 2 in the first group; 2 over all six rewards; 1.673 over
-    /// the six group-centred ones).
+    /// (sample standard deviations: 2 in the first group; REINFORCE++'s over the 21 loss
+    /// tokens, each trajectory's reward or group-centred reward once per token).
     #[test]
     fn every_estimator_reaches_the_batch() {
         let rewards = [0.0, 2.0, 4.0, 3.0, 3.0, 6.0];
@@ -391,8 +391,14 @@ mod tests {
                 status: Status::Finished,
             })
             .collect();
-        let centred = [-2.0f64, 0.0, 2.0, -1.0, -1.0, 2.0];
-        let centred_std = (centred.iter().map(|a| a * a).sum::<f64>() / 5.0).sqrt();
+        // REINFORCE++ whitens over loss tokens: trajectory i has i + 1 of them.
+        let per_token = |values: &[f64]| -> Vec<f64> {
+            let tokens = values.iter().enumerate();
+            tokens.flat_map(|(i, &v)| vec![v; i + 1]).collect()
+        };
+        let moments = |values: &[f64]| skein_plan::Moments::of(per_token(values).into_iter());
+        let all = moments(&rewards);
+        let centred = moments(&[-2.0, 0.0, 2.0, -1.0, -1.0, 2.0]);
         for (sets, want) in [
             (&["algorithm.estimator=\"grpo\""][..], 2.0 / (2.0 + 1e-6)),
             (
@@ -406,11 +412,11 @@ mod tests {
             (&["algorithm.estimator=\"rloo\""][..], 3.0),
             (
                 &["algorithm.estimator=\"reinforce++\""][..],
-                0.5 / (1.0 + 0.5e-6),
+                all.whiten(4.0, 1e-6),
             ),
             (
                 &["algorithm.estimator=\"reinforce++-baseline\""][..],
-                2.0 / (centred_std + 1e-6),
+                2.0 / (centred.std + 1e-6),
             ),
         ] {
             let batch_cfg = StepBatchConfig::from_config(&config_with(sets), 8);

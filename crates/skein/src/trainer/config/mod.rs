@@ -500,7 +500,10 @@ pub struct AlgorithmConfig {
     /// `grpo`, `dr-grpo`, `rloo`, `reinforce++`, `reinforce++-baseline`, or `gae` (PPO with a
     /// critic: a value head on the same architecture, initialised from the policy). `dr-grpo`
     /// is Dr. GRPO: group-centred rewards without the std, and token sums over a constant, so it
-    /// needs `loss_agg_mode = "seq-mean-token-sum-norm"`.
+    /// needs `loss_agg_mode = "seq-mean-token-sum-norm"`. `reinforce++` whitens rewards over
+    /// the batch's loss tokens (each answer counted once per token it trains, as REINFORCE++
+    /// whitens its per-token advantages); `reinforce++-baseline` subtracts the group mean
+    /// first and then only divides by that spread, so an equal-reward group stays at 0.
     pub estimator: Estimator,
     /// GRPO only (refused as `false` with another estimator): divide group-centred rewards by
     /// the group's standard deviation.
