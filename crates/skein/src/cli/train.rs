@@ -58,14 +58,8 @@ pub fn run(
     let kind = crate::trainer::rollout::eval_kind(summary.held_out);
     // Steps whose every trajectory failed have no reward to average.
     let rewards: Vec<f64> = summary.rewards.iter().flatten().copied().collect();
-    if !rewards.is_empty() {
-        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
-        let k = rewards.len().min(5);
-        println!(
-            "training reward          {:.3} → {:.3} (mean of the first and last {k} RL steps)",
-            mean(&rewards[..k]),
-            mean(&rewards[rewards.len() - k..]),
-        );
+    if let Some(line) = reward_change(&rewards) {
+        println!("{line}");
     }
     // A run without a warm-up (neither stage) measured its model as loaded.
     let start = if cfg.sft.warms_up() {
@@ -90,6 +84,22 @@ pub fn run(
     println!("curves                   {dir}/plot.png");
     println!("trajectories             skein view {dir}");
     Ok(())
+}
+
+/// The summary's training reward: the mean of the first and of the last RL steps, up to 5 each
+/// and never the same steps, so a short run shows a change too (a run of one step has only
+/// that step for both, as `skein sft`'s losses).
+fn reward_change(rewards: &[f64]) -> Option<String> {
+    if rewards.is_empty() {
+        return None;
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let k = (rewards.len() / 2).clamp(1, 5);
+    Some(format!(
+        "training reward          {:.3} → {:.3} (mean of the first and last {k} RL steps)",
+        mean(&rewards[..k]),
+        mean(&rewards[rewards.len() - k..]),
+    ))
 }
 
 /// Sections a resume cannot change: the checkpoint's weights fix the model, and its task
@@ -379,6 +389,29 @@ pub fn toml_string(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Windows of the first and last steps never share a step: 4 steps compare steps 1–2
+    /// with 3–4, not all four with themselves; one step is both.
+    #[test]
+    fn the_reward_change_compares_different_steps() {
+        let line = reward_change(&[0.1, 0.3, 0.5, 0.7]).unwrap();
+        assert!(
+            line.ends_with("0.200 → 0.600 (mean of the first and last 2 RL steps)"),
+            "{line}"
+        );
+        let line = reward_change(&[0.4]).unwrap();
+        assert!(
+            line.ends_with("0.400 → 0.400 (mean of the first and last 1 RL steps)"),
+            "{line}"
+        );
+        let many: Vec<f64> = (0..20).map(f64::from).collect();
+        let line = reward_change(&many).unwrap();
+        assert!(
+            line.ends_with("2.000 → 17.000 (mean of the first and last 5 RL steps)"),
+            "{line}"
+        );
+        assert_eq!(reward_change(&[]), None);
+    }
 
     /// The default job asks for its careless teacher; another task or difficulty on top of
     /// it, or a config file, gets a correct one unless it sets `task.dropped_carries`.
