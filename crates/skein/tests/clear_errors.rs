@@ -68,6 +68,20 @@ fn eval_and_sft_refuse_values_that_cannot_work() {
         &["eval", m, "--out", nowhere.to_str().unwrap()],
         &["--out", "does not exist"],
     );
+    // --samples: a missing directory is named as such; only a file that exists is "not
+    // overwritten".
+    let nowhere = root.join("no/such/dir/samples.jsonl");
+    let (code, err) = skein(&["eval", m, "--samples", nowhere.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("its directory does not exist"), "{err}");
+    assert!(!err.contains("overwritten"), "{err}");
+    let existing = root.join("existing.jsonl");
+    std::fs::write(&existing, "kept\n").unwrap();
+    refused(
+        &["eval", m, "--samples", existing.to_str().unwrap()],
+        &["the file exists", "not overwritten"],
+    );
+    assert_eq!(std::fs::read_to_string(&existing).unwrap(), "kept\n");
     let samples = root.join("samples.jsonl");
     let s = samples.to_str().unwrap();
     refused(

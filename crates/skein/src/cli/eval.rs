@@ -307,18 +307,30 @@ struct SamplesFile {
 impl SamplesFile {
     /// Checked before any model is loaded: the path is new, and its directory takes a file.
     fn check(path: &Path) -> Result<()> {
-        let cannot = || {
-            format!(
-                "--samples {}: cannot create it (an existing file is not overwritten: give a new \
-                 path)",
-                path.display()
-            )
-        };
-        std::fs::OpenOptions::new()
+        let cannot = || format!("--samples {}: cannot create it", path.display());
+        let created = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
-            .open(path)
-            .with_context(cannot)?;
+            .open(path);
+        match created {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => bail!(
+                "--samples {}: the file exists, and an existing file is not overwritten: give a \
+                 new path, or move it away",
+                path.display()
+            ),
+            Err(_)
+                if path
+                    .parent()
+                    .is_some_and(|p| !p.as_os_str().is_empty() && !p.is_dir()) =>
+            {
+                bail!(
+                    "--samples {}: its directory does not exist: create it, or name another file",
+                    path.display()
+                )
+            }
+            Err(e) => return Err(e).with_context(cannot),
+        }
         std::fs::remove_file(path).with_context(cannot)
     }
 
