@@ -1369,3 +1369,51 @@ fn stop_strings_end_a_completion_at_the_first_they_complete() {
         assert!(!text.contains('+') && !text.contains('='), "{text:?}");
     });
 }
+
+/// A run directory is served as `skein eval` takes it: its checkpoint, named after the run. A
+/// LoRA adapter is refused naming what to serve instead, not a missing tokenizer.json.
+#[test]
+fn a_run_directory_serves_its_checkpoint_and_an_adapter_says_what_to_serve() {
+    let run = temp_dir("run-dir");
+    std::fs::write(run.join("config.toml"), "").unwrap();
+    save_model(&run.join("checkpoint"), 1);
+    let (server, said) = serve_with_stderr(&["--model", run.to_str().unwrap()]);
+    let said = said.lock().unwrap().clone();
+    assert!(
+        said.contains("is a run directory: serving its checkpoint"),
+        "{said}"
+    );
+    let name = run.file_name().unwrap().to_str().unwrap().to_string();
+    runtime().block_on(async {
+        let models: Value = client()
+            .get(format!("{}/v1/models", server.url))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(models["data"][0]["id"], name.as_str());
+    });
+    drop(server);
+
+    let adapter = run.join("checkpoint/adapter");
+    std::fs::create_dir_all(&adapter).unwrap();
+    std::fs::write(
+        adapter.join("adapter_config.json"),
+        r#"{"base_model_name_or_path": "base", "peft_type": "LORA"}"#,
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_skein"))
+        .args(["serve", "--port", "0", "--model", adapter.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    let checkpoint = run.join("checkpoint").display().to_string();
+    for says in ["a LoRA adapter", &checkpoint, "`base`", "/v1/reload"] {
+        assert!(err.contains(says), "expected {says:?} in {err}");
+    }
+    assert!(!err.contains("tokenizer.json"), "{err}");
+    let _ = std::fs::remove_dir_all(&run);
+}

@@ -14,8 +14,9 @@ use std::sync::Arc;
 
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
-    /// A Hugging Face model directory (config.json, model.safetensors, tokenizer.json). Without
-    /// it: a random tiny model with a character-level tokenizer over printable ASCII.
+    /// A Hugging Face model directory (config.json, model.safetensors, tokenizer.json), or a
+    /// run directory (its `checkpoint/` is served). Without it: a random tiny model with a
+    /// character-level tokenizer over printable ASCII.
     #[arg(long)]
     model: Option<PathBuf>,
     #[arg(long, default_value = "127.0.0.1")]
@@ -155,7 +156,8 @@ fn tiny_alphabet() -> String {
 
 fn load(args: &ServeArgs, device: tch::Device) -> Result<(Model, Tokenizer, String)> {
     match &args.model {
-        Some(dir) => {
+        Some(given) => {
+            let dir = &served_dir(given)?;
             let tokenizer = Tokenizer::from_dir(dir)
                 .with_context(|| format!("loading the tokenizer of {}", dir.display()))?;
             let options = ModelOptions {
@@ -164,7 +166,7 @@ fn load(args: &ServeArgs, device: tch::Device) -> Result<(Model, Tokenizer, Stri
             };
             let model = Model::load_dir_with(dir, &options, device)
                 .with_context(|| format!("loading the model of {}", dir.display()))?;
-            Ok((model, tokenizer, dir_name(dir)))
+            Ok((model, tokenizer, dir_name(given)))
         }
         None => {
             let tokenizer = Tokenizer::char_level(&tiny_alphabet())?;
@@ -177,6 +179,47 @@ fn load(args: &ServeArgs, device: tch::Device) -> Result<(Model, Tokenizer, Stri
             Ok((model, tokenizer, "skein-tiny".into()))
         }
     }
+}
+
+/// The model directory `--model` names: a run directory (config.toml and `checkpoint/`) serves
+/// its checkpoint, as `skein eval RUN_DIR` evaluates it; a LoRA adapter, which is no model by
+/// itself, is refused saying what to serve instead.
+fn served_dir(dir: &Path) -> Result<PathBuf> {
+    let checkpoint = dir.join("checkpoint");
+    if dir.join("config.toml").is_file() && checkpoint.join("config.json").is_file() {
+        eprintln!(
+            "skein: {} is a run directory: serving its checkpoint, {}",
+            dir.display(),
+            checkpoint.display()
+        );
+        return Ok(checkpoint);
+    }
+    let adapter_config = dir.join(crate::model::peft::CONFIG_FILE);
+    if adapter_config.is_file() && !dir.join("config.json").is_file() {
+        let base = std::fs::read_to_string(&adapter_config)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|c| c["base_model_name_or_path"].as_str().map(String::from));
+        let base = match base {
+            Some(b) => format!(" (its adapter_config.json names `{b}`)"),
+            None => String::new(),
+        };
+        let merged = dir
+            .parent()
+            .filter(|p| p.join("config.json").is_file())
+            .map_or_else(
+                || "a checkpoint with the adapter merged in".to_string(),
+                |p| format!("{}, the checkpoint with it merged in", p.display()),
+            );
+        bail!(
+            "--model {}: a LoRA adapter, not a model: serve {merged}, or serve the model it \
+             adapts{base} and load the adapter into that server with POST /v1/reload \
+             {{\"path\": \"{}\"}}",
+            dir.display(),
+            dir.display()
+        );
+    }
+    Ok(dir.to_path_buf())
 }
 
 fn dir_name(dir: &Path) -> String {
