@@ -433,7 +433,8 @@ fn evaluated_as(cfg: &TrainConfig) -> ModelOptions {
 }
 
 /// The model directory and the config: a run directory brings its own config and
-/// `checkpoint/`; a model directory is rendered with its own chat template.
+/// `checkpoint/` (whose tokenizer and chat template are the run's); a model directory is
+/// rendered with its own chat template.
 fn resolve(args: &EvalArgs) -> Result<(PathBuf, TrainConfig)> {
     let run_config = args.model.join("config.toml");
     let is_run = run_config.is_file() && args.model.join("checkpoint").is_dir();
@@ -445,8 +446,12 @@ fn resolve(args: &EvalArgs) -> Result<(PathBuf, TrainConfig)> {
             super::train::toml_string(&args.model.display().to_string())
         ));
     }
-    let cfg = super::train::load_config(config.as_deref(), &overrides)?;
+    let mut cfg = super::train::load_config(config.as_deref(), &overrides)?;
     crate::trainer::config::validate::validate_for_eval(&cfg)?;
+    if is_run && args.config.is_none() {
+        // Its paths were relative to where the run started, which may not be here.
+        super::eval_run::resolve_paths(&mut cfg, &args.model, &overrides, args.data.is_empty())?;
+    }
     let dir = if is_run {
         args.model.join("checkpoint")
     } else {

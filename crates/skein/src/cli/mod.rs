@@ -12,6 +12,7 @@ mod bench_tokens;
 mod doctor;
 mod eval;
 mod eval_episodes;
+mod eval_run;
 mod export;
 mod plan;
 mod plan_memory;

@@ -361,7 +361,7 @@ const MICRO_BATCH_KEY: &str = "trainer.micro_batch_tokens";
 /// Whether the config file at `path` or an override sets the dotted `key`, as a key of its
 /// own or inside an inline table (a file that cannot be read or parsed, or an override that
 /// does not apply, has failed loading already).
-fn sets_key(path: Option<&std::path::Path>, overrides: &[String], key: &str) -> bool {
+pub(super) fn sets_key(path: Option<&std::path::Path>, overrides: &[String], key: &str) -> bool {
     let mut table = path
         .and_then(|p| std::fs::read_to_string(p).ok())
         .and_then(|text| text.parse::<toml::Table>().ok())

@@ -6,7 +6,7 @@
 use super::judge::PromptBatch;
 use super::truncate;
 use crate::trainer::config::{DataConfig, TrainConfig};
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use skein_data::{fit, Fit, PromptRow, ReadOptions, RowPlace, Sampler};
 use skein_reward::math;
 use skein_tasks::{Problem, Score, Task, TaskRng};
@@ -348,11 +348,15 @@ pub fn read_split(
     let opts = ReadOptions {
         skip_bad_rows: cfg.skip_bad_rows,
     };
-    let loaded = skein_data::load(&paths, &opts).with_context(|| {
-        format!(
-            "reading the {split} split (`data.{split}_files`; `data.skip_bad_rows = true` \
-             skips and counts bad rows)"
-        )
+    let loaded = skein_data::load(&paths, &opts).map_err(|e| {
+        // Skipping rows helps with a bad row, not with a file that cannot be read.
+        let hint = match e.row {
+            Some(_) => "; `data.skip_bad_rows = true` skips and counts bad rows",
+            None => "",
+        };
+        anyhow::Error::new(e).context(format!(
+            "reading the {split} split (`data.{split}_files`{hint})"
+        ))
     })?;
     if let Some(first) = loaded.skipped.first() {
         eprintln!(
@@ -955,5 +959,27 @@ mod tests {
         assert_eq!(fitted.problems.len(), 4);
         let counts = fitted.counts;
         assert_eq!((counts.skipped_rows, counts.unknown_char_prompts), (1, 2));
+    }
+
+    /// `data.skip_bad_rows` is offered for a bad row, not for a file that is not there.
+    #[test]
+    fn a_missing_file_is_not_offered_skipping_bad_rows() {
+        let dir = std::env::temp_dir().join(format!("skein-missing-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = DataConfig::default();
+        let missing = dir.join("missing.jsonl").display().to_string();
+        let renderer = Renderer(None);
+        let err = read_split(&cfg, &[missing], "val", &renderer).unwrap_err();
+        let err = format!("{err:#}");
+        assert!(
+            err.contains("`data.val_files`") && err.contains("missing.jsonl"),
+            "{err}"
+        );
+        assert!(!err.contains("skip_bad_rows"), "{err}");
+        let bad = dir.join("bad.jsonl");
+        std::fs::write(&bad, "{\"prompt\": 5}\n").unwrap();
+        let err = read_split(&cfg, &[bad.display().to_string()], "val", &renderer).unwrap_err();
+        assert!(format!("{err:#}").contains("data.skip_bad_rows"), "{err:#}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
