@@ -172,6 +172,27 @@ fn eval_and_sft_refuse_values_that_cannot_work() {
         "{line}"
     );
 
+    // Samples cut at the new-token budget are counted in the line, marked in --samples, and
+    // (most of them) warned of, naming the key to raise.
+    let cut = root.join("cut-samples.jsonl");
+    let out = Command::new(env!("CARGO_BIN_EXE_skein"))
+        .args(["eval", m, "--data", p, "--samples", cut.to_str().unwrap()])
+        .args(["--set", "rollout.sampling.max_new_tokens=1"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let line: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(line["max_new_tokens"], 1, "{line}");
+    assert_eq!(line["eval/truncated_fraction"], 1.0, "{line}");
+    assert!(
+        err.contains("--set rollout.sampling.max_new_tokens="),
+        "{err}"
+    );
+    let sample: serde_json::Value =
+        serde_json::from_str(std::fs::read_to_string(&cut).unwrap().trim()).unwrap();
+    assert_eq!(sample["truncated"], true, "{sample}");
+
     let chat = root.join("chat.jsonl");
     std::fs::write(
         &chat,

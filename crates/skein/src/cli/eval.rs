@@ -61,8 +61,9 @@ pub struct EvalArgs {
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Write every sample to this JSONL file (a new file; an existing one is refused): its
-    /// problem and sample number, prompt, ground truth, response text, verdict and reward,
-    /// to read what the model said or score it another way.
+    /// problem and sample number, prompt, ground truth, response text, verdict, reward and
+    /// whether it was cut at `rollout.sampling.max_new_tokens`, to read what the model said
+    /// or score it another way.
     #[arg(long, value_name = "FILE")]
     pub samples: Option<PathBuf>,
 }
@@ -205,8 +206,14 @@ fn answer(
     line.insert("problems".into(), json!(batch.problems.len()));
     line.insert("n".into(), json!(args.n));
     line.insert("temperature".into(), json!(params.temperature));
+    line.insert("max_new_tokens".into(), json!(params.max_new_tokens));
     line.insert("correct_by".into(), json!(correct_by.describe(&checker)));
     insert_scores(&mut line, &r, args.n, ks);
+    let cut = truncated_fraction(&r);
+    line.insert("eval/truncated_fraction".into(), json!(cut));
+    if let Some(warning) = truncation_warning(cut, params.max_new_tokens) {
+        eprintln!("{warning}");
+    }
     let samples = match &args.samples {
         Some(path) => Some(SamplesFile::write(path, |out| {
             write_samples(out, &r, &batch, args.n, tokenizer)
@@ -241,6 +248,30 @@ fn sampling_params(
             .rollout
             .sampling
             .stopping_at(&tokenizer.stop_token_ids())
+    })
+}
+
+/// The fraction of samples cut at the new-token budget (`rollout.sampling.max_new_tokens`)
+/// before they ended: each is scored as it stands, its answer perhaps never written.
+fn truncated_fraction(r: &Answers) -> f64 {
+    let cut = r
+        .trajectories
+        .iter()
+        .filter(|t| t.status == Status::Truncated)
+        .count();
+    cut as f64 / r.trajectories.len().max(1) as f64
+}
+
+/// Most samples cut at the budget: their scores are of answers the model did not finish.
+fn truncation_warning(cut: f64, budget: usize) -> Option<String> {
+    (cut > 0.5).then(|| {
+        format!(
+            "skein: warning: {:.0}% of the samples reached the limit of {budget} new tokens \
+             (`rollout.sampling.max_new_tokens`) before they ended, and are scored cut there \
+             (`eval/truncated_fraction`): raise it, e.g. --set \
+             rollout.sampling.max_new_tokens=512",
+            cut * 100.0
+        )
     })
 }
 
@@ -404,6 +435,7 @@ fn write_samples(
             "response": crate::trainer::rollout::judge::response_text(tokenizer, &response)?,
             "correct": correct,
             "reward": t.reward,
+            "truncated": t.status == Status::Truncated,
         });
         // A failed answer (a reward service that did not answer) earned no reward: null, and
         // why, as `eval/reward` leaves it out rather than counting a 0.
@@ -622,7 +654,20 @@ pub fn pass_at_k(n: usize, c: usize, k: usize) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::pass_at_k;
+    use super::{pass_at_k, truncation_warning};
+
+    /// Most samples cut at the budget is said on stderr, naming the key that raises it.
+    #[test]
+    fn most_samples_cut_at_the_budget_are_warned_of() {
+        let warning = truncation_warning(0.75, 8).unwrap();
+        assert!(warning.contains("75% of the samples"), "{warning}");
+        assert!(warning.contains("limit of 8 new tokens"), "{warning}");
+        assert!(
+            warning.contains("--set rollout.sampling.max_new_tokens="),
+            "{warning}"
+        );
+        assert_eq!(truncation_warning(0.5, 8), None);
+    }
 
     #[test]
     fn pass_at_k_matches_the_combinatorial_formula() {
