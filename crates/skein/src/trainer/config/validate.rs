@@ -565,11 +565,16 @@ fn validate_algorithm(cfg: &TrainConfig, v: &mut Validator) {
     validate_policy_loss_keys(a, v);
     let loss = a.loss_config();
     let probability = a.policy_loss == PolicyLoss::Dppo;
+    // CISPO's weight may go unbounded below, as its paper trains it: a lower bound of 0.
+    let unbounded_low = a.policy_loss == PolicyLoss::Cispo;
     v.check(
-        (0.0..1.0).contains(&loss.clip_low) || (probability && loss.clip_low == 1.0),
+        (0.0..1.0).contains(&loss.clip_low)
+            || ((probability || unbounded_low) && loss.clip_low == 1.0),
         "algorithm.clip_low",
         if probability {
             "must be in [0, 1] (a change of probability)"
+        } else if unbounded_low {
+            "must be in [0, 1] (1: no lower bound on the weight)"
         } else {
             "must be in [0, 1)"
         },
@@ -1611,8 +1616,8 @@ mod tests {
         assert!(!err.contains("overlong_buffer` below it"), "{err}");
     }
 
-    /// CISPO is a policy loss of its own: accepted with the clip range, refused with a
-    /// dual-clip constant set, which it would ignore.
+    /// CISPO is a policy loss of its own: accepted with the clip range (by default none
+    /// below), refused with a dual-clip constant set, which it would ignore.
     #[test]
     fn cispo_takes_the_clip_range_and_refuses_dual_clip() {
         let cfg = load(&["algorithm.policy_loss=\"cispo\"", "algorithm.clip_high=4.0"]).unwrap();
@@ -1621,6 +1626,13 @@ mod tests {
             cfg.algorithm.loss_config().kind,
             crate::trainer::update::policy_loss::PolicyLoss::Cispo
         );
+        // Unbounded below by default, as MiniMax-M1 trains it (a weight of 0.5 stays 0.5);
+        // a lower bound of 0 is PPO's to refuse.
+        assert_eq!(cfg.algorithm.loss_config().clip_low, 1.0);
+        let cfg = load(&["algorithm.policy_loss=\"cispo\"", "algorithm.clip_low=1.0"]).unwrap();
+        assert!(validate(&cfg).is_ok(), "{:?}", validate(&cfg));
+        let e = validate(&load(&["algorithm.clip_low=1.0"]).unwrap()).unwrap_err();
+        assert!(e.to_string().contains("`algorithm.clip_low`"), "{e}");
         let cfg = load(&["algorithm.policy_loss=\"cispo\"", "algorithm.dual_clip=5.0"]).unwrap();
         let e = validate(&cfg).unwrap_err().to_string();
         assert!(

@@ -55,8 +55,9 @@ pub enum PolicyLoss {
     /// CISPO (MiniMax-M1, 2025): −sg(clip(r, 1 − `clip_low`, 1 + `clip_high`))·A·log π. The
     /// importance weight is clipped and its gradient stopped, and it scales a REINFORCE term
     /// on every token, so no token's gradient is dropped: a clipped token still moves the
-    /// policy, by a bounded weight. Its gradient is −clip(r)·A·∇log π. Dual-clip does not
-    /// apply (the weight is bounded already); the config refuses it set.
+    /// policy, by a bounded weight. Its gradient is −clip(r)·A·∇log π. As in the paper, the
+    /// weight has no lower bound unless `clip_low` is set below its default of 1. Dual-clip
+    /// does not apply (the weight is bounded already); the config refuses it set.
     Cispo,
     /// GSPO (Zheng et al., 2025): one ratio per sequence, s = exp(mean over the sequence's
     /// loss tokens of log r), the geometric mean of its token ratios, clipped per sequence:
@@ -100,7 +101,9 @@ impl PolicyLoss {
     /// clip range).
     pub fn default_clip(self) -> Option<(f64, f64)> {
         match self {
-            PolicyLoss::Ppo | PolicyLoss::Cispo => Some((0.2, 0.28)),
+            PolicyLoss::Ppo => Some((0.2, 0.28)),
+            // MiniMax-M1 leaves the weight unbounded below (ε_low large): a lower bound of 0.
+            PolicyLoss::Cispo => Some((1.0, 0.28)),
             PolicyLoss::Gspo => Some((3e-4, 4e-4)),
             PolicyLoss::Dppo => Some((0.2, 0.2)),
             PolicyLoss::Sapo => None,
