@@ -96,6 +96,11 @@ fn every_estimator_and_aggregation_mode_trains() {
             if name == "grpo-kl" {
                 assert!(r["policy_version"].as_f64().unwrap() >= 2.0);
             }
+            // Equal-reward groups keep an advantage only without a group baseline (or with
+            // a critic): the step says so, and `no-learning-signal` reads it.
+            let carry = r.get("batch/equal_reward_groups_carry_signal");
+            let expected = matches!(name, "rpp" | "gae").then(|| 1.0.into());
+            assert_eq!(carry, expected.as_ref(), "{name}");
         }
         std::fs::remove_dir_all(&summary.dir).ok();
     }

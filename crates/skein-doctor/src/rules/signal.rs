@@ -24,8 +24,14 @@ pub const NO_LEARNING_SIGNAL: Rule = Rule {
 };
 
 /// The share of groups without signal at a step: of the groups drawn, those dynamic sampling
-/// skipped included (the trainer logs it so).
+/// skipped included (the trainer logs it so). None where the run's settings give such groups
+/// an advantage anyway (GAE's critic, REINFORCE++'s batch whitening, turn credit, discounted
+/// step groups: the trainer logs `batch/equal_reward_groups_carry_signal`), so equal rewards
+/// are no lack of signal there.
 fn equal_fraction(s: &crate::StepView) -> Option<f64> {
+    if s.get("batch/equal_reward_groups_carry_signal") == Some(1.0) {
+        return None;
+    }
     s.get("batch/equal_reward_group_fraction")
 }
 
@@ -107,6 +113,17 @@ mod tests {
             "{}",
             f.evidence
         );
+    }
+
+    /// Where the run's settings give equal-reward groups an advantage anyway (GAE, REINFORCE++,
+    /// turn credit), their share is no lack of signal: the trainer says so in each step.
+    #[test]
+    fn groups_that_carry_signal_are_no_lack_of_it() {
+        let h = history(4, |_| {
+            json!({"batch/equal_reward_group_fraction": 0.9,
+                   "batch/equal_reward_groups_carry_signal": 1.0})
+        });
+        assert!(check(&h).is_none());
     }
 
     /// Under dynamic sampling the trainer's share is already of every drawn group (the

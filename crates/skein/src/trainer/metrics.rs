@@ -46,6 +46,9 @@ pub struct StepReport<'a> {
     /// ([`PartialConfig::reachable_staleness`](crate::trainer::config::PartialConfig)), when
     /// it is on.
     pub staleness_cap: Option<u64>,
+    /// The run's settings give a group whose rewards are all equal a non-zero advantage
+    /// ([`equal_groups_carry_signal`](crate::trainer::config::validate::equal_groups_carry_signal)).
+    pub equal_groups_carry_signal: bool,
 }
 
 impl StepReport<'_> {
@@ -64,6 +67,11 @@ impl StepReport<'_> {
         extend(&mut m, [("policy_version", self.policy_version as f64)]);
         extend(&mut m, batch.metrics());
         extend(&mut m, batch.turn_metrics.iter().cloned());
+        // Logged only where it holds, so that `batch/equal_reward_group_fraction` is read as
+        // groups left without signal (the `no-learning-signal` diagnosis) everywhere else.
+        if self.equal_groups_carry_signal {
+            extend(&mut m, [("batch/equal_reward_groups_carry_signal", 1.0)]);
+        }
         extend(
             &mut m,
             [

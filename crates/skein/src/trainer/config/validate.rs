@@ -399,14 +399,10 @@ fn validate_partial(cfg: &TrainConfig, v: &mut Validator) {
 
 /// Skipping groups whose rewards are all equal (`rollout.skip_zero_variance_groups`) or
 /// dropping them (`algorithm.drop_equal_reward_groups`) loses nothing only where a group
-/// baseline gives such a group an advantage of zero: grpo, dr-grpo, rloo and
-/// reinforce++-baseline with trajectory credit, and without step groups whose returns tell
-/// its episodes apart (discounted ones, or an environment worker's, which may add per-step
-/// rewards). (reinforce++-baseline then whitens over the
-/// groups kept, as it would had the others never been drawn.) Elsewhere those groups carry
-/// signal, and skipping them would throw it away and shift the batch's whitening.
+/// baseline gives such a group an advantage of zero ([`equal_groups_carry_signal`]). Elsewhere
+/// those groups carry signal, and skipping them would throw it away and shift the batch's
+/// whitening.
 fn validate_equal_group_skipping(cfg: &TrainConfig, v: &mut Validator) {
-    use super::Estimator;
     let key = if cfg.rollout.skip_zero_variance_groups {
         "rollout.skip_zero_variance_groups"
     } else if cfg.algorithm.drop_equal_reward_groups {
@@ -414,8 +410,37 @@ fn validate_equal_group_skipping(cfg: &TrainConfig, v: &mut Validator) {
     } else {
         return;
     };
+    if let Some(signal) = equal_groups_carry_signal(cfg) {
+        v.check(
+            false,
+            signal.key,
+            &format!(
+                "{}, so `{key} = true` would throw that signal away and change the rest: \
+                 set `{key} = false`, or use an estimator with a group baseline (grpo, dr-grpo, \
+                 rloo, reinforce++-baseline) with `algorithm.credit = \"trajectory\"`",
+                signal.why
+            ),
+            &signal.value,
+        );
+    }
+}
+
+/// The setting that gives a group whose rewards are all equal a non-zero advantage, its value
+/// as the config writes it, and why.
+pub struct EqualGroupSignal {
+    pub key: &'static str,
+    pub value: String,
+    pub why: String,
+}
+
+/// Where a group whose rewards are all equal still has a non-zero advantage: everywhere but
+/// grpo, dr-grpo, rloo and reinforce++-baseline with trajectory credit and without step groups
+/// whose returns tell its episodes apart (discounted ones, or an environment worker's, which
+/// may add per-step rewards). (reinforce++-baseline whitens over the groups kept, as it would
+/// had the others never been drawn.)
+pub fn equal_groups_carry_signal(cfg: &TrainConfig) -> Option<EqualGroupSignal> {
+    use super::Estimator;
     let a = &cfg.algorithm;
-    let weight = a.step_group_weight.to_string();
     // On an environment worker, whose per-step rewards enter the returns, an undiscounted
     // return does not make an equal group signal-free either.
     let way_out = if cfg.agent.kind == AgentKind::EnvWorker {
@@ -424,57 +449,49 @@ fn validate_equal_group_skipping(cfg: &TrainConfig, v: &mut Validator) {
         "`algorithm.step_group_weight = 0` or `algorithm.turn_gamma = 1` gives such a group no \
          advantage"
     };
-    let discounted = format!(
-        "GiGPO's step groups compare turns by their returns discounted by \
-         `algorithm.turn_gamma` < 1, which differ between episodes of unequal length in a group \
-         whose final rewards are equal ({way_out})"
-    );
-    let signal = match (a.estimator, a.credit) {
-        (Estimator::ReinforcePP, _) => Some((
+    let (key, value, why): (&'static str, String, String) = match (a.estimator, a.credit) {
+        (Estimator::ReinforcePP, _) => (
             "algorithm.estimator",
-            "\"reinforce++\"",
+            "\"reinforce++\"".into(),
             "reinforce++ whitens rewards over the batch with no group baseline, so a group whose \
              rewards are all equal still has a non-zero advantage (an all-correct group a \
-             positive one)",
-        )),
-        (Estimator::Gae, _) => Some((
+             positive one)"
+                .into(),
+        ),
+        (Estimator::Gae, _) => (
             "algorithm.estimator",
-            "\"gae\"",
+            "\"gae\"".into(),
             "gae takes its advantages from the critic, which are non-zero whatever a group's \
-             rewards are",
-        )),
-        (_, CreditMode::Turn) => Some((
+             rewards are"
+                .into(),
+        ),
+        (_, CreditMode::Turn) => (
             "algorithm.credit",
-            "\"turn\"",
+            "\"turn\"".into(),
             "turn credit gives each turn its own discounted return, which differs between the \
-             turns and episodes of a group whose final rewards are equal",
-        )),
-        _ if a.step_group_weight > 0.0 && a.turn_gamma < 1.0 => Some((
+             turns and episodes of a group whose final rewards are equal"
+                .into(),
+        ),
+        _ if a.step_group_weight > 0.0 && a.turn_gamma < 1.0 => (
             "algorithm.step_group_weight",
-            weight.as_str(),
-            discounted.as_str(),
-        )),
-        _ if a.step_group_weight > 0.0 && cfg.agent.kind == AgentKind::EnvWorker => Some((
+            a.step_group_weight.to_string(),
+            format!(
+                "GiGPO's step groups compare turns by their returns discounted by \
+                 `algorithm.turn_gamma` < 1, which differ between episodes of unequal length in \
+                 a group whose final rewards are equal ({way_out})"
+            ),
+        ),
+        _ if a.step_group_weight > 0.0 && cfg.agent.kind == AgentKind::EnvWorker => (
             "algorithm.step_group_weight",
-            weight.as_str(),
+            a.step_group_weight.to_string(),
             "GiGPO's step groups compare turns by returns that add an environment worker's \
              per-step rewards, which can differ between episodes of a group whose final \
-             rewards are equal",
-        )),
-        _ => None,
+             rewards are equal"
+                .into(),
+        ),
+        _ => return None,
     };
-    if let Some((name, value, why)) = signal {
-        v.check(
-            false,
-            name,
-            &format!(
-                "{why}, so `{key} = true` would throw that signal away and change the rest: \
-                 set `{key} = false`, or use an estimator with a group baseline (grpo, dr-grpo, \
-                 rloo, reinforce++-baseline) with `algorithm.credit = \"trajectory\"`"
-            ),
-            value,
-        );
-    }
+    Some(EqualGroupSignal { key, value, why })
 }
 
 /// `rollout.skip_zero_variance_groups` and its bound: groups that can have variance, and the
