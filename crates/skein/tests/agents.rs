@@ -112,6 +112,8 @@ fn the_guessing_game_trains_over_several_turns() {
         assert!(num("updates/applied") >= 1.0, "{m}");
         assert!(num("tokens/trained") > 0.0, "{m}");
         assert!(num("loss/policy").is_finite(), "{m}");
+        // The merged rows' sampled tokens carry the engine's log-probs of the policy.
+        common::assert_logprobs_agree(m);
     }
     // The weights moved step after step, and some group had rewards that differ: there was
     // a signal to train on, not only finite arithmetic on zero advantages.

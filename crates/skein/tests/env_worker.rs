@@ -81,6 +81,8 @@ fn a_python_environment_trains_through_the_built_in_loop() {
         }
         assert!(num(m, "loss/policy").is_finite());
         assert!(num(m, "agent/reused_prefix_tokens") > 0.0, "KV reuse: {m}");
+        // Reusing the cached prefix leaves the sampled tokens' log-probs the trainer's.
+        common::assert_logprobs_agree(m);
     }
     // Warmed up on the worker's demonstrations, the policy finds secrets.
     let reward: f64 = steps.iter().map(|m| num(m, "reward/mean")).sum();

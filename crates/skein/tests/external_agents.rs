@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{require_python_with_openai, step_metrics};
+use common::{assert_logprobs_agree, require_python_with_openai, step_metrics};
 use skein::trainer::run::train;
 use skein::trainer::TrainConfig;
 use std::path::PathBuf;
@@ -68,6 +68,8 @@ fn the_example_agent_trains_the_policy_through_the_server() {
         assert!((16.0..=32.0).contains(&rows), "{m}");
         assert!(m["tokens/trained"].as_f64().unwrap() > 0.0);
         assert!(m["loss/policy"].as_f64().unwrap().is_finite());
+        // The ids and log-probs the server recorded for the agents' calls are the policy's.
+        assert_logprobs_agree(m);
     }
     assert_eq!(run.rewards.len(), 2);
 }

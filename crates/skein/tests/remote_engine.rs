@@ -150,6 +150,8 @@ fn trains_on_a_server(lora_rank: Option<usize>) -> PathBuf {
         assert_eq!(m["rollout/engine_failed"].as_f64(), Some(0.0), "{m}");
         assert_eq!(m["batch/rows"].as_f64(), Some(32.0));
         assert!(m["tokens/generated"].as_f64().unwrap() > 0.0);
+        // The server sampled with the weights the trainer published for this step.
+        common::assert_logprobs_agree(m);
     }
     // Published once before the first rollout, then after each of the 3 steps.
     assert_eq!(server.version(), 4);
@@ -208,6 +210,7 @@ fn multi_turn_episodes_run_on_a_remote_engine() {
     for m in &steps {
         assert_eq!(m["batch/failed_trajectories"].as_f64(), Some(0.0), "{m}");
         assert!(m["agent/turns_mean"].as_f64().unwrap() > 1.0);
+        common::assert_logprobs_agree(m);
     }
     assert_eq!(server.version(), 3);
 }

@@ -41,6 +41,22 @@ pub fn step_metrics(dir: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// The engine's log-probs of a step's tokens agree with the trainer's recomputation of them
+/// (`logp_mismatch/*`, over the tokens the step's own weights sampled) to float round-off: the
+/// tokens trained on are the ones the engine sampled, scored by the same policy.
+pub fn assert_logprobs_agree(m: &Value) {
+    let mean = m["logp_mismatch/mean"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no `logp_mismatch/mean` in {m}"));
+    let max = m["logp_mismatch/max"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no `logp_mismatch/max` in {m}"));
+    assert!(
+        mean < 1e-5 && max < 1e-3,
+        "engine and trainer log-probs differ: mean {mean}, max {max}"
+    );
+}
+
 /// `--set` overrides of a run that takes a few seconds: a tiny model, one thread, no
 /// evaluation between steps.
 pub const TINY_RUN: &[&str] = &[
