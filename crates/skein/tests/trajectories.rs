@@ -183,9 +183,17 @@ fn turn_credit_config(name: &str) -> TrainConfig {
 fn turn_credit_gives_the_turns_of_an_episode_their_own_advantages() {
     let mut cfg = turn_credit_config("turn-credit");
     cfg.algorithm.turn_gamma = 0.5;
+    cfg.algorithm.step_group_weight = 0.5;
     let run = train(&cfg).expect("run");
     let metrics = step_metrics(&run.dir);
+    assert_eq!(metrics.len(), 2);
     for m in &metrics {
+        // The guessing game names its states: the turns of a group taken in the same state
+        // (every episode's first, at least) make step groups.
+        for k in ["credit/step_groups", "credit/step_group_turns"] {
+            let n = m[k].as_f64().unwrap_or_else(|| panic!("no `{k}` in {m}"));
+            assert!(n > 0.0, "{k}: {m}");
+        }
         assert!(
             m["credit/turn1/adv_mean"].as_f64().unwrap().abs() < 1e-6,
             "{m}"
