@@ -135,9 +135,42 @@ fn whole_and_resumed(name: &str, sets: &[&str]) -> (PathBuf, PathBuf, usize) {
     } else {
         3
     };
+    // What the run had logged up to its checkpoint: a resume keeps these lines as they are
+    // (timings included), where a run started again from step 0 would write them anew.
+    let state: Value = serde_json::from_str(
+        &std::fs::read_to_string(cut.join(format!("checkpoint-{from}/trainer_state.json")))
+            .unwrap(),
+    )
+    .unwrap();
+    let kept = state["metrics_lines"].as_u64().expect("metrics_lines") as usize;
+    let logged = |dir: &Path| -> Vec<String> {
+        std::fs::read_to_string(dir.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .take(kept)
+            .map(String::from)
+            .collect()
+    };
+    let before = logged(&cut);
+    assert_eq!(before.len(), kept, "the checkpoint's lines were written");
     let cut_str = cut.display().to_string();
-    let status = skein(&["train", "--resume", &cut_str]).status().unwrap();
-    assert!(status.success());
+    let out = skein(&["train", "--resume", &cut_str])
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let checkpoint = cut.join(format!("checkpoint-{from}"));
+    let resuming = format!(
+        "skein: resuming from {} (step {from}, ",
+        checkpoint.display()
+    );
+    assert!(stderr.contains(&resuming), "no `{resuming}` in:\n{stderr}");
+    assert_eq!(
+        logged(&cut),
+        before,
+        "the steps up to the checkpoint were logged again"
+    );
     (whole, cut, from)
 }
 
