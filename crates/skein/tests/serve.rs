@@ -146,8 +146,54 @@ fn ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
+/// The engine's greedy completion of `prompt` on the model saved in `dir`, ended where a
+/// server of it ends one (its tokenizer's stop ids, `max_tokens`): ids and log-probs.
+fn greedy_locally(dir: &Path, prompt: Vec<u32>, max_tokens: usize) -> (Vec<u32>, Vec<f32>) {
+    let model = Model::load_dir(dir, tch::Device::Cpu).unwrap();
+    let tok = Tokenizer::from_dir(dir).unwrap();
+    let request = engine::GenRequest {
+        id: 0,
+        prompt,
+        resumed: Vec::new(),
+        params: SamplingParams {
+            temperature: 0.0,
+            max_new_tokens: max_tokens,
+            stop_token_ids: tok.stop_token_ids(),
+            ..Default::default()
+        },
+        budget: None,
+        session: None,
+        stop_text: None,
+    };
+    let mut out = None;
+    Engine::new(1).generate(&model, 0, vec![request], |o| out = Some(o));
+    let out = out.expect("the engine finishes the request");
+    (out.tokens, out.logprobs)
+}
+
+/// A served choice's completion ids and log-probs are `want`'s (the log-probs to 1e-5).
+fn assert_same_completion(choice: &Value, want: &(Vec<u32>, Vec<f32>)) {
+    let x = &choice["skein"];
+    assert_eq!(ids(&x["completion_token_ids"]), want.0, "{choice}");
+    let logprobs: Vec<f64> = x["logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_f64().unwrap())
+        .collect();
+    assert_eq!(logprobs.len(), want.1.len(), "{choice}");
+    for (got, want) in logprobs.iter().zip(&want.1) {
+        assert!(
+            (got - *want as f64).abs() < 1e-5,
+            "{got} vs {want}: {choice}"
+        );
+    }
+}
+
 /// Chat and completions return the exact ids: the prompt ids are the tokenizer's encoding of
 /// the rendered template (or the ids sent), and the completion ids decode to the text returned.
+/// A greedy completion is the engine's own on the same model, ids and log-probs, and the `n`
+/// choices of a greedy request are the same one.
 #[test]
 fn chat_and_completions_return_the_exact_token_ids() {
     let dir = temp_dir("exact");
@@ -207,6 +253,14 @@ fn chat_and_completions_return_the_exact_token_ids() {
             assert_eq!(ch["finish_reason"], reason);
             completion_tokens += completion.len();
         }
+        let greedy = greedy_locally(&dir, want_prompt.clone(), 12);
+        for ch in choices {
+            assert_same_completion(ch, &greedy);
+        }
+        assert_eq!(
+            choices[0]["skein"]["completion_token_ids"],
+            choices[1]["skein"]["completion_token_ids"]
+        );
         assert_eq!(body["usage"]["prompt_tokens"], want_prompt.len());
         assert_eq!(body["usage"]["completion_tokens"], completion_tokens);
         assert_eq!(body["object"], "chat.completion");
@@ -220,10 +274,9 @@ fn chat_and_completions_return_the_exact_token_ids() {
         .await;
         assert_eq!(status, 200, "{body}");
         let x = &body["choices"][0]["skein"];
-        assert_eq!(
-            ids(&x["prompt_token_ids"]),
-            tok.encode_plain_prompt("12+3=").unwrap()
-        );
+        let plain = tok.encode_plain_prompt("12+3=").unwrap();
+        assert_eq!(ids(&x["prompt_token_ids"]), plain);
+        assert_same_completion(&body["choices"][0], &greedy_locally(&dir, plain, 5));
         let completion = ids(&x["completion_token_ids"]);
         assert_eq!(
             body["choices"][0]["text"].as_str().unwrap(),
