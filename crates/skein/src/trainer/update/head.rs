@@ -459,6 +459,36 @@ mod tests {
         // Row 2 (prompt 4, response [10, 2, 5]): a set of one is certain; id 5 at column 5.
         assert_eq!(got(2, 3), 0.0);
         assert!((got(2, 5) - by_hand(2, 5, &[5, 1, 14, 13], 5)).abs() < 1e-5);
+        // The entropy is −Σ p·log p of that same distribution: over the kept ids where there
+        // is a set (one of a single id is certain: 0), over the whole vocabulary where not.
+        let lp =
+            tch::no_grad(|| logprobs_in_chunks(&model.net, &mb, &hidden, 0.8, Entropy::Metric, 2));
+        let entropy = lp.entropy.as_ref().expect("an entropy metric");
+        let entropy_by_hand = |line: i64, col: i64, kept: Option<&[i64]>| {
+            let l = logits.get(line).get(col);
+            let l = match kept {
+                Some(kept) => l.index_select(0, &Tensor::from_slice(kept)),
+                None => l,
+            };
+            let logp = Vec::<f64>::try_from(l.log_softmax(0, Kind::Double)).unwrap();
+            -logp.iter().map(|lp| lp.exp() * lp).sum::<f64>()
+        };
+        for (line, col, kept) in [
+            (0, 2, Some(&[9, 3, 0][..])),
+            (0, 3, None),
+            (2, 3, Some(&[10][..])),
+            (2, 5, Some(&[5, 1, 14, 13][..])),
+        ] {
+            let (got, want) = (
+                entropy.double_value(&[line, col]),
+                entropy_by_hand(line, col, kept),
+            );
+            assert!(
+                (got - want).abs() < 1e-5,
+                "entropy at ({line}, {col}): {got} vs {want}"
+            );
+        }
+        assert!(entropy.double_value(&[0, 3]) > entropy.double_value(&[0, 2]));
         for entropy in [Entropy::Metric, Entropy::Loss] {
             let (values, grads, _) = pass_over(&model, &rows, usize::MAX, entropy);
             assert!(
