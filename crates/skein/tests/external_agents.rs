@@ -173,6 +173,40 @@ fn a_launcher_that_detaches_its_agent_is_neither_ended_nor_restarted() {
     });
 }
 
+/// An agent that serves its tasks and quits with status 0 (here after four, `--max-tasks`)
+/// is started again, and the steps after it are served: none waits out its timeout. (Its
+/// start is delayed past the 5 s within which a clean exit is taken for a launcher's.)
+#[test]
+fn an_agent_that_quits_after_serving_is_started_again() {
+    let python = require_python_with_openai();
+    let (script, mut cfg, dir) = external_run("quit", 1);
+    cfg.trainer.steps = 3;
+    (cfg.rollout.prompts_per_step, cfg.rollout.samples_per_prompt) = (2, 2);
+    (cfg.sft.steps, cfg.eval.problems) = (5, 4);
+    cfg.rollout.sampling.max_new_tokens = 6;
+    cfg.agent.rollout_timeout_s = 120.0;
+    let quits = format!("sleep 6; exec '{python}' '{script}' --concurrency 4 --max-tasks 4");
+    cfg.agent.command = vec!["sh".to_string(), "-c".into(), quits];
+    let _ = train(&cfg);
+    let steps = step_metrics(&dir);
+    assert_eq!(steps.len(), 3);
+    let num = |m: &serde_json::Value, k: &str| m[k].as_f64().unwrap_or_else(|| panic!("{k}: {m}"));
+    assert_eq!(num(&steps[0], "agent/calls_mean"), 2.0, "{}", steps[0]);
+    let restarted: f64 = steps
+        .iter()
+        .map(|m| num(m, "agent/restarted_workers"))
+        .sum();
+    assert!(restarted >= 1.0, "{steps:?}");
+    assert!(
+        steps[1..].iter().any(|m| num(m, "agent/calls_mean") == 2.0),
+        "no later step was served: {steps:?}"
+    );
+    for m in &steps {
+        assert_eq!(num(m, "agent/timed_out_rollouts"), 0.0, "{m}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A Ctrl-C at the terminal goes to the whole foreground process group. The agents the
 /// trainer started sit in groups of their own, so they keep answering while the trainer
 /// finishes its step, and the run stops at once with nothing timed out. Were they in the

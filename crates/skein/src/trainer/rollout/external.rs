@@ -25,11 +25,15 @@ use skein_text::Tokenizer;
 use std::collections::HashMap;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 /// How often a step's watcher looks whether the agent processes still live.
 const WORKER_POLL: Duration = Duration::from_millis(200);
+/// A command that exits with status 0 this soon after it started, leaving nothing in its
+/// process group, is a launcher that started its agent elsewhere; one that ran longer was an
+/// agent that served and quit.
+const LAUNCHER_EXIT: Duration = Duration::from_secs(5);
 
 /// The policy served to external agents, and the single-turn task whose problems they get.
 pub struct External {
@@ -357,11 +361,15 @@ struct AgentProcess {
     status: Option<ExitStatus>,
     /// It exited with status 0 and something of its process group ran on after it.
     group_outlived_it: bool,
-    /// It exited with status 0 and left nothing running in its process group: a launcher
-    /// that started its agent elsewhere (`setsid`, `docker run -d`), or an agent that quit.
-    /// skein cannot tell which, so it neither watches nor restarts it: starting a detached
-    /// agent again each step would leave copies running that nothing stops.
+    /// It exited with status 0 within [`LAUNCHER_EXIT`] of its start, leaving nothing
+    /// running in its process group: a launcher that started its agent elsewhere (`setsid`,
+    /// `docker run -d`). skein cannot see that agent, so it neither watches nor restarts it:
+    /// starting the launcher again each step would leave copies running that nothing stops.
     detached: bool,
+    started: Instant,
+    /// When it exited, seen by [`exit_time`]'s thread: the first look at it may come much
+    /// later (a step begins after the warm-up).
+    exited_at: Arc<OnceLock<Instant>>,
 }
 
 impl AgentProcess {
@@ -395,14 +403,15 @@ impl AgentProcess {
                 self.group_outlived_it = true;
                 return None;
             }
-            if clean && !self.group_outlived_it {
+            let exited_at = self.exited_at.get().copied().unwrap_or_else(Instant::now);
+            let launcher = exited_at.duration_since(self.started) < LAUNCHER_EXIT;
+            if clean && !self.group_outlived_it && launcher {
                 eprintln!(
                     "skein: warning: an agent process (`agent.command`, pid {}) exited with \
-                     status 0 and left nothing running in its process group. If it started the \
-                     agent elsewhere (setsid, docker run -d), skein neither watches nor stops \
-                     it; if the agent quit, its rollouts fail after agent.rollout_timeout_s. \
-                     Run the agent in the foreground (`exec` it) so skein can start it again \
-                     when it exits",
+                     status 0 as it started, leaving nothing running in its process group: if \
+                     it started the agent elsewhere (setsid, docker run -d), skein neither \
+                     watches nor stops it, nor starts it again when it exits. Run the agent in \
+                     the foreground (`exec` it) so skein can",
                     self.child.id()
                 );
                 self.detached = true;
@@ -451,13 +460,42 @@ fn start_worker(
     let child = reaper::spawn(cmd)
         .with_context(|| format!("starting the agent `{}` (agent.command)", command.join(" ")))?;
     let recorded = Some(Recorded::new(child.id()));
+    let exited_at = exit_time(child.id());
     Ok(AgentProcess {
         child,
         recorded,
         status: None,
         group_outlived_it: false,
         detached: false,
+        started: Instant::now(),
+        exited_at,
     })
+}
+
+/// The moment child `pid` exits, set by a thread that waits for it without reaping it (the
+/// trainer reaps it when it next looks); never set if that thread cannot start.
+fn exit_time(pid: u32) -> Arc<OnceLock<Instant>> {
+    let seen = Arc::new(OnceLock::new());
+    let set = Arc::clone(&seen);
+    let pid: libc::id_t = pid;
+    let _ = std::thread::Builder::new()
+        .name("skein-agent-exit".into())
+        .spawn(move || loop {
+            // SAFETY: waitid(2) with WNOWAIT blocks until this child exits and only reads its
+            // state into `info`, which the thread owns; the child stays to be reaped.
+            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+            let waited =
+                unsafe { libc::waitid(libc::P_PID, pid, &mut info, libc::WEXITED | libc::WNOWAIT) };
+            let interrupted =
+                std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted;
+            if waited == 0 {
+                let _ = set.set(Instant::now());
+            }
+            if waited == 0 || !interrupted {
+                return;
+            }
+        });
+    seen
 }
 
 /// The process groups that have a live process (not a zombie), read from /proc once, when
