@@ -51,15 +51,22 @@ pub fn resolve_paths(
     Ok(())
 }
 
-/// `path` as it can be read from here: as written when it exists (or is absolute), else below
-/// the directory the run started in; an error naming `key` when neither holds it.
+/// `path` as it can be read from here: as written when absolute; else below the directory the
+/// run started in, where the run read it (a file of the same name here is another file); else
+/// as written, when the start is unknown and it exists here; an error naming `key` when none
+/// holds it.
 fn found(path: &str, start: Option<&Path>, run: &Path, key: &str, set: &str) -> Result<String> {
     let p = Path::new(path);
-    if p.is_absolute() || p.exists() {
+    if p.is_absolute() {
         return Ok(path.to_string());
     }
-    if let Some(there) = start.map(|s| s.join(p)).filter(|t| t.exists()) {
-        return Ok(there.display().to_string());
+    if let Some(start) = start {
+        let there = start.join(p);
+        if there.exists() {
+            return Ok(there.display().to_string());
+        }
+    } else if p.exists() {
+        return Ok(path.to_string());
     }
     let here = std::env::current_dir().map_or_else(|_| "here".into(), |d| d.display().to_string());
     let config = run.join("config.toml");
