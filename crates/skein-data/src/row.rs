@@ -117,23 +117,22 @@ fn is_message_list_text(prompt: &str) -> bool {
 }
 
 /// A numeric ground truth as its decimal text: `42` and `"42"` mean the same answer, and so do
-/// `0.000001` and `"0.000001"` (JSON's own text of a float that small or large is in exponent
-/// form, `1e-6`, which no answer writes). A number outside the 64-bit integers is refused: an
-/// integer beyond them was read as a float, its last digits lost, so the row could never be
-/// solved.
+/// `0.000001` and `"0.000001"` (JSON's own text of a float that small is in exponent form,
+/// `1e-6`, which no answer writes). A float that is a whole number from 2^53 on is refused:
+/// its last digits may be lost (an integer beyond 64 bits, or 12345678901234567.0, reads back
+/// as ...568), so the row could never be solved.
 fn numeric_truth(n: &serde_json::Number) -> Result<String, String> {
     let text = n.to_string();
     if !text.contains(['e', 'E']) {
         return Ok(text);
     }
-    // Bounds excluded: a float equal to one is an integer literal past it, rounded onto it.
-    let within_64_bits = |f: f64| f > -(2f64.powi(63)) && f < 2f64.powi(64);
+    let exact = |f: f64| f.is_finite() && (f.fract() != 0.0 || f.abs() < 2f64.powi(53));
     match n.as_f64() {
-        Some(f) if within_64_bits(f) => Ok(format!("{f}")),
+        Some(f) if exact(f) => Ok(format!("{f}")),
         _ => Err(format!(
-            "`reward_model.ground_truth` is the number {text}, outside the 64-bit integers \
-             (an integer that large was read as a float and lost its last digits): store it as \
-             a string of the answer as written"
+            "`reward_model.ground_truth` is the number {text}, a whole number too large for a \
+             float to hold every digit of (an integer beyond 64 bits loses its last ones): \
+             store it as a string of the answer as written"
         )),
     }
 }
@@ -309,11 +308,15 @@ mod tests {
             ("0.000001", "0.000001"),
             ("1e-7", "0.0000001"),
             ("-2.5E-6", "-0.0000025"),
-            ("1e17", "100000000000000000"),
         ] {
             assert_eq!(truth(number).unwrap(), text);
         }
-        for number in ["18446744073709551616", "-9223372036854775809", "1e20"] {
+        for number in [
+            "18446744073709551616",
+            "-9223372036854775809",
+            "1e20",
+            "12345678901234567.0",
+        ] {
             let err = truth(number).unwrap_err();
             assert!(err.contains("store it as a string"), "{number}: {err}");
         }
