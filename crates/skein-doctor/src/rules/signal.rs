@@ -24,10 +24,9 @@ pub const NO_LEARNING_SIGNAL: Rule = Rule {
 };
 
 /// The share of groups without signal at a step: of the groups drawn, those dynamic sampling
-/// skipped included (the trainer logs it so). None where the run's settings give such groups
-/// an advantage anyway (GAE's critic, REINFORCE++'s batch whitening, turn credit, discounted
-/// step groups: the trainer logs `batch/equal_reward_groups_carry_signal`), so equal rewards
-/// are no lack of signal there.
+/// skipped included (the trainer logs it so). None where the run's settings give every such
+/// group an advantage anyway (GAE's critic, REINFORCE++'s batch whitening: the trainer logs
+/// `batch/equal_reward_groups_carry_signal`), so equal rewards are no lack of signal there.
 fn equal_fraction(s: &crate::StepView) -> Option<f64> {
     if s.get("batch/equal_reward_groups_carry_signal") == Some(1.0) {
         return None;
@@ -115,8 +114,8 @@ mod tests {
         );
     }
 
-    /// Where the run's settings give equal-reward groups an advantage anyway (GAE, REINFORCE++,
-    /// turn credit), their share is no lack of signal: the trainer says so in each step.
+    /// Where the run's settings give equal-reward groups an advantage anyway (GAE,
+    /// REINFORCE++), their share is no lack of signal: the trainer says so in each step.
     #[test]
     fn groups_that_carry_signal_are_no_lack_of_it() {
         let h = history(4, |_| {

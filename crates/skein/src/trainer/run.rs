@@ -15,7 +15,7 @@ use super::update::CriticStats;
 use super::update::UpdateStats;
 use super::{checkpoint, interrupt};
 use crate::engine::Generator;
-use crate::trainer::config::validate::equal_groups_carry_signal;
+use crate::trainer::config::validate::equal_groups_always_carry_signal;
 use crate::trainer::config::TrainConfig;
 use anyhow::{bail, Result};
 use serde_json::{Map, Value};
@@ -135,7 +135,7 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
             staleness_cap: cfg.rollout.partial.reachable_staleness(
                 (cfg.trainer.num_mini_batches * cfg.trainer.ppo_epochs) as u64,
             ),
-            equal_groups_carry_signal: equal_groups_carry_signal(cfg).is_some(),
+            equal_groups_carry_signal: equal_groups_always_carry_signal(cfg),
         };
         let record = t.log_step(report.record(), step)?;
         // Name what is going wrong, the moment it starts.

@@ -425,12 +425,24 @@ fn validate_equal_group_skipping(cfg: &TrainConfig, v: &mut Validator) {
     }
 }
 
+/// Whether every group whose rewards are all equal keeps a non-zero advantage: with no group
+/// baseline (reinforce++) or a critic (gae). Turn credit and discounted step groups give such
+/// a group one only where its episodes' returns differ: an all-wrong group with no rewards of
+/// its turns' own has none.
+pub fn equal_groups_always_carry_signal(cfg: &TrainConfig) -> bool {
+    use super::Estimator;
+    matches!(
+        cfg.algorithm.estimator,
+        Estimator::ReinforcePP | Estimator::Gae
+    )
+}
+
 /// The setting that gives a group whose rewards are all equal a non-zero advantage, its value
 /// as the config writes it, and why.
-pub struct EqualGroupSignal {
-    pub key: &'static str,
-    pub value: String,
-    pub why: String,
+struct EqualGroupSignal {
+    key: &'static str,
+    value: String,
+    why: String,
 }
 
 /// Where a group whose rewards are all equal still has a non-zero advantage: everywhere but
@@ -438,7 +450,7 @@ pub struct EqualGroupSignal {
 /// whose returns tell its episodes apart (discounted ones, or an environment worker's, which
 /// may add per-step rewards). (reinforce++-baseline whitens over the groups kept, as it would
 /// had the others never been drawn.)
-pub fn equal_groups_carry_signal(cfg: &TrainConfig) -> Option<EqualGroupSignal> {
+fn equal_groups_carry_signal(cfg: &TrainConfig) -> Option<EqualGroupSignal> {
     use super::Estimator;
     let a = &cfg.algorithm;
     // On an environment worker, whose per-step rewards enter the returns, an undiscounted
