@@ -403,15 +403,21 @@ impl AgentProcess {
                 self.group_outlived_it = true;
                 return None;
             }
-            let exited_at = self.exited_at.get().copied().unwrap_or_else(Instant::now);
-            let launcher = exited_at.duration_since(self.started) < LAUNCHER_EXIT;
+            // Without its exit time (the waiting thread could not start), a launcher is the
+            // safe guess: an agent taken for one is warned of, a launcher started again each
+            // step would leave a copy running each time.
+            let launcher = self
+                .exited_at
+                .get()
+                .is_none_or(|t| t.duration_since(self.started) < LAUNCHER_EXIT);
             if clean && !self.group_outlived_it && launcher {
                 eprintln!(
                     "skein: warning: an agent process (`agent.command`, pid {}) exited with \
                      status 0 as it started, leaving nothing running in its process group: if \
                      it started the agent elsewhere (setsid, docker run -d), skein neither \
                      watches nor stops it, nor starts it again when it exits. Run the agent in \
-                     the foreground (`exec` it) so skein can",
+                     the foreground (`exec` it) so skein can watch it and start it again when \
+                     it exits",
                     self.child.id()
                 );
                 self.detached = true;
