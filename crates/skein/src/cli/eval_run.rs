@@ -52,20 +52,17 @@ pub fn resolve_paths(
 }
 
 /// `path` as it can be read from here: as written when absolute; else below the directory the
-/// run started in, where the run read it (a file of the same name here is another file); else
-/// as written, when the start is unknown and it exists here; an error naming `key` when none
-/// holds it.
+/// run started in, where the run read it, before a file of the same name here; else here; an
+/// error naming `key` when neither holds it.
 fn found(path: &str, start: Option<&Path>, run: &Path, key: &str, set: &str) -> Result<String> {
     let p = Path::new(path);
     if p.is_absolute() {
         return Ok(path.to_string());
     }
-    if let Some(start) = start {
-        let there = start.join(p);
-        if there.exists() {
-            return Ok(there.display().to_string());
-        }
-    } else if p.exists() {
+    if let Some(there) = start.map(|s| s.join(p)).filter(|t| t.exists()) {
+        return Ok(there.display().to_string());
+    }
+    if p.exists() {
         return Ok(path.to_string());
     }
     let here = std::env::current_dir().map_or_else(|_| "here".into(), |d| d.display().to_string());
@@ -95,7 +92,9 @@ fn start_dir(run: &Path, run_dir: &str) -> Option<PathBuf> {
     if parts.is_empty() || !parts.iter().all(|c| matches!(c, Component::Normal(_))) {
         return None;
     }
-    let run = run.canonicalize().ok()?;
+    // Lexically, not through symlinks: `runs` may link elsewhere, and the run started above
+    // the link, not above its target.
+    let run = std::path::absolute(run).ok()?;
     let rel: PathBuf = parts.iter().collect();
     run.ends_with(&rel)
         .then(|| run.ancestors().nth(parts.len()).map(Path::to_path_buf))
@@ -111,7 +110,7 @@ mod tests {
         let root = std::env::temp_dir().join(format!("skein-eval-run-{}", std::process::id()));
         let run = root.join("runs/r");
         std::fs::create_dir_all(&run).unwrap();
-        let root = root.canonicalize().unwrap();
+        let root = std::path::absolute(&root).unwrap();
         assert_eq!(start_dir(&run, "runs/r"), Some(root.clone()));
         assert_eq!(start_dir(&run, "./runs/r"), Some(root.clone()));
         assert_eq!(start_dir(&run, "other/r"), None);
@@ -173,7 +172,7 @@ mod tests {
         // Set on the command line, a key is the user's, taken as given.
         let sets = ["data.train_files=[\"t.jsonl\"]".to_string()];
         resolve_paths(&mut cfg, &run, &sets, true).unwrap();
-        let root = root.canonicalize().unwrap();
+        let root = std::path::absolute(&root).unwrap();
         assert_eq!(
             cfg.data.val_files,
             [root.join("val.jsonl").display().to_string()]
