@@ -123,13 +123,13 @@ fn is_message_list_text(prompt: &str) -> bool {
 /// as ...568), so the row could never be solved.
 fn numeric_truth(n: &serde_json::Number) -> Result<String, String> {
     let text = n.to_string();
-    if !text.contains(['e', 'E']) {
-        return Ok(text);
-    }
     let exact = |f: f64| f.is_finite() && (f.fract() != 0.0 || f.abs() < 2f64.powi(53));
-    match n.as_f64() {
+    let float = n.as_f64().filter(|_| n.is_f64());
+    match float {
+        None => Ok(text),
+        Some(f) if exact(f) && !text.contains(['e', 'E']) => Ok(text),
         Some(f) if exact(f) => Ok(format!("{f}")),
-        _ => Err(format!(
+        Some(_) => Err(format!(
             "`reward_model.ground_truth` is the number {text}, a whole number too large for a \
              float to hold every digit of (an integer beyond 64 bits loses its last ones): \
              store it as a string of the answer as written"
@@ -308,6 +308,7 @@ mod tests {
             ("0.000001", "0.000001"),
             ("1e-7", "0.0000001"),
             ("-2.5E-6", "-0.0000025"),
+            ("123456789012345.0", "123456789012345.0"),
         ] {
             assert_eq!(truth(number).unwrap(), text);
         }
@@ -316,6 +317,7 @@ mod tests {
             "-9223372036854775809",
             "1e20",
             "12345678901234567.0",
+            "9007199254740993.0",
         ] {
             let err = truth(number).unwrap_err();
             assert!(err.contains("store it as a string"), "{number}: {err}");
