@@ -46,8 +46,8 @@ pub struct StepReport<'a> {
     /// ([`PartialConfig::reachable_staleness`](crate::trainer::config::PartialConfig)), when
     /// it is on.
     pub staleness_cap: Option<u64>,
-    /// The run's settings give every group whose rewards are all equal a non-zero advantage
-    /// ([`equal_groups_always_carry_signal`](crate::trainer::config::validate::equal_groups_always_carry_signal)).
+    /// The step's groups whose rewards are all equal still have an advantage
+    /// ([`equal_groups_carry_signal`](crate::trainer::rollout::outcomes::equal_groups_carry_signal)).
     pub equal_groups_carry_signal: bool,
 }
 

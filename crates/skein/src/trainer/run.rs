@@ -7,6 +7,7 @@ use super::checkpoint::StopStreaks;
 use super::diagnoses::{digests, summary};
 use super::metrics::{extend, StageTimes, StepReport};
 use super::prepare::prepare;
+use super::rollout::outcomes::equal_groups_carry_signal;
 use super::rollout::stats::UntrainedSteps;
 use super::rollout::{eval_kind, eval_metrics, EvalResult};
 use super::setup::{start, Begin, Started, Trainer};
@@ -15,7 +16,6 @@ use super::update::CriticStats;
 use super::update::UpdateStats;
 use super::{checkpoint, interrupt};
 use crate::engine::Generator;
-use crate::trainer::config::validate::equal_groups_always_carry_signal;
 use crate::trainer::config::TrainConfig;
 use anyhow::{bail, Result};
 use serde_json::{Map, Value};
@@ -135,7 +135,10 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
             staleness_cap: cfg.rollout.partial.reachable_staleness(
                 (cfg.trainer.num_mini_batches * cfg.trainer.ppo_epochs) as u64,
             ),
-            equal_groups_carry_signal: equal_groups_always_carry_signal(cfg),
+            equal_groups_carry_signal: equal_groups_carry_signal(
+                cfg.algorithm.estimator,
+                &rollout.trajectories,
+            ),
         };
         let record = t.log_step(report.record(), step)?;
         // Name what is going wrong, the moment it starts.

@@ -425,18 +425,6 @@ fn validate_equal_group_skipping(cfg: &TrainConfig, v: &mut Validator) {
     }
 }
 
-/// Whether every group whose rewards are all equal keeps a non-zero advantage: with no group
-/// baseline (reinforce++) or a critic (gae). Turn credit and discounted step groups give such
-/// a group one only where its episodes' returns differ: an all-wrong group with no rewards of
-/// its turns' own has none.
-pub fn equal_groups_always_carry_signal(cfg: &TrainConfig) -> bool {
-    use super::Estimator;
-    matches!(
-        cfg.algorithm.estimator,
-        Estimator::ReinforcePP | Estimator::Gae
-    )
-}
-
 /// The setting that gives a group whose rewards are all equal a non-zero advantage, its value
 /// as the config writes it, and why.
 struct EqualGroupSignal {

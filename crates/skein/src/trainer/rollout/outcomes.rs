@@ -12,6 +12,7 @@
 //! mixed ones. The training reward is what the policy was drawn to answer, so the plain names
 //! describe every group drawn and the kept groups' figures get their own (`kept/…`).
 
+use crate::trainer::config::Estimator;
 use serde_json::Value;
 use skein_plan::{Status, Trajectory};
 use std::collections::HashMap;
@@ -147,6 +148,22 @@ fn response_len(t: &Trajectory) -> f64 {
         .sum::<usize>() as f64
 }
 
+/// Whether the step's groups whose rewards are all equal still have an advantage: always with
+/// a critic (gae); with reinforce++'s batch whitening, unless every reward of the step is the
+/// same (then every advantage is 0). The other estimators centre each group, and turn credit
+/// and discounted step groups give an all-wrong group with no turn rewards none either, so
+/// there an equal group counts as one without signal.
+pub fn equal_groups_carry_signal(estimator: Estimator, trajectories: &[Trajectory]) -> bool {
+    match estimator {
+        Estimator::Gae => true,
+        Estimator::ReinforcePP => {
+            let kept = trajectories.iter().filter(|t| !t.is_failed());
+            !skein_plan::rewards_all_equal(&kept.map(Trajectory::total_reward).collect::<Vec<_>>())
+        }
+        _ => false,
+    }
+}
+
 /// Groups whose rewards are all equal ([`skein_plan::rewards_all_equal`]), among the groups
 /// counted: under a group baseline such a group gives every member a zero advantage. A group
 /// counts by its trajectories that did not fail: with one such trajectory it counts as equal,
@@ -211,6 +228,38 @@ mod tests {
             }],
             reward,
             status,
+        }
+    }
+
+    /// An equal group keeps an advantage with a critic always, under reinforce++ only when
+    /// some reward of the step differs (failed trajectories aside), and never with a group
+    /// baseline.
+    #[test]
+    fn equal_groups_carry_signal_where_the_estimator_leaves_them_some() {
+        let failed = Status::Failed("x".into());
+        let equal = [
+            scored("a", 0.0, 1, Status::Finished),
+            scored("a", 0.0, 1, Status::Finished),
+            scored("b", 1.0, 1, failed),
+        ];
+        let mut differ = equal.to_vec();
+        differ.push(scored("b", 1.0, 1, Status::Finished));
+        for (estimator, on_equal, on_differ) in [
+            (Estimator::Gae, true, true),
+            (Estimator::ReinforcePP, false, true),
+            (Estimator::ReinforcePPBaseline, false, false),
+            (Estimator::Grpo, false, false),
+        ] {
+            assert_eq!(
+                equal_groups_carry_signal(estimator, &equal),
+                on_equal,
+                "{estimator:?}"
+            );
+            assert_eq!(
+                equal_groups_carry_signal(estimator, &differ),
+                on_differ,
+                "{estimator:?}"
+            );
         }
     }
 
