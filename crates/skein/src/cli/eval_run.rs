@@ -116,6 +116,12 @@ mod tests {
         assert_eq!(start_dir(&run, "other/r"), None);
         assert_eq!(start_dir(&run, "../r"), None);
         assert_eq!(start_dir(&run, &run.display().to_string()), None);
+        // `runs` a link to other storage: the run started above the link, not its target.
+        let project = root.join("project");
+        std::fs::create_dir_all(&project).unwrap();
+        std::os::unix::fs::symlink(root.join("runs"), project.join("runs")).unwrap();
+        let linked = project.join("runs/r");
+        assert_eq!(start_dir(&linked, "runs/r"), Some(project.clone()));
         // Found below it; else an error that names the key, the file and what to do.
         std::fs::write(root.join("val.jsonl"), "").unwrap();
         let there = found("val.jsonl", Some(&root), &run, "data.val_files", "x").unwrap();
