@@ -2,7 +2,9 @@
 //! one record, with the times of the stages.
 
 use super::batch::StepBatch;
+use super::config::Estimator;
 use super::prepare::PreparedBatch;
+use super::rollout::outcomes::equal_groups_carry_signal;
 use super::rollout::stats::StepRollout;
 use super::update::ranks::Layout;
 use super::update::CriticStats;
@@ -46,9 +48,9 @@ pub struct StepReport<'a> {
     /// ([`PartialConfig::reachable_staleness`](crate::trainer::config::PartialConfig)), when
     /// it is on.
     pub staleness_cap: Option<u64>,
-    /// The step's groups whose rewards are all equal still have an advantage
-    /// ([`equal_groups_carry_signal`](crate::trainer::rollout::outcomes::equal_groups_carry_signal)).
-    pub equal_groups_carry_signal: bool,
+    /// The run's advantage estimator: whether the step's equal-reward groups still have an
+    /// advantage depends on it.
+    pub estimator: Estimator,
 }
 
 impl StepReport<'_> {
@@ -69,7 +71,7 @@ impl StepReport<'_> {
         extend(&mut m, batch.turn_metrics.iter().cloned());
         // Logged only where it holds, so that `batch/equal_reward_group_fraction` is read as
         // groups left without signal (the `no-learning-signal` diagnosis) everywhere else.
-        if self.equal_groups_carry_signal {
+        if equal_groups_carry_signal(self.estimator, &self.rollout.trajectories) {
             extend(&mut m, [("batch/equal_reward_groups_carry_signal", 1.0)]);
         }
         extend(

@@ -7,7 +7,6 @@ use super::checkpoint::StopStreaks;
 use super::diagnoses::{digests, summary};
 use super::metrics::{extend, StageTimes, StepReport};
 use super::prepare::prepare;
-use super::rollout::outcomes::equal_groups_carry_signal;
 use super::rollout::stats::UntrainedSteps;
 use super::rollout::{eval_kind, eval_metrics, EvalResult};
 use super::setup::{start, Begin, Started, Trainer};
@@ -135,10 +134,7 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
             staleness_cap: cfg.rollout.partial.reachable_staleness(
                 (cfg.trainer.num_mini_batches * cfg.trainer.ppo_epochs) as u64,
             ),
-            equal_groups_carry_signal: equal_groups_carry_signal(
-                cfg.algorithm.estimator,
-                &rollout.trajectories,
-            ),
+            estimator: cfg.algorithm.estimator,
         };
         let record = t.log_step(report.record(), step)?;
         // Name what is going wrong, the moment it starts.
