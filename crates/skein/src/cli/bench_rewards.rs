@@ -233,7 +233,7 @@ fn round(s: &Setup, exec: &Executor, n: usize, async_scoring: bool, seed: i64) -
                 params: s.params.clone(),
                 budget: None,
                 session: None,
-                stop_text: None,
+                watch: None,
             });
         }
     }

@@ -4,7 +4,7 @@
 use super::graph_decode::{step_logits, GraphDecoder, StepTimes};
 use super::inference_mode::InferenceMode;
 use super::sampling::{kept_ids, sample, SamplingParams};
-use super::stop_text::StopText;
+use super::token_watch::TokenWatch;
 use crate::model::{AttnMode, DecodeForm, KvCache, Model, Transformer};
 use skein_plan::KeptSets;
 use std::collections::VecDeque;
@@ -29,16 +29,16 @@ pub struct GenRequest {
     /// afresh), keeps the prefix they share when that is at least half the prompt, else
     /// prefills afresh. Parked slots are given up whenever a new request needs one.
     pub session: Option<u64>,
-    /// Ends the request when its text reaches a stop string (a served request's `stop`). The
-    /// embedded engine asks it after every token; a remote engine does not (its server has its
-    /// own `stop`).
-    pub stop_text: Option<StopText>,
+    /// Sees each token as it is sampled and may end the request there: at a served request's
+    /// `stop` string, or when a streamed request's client has gone. The embedded engine asks
+    /// it after every token; a remote engine does not (its server has its own `stop`).
+    pub watch: Option<TokenWatch>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Finish {
     /// Sampled a stop token (included in `tokens`), or its request's
-    /// [`stop_text`](GenRequest::stop_text) said its text reached a stop string.
+    /// [`watch`](GenRequest::watch) ended it (a stop string reached, a client gone).
     Stop,
     /// Reached `max_new_tokens` (counting resumed tokens) or the model's context.
     Length,
@@ -542,10 +542,7 @@ impl Engine {
                 r.next_pos += 1;
                 let total = r.req.resumed.len() + r.out.tokens.len();
                 let stopped = r.req.params.stop_token_ids.contains(&tok)
-                    || r.req
-                        .stop_text
-                        .as_ref()
-                        .is_some_and(|s| s.reached(&r.out.tokens));
+                    || r.req.watch.as_ref().is_some_and(|w| w.ends(&r.out.tokens));
                 let finish = if stopped {
                     Some(Finish::Stop)
                 } else if total >= r.req.params.max_new_tokens || r.next_pos >= capacity {
@@ -843,7 +840,7 @@ mod tests {
             params: greedy(3),
             budget: None,
             session: None,
-            stop_text: None,
+            watch: None,
         }]);
         let mut fed_outside = Vec::new();
         let mut feed = |_: bool| {
@@ -877,7 +874,7 @@ mod tests {
             params: greedy(3),
             budget: None,
             session: None,
-            stop_text: None,
+            watch: None,
         };
         let run_with = |reqs: Vec<GenRequest>| {
             let mut outs = Vec::new();
@@ -917,7 +914,7 @@ mod tests {
                 params: greedy(max_new(i)),
                 budget: None,
                 session: None,
-                stop_text: None,
+                watch: None,
             })
             .collect()
     }
@@ -1033,7 +1030,7 @@ mod tests {
                 params: greedy(8),
                 budget: None,
                 session: None,
-                stop_text: None,
+                watch: None,
             }],
         );
         let first = run(
@@ -1046,7 +1043,7 @@ mod tests {
                 params: greedy(8),
                 budget: Some(3),
                 session: None,
-                stop_text: None,
+                watch: None,
             }],
         );
         assert_eq!(first[0].finish, Finish::Paused);
@@ -1061,7 +1058,7 @@ mod tests {
                 params: greedy(8),
                 budget: None,
                 session: None,
-                stop_text: None,
+                watch: None,
             }],
         );
         let mut joined = first[0].tokens.clone();
@@ -1079,7 +1076,7 @@ mod tests {
             params: greedy(4),
             budget: None,
             session: None,
-            stop_text: None,
+            watch: None,
         };
         let buckets = length_buckets(vec![
             (0, req(0, 40)),
@@ -1116,7 +1113,7 @@ mod tests {
             params: greedy(5),
             budget: None,
             session: None,
-            stop_text: None,
+            watch: None,
         };
         let prompts = [
             vec![3, 1, 4, 1, 5],
@@ -1217,7 +1214,7 @@ mod tests {
             params: greedy(5),
             budget: None,
             session,
-            stop_text: None,
+            watch: None,
         };
         let first_prompt = vec![1, 2, 3];
         let (outs, stats) = std::thread::scope(|s| {
@@ -1261,7 +1258,7 @@ mod tests {
             params: greedy(4),
             budget: None,
             session,
-            stop_text: None,
+            watch: None,
         };
         let first: Vec<u32> = (1..=12).collect();
         // (where the second prompt departs, prompt tokens the slot saves)
@@ -1318,7 +1315,7 @@ mod tests {
                 params: greedy(5),
                 budget: None,
                 session: None,
-                stop_text: None,
+                watch: None,
             }],
         );
         let stop = probe[0].tokens[1];
@@ -1334,7 +1331,7 @@ mod tests {
                 params,
                 budget: None,
                 session: None,
-                stop_text: None,
+                watch: None,
             }],
         );
         assert_eq!(out[0].finish, Finish::Stop);
@@ -1342,10 +1339,10 @@ mod tests {
         assert!(out[0].tokens.len() <= 2);
     }
 
-    /// A request's stop-text test ends it at the token it says yes to, seeing the tokens this
-    /// call generated so far each time.
+    /// A request's watcher ends it at the token it says yes to, seeing the tokens this call
+    /// generated so far each time.
     #[test]
-    fn a_stop_text_ends_a_request_where_it_says() {
+    fn a_watcher_ends_a_request_where_it_says() {
         let model = tiny();
         let plain = GenRequest {
             id: 0,
@@ -1354,13 +1351,13 @@ mod tests {
             params: greedy(6),
             budget: None,
             session: None,
-            stop_text: None,
+            watch: None,
         };
         let probe = run(&Engine::new(1), &model, vec![plain.clone()]);
         assert_eq!(probe[0].tokens.len(), 6);
         let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let log = seen.clone();
-        let stop_text = StopText::new(move |generated: &[u32]| {
+        let watch = TokenWatch::new(move |generated: &[u32]| {
             log.lock().unwrap().push(generated.to_vec());
             generated.len() == 3
         });
@@ -1368,7 +1365,7 @@ mod tests {
             &Engine::new(1),
             &model,
             vec![GenRequest {
-                stop_text: Some(stop_text),
+                watch: Some(watch),
                 ..plain
             }],
         );

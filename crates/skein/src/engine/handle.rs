@@ -217,7 +217,7 @@ mod tests {
             },
             budget: None,
             session: None,
-            stop_text: None,
+            watch: None,
         }
     }
 

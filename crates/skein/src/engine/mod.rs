@@ -9,13 +9,13 @@ pub mod handle;
 pub mod inference_mode;
 pub mod remote;
 pub mod sampling;
-mod stop_text;
+mod token_watch;
 
 pub use continuous::{Engine, EngineStats, Feed, Finish, GenOutput, GenRequest, PREFILL_TOKENS};
 pub use graph_decode::{captured_logits_bound, StepTimes};
 pub use handle::{channel, Control, EngineGone, EngineHandle, EngineQueue};
 pub use remote::{Publish, RemoteEngine, RemoteEngineConfig};
-pub use stop_text::StopText;
+pub use token_watch::TokenWatch;
 
 use crate::model::Model;
 

@@ -313,7 +313,7 @@ mod tests {
             params: crate::engine::SamplingParams::default(),
             budget: None,
             session: None,
-            stop_text: None,
+            watch: None,
         };
         let mut outs = Vec::new();
         let stats = RemoteEngine::new(&cfg, 10).generate(0, vec![request], |o| outs.push(o));

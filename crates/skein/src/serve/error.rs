@@ -58,14 +58,20 @@ impl std::fmt::Display for ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let body = json!({"error": {
+impl ApiError {
+    /// The error as OpenAI's clients read it, in a response body or a stream's last event.
+    pub fn body(&self) -> serde_json::Value {
+        json!({"error": {
             "message": self.message,
             "type": self.kind(),
             "code": self.status.as_u16(),
-        }});
-        let mut response = (self.status, axum::Json(body)).into_response();
+        }})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, axum::Json(self.body())).into_response();
         if self.status == StatusCode::SERVICE_UNAVAILABLE {
             response
                 .headers_mut()

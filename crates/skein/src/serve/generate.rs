@@ -1,13 +1,14 @@
 //! From a validated prompt to engine outputs: sampling parameters checked and built, `n`
-//! requests submitted at once (they share decode steps with everything else in flight), and
-//! for a rollout-scoped call, the exact outputs appended to the rollout.
+//! requests submitted at once (they share decode steps with everything else in flight), each
+//! token passed on as it comes for a streamed call, and for a rollout-scoped call, the exact
+//! outputs appended to the rollout.
 
 use super::error::ApiError;
 use super::openai::{Exact, GenerateRequest, Usage};
 use super::state::ServeState;
 use super::store::{RecordedCall, StoreError};
 use super::text::{add_stop_ids, TextSide};
-use crate::engine::{Finish, GenOutput, GenRequest, SamplingParams};
+use crate::engine::{Finish, GenOutput, GenRequest, SamplingParams, TokenWatch};
 use axum::http::StatusCode;
 
 /// One generated choice, token-exact.
@@ -299,16 +300,39 @@ fn refuse_unsupported(req: &GenerateRequest) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Generates `n` completions of `prompt`, each ended at the first of `stops` it reaches; for
-/// a rollout-scoped call, records them.
+/// A completion request checked and ready to generate.
+pub struct Job {
+    pub prompt: Vec<u32>,
+    pub params: SamplingParams,
+    /// How many completions (choices) of the prompt.
+    pub n: usize,
+    /// The request's `stop` strings.
+    pub stops: Vec<String>,
+}
+
+/// Where a streamed request's tokens go as the engine samples them: (choice, token id).
+pub type TokenSender = tokio::sync::mpsc::UnboundedSender<(usize, u32)>;
+
+/// Generates the job's `n` completions, each ended at the first of its `stops` it reaches,
+/// and for a rollout-scoped call, records them: [`check`], [`sample`], [`record`].
 pub async fn run(
     state: &ServeState,
     rollout: Option<&str>,
-    prompt: &[u32],
-    params: SamplingParams,
-    n: usize,
-    stops: &[String],
+    job: &Job,
 ) -> Result<Vec<Sample>, ApiError> {
+    check(state, rollout, job)?;
+    let samples = sample(state, job, None).await?;
+    if let Some(id) = rollout {
+        record(state, id, job, &samples)?;
+    }
+    Ok(samples)
+}
+
+/// What is checked before generating: the prompt fits the context with a new token and is
+/// of the vocabulary, and a rollout-scoped call's rollout is open. A stream checks it before
+/// it starts, so that these are answered with their status.
+pub fn check(state: &ServeState, rollout: Option<&str>, job: &Job) -> Result<(), ApiError> {
+    let prompt = &job.prompt;
     let capacity = state.0.config.capacity.max(1) as usize;
     if prompt.is_empty() {
         return Err(ApiError::bad_request("the prompt is empty"));
@@ -323,21 +347,38 @@ pub async fn run(
     if let Some(id) = rollout {
         state.0.store.check_open(id).map_err(store_error)?;
     }
+    Ok(())
+}
+
+/// Generates the job's `n` completions (its [`check`] passed), each ended at the first of its
+/// `stops` it reaches. With `progress`, each sampled token is sent there as it comes, and a
+/// completion ends at the next token once no one receives them.
+pub async fn sample(
+    state: &ServeState,
+    job: &Job,
+    progress: Option<&TokenSender>,
+) -> Result<Vec<Sample>, ApiError> {
+    let Job {
+        prompt,
+        params,
+        n,
+        stops,
+    } = job;
     // The engine ends each sample at the token that completes a stop string; the exact cut
     // (text before the string, ids through that token) is made below.
-    let stop_text = state.0.text.stop_text(stops);
-    let calls = (0..n).map(|i| {
+    let stop = state.0.text.stop_watch(stops);
+    let calls = (0..*n).map(|i| {
         state.0.engine.generate(GenRequest {
             id: i as u64,
-            prompt: prompt.to_vec(),
+            prompt: prompt.clone(),
             resumed: Vec::new(),
             params: params.clone(),
             budget: None,
             session: None,
-            stop_text: stop_text.clone(),
+            watch: watch(i, stop.clone(), progress),
         })
     });
-    let mut samples = Vec::with_capacity(n);
+    let mut samples = Vec::with_capacity(*n);
     for out in futures_util::future::join_all(calls).await {
         let out = out.map_err(|gone| {
             ApiError::new(
@@ -353,23 +394,43 @@ pub async fn run(
             sample.cut_at_stop(stops, &state.0.text)?;
         }
     }
-    if let Some(id) = rollout {
-        let calls = samples
-            .iter()
-            .map(|s| RecordedCall {
-                prompt_ids: prompt.to_vec(),
-                completion_ids: s.out.tokens.clone(),
-                logprobs: s.out.logprobs.clone(),
-                versions: s.out.versions.clone(),
-                finish: s.finish_reason().to_string(),
-            })
-            .collect();
-        state.0.store.record(id, calls).map_err(|e| match e {
-            StoreError::Unknown(id) => ApiError::not_found(format!(
-                "rollout `{id}` was closed while this call generated; its output is not recorded"
-            )),
-            other => store_error(other),
-        })?;
-    }
     Ok(samples)
+}
+
+/// Appends a call's samples to rollout `id`, exactly as they were returned.
+pub fn record(state: &ServeState, id: &str, job: &Job, samples: &[Sample]) -> Result<(), ApiError> {
+    let calls = samples
+        .iter()
+        .map(|s| RecordedCall {
+            prompt_ids: job.prompt.clone(),
+            completion_ids: s.out.tokens.clone(),
+            logprobs: s.out.logprobs.clone(),
+            versions: s.out.versions.clone(),
+            finish: s.finish_reason().to_string(),
+        })
+        .collect();
+    state.0.store.record(id, calls).map_err(|e| match e {
+        StoreError::Unknown(id) => ApiError::not_found(format!(
+            "rollout `{id}` was closed while this call generated; its output is not recorded"
+        )),
+        other => store_error(other),
+    })
+}
+
+/// Choice `choice`'s watcher: the stop test, and with `progress`, each token sent on; a
+/// token no one receives ends the completion.
+fn watch(
+    choice: usize,
+    stop: Option<TokenWatch>,
+    progress: Option<&TokenSender>,
+) -> Option<TokenWatch> {
+    let Some(progress) = progress else {
+        return stop;
+    };
+    let progress = progress.clone();
+    Some(TokenWatch::new(move |generated: &[u32]| {
+        let token = generated.last().copied().unwrap_or_default();
+        let gone = progress.send((choice, token)).is_err();
+        gone || stop.as_ref().is_some_and(|s| s.ends(generated))
+    }))
 }

@@ -1,13 +1,15 @@
 //! What every request passes before its route: the API key (all routes but `/health`, which
 //! load balancers probe without credentials) and the in-flight limit (503 at once, never a
-//! queue that grows without bound).
+//! queue that grows without bound; a streamed answer is in flight until its stream ends).
 
 use super::error::ApiError;
 use super::state::ServeState;
+use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
 
 pub async fn guard(State(s): State<ServeState>, req: Request, next: Next) -> Response {
     if req.uri().path() == "/health" {
@@ -27,14 +29,32 @@ pub async fn guard(State(s): State<ServeState>, req: Request, next: Next) -> Res
             .into_response();
         }
     }
-    let Ok(_permit) = s.0.permits.clone().try_acquire_owned() else {
+    let Ok(permit) = s.0.permits.clone().try_acquire_owned() else {
         return ApiError::unavailable(format!(
             "the server is handling its limit of {} requests at once (--max-concurrent); retry shortly",
             s.0.config.max_concurrent
         ))
         .into_response();
     };
-    next.run(req).await
+    let response = next.run(req).await;
+    if !is_event_stream(&response) {
+        return response;
+    }
+    // A stream is generated while its body is sent: its permit goes with the body, which is
+    // dropped when the stream ends or its client leaves.
+    response.map(|body| {
+        Body::from_stream(body.into_data_stream().map(move |chunk| {
+            let _held = &permit;
+            chunk
+        }))
+    })
+}
+
+fn is_event_stream(response: &Response) -> bool {
+    response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|t| t.as_bytes().starts_with(b"text/event-stream"))
 }
 
 /// Equality in time independent of where the inputs differ.

@@ -24,15 +24,16 @@
 //! | `POST /v1/reload` | `{"path": HF dir}`: load new weights, answer `{"version": N}` (409 on a trainer's server) |
 //!
 //! Each choice carries `"skein": {"prompt_token_ids", "completion_token_ids", "logprobs",
-//! "versions"}`. `stream: true` gets the finished completion as server-sent events
-//! ([`stream`]). `stop` strings end a completion at the first token whose text completes one
-//! (the text stops before it). OpenAI's `logprobs` are not supported and are answered 400
-//! when asked for, as is a field the
-//! server does not know (`openai::IGNORED_FIELDS` are accepted); a completion that
-//! reaches the context's end finishes with `length`. A prompt is refused by its length in
+//! "versions"}`. `stream: true` gets the answer as server-sent events, its text in pieces as
+//! it is generated ([`stream`]). `stop` strings end a completion at the first token whose
+//! text completes one (the text stops before it). OpenAI's `logprobs` are not supported and
+//! are answered 400 when asked for, as is a field the server does not know
+//! (`openai::IGNORED_FIELDS` are accepted); a completion that reaches the context's end
+//! finishes with `length`. A prompt is refused by its length in
 //! bytes before it is tokenized when it cannot fit (see [`TextSide`]); a server bound beyond
 //! loopback without an API key refuses `/v1/reload`.
 
+mod answer;
 mod config;
 mod engine_thread;
 mod error;
@@ -45,6 +46,7 @@ mod server;
 mod state;
 mod store;
 mod stream;
+mod stream_text;
 mod text;
 
 pub use config::ServeConfig;

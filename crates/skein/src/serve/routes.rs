@@ -1,13 +1,11 @@
 //! The routes: OpenAI-compatible completions (plain and rollout-scoped), the task queue and
 //! rewards of rollouts, weight reloads, health.
 
+use super::answer::{self, Identity};
 use super::error::{ApiError, Body, RolloutId};
 use super::generate::{self, store_error};
 use super::guard;
-use super::openai::{
-    template_variables, to_template_messages, AssistantMessage, ChatChoice, ChatResponse,
-    CompletionChoice, CompletionResponse, GenerateRequest, OutFunction, OutToolCall, Prompt,
-};
+use super::openai::GenerateRequest;
 use super::state::ServeState;
 use super::store::TaskSpec;
 use super::stream;
@@ -21,7 +19,6 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Every route of the server, with its limits (body size, API key, requests in flight).
 pub fn router(state: ServeState) -> Router {
@@ -48,12 +45,6 @@ pub fn router(state: ServeState) -> Router {
         ))
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state)
-}
-
-fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 async fn not_found(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
@@ -128,18 +119,20 @@ async fn rollout_completions(
     completion_answer(&s, Some(&id), req).await
 }
 
-/// A chat completion as JSON, or as a stream when the request asks for one.
+/// A chat completion as JSON, or as a stream when the request asks for one. A request that
+/// cannot be generated is refused with its status before any stream starts.
 async fn chat_answer(
     s: &ServeState,
     rollout: Option<&str>,
     req: GenerateRequest,
 ) -> Result<Response, ApiError> {
-    let streamed = stream::requested(&req);
-    let resp = chat_in(s, rollout, req).await?;
-    Ok(match streamed {
-        Some(opts) => stream::chat(resp, opts),
-        None => Json(resp).into_response(),
-    })
+    let chat = answer::chat_job(s, rollout.is_some(), &req)?;
+    if let Some(opts) = stream::requested(&req) {
+        return stream::chat(s.clone(), rollout.map(String::from), chat, opts);
+    }
+    let samples = generate::run(s, rollout, &chat.job).await?;
+    let resp = answer::chat_response(s, &chat, &samples, Identity::chat(s))?;
+    Ok(Json(resp).into_response())
 }
 
 /// A text completion as JSON, or as a stream when the request asks for one.
@@ -148,170 +141,13 @@ async fn completion_answer(
     rollout: Option<&str>,
     req: GenerateRequest,
 ) -> Result<Response, ApiError> {
-    let streamed = stream::requested(&req);
-    let resp = completion_in(s, rollout, req).await?;
-    Ok(match streamed {
-        Some(opts) => stream::completion(resp, opts),
-        None => Json(resp).into_response(),
-    })
-}
-
-async fn chat_in(
-    s: &ServeState,
-    rollout: Option<&str>,
-    req: GenerateRequest,
-) -> Result<ChatResponse, ApiError> {
-    let (params, n) = generate::sampling(s, &req, rollout.is_some())?;
-    let messages = req
-        .messages
-        .as_deref()
-        .ok_or_else(|| ApiError::bad_request("`messages` is required"))?;
-    if req.prompt.is_some() {
-        return Err(ApiError::bad_request(
-            "`prompt` belongs to /v1/completions; a chat request sends `messages`",
-        ));
+    let job = answer::completion_job(s, rollout.is_some(), &req)?;
+    if let Some(opts) = stream::requested(&req) {
+        return stream::completion(s.clone(), rollout.map(String::from), job, opts);
     }
-    let messages = to_template_messages(messages)?;
-    let tools = req
-        .tools
-        .as_ref()
-        .filter(|t| !t.is_empty())
-        .map(|t| Value::Array(t.clone()));
-    let variables = template_variables(&req)?;
-    let capacity = s.0.config.capacity.max(1) as usize;
-    let (_, prompt) =
-        s.0.text
-            .chat_prompt(&messages, tools.as_ref(), &variables, capacity)?;
-    let stops = generate::stop_strings(&req)?;
-    let samples = generate::run(s, rollout, &prompt, params, n, &stops).await?;
-    let mut choices = Vec::with_capacity(samples.len());
-    for (index, sample) in samples.iter().enumerate() {
-        let text = sample.text(&s.0.text)?;
-        let finish = sample.finish_reason();
-        let (message, finish_reason) =
-            assistant_message(text, tools.is_some(), finish, || s.fresh_id());
-        choices.push(ChatChoice {
-            index,
-            message,
-            finish_reason,
-            logprobs: None,
-            skein: sample.exact(&prompt),
-        });
-    }
-    Ok(ChatResponse {
-        id: format!("chatcmpl-{}", s.fresh_id()),
-        object: "chat.completion",
-        created: now(),
-        model: s.0.config.model_name.clone(),
-        usage: generate::usage(&prompt, &samples),
-        choices,
-    })
-}
-
-/// The reply as an assistant message. With tools offered, complete `<tool_call>` blocks become
-/// `tool_calls` (the text outside them stays `content`, and a stop becomes `tool_calls`); text
-/// that does not parse as tool calls is returned as it is.
-fn assistant_message(
-    text: String,
-    tools_offered: bool,
-    finish: &'static str,
-    mut fresh_id: impl FnMut() -> u64,
-) -> (AssistantMessage, &'static str) {
-    let calls = match skein_text::parse_tool_calls(&text) {
-        Ok(calls) if tools_offered && !calls.is_empty() => calls,
-        _ => {
-            let message = AssistantMessage {
-                role: "assistant",
-                content: Some(text),
-                tool_calls: None,
-            };
-            return (message, finish);
-        }
-    };
-    let content = skein_text::strip_tool_calls(&text);
-    let tool_calls = calls
-        .into_iter()
-        .map(|c| OutToolCall {
-            id: format!("call_{}", fresh_id()),
-            kind: "function",
-            function: OutFunction {
-                name: c.function.name,
-                // OpenAI returns the arguments as a JSON string.
-                arguments: match c.function.arguments {
-                    Value::String(s) => s,
-                    other => other.to_string(),
-                },
-            },
-        })
-        .collect();
-    let message = AssistantMessage {
-        role: "assistant",
-        content: (!content.is_empty()).then_some(content),
-        tool_calls: Some(tool_calls),
-    };
-    let reason = if finish == "stop" {
-        "tool_calls"
-    } else {
-        finish
-    };
-    (message, reason)
-}
-
-async fn completion_in(
-    s: &ServeState,
-    rollout: Option<&str>,
-    req: GenerateRequest,
-) -> Result<CompletionResponse, ApiError> {
-    let (params, n) = generate::sampling(s, &req, rollout.is_some())?;
-    let stops = generate::stop_strings(&req)?;
-    if req.messages.is_some() {
-        return Err(ApiError::bad_request(
-            "`messages` belongs to /v1/chat/completions; a completion request sends `prompt`",
-        ));
-    }
-    if req.chat_template_kwargs.is_some() || req.tool_choice.is_some() {
-        return Err(ApiError::bad_request(
-            "`chat_template_kwargs` and `tool_choice` belong to /v1/chat/completions; a \
-             completion's prompt is not rendered through the chat template",
-        ));
-    }
-    let prompt = match req.prompt {
-        None => return Err(ApiError::bad_request("`prompt` is required")),
-        Some(Prompt::Text(text)) => {
-            let capacity = s.0.config.capacity.max(1) as usize;
-            s.0.text.text_prompt(&text, capacity)?
-        }
-        Some(Prompt::Ids(ids)) => ids,
-        Some(Prompt::Batch(items)) if items.iter().all(Value::is_number) => {
-            return Err(ApiError::bad_request(
-                "`prompt` token ids must be integers from 0 to the vocabulary size",
-            ))
-        }
-        Some(Prompt::Batch(_)) => {
-            return Err(ApiError::bad_request(
-                "`prompt` must be one string or one list of token ids (one prompt per request)",
-            ))
-        }
-    };
-    let samples = generate::run(s, rollout, &prompt, params, n, &stops).await?;
-    let mut choices = Vec::with_capacity(samples.len());
-    for (index, sample) in samples.iter().enumerate() {
-        choices.push(CompletionChoice {
-            index,
-            text: sample.text(&s.0.text)?,
-            finish_reason: sample.finish_reason(),
-            logprobs: None,
-            skein: sample.exact(&prompt),
-        });
-    }
-    Ok(CompletionResponse {
-        id: format!("cmpl-{}", s.fresh_id()),
-        object: "text_completion",
-        created: now(),
-        model: s.0.config.model_name.clone(),
-        usage: generate::usage(&prompt, &samples),
-        choices,
-    })
+    let samples = generate::run(s, rollout, &job).await?;
+    let resp = answer::completion_response(s, &job, &samples, Identity::completion(s))?;
+    Ok(Json(resp).into_response())
 }
 
 #[derive(Deserialize)]
@@ -506,33 +342,5 @@ mod tests {
             status.contains("503") && body.contains("restart"),
             "{status} {body}"
         );
-    }
-
-    #[test]
-    fn tool_call_blocks_become_openai_tool_calls_when_tools_are_offered() {
-        let text =
-            r#"let me add <tool_call>{"name": "calc", "arguments": {"x": "1+2"}}</tool_call>"#;
-        let mut n = 0;
-        let (m, reason) = assistant_message(text.into(), true, "stop", || {
-            n += 1;
-            n
-        });
-        assert_eq!(reason, "tool_calls");
-        assert_eq!(m.content.as_deref(), Some("let me add"));
-        let calls = m.tool_calls.unwrap();
-        assert_eq!(
-            (calls[0].id.as_str(), calls[0].kind),
-            ("call_1", "function")
-        );
-        assert_eq!(calls[0].function.name, "calc");
-        let args: Value = serde_json::from_str(&calls[0].function.arguments).unwrap();
-        assert_eq!(args, json!({"x": "1+2"}));
-
-        let (m, reason) = assistant_message(text.into(), false, "stop", || 0);
-        assert_eq!((m.content.as_deref(), reason), (Some(text), "stop"));
-        assert!(m.tool_calls.is_none(), "no tools offered: plain text");
-        let broken = "<tool_call>{not json</tool_call>";
-        let (m, reason) = assistant_message(broken.into(), true, "length", || 0);
-        assert_eq!((m.content.as_deref(), reason), (Some(broken), "length"));
     }
 }

@@ -1,17 +1,31 @@
-//! `stream: true`: a finished completion sent as OpenAI's server-sent events, so clients and
-//! agent frameworks that only stream (or stream by default) get their answer.
+//! `stream: true`: an answer as OpenAI's server-sent events, its text sent in pieces as the
+//! engine samples its tokens.
 //!
-//! The engine hands over a completion when it ends, so the stream carries it whole: per
-//! choice one chunk with all of its text (and tool calls), then one with its finish reason and
-//! the token-exact `skein` record, then, when `stream_options.include_usage` asks, a chunk of
-//! the usage with no choice, then `data: [DONE]`. The answer is the one `stream: false` gets,
-//! only framed as a stream; tokens do not arrive any sooner.
+//! A chat's choices open with their role; then each choice's text comes in pieces as it is
+//! generated ([`StreamedText`] says what can be sent yet); when the completions end, each
+//! choice gets the rest of its text (and its tool calls), then an event with its finish
+//! reason and the token-exact `skein` record, then, when `stream_options.include_usage` asks,
+//! an event of the usage with no choice, then `data: [DONE]`. Put together, the pieces are
+//! the answer `stream: false` gets.
+//!
+//! With tools offered, a chat's text waits for the end, where tool-call blocks are parsed
+//! out of it. A request refused before generating answers with its status, not a stream;
+//! an error after the stream has begun (a rollout closed meanwhile, the engine gone) is its
+//! last event, in OpenAI's error shape. A client that goes away before the completions end
+//! ends them at the next token, and a rollout records nothing of them. The server's
+//! in-flight limit holds a stream's place until its body ends (`guard`).
 
-use super::openai::{ChatResponse, CompletionResponse, Exact, GenerateRequest, Usage};
+use super::answer::{self, ChatJob, Identity};
+use super::error::ApiError;
+use super::generate::{self, Job, Sample};
+use super::openai::{Exact, GenerateRequest, Usage};
+use super::state::ServeState;
+use super::stream_text::StreamedText;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use serde_json::{json, Value};
+use tokio::sync::mpsc;
 
 /// How a streamed answer is framed; `None` from [`requested`] for a plain JSON answer.
 #[derive(Debug, Clone, Copy)]
@@ -32,6 +46,173 @@ pub fn requested(req: &GenerateRequest) -> Option<StreamOptions> {
     })
 }
 
+/// A chat completion as `chat.completion.chunk` events, generated as they are sent; refused
+/// with its status, before the stream starts, when it cannot be generated.
+pub fn chat(
+    s: ServeState,
+    rollout: Option<String>,
+    chat: ChatJob,
+    opts: StreamOptions,
+) -> Result<Response, ApiError> {
+    generate::check(&s, rollout.as_deref(), &chat.job)?;
+    let head = Head::new(&s, Identity::chat(&s), "chat.completion.chunk");
+    Ok(live(s, rollout, Answer::Chat(chat), head, opts))
+}
+
+/// A text completion as `text_completion` events, generated as they are sent; refused like
+/// a chat's.
+pub fn completion(
+    s: ServeState,
+    rollout: Option<String>,
+    job: Job,
+    opts: StreamOptions,
+) -> Result<Response, ApiError> {
+    generate::check(&s, rollout.as_deref(), &job)?;
+    let head = Head::new(&s, Identity::completion(&s), "text_completion");
+    Ok(live(s, rollout, Answer::Text(job), head, opts))
+}
+
+/// What is streamed: a chat's answer or a text completion's.
+enum Answer {
+    Chat(ChatJob),
+    Text(Job),
+}
+
+impl Answer {
+    fn job(&self) -> &Job {
+        match self {
+            Answer::Chat(chat) => &chat.job,
+            Answer::Text(job) => job,
+        }
+    }
+
+    /// Whether the text waits for the end: tool-call blocks are parsed out of the whole.
+    fn holds_text(&self) -> bool {
+        matches!(self, Answer::Chat(chat) if chat.tools_offered)
+    }
+
+    /// A choice's event carrying a piece of its text.
+    fn piece(&self, index: usize, text: &str) -> Value {
+        match self {
+            Answer::Chat(_) => json!({"index": index, "delta": {"content": text},
+                                      "logprobs": null, "finish_reason": null}),
+            Answer::Text(_) => json!({"index": index, "text": text, "logprobs": null,
+                                      "finish_reason": null}),
+        }
+    }
+
+    /// The events that end the stream of `samples`: each choice's rest of its text (and tool
+    /// calls), then its finish; then the usage.
+    fn ending(
+        &self,
+        s: &ServeState,
+        head: &Head,
+        samples: &[Sample],
+        texts: &[StreamedText],
+    ) -> Result<(Vec<Value>, Vec<Finish>, Usage), ApiError> {
+        let identity = Identity {
+            id: head.id.clone(),
+            created: head.created,
+        };
+        let rest = |index: usize, text: &str| match texts[index].rest(text) {
+            Some(rest) => rest.to_string(),
+            None => {
+                eprintln!(
+                    "skein serve: choice {index} of {}: the text streamed is not the beginning \
+                     of its final text; its `skein` record holds the exact tokens",
+                    head.id
+                );
+                String::new()
+            }
+        };
+        let mut pieces = Vec::new();
+        let mut finishes = Vec::new();
+        match self {
+            Answer::Chat(chat) => {
+                let resp = answer::chat_response(s, chat, samples, identity)?;
+                for c in resp.choices {
+                    let mut delta = json!({});
+                    if let Some(content) = &c.message.content {
+                        let rest = rest(c.index, content);
+                        if !rest.is_empty() {
+                            delta["content"] = Value::String(rest);
+                        }
+                    }
+                    if let Some(calls) = &c.message.tool_calls {
+                        delta["tool_calls"] = tool_call_deltas(calls);
+                    }
+                    if delta != json!({}) {
+                        pieces.push(json!({"index": c.index, "delta": delta, "logprobs": null,
+                                           "finish_reason": null}));
+                    }
+                    finishes.push(Finish::new(c.index, c.finish_reason, c.skein, true));
+                }
+                Ok((pieces, finishes, resp.usage))
+            }
+            Answer::Text(job) => {
+                let resp = answer::completion_response(s, job, samples, identity)?;
+                for c in resp.choices {
+                    let rest = rest(c.index, &c.text);
+                    if !rest.is_empty() {
+                        pieces.push(self.piece(c.index, &rest));
+                    }
+                    finishes.push(Finish::new(c.index, c.finish_reason, c.skein, false));
+                }
+                Ok((pieces, finishes, resp.usage))
+            }
+        }
+    }
+}
+
+/// Tool calls as a streamed delta carries them: each with its place among the message's.
+fn tool_call_deltas(calls: &[super::openai::OutToolCall]) -> Value {
+    calls
+        .iter()
+        .enumerate()
+        .map(|(k, call)| {
+            json!({"index": k, "id": call.id, "type": call.kind,
+                   "function": {"name": call.function.name,
+                                "arguments": call.function.arguments}})
+        })
+        .collect()
+}
+
+/// A choice's last event: its finish reason and token-exact record (typed, so the log-probs
+/// keep the float32 text the plain answer gives them).
+#[derive(Serialize)]
+struct Finish {
+    index: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    delta: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    text: Option<&'static str>,
+    logprobs: Option<()>,
+    finish_reason: &'static str,
+    skein: Exact,
+}
+
+impl Finish {
+    /// A chat choice's last event (an empty delta), or a text choice's (an empty text).
+    fn new(index: usize, finish_reason: &'static str, skein: Exact, chat: bool) -> Self {
+        Finish {
+            index,
+            delta: chat.then(|| json!({})),
+            text: (!chat).then_some(""),
+            logprobs: None,
+            finish_reason,
+            skein,
+        }
+    }
+}
+
+/// What every event of one answer repeats.
+struct Head {
+    id: String,
+    object: &'static str,
+    created: u64,
+    model: String,
+}
+
 /// One event: the answer's identity around `choices`, and the usage in the last.
 #[derive(Serialize)]
 struct Chunk<'a, C: Serialize> {
@@ -44,133 +225,137 @@ struct Chunk<'a, C: Serialize> {
     usage: Option<&'a Usage>,
 }
 
-/// A choice's last event: its finish reason and token-exact record (typed, so the log-probs
-/// keep the float32 text the plain answer gives them).
-#[derive(Serialize)]
-struct Finish<'a> {
-    index: usize,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    delta: Option<Value>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    text: Option<&'static str>,
-    logprobs: Option<()>,
-    finish_reason: &'static str,
-    skein: &'a Exact,
-}
-
-impl<'a> Finish<'a> {
-    /// A chat choice's last event (an empty delta), or a text choice's (an empty text).
-    fn new(index: usize, finish_reason: &'static str, skein: &'a Exact, chat: bool) -> Self {
-        Finish {
-            index,
-            delta: chat.then(|| json!({})),
-            text: (!chat).then_some(""),
-            logprobs: None,
-            finish_reason,
-            skein,
-        }
-    }
-}
-
-/// A chat completion as `chat.completion.chunk` events.
-pub fn chat(resp: ChatResponse, opts: StreamOptions) -> Response {
-    let choices = resp.choices.iter().map(|c| {
-        let mut delta = json!({"role": c.message.role, "content": c.message.content});
-        if let Some(calls) = &c.message.tool_calls {
-            // A streamed tool call carries its place among the message's calls.
-            let calls: Vec<Value> = calls
-                .iter()
-                .enumerate()
-                .map(|(k, call)| {
-                    json!({"index": k, "id": call.id, "type": call.kind,
-                           "function": {"name": call.function.name,
-                                        "arguments": call.function.arguments}})
-                })
-                .collect();
-            delta["tool_calls"] = Value::Array(calls);
-        }
-        let first = json!({"index": c.index, "delta": delta, "logprobs": null,
-                           "finish_reason": null});
-        (first, Finish::new(c.index, c.finish_reason, &c.skein, true))
-    });
-    let head = Head::new(&resp.id, "chat.completion.chunk", resp.created, &resp.model);
-    stream(head, choices, opts.include_usage.then_some(&resp.usage))
-}
-
-/// A text completion as `text_completion` events.
-pub fn completion(resp: CompletionResponse, opts: StreamOptions) -> Response {
-    let choices = resp.choices.iter().map(|c| {
-        let first = json!({"index": c.index, "text": c.text, "logprobs": null,
-                           "finish_reason": null});
-        (
-            first,
-            Finish::new(c.index, c.finish_reason, &c.skein, false),
-        )
-    });
-    let head = Head::new(&resp.id, "text_completion", resp.created, &resp.model);
-    stream(head, choices, opts.include_usage.then_some(&resp.usage))
-}
-
-/// What every event of one answer repeats.
-#[derive(Clone, Copy)]
-struct Head<'a> {
-    id: &'a str,
-    object: &'static str,
-    created: u64,
-    model: &'a str,
-}
-
-impl<'a> Head<'a> {
-    fn new(id: &'a str, object: &'static str, created: u64, model: &'a str) -> Self {
+impl Head {
+    fn new(s: &ServeState, identity: Identity, object: &'static str) -> Self {
         Head {
-            id,
+            id: identity.id,
             object,
-            created,
-            model,
+            created: identity.created,
+            model: s.0.config.model_name.clone(),
         }
     }
 
-    fn chunk<C: Serialize>(self, choices: C, usage: Option<&'a Usage>) -> Chunk<'a, C> {
-        Chunk {
-            id: self.id,
+    /// One server-sent event of `choices` (and `usage`).
+    fn event<C: Serialize>(&self, choices: C, usage: Option<&Usage>) -> String {
+        let chunk = Chunk {
+            id: &self.id,
             object: self.object,
             created: self.created,
-            model: self.model,
+            model: &self.model,
             choices,
             usage,
-        }
+        };
+        // Serializing plain data (strings, numbers, the token-exact record) cannot fail.
+        let json = serde_json::to_string(&chunk).unwrap_or_default();
+        format!("data: {json}\n\n")
     }
 }
 
-/// The events of an answer: each choice's first and last, then the usage, if given, then
-/// `[DONE]`, as a `text/event-stream` body.
-fn stream<'a>(
-    head: Head<'a>,
-    choices: impl Iterator<Item = (Value, Finish<'a>)>,
-    usage: Option<&'a Usage>,
+/// The response whose body is the events, sent as they are made.
+fn live(
+    s: ServeState,
+    rollout: Option<String>,
+    answer: Answer,
+    head: Head,
+    opts: StreamOptions,
 ) -> Response {
-    let mut body = String::new();
-    for (first, last) in choices {
-        body.push_str(&event(&head.chunk([first], None)));
-        body.push_str(&event(&head.chunk([last], None)));
-    }
-    if let Some(usage) = usage {
-        body.push_str(&event(&head.chunk([(); 0], Some(usage))));
-    }
-    body.push_str("data: [DONE]\n\n");
+    let (events, received) = mpsc::unbounded_channel::<String>();
+    tokio::spawn(produce(s, rollout, answer, head, opts, events));
+    let body = futures_util::stream::unfold(received, |mut received| async move {
+        let event = received.recv().await?;
+        Some((Ok::<_, std::convert::Infallible>(event), received))
+    });
     (
         [
             (header::CONTENT_TYPE, "text/event-stream"),
             (header::CACHE_CONTROL, "no-cache"),
         ],
-        body,
+        axum::body::Body::from_stream(body),
     )
         .into_response()
 }
 
-/// One server-sent event of `chunk`.
-fn event(chunk: &impl Serialize) -> String {
-    // Serializing plain data (strings, numbers, the token-exact record) cannot fail.
-    let json = serde_json::to_string(chunk).unwrap_or_default();
-    format!("data: {json}\n\n")
+/// Generates the answer, records it in its rollout, and sends its events to `events`.
+/// Returning early (the client gone) drops the generation, so a rollout records nothing, and
+/// the engine ends the completions at their next token, which no one receives.
+async fn produce(
+    s: ServeState,
+    rollout: Option<String>,
+    answer: Answer,
+    head: Head,
+    opts: StreamOptions,
+    events: mpsc::UnboundedSender<String>,
+) {
+    let job = answer.job();
+    if let Answer::Chat(_) = answer {
+        for index in 0..job.n {
+            let role = json!({"index": index, "delta": {"role": "assistant", "content": ""},
+                              "logprobs": null, "finish_reason": null});
+            if events.send(head.event([role], None)).is_err() {
+                return;
+            }
+        }
+    }
+    let (tokens, mut sampled) = mpsc::unbounded_channel();
+    let generation = generate::sample(&s, job, Some(&tokens));
+    tokio::pin!(generation);
+    let mut texts: Vec<StreamedText> = (0..job.n).map(|_| StreamedText::default()).collect();
+    let decode = |ids: &[u32]| s.0.text.decode(ids).ok();
+    let samples = loop {
+        tokio::select! {
+            biased;
+            Some(first) = sampled.recv() => {
+                if events.is_closed() {
+                    return;
+                }
+                if answer.holds_text() {
+                    continue;
+                }
+                // Every token that has come, then one decode per choice that grew.
+                let mut grew = vec![false; job.n];
+                let more = std::iter::from_fn(|| sampled.try_recv().ok());
+                for (choice, token) in std::iter::once(first).chain(more) {
+                    texts[choice].push(token);
+                    grew[choice] = true;
+                }
+                for choice in (0..job.n).filter(|&c| grew[c]) {
+                    if let Some(piece) = texts[choice].next_piece(decode, &job.stops) {
+                        let event = head.event([answer.piece(choice, &piece)], None);
+                        if events.send(event).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+            samples = &mut generation => break samples,
+        }
+    };
+    // A client gone before the end (its last token a stop id, which ends the completion
+    // anyway) gets nothing recorded either.
+    if events.is_closed() {
+        return;
+    }
+    let ending = samples.and_then(|samples| {
+        if let Some(id) = &rollout {
+            generate::record(&s, id, job, &samples)?;
+        }
+        answer.ending(&s, &head, &samples, &texts)
+    });
+    let (pieces, finishes, usage) = match ending {
+        Ok(ending) => ending,
+        Err(e) => {
+            let _ = events.send(format!("data: {}\n\n", e.body()));
+            return;
+        }
+    };
+    for piece in pieces {
+        let _ = events.send(head.event([piece], None));
+    }
+    for finish in finishes {
+        let _ = events.send(head.event([finish], None));
+    }
+    if opts.include_usage {
+        let _ = events.send(head.event([(); 0], Some(&usage)));
+    }
+    let _ = events.send("data: [DONE]\n\n".to_string());
 }

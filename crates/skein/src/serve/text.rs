@@ -3,7 +3,7 @@
 //! themselves too, so nothing downstream ever retokenizes.
 
 use super::error::ApiError;
-use crate::engine::StopText;
+use crate::engine::TokenWatch;
 use skein_text::{ChatTemplate, Message, Tokenizer, UnknownChars};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -215,8 +215,6 @@ impl TextSide {
         }
     }
 
-    /// Completion text as a client reads it: special tokens (the stop token) left out, the
-    /// tool-call tags kept ([`Tokenizer::decode_message`]).
     /// The engine's test for a completion whose text holds one of `stops` (none when there
     /// are none), so generation ends at the token that completes one instead of running on.
     /// It decodes the last few tokens, enough to spell the longest stop string with one token
@@ -224,7 +222,7 @@ impl TextSide {
     /// cannot change the text after it), and only when a stop string shows there, the whole
     /// completion: yes means the completion's text, as [`decode`](Self::decode) gives it,
     /// holds a stop string.
-    pub fn stop_text(&self, stops: &[String]) -> Option<StopText> {
+    pub fn stop_watch(&self, stops: &[String]) -> Option<TokenWatch> {
         let longest = stops.iter().map(String::len).max()?;
         let window = longest + 1;
         let tokenizer = Arc::clone(&self.tokenizer);
@@ -234,12 +232,14 @@ impl TextSide {
                 .decode_message(ids)
                 .is_ok_and(|text| stops.iter().any(|s| text.contains(s.as_str())))
         };
-        Some(StopText::new(move |generated: &[u32]| {
+        Some(TokenWatch::new(move |generated: &[u32]| {
             let tail = &generated[generated.len().saturating_sub(window)..];
             holds_stop(tail) && holds_stop(generated)
         }))
     }
 
+    /// Completion text as a client reads it: special tokens (the stop token) left out, the
+    /// tool-call tags kept ([`Tokenizer::decode_message`]).
     pub fn decode(&self, ids: &[u32]) -> Result<String, ApiError> {
         self.tokenizer.decode_message(ids).map_err(|e| {
             ApiError::new(
@@ -333,18 +333,18 @@ mod tests {
     #[test]
     fn the_stop_test_answers_from_the_token_that_completes_a_stop_string() {
         let t = side();
-        assert!(t.stop_text(&[]).is_none());
-        let stop = t.stop_text(&["12".into(), "c c".into()]).unwrap();
+        assert!(t.stop_watch(&[]).is_none());
+        let stop = t.stop_watch(&["12".into(), "c c".into()]).unwrap();
         for (text, first_yes) in [("ab12c", 4), ("aaaaaaaaaaaa 1 12", 17), ("bc cc", 4)] {
             let ids = t.tokenizer().encode(text, false).unwrap();
             assert_eq!(ids.len(), text.len());
-            let answers: Vec<bool> = (1..=ids.len()).map(|n| stop.reached(&ids[..n])).collect();
+            let answers: Vec<bool> = (1..=ids.len()).map(|n| stop.ends(&ids[..n])).collect();
             let first = answers.iter().position(|&yes| yes).map(|i| i + 1);
             assert_eq!(first, Some(first_yes), "{text}: {answers:?}");
             assert!(answers[first_yes - 1..].iter().all(|&yes| yes), "{text}");
         }
         let never = t.tokenizer().encode("ab1 2c", false).unwrap();
-        assert!((1..=never.len()).all(|n| !stop.reached(&never[..n])));
+        assert!((1..=never.len()).all(|n| !stop.ends(&never[..n])));
     }
 
     /// `chat_template_kwargs` reach the template as its variables (a Qwen3-style

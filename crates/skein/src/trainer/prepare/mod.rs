@@ -273,7 +273,7 @@ mod tests {
                 params: params.clone(),
                 budget: None,
                 session: None,
-                stop_text: None,
+                watch: None,
             })
             .collect();
         let mut rows = Vec::new();

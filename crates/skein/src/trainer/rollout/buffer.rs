@@ -305,7 +305,7 @@ impl GroupBuffer {
                 params: params.clone(),
                 budget: cfg.token_budget,
                 session: None,
-                stop_text: None,
+                watch: None,
             });
         }
         self.groups.push(Group {
@@ -394,7 +394,7 @@ impl GroupBuffer {
                         params: params.clone(),
                         budget,
                         session: None,
-                        stop_text: None,
+                        watch: None,
                     });
                 }
             }

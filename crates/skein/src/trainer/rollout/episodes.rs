@@ -660,7 +660,7 @@ impl AgentContext<'_> {
             },
             budget: None,
             session: self.limits.reuse_prefix.then_some(session),
-            stop_text: None,
+            watch: None,
         };
         let out = handle
             .generate(req)

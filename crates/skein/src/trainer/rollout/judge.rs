@@ -80,7 +80,7 @@ pub fn answer_prompts_with(
                 params: params.clone(),
                 budget: None,
                 session: None,
-                stop_text: None,
+                watch: None,
             });
         }
     }
