@@ -1,7 +1,7 @@
 //! Ctrl-C from start-up to exit, sent as real SIGINTs to the real binary: a second press
-//! stops the run at a safe point (exit status 130) instead of crashing it, and a press during
-//! the warm-up stops it with a message. (A single press during RL, which checkpoints and
-//! resumes, is `tests/resume.rs`.)
+//! stops the run at a safe point (exit status 130) instead of crashing it, when the stage it
+//! landed in ends, and a press during the warm-up stops it with a message. (A single press
+//! during RL, which checkpoints and resumes, is `tests/resume.rs`.)
 
 mod common;
 
@@ -87,6 +87,86 @@ fn a_second_ctrl_c_stops_at_a_safe_point_and_never_crashes() {
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
+}
+
+/// A reward worker that answers at once, except for the first request after the file `hold`
+/// appears: it takes the file away, writes `held`, and holds that answer for `seconds`,
+/// which holds the rollout stage open.
+const HOLDING_WORKER: &str = r#"
+import json, os, sys, time
+hold, held, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+for line in sys.stdin:
+    request = json.loads(line)
+    if os.path.exists(hold):
+        os.remove(hold)
+        open(held, "w").close()
+        time.sleep(seconds)
+    print(json.dumps({"id": request["id"], "reward": 0.0}), flush=True)
+"#;
+
+/// Both presses land inside one stage (a rollout held open by its reward worker): the run
+/// stops when that stage ends, with exit status 130, saying where, and the step in flight
+/// logs nothing and writes no checkpoint.
+#[test]
+fn a_second_ctrl_c_stops_the_run_when_its_stage_ends() {
+    let dir = workdir("held-stage");
+    let aside = workdir("held-stage-worker");
+    std::fs::create_dir_all(&aside).unwrap();
+    let script = aside.join("worker.py");
+    std::fs::write(&script, HOLDING_WORKER).unwrap();
+    let (hold, held) = (aside.join("hold"), aside.join("held"));
+    let path = |p: &Path| format!("{:?}", p.display().to_string());
+    let command = format!(
+        "reward.sources.slow.command=[\"python3\", {}, {}, {}, \"4\"]",
+        path(&script),
+        path(&hold),
+        path(&held)
+    );
+    let sets = [
+        "sft.steps=2",
+        "trainer.steps=500",
+        "trainer.checkpoint_every=0",
+        "reward.sources.slow.kind=\"worker\"",
+        "reward.sources.slow.processes=1",
+        "reward.default_route.sources=[\"slow\"]",
+        command.as_str(),
+    ];
+    let mut child = start(&dir, &sets);
+    // Into the RL steps, then one rollout held.
+    wait_for(&mut child, || metrics_lines(&dir) >= 4);
+    std::fs::write(&hold, "").unwrap();
+    wait_for(&mut child, || held.exists());
+    let logged = metrics_lines(&dir);
+    let started = Instant::now();
+    interrupt(&child);
+    std::thread::sleep(Duration::from_millis(50));
+    interrupt(&child);
+    let (out, err) = finish(child);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(
+        err.contains("stopped after the rollout (second interrupt)"),
+        "{err}"
+    );
+    assert!(
+        started.elapsed() > Duration::from_secs(2),
+        "it waited for the stage to end"
+    );
+    assert_eq!(
+        metrics_lines(&dir),
+        logged,
+        "the step in flight logged nothing"
+    );
+    let checkpoints: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|name| name.starts_with("checkpoint"))
+        .collect();
+    assert!(
+        checkpoints.is_empty(),
+        "no checkpoint was written: {checkpoints:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&aside);
 }
 
 #[test]
