@@ -81,17 +81,19 @@ fn small_run(dir: &Path) -> Vec<String> {
     ]
 }
 
-fn run(cmd: &mut Command, what: &str) {
+/// Runs `cmd` to success; its stderr.
+fn run(cmd: &mut Command, what: &str) -> String {
     let out = cmd
         .output()
         .unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(
         out.status.success(),
-        "{what} failed ({}):\n{}\n{}",
+        "{what} failed ({}):\n{}\n{err}",
         out.status,
         String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
     );
+    err
 }
 
 fn mpirun(np: usize) -> Command {
@@ -137,7 +139,7 @@ fn tmp(name: &str) -> PathBuf {
     dir
 }
 
-fn mpi_dp2(dir: &Path, mode: LossAggMode, budget: usize, mini_batches: usize) {
+fn mpi_dp2(dir: &Path, mode: LossAggMode, budget: usize, mini_batches: usize) -> String {
     run(
         mpirun(2)
             .args([skein(), "train"])
@@ -145,7 +147,7 @@ fn mpi_dp2(dir: &Path, mode: LossAggMode, budget: usize, mini_batches: usize) {
             .args(["--set", "trainer.dp_backend=\"mpi\""])
             .args(["--set", "trainer.dp_size=2"]),
         "mpirun -np 2 skein train (dp 2)",
-    );
+    )
 }
 
 #[test]
@@ -159,7 +161,12 @@ fn two_mpi_processes_take_the_same_step_as_one() {
             "skein train (dp 1)",
         );
         let two = tmp(&format!("{mode}-mpi2"));
-        mpi_dp2(&two, mode, 48, 1);
+        let err = mpi_dp2(&two, mode, 48, 1);
+        // Both processes on this machine: the memory check counted both replicas.
+        assert!(
+            err.contains("data-parallel over MPI: 2 processes, 2 of them on this machine"),
+            "{err}"
+        );
         let start = load(&one.join("checkpoint-1/reference"));
         assert_eq!(start, load(&two.join("checkpoint-1/reference")), "{mode}");
         let want = load(&one.join("checkpoint-1"));

@@ -86,8 +86,8 @@ pub fn run(a: &PlanMemoryArgs) -> Result<()> {
         // The plan is of that model loaded, not of one built from scratch in its shape.
         cfg.model.path = dir.display().to_string();
     }
-    // One device, whichever: every thread rank's replica on it (a GPU of this machine, or
-    // none, does not change the plan).
+    // One device, whichever: every rank's replica on it, thread or MPI process (a GPU of
+    // this machine, or none, does not change the plan).
     let sharing = cfg.trainer.dp_size.saturating_sub(1);
     let parts = preflight::estimate_sharing(&cfg, &model, target.device(), sharing, None);
     let (available, offered) = target.available()?;

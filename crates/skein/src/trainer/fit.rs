@@ -12,9 +12,11 @@
 //!
 //! The fit runs before the dataset is loaded, so it sizes a dataset's rollout slots at the
 //! `data.max_prompt_tokens` bound; the preflight after loading sizes them by the longest prompt.
-//! A fit can then choose a smaller micro-batch than the run needed: time, not a number.
+//! A fit can then choose a smaller micro-batch than the run needed: time, not a number. It
+//! runs before MPI starts, so it counts an MPI job's ranks on this machine as its launcher
+//! reports them ([`ranks_here`]).
 
-use super::config::TrainConfig;
+use super::config::{DpBackend, TrainConfig};
 use super::preflight;
 use crate::memory::{available_on, GIB};
 use crate::model::ModelConfig;
@@ -66,6 +68,20 @@ pub fn fit_micro_batch(cfg: &mut TrainConfig, chosen_by_user: bool) -> Option<Fi
     fit_to(cfg, &model, device, available)
 }
 
+/// The data-parallel ranks on this machine, as far as they are known before an MPI job
+/// starts: every thread rank; the processes `mpirun` says it placed here (Open MPI's
+/// `OMPI_COMM_WORLD_LOCAL_SIZE`, MPICH's `MPI_LOCALNRANKS`), else this process alone. The
+/// preflight after MPI starts counts them from MPI itself.
+fn ranks_here(cfg: &TrainConfig) -> usize {
+    match cfg.trainer.dp_backend {
+        DpBackend::Threads => cfg.trainer.dp_size,
+        DpBackend::Mpi => ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"]
+            .iter()
+            .find_map(|var| std::env::var(var).ok()?.trim().parse().ok())
+            .unwrap_or(1),
+    }
+}
+
 /// [`fit_micro_batch`] against `available` bytes.
 fn fit_to(
     cfg: &mut TrainConfig,
@@ -74,10 +90,11 @@ fn fit_to(
     available: f64,
 ) -> Option<Fitted> {
     let default_tokens = cfg.trainer.micro_batch_tokens;
+    let ranks = ranks_here(cfg);
     let needs = |tokens: usize| {
         let mut sized = cfg.clone();
         sized.trainer.micro_batch_tokens = tokens;
-        preflight::total(&preflight::estimate(&sized, model, device, None))
+        preflight::total(&preflight::estimate(&sized, model, device, ranks, None))
     };
     let tokens = largest_fitting(default_tokens, |t| needs(t) <= available)?;
     if tokens == default_tokens {
@@ -130,7 +147,7 @@ mod tests {
     #[test]
     fn the_default_micro_batch_is_halved_until_it_fits() {
         let mut cfg = lora_run();
-        let before = preflight::total(&preflight::estimate(&cfg, &smollm2(), Device::Cpu, None));
+        let before = preflight::total(&preflight::estimate(&cfg, &smollm2(), Device::Cpu, 1, None));
         let available = 6.0 * GIB;
         assert!(before > available, "{}", before / GIB);
         let fitted = fit_to(&mut cfg, &smollm2(), Device::Cpu, available).expect("a fit");
@@ -141,7 +158,13 @@ mod tests {
         // The next size up would not have fitted: the largest that fits is chosen.
         let mut larger = cfg.clone();
         larger.trainer.micro_batch_tokens = 2 * fitted.tokens;
-        let over = preflight::total(&preflight::estimate(&larger, &smollm2(), Device::Cpu, None));
+        let over = preflight::total(&preflight::estimate(
+            &larger,
+            &smollm2(),
+            Device::Cpu,
+            1,
+            None,
+        ));
         assert!(over > available);
         let said = fitted.to_string();
         assert!(said.contains("`trainer.micro_batch_tokens`"), "{said}");

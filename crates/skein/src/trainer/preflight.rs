@@ -328,15 +328,18 @@ pub fn update_parts(
     parts
 }
 
-/// The estimate of a training run on `device` of this machine: [`estimate_sharing`] with the
-/// thread ranks placed on rank 0's device here ([`ranks_sharing`]).
+/// The estimate of a training run on `device` of this machine, `ranks_here` of its
+/// data-parallel ranks (rank 0 included) running on this machine: [`estimate_sharing`] with
+/// those placed on rank 0's device ([`ranks_sharing`]). Thread ranks are all here; an MPI
+/// job's are those `mpirun` placed on this machine.
 pub fn estimate(
     cfg: &TrainConfig,
     model: &ModelConfig,
     device: Device,
+    ranks_here: usize,
     loaded_prompt: Option<usize>,
 ) -> Vec<Part> {
-    let sharing = ranks_sharing(device, cfg.trainer.dp_size);
+    let sharing = ranks_sharing(device, ranks_here);
     estimate_sharing(cfg, model, device, sharing, loaded_prompt)
 }
 
@@ -377,6 +380,7 @@ pub fn estimate_sharing(
         });
     }
     parts.extend(other_ranks_part(cfg, model, &shape, sharing));
+    parts.extend(mpi_root_part(cfg, model, &shape));
     parts.extend(rollout_parts(cfg, model, device, loaded_prompt));
     parts.extend(reward_models_part(cfg));
     parts
@@ -427,27 +431,20 @@ fn reward_models_part(cfg: &TrainConfig) -> Option<Part> {
     })
 }
 
-/// The `sharing` thread ranks beyond the first on rank 0's device: each a replica (frozen
-/// base, trainable weights and gradients; the critic's too) running a micro-batch of its own
-/// at the same time. MPI ranks are other processes.
+/// The `sharing` ranks beyond the first on rank 0's device, threads of this process or MPI
+/// processes on this machine: each a replica (frozen base, trainable weights and gradients;
+/// the critic's too) running a micro-batch of its own at the same time.
 fn other_ranks_part(
     cfg: &TrainConfig,
     model: &ModelConfig,
     shape: &UpdateShape,
     sharing: usize,
 ) -> Option<Part> {
-    let t = &cfg.trainer;
-    if t.dp_backend != DpBackend::Threads || sharing == 0 {
+    if sharing == 0 {
         return None;
     }
     let options = &shape.options;
-    // Weights and gradients, in float32 (adapters) or in `model.dtype` (every weight).
-    let held = if options.lora.enabled() {
-        F32
-    } else {
-        options.dtype.bytes()
-    };
-    let trainable = 2.0 * held * trainable_count(model, options);
+    let trainable = 2.0 * trained_bytes(options) * trainable_count(model, options);
     let base = if options.lora.enabled() {
         model.build_bytes(options.dtype.bytes())
     } else {
@@ -458,11 +455,71 @@ fn other_ranks_part(
     } else {
         0.0
     };
-    let replica = base + trainable + critic + total(&micro_batch_parts(model, shape));
+    let micro_batch = total(&micro_batch_parts(model, shape));
+    // An MPI rank is a process of its own (libtorch; on a GPU, a CUDA context there), and
+    // between micro-batches exchanges gradients and weights through host memory buffers.
+    let own = match (cfg.trainer.dp_backend, shape.cuda) {
+        (DpBackend::Threads, _) => micro_batch,
+        (DpBackend::Mpi, true) => micro_batch + CUDA_CONTEXT_BYTES,
+        (DpBackend::Mpi, false) => {
+            PROCESS_BYTES + micro_batch.max(mpi_buffers(cfg, model, options, false))
+        }
+    };
+    let replica = base + trainable + critic + own;
     Some(Part {
         what: "replicas and micro-batches of the other data-parallel ranks",
         bytes: replica * sharing as f64,
         lower: "`trainer.dp_size`",
+    })
+}
+
+/// Bytes per trainable parameter of weights and of gradients: float32 for adapters,
+/// `model.dtype` when every weight trains.
+fn trained_bytes(options: &ModelOptions) -> f64 {
+    if options.lora.enabled() {
+        F32
+    } else {
+        options.dtype.bytes()
+    }
+}
+
+/// What an MPI rank holds at the peak of an update's exchange (`trainer/update/ranks/mpi.rs`),
+/// in host memory: the larger of its gradients as float32 for the reduce (on rank 0, `root`,
+/// with their sum beside them) and its copy of every weight for the broadcast that starts an
+/// update (a LoRA base included), which are never held at once; for the policy or, with a
+/// critic, the critic, whose exchanges run one after the other.
+fn mpi_buffers(cfg: &TrainConfig, model: &ModelConfig, options: &ModelOptions, root: bool) -> f64 {
+    let copies = if root { 2.0 } else { 1.0 };
+    let trainable = trainable_count(model, options);
+    let adapters = if options.lora.enabled() {
+        F32 * trainable
+    } else {
+        0.0
+    };
+    let weights = model.build_bytes(options.dtype.bytes()) + adapters;
+    let policy = (copies * F32 * trainable).max(weights);
+    let critic = if cfg.algorithm.estimator.needs_critic() {
+        copies * F32 * model.parameter_count()
+    } else {
+        0.0
+    };
+    policy.max(critic)
+}
+
+/// Rank 0's own exchange buffers in an MPI job on the CPU, where they outgrow the
+/// micro-batch's freed memory (the exchange runs between micro-batches). On a GPU they are
+/// host memory, outside the device's plan.
+fn mpi_root_part(cfg: &TrainConfig, model: &ModelConfig, shape: &UpdateShape) -> Option<Part> {
+    if cfg.trainer.dp_backend != DpBackend::Mpi || cfg.trainer.dp_size < 2 || shape.cuda {
+        return None;
+    }
+    let micro_batch = total(&micro_batch_parts(model, shape));
+    let beyond = mpi_buffers(cfg, model, &shape.options, true) - micro_batch;
+    (beyond > 0.0).then_some(Part {
+        what: "MPI's gradient and weight buffers on rank 0, beyond the freed micro-batch",
+        bytes: beyond,
+        lower: "`trainer.dp_backend` (thread ranks exchange in place), or the model size \
+                (`model.*`)",
     })
 }
 
@@ -632,7 +689,7 @@ mod tests {
     }
 
     fn cpu(cfg: &TrainConfig, model: &ModelConfig) -> Vec<Part> {
-        estimate(cfg, model, Device::Cpu, None)
+        estimate(cfg, model, Device::Cpu, cfg.trainer.dp_size, None)
     }
 
     fn part(parts: &[Part], what: &str) -> f64 {
@@ -781,7 +838,7 @@ mod tests {
         let mut data = cfg.clone();
         data.data.train_files = vec!["train.jsonl".into()];
         let sized = |cfg: &TrainConfig, loaded| {
-            part(&estimate(cfg, &model, Device::Cpu, loaded), "rollout KV")
+            part(&estimate(cfg, &model, Device::Cpu, 1, loaded), "rollout KV")
         };
         assert_eq!(
             sized(&data, Some(40)),
@@ -848,14 +905,15 @@ mod tests {
         assert_eq!(part(&plain, "CUDA graphs"), 0.0);
     }
 
-    /// Thread ranks that share rank 0's device hold their replicas there: on the CPU, and on
-    /// a machine with one GPU (or, as here, none to spread them over), every other rank.
+    /// Ranks that share rank 0's device hold their replicas there: on the CPU, and on a
+    /// machine with one GPU (or, as here, none to spread them over), every other rank of the
+    /// machine.
     #[test]
-    fn thread_ranks_on_rank_zeros_device_count_their_replicas() {
+    fn ranks_on_rank_zeros_device_count_their_replicas() {
         let mut cfg = TrainConfig::default();
         let replicas = |cfg: &TrainConfig, device| {
             part(
-                &estimate(cfg, &model(), device, None),
+                &estimate(cfg, &model(), device, cfg.trainer.dp_size, None),
                 "replicas and micro-batches",
             )
         };
@@ -866,8 +924,61 @@ mod tests {
         if tch::Cuda::device_count() <= 1 {
             assert_eq!(replicas(&cfg, Device::Cuda(0)), on_cpu);
         }
+        // MPI ranks on this machine hold the same, each in a process of its own and with
+        // its exchange buffers where they outgrow its micro-batch; ranks on other machines
+        // hold nothing here.
         cfg.trainer.dp_backend = DpBackend::Mpi;
-        assert_eq!(replicas(&cfg, Device::Cpu), 0.0);
+        let options = UpdateShape::of(&cfg, Device::Cpu).options;
+        let buffers = mpi_buffers(&cfg, &model(), &options, false);
+        let micro = total(&micro_batch_parts(
+            &model(),
+            &UpdateShape::of(&cfg, Device::Cpu),
+        ));
+        let own = PROCESS_BYTES + buffers.max(micro) - micro;
+        assert!((replicas(&cfg, Device::Cpu) - (on_cpu + 2.0 * own)).abs() < 1.0);
+        let one_here = estimate(&cfg, &model(), Device::Cpu, 1, None);
+        assert_eq!(part(&one_here, "replicas and micro-batches"), 0.0);
+    }
+
+    /// Rank 0 of an MPI job holds its gradients twice for the reduce (its own and the sum),
+    /// or at another moment a copy of every weight for the broadcast (a LoRA base included):
+    /// the larger, where it outgrows its micro-batch, and on the CPU only.
+    #[test]
+    fn an_mpi_job_counts_rank_zeros_exchange_buffers() {
+        let qwen = ModelConfig::qwen2_5_0_5b();
+        let mut cfg = TrainConfig::default();
+        cfg.trainer.micro_batch_tokens = 64;
+        cfg.trainer.dp_size = 2;
+        assert_eq!(
+            part(&cpu(&cfg, &qwen), "MPI's"),
+            0.0,
+            "threads exchange in place"
+        );
+        cfg.trainer.dp_backend = DpBackend::Mpi;
+        let micro = |cfg: &TrainConfig| {
+            total(&micro_batch_parts(
+                &qwen,
+                &UpdateShape::of(cfg, Device::Cpu),
+            ))
+        };
+        let params = qwen.parameter_count();
+        assert_eq!(
+            part(&cpu(&cfg, &qwen), "MPI's"),
+            2.0 * 4.0 * params - micro(&cfg)
+        );
+        // LoRA in bfloat16: the base crosses in the broadcast, far above the adapters' sum.
+        let mut lora_cfg = lora(Dtype::Bfloat16);
+        lora_cfg.trainer.micro_batch_tokens = 64;
+        lora_cfg.trainer.dp_size = 2;
+        lora_cfg.trainer.dp_backend = DpBackend::Mpi;
+        let options = UpdateShape::of(&lora_cfg, Device::Cpu).options;
+        let weights = qwen.build_bytes(2.0) + 4.0 * trainable_count(&qwen, &options);
+        assert_eq!(
+            part(&cpu(&lora_cfg, &qwen), "MPI's"),
+            weights - micro(&lora_cfg)
+        );
+        let gpu = estimate(&cfg, &qwen, Device::Cuda(0), 2, None);
+        assert_eq!(part(&gpu, "MPI's"), 0.0, "host memory, not the GPU's");
     }
 
     #[test]
@@ -1005,7 +1116,7 @@ mod tests {
         assert_eq!(part(&parts, "policy weights"), 16.0 * params + rope);
         assert_eq!(part(&parts, "frozen reference"), 4.0 * params);
         assert_eq!(part(&parts, "the process"), PROCESS_BYTES);
-        let gpu = estimate(&cfg, &qwen, Device::Cuda(0), None);
+        let gpu = estimate(&cfg, &qwen, Device::Cuda(0), 1, None);
         assert_eq!(part(&gpu, "the step's trajectories"), 0.0);
         assert_eq!(part(&gpu, "the CUDA context"), CUDA_CONTEXT_BYTES);
         assert!(part(&parts, "the step's trajectories") > 0.0);

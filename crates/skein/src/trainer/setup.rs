@@ -140,6 +140,9 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
         serve_other_rank(&dp, device)?;
         return Ok(Started::OtherRank { rank: dp.rank() });
     }
+    if let Some(placement) = dp.placement() {
+        eprintln!("skein: {placement}");
+    }
     let (mut run_dir, loaded) = run_dir_and_checkpoint(cfg, begin, device)?;
 
     // The task, the policy and the rollout source.
@@ -154,7 +157,13 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
     };
     let sampling = sampling_params(cfg, &mut tokenizer)?;
     let longest_prompt = tasks.longest_loaded_prompt();
-    let engine = rollout_engine(cfg, &policy, restore.as_ref(), longest_prompt)?;
+    let engine = rollout_engine(
+        cfg,
+        &policy,
+        restore.as_ref(),
+        longest_prompt,
+        dp.ranks_here(),
+    )?;
     let resumed_workload = restore.as_ref().map(|r| &r.state.workload);
     let mut workload = tasks.into_workload(cfg, &tokenizer, &policy, resumed_workload)?;
     check_context(cfg, workload.as_ref(), &policy)?;
@@ -523,12 +532,14 @@ fn check_context(cfg: &TrainConfig, workload: &dyn Workload, policy: &Model) -> 
 
 /// The engine rollouts run on, once the run is known to fit in memory (on the CPU, where
 /// free memory can be read). `restore` is a resumed run's, its KL reference already loaded;
-/// `loaded_prompt` a loaded dataset's longest prompt in tokens.
+/// `loaded_prompt` a loaded dataset's longest prompt in tokens; `ranks_here` the
+/// data-parallel ranks on this machine, whose replicas share its memory.
 fn rollout_engine(
     cfg: &TrainConfig,
     policy: &Model,
     restore: Option<&Restore>,
     loaded_prompt: Option<usize>,
+    ranks_here: usize,
 ) -> Result<Generator> {
     let device = policy.vs.device();
     // Counted as held only where the run uses it (the estimate counts it then); otherwise it
@@ -543,7 +554,7 @@ fn rollout_engine(
     // tensors of their own, both alive at once: they are not counted as usable.)
     if let Some(free) = crate::memory::available_on(device) {
         let available = free + held_bytes(policy) + reference.map_or(0.0, held_bytes);
-        let parts = preflight::estimate(cfg, &policy.net.config, device, loaded_prompt);
+        let parts = preflight::estimate(cfg, &policy.net.config, device, ranks_here, loaded_prompt);
         preflight::check(&parts, available)?;
     }
     Ok(match cfg.rollout.engine {

@@ -38,6 +38,29 @@ impl DataParallel {
         }
     }
 
+    /// The ranks on this machine, this one included: every thread rank; an MPI job's
+    /// processes that `mpirun` placed here.
+    pub fn ranks_here(&self) -> usize {
+        match self {
+            DataParallel::Threads { dp_size } => *dp_size,
+            #[cfg(feature = "mpi")]
+            DataParallel::Mpi(group) => group.local_size(),
+        }
+    }
+
+    /// Where an MPI job's processes run, for its first line; nothing for thread ranks.
+    pub fn placement(&self) -> Option<String> {
+        match self {
+            DataParallel::Threads { .. } => None,
+            #[cfg(feature = "mpi")]
+            DataParallel::Mpi(group) => Some(format!(
+                "data-parallel over MPI: {} processes, {} of them on this machine",
+                group.size(),
+                group.local_size()
+            )),
+        }
+    }
+
     /// This process's rank (0 runs the training loop).
     pub fn rank(&self) -> usize {
         match self {

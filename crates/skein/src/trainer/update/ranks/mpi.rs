@@ -40,6 +40,8 @@ pub struct MpiGroup {
     _universe: Universe,
     /// This process's rank among the job's processes on its own machine: the GPU it takes.
     local_rank: usize,
+    /// The job's processes on this machine: their replicas share its memory.
+    local_size: usize,
     /// Rank 0 is inside an update (the other ranks wait in a collective, not for a command).
     in_update: Cell<bool>,
 }
@@ -75,11 +77,13 @@ impl MpiGroup {
             );
         }
         // The processes that share this one's memory (its machine), ordered by world rank.
-        let local_rank = world.split_shared(world.rank()).rank() as usize;
+        let here = world.split_shared(world.rank());
+        let (local_rank, local_size) = (here.rank() as usize, here.size() as usize);
         Ok(MpiGroup {
             world,
             _universe: universe,
             local_rank,
+            local_size,
             in_update: Cell::new(false),
         })
     }
@@ -92,6 +96,11 @@ impl MpiGroup {
     /// the ranks on machines in: on a machine of GPUs, local rank k takes the k-th.
     pub fn local_rank(&self) -> usize {
         self.local_rank
+    }
+
+    /// How many of the job's processes run on this machine, this one included.
+    pub fn local_size(&self) -> usize {
+        self.local_size
     }
 
     pub fn size(&self) -> usize {
