@@ -17,5 +17,5 @@ pub use chat_template::{ChatTemplate, FunctionCall, Message, ToolCall};
 pub use generation_config::{GenerationConfig, TokenIds};
 pub use special_texts::{SpecialTexts, SpelledSpecials};
 pub use tokenizer::{leading_special_ids, Tokenizer};
-pub use tool_calls::{parse_tool_calls, strip_tool_calls, ToolCallError};
+pub use tool_calls::{parse_tool_calls, strip_tool_calls, ToolCallError, OPEN as TOOL_CALL_OPEN};
 pub use unknown_chars::{UnknownChars, UNKNOWN_EXAMPLES};

@@ -8,7 +8,8 @@ use crate::chat_template::ToolCall;
 use serde_json::Value;
 use std::fmt;
 
-const OPEN: &str = "<tool_call>";
+/// Where a tool call begins in a model's text.
+pub const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
 /// The tags around a call, which a message's text must keep.
 pub const TAGS: [&str; 2] = [OPEN, CLOSE];

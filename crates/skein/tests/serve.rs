@@ -1304,8 +1304,8 @@ fn finish_event(chunks: &[Value], index: usize) -> Value {
 /// `stream: true` sends the text in pieces as it is generated, and the pieces make the
 /// greedy completion `stream: false` gets: chat and text completions, `n` choices, `stop`
 /// strings (no piece holds one), each choice's last event with the token-exact record, and
-/// when asked, the usage. With tools offered, a chat's text comes whole at the end. The
-/// official `openai` client reads the chat stream.
+/// when asked, the usage, and with tools offered. The official `openai` client reads the
+/// chat stream.
 #[test]
 fn a_streamed_answer_comes_in_pieces_that_make_the_plain_answer() {
     let server = in_process(4, ServeConfig::default());
@@ -1401,7 +1401,8 @@ fn a_streamed_answer_comes_in_pieces_that_make_the_plain_answer() {
             assert_eq!(Some(sent.concat().as_str()), cut);
             assert_eq!(finish_event(&chunks, 0)["finish_reason"], "stop");
         }
-        // Tools offered: the text waits for the end, where tool calls would be parsed out.
+        // Tools offered: the text streams up to a tool call (none here, which the tiny model
+        // does not write), unless it starts with whitespace, which parsing them trims.
         let mut with_tools = chat.clone();
         with_tools["tools"] = json!([{"type": "function", "function": {"name": "add",
                                       "parameters": {"type": "object"}}}]);
@@ -1409,7 +1410,12 @@ fn a_streamed_answer_comes_in_pieces_that_make_the_plain_answer() {
         let (_, plain) = post(&c, &url, with_tools.clone()).await;
         let chunks = stream(&with_tools, &url, false).await;
         let whole = plain["choices"][0]["message"]["content"].as_str().unwrap();
-        assert_eq!(pieces(&chunks, 0), [whole]);
+        let sent = pieces(&chunks, 0);
+        assert_eq!(sent.concat(), whole);
+        match whole.starts_with(char::is_whitespace) {
+            true => assert_eq!(sent.len(), 1, "{sent:?}"),
+            false => assert!(sent.len() >= 2, "{sent:?}"),
+        }
     });
     let python = require_python_with_openai();
     let script = r#"

@@ -8,8 +8,9 @@
 //! an event of the usage with no choice, then `data: [DONE]`. Put together, the pieces are
 //! the answer `stream: false` gets.
 //!
-//! With tools offered, a chat's text waits for the end, where tool-call blocks are parsed
-//! out of it. A request refused before generating answers with its status, not a stream;
+//! With tools offered, a chat's text is streamed up to the first `<tool_call>`: the calls and
+//! any text after them come at the end, where the calls are parsed out of the text (which
+//! also trims it, so a text that starts with whitespace waits for the end whole). A request refused before generating answers with its status, not a stream;
 //! an error after the stream has begun (a rollout closed meanwhile, the engine gone) is its
 //! last event, in OpenAI's error shape. A client that goes away before the completions end
 //! ends them at the next token, and a rollout records nothing of them. The server's
@@ -86,9 +87,19 @@ impl Answer {
         }
     }
 
-    /// Whether the text waits for the end: tool-call blocks are parsed out of the whole.
-    fn holds_text(&self) -> bool {
+    /// Whether tool-call blocks are parsed out of the text at the end.
+    fn parses_tool_calls(&self) -> bool {
         matches!(self, Answer::Chat(chat) if chat.tools_offered)
+    }
+
+    /// The strings nothing is streamed past: the request's `stop` strings, and where tool
+    /// calls are parsed, the tag that opens one (the call and what follows come at the end).
+    fn streamed_until(&self) -> Vec<String> {
+        let mut until = self.job().stops.clone();
+        if self.parses_tool_calls() {
+            until.push(skein_text::TOOL_CALL_OPEN.to_string());
+        }
+        until
     }
 
     /// A choice's event carrying a piece of its text.
@@ -299,7 +310,10 @@ async fn produce(
     let (tokens, mut sampled) = mpsc::unbounded_channel();
     let generation = generate::sample(&s, job, Some(&tokens));
     tokio::pin!(generation);
-    let mut texts: Vec<StreamedText> = (0..job.n).map(|_| StreamedText::default()).collect();
+    let until = answer.streamed_until();
+    let mut texts: Vec<StreamedText> = (0..job.n)
+        .map(|_| StreamedText::new(answer.parses_tool_calls()))
+        .collect();
     let decode = |ids: &[u32]| s.0.text.decode(ids).ok();
     let samples = loop {
         tokio::select! {
@@ -307,9 +321,6 @@ async fn produce(
             Some(first) = sampled.recv() => {
                 if events.is_closed() {
                     return;
-                }
-                if answer.holds_text() {
-                    continue;
                 }
                 // Every token that has come, then one decode per choice that grew.
                 let mut grew = vec![false; job.n];
@@ -319,7 +330,7 @@ async fn produce(
                     grew[choice] = true;
                 }
                 for choice in (0..job.n).filter(|&c| grew[c]) {
-                    if let Some(piece) = texts[choice].next_piece(decode, &job.stops) {
+                    if let Some(piece) = texts[choice].next_piece(decode, &until) {
                         let event = head.event([answer.piece(choice, &piece)], None);
                         if events.send(event).is_err() {
                             return;

@@ -8,11 +8,15 @@
 //! tokens' decoding per token, not its whole length. Held back until more text comes: a
 //! character whose bytes are split across tokens (decoded as U+FFFD so far), whitespace at
 //! the end (a decoder may clean a space away before the punctuation that follows it), and an
-//! ending that could begin a stop string. Nothing is sent past a stop string.
+//! ending that could begin a stop string. Nothing is sent past a stop string (nor, for a
+//! chat with tools, past the tag that opens a tool call).
 
 /// One choice's tokens so far, their text, and how much of it was sent.
 #[derive(Debug, Default)]
 pub struct StreamedText {
+    /// The final text may lose its leading whitespace (tool calls parsed out of it trim it),
+    /// so a text that starts with whitespace waits for the end.
+    trimmed_at_start: bool,
     tokens: Vec<u32>,
     /// Decoding starts at this token: the last one already in `text`, for context.
     prefix: usize,
@@ -28,6 +32,14 @@ pub struct StreamedText {
 }
 
 impl StreamedText {
+    /// `trimmed_at_start`: whether the final text may lose its leading whitespace.
+    pub fn new(trimmed_at_start: bool) -> Self {
+        StreamedText {
+            trimmed_at_start,
+            ..StreamedText::default()
+        }
+    }
+
     pub fn push(&mut self, token: u32) {
         self.tokens.push(token);
     }
@@ -43,6 +55,10 @@ impl StreamedText {
             return None;
         }
         self.read_new_tokens(decode)?;
+        if self.trimmed_at_start && self.text.starts_with(char::is_whitespace) {
+            self.held = true;
+            return None;
+        }
         let end = settled(&self.text, self.sent, stops);
         if end <= self.sent {
             return None;
@@ -198,6 +214,41 @@ mod tests {
         let (pieces, text) = stream(&[0, 6, 3, 4, 1], &stops);
         assert_eq!(pieces, ["a"]);
         assert_eq!(text.rest("a"), Some(""));
+    }
+
+    /// Where the final text may be trimmed at the start, one that starts with whitespace
+    /// waits whole for the end; one that does not streams as any other.
+    #[test]
+    fn a_text_trimmed_at_its_start_waits_when_it_starts_with_space() {
+        let mut led = StreamedText::new(true);
+        for id in [2, 0, 1] {
+            led.push(id);
+            assert_eq!(led.next_piece(decode, &[]), None);
+        }
+        assert_eq!(led.rest("ab"), Some("ab"));
+        let mut plain = StreamedText::new(true);
+        plain.push(0);
+        assert_eq!(plain.next_piece(decode, &[]).as_deref(), Some("a"));
+    }
+
+    /// With `<tool_call>` among the strings nothing is streamed past, the text before a call
+    /// is streamed and the message's content (the text with its calls parsed out) ends it.
+    #[test]
+    fn text_before_a_tool_call_streams_and_the_content_ends_it() {
+        let text = r#"Let me add. <tool_call>{"name": "add", "arguments": {}}</tool_call> ok"#;
+        let chars: Vec<char> = text.chars().collect();
+        let by_char = |ids: &[u32]| Some(ids.iter().map(|&i| chars[i as usize]).collect());
+        let until = vec![skein_text::TOOL_CALL_OPEN.to_string()];
+        let mut streamed = StreamedText::new(true);
+        let mut pieces = Vec::new();
+        for id in 0..chars.len() as u32 {
+            streamed.push(id);
+            pieces.extend(streamed.next_piece(by_char, &until));
+        }
+        assert_eq!(pieces.concat(), "Let me add.");
+        let content = skein_text::strip_tool_calls(text);
+        assert_eq!(content, "Let me add.  ok");
+        assert_eq!(streamed.rest(&content), Some("  ok"));
     }
 
     /// Each token is decoded with the one before it, not with the whole completion.
