@@ -155,6 +155,11 @@ async fn post(c: &Client, url: &str, body: Value) -> (StatusCode, Value) {
     (status, body)
 }
 
+/// GET `url` and its JSON body.
+async fn get_json(c: &Client, url: &str) -> Value {
+    c.get(url).send().await.unwrap().json().await.unwrap()
+}
+
 fn ids(v: &Value) -> Vec<u32> {
     v.as_array()
         .unwrap_or_else(|| panic!("not a list of ids: {v}"))
@@ -220,14 +225,7 @@ fn chat_and_completions_return_the_exact_token_ids() {
     let template = tok.chat_template().unwrap().unwrap();
     runtime().block_on(async {
         let c = client();
-        let models: Value = c
-            .get(format!("{}/v1/models", server.url))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let models = get_json(&c, &format!("{}/v1/models", server.url)).await;
         assert_eq!(models["data"][0]["id"], "tiny");
 
         let messages = json!([{"role": "system", "content": "add"}, {"role": "user", "content": "what is 2+3?"}]);
@@ -573,14 +571,7 @@ fn rollout_calls_are_recorded_token_exactly_and_closed_by_the_reward() {
         let (s, b) = post(&c, &format!("{base}/v1/reload"), json!({"path": "/tmp"})).await;
         assert_error(s, &b, 409, "trainer's");
 
-        let next: Value = c
-            .get(format!("{base}/tasks/next"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let next = get_json(&c, &format!("{base}/tasks/next")).await;
         assert_eq!(next["rollout_id"], "r1");
         assert_eq!(next["base_url"], "/rollouts/r1/v1");
         let prompt = next["task"]["prompt"].as_str().unwrap().to_string();
@@ -617,14 +608,7 @@ fn rollout_calls_are_recorded_token_exactly_and_closed_by_the_reward() {
         .await;
         assert_eq!(s, 200, "{second}");
 
-        let recording: Value = c
-            .get(format!("{base}/rollouts/r1"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let recording = get_json(&c, &format!("{base}/rollouts/r1")).await;
         assert_eq!(recording["state"], "open");
         assert_eq!(recording["calls"].as_array().unwrap().len(), 2);
 
@@ -716,14 +700,7 @@ fn reload_loads_new_weights_and_bumps_the_version() {
         .await;
         assert_eq!(s, 200, "{body}");
         assert_eq!(body["version"], 1);
-        let health: Value = c
-            .get(format!("{}/health", server.url))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let health = get_json(&c, &format!("{}/health", server.url)).await;
         assert_eq!(health, json!({"status": "ok", "version": 1}));
         let (after, versions) = greedy().await;
         assert!(versions.iter().all(|&v| v == 1), "{versions:?}");
@@ -1610,14 +1587,7 @@ fn a_run_directory_serves_its_checkpoint_and_an_adapter_says_what_to_serve() {
     );
     let name = run.file_name().unwrap().to_str().unwrap().to_string();
     runtime().block_on(async {
-        let models: Value = client()
-            .get(format!("{}/v1/models", server.url))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let models = get_json(&client(), &format!("{}/v1/models", server.url)).await;
         assert_eq!(models["data"][0]["id"], name.as_str());
     });
     drop(server);

@@ -135,14 +135,10 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
     super::interrupt::install();
     super::config::validate::validate(cfg)?;
     let device = cfg.run.start_device()?;
-    let dp = DataParallel::start(cfg)?;
-    if dp.rank() > 0 {
-        serve_other_rank(&dp, device)?;
-        return Ok(Started::OtherRank { rank: dp.rank() });
-    }
-    if let Some(placement) = dp.placement() {
-        eprintln!("skein: {placement}");
-    }
+    let dp = match join_ranks(cfg, device)? {
+        Ok(dp) => dp,
+        Err(rank) => return Ok(Started::OtherRank { rank }),
+    };
     let (mut run_dir, loaded) = run_dir_and_checkpoint(cfg, begin, device)?;
 
     // The task, the policy and the rollout source.
@@ -156,14 +152,8 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
         }
     };
     let sampling = sampling_params(cfg, &mut tokenizer)?;
-    let longest_prompt = tasks.longest_loaded_prompt();
-    let engine = rollout_engine(
-        cfg,
-        &policy,
-        restore.as_ref(),
-        longest_prompt,
-        dp.ranks_here(),
-    )?;
+    let longest = tasks.longest_loaded_prompt();
+    let engine = rollout_engine(cfg, &policy, restore.as_ref(), longest, dp.ranks_here())?;
     let resumed_workload = restore.as_ref().map(|r| &r.state.workload);
     let mut workload = tasks.into_workload(cfg, &tokenizer, &policy, resumed_workload)?;
     check_context(cfg, workload.as_ref(), &policy)?;
@@ -237,6 +227,24 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
         streaks,
         _dp: dp,
     })))
+}
+
+/// Joins the run's data-parallel ranks. An MPI job's rank other than 0 serves rank 0's
+/// updates here until it is stopped, and gets its rank back as `Err`; rank 0 gets the ranks,
+/// having said how an MPI job's processes are placed.
+fn join_ranks(
+    cfg: &TrainConfig,
+    device: Device,
+) -> Result<std::result::Result<DataParallel, usize>> {
+    let dp = DataParallel::start(cfg)?;
+    if dp.rank() > 0 {
+        serve_other_rank(&dp, device)?;
+        return Ok(Err(dp.rank()));
+    }
+    if let Some(placement) = dp.placement() {
+        eprintln!("skein: {placement}");
+    }
+    Ok(Ok(dp))
 }
 
 /// Where the run goes on from: its first step, the rewards and stop streaks so far (a fresh
