@@ -1278,6 +1278,27 @@ fn finish_event(chunks: &[Value], index: usize) -> Value {
     finish
 }
 
+/// A prompt among a few whose greedy answer (choice 0 of `body`'s) has at least three
+/// characters besides spaces. The in-process tiny model's weights depend on what else the
+/// test binary runs while it is built (libtorch's generator is shared by every thread), and
+/// on some weights a prompt's answer stops at once.
+async fn talkative(c: &Client, url: &str, body: impl Fn(&str) -> Value) -> String {
+    for prompt in [
+        "2+3=", "hello", "7*8=", "why?", "a b c", "12-4=", "xyz", "ok.",
+    ] {
+        let (s, plain) = post(c, url, body(prompt)).await;
+        assert_eq!(s, 200, "{plain}");
+        let choice = &plain["choices"][0];
+        let answer = choice["message"]["content"]
+            .as_str()
+            .or(choice["text"].as_str());
+        if answer.is_some_and(|a| a.trim().chars().count() >= 3) {
+            return prompt.to_string();
+        }
+    }
+    panic!("no prompt got an answer of three characters from {url}");
+}
+
 /// `stream: true` sends the text in pieces as it is generated, and the pieces make the
 /// greedy completion `stream: false` gets: chat and text completions, `n` choices, `stop`
 /// strings (no piece holds one), each choice's last event with the token-exact record, and
@@ -1287,9 +1308,22 @@ fn finish_event(chunks: &[Value], index: usize) -> Value {
 fn a_streamed_answer_comes_in_pieces_that_make_the_plain_answer() {
     let server = in_process(4, ServeConfig::default());
     let base = server.url.clone();
-    let chat = json!({"messages": [{"role": "user", "content": "2+3="}], "max_tokens": 12,
-                      "temperature": 0, "n": 2});
-    let text = json!({"prompt": "2+3=", "max_tokens": 12, "temperature": 0, "n": 2});
+    let chat_of = |prompt: &str| {
+        json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": 12,
+               "temperature": 0, "n": 2})
+    };
+    let text_of =
+        |prompt: &str| json!({"prompt": prompt, "max_tokens": 12, "temperature": 0, "n": 2});
+    let (chat_prompt, chat, text) = runtime().block_on(async {
+        let c = client();
+        let chat_prompt = talkative(&c, &format!("{base}/v1/chat/completions"), chat_of).await;
+        let text_prompt = talkative(&c, &format!("{base}/v1/completions"), text_of).await;
+        (
+            chat_prompt.clone(),
+            chat_of(&chat_prompt),
+            text_of(&text_prompt),
+        )
+    });
     runtime().block_on(async {
         let c = client();
         let stream = |body: &Value, url: &str, usage: bool| {
@@ -1389,9 +1423,10 @@ fn a_streamed_answer_comes_in_pieces_that_make_the_plain_answer() {
         let whole = plain["choices"][0]["message"]["content"].as_str().unwrap();
         let sent = pieces(&chunks, 0);
         assert_eq!(sent.concat(), whole);
+        let shown = whole.chars().filter(|c| !c.is_whitespace()).count();
         match whole.starts_with(char::is_whitespace) {
             true => assert_eq!(sent.len(), 1, "{sent:?}"),
-            false => assert!(sent.len() >= 2, "{sent:?}"),
+            false => assert!(sent.len() >= shown.min(2), "{sent:?}"),
         }
     });
     let python = require_python_with_openai();
@@ -1400,12 +1435,12 @@ import sys
 from openai import OpenAI
 client = OpenAI(base_url=sys.argv[1] + "/v1", api_key="none")
 parts = [c.choices[0].delta.content or "" for c in client.chat.completions.create(
-    model="skein", messages=[{"role": "user", "content": "2+3="}], max_tokens=12,
+    model="skein", messages=[{"role": "user", "content": sys.argv[2]}], max_tokens=12,
     temperature=0, stream=True) if c.choices]
 print(len([p for p in parts if p]), "".join(parts), end="")
 "#;
     let out = Command::new(&python)
-        .args(["-c", script, &server.url])
+        .args(["-c", script, &server.url, &chat_prompt])
         .output()
         .unwrap();
     let (streamed, errors) = (
@@ -1438,12 +1473,12 @@ fn a_streamed_rollout_call_records_what_it_sent_and_nothing_when_left() {
     let tok = tokenizer();
     runtime().block_on(async {
         let c = client();
-        let body = json!({"prompt": "2+3=", "max_tokens": 12, "n": 3, "stream": true});
+        let body = json!({"prompt": "2+3=", "max_tokens": 12, "n": 6, "stream": true});
         let r = c.post(&url).json(&body).send().await.unwrap();
         assert_eq!(r.status(), 200);
         let chunks = sse_chunks(&r.text().await.unwrap());
         let (_, recorded) = store.get("r").unwrap();
-        assert_eq!(recorded.calls.len(), 3);
+        assert_eq!(recorded.calls.len(), 6);
         for (index, call) in recorded.calls.iter().enumerate() {
             let last = finish_event(&chunks, index);
             assert_eq!(
@@ -1453,10 +1488,10 @@ fn a_streamed_rollout_call_records_what_it_sent_and_nothing_when_left() {
             let text = tok.decode_message(&call.completion_ids).unwrap();
             assert_eq!(pieces(&chunks, index).concat(), text, "choice {index}");
         }
-        let texts: Vec<String> = (0..3).map(|i| pieces(&chunks, i).concat()).collect();
+        let texts: Vec<String> = (0..6).map(|i| pieces(&chunks, i).concat()).collect();
         assert!(
-            texts[0] != texts[1] || texts[1] != texts[2],
-            "sampled choices differ"
+            texts.iter().any(|t| t != &texts[0]),
+            "sampled choices differ: {texts:?}"
         );
 
         for (route, body, status) in [
@@ -1483,7 +1518,7 @@ fn a_streamed_rollout_call_records_what_it_sent_and_nothing_when_left() {
         // recorded by now.
         tokio::time::sleep(Duration::from_secs(2)).await;
         let (_, recorded) = store.get("r").unwrap();
-        assert_eq!(recorded.calls.len(), 3, "nothing more was recorded");
+        assert_eq!(recorded.calls.len(), 6, "nothing more was recorded");
     });
 }
 
