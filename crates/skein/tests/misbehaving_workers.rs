@@ -387,13 +387,16 @@ fn stop_while_a_worker_hangs(
     (status.code(), stderr.text())
 }
 
-/// SIGTERM, which nothing in skein handles, ends it at once; the hung worker and its
-/// wrapper, and the other worker, go with it.
+/// SIGTERM, what a scheduler preempting a job sends before its kill, is a first Ctrl-C: the
+/// step finishes (the hung episode is cut off by `agent.env_timeout_s`), its checkpoint is
+/// written, and the hung worker and its wrapper, and the other worker, go with skein.
 #[test]
-fn sigterm_while_an_env_worker_hangs_leaves_no_worker_behind() {
-    let sets = hanging_worker_run(true, 600.0);
-    let (code, err) = stop_while_a_worker_hangs("sigterm", &sets, &[("TERM", None)]);
-    assert_eq!(code, None, "ended by the signal, as before: {err}");
+fn sigterm_while_an_env_worker_hangs_checkpoints_and_leaves_no_worker_behind() {
+    let sets = hanging_worker_run(true, 3.0);
+    let term = [("TERM", Some("interrupt: finishing this step"))];
+    let (code, err) = stop_while_a_worker_hangs("sigterm", &sets, &term);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("interrupted after step"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
 

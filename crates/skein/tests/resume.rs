@@ -351,7 +351,17 @@ fn a_killed_bfloat16_run_training_every_weight_resumes_exactly() {
 /// success; the run then continues from there.
 #[test]
 fn ctrl_c_checkpoints_the_finished_step_and_exits_cleanly() {
-    let dir = run_dir("interrupt");
+    signal_checkpoints_the_finished_step("INT");
+}
+
+/// SIGTERM, what a scheduler preempting a job sends before its kill, is a Ctrl-C.
+#[test]
+fn sigterm_checkpoints_the_finished_step_as_ctrl_c_does() {
+    signal_checkpoints_the_finished_step("TERM");
+}
+
+fn signal_checkpoints_the_finished_step(signal: &str) {
+    let dir = run_dir(&format!("interrupt-{signal}"));
     let cfg = write_config(&dir);
     let set_dir = format!("run.dir={}", dir.display());
     let mut child = skein(&[
@@ -377,7 +387,7 @@ fn ctrl_c_checkpoints_the_finished_step_and_exits_cleanly() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let sent = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
+        .args([&format!("-{signal}"), &child.id().to_string()])
         .status()
         .unwrap();
     assert!(sent.success());
@@ -387,7 +397,7 @@ fn ctrl_c_checkpoints_the_finished_step_and_exits_cleanly() {
         }
         assert!(
             started.elapsed() < Duration::from_secs(300),
-            "still running after Ctrl-C"
+            "still running after SIG{signal}"
         );
         std::thread::sleep(Duration::from_millis(20));
     };

@@ -11,6 +11,11 @@
 //! taken along. A run's files are already
 //! safe against a kill: checkpoints are written aside and renamed, and a resume cuts the
 //! records back to its checkpoint.
+//!
+//! SIGTERM is a press too: schedulers preempting a job (SLURM, Kubernetes), `docker stop` and
+//! `timeout` send it before they kill, and a run they stop should keep its step. Its handler
+//! only sends this process a SIGINT. (ctrlc's own `termination` feature would also take
+//! SIGHUP, and refuses to install anything where SIGHUP is ignored, as under `nohup`.)
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Once;
@@ -65,11 +70,38 @@ pub fn install() {
         });
         if let Err(e) = installed {
             eprintln!("skein: Ctrl-C will stop the run at once ({e})");
+            return;
         }
+        forward_sigterm();
     });
 }
 
-/// Whether Ctrl-C was pressed since the process started.
+/// Makes SIGTERM a Ctrl-C press, unless something already handles or ignores it.
+fn forward_sigterm() {
+    extern "C" fn as_sigint(_: libc::c_int) {
+        // kill(2) is async-signal-safe; the Ctrl-C handler does the rest on its own thread.
+        unsafe {
+            libc::kill(libc::getpid(), libc::SIGINT);
+        }
+    }
+    // SAFETY: plain sigaction calls on zeroed structs; the handler only calls kill(2).
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = as_sigint as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        action.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut action.sa_mask);
+        let mut old: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(libc::SIGTERM, &action, &mut old) != 0 {
+            eprintln!("skein: SIGTERM will stop the run at once (its handler did not install)");
+            return;
+        }
+        if old.sa_sigaction != libc::SIG_DFL {
+            libc::sigaction(libc::SIGTERM, &old, std::ptr::null_mut());
+        }
+    }
+}
+
+/// Whether Ctrl-C was pressed (or SIGTERM sent) since the process started.
 pub fn requested() -> bool {
     PRESSES.load(Ordering::SeqCst) > 0
 }
