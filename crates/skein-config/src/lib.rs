@@ -5,6 +5,7 @@
 //! the full dotted key and the keys allowed beside it. Semantic checks use [`Validator`];
 //! [`render_documented`] writes the defaults with a comment per key.
 
+mod command;
 mod describe;
 mod docs;
 mod error;

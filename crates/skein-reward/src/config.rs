@@ -221,11 +221,15 @@ mod tests {
 
     #[test]
     fn sources_of_every_kind_parse_and_the_default_is_valid() {
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../scripts/reward_worker_example.py"
+        );
         let cfg = parse(serde_json::json!({
             "sources": {
                 "answer": {"kind": "math", "flexible": true},
                 "len": {"kind": "overlong", "max_response_tokens": 100, "overlong_buffer": 20},
-                "py": {"kind": "worker", "command": ["python3", "w.py"], "processes": 2},
+                "py": {"kind": "worker", "command": ["python3", script], "processes": 2},
                 "far": {"kind": "remote", "url": "http://127.0.0.1:9/score"},
                 "rm": {"kind": "scorer"}
             },

@@ -53,11 +53,10 @@ impl Default for WorkerConfig {
 
 impl WorkerConfig {
     pub fn validate(&self, key: &str, v: &mut Validator) {
-        v.check(
-            self.command.first().is_some_and(|p| !p.trim().is_empty()),
+        v.command(
             &format!("{key}.command"),
-            "must name a program, e.g. [\"python3\", \"my_reward.py\"]",
-            format!("{:?}", self.command),
+            &self.command,
+            "a program, e.g. [\"python3\", \"my_reward.py\"]",
         );
         v.at_least(&format!("{key}.processes"), self.processes, 1);
         v.at_least(&format!("{key}.timeout_ms"), self.timeout_ms, 1);
@@ -363,12 +362,27 @@ mod tests {
     }
 
     #[test]
-    fn a_missing_program_fails_at_start_up_naming_it() {
+    fn a_missing_program_is_a_config_error_naming_its_key() {
         let e = WorkerPool::new(&cfg(&["/nonexistent/reward-worker"]), "reward.sources.w")
             .err()
             .unwrap();
+        assert_eq!(e.kind(), "config");
+        let e = e.to_string();
+        assert!(
+            e.contains("`reward.sources.w.command`") && e.contains("/nonexistent/reward-worker"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_program_that_cannot_start_fails_at_start_up_naming_it() {
+        // A file that exists but is no program (not executable).
+        let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
+        let e = WorkerPool::new(&cfg(&[manifest]), "reward.sources.w")
+            .err()
+            .unwrap();
         assert_eq!(e.kind(), "worker_spawn");
-        assert!(e.to_string().contains("/nonexistent/reward-worker"), "{e}");
+        assert!(e.to_string().contains(manifest), "{e}");
     }
 
     #[test]

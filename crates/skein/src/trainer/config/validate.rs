@@ -921,14 +921,15 @@ fn validate_agent(cfg: &TrainConfig, v: &mut Validator) {
              would score only the held-out evaluations, so the two would measure different \
              things: remove the section and have the agents compute the reward",
             "[reward]",
-        )
-        .check(
-            a.workers == 0 || !a.command.is_empty(),
-            "agent.command",
-            "must name the agent program when agent.workers > 0, e.g. \
-             [\".venv/bin/python\", \"scripts/example_agent.py\", \"--server\", \"{server}\"]",
-            "[]",
         );
+        if a.workers > 0 {
+            v.command(
+                "agent.command",
+                &a.command,
+                "the agent program when agent.workers > 0, e.g. [\".venv/bin/python\", \
+                 \"scripts/example_agent.py\", \"--server\", \"{server}\"]",
+            );
+        }
     }
     if a.kind == AgentKind::EnvWorker {
         validate_env_worker(cfg, v);
@@ -975,11 +976,10 @@ const MAX_ENV_WORKERS: usize = 1024;
 /// start-up.
 fn validate_env_worker(cfg: &TrainConfig, v: &mut Validator) {
     let a = &cfg.agent;
-    check_command(
+    v.command(
         "agent.command",
         &a.command,
         "the environment worker's program and arguments, e.g. [\"python3\", \"scripts/env_worker_example.py\"]",
-        v,
     );
     v.in_range("agent.workers", a.workers, 1, MAX_ENV_WORKERS)
         .check(
@@ -1003,54 +1003,6 @@ fn validate_env_worker(cfg: &TrainConfig, v: &mut Validator) {
              ones",
             cfg.sft.direct_share,
         );
-}
-
-/// Script files a command's arguments may name: an argument ending in one of these (and not
-/// an option) must be a file.
-const SCRIPT_EXTENSIONS: &[&str] = &["py", "sh", "js", "mjs", "rb", "pl", "lua", "jl", "r"];
-
-/// A command this run starts: a program that exists (a path to a file, or a name found on
-/// PATH), and every argument that names a script a file that exists (relative paths are from
-/// the directory skein runs in).
-pub fn check_command(key: &str, command: &[String], example: &str, v: &mut Validator) {
-    let Some(program) = command.first().filter(|p| !p.trim().is_empty()) else {
-        v.check(
-            false,
-            key,
-            &format!("must name {example}"),
-            format!("{command:?}"),
-        );
-        return;
-    };
-    let on_path = |name: &str| {
-        std::env::var_os("PATH")
-            .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(name).is_file()))
-    };
-    let found = if program.contains('/') {
-        std::path::Path::new(program).is_file()
-    } else {
-        on_path(program)
-    };
-    v.check(
-        found,
-        key,
-        "names a program that does not exist (a path to a file, or a name on PATH)",
-        program,
-    );
-    for (i, arg) in command.iter().enumerate().skip(1) {
-        let path = std::path::Path::new(arg);
-        let script = !arg.starts_with('-')
-            && path
-                .extension()
-                .and_then(|e| e.to_str())
-                .is_some_and(|e| SCRIPT_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str()));
-        v.check(
-            !script || path.is_file(),
-            &format!("{key}[{i}]"),
-            "no such file (relative paths are from the directory skein runs in)",
-            arg,
-        );
-    }
 }
 
 /// `[data]`: files that exist with a known extension.
@@ -1329,6 +1281,23 @@ mod tests {
             .err()
             .map(|e| e.to_string());
         assert!(!e.unwrap_or_default().contains("`reward`"));
+    }
+
+    /// An agent skein starts is checked as an environment worker is: a misspelt script would
+    /// otherwise fail every rollout of the run, found only once it trains nothing.
+    #[test]
+    fn an_external_agent_command_is_checked_when_skein_starts_it() {
+        let external = "agent.kind=\"external\"";
+        let problem = |set: &[&str]| validate(&load(set).unwrap()).err().map(|e| e.to_string());
+        let e = problem(&[
+            external,
+            "agent.workers=1",
+            "agent.command=[\"python3\", \"scripts/example_agnt.py\"]",
+        ])
+        .unwrap_or_default();
+        assert!(e.contains("`agent.command[1]`: no such file"), "{e}");
+        // Agents started by hand (`workers = 0`) need no command.
+        assert_eq!(problem(&[external, "agent.workers=0"]), None);
     }
 
     #[test]
