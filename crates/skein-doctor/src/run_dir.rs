@@ -276,7 +276,8 @@ mod tests {
     }
 
     // A long synthetic run: step 20's rewards go far beyond the range before; the steps below
-    // cut off half their responses, have mostly equal groups, or fail reward calls; a gradient
+    // cut off half their responses, have mostly equal groups, or fail half their trajectories'
+    // reward calls; a gradient
     // norm spikes every 100 steps; every 10th step is evaluated (as a second record),
     // held-out accuracy falling from step 40 on while the reward rises.
     fn truncating(s: usize) -> bool {
@@ -298,6 +299,7 @@ mod tests {
             "response/truncated_fraction": if truncating(s) { 0.5 } else { 0.0 },
             "batch/equal_reward_group_fraction": if equal_groups(s) { 0.9 } else { 0.5 },
             "reward/step_failed": if failing(s) { 4 } else { 0 },
+            "batch/failed_trajectories": if failing(s) { 4 } else { 0 },
             "rollout/trajectories": 8,
             "grad_norm": if s % 100 == 50 { 40.0 } else { 1.0 },
         })
@@ -415,6 +417,7 @@ mod tests {
         names.sort();
         names.dedup();
         let expected = [
+            "failed-trajectories",
             "no-learning-signal",
             "overfitting",
             "reward-failures",
@@ -431,6 +434,10 @@ mod tests {
         assert!(found
             .iter()
             .any(|d| d.evidence.contains("such groups were all right")));
+        // A failure's reason comes from the step file the replay read where it started.
+        assert!(found.iter().any(|d| d
+            .evidence
+            .ends_with("one failed for: reward call timed out")));
 
         // Files are read where a diagnosis starts and for the window, not for every step.
         assert_eq!(read.steps, steps);

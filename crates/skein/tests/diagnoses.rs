@@ -267,13 +267,22 @@ fn a_crashing_reward_worker_is_reward_trouble() {
     s.extend(sets(&["trainer.steps=1"]));
     let (dir, err) = train("crashing-reward", &s);
     let d = diagnosed(&dir, &err, "reward-failures");
-    only(&dir, &err, &["reward-failures"]);
+    // Half the step's trajectories are lost with them, and that is named too.
+    let lost = diagnosed(&dir, &err, "failed-trajectories");
+    only(&dir, &err, &["reward-failures", "failed-trajectories"]);
     assert_eq!(d["step"], 1, "{d}");
     assert!(
         evidence(&d).starts_with("16 of 32 reward calls failed at step 1"),
         "{d}"
     );
     assert_eq!(d["examples"].as_array().unwrap().len(), 2, "{d}");
+    assert!(
+        evidence(&lost).starts_with(
+            "0.50 of the trajectories failed at step 1 (16 of 32); counted as \
+             reward/step_failed 16"
+        ),
+        "{lost}"
+    );
 }
 
 /// A reward worker that crashes on every request: every trajectory of the step fails, so the
@@ -289,6 +298,15 @@ fn a_reward_worker_that_always_crashes_fails_every_trajectory() {
         "{d}"
     );
     assert_eq!(d["examples"].as_array().unwrap().len(), 2, "{d}");
+    // The step trained nothing, named with the counter that explains it and a reason.
+    let lost = diagnosed(&dir, &err, "failed-trajectories");
+    assert!(
+        evidence(&lost).starts_with(
+            "1.00 of the trajectories failed at step 1 (32 of 32); counted as \
+             reward/step_failed 32; one failed for: reward ("
+        ),
+        "{lost}"
+    );
 }
 
 /// A reward function with a bug: after three steps of 0/1 coin flips, every other reward is
@@ -425,12 +443,57 @@ fn a_crashing_environment_worker_fails_episodes() {
     s.push(format!("agent.command={}", toml_list(&command)));
     let (dir, err) = train("env-crash", &s);
     let d = diagnosed(&dir, &err, "env-failures");
-    only(&dir, &err, &["env-failures"]);
+    // Each episode is on a worker when it crashes, so every one fails and the steps train
+    // nothing: named too, and true.
+    let lost = diagnosed(&dir, &err, "failed-trajectories");
+    only(&dir, &err, &["env-failures", "failed-trajectories"]);
+    assert!(
+        evidence(&lost).contains("counted as agent/env_worker_failures"),
+        "{lost}"
+    );
     assert!(
         evidence(&d).contains("episodes failed in the environment at step 1"),
         "{d}"
     );
     assert!(evidence(&d).contains("env_worker_failures"), "{d}");
+}
+
+/// An external agent that exits at once (here a program that only fails; as an agent whose
+/// imports break would): each step ends with every rollout left open, and no update is
+/// applied. Its metrics alone look quiet (no reward, no loss), so the run must not be called
+/// healthy.
+#[test]
+fn an_external_agent_that_exits_at_once_fails_every_rollout() {
+    let python = common::python_with("json").unwrap_or_else(|| "python3".into());
+    let command = vec![python, "-c".into(), "import sys; sys.exit(1)".into()];
+    let mut s = sets(&[
+        "agent.kind=\"external\"",
+        "agent.workers=1",
+        "trainer.steps=2",
+        "sft.steps=0",
+    ]);
+    s.push(format!("agent.command={}", toml_list(&command)));
+    let (dir, err) = train("external-exits", &s);
+    let d = diagnosed(&dir, &err, "failed-trajectories");
+    let agent = diagnosed(&dir, &err, "env-failures");
+    only(&dir, &err, &["failed-trajectories", "env-failures"]);
+    assert_eq!(
+        (d["step"].as_u64(), d["until"].as_u64()),
+        (Some(1), Some(2)),
+        "{d}"
+    );
+    assert!(
+        evidence(&d).starts_with(
+            "1.00 of the trajectories failed at step 1 (32 of 32); counted as \
+             agent/orphaned_rollouts 32; one failed for: every agent process"
+        ),
+        "{d}"
+    );
+    assert_eq!(d["examples"].as_array().unwrap().len(), 2, "{d}");
+    assert!(
+        evidence(&agent).starts_with("32 of 32 rollouts failed in the external agent at step 1"),
+        "{agent}"
+    );
 }
 
 /// Two turns for a guessing game a model that has learnt nothing never wins.

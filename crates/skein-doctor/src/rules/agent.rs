@@ -1,11 +1,13 @@
-//! Environment and agent trouble in multi-turn episodes: environments that fail or time out,
-//! episodes that end at the turn limit, and tool calls the agent writes malformed.
+//! Environment and agent trouble in multi-turn episodes: environments or external agents that
+//! fail or time out, episodes that end at the turn limit, and tool calls the agent writes
+//! malformed.
 
 use super::{examples_where, f2, steps_of, values_of, Finding, Rule};
 use crate::digest::Outcome;
 use crate::history::{step_span, History};
 
-/// Share of the step's episodes that failed in the environment (error, time-out, worker).
+/// Share of the step's episodes that failed in the environment (error, time-out, worker) or,
+/// with external agents, in the agent.
 pub const MAX_ENV_FAILED_FRACTION: f64 = 0.1;
 /// Share of the step's episodes cut off at the turn limit...
 pub const MAX_TURN_LIMIT_FRACTION: f64 = 0.5;
@@ -16,11 +18,28 @@ pub const MAX_TOOL_CALL_ERRORS: f64 = 0.25;
 /// Steps in a row.
 pub const TOOL_CALL_STEPS: usize = 2;
 
+/// Episodes a multi-turn environment failed: its own error, a time-out, a worker that died.
+const ENV_KEYS: [&str; 3] = [
+    "agent/env_errors",
+    "agent/env_timeouts",
+    "agent/env_worker_failures",
+];
+/// Rollouts an external agent failed: reported failed (`/fail`), not closed within
+/// `agent.rollout_timeout_s`, or left open when every agent process had exited. A step logs
+/// these or [`ENV_KEYS`], never both: an external agent runs no environment of skein's.
+const EXTERNAL_KEYS: [&str; 3] = [
+    "agent/failed_rollouts",
+    "agent/timed_out_rollouts",
+    "agent/orphaned_rollouts",
+];
+
 pub const ENV_FAILURES: Rule = Rule {
     name: "env-failures",
-    title: "environment calls fail or time out",
-    advice: "see the failed episodes' reasons in `skein view`; fix the environment or its \
-             worker (`agent.command`), or raise `agent.env_timeout_s` if it is slow",
+    title: "environments or agents fail or time out",
+    advice: "see the failed episodes' reasons in `skein view`; fix the environment, its \
+             worker or the external agent (`agent.command`; its stderr says why it exited), or \
+             raise `agent.env_timeout_s` (`agent.rollout_timeout_s` for an external agent) if \
+             it is slow",
     check: env_failures,
 };
 
@@ -43,11 +62,11 @@ pub const TOOL_CALL_ERRORS: Rule = Rule {
 
 fn env_failures(h: &History) -> Option<Finding> {
     let last = h.last().filter(|s| s.is_rl_step())?;
-    let keys = [
-        "agent/env_errors",
-        "agent/env_timeouts",
-        "agent/env_worker_failures",
-    ];
+    let external = EXTERNAL_KEYS.iter().any(|k| last.get(k).is_some());
+    let (keys, failed_in) = match external {
+        true => (EXTERNAL_KEYS, "rollouts failed in the external agent"),
+        false => (ENV_KEYS, "episodes failed in the environment"),
+    };
     let failed: f64 = keys.iter().filter_map(|k| last.get(k)).sum();
     let n = last.get("rollout/trajectories")?.max(1.0);
     if failed / n < MAX_ENV_FAILED_FRACTION {
@@ -65,7 +84,7 @@ fn env_failures(h: &History) -> Option<Finding> {
         .collect();
     Some(Finding {
         evidence: format!(
-            "{failed:.0} of {n:.0} episodes failed in the environment at step {} ({})",
+            "{failed:.0} of {n:.0} {failed_in} at step {} ({})",
             last.step,
             parts.join(", ")
         ),
@@ -148,6 +167,26 @@ mod tests {
             f.evidence,
             "3 of 8 episodes failed in the environment at step 1 (env_errors 1, env_timeouts 2)"
         );
+        // An external agent whose every process exited: its rollouts were left open.
+        let h = history(1, |_| {
+            json!({
+                "agent/failed_rollouts": 0,
+                "agent/timed_out_rollouts": 0,
+                "agent/orphaned_rollouts": 4,
+                "rollout/trajectories": 4,
+            })
+        });
+        assert_eq!(
+            env_failures(&h).unwrap().evidence,
+            "4 of 4 rollouts failed in the external agent at step 1 (failed_rollouts 0, \
+             timed_out_rollouts 0, orphaned_rollouts 4)"
+        );
+        // One rollout of 16 reported failed by its agent is below a tenth.
+        let h = history(
+            1,
+            |_| json!({"agent/failed_rollouts": 1, "rollout/trajectories": 16}),
+        );
+        assert!(env_failures(&h).is_none());
         let h = history(
             2,
             |_| json!({"agent/turn_limit": 6, "agent/turns_mean": 3.0, "rollout/trajectories": 8}),

@@ -15,6 +15,7 @@
 mod agent;
 mod drift;
 mod entropy;
+mod failed;
 mod length;
 mod partial;
 mod reward;
@@ -87,6 +88,7 @@ pub const RULES: &[Rule] = &[
     drift::LOGPROB_MISMATCH,
     truncation::TRUNCATION,
     length::LENGTH_EXPLOITATION,
+    failed::FAILED_TRAJECTORIES,
     reward::REWARD_FAILURES,
     reward::REWARD_OUT_OF_RANGE,
     reward::OVERFITTING,
