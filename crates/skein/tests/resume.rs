@@ -360,37 +360,48 @@ fn sigterm_checkpoints_the_finished_step_as_ctrl_c_does() {
     signal_checkpoints_the_finished_step("TERM");
 }
 
+/// `skein train` of a new run of [`CONFIG`] in `dir`, with `sets`.
+fn new_run(dir: &Path, sets: &[&str]) -> Vec<String> {
+    let mut args = vec!["train".to_string(), "--config".into(), write_config(dir)];
+    let set_dir = format!("run.dir={}", dir.display());
+    for set in [set_dir.as_str()].iter().chain(sets) {
+        args.extend(["--set".to_string(), set.to_string()]);
+    }
+    args
+}
+
+fn send(child: &std::process::Child, signal: &str) {
+    let sent = Command::new("kill")
+        .args([&format!("-{signal}"), &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+}
+
 fn signal_checkpoints_the_finished_step(signal: &str) {
     let dir = run_dir(&format!("interrupt-{signal}"));
-    let cfg = write_config(&dir);
-    let set_dir = format!("run.dir={}", dir.display());
-    let mut child = skein(&[
-        "train",
-        "--config",
-        &cfg,
-        "--set",
-        &set_dir,
-        "--set",
-        "trainer.steps=500",
-        "--set",
-        "trainer.checkpoint_every=0",
-        // Without numbered checkpoints the file's `keep_last` would do nothing: refused.
-        "--set",
-        "trainer.keep_last=0",
-    ])
-    .spawn()
-    .unwrap();
+    let args = new_run(
+        &dir,
+        &[
+            "trainer.steps=500",
+            "trainer.checkpoint_every=0",
+            // Without numbered checkpoints the file's `keep_last` would do nothing: refused.
+            "trainer.keep_last=0",
+        ],
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_skein"))
+        .args(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
     let started = Instant::now();
     while !dir.join("metrics.jsonl").exists() || rl_steps(&dir).len() < 2 {
         assert!(started.elapsed() < Duration::from_secs(300), "no RL step");
         assert!(child.try_wait().unwrap().is_none(), "the run ended early");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let sent = Command::new("kill")
-        .args([&format!("-{signal}"), &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(sent.success());
+    send(&child, signal);
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
             break s;
@@ -414,5 +425,79 @@ fn signal_checkpoints_the_finished_step(signal: &str) {
         .unwrap();
     assert!(status.success());
     assert_eq!(rl_steps(&dir).len(), done + 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn run_with_stderr(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_skein"))
+        .args(args)
+        .stdout(Stdio::null())
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A finished run is not resumed without more steps (which would redo its final evaluation
+/// and rewrite its files), and one trained further, then stopped before its new end, is
+/// evaluated at its newest weights, not at the `checkpoint/` it finished with before.
+#[test]
+fn a_finished_run_is_kept_and_a_run_trained_past_it_is_evaluated_at_its_newest_step() {
+    let dir = run_dir("finished");
+    let args = new_run(
+        &dir,
+        &[
+            "trainer.steps=2",
+            "trainer.checkpoint_every=1",
+            "trainer.keep_last=0",
+        ],
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (ok, err) = run_with_stderr(&args);
+    assert!(ok, "{err}");
+    let files = ["metrics.jsonl", "config.toml", "plot.png"];
+    let read = |name: &str| std::fs::read(dir.join(name)).unwrap();
+    let before: Vec<Vec<u8>> = files.iter().map(|f| read(f)).collect();
+
+    let dir_str = dir.display().to_string();
+    let (ok, err) = run_with_stderr(&["train", "--resume", &dir_str]);
+    assert!(!ok && err.contains("finished at step 2"), "{err}");
+    let after: Vec<Vec<u8>> = files.iter().map(|f| read(f)).collect();
+    assert!(before == after, "a refused resume changed the run's files");
+
+    // Trained further, and stopped by Ctrl-C after at least one more step.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_skein"))
+        .args(["train", "--resume", &dir_str, "--set", "trainer.steps=500"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while rl_steps(&dir).len() < 3 {
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "no third step"
+        );
+        assert!(child.try_wait().unwrap().is_none(), "the run ended early");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    send(&child, "INT");
+    assert!(child.wait().unwrap().success());
+    let done = rl_steps(&dir).len();
+    assert!((3..500).contains(&done));
+
+    let (ok, err) = run_with_stderr(&["eval", &dir_str, "--problems", "4"]);
+    assert!(ok, "{err}");
+    let newest = dir.join(format!("checkpoint-{done}"));
+    assert!(
+        err.contains(&format!(
+            "holds step 2 and the run went on to step {done}: its newest weights are those of \
+             step {done}; evaluating {}",
+            newest.display()
+        )),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -463,7 +463,12 @@ fn a_resume_that_needs_a_model_the_checkpoint_lacks_names_it() {
     assert_eq!(code, 0, "{err}");
     let before = snapshot(&dir);
     let resume = ["--resume", dir.to_str().unwrap()];
-    let (code, err) = skein_train(&dir, &resume, &["algorithm.estimator=\"gae\""]);
+    // Given more steps: a finished run resumed for none would be refused for that.
+    let (code, err) = skein_train(
+        &dir,
+        &resume,
+        &["algorithm.estimator=\"gae\"", "trainer.steps=3"],
+    );
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("has no critic"), "{err}");
     assert!(

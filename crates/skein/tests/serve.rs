@@ -1617,7 +1617,10 @@ fn a_run_directory_serves_its_checkpoint_and_an_adapter_says_what_to_serve() {
     let (server, said) = serve_with_stderr(&["--model", run.to_str().unwrap()]);
     let said = said.lock().unwrap().clone();
     assert!(
-        said.contains("is a run directory: serving its checkpoint"),
+        said.contains(&format!(
+            "is a run directory: serving {}",
+            run.join("checkpoint").display()
+        )),
         "{said}"
     );
     let name = run.file_name().unwrap().to_str().unwrap().to_string();

@@ -16,7 +16,7 @@ use crate::trainer::rollout::reward::build_rewarder;
 use crate::trainer::rollout::routes::check_rows_are_routed;
 use crate::trainer::rollout::tasks::is_multi_turn;
 use crate::trainer::rollout::{evaluation_problems, EvalResult};
-use crate::trainer::TrainConfig;
+use crate::trainer::{final_checkpoint, TrainConfig};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Map, Value};
 use skein_plan::Status;
@@ -464,12 +464,24 @@ fn evaluated_as(cfg: &TrainConfig) -> ModelOptions {
     }
 }
 
-/// The model directory and the config: a run directory brings its own config and
-/// `checkpoint/` (whose tokenizer and chat template are the run's); a model directory is
-/// rendered with its own chat template.
+/// The model directory and the config: a run directory brings its own config and its newest
+/// weights (`checkpoint/`, or a later `checkpoint-N`: [`final_checkpoint::newest`]), whose
+/// tokenizer and chat template are the run's; a model directory is rendered with its own chat
+/// template.
 fn resolve(args: &EvalArgs) -> Result<(PathBuf, TrainConfig)> {
     let run_config = args.model.join("config.toml");
-    let is_run = run_config.is_file() && args.model.join("checkpoint").is_dir();
+    let run_weights = match run_config.is_file() {
+        true => final_checkpoint::newest(&args.model)?,
+        false => None,
+    };
+    if run_config.is_file() && run_weights.is_none() && !args.model.join("config.json").is_file() {
+        bail!(
+            "{} is a run directory with no weights yet: it stopped before it wrote `checkpoint/` \
+             or a `checkpoint-N` (`trainer.checkpoint_every`)",
+            args.model.display()
+        );
+    }
+    let is_run = run_weights.is_some();
     let config = args.config.clone().or_else(|| is_run.then_some(run_config));
     let mut overrides = args.overrides.clone();
     if !is_run {
@@ -480,19 +492,29 @@ fn resolve(args: &EvalArgs) -> Result<(PathBuf, TrainConfig)> {
     }
     let mut cfg = super::train::load_config(config.as_deref(), &overrides)?;
     crate::trainer::config::validate::validate_for_eval(&cfg)?;
-    if is_run && args.config.is_none() {
-        // Its paths were relative to where the run started, which may not be here.
-        super::eval_run::resolve_paths(&mut cfg, &args.model, &overrides, args.data.is_empty())?;
-    }
-    let dir = if is_run {
-        args.model.join("checkpoint")
-    } else {
-        args.model.clone()
+    let dir = match run_weights {
+        Some(weights) => {
+            if let Some(note) = &weights.note {
+                eprintln!("skein: {note}; evaluating {}", weights.dir.display());
+            }
+            if args.config.is_none() {
+                // Its paths were relative to where the run started, which may not be here.
+                super::eval_run::resolve_paths(
+                    &mut cfg,
+                    &args.model,
+                    &weights.dir,
+                    &overrides,
+                    args.data.is_empty(),
+                )?;
+            }
+            weights.dir
+        }
+        None => args.model.clone(),
     };
     if !dir.join("config.json").is_file() {
         bail!(
             "{} is neither a model directory (no config.json) nor a run directory (config.toml \
-             and checkpoint/)",
+             and checkpoint/ or checkpoint-N)",
             args.model.display()
         );
     }

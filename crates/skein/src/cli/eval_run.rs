@@ -10,15 +10,16 @@ use anyhow::{bail, Result};
 use std::path::{Component, Path, PathBuf};
 
 /// Makes the paths `cfg` (the config.toml of the run at `run`, with `overrides`) reads usable
-/// from here; `data_files`: whether its `data.*_files` are read (not with `--data`).
+/// from here; `checkpoint`: the run's weights evaluated; `data_files`: whether its
+/// `data.*_files` are read (not with `--data`).
 pub fn resolve_paths(
     cfg: &mut TrainConfig,
     run: &Path,
+    checkpoint: &Path,
     overrides: &[String],
     data_files: bool,
 ) -> Result<()> {
     let start = start_dir(run, &cfg.run.dir);
-    let checkpoint = run.join("checkpoint");
     if !cfg.model.path.is_empty() && !super::train::sets_key(None, overrides, "model.path") {
         // The tokenizer and template the run saved with its weights are the ones it used.
         if checkpoint.join("tokenizer.json").is_file() {
@@ -164,11 +165,11 @@ mod tests {
         cfg.data.train_files = vec!["train.jsonl".into()];
         // With --data, the data keys are not read.
         let mut with_data = cfg.clone();
-        resolve_paths(&mut with_data, &run, &[], false).unwrap();
+        resolve_paths(&mut with_data, &run, &run.join("checkpoint"), &[], false).unwrap();
         let checkpoint = run.join("checkpoint").display().to_string();
         assert_eq!(with_data.model.path, checkpoint);
         assert_eq!(with_data.data.train_files, ["train.jsonl"]);
-        let err = resolve_paths(&mut cfg.clone(), &run, &[], true)
+        let err = resolve_paths(&mut cfg.clone(), &run, &run.join("checkpoint"), &[], true)
             .unwrap_err()
             .to_string();
         assert!(
@@ -177,7 +178,7 @@ mod tests {
         );
         // Set on the command line, a key is the user's, taken as given.
         let sets = ["data.train_files=[\"t.jsonl\"]".to_string()];
-        resolve_paths(&mut cfg, &run, &sets, true).unwrap();
+        resolve_paths(&mut cfg, &run, &run.join("checkpoint"), &sets, true).unwrap();
         let root = std::path::absolute(&root).unwrap();
         assert_eq!(
             cfg.data.val_files,

@@ -181,18 +181,22 @@ fn load(args: &ServeArgs, device: tch::Device) -> Result<(Model, Tokenizer, Stri
     }
 }
 
-/// The model directory `--model` names: a run directory (config.toml and `checkpoint/`) serves
-/// its checkpoint, as `skein eval RUN_DIR` evaluates it; a LoRA adapter, which is no model by
-/// itself, is refused saying what to serve instead.
+/// The model directory `--model` names: a run directory (config.toml and its checkpoints)
+/// serves its newest weights, as `skein eval RUN_DIR` evaluates them; a LoRA adapter, which is
+/// no model by itself, is refused saying what to serve instead.
 fn served_dir(dir: &Path) -> Result<PathBuf> {
-    let checkpoint = dir.join("checkpoint");
-    if dir.join("config.toml").is_file() && checkpoint.join("config.json").is_file() {
-        eprintln!(
-            "skein: {} is a run directory: serving its checkpoint, {}",
-            dir.display(),
-            checkpoint.display()
-        );
-        return Ok(checkpoint);
+    if dir.join("config.toml").is_file() {
+        if let Some(weights) = crate::trainer::final_checkpoint::newest(dir)? {
+            if let Some(note) = &weights.note {
+                eprintln!("skein: {note}");
+            }
+            eprintln!(
+                "skein: {} is a run directory: serving {}",
+                dir.display(),
+                weights.dir.display()
+            );
+            return Ok(weights.dir);
+        }
     }
     let adapter_config = dir.join(crate::model::peft::CONFIG_FILE);
     if adapter_config.is_file() && !dir.join("config.json").is_file() {

@@ -180,35 +180,44 @@ pub fn save_policy_dir(
 
 /// Writes a resumable checkpoint at `dir`, atomically.
 pub fn save(dir: &Path, s: &Snapshot) -> Result<()> {
+    write_aside(dir, |tmp| {
+        save_policy_dir(s.policy, s.tokenizer, s.sampling, tmp)?;
+        write_tensors(&s.optimizer.state(), &tmp.join(OPTIMIZER_FILE))?;
+        match s.reference {
+            Some(r) if r.options.lora.enabled() => {
+                r.save_adapter(&tmp.join(REFERENCE_ADAPTER_DIR), BASE_DIR)?
+            }
+            Some(r) => r.save_dir(&tmp.join(REFERENCE_DIR))?,
+            None => {}
+        }
+        if let Some((critic, opt)) = s.critic {
+            write_tensors(
+                &crate::model::sorted_variables(&critic.vs),
+                &tmp.join(CRITIC_FILE),
+            )?;
+            write_tensors(&opt.state(), &tmp.join(CRITIC_OPTIMIZER_FILE))?;
+        }
+        let state = TrainerState {
+            saved_parts: Some(SavedParts::of(s)),
+            ..s.state.clone()
+        };
+        std::fs::write(
+            tmp.join(STATE_FILE),
+            serde_json::to_string(&state).context("serialising the trainer state")?,
+        )
+        .with_context(|| format!("writing {}", tmp.join(STATE_FILE).display()))
+    })
+}
+
+/// Writes the directory `dir` whole or not at all: `write` fills `NAME.tmp`, which is
+/// fsynced and renamed over `dir` (the old one moved aside first, then removed). A write that
+/// fails, or a crash, leaves the old `dir` as it was.
+pub fn write_aside(dir: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     let tmp = dir.with_extension("tmp");
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).with_context(|| format!("removing {}", tmp.display()))?;
     }
-    save_policy_dir(s.policy, s.tokenizer, s.sampling, &tmp)?;
-    write_tensors(&s.optimizer.state(), &tmp.join(OPTIMIZER_FILE))?;
-    match s.reference {
-        Some(r) if r.options.lora.enabled() => {
-            r.save_adapter(&tmp.join(REFERENCE_ADAPTER_DIR), BASE_DIR)?
-        }
-        Some(r) => r.save_dir(&tmp.join(REFERENCE_DIR))?,
-        None => {}
-    }
-    if let Some((critic, opt)) = s.critic {
-        write_tensors(
-            &crate::model::sorted_variables(&critic.vs),
-            &tmp.join(CRITIC_FILE),
-        )?;
-        write_tensors(&opt.state(), &tmp.join(CRITIC_OPTIMIZER_FILE))?;
-    }
-    let state = TrainerState {
-        saved_parts: Some(SavedParts::of(s)),
-        ..s.state.clone()
-    };
-    std::fs::write(
-        tmp.join(STATE_FILE),
-        serde_json::to_string(&state).context("serialising the trainer state")?,
-    )
-    .with_context(|| format!("writing {}", tmp.join(STATE_FILE).display()))?;
+    write(&tmp)?;
     sync_tree(&tmp)?;
     let old = dir.with_extension("old");
     if dir.exists() {

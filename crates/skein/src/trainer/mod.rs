@@ -27,6 +27,7 @@ pub mod batch;
 pub mod checkpoint;
 pub mod config;
 pub mod diagnoses;
+pub mod final_checkpoint;
 pub mod fit;
 pub mod interrupt;
 pub mod metrics;

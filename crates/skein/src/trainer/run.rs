@@ -13,7 +13,7 @@ use super::setup::{start, Begin, Started, Trainer};
 use super::update::ranks::{layout, Ranks};
 use super::update::CriticStats;
 use super::update::UpdateStats;
-use super::{checkpoint, interrupt};
+use super::{checkpoint, final_checkpoint, interrupt};
 use crate::engine::Generator;
 use crate::trainer::config::TrainConfig;
 use anyhow::{bail, Result};
@@ -288,8 +288,13 @@ fn finish(mut t: Trainer, interrupted: bool) -> Result<RunSummary> {
         eval_after.accuracy,
         t.eval_before.accuracy
     );
-    let ckpt = dir.join("checkpoint");
-    checkpoint::save_policy_dir(&t.policy, &t.tokenizer, &t.sampling, &ckpt)?;
+    let ckpt = final_checkpoint::save(
+        &dir,
+        &t.policy,
+        &t.tokenizer,
+        &t.sampling,
+        t.cfg.trainer.steps,
+    )?;
     t.keep_over_replaced_run()?;
     let plot = skein_report::plot_run_dir(&dir, None)?;
     eprintln!(

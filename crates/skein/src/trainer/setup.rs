@@ -7,6 +7,7 @@ use super::batch::StepBatchConfig;
 use super::batch::TrainRow;
 use super::checkpoint::{self, Restore, StopStreaks, TrainerState};
 use super::config::{EngineKind, TrainConfig};
+use super::final_checkpoint;
 use super::metrics::extend;
 use super::prepare::PreparedBatch;
 use super::prepare::{Models, PrepareConfig};
@@ -446,6 +447,15 @@ fn run_dir_and_checkpoint(
                      config.toml)",
                     cfg.trainer.steps,
                     loaded.rest.dir.display()
+                );
+            }
+            if cfg.trainer.steps == done && final_checkpoint::step(&dir.path) == Some(done) {
+                anyhow::bail!(
+                    "{} finished at step {done}, and its {}/ holds the weights it ended with: a \
+                     resume trains a run further only when given more steps (`--set \
+                     trainer.steps=N` with N > {done})",
+                    dir.path.display(),
+                    final_checkpoint::DIR
                 );
             }
             (dir, Some(loaded))
