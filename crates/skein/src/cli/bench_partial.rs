@@ -40,6 +40,11 @@ pub struct PartialBenchArgs {
 
 /// Both runs' settings, before `rollout.partial.*`.
 fn base_config(a: &PartialBenchArgs) -> Result<TrainConfig> {
+    // Checked before either run spends its warm-up: a run of no step has nothing to compare.
+    anyhow::ensure!(
+        a.steps > 0,
+        "--steps must be at least 1: the bench compares the two runs' RL steps"
+    );
     let longest = 16 * a.difficulty as usize;
     let mut sets = vec![
         "task.name=reverse".to_string(),
@@ -246,6 +251,18 @@ mod tests {
             r.insert("tokens/trained".into(), json!(t));
         }
         r
+    }
+
+    #[test]
+    fn no_steps_is_refused_before_either_run() {
+        #[derive(clap::Parser)]
+        struct Command {
+            #[command(flatten)]
+            bench: PartialBenchArgs,
+        }
+        let args = <Command as clap::Parser>::parse_from(["bench-partial", "--steps", "0"]);
+        let err = base_config(&args.bench).unwrap_err().to_string();
+        assert!(err.contains("--steps must be at least 1"), "{err}");
     }
 
     #[test]
