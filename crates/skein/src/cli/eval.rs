@@ -623,7 +623,7 @@ fn dataset_rows(
     tokenizer: &Tokenizer,
 ) -> Result<EvalSet> {
     let renderer = Renderer::for_config(cfg)?;
-    let (problems, read) = read_split(&cfg.data, files, "val", &renderer)?;
+    let (problems, read) = read_split(&cfg.data, files, "val", "--data", &renderer)?;
     let start = renderer.start_ids(tokenizer).len();
     let fitted = fit_split(problems, tokenizer, &cfg.data, "val", start)?;
     let (mut problems, counts) = (fitted.problems, fitted.counts);
@@ -634,6 +634,13 @@ fn dataset_rows(
         eprintln!(
             "skein: {skipped} bad rows skipped, {} prompts filtered, {} truncated",
             counts.filtered_prompts, counts.truncated_prompts
+        );
+    }
+    if counts.filtered_prompts + counts.truncated_prompts > 0 {
+        eprintln!(
+            "skein: prompts are held to `data.max_prompt_tokens` = {} (`data.truncation` = {}) \
+             as the run held its own; `--set data.max_prompt_tokens=0` evaluates every row whole",
+            cfg.data.max_prompt_tokens, cfg.data.truncation
         );
     }
     if let Some(n) = limit {

@@ -121,11 +121,23 @@ pub fn rewarder(
 impl Data {
     pub fn load(cfg: &TrainConfig) -> Result<Data> {
         let renderer = Renderer::for_config(cfg)?;
-        let (train, mut counts) = read_split(&cfg.data, &cfg.data.train_files, "train", &renderer)?;
+        let (train, mut counts) = read_split(
+            &cfg.data,
+            &cfg.data.train_files,
+            "train",
+            "data.train_files",
+            &renderer,
+        )?;
         let (val, val_counts) = if cfg.data.val_files.is_empty() {
             (Vec::new(), DataCounts::default())
         } else {
-            read_split(&cfg.data, &cfg.data.val_files, "val", &renderer)?
+            read_split(
+                &cfg.data,
+                &cfg.data.val_files,
+                "val",
+                "data.val_files",
+                &renderer,
+            )?
         };
         counts.add(val_counts);
         let alphabet = alphabet_of(train.iter().chain(&val).map(|r| &r.problem));
@@ -337,11 +349,13 @@ impl Renderer {
 
 /// Reads one split's files and renders its prompts (no length limit yet), each with the file
 /// and row it was read from. A row whose chat template fails is a bad row: an error naming it,
-/// or with `data.skip_bad_rows` skipped and counted.
+/// or with `data.skip_bad_rows` skipped and counted. `named_by` is what named the files, for
+/// errors: `data.<split>_files`, or `skein eval`'s `--data`.
 pub fn read_split(
     cfg: &DataConfig,
     files: &[String],
     split: &str,
+    named_by: &str,
     renderer: &Renderer,
 ) -> Result<(Vec<ReadPrompt>, DataCounts)> {
     let paths: Vec<PathBuf> = files.iter().map(PathBuf::from).collect();
@@ -354,9 +368,7 @@ pub fn read_split(
             Some(_) => "; `data.skip_bad_rows = true` skips and counts bad rows",
             None => "",
         };
-        anyhow::Error::new(e).context(format!(
-            "reading the {split} split (`data.{split}_files`{hint})"
-        ))
+        anyhow::Error::new(e).context(format!("reading the {split} split (`{named_by}`{hint})"))
     })?;
     if let Some(first) = loaded.skipped.first() {
         eprintln!(
@@ -969,7 +981,7 @@ mod tests {
         let cfg = DataConfig::default();
         let missing = dir.join("missing.jsonl").display().to_string();
         let renderer = Renderer(None);
-        let err = read_split(&cfg, &[missing], "val", &renderer).unwrap_err();
+        let err = read_split(&cfg, &[missing], "val", "data.val_files", &renderer).unwrap_err();
         let err = format!("{err:#}");
         assert!(
             err.contains("`data.val_files`") && err.contains("missing.jsonl"),
@@ -978,8 +990,20 @@ mod tests {
         assert!(!err.contains("skip_bad_rows"), "{err}");
         let bad = dir.join("bad.jsonl");
         std::fs::write(&bad, "{\"prompt\": 5}\n").unwrap();
-        let err = read_split(&cfg, &[bad.display().to_string()], "val", &renderer).unwrap_err();
-        assert!(format!("{err:#}").contains("data.skip_bad_rows"), "{err:#}");
+        let err = read_split(
+            &cfg,
+            &[bad.display().to_string()],
+            "val",
+            "--data",
+            &renderer,
+        )
+        .unwrap_err();
+        let err = format!("{err:#}");
+        // Named by what named the file: here `skein eval --data`.
+        assert!(
+            err.contains("data.skip_bad_rows") && err.contains("(`--data`;"),
+            "{err}"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
