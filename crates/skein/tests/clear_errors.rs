@@ -470,7 +470,23 @@ fn export_names_a_missing_adapter_or_base() {
     let (o, r) = (out.to_str().unwrap(), root.to_str().unwrap());
     refused(
         &["export", "--merge", "--adapter", r, o],
-        &["adapter_config.json"],
+        &["adapter_config.json", "a LoRA run's checkpoint/adapter"],
+    );
+    // A run directory: its adapter is named, and its checkpoint as the merged model.
+    let run = root.join("run");
+    let adapter = run.join("checkpoint/adapter");
+    std::fs::create_dir_all(&adapter).unwrap();
+    std::fs::write(adapter.join("adapter_config.json"), "{}").unwrap();
+    let run_str = run.to_str().unwrap();
+    refused(
+        &["export", "--merge", "--adapter", run_str, o],
+        &[
+            &format!("the adapter is {}", adapter.display()),
+            &format!(
+                "{} already holds it merged",
+                run.join("checkpoint").display()
+            ),
+        ],
     );
     std::fs::write(
         root.join("adapter_config.json"),

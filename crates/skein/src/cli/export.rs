@@ -32,6 +32,7 @@ pub fn run(args: &ExportArgs) -> Result<()> {
             args.out.display()
         );
     }
+    refuse_non_adapter(&args.adapter)?;
     let lora = peft::read_config(&args.adapter)?;
     let base = match &args.base {
         Some(b) => b.clone(),
@@ -56,6 +57,38 @@ pub fn run(args: &ExportArgs) -> Result<()> {
         args.out.display()
     );
     Ok(())
+}
+
+/// `--adapter` names a directory without `adapter_config.json`: where the adapter is, when it
+/// is a run or checkpoint directory (whose own model files already hold it merged).
+fn refuse_non_adapter(dir: &Path) -> Result<()> {
+    if dir.join(peft::CONFIG_FILE).is_file() {
+        return Ok(());
+    }
+    let below = [
+        dir.join(crate::trainer::checkpoint::ADAPTER_DIR),
+        dir.join("checkpoint")
+            .join(crate::trainer::checkpoint::ADAPTER_DIR),
+    ];
+    let what_to_do = match below.iter().find(|d| d.join(peft::CONFIG_FILE).is_file()) {
+        Some(adapter) => {
+            let merged = adapter.parent().unwrap_or(dir);
+            format!(
+                "the adapter is {}; {} already holds it merged into its base, ready to load \
+                 as it is",
+                adapter.display(),
+                merged.display()
+            )
+        }
+        None => "give the directory that holds adapter_config.json and \
+                 adapter_model.safetensors (a LoRA run's checkpoint/adapter)"
+            .to_string(),
+    };
+    bail!(
+        "--adapter {}: no {} there, so it is no LoRA adapter: {what_to_do}",
+        dir.display(),
+        peft::CONFIG_FILE
+    )
 }
 
 /// Everything of the base directory but its weights in any format and its config (the
