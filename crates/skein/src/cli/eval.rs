@@ -15,7 +15,7 @@ use crate::trainer::rollout::judge::{answer_prompts_with, Answering, Answers, Pr
 use crate::trainer::rollout::reward::build_rewarder;
 use crate::trainer::rollout::routes::check_rows_are_routed;
 use crate::trainer::rollout::tasks::is_multi_turn;
-use crate::trainer::rollout::{evaluation_problems, EvalResult};
+use crate::trainer::rollout::{eval_failure, evaluation_problems, EvalResult};
 use crate::trainer::{final_checkpoint, TrainConfig};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Map, Value};
@@ -437,11 +437,11 @@ fn write_samples(
             "reward": t.reward,
             "truncated": t.status == Status::Truncated,
         });
-        // A failed answer (a reward service that did not answer) earned no reward: null, and
-        // why, as `eval/reward` leaves it out rather than counting a 0.
-        if let Status::Failed(why) = &t.status {
+        // A failed answer (a reward service that did not answer, a reward out of range) earned
+        // no reward: null, and why, as `eval/reward` leaves it out rather than counting a 0.
+        if let Some(why) = eval_failure(t) {
             line["reward"] = Value::Null;
-            line["failed"] = Value::from(why.as_str());
+            line["failed"] = Value::from(why);
         }
         writeln!(out, "{line}")?;
     }

@@ -41,7 +41,7 @@ use crate::trainer::batch::TrainRow;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use skein_plan::Trajectory;
+use skein_plan::{Status, Trajectory};
 use skein_tasks::{draw_in, splits, Problem, Split, TaskRng};
 use skein_text::Tokenizer;
 use stats::StepRollout;
@@ -137,16 +137,27 @@ pub struct AgentEval {
     pub tool_calls_mean: f64,
 }
 
+/// Why an evaluated answer failed: its trajectory failed (a reward call that did not answer),
+/// or its reward is one training would fail it for ([`Trajectory::reward_problem`]: beyond
+/// ±1e38 or not finite), which would otherwise swamp `eval/reward`.
+pub fn eval_failure(t: &Trajectory) -> Option<String> {
+    match &t.status {
+        Status::Failed(why) => Some(why.clone()),
+        _ => t.reward_problem(),
+    }
+}
+
 impl EvalResult {
-    /// Accuracy, mean reward and failures of one greedy answer per problem.
+    /// Accuracy, mean reward and failures of one greedy answer per problem; a failed answer
+    /// ([`eval_failure`]) is neither correct nor in the mean reward.
     pub fn of<'a>(answers: impl Iterator<Item = (&'a Trajectory, bool)>) -> EvalResult {
         let (mut problems, mut correct, mut failed, mut reward) = (0, 0, 0, 0.0);
         for (t, is_correct) in answers {
             problems += 1;
-            correct += usize::from(is_correct && !t.is_failed());
-            if t.is_failed() {
+            if eval_failure(t).is_some() {
                 failed += 1;
             } else {
+                correct += usize::from(is_correct);
                 reward += t.reward;
             }
         }
@@ -352,6 +363,16 @@ mod tests {
         let r = EvalResult::of(none.iter().zip([false, false]));
         assert_eq!((r.accuracy, r.failed), (0.0, 2));
         assert!(r.metrics().iter().all(|(k, _)| *k != "eval/reward"));
+        // A reward training would fail (beyond ±1e38, or NaN) fails the answer here too,
+        // rather than making the mean reward 3e299.
+        let huge = [
+            answer(1e300, skein_plan::Status::Finished),
+            answer(f64::NAN, skein_plan::Status::Finished),
+            answer(0.5, skein_plan::Status::Finished),
+        ];
+        let r = EvalResult::of(huge.iter().zip([true, true, true]));
+        assert_eq!((r.failed, r.accuracy, r.mean_reward), (2, 1.0 / 3.0, 0.5));
+        assert!(eval_failure(&huge[0]).unwrap().contains("outside"));
     }
     use skein_tasks::{split_of, task_by_name};
 
