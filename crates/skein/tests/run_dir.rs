@@ -164,6 +164,40 @@ fn a_second_run_refuses_a_finished_run_and_overwrite_replaces_it() {
 /// A run's directory has one owner: while a run is in progress, a second run, an overwrite
 /// and a resume in its directory are all refused, naming the process; once that process is
 /// gone (killed, here), the directory is free again.
+/// A run that fails as it starts (here its environment worker crashes on every step of the
+/// warm-up's demonstrations) leaves its config and an empty log. That holds nothing to lose:
+/// the next run in the directory replaces it without --overwrite, and says so.
+#[test]
+fn a_run_that_failed_before_logging_anything_is_replaced_without_overwrite() {
+    let dir = workdir("failed-at-start");
+    let python = common::python_with("json").unwrap_or_else(|| "python3".into());
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../scripts/env_worker_example.py"
+    );
+    let command = format!("agent.command=[{python:?}, {script:?}, \"--crash-every\", \"1\"]");
+    let crashing = [
+        "agent.kind=\"env-worker\"",
+        &command,
+        "agent.workers=1",
+        "sft.steps=2",
+    ];
+    let (code, err) = skein_train(&dir, &[], &crashing);
+    assert_eq!(code, 2, "{err}");
+    let metrics = std::fs::metadata(dir.join("metrics.jsonl")).map(|m| m.len());
+    assert!(
+        dir.join("config.toml").is_file() && metrics.ok() == Some(0),
+        "expected the files of a run that logged nothing: {err}"
+    );
+    let (code, err) = skein_train(&dir, &[], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("stopped before it logged anything"), "{err}");
+    // A run that logged something is still refused.
+    let (code, err) = skein_train(&dir, &[], &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("holds another run"), "{err}");
+}
+
 #[test]
 fn a_second_process_is_refused_while_a_run_owns_the_directory() {
     let dir = workdir("owned");

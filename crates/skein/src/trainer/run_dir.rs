@@ -30,6 +30,20 @@ fn is_run_entry(name: &str) -> bool {
     RUN_FILES.contains(&name) || name.starts_with("checkpoint-")
 }
 
+/// Whether a run's `entries` are those of one that stopped before its first record: its
+/// config, and a metrics log and diagnoses file with nothing in them.
+fn logged_nothing(entries: &[PathBuf]) -> bool {
+    entries.iter().all(|p| {
+        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let empty = || std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.len() == 0);
+        match name {
+            "config.toml" => p.is_file(),
+            "metrics.jsonl" => empty(),
+            _ => name == skein_doctor::log::FILE && empty(),
+        }
+    })
+}
+
 /// The last component of each path, for messages that list a run's entries.
 fn file_names(paths: &[PathBuf]) -> Vec<String> {
     paths
@@ -60,7 +74,17 @@ impl RunDir {
         let previous = dir.run_entries()?;
         if !previous.is_empty() {
             let names = file_names(&previous);
-            if !overwrite {
+            if !overwrite && logged_nothing(&previous) {
+                // A run that failed as it started (an environment that died in the warm-up)
+                // left its config and an empty log: nothing to lose, and a rerun with the cause
+                // fixed should not need --overwrite. Set aside all the same, as --overwrite's.
+                eprintln!(
+                    "skein: `run.dir` = {} holds a run that stopped before it logged anything \
+                     ({}): replacing it",
+                    dir.path.display(),
+                    names.join(", ")
+                );
+            } else if !overwrite {
                 let resumable = names.iter().any(|n| n.starts_with("checkpoint-"));
                 let resume = if resumable {
                     format!(
