@@ -1548,6 +1548,79 @@ fn a_stream_holds_its_place_in_the_concurrency_limit_until_it_ends() {
     });
 }
 
+/// Sends `body` to `url` as an HTTP/1.1 request on a connection of its own, and closes the
+/// connection after `wait`, before any answer came: a client that gave up.
+async fn post_and_leave(url: &str, body: &Value, wait: Duration) {
+    use tokio::io::AsyncWriteExt;
+    let (host, path) = url
+        .strip_prefix("http://")
+        .unwrap()
+        .split_once('/')
+        .unwrap();
+    let mut tcp = tokio::net::TcpStream::connect(host).await.unwrap();
+    let body = body.to_string();
+    let head = format!(
+        "POST /{path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n",
+        body.len()
+    );
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    tcp.write_all(body.as_bytes()).await.unwrap();
+    tokio::time::sleep(wait).await;
+    let mut byte = [0u8; 1];
+    let unanswered = tcp.try_read(&mut byte);
+    assert!(
+        unanswered.is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock),
+        "{url} answered before its client left"
+    );
+}
+
+/// A request (not streamed) whose client leaves ends at the next token, as a stream does: the
+/// engine's one slot is free for the next request within seconds, not after the minutes of
+/// decoding the request asked for, and a rollout records nothing of it.
+#[test]
+fn a_request_whose_client_leaves_ends_at_the_next_token() {
+    let config = ServeConfig {
+        max_n: 1024,
+        rollout_temperature: Some(1.0),
+        ..ServeConfig::default()
+    };
+    let server = in_process(1, config);
+    let task = TaskSpec {
+        rollout_id: "r".into(),
+        group: "g".into(),
+        task: json!({}),
+    };
+    server.store.add_tasks(vec![task]).unwrap();
+    let base = server.url.clone();
+    runtime().block_on(async {
+        let c = client();
+        // 1024 completions of up to 100 tokens, decoded one after another in the one slot.
+        let long = json!({"prompt": "2+3=", "max_tokens": 100, "temperature": 1, "n": 1024});
+        let short = json!({"prompt": "1", "max_tokens": 1});
+        let url = format!("{base}/v1/completions");
+        for route in ["/v1/completions", "/rollouts/r/v1/completions"] {
+            post_and_leave(&format!("{base}{route}"), &long, Duration::from_secs(2)).await;
+            let left = Instant::now();
+            let next = post(&c, &url, short.clone());
+            let (s, b) = tokio::time::timeout(Duration::from_secs(60), next)
+                .await
+                .unwrap_or_else(|_| panic!("{route}: the engine ran on for its client that left"));
+            assert_eq!(s, 200, "{b}");
+            eprintln!(
+                "{route}: the next request was served {:?} after",
+                left.elapsed()
+            );
+        }
+        let (_, recorded) = server.store.get("r").unwrap();
+        assert!(
+            recorded.calls.is_empty(),
+            "{} calls recorded",
+            recorded.calls.len()
+        );
+    });
+}
+
 /// `stop` strings end a completion where its text first holds one: the text stops before it,
 /// the tokens at the one that completed it (what the policy sampled, and what a rollout
 /// records), with finish reason `stop`; a string the completion never writes changes nothing.

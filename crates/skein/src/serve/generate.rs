@@ -10,6 +10,8 @@ use super::store::{RecordedCall, StoreError};
 use super::text::{add_stop_ids, TextSide};
 use crate::engine::{Finish, GenOutput, GenRequest, SamplingParams, TokenWatch};
 use axum::http::StatusCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// One generated choice, token-exact.
 pub struct Sample {
@@ -314,7 +316,9 @@ pub struct Job {
 pub type TokenSender = tokio::sync::mpsc::UnboundedSender<(usize, u32)>;
 
 /// Generates the job's `n` completions, each ended at the first of its `stops` it reaches,
-/// and for a rollout-scoped call, records them: [`check`], [`sample`], [`record`].
+/// and for a rollout-scoped call, records them: [`check`], [`sample`], [`record`]. Dropped
+/// before it is done (its client gone), it ends the completions at their next token and
+/// records nothing, as a stream whose client left.
 pub async fn run(
     state: &ServeState,
     rollout: Option<&str>,
@@ -351,8 +355,10 @@ pub fn check(state: &ServeState, rollout: Option<&str>, job: &Job) -> Result<(),
 }
 
 /// Generates the job's `n` completions (its [`check`] passed), each ended at the first of its
-/// `stops` it reaches. With `progress`, each sampled token is sent there as it comes, and a
-/// completion ends at the next token once no one receives them.
+/// `stops` it reaches. With `progress`, each sampled token is sent there as it comes. Dropped
+/// before it is done (its client gone: the server drops a handler's future when the
+/// connection closes, and a stream's when its body is dropped), it ends the completions at
+/// their next token, so an answer no one will read stops taking the engine's slots.
 pub async fn sample(
     state: &ServeState,
     job: &Job,
@@ -367,6 +373,8 @@ pub async fn sample(
     // The engine ends each sample at the token that completes a stop string; the exact cut
     // (text before the string, ids through that token) is made below.
     let stop = state.0.text.stop_watch(stops);
+    let dropped = Arc::new(AtomicBool::new(false));
+    let _dropped_when_this_is = SetOnDrop(dropped.clone());
     let calls = (0..*n).map(|i| {
         state.0.engine.generate(GenRequest {
             id: i as u64,
@@ -375,7 +383,7 @@ pub async fn sample(
             params: params.clone(),
             budget: None,
             session: None,
-            watch: watch(i, stop.clone(), progress),
+            watch: Some(watch(i, stop.clone(), progress, &dropped)),
         })
     });
     let mut samples = Vec::with_capacity(*n);
@@ -418,19 +426,32 @@ pub fn record(state: &ServeState, id: &str, job: &Job, samples: &[Sample]) -> Re
 }
 
 /// Choice `choice`'s watcher: the stop test, and with `progress`, each token sent on; a
-/// token no one receives ends the completion.
+/// token no one receives ends the completion, and so does any token once `dropped` is set.
 fn watch(
     choice: usize,
     stop: Option<TokenWatch>,
     progress: Option<&TokenSender>,
-) -> Option<TokenWatch> {
-    let Some(progress) = progress else {
-        return stop;
-    };
-    let progress = progress.clone();
-    Some(TokenWatch::new(move |generated: &[u32]| {
+    dropped: &Arc<AtomicBool>,
+) -> TokenWatch {
+    let progress = progress.cloned();
+    let dropped = dropped.clone();
+    TokenWatch::new(move |generated: &[u32]| {
         let token = generated.last().copied().unwrap_or_default();
-        let gone = progress.send((choice, token)).is_err();
-        gone || stop.as_ref().is_some_and(|s| s.ends(generated))
-    }))
+        let unread = progress
+            .as_ref()
+            .is_some_and(|p| p.send((choice, token)).is_err());
+        unread
+            || dropped.load(Ordering::Relaxed)
+            || stop.as_ref().is_some_and(|s| s.ends(generated))
+    })
+}
+
+/// Sets its flag when dropped: when the future that holds it finishes, or is dropped
+/// unfinished. Only the second can reach a completion still generating.
+struct SetOnDrop(Arc<AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
