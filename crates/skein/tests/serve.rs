@@ -1621,6 +1621,49 @@ fn a_request_whose_client_leaves_ends_at_the_next_token() {
     });
 }
 
+/// A token limit the context cannot hold after the prompt is refused with 400 naming the
+/// field, the prompt's tokens and the context, as vLLM refuses it; one that fits exactly is
+/// served, and so is a request that names none (the server's default, cut at the context).
+#[test]
+fn a_token_limit_past_the_context_is_refused_naming_it() {
+    let server = in_process(2, ServeConfig::default());
+    let base = server.url.clone();
+    runtime().block_on(async {
+        let c = client();
+        let completions = format!("{base}/v1/completions");
+        let chat = format!("{base}/v1/chat/completions");
+        let prompt = [10, 11, 12, 13];
+        let fits = CONTEXT - prompt.len();
+        for (max_tokens, stream) in [(100_000, false), (fits + 1, false), (fits + 1, true)] {
+            let body = json!({"prompt": prompt, "max_tokens": max_tokens, "stream": stream});
+            let (s, b) = post(&c, &completions, body).await;
+            assert_error(s, &b, 400, &format!("`max_tokens` is {max_tokens}"));
+            let message = b["error"]["message"].as_str().unwrap();
+            assert!(message.contains("the prompt is 4 tokens"), "{message}");
+            assert!(message.contains(&format!("holds {CONTEXT}")), "{message}");
+        }
+        let (s, b) = post(
+            &c,
+            &chat,
+            json!({"messages": [{"role": "user", "content": "hi"}],
+                   "max_completion_tokens": 100_000, "max_tokens": 2}),
+        )
+        .await;
+        assert_error(s, &b, 400, "`max_completion_tokens` is 100000");
+        let (s, b) = post(
+            &c,
+            &completions,
+            json!({"prompt": prompt, "max_tokens": fits}),
+        )
+        .await;
+        assert_eq!(s, 200, "{b}");
+        let tokens = b["usage"]["completion_tokens"].as_u64().unwrap() as usize;
+        assert!(tokens <= fits, "{b}");
+        let (s, b) = post(&c, &completions, json!({"prompt": prompt})).await;
+        assert_eq!(s, 200, "the default limit is not refused: {b}");
+    });
+}
+
 /// `stop` strings end a completion where its text first holds one: the text stops before it,
 /// the tokens at the one that completed it (what the policy sampled, and what a rollout
 /// records), with finish reason `stop`; a string the completion never writes changes nothing.

@@ -82,6 +82,7 @@ pub fn chat_job(
             params,
             n,
             stops,
+            max_tokens_field: generate::max_tokens_field(req),
         },
         tools_offered: tools.is_some(),
     })
@@ -210,6 +211,7 @@ pub fn completion_job(
         params,
         n,
         stops,
+        max_tokens_field: generate::max_tokens_field(req),
     })
 }
 

@@ -126,11 +126,7 @@ pub fn sampling(
         .or(req.max_tokens)
         .unwrap_or(cfg.default_max_tokens);
     if max_new == 0 {
-        let field = if req.max_completion_tokens.is_some() {
-            "max_completion_tokens"
-        } else {
-            "max_tokens"
-        };
+        let field = max_tokens_field(req).unwrap_or("max_tokens");
         return Err(ApiError::bad_request(format!(
             "`{field}` must be at least 1"
         )));
@@ -193,6 +189,18 @@ pub fn sampling(
         stop_token_ids: stop_ids(state, req)?,
     };
     Ok((params, n))
+}
+
+/// The field that set the request's token limit (`max_completion_tokens` wins over
+/// `max_tokens`), or `None` when the server's default applies.
+pub fn max_tokens_field(req: &GenerateRequest) -> Option<&'static str> {
+    if req.max_completion_tokens.is_some() {
+        Some("max_completion_tokens")
+    } else if req.max_tokens.is_some() {
+        Some("max_tokens")
+    } else {
+        None
+    }
 }
 
 /// The model's stop ids and the request's `stop_token_ids`, each of which must be a token of
@@ -310,6 +318,9 @@ pub struct Job {
     pub n: usize,
     /// The request's `stop` strings.
     pub stops: Vec<String>,
+    /// The field that set `params.max_new_tokens` ([`max_tokens_field`]); `None` for the
+    /// server's default, which a completion may not reach when the context ends first.
+    pub max_tokens_field: Option<&'static str>,
 }
 
 /// Where a streamed request's tokens go as the engine samples them: (choice, token id).
@@ -333,8 +344,9 @@ pub async fn run(
 }
 
 /// What is checked before generating: the prompt fits the context with a new token and is
-/// of the vocabulary, and a rollout-scoped call's rollout is open. A stream checks it before
-/// it starts, so that these are answered with their status.
+/// of the vocabulary, the tokens the request asked for (`max_tokens`) fit after it, as vLLM
+/// checks, and a rollout-scoped call's rollout is open. A stream checks it before it starts,
+/// so that these are answered with their status.
 pub fn check(state: &ServeState, rollout: Option<&str>, job: &Job) -> Result<(), ApiError> {
     let prompt = &job.prompt;
     let capacity = state.0.config.capacity.max(1) as usize;
@@ -346,6 +358,18 @@ pub fn check(state: &ServeState, rollout: Option<&str>, job: &Job) -> Result<(),
             "the prompt is {} tokens; the model's context holds {capacity} including at least one new token: shorten the prompt",
             prompt.len()
         )));
+    }
+    if let Some(field) = job.max_tokens_field {
+        let asked = job.params.max_new_tokens;
+        if prompt.len() + asked > capacity {
+            return Err(ApiError::bad_request(format!(
+                "`{field}` is {asked}, but the prompt is {} tokens and the model's context \
+                 holds {capacity} (prompt and completion): at most {} new tokens fit: lower \
+                 `{field}`, or leave it out",
+                prompt.len(),
+                capacity - prompt.len()
+            )));
+        }
     }
     state.0.text.check_ids(prompt)?;
     if let Some(id) = rollout {
@@ -369,6 +393,7 @@ pub async fn sample(
         params,
         n,
         stops,
+        max_tokens_field: _,
     } = job;
     // The engine ends each sample at the token that completes a stop string; the exact cut
     // (text before the string, ids through that token) is made below.
