@@ -60,6 +60,10 @@ pub struct RemoteEngine {
     agent: ureq::Agent,
     /// The policy's vocabulary: a token id the server returns must be below it.
     vocab_size: usize,
+    /// The policy's context: a request asks for no more tokens than fit after its prompt. A
+    /// server refuses a limit past its context (vLLM and `skein serve` answer 400), where the
+    /// embedded engine ends the sample at the context's end.
+    context: usize,
 }
 
 /// The `skein` field of a completion choice.
@@ -119,8 +123,8 @@ fn check_completion(
 }
 
 impl RemoteEngine {
-    /// An engine at `cfg.url` for a policy of `vocab_size` tokens.
-    pub fn new(cfg: &RemoteEngineConfig, vocab_size: usize) -> Self {
+    /// An engine at `cfg.url` for a policy of `vocab_size` tokens and `context` positions.
+    pub fn new(cfg: &RemoteEngineConfig, vocab_size: usize, context: usize) -> Self {
         let agent = ureq::AgentBuilder::new()
             .timeout(Duration::from_millis(cfg.timeout_ms.max(1)))
             .build();
@@ -128,6 +132,7 @@ impl RemoteEngine {
             cfg: cfg.clone(),
             agent,
             vocab_size,
+            context,
         }
     }
 
@@ -158,9 +163,11 @@ impl RemoteEngine {
     pub fn generate_one(&self, req: &GenRequest, version: u64) -> Result<GenOutput> {
         let p = &req.params;
         let remaining = p.max_new_tokens.saturating_sub(req.resumed.len()).max(1);
-        let max_tokens = req.budget.map_or(remaining, |b| b.min(remaining));
+        let asked = req.budget.map_or(remaining, |b| b.min(remaining));
         let mut prompt = req.prompt.clone();
         prompt.extend_from_slice(&req.resumed);
+        let fits = self.context.saturating_sub(prompt.len()).max(1);
+        let max_tokens = asked.min(fits);
         let body = json!({
             "prompt": prompt,
             "max_tokens": max_tokens,
@@ -190,7 +197,8 @@ impl RemoteEngine {
             .is_some_and(|t| p.stop_token_ids.contains(t));
         let finish = if stopped {
             Finish::Stop
-        } else if n >= max_tokens && max_tokens < remaining {
+        } else if n >= asked && asked < remaining && asked < fits {
+            // This call's budget ended it, not the sample's limit or the context.
             Finish::Paused
         } else {
             Finish::Length
@@ -316,7 +324,7 @@ mod tests {
             watch: None,
         };
         let mut outs = Vec::new();
-        let stats = RemoteEngine::new(&cfg, 10).generate(0, vec![request], |o| outs.push(o));
+        let stats = RemoteEngine::new(&cfg, 10, 64).generate(0, vec![request], |o| outs.push(o));
         server.join().unwrap();
         assert_eq!(stats.failed, 1);
         assert_eq!((outs[0].id, outs[0].finish), (3, Finish::Failed));
@@ -325,6 +333,62 @@ mod tests {
             error.contains("answered 400") && error.contains("token 99"),
             "{error}"
         );
+    }
+
+    /// A request asks for no more tokens than fit in the policy's context after its prompt,
+    /// and a sample that reaches the context's end is cut by length, not paused.
+    #[test]
+    fn a_request_asks_for_what_fits_in_the_context() {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let server = std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let mut request = Vec::new();
+            let mut chunk = [0u8; 4096];
+            // Headers, then the JSON body (its braces balanced once it is whole).
+            while !String::from_utf8_lossy(&request).trim_end().ends_with('}') {
+                let n = conn.read(&mut chunk).unwrap();
+                request.extend_from_slice(&chunk[..n]);
+            }
+            let text = String::from_utf8_lossy(&request).into_owned();
+            let body: Value = serde_json::from_str(&text[text.find('{').unwrap()..]).unwrap();
+            let asked = body["max_tokens"].as_u64().unwrap() as usize;
+            let answer = json!({"choices": [{"skein": {
+                "completion_token_ids": vec![5; asked],
+                "logprobs": vec![-0.5; asked],
+            }}]})
+            .to_string();
+            let reply = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
+                answer.len()
+            );
+            conn.write_all(reply.as_bytes()).unwrap();
+            asked
+        });
+        let cfg = RemoteEngineConfig {
+            url,
+            concurrency: 1,
+            ..RemoteEngineConfig::default()
+        };
+        let request = GenRequest {
+            id: 1,
+            prompt: vec![1; 60],
+            resumed: Vec::new(),
+            params: crate::engine::SamplingParams {
+                max_new_tokens: 32,
+                ..Default::default()
+            },
+            // A partial rollout's budget past what fits.
+            budget: Some(8),
+            session: None,
+            watch: None,
+        };
+        let mut outs = Vec::new();
+        let stats = RemoteEngine::new(&cfg, 10, 64).generate(0, vec![request], |o| outs.push(o));
+        assert_eq!(server.join().unwrap(), 4, "64 positions hold 4 after 60");
+        assert_eq!(stats.failed, 0);
+        assert_eq!((outs[0].tokens.len(), outs[0].finish), (4, Finish::Length));
     }
 
     fn exact(ids: &[u32], logprobs: &[f32]) -> Exact {

@@ -579,6 +579,7 @@ fn rollout_engine(
         EngineKind::Remote => Generator::Remote(RemoteEngine::new(
             &cfg.rollout.remote,
             policy.net.config.vocab_size,
+            usize::try_from(policy.net.max_positions()).unwrap_or(usize::MAX),
         )),
         EngineKind::Local => {
             let mut engine = Engine::new(cfg.rollout.max_slots);
