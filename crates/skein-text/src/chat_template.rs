@@ -286,7 +286,54 @@ impl ChatTemplate {
             .render(ctx)
             .map_err(|e| anyhow!("rendering chat template: {}", describe(&e)))
     }
+
+    /// Checks, as a model's template is loaded, that it frames a prompt: it renders an
+    /// ordinary conversation (one user message), and with `add_generation_prompt` the prompt
+    /// ends where the assistant's reply begins. A template that ignores the flag passes when
+    /// it opens the reply itself (Llama 2's and Mistral's `[INST] … [/INST]`: the reply follows
+    /// the prompt, at most whitespace between); one that writes an opener before a reply
+    /// (ChatML's `<|im_start|>assistant\n`) that a prompt does not end with is refused: the
+    /// model would be trained to write the opener as part of its answer. A failure to render
+    /// is the template's, not any data row's. `origin` names the template's file.
+    pub fn check_prompts(&self, origin: &str) -> Result<()> {
+        let question = [Message::user(PROBE_QUESTION)];
+        let fails = |e: anyhow::Error| {
+            e.context(format!(
+                "{origin}: the chat template fails on an ordinary conversation (a user's \
+                 question, and a reply to it), so it would fail on every prompt; fix the template"
+            ))
+        };
+        let prompt = self.render(&question, None, false).map_err(fails)?;
+        if self.render(&question, None, true).map_err(fails)? != prompt {
+            return Ok(());
+        }
+        let answered = [question[0].clone(), Message::assistant(PROBE_REPLY)];
+        let whole = self.render(&answered, None, false).map_err(fails)?;
+        let opener = whole
+            .strip_prefix(prompt.as_str())
+            .and_then(|rest| rest.find(PROBE_REPLY).map(|at| &rest[..at]));
+        let what = match opener {
+            Some(gap) if gap.trim().is_empty() => return Ok(()),
+            Some(opener) => format!(
+                "it writes {opener:?} before an assistant's reply, but a prompt does not end \
+                 with it: the model would be left to write it as part of its answer, and be \
+                 trained to; add \
+                 `{{%- if add_generation_prompt %}}{{{{- {opener:?} }}}}{{%- endif %}}` at the \
+                 end of the template"
+            ),
+            None => "a prompt renders the same with and without it, and is not how the \
+                     conversation with the assistant's reply begins, so it would not end with \
+                     the assistant's opener; add `{% if add_generation_prompt %}` … the \
+                     opener … `{% endif %}` at the end of the template"
+                .to_string(),
+        };
+        bail!("{origin}: the chat template ignores `add_generation_prompt`: {what}")
+    }
 }
+
+/// The conversation [`ChatTemplate::check_prompts`] renders: a question, and a reply to it.
+const PROBE_QUESTION: &str = "What is 2+3?";
+const PROBE_REPLY: &str = "2+3 is 5.";
 
 /// The error message plus minijinja's cause chain (the `raise_exception` text is in there).
 fn describe(e: &Error) -> String {

@@ -7,7 +7,7 @@ use crate::json_file;
 use crate::unknown_chars::UnknownChars;
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Map, Value};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use tokenizers::decoders::fuse::Fuse;
 use tokenizers::models::wordlevel::WordLevel;
 use tokenizers::models::ModelWrapper;
@@ -46,6 +46,8 @@ pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     /// tokenizer_config.json as read (or built), written back unchanged by `save_dir`.
     config: Map<String, Value>,
+    /// The model directory it was read from, which error messages name.
+    dir: Option<PathBuf>,
     /// chat_template.jinja, when the directory keeps the template there.
     template_file: Option<String>,
     /// additional_chat_templates/NAME.jinja, by name: `tool_use` renders requests with tools.
@@ -90,6 +92,7 @@ impl Tokenizer {
         Ok(Self {
             inner,
             config: Map::new(),
+            dir: None,
             template_file: None,
             more_templates: Vec::new(),
             eos_ids: Vec::new(),
@@ -107,6 +110,7 @@ impl Tokenizer {
     pub fn from_dir(dir: impl AsRef<Path>) -> Result<Self> {
         let dir = dir.as_ref();
         let mut tok = Self::from_file(dir.join(TOKENIZER_FILE))?;
+        tok.dir = Some(dir.to_path_buf());
         let config_path = dir.join(CONFIG_FILE);
         tok.config = json_file::read_optional(&config_path)?.unwrap_or_default();
         let template_path = dir.join(TEMPLATE_FILE);
@@ -227,6 +231,7 @@ impl Tokenizer {
         let mut tok = Self {
             inner,
             config,
+            dir: None,
             template_file: None,
             more_templates: Vec::new(),
             eos_ids: Vec::new(),
@@ -483,8 +488,30 @@ impl Tokenizer {
     }
 
     /// The chat template (chat_template.jinja over tokenizer_config.json's `chat_template`),
-    /// with this tokenizer's bos/eos strings; `None` when there is none.
+    /// with this tokenizer's bos/eos strings; `None` when there is none. A template that fails
+    /// on an ordinary conversation, or whose prompts would not end with the assistant's opener,
+    /// is an error naming its file ([`ChatTemplate::check_prompts`]).
     pub fn chat_template(&self) -> Result<Option<ChatTemplate>> {
+        let Some(template) = self.unchecked_chat_template()? else {
+            return Ok(None);
+        };
+        template.check_prompts(&self.template_origin())?;
+        Ok(Some(template))
+    }
+
+    /// Where the chat template is read from, for messages: the file, and the key in it.
+    fn template_origin(&self) -> String {
+        let file = |name: &str| match &self.dir {
+            Some(dir) => dir.join(name).display().to_string(),
+            None => name.to_string(),
+        };
+        match self.template_file {
+            Some(_) => file(TEMPLATE_FILE),
+            None => format!("{} (key `chat_template`)", file(CONFIG_FILE)),
+        }
+    }
+
+    fn unchecked_chat_template(&self) -> Result<Option<ChatTemplate>> {
         let bos = self
             .config_token("bos_token")
             .context("tokenizer_config.json: key `bos_token`")?;
@@ -871,7 +898,11 @@ mod tests {
             .unwrap();
         let config = json!({"eos_token": {"content": "<|endoftext|>", "special": true}});
         json_file::write(&dir.path().join(CONFIG_FILE), &config).unwrap();
-        std::fs::write(dir.path().join(TEMPLATE_FILE), "[{{ eos_token }}]").unwrap();
+        std::fs::write(
+            dir.path().join(TEMPLATE_FILE),
+            "[{{ eos_token }}]{% if add_generation_prompt %}>{% endif %}",
+        )
+        .unwrap();
         let tok = Tokenizer::from_dir(dir.path()).unwrap();
         assert_eq!(tok.eos_token_ids(), &[2]);
         assert!(
@@ -891,7 +922,11 @@ mod tests {
             .unwrap()
             .save_dir(dir.path())
             .unwrap();
-        std::fs::write(dir.path().join(TEMPLATE_FILE), "plain").unwrap();
+        std::fs::write(
+            dir.path().join(TEMPLATE_FILE),
+            "plain{% if add_generation_prompt %}>{% endif %}",
+        )
+        .unwrap();
         let more = dir.path().join(MORE_TEMPLATES_DIR);
         std::fs::create_dir_all(&more).unwrap();
         std::fs::write(more.join("tool_use.jinja"), "tools: {{ tools | length }}").unwrap();
@@ -913,6 +948,99 @@ mod tests {
             .save_dir(saved.path())
             .unwrap();
         assert!(!saved.path().join(MORE_TEMPLATES_DIR).exists());
+    }
+
+    /// A model directory with `template` as its chat_template.jinja, or as tokenizer_config.json's
+    /// `chat_template`.
+    fn templated(template: &str, in_config: bool) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        Tokenizer::char_level("abc0123456789 +?.")
+            .unwrap()
+            .save_dir(dir.path())
+            .unwrap();
+        if in_config {
+            let path = dir.path().join(CONFIG_FILE);
+            let mut config: Value =
+                serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            config["chat_template"] = template.into();
+            json_file::write(&path, &config).unwrap();
+        } else {
+            std::fs::write(dir.path().join(TEMPLATE_FILE), template).unwrap();
+        }
+        dir
+    }
+
+    const CHATML_TURNS: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n\
+                                {{ m.content }}<|im_end|>\n{% endfor %}";
+
+    /// ChatML without its generation prompt renders a prompt that ends with the user's turn:
+    /// loading it is refused, naming its file, the opener its prompts lack, and the block to
+    /// add. With the block it loads; so does a template that opens the reply itself (Llama
+    /// 2's `[/INST]`) or writes nothing around it.
+    #[test]
+    fn a_template_that_ignores_the_generation_prompt_is_refused_by_its_file() {
+        for in_config in [false, true] {
+            let dir = templated(CHATML_TURNS, in_config);
+            let tok = Tokenizer::from_dir(dir.path()).unwrap();
+            let err = format!("{:#}", tok.chat_template().unwrap_err());
+            let file = if in_config {
+                format!(
+                    "{} (key `chat_template`)",
+                    dir.path().join(CONFIG_FILE).display()
+                )
+            } else {
+                dir.path().join(TEMPLATE_FILE).display().to_string()
+            };
+            assert!(err.starts_with(&format!("{file}: ")), "{err}");
+            assert!(err.contains("ignores `add_generation_prompt`"), "{err}");
+            assert!(
+                err.contains(r#"{%- if add_generation_prompt %}{{- "<|im_start|>assistant\n" }}"#),
+                "{err}"
+            );
+        }
+        let llama2 = "{% for m in messages %}{% if m.role == 'user' %}[INST] {{ m.content }} \
+                      [/INST]{% else %} {{ m.content }}</s>{% endif %}{% endfor %}";
+        let contents = "{% for m in messages %}{{ m.content }}\n{% endfor %}";
+        let opened = format!(
+            "{CHATML_TURNS}{{% if add_generation_prompt %}}<|im_start|>assistant\n{{% endif %}}"
+        );
+        for template in [llama2, contents, &opened] {
+            let dir = templated(template, false);
+            let tok = Tokenizer::from_dir(dir.path()).unwrap();
+            let t = tok.chat_template().unwrap().unwrap();
+            let prompt = t.render(&[Message::user("1+2?")], None, true).unwrap();
+            assert!(!prompt.is_empty(), "{template}");
+        }
+    }
+
+    /// A template that fails on any conversation (an unknown filter) is the template's error,
+    /// named by its file as it loads, not a data row's.
+    #[test]
+    fn a_template_that_fails_on_an_ordinary_conversation_is_refused_by_its_file() {
+        let broken = "{% for m in messages %}{{ m.content | shout }}{% endfor %}";
+        let dir = templated(broken, false);
+        let tok = Tokenizer::from_dir(dir.path()).unwrap();
+        let err = format!("{:#}", tok.chat_template().unwrap_err());
+        let file = dir.path().join(TEMPLATE_FILE).display().to_string();
+        assert!(err.starts_with(&format!("{file}: ")), "{err}");
+        assert!(err.contains("fails on an ordinary conversation"), "{err}");
+        assert!(err.contains("unknown filter"), "{err}");
+        // One that refuses a particular role still loads: that is a row's fault.
+        let picky = format!(
+            "{{% for m in messages %}}{{% if m.role == 'robot' %}}\
+             {{{{ raise_exception('no robots') }}}}{{% endif %}}{{% endfor %}}{CHATML_TURNS}\
+             {{% if add_generation_prompt %}}<|im_start|>assistant\n{{% endif %}}"
+        );
+        let dir = templated(&picky, false);
+        let t = Tokenizer::from_dir(dir.path())
+            .unwrap()
+            .chat_template()
+            .unwrap()
+            .unwrap();
+        let err = t
+            .render(&[Message::new("robot", "beep")], None, true)
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("no robots"), "{err:#}");
     }
 
     #[test]

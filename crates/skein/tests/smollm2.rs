@@ -573,3 +573,240 @@ fn a_served_stream_makes_the_plain_text_of_split_characters() {
         assert_eq!(pieces.concat(), cut, "{pieces:?}");
     });
 }
+
+/// A copy of the installed model whose `chat_template.jinja` is `template`: its text files
+/// copied, its weights linked.
+fn retemplated(name: &str, template: &str) -> PathBuf {
+    let dir = common::workdir("smollm2", name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let from = model_dir();
+    for file in [
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
+        std::fs::copy(from.join(file), dir.join(file)).unwrap();
+    }
+    std::os::unix::fs::symlink(
+        from.join("model.safetensors").canonicalize().unwrap(),
+        dir.join("model.safetensors"),
+    )
+    .unwrap();
+    std::fs::write(dir.join("chat_template.jinja"), template).unwrap();
+    dir
+}
+
+/// SmolLM2's template without its generation prompt: ChatML that ends a prompt with the user's
+/// `<|im_end|>\n`.
+fn template_without_generation_prompt() -> String {
+    let own = std::fs::read_to_string(model_dir().join("chat_template.jinja")).unwrap();
+    let block = "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+    assert!(own.contains(block), "{own}");
+    own.replace(block, "")
+}
+
+/// Runs `skein` with `args` (in `dir`, so a relative run directory lands there), which must
+/// fail within five minutes; returns its stderr. A server still running then is killed.
+fn skein_fails(dir: &Path, args: &[&str]) -> String {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_skein"))
+        .args(args)
+        .current_dir(dir)
+        .env("OMP_NUM_THREADS", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("skein runs");
+    let mut stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut stderr, &mut text).unwrap();
+        text
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let text = reader.join().unwrap();
+    assert!(
+        status.is_some_and(|s| !s.success()),
+        "skein {args:?} went on ({status:?}):\n{text}"
+    );
+    text
+}
+
+/// One prompt row of a dataset, as a chat whose messages are (role, content).
+fn chat_row(messages: &[(&str, &str)], answer: &str) -> String {
+    let prompt: Vec<Value> = messages
+        .iter()
+        .map(|(role, content)| json!({"role": role, "content": content}))
+        .collect();
+    json!({"prompt": prompt, "data_source": "d", "reward_model": {"ground_truth": answer}})
+        .to_string()
+        + "\n"
+}
+
+/// A template whose prompts would not end with the assistant's opener is refused as it loads,
+/// by each command that renders chats (train, eval, serve, sft), naming its file and the block
+/// to add: trained on, the model would learn to write `<|im_start|>assistant\n` itself.
+#[test]
+fn a_template_without_a_generation_prompt_is_refused_by_every_command() {
+    let model = retemplated("no-opener", &template_without_generation_prompt());
+    let work = model.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let rows: String = (1..=8)
+        .map(|a| {
+            let question = format!("What is {a} + 14?");
+            chat_row(&[("user", &question)], &(a + 14).to_string())
+        })
+        .collect();
+    std::fs::write(work.join("train.jsonl"), rows).unwrap();
+    let chats = json!({"messages": [{"role": "user", "content": "What is 20 + 14?"},
+                                    {"role": "assistant", "content": "34"}]});
+    std::fs::write(work.join("chats.jsonl"), chats.to_string() + "\n").unwrap();
+    let model_set = format!("model.path={:?}", model.display().to_string());
+    let model_arg = model.display().to_string();
+    let runs: [Vec<&str>; 4] = [
+        vec![
+            "train",
+            "--set",
+            &model_set,
+            "--set",
+            "run.dir=\"run\"",
+            "--set",
+            "data.train_files=[\"train.jsonl\"]",
+            "--set",
+            "sft.steps=0",
+            "--set",
+            "trainer.steps=1",
+            "--set",
+            "run.threads=1",
+        ],
+        vec![
+            "eval",
+            &model_arg,
+            "--data",
+            "train.jsonl",
+            "--problems",
+            "1",
+        ],
+        vec![
+            "serve",
+            "--model",
+            &model_arg,
+            "--port",
+            "0",
+            "--context",
+            "256",
+        ],
+        vec![
+            "sft",
+            "--model",
+            &model_arg,
+            "--data",
+            "chats.jsonl",
+            "--out",
+            "tuned",
+            "--steps",
+            "1",
+            "--threads",
+            "1",
+        ],
+    ];
+    let file = model.join("chat_template.jinja").display().to_string();
+    for args in runs {
+        let err = skein_fails(&work, &args);
+        assert!(
+            err.contains(&format!(
+                "{file}: the chat template ignores `add_generation_prompt`"
+            )),
+            "{args:?}: {err}"
+        );
+        assert!(
+            err.contains(r#"{%- if add_generation_prompt %}{{- "<|im_start|>assistant\n" }}"#),
+            "{args:?}: {err}"
+        );
+        assert!(!work.join("run/metrics.jsonl").exists(), "{args:?}");
+    }
+    std::fs::remove_dir_all(&model).unwrap();
+}
+
+/// A template that fails on every conversation (an unknown filter) is named as the fault, not
+/// the first data row, and skipping bad rows is not offered (it would skip them all); one that
+/// refuses a particular row's message still names the row.
+#[test]
+fn a_broken_template_is_named_and_a_row_it_refuses_is_the_rows() {
+    let own = std::fs::read_to_string(model_dir().join("chat_template.jinja")).unwrap();
+    let broken = own.replace("message['content']", "(message['content'] | shout)");
+    assert_ne!(broken, own);
+    let model = retemplated("broken", &broken);
+    let work = model.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let rows: String = (1..=8)
+        .map(|a| {
+            chat_row(
+                &[("user", &format!("What is {a} + 1?"))],
+                &(a + 1).to_string(),
+            )
+        })
+        .collect();
+    std::fs::write(work.join("train.jsonl"), rows).unwrap();
+    let model_set = format!("model.path={:?}", model.display().to_string());
+    let train = |skip: bool| {
+        skein_fails(
+            &work,
+            &[
+                "train",
+                "--set",
+                &model_set,
+                "--set",
+                "run.dir=\"run\"",
+                "--set",
+                "data.train_files=[\"train.jsonl\"]",
+                "--set",
+                &format!("data.skip_bad_rows={skip}"),
+                "--set",
+                "sft.steps=0",
+                "--set",
+                "trainer.steps=1",
+            ],
+        )
+    };
+    let file = model.join("chat_template.jinja").display().to_string();
+    for skip in [false, true] {
+        let err = train(skip);
+        assert!(
+            err.contains(&format!(
+                "{file}: the chat template fails on an ordinary conversation"
+            )),
+            "{err}"
+        );
+        assert!(err.contains("unknown filter"), "{err}");
+        assert!(!err.contains("row 1"), "{err}");
+        assert!(!err.contains("skip_bad_rows"), "{err}");
+    }
+
+    // A template that refuses a role (as Gemma's refuses a system message): the row with it
+    // is the bad one.
+    let picky = format!(
+        "{{% if messages[0]['role'] == 'system' %}}\
+         {{{{ raise_exception('System role not supported') }}}}{{% endif %}}{own}"
+    );
+    std::fs::write(model.join("chat_template.jinja"), picky).unwrap();
+    let rows = chat_row(&[("user", "What is 1 + 1?")], "2")
+        + &chat_row(&[("system", "Be terse."), ("user", "What is 2 + 2?")], "4");
+    std::fs::write(work.join("train.jsonl"), rows).unwrap();
+    let err = train(false);
+    assert!(err.contains("train.jsonl, row 2"), "{err}");
+    assert!(err.contains("System role not supported"), "{err}");
+    assert!(err.contains("skip_bad_rows"), "{err}");
+    std::fs::remove_dir_all(&model).unwrap();
+}
