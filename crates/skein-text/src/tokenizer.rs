@@ -109,6 +109,7 @@ impl Tokenizer {
     /// stops a run added there (`skein_added_stop_token_ids`).
     pub fn from_dir(dir: impl AsRef<Path>) -> Result<Self> {
         let dir = dir.as_ref();
+        check_fast_tokenizer(dir)?;
         let mut tok = Self::from_file(dir.join(TOKENIZER_FILE))?;
         tok.dir = Some(dir.to_path_buf());
         let config_path = dir.join(CONFIG_FILE);
@@ -566,6 +567,42 @@ impl Tokenizer {
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
     }
+}
+
+/// Files of a "slow" tokenizer (SentencePiece, BPE or WordPiece vocabularies), which
+/// transformers converts to tokenizer.json.
+const SLOW_TOKENIZER_FILES: &[&str] = &[
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "vocab.json",
+    "merges.txt",
+    "vocab.txt",
+];
+
+/// Refuses a model directory without tokenizer.json, the fast tokenizer's file skein reads,
+/// saying how to write one (a missing directory is left to the load to report).
+fn check_fast_tokenizer(dir: &Path) -> Result<()> {
+    if !dir.is_dir() || dir.join(TOKENIZER_FILE).exists() {
+        return Ok(());
+    }
+    let slow: Vec<&str> = SLOW_TOKENIZER_FILES
+        .iter()
+        .copied()
+        .filter(|f| dir.join(f).is_file())
+        .collect();
+    let has = match slow.as_slice() {
+        [] => String::new(),
+        files => format!(" (it has a slow tokenizer's {})", files.join(", ")),
+    };
+    let quoted = dir.display().to_string().replace('\'', "\\'");
+    bail!(
+        "{}: no {TOKENIZER_FILE}{has}. skein reads a model's tokenizer from the fast tokenizer \
+         file {TOKENIZER_FILE}; transformers writes one (with the `tokenizers` package \
+         installed): python -c \"from transformers import AutoTokenizer as T; \
+         T.from_pretrained('{quoted}').save_pretrained('{quoted}')\"",
+        dir.display()
+    )
 }
 
 /// The named templates of `dir` (`additional_chat_templates/`), by file stem; none when the
@@ -1041,6 +1078,34 @@ mod tests {
             .render(&[Message::new("robot", "beep")], None, true)
             .unwrap_err();
         assert!(format!("{err:#}").contains("no robots"), "{err:#}");
+    }
+
+    /// A directory with a slow tokenizer only is refused saying skein needs tokenizer.json and
+    /// how transformers writes it.
+    #[test]
+    fn a_directory_without_tokenizer_json_says_how_to_make_one() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tokenizer.model"), "").unwrap();
+        std::fs::write(dir.path().join(CONFIG_FILE), "{}").unwrap();
+        let err = format!("{:#}", Tokenizer::from_dir(dir.path()).unwrap_err());
+        let path = dir.path().display().to_string();
+        assert!(
+            err.starts_with(&format!(
+                "{path}: no tokenizer.json (it has a slow tokenizer's tokenizer.model)"
+            )),
+            "{err}"
+        );
+        assert!(
+            err.contains("the fast tokenizer file tokenizer.json"),
+            "{err}"
+        );
+        assert!(
+            err.contains(&format!(
+                "T.from_pretrained('{path}').save_pretrained('{path}')"
+            )),
+            "{err}"
+        );
+        assert!(!err.contains("No such file"), "{err}");
     }
 
     #[test]
