@@ -606,6 +606,25 @@ fn template_without_generation_prompt() -> String {
     own.replace(block, "")
 }
 
+/// `skein train` of one RL step (no warm-up) of `model` on `train.jsonl` into `run/`, with
+/// `extra` set too.
+fn one_step_on(model: &Path, extra: &str) -> Vec<String> {
+    let model_set = format!("model.path={:?}", model.display().to_string());
+    let sets = [
+        model_set.as_str(),
+        "run.dir=\"run\"",
+        "data.train_files=[\"train.jsonl\"]",
+        "sft.steps=0",
+        "trainer.steps=1",
+        extra,
+    ];
+    let mut args = vec!["train".to_string()];
+    for set in sets {
+        args.extend(["--set".to_string(), set.to_string()]);
+    }
+    args
+}
+
 /// Runs `skein` with `args` (in `dir`, so a relative run directory lands there), which must
 /// fail within five minutes; returns its stderr. A server still running then is killed.
 fn skein_fails(dir: &Path, args: &[&str]) -> String {
@@ -672,24 +691,10 @@ fn a_template_without_a_generation_prompt_is_refused_by_every_command() {
     let chats = json!({"messages": [{"role": "user", "content": "What is 20 + 14?"},
                                     {"role": "assistant", "content": "34"}]});
     std::fs::write(work.join("chats.jsonl"), chats.to_string() + "\n").unwrap();
-    let model_set = format!("model.path={:?}", model.display().to_string());
     let model_arg = model.display().to_string();
+    let train = one_step_on(&model, "run.threads=1");
     let runs: [Vec<&str>; 4] = [
-        vec![
-            "train",
-            "--set",
-            &model_set,
-            "--set",
-            "run.dir=\"run\"",
-            "--set",
-            "data.train_files=[\"train.jsonl\"]",
-            "--set",
-            "sft.steps=0",
-            "--set",
-            "trainer.steps=1",
-            "--set",
-            "run.threads=1",
-        ],
+        train.iter().map(String::as_str).collect(),
         vec![
             "eval",
             &model_arg,
@@ -759,26 +764,10 @@ fn a_broken_template_is_named_and_a_row_it_refuses_is_the_rows() {
         })
         .collect();
     std::fs::write(work.join("train.jsonl"), rows).unwrap();
-    let model_set = format!("model.path={:?}", model.display().to_string());
     let train = |skip: bool| {
-        skein_fails(
-            &work,
-            &[
-                "train",
-                "--set",
-                &model_set,
-                "--set",
-                "run.dir=\"run\"",
-                "--set",
-                "data.train_files=[\"train.jsonl\"]",
-                "--set",
-                &format!("data.skip_bad_rows={skip}"),
-                "--set",
-                "sft.steps=0",
-                "--set",
-                "trainer.steps=1",
-            ],
-        )
+        let args = one_step_on(&model, &format!("data.skip_bad_rows={skip}"));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        skein_fails(&work, &args)
     };
     let file = model.join("chat_template.jinja").display().to_string();
     for skip in [false, true] {

@@ -438,6 +438,7 @@ fn run_dir_and_checkpoint(
                 skein_doctor::read_diagnoses(&diagnoses)?;
             }
             dir.check_records_for_resume(cfg)?;
+            refuse_finished(&dir, cfg)?;
             let loaded = checkpoint::load_newest(&dir.path, device, &cfg.model_options())?;
             let done = loaded.rest.state.step;
             if cfg.trainer.steps < done {
@@ -449,20 +450,28 @@ fn run_dir_and_checkpoint(
                     loaded.rest.dir.display()
                 );
             }
-            if cfg.trainer.steps == done && final_checkpoint::step(&dir.path) == Some(done) {
-                anyhow::bail!(
-                    "{} finished at step {done}, and its {}/ holds the weights it ended with: a \
-                     resume trains a run further only when given more steps (`--set \
-                     trainer.steps=N` with N > {done})",
-                    dir.path.display(),
-                    final_checkpoint::DIR
-                );
-            }
             (dir, Some(loaded))
         }
         Begin::New => (RunDir::for_new_run(cfg, false)?, None),
         Begin::Overwrite => (RunDir::for_new_run(cfg, true)?, None),
     })
+}
+
+/// A resume of a finished run that gives it no more steps, refused before its checkpoint is
+/// read: there is nothing to train, and going on would evaluate it again and rewrite its files.
+fn refuse_finished(dir: &RunDir, cfg: &TrainConfig) -> Result<()> {
+    let steps = cfg.trainer.steps;
+    let newest = checkpoint::latest(&dir.path)?.map(|(n, _)| n);
+    if newest == Some(steps) && final_checkpoint::step(&dir.path) == Some(steps) {
+        anyhow::bail!(
+            "{} finished at step {steps}, and its {}/ holds the weights it ended with: a resume \
+             trains a run further only when given more steps (`--set trainer.steps=N` with N > \
+             {steps})",
+            dir.path.display(),
+            final_checkpoint::DIR
+        );
+    }
+    Ok(())
 }
 
 /// The run's first line: the model, its dtype and device, what it trains on ([`Tasks::describe`]) and where the
