@@ -398,6 +398,14 @@ pub async fn sample(
     // The engine ends each sample at the token that completes a stop string; the exact cut
     // (text before the string, ids through that token) is made below.
     let stop = state.0.text.stop_watch(stops);
+    // The engine's own end is one token later (its last sampled token is never fed back), so
+    // the server's default limit is cut here to what [`check`] lets a request ask for: prompt
+    // and completion within the context, as an OpenAI-style client counts it.
+    let room = (state.0.config.capacity.max(1) as usize).saturating_sub(prompt.len());
+    let params = SamplingParams {
+        max_new_tokens: params.max_new_tokens.min(room),
+        ..params.clone()
+    };
     let dropped = Arc::new(AtomicBool::new(false));
     let _dropped_when_this_is = SetOnDrop(dropped.clone());
     let calls = (0..*n).map(|i| {
