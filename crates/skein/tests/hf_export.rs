@@ -138,7 +138,7 @@ fn peft_loads_a_lora_adapter_with_the_same_logits() {
         }
     });
     let dir = std::env::temp_dir().join(format!("skein-peft-{}", std::process::id()));
-    save_policy_dir(&model, &tokenizer, &sampling(&tokenizer), &dir).unwrap();
+    save_policy_dir(&model, &tokenizer, &sampling(&tokenizer), &dir, None).unwrap();
     let ids = sample_ids(&tokenizer);
     let merged_logits = hf_logits(&[&dir], &ids);
     let base_only = max_diff(&model.base_only(), &ids, &merged_logits);

@@ -259,8 +259,28 @@ fn a_killed_lora_run_on_a_bfloat16_base_resumes_exactly() {
         ))
         .is_file());
     assert_same_steps(&whole, &cut);
+    // The frozen base is written once: the later checkpoints link the first's file.
+    let base = |ckpt: &str| whole.join(ckpt).join("base/model.safetensors");
+    assert_same_file(&base("checkpoint-3"), &base("checkpoint-6"));
+    assert_same_file(&base("checkpoint-3"), &base("checkpoint"));
+    // Each checkpoint holds it whole all the same.
+    std::fs::remove_dir_all(whole.join("checkpoint-3")).unwrap();
+    assert!(base("checkpoint-6").is_file() && base("checkpoint").is_file());
     let _ = std::fs::remove_dir_all(&whole);
     let _ = std::fs::remove_dir_all(&cut);
+}
+
+/// `a` and `b` are links to one file (not equal copies).
+fn assert_same_file(a: &Path, b: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let (x, y) = (std::fs::metadata(a).unwrap(), std::fs::metadata(b).unwrap());
+    assert_eq!(
+        (x.dev(), x.ino()),
+        (y.dev(), y.ino()),
+        "{} and {} are separate files",
+        a.display(),
+        b.display()
+    );
 }
 
 /// A run with a critic (GAE) resumes exactly: the critic's weights, its optimizer's moments
@@ -343,6 +363,9 @@ fn a_killed_bfloat16_run_training_every_weight_resumes_exactly() {
         "no masters saved"
     );
     assert_same_steps(&whole, &cut);
+    // The frozen KL reference is written once and linked by the later checkpoint.
+    let reference = |ckpt: &str| whole.join(ckpt).join("reference/model.safetensors");
+    assert_same_file(&reference("checkpoint-3"), &reference("checkpoint-6"));
     let _ = std::fs::remove_dir_all(&whole);
     let _ = std::fs::remove_dir_all(&cut);
 }

@@ -349,7 +349,7 @@ fn peft_loads_a_lora_adapter_on_it_with_equal_logits() {
         ..Default::default()
     };
     let out = common::workdir("smollm2", "peft");
-    save_policy_dir(&model, &tokenizer, &sampling, &out).unwrap();
+    save_policy_dir(&model, &tokenizer, &sampling, &out, None).unwrap();
 
     let template = tokenizer.chat_template().unwrap().unwrap();
     let prompt = template

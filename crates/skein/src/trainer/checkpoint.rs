@@ -6,6 +6,12 @@
 //!
 //! A checkpoint is written into `NAME.tmp`, every file and the directory are fsynced, and only
 //! then renamed over `NAME`: a crash mid-write leaves the previous checkpoint intact.
+//!
+//! The parts that never change during a run, LoRA's frozen base and a KL reference, are as
+//! large as the policy. A checkpoint hard-links them from the one this process wrote before
+//! it rather than writing them again, which halves what each LoRA checkpoint writes. Every
+//! checkpoint still holds them whole: deleting one leaves the others' links, and nothing
+//! writes into a linked file (files are replaced by rename, never rewritten in place).
 
 use super::rollout::WorkloadState;
 use super::update::optim::Optimizer;
@@ -123,6 +129,8 @@ pub struct Snapshot<'a> {
     pub reference: Option<&'a Model>,
     pub critic: Option<(&'a ValueModel, &'a Optimizer)>,
     pub state: &'a TrainerState,
+    /// A checkpoint this process wrote before, of the same run: its frozen parts are linked.
+    pub previous: Option<&'a Path>,
 }
 
 /// An HF model directory: config.json, model.safetensors, the tokenizer files and a
@@ -161,17 +169,21 @@ fn save_tokenizer_files(
 }
 
 /// [`save_model_dir`], and with LoRA the frozen base (`base/`) and the adapters in PEFT's
-/// layout (`adapter/`) beside the merged model.
+/// layout (`adapter/`) beside the merged model. The base's weights are linked from
+/// `previous`'s when it has them: a policy directory this process wrote from the same model.
 pub fn save_policy_dir(
     policy: &Model,
     tokenizer: &Tokenizer,
     sampling: &SamplingParams,
     dir: &Path,
+    previous: Option<&Path>,
 ) -> Result<()> {
     save_model_dir(policy, tokenizer, sampling, dir)?;
     if policy.options.lora.enabled() {
         let base = dir.join(BASE_DIR);
-        policy.save_base_dir(&base)?;
+        link_or_write_frozen(&base, previous.map(|p| p.join(BASE_DIR)), |d| {
+            policy.save_base_dir(d)
+        })?;
         save_tokenizer_files(tokenizer, sampling, &base)?;
         policy.save_adapter(&dir.join(ADAPTER_DIR), BASE_DIR)?;
     }
@@ -181,13 +193,17 @@ pub fn save_policy_dir(
 /// Writes a resumable checkpoint at `dir`, atomically.
 pub fn save(dir: &Path, s: &Snapshot) -> Result<()> {
     write_aside(dir, |tmp| {
-        save_policy_dir(s.policy, s.tokenizer, s.sampling, tmp)?;
+        save_policy_dir(s.policy, s.tokenizer, s.sampling, tmp, s.previous)?;
         write_tensors(&s.optimizer.state(), &tmp.join(OPTIMIZER_FILE))?;
         match s.reference {
             Some(r) if r.options.lora.enabled() => {
                 r.save_adapter(&tmp.join(REFERENCE_ADAPTER_DIR), BASE_DIR)?
             }
-            Some(r) => r.save_dir(&tmp.join(REFERENCE_DIR))?,
+            Some(r) => link_or_write_frozen(
+                &tmp.join(REFERENCE_DIR),
+                s.previous.map(|p| p.join(REFERENCE_DIR)),
+                |d| r.save_dir(d),
+            )?,
             None => {}
         }
         if let Some((critic, opt)) = s.critic {
@@ -212,6 +228,31 @@ pub fn save(dir: &Path, s: &Snapshot) -> Result<()> {
 /// Writes the directory `dir` whole or not at all: `write` fills `NAME.tmp`, which is
 /// fsynced and renamed over `dir` (the old one moved aside first, then removed). A write that
 /// fails, or a crash, leaves the old `dir` as it was.
+/// The files of a model directory that [`Model::save_dir`] writes.
+const MODEL_FILES: [&str; 2] = ["model.safetensors", "config.json"];
+
+/// Writes a frozen model's files into `dir` by hard-linking them from `from`, the same model
+/// as an earlier checkpoint of this process wrote it, or with `write` where that cannot be
+/// done (no earlier one, a file system without hard links).
+fn link_or_write_frozen(
+    dir: &Path,
+    from: Option<PathBuf>,
+    write: impl FnOnce(&Path) -> Result<()>,
+) -> Result<()> {
+    if let Some(from) = from {
+        let linked = std::fs::create_dir_all(dir).and_then(|()| {
+            MODEL_FILES
+                .iter()
+                .try_for_each(|name| std::fs::hard_link(from.join(name), dir.join(name)))
+        });
+        if linked.is_ok() {
+            return Ok(());
+        }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    write(dir)
+}
+
 pub fn write_aside(dir: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     let tmp = dir.with_extension("tmp");
     if tmp.exists() {
@@ -536,6 +577,36 @@ mod tests {
     use super::*;
     use crate::model::ModelConfig;
     use crate::trainer::rollout::judge::text_ids;
+
+    /// A frozen model is linked from an earlier checkpoint that holds it, and written where
+    /// that one is gone.
+    #[test]
+    fn frozen_files_are_linked_when_the_earlier_checkpoint_has_them() {
+        use std::os::unix::fs::MetadataExt;
+        let root = std::env::temp_dir().join(format!("skein-frozen-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let tokenizer = Tokenizer::char_level("abc").unwrap();
+        let cfg = ModelConfig::tiny_qwen2(tokenizer.vocab_size(), 16, 1, 2, 1, 32, 16);
+        let model = Model::random(&cfg, tch::Device::Cpu, 1).unwrap();
+        let (first, second, third) = (root.join("1"), root.join("2"), root.join("3"));
+        link_or_write_frozen(&first, None, |d| model.save_dir(d)).unwrap();
+        let mut wrote = false;
+        link_or_write_frozen(&second, Some(first.clone()), |_| {
+            wrote = true;
+            Ok(())
+        })
+        .unwrap();
+        assert!(!wrote, "an earlier copy was at hand");
+        for name in MODEL_FILES {
+            let ino = |d: &Path| std::fs::metadata(d.join(name)).unwrap().ino();
+            assert_eq!(ino(&first), ino(&second), "{name}");
+        }
+        std::fs::remove_dir_all(&first).unwrap();
+        link_or_write_frozen(&third, Some(first), |d| model.save_dir(d)).unwrap();
+        let back = Model::load_dir(&third, tch::Device::Cpu).unwrap();
+        assert!(back.vs.variables().len() == model.vs.variables().len());
+        let _ = std::fs::remove_dir_all(&root);
+    }
 
     /// A run that stops at an id of its own (`rollout.sampling.stop_token_ids`, here the
     /// letter `c` standing for a `</answer>`) saves a checkpoint that generates as the run did

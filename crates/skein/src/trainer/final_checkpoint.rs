@@ -26,17 +26,19 @@ struct StepRecord {
 
 /// Writes the policy at `step` as `run_dir/checkpoint`, replacing the one there only once the
 /// new one is whole: a write that fails (a full disk) leaves the old weights, tokenizer and
-/// generation config together.
+/// generation config together. `previous` is a checkpoint this process wrote of the same
+/// policy, whose LoRA base is linked rather than written again.
 pub fn save(
     run_dir: &Path,
     policy: &Model,
     tokenizer: &Tokenizer,
     sampling: &SamplingParams,
     step: usize,
+    previous: Option<&Path>,
 ) -> Result<PathBuf> {
     let dir = run_dir.join(DIR);
     checkpoint::write_aside(&dir, |tmp| {
-        checkpoint::save_policy_dir(policy, tokenizer, sampling, tmp)?;
+        checkpoint::save_policy_dir(policy, tokenizer, sampling, tmp, previous)?;
         let path = tmp.join(STEP_FILE);
         let record = serde_json::to_string(&StepRecord { step })?;
         std::fs::write(&path, record).with_context(|| format!("writing {}", path.display()))

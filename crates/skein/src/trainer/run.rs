@@ -294,6 +294,7 @@ fn finish(mut t: Trainer, interrupted: bool) -> Result<RunSummary> {
         &t.tokenizer,
         &t.sampling,
         t.cfg.trainer.steps,
+        t.last_checkpoint.as_deref(),
     )?;
     t.keep_over_replaced_run()?;
     let plot = skein_report::plot_run_dir(&dir, None)?;

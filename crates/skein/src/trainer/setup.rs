@@ -63,6 +63,8 @@ pub struct Trainer<'a> {
     /// The streaks that stop the run: a resumed checkpoint's at the start, and the step
     /// loop's before each checkpoint it writes.
     pub streaks: StopStreaks,
+    /// The newest checkpoint this process wrote, whose frozen parts the next one links.
+    pub last_checkpoint: Option<PathBuf>,
     /// The directory, locked while the run lives, with the run `--overwrite` replaces until
     /// this one has a checkpoint ([`ReplacedRun`]): dropped after the fields that write into
     /// the directory.
@@ -226,6 +228,7 @@ pub fn start(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
         eval_before,
         rewards,
         streaks,
+        last_checkpoint: None,
         _dp: dp,
     })))
 }
@@ -388,8 +391,11 @@ impl Trainer<'_> {
                 .filter(|r| !self.cfg.lora.enabled() || r.options.lora.enabled()),
             critic: self.critic.as_ref().map(|c| (&c.model, &c.opt)),
             state: &state,
+            previous: self.last_checkpoint.as_deref(),
         };
-        checkpoint::save(&self.dir.join(format!("checkpoint-{step}")), &snapshot)?;
+        let dir = self.dir.join(format!("checkpoint-{step}"));
+        checkpoint::save(&dir, &snapshot)?;
+        self.last_checkpoint = Some(dir);
         checkpoint::rotate(&self.dir, self.cfg.trainer.keep_last, step)?;
         self.keep_over_replaced_run()
     }
