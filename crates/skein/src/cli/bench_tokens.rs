@@ -281,7 +281,7 @@ fn measure(a: &TokenBenchArgs, layout: Layout) -> Result<Outcome> {
         let batch = StepBatch {
             plan: vec![vec![(0..rows.len()).collect()]],
             real_rows: rows.len(),
-            total_tokens: rows.iter().map(|r| r.tokens.len()).sum(),
+            row_tokens: rows.iter().map(|r| r.tokens.len()).sum(),
             rows: rows.clone(),
             origins: (0..rows.len())
                 .map(|trajectory| RowOrigin {

@@ -78,14 +78,15 @@ impl StepReport<'_> {
             &mut m,
             [
                 // Both over the step's wall time, so they differ only in what they count:
-                // loss tokens, or every token of the batch's rows (prompts and padding too).
+                // loss tokens, or the prompt and response tokens of every real row, a shared
+                // prompt once per row (what a framework feeding each row whole computes).
                 (
                     "throughput/trained_tokens_per_s",
                     trained / t.step_s.max(1e-9),
                 ),
                 (
-                    "throughput/trained_tokens_per_s_incl_padding",
-                    batch.total_tokens as f64 / t.step_s.max(1e-9),
+                    "throughput/row_tokens_per_s",
+                    batch.row_tokens as f64 / t.step_s.max(1e-9),
                 ),
                 ("time/rollout_s", t.rollout_s),
                 ("time/prepare_s", t.prepare_s),

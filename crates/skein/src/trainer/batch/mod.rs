@@ -90,8 +90,10 @@ pub struct StepBatch {
     pub failed_trajectories: usize,
     pub padding_rows: usize,
     pub real_rows: usize,
-    /// Tokens of all rows, padding included (throughput only).
-    pub total_tokens: usize,
+    /// Prompt and response tokens of the real rows, each counted as if fed alone (a prompt
+    /// that a group's rows share once per row): the work as frameworks that feed each row
+    /// whole count it (throughput only).
+    pub row_tokens: usize,
     /// With per-turn credit: advantages by turn index (with a critic, `trainer::prepare` adds
     /// them once GAE has made them); whenever turns have rewards of their own, their mean.
     pub turn_metrics: Vec<(String, f64)>,
@@ -129,7 +131,7 @@ pub fn build_step_batch(
         failed_trajectories: adv.failed_trajectories,
         padding_rows: 0,
         real_rows: rows.len(),
-        total_tokens: 0,
+        row_tokens: 0,
         turn_metrics: if per_turn {
             turn_metrics(trajectories, &adv, cfg.critic.is_none())
         } else {
@@ -186,7 +188,10 @@ pub fn build_step_batch(
         batch.padding_rows += mb.padding_rows;
         batch.plan.push(ranks);
     }
-    batch.total_tokens = batch.rows.iter().map(|r| r.tokens.len()).sum();
+    batch.row_tokens = batch.rows[..batch.real_rows]
+        .iter()
+        .map(|r| r.tokens.len())
+        .sum();
     Ok(batch)
 }
 
@@ -359,6 +364,30 @@ mod tests {
             .into_iter()
             .find(|(k, _)| *k == "tokens/trained");
         assert_eq!(trained, Some(("tokens/trained", 7.0)));
+    }
+
+    /// The row tokens that `throughput/row_tokens_per_s` counts are the real rows' prompts and
+    /// responses; the rows that pad the ranks of a data-parallel mini-batch are not work.
+    #[test]
+    fn row_tokens_count_real_rows_only() {
+        let trajs: Vec<Trajectory> = [3, 4, 5]
+            .iter()
+            .enumerate()
+            .map(|(i, &response)| Trajectory {
+                id: format!("t{i}"),
+                group: "g".into(),
+                transitions: vec![turn(vec![1, 2], vec![3; response])],
+                reward: i as f64,
+                status: Status::Finished,
+            })
+            .collect();
+        let cfg = config_with(&["trainer.dp_size=2"]);
+        let batch = build_step_batch(&trajs, &StepBatchConfig::from_config(&cfg, 8), 1).unwrap();
+        assert!(
+            batch.padding_rows > 0,
+            "three rows over two ranks are padded"
+        );
+        assert_eq!(batch.row_tokens, 5 + 6 + 7);
     }
 
     /// A default config with `sets` applied, as `--set` applies them.
