@@ -180,8 +180,9 @@ impl Rewarder {
     }
 
     /// Flat metrics: totals over all queued sources as `reward/...` (requests, completed and
-    /// failed count whole requests; queue depths and busy times are summed over sources),
-    /// and each queued source's own as `reward/{source}/...`.
+    /// failed count whole requests; queue depths and busy times are summed over sources, so
+    /// `reward/tokens_per_s` is per second of any one source's busy time, not of wall time
+    /// where sources overlap), and each queued source's own as `reward/{source}/...`.
     pub fn metrics(&self) -> BTreeMap<String, f64> {
         let mut total = ExecutorMetrics::default();
         let mut out = BTreeMap::new();
