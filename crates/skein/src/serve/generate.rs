@@ -91,7 +91,7 @@ pub fn store_error(e: StoreError) -> ApiError {
     match e {
         StoreError::BadId(_) => ApiError::bad_request(message),
         StoreError::Duplicate(_) | StoreError::Closed(_) => ApiError::conflict(message),
-        StoreError::Unknown(_) => ApiError::not_found(message),
+        StoreError::Unknown(_) | StoreError::Ended { .. } => ApiError::not_found(message),
     }
 }
 
@@ -453,6 +453,9 @@ pub fn record(state: &ServeState, id: &str, job: &Job, samples: &[Sample]) -> Re
     state.0.store.record(id, calls).map_err(|e| match e {
         StoreError::Unknown(id) => ApiError::not_found(format!(
             "rollout `{id}` was closed while this call generated; its output is not recorded"
+        )),
+        StoreError::Ended { id, how } => ApiError::not_found(format!(
+            "rollout `{id}` ended ({how}) while this call generated; its output is not recorded"
         )),
         other => store_error(other),
     })

@@ -51,9 +51,14 @@ pub struct RecordedRollout {
 pub enum StoreError {
     BadId(String),
     Duplicate(String),
-    /// Unknown, or closed already taken by the trainer.
+    /// Never added, or taken so long ago that how it ended is forgotten.
     Unknown(String),
     Closed(String),
+    /// Closed (and perhaps taken by the trainer): calls to it are not recorded any more.
+    Ended {
+        id: String,
+        how: String,
+    },
 }
 
 impl std::fmt::Display for StoreError {
@@ -66,6 +71,7 @@ impl std::fmt::Display for StoreError {
             StoreError::Duplicate(id) => write!(f, "rollout `{id}` exists already"),
             StoreError::Unknown(id) => write!(f, "no open rollout `{id}`"),
             StoreError::Closed(id) => write!(f, "rollout `{id}` is closed already"),
+            StoreError::Ended { id, how } => write!(f, "rollout `{id}` has ended ({how})"),
         }
     }
 }
@@ -97,6 +103,51 @@ struct Inner {
     waiting: VecDeque<String>,
     /// Closed ids in the order they closed.
     closed: Vec<String>,
+    /// How rollouts the trainer took ended, by id, with the order they were taken in (each
+    /// with its number, so that an id added again and taken again is forgotten only once):
+    /// an agent's late call on a rollout that timed out is told so, not only that it is gone.
+    ended: HashMap<String, (u64, String)>,
+    ended_order: VecDeque<(u64, String)>,
+    taken: u64,
+}
+
+/// How many taken rollouts' endings are kept for late calls: about a few steps' worth.
+const ENDINGS_KEPT: usize = 1 << 14;
+
+/// How a closed rollout ended, as a late call on it is told.
+fn ending(r: &RecordedRollout) -> String {
+    match &r.error {
+        Some(why) => format!("failed: {why}"),
+        None => format!("rewarded {}", r.reward),
+    }
+}
+
+impl Inner {
+    /// The error for a call on `id`, which is not waiting or open.
+    fn gone(&self, id: &str) -> StoreError {
+        let how = match self.rollouts.get(id) {
+            Some(e) => Some(ending(&e.rollout)),
+            None => self.ended.get(id).map(|(_, how)| how.clone()),
+        };
+        match how {
+            Some(how) => StoreError::Ended { id: id.into(), how },
+            None => StoreError::Unknown(id.into()),
+        }
+    }
+
+    fn remember_ending(&mut self, r: &RecordedRollout) {
+        self.taken += 1;
+        let n = self.taken;
+        self.ended.insert(r.rollout_id.clone(), (n, ending(r)));
+        self.ended_order.push_back((n, r.rollout_id.clone()));
+        while self.ended_order.len() > ENDINGS_KEPT {
+            if let Some((n, id)) = self.ended_order.pop_front() {
+                if self.ended.get(&id).is_some_and(|(m, _)| *m == n) {
+                    self.ended.remove(&id);
+                }
+            }
+        }
+    }
 }
 
 type ClosedHook = Box<dyn Fn(&RecordedRollout) + Send + Sync>;
@@ -191,9 +242,9 @@ impl RolloutStore {
 
     /// Fails unless `id` is waiting or open (a call to it may be made).
     pub fn check_open(&self, id: &str) -> Result<(), StoreError> {
-        match self.lock().rollouts.get(id).map(|e| e.state) {
-            None => Err(StoreError::Unknown(id.into())),
-            Some(RolloutState::Closed) => Err(StoreError::Unknown(id.into())),
+        let inner = self.lock();
+        match inner.rollouts.get(id).map(|e| e.state) {
+            None | Some(RolloutState::Closed) => Err(inner.gone(id)),
             Some(_) => Ok(()),
         }
     }
@@ -206,7 +257,7 @@ impl RolloutStore {
                 e.rollout.calls.extend(calls);
                 Ok(())
             }
-            _ => Err(StoreError::Unknown(id.into())),
+            _ => Err(inner.gone(id)),
         }
     }
 
@@ -221,6 +272,9 @@ impl RolloutStore {
         let snapshot = {
             let mut inner = self.lock();
             let hook_set = self.hook().is_some();
+            if !inner.rollouts.contains_key(id) {
+                return Err(inner.gone(id));
+            }
             let e = match inner.rollouts.get_mut(id) {
                 None => return Err(StoreError::Unknown(id.into())),
                 Some(e) if e.state == RolloutState::Closed => {
@@ -255,13 +309,19 @@ impl RolloutStore {
     }
 
     /// Removes and returns the closed rollouts, in the order they closed. A taken rollout is
-    /// forgotten: its id answers 404 from then on and may be added again.
+    /// forgotten but for how it ended: its id answers 404 from then on, saying so, and may be
+    /// added again.
     pub fn take_closed(&self) -> Vec<RecordedRollout> {
         let mut inner = self.lock();
         let ids = std::mem::take(&mut inner.closed);
-        ids.into_iter()
+        let taken: Vec<RecordedRollout> = ids
+            .into_iter()
             .filter_map(|id| inner.rollouts.remove(&id).map(|e| e.rollout))
-            .collect()
+            .collect();
+        for r in &taken {
+            inner.remember_ending(r);
+        }
+        taken
     }
 
     /// Closed rollouts not yet taken.
@@ -387,11 +447,44 @@ mod tests {
             store.close("a", 1.0, None, None),
             Err(StoreError::Closed(_))
         ));
-        assert!(matches!(store.check_open("a"), Err(StoreError::Unknown(_))));
+        assert!(matches!(
+            store.check_open("a"),
+            Err(StoreError::Ended { .. })
+        ));
         assert!(
             store.next_task().is_none(),
             "a closed waiting task is skipped"
         );
+    }
+
+    /// A call on a rollout that closed, before or after the trainer took it, says how it
+    /// ended (a trainer's timeout, an agent's failure, a reward); one added again is open.
+    #[test]
+    fn late_calls_are_told_how_their_rollout_ended() {
+        let store = RolloutStore::new();
+        store.add_tasks(vec![spec("slow"), spec("done")]).unwrap();
+        let timeout = "not closed within 300s (agent.rollout_timeout_s)";
+        store
+            .close("slow", 0.0, None, Some(timeout.into()))
+            .unwrap();
+        store.close("done", 0.5, None, None).unwrap();
+        let said = |e: StoreError| e.to_string();
+        let late = said(store.record("slow", vec![call(1)]).unwrap_err());
+        assert_eq!(
+            late,
+            format!("rollout `slow` has ended (failed: {timeout})")
+        );
+        assert_eq!(store.take_closed().len(), 2);
+        let late = said(store.close("slow", 1.0, None, None).unwrap_err());
+        assert!(late.contains(timeout), "{late}");
+        let late = said(store.check_open("done").unwrap_err());
+        assert_eq!(late, "rollout `done` has ended (rewarded 0.5)");
+        store.add_tasks(vec![spec("slow")]).unwrap();
+        store.check_open("slow").unwrap();
+        assert!(matches!(
+            store.check_open("never"),
+            Err(StoreError::Unknown(_))
+        ));
     }
 
     #[test]
