@@ -127,6 +127,44 @@ fn agents_that_exit_end_the_step_at_once_and_are_started_again() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// An agent that rewards each rollout without asking the model: nothing the policy wrote.
+const UNCALLED_AGENT: &str = r#"
+import json, os, time, urllib.request
+server, key = os.environ["SKEIN_SERVER"], os.environ["SKEIN_API_KEY"]
+def http(path, body=None):
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Authorization": "Bearer " + key, "Content-Type": "application/json"}
+    with urllib.request.urlopen(urllib.request.Request(server + path, data, headers)) as r:
+        return r.status, r.read()
+while True:
+    status, body = http("/tasks/next")
+    if status == 204:
+        time.sleep(0.05)
+        continue
+    http("/rollouts/%s/reward" % json.loads(body)["rollout_id"], {"reward": 1.0})
+"#;
+
+/// Rollouts an agent rewards without a model call fail (the policy wrote nothing to train on),
+/// counted as `agent/uncalled_rollouts`, apart from the agent's own failures and time-outs.
+#[test]
+fn rollouts_rewarded_without_a_model_call_fail_and_are_counted() {
+    let python = require_python_with_openai();
+    let (_, mut cfg, dir) = external_run("uncalled", 1);
+    cfg.trainer.steps = 1;
+    (cfg.rollout.prompts_per_step, cfg.rollout.samples_per_prompt) = (2, 2);
+    (cfg.sft.steps, cfg.eval.problems) = (0, 4);
+    cfg.agent.rollout_timeout_s = 120.0;
+    cfg.agent.command = vec![python, "-c".into(), UNCALLED_AGENT.into()];
+    train(&cfg).expect("a step of failed rollouts is a step");
+    let steps = step_metrics(&dir);
+    let m = &steps[0];
+    assert_eq!(m["agent/uncalled_rollouts"].as_f64(), Some(4.0), "{m}");
+    assert_eq!(m["batch/failed_trajectories"].as_f64(), Some(4.0), "{m}");
+    assert_eq!(m["agent/failed_rollouts"].as_f64(), Some(0.0), "{m}");
+    assert_eq!(m["agent/timed_out_rollouts"].as_f64(), Some(0.0), "{m}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Trains two steps with one agent started by `launch(python, script)`, a shell command that
 /// exits with status 0 once the agent is running in the background, and checks that the agent
 /// served both steps: every rollout closed, none ended as if its agent had exited, and no

@@ -25,12 +25,14 @@ const ENV_KEYS: [&str; 3] = [
     "agent/env_worker_failures",
 ];
 /// Rollouts an external agent failed: reported failed (`/fail`), not closed within
-/// `agent.rollout_timeout_s`, or left open when every agent process had exited. A step logs
-/// these or [`ENV_KEYS`], never both: an external agent runs no environment of skein's.
-const EXTERNAL_KEYS: [&str; 3] = [
+/// `agent.rollout_timeout_s`, left open when every agent process had exited, or rewarded
+/// without a model call. A step logs these or [`ENV_KEYS`], never both: an external agent
+/// runs no environment of skein's.
+const EXTERNAL_KEYS: [&str; 4] = [
     "agent/failed_rollouts",
     "agent/timed_out_rollouts",
     "agent/orphaned_rollouts",
+    "agent/uncalled_rollouts",
 ];
 
 pub const ENV_FAILURES: Rule = Rule {
@@ -63,9 +65,9 @@ pub const TOOL_CALL_ERRORS: Rule = Rule {
 fn env_failures(h: &History) -> Option<Finding> {
     let last = h.last().filter(|s| s.is_rl_step())?;
     let external = EXTERNAL_KEYS.iter().any(|k| last.get(k).is_some());
-    let (keys, failed_in) = match external {
-        true => (EXTERNAL_KEYS, "rollouts failed in the external agent"),
-        false => (ENV_KEYS, "episodes failed in the environment"),
+    let (keys, failed_in): (&[&str], _) = match external {
+        true => (&EXTERNAL_KEYS, "rollouts failed in the external agent"),
+        false => (&ENV_KEYS, "episodes failed in the environment"),
     };
     let failed: f64 = keys.iter().filter_map(|k| last.get(k)).sum();
     let n = last.get("rollout/trajectories")?.max(1.0);

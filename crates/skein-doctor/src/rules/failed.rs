@@ -20,9 +20,9 @@ const MAX_REASON_CHARS: usize = 200;
 /// The step's counters of failures with a known cause, as the trainer logs them: reward calls
 /// that failed or timed out; episodes a multi-turn environment failed (its error, a time-out,
 /// a worker that died); rollouts an external agent failed, left open past
-/// `agent.rollout_timeout_s`, or left open when every agent process had exited; and requests
-/// a remote engine failed.
-const CAUSES: [&str; 8] = [
+/// `agent.rollout_timeout_s`, left open when every agent process had exited, or rewarded
+/// without a model call; and requests a remote engine failed.
+const CAUSES: [&str; 9] = [
     "reward/step_failed",
     "agent/env_errors",
     "agent/env_timeouts",
@@ -30,6 +30,7 @@ const CAUSES: [&str; 8] = [
     "agent/failed_rollouts",
     "agent/timed_out_rollouts",
     "agent/orphaned_rollouts",
+    "agent/uncalled_rollouts",
     "rollout/engine_failed",
 ];
 

@@ -259,6 +259,9 @@ impl Workload for External {
         let (mut trajectories, mut correct) = (Vec::with_capacity(n), Vec::with_capacity(n));
         for r in recorded {
             let by_trainer = closed_here.contains(&r.rollout_id);
+            if !by_trainer && r.error.is_none() && r.calls.is_empty() {
+                stats.uncalled += 1;
+            }
             let (mut t, ok) = trajectory(r);
             if by_trainer {
                 t.status = Status::Failed(why.clone());

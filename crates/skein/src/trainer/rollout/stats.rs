@@ -466,6 +466,8 @@ pub struct ExternalStats {
     pub timeouts: usize,
     /// Rollouts left open when every agent process the trainer started had exited.
     pub orphaned: usize,
+    /// Rollouts an agent rewarded without a model call: nothing the policy wrote to train on.
+    pub uncalled: usize,
     /// Agent processes started again at the step's start, having exited since the last.
     pub restarted_workers: usize,
     /// Trained rollouts (failed ones train no row) whose every call's prompt extends the
@@ -488,7 +490,7 @@ impl ExternalStats {
         }
     }
 
-    pub fn metrics(&self, rollouts: usize) -> [(&'static str, f64); 7] {
+    pub fn metrics(&self, rollouts: usize) -> [(&'static str, f64); 8] {
         [
             (
                 "agent/calls_mean",
@@ -497,6 +499,7 @@ impl ExternalStats {
             ("agent/failed_rollouts", self.agent_failures as f64),
             ("agent/timed_out_rollouts", self.timeouts as f64),
             ("agent/orphaned_rollouts", self.orphaned as f64),
+            ("agent/uncalled_rollouts", self.uncalled as f64),
             ("agent/restarted_workers", self.restarted_workers as f64),
             ("agent/merged_trajectories", self.merged as f64),
             ("agent/stepwise_trajectories", self.stepwise as f64),
