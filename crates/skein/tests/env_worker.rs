@@ -164,6 +164,19 @@ fn an_environment_error_fails_one_episode_in_the_warm_up_and_in_rollouts() {
     assert_eq!(num(m, "agent/env_errors"), failed, "{m}");
 }
 
+/// Worker processes that crash on every fourth step they serve fail many demonstration
+/// episodes (every one of four or more steps on a fresh process), several in a row at times:
+/// the warm-up draws others and completes, as rollouts go on past the episodes they fail.
+#[test]
+fn a_warm_up_goes_on_past_demonstrations_a_crashing_worker_fails() {
+    let mut cfg = config("crash-warm-up", &["--crash-every", "4"]);
+    cfg.sft.steps = 2;
+    cfg.trainer.steps = 1;
+    let run = train(&cfg).expect("the warm-up goes on past crashed demonstrations");
+    let m = &step_metrics(&run.dir)[0];
+    assert!(num(m, "agent/env_worker_failures") > 0.0, "{m}");
+}
+
 #[test]
 fn a_missing_script_is_a_config_error_naming_agent_command() {
     let mut cfg = config("missing", &[]);

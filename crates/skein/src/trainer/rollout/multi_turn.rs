@@ -26,10 +26,10 @@ use std::time::Duration;
 /// single answers; positions cost nothing until used).
 pub const MIN_AGENT_POSITIONS: usize = 256;
 
-/// Demonstration episodes drawn for one warm-up row when their environment fails (an error
-/// it reports, or its worker process failing): one bad episode does not stop the warm-up,
-/// and a broken environment still does, soon.
-const DEMONSTRATION_TRIES: usize = 3;
+/// Demonstration episodes that may fail in a row in their environment (an error it reports,
+/// or its worker process failing) before the warm-up stops: a flaky environment, as in
+/// rollouts, costs the episodes it fails, and a broken one still stops the run, soon.
+const DEMONSTRATION_FAILURES_IN_A_ROW: usize = 16;
 
 fn env_failed(e: &anyhow::Error) -> bool {
     e.downcast_ref::<EnvError>().is_some()
@@ -53,6 +53,8 @@ pub struct MultiTurn {
     unknown_warned: AtomicBool,
     /// Whether the run said that an environment spelled special tokens.
     specials_warned: AtomicBool,
+    /// Demonstration episodes that failed in their environment during the warm-up.
+    demonstration_failures: usize,
 }
 
 impl MultiTurn {
@@ -111,6 +113,7 @@ impl MultiTurn {
             samples: cfg.rollout.samples_per_prompt,
             unknown_warned: AtomicBool::new(false),
             specials_warned: AtomicBool::new(false),
+            demonstration_failures: 0,
         })
     }
 
@@ -334,20 +337,35 @@ impl Workload for MultiTurn {
         }
     }
 
-    /// A demonstration episode; one whose worker process failed (an environment worker) is
-    /// drawn again, a few times, before the warm-up gives up.
+    /// A demonstration episode; one whose environment failed is drawn again, until
+    /// [`DEMONSTRATION_FAILURES_IN_A_ROW`] have failed in a row. The failures are told as their
+    /// count reaches 1, 2, 4, 8, …: a flaky environment is seen without a line per episode.
     fn demonstration(
         &mut self,
         tokenizer: &Tokenizer,
         sampling: &SamplingParams,
         direct_share: f64,
     ) -> Result<TrainRow> {
-        let mut tries = 1;
+        let mut in_a_row = 0;
         loop {
             match self.demonstration_row(tokenizer, sampling, direct_share) {
-                Err(e) if tries < DEMONSTRATION_TRIES && env_failed(&e) => {
-                    eprintln!("skein: a demonstration episode failed, drawing another: {e:#}");
-                    tries += 1;
+                Err(e) if env_failed(&e) => {
+                    in_a_row += 1;
+                    self.demonstration_failures += 1;
+                    let n = self.demonstration_failures;
+                    if in_a_row == DEMONSTRATION_FAILURES_IN_A_ROW {
+                        return Err(e.context(format!(
+                            "{in_a_row} demonstration episodes in a row failed in the \
+                             environment ({n} in the warm-up so far); the last"
+                        )));
+                    }
+                    if n.is_power_of_two() {
+                        eprintln!(
+                            "skein: {n} demonstration episode{} failed in the environment so \
+                             far, each drawn again; the latest: {e:#}",
+                            if n == 1 { "" } else { "s" }
+                        );
+                    }
                 }
                 r => return r,
             }
