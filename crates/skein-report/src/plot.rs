@@ -30,12 +30,17 @@ const COLOURS: [RGBColor; 6] = [
 
 /// The panels drawn by default; each shows those of its metrics a run has. The warm-up's
 /// (`sft/…`, against warm-up steps) come first, then RL's (against RL steps), held-out
-/// accuracy leading each.
+/// accuracy leading each. Failures are drawn only by a run that had some
+/// ([`FAILURES_PANEL`]); agents' turns and tool calls, and partial rollout's staleness, by
+/// runs that log them.
 pub const DEFAULT_PANELS: &[&str] = &[
     "sft/eval_accuracy",
     "sft/loss",
     "eval/accuracy",
     "reward/mean|reward/accuracy",
+    FAILURES_PANEL,
+    "agent/tool_calls_mean|agent/turns_mean|eval/turns_mean",
+    "staleness/mean|staleness/max",
     "loss/policy",
     "loss/value",
     "approx_kl|kl_ref",
@@ -47,6 +52,24 @@ pub const DEFAULT_PANELS: &[&str] = &[
     "throughput/trained_tokens_per_s|throughput/generated_tokens_per_s",
     "time/step_s",
 ];
+
+/// Failed trajectories of each step and failed answers of each evaluation: logged as 0 by
+/// every healthy run, so the default plot draws them only where one is above 0.
+pub const FAILURES_PANEL: &str = "batch/failed_trajectories|eval/failed";
+
+/// [`DEFAULT_PANELS`] less [`FAILURES_PANEL`] when nothing in `records` failed.
+fn default_panels(records: &[Record]) -> Vec<&'static str> {
+    let failed = FAILURES_PANEL.split('|').any(|k| {
+        records
+            .iter()
+            .any(|r| r.get(k).and_then(|v| v.as_f64()).is_some_and(|v| v > 0.0))
+    });
+    DEFAULT_PANELS
+        .iter()
+        .copied()
+        .filter(|spec| failed || *spec != FAILURES_PANEL)
+        .collect()
+}
 
 /// One curve: a metric's finite values against the x key.
 struct Series {
@@ -369,7 +392,7 @@ fn write_png(path: &Path, (w, h): (u32, u32), rgb: &[u8]) -> Result<()> {
 }
 
 /// Reads `dir/metrics.jsonl` and writes `dir/plot.png` beside it. `keys` are panel specs as for
-/// [`plot_metrics`]; `None` draws those of [`DEFAULT_PANELS`] the run has.
+/// [`plot_metrics`]; `None` draws those of [`DEFAULT_PANELS`] the run has ([`default_panels`]).
 pub fn plot_run_dir(dir: &Path, keys: Option<&[&str]>) -> Result<PathBuf> {
     let out = dir.join("plot.png");
     plot_run_to(dir, keys, &out)?;
@@ -394,13 +417,8 @@ pub fn plot_run_to(dir: &Path, keys: Option<&[&str]>, out: &Path) -> Result<()> 
         .max()
         .unwrap_or(0);
     let title = format!("skein run {name}  ({warm_up} warm-up steps, {rl} RL steps)");
-    plot_metrics(
-        &records,
-        keys.unwrap_or(DEFAULT_PANELS),
-        "step",
-        &title,
-        out,
-    )
+    let defaults = default_panels(&records);
+    plot_metrics(&records, keys.unwrap_or(&defaults), "step", &title, out)
 }
 
 /// Panels `compare_runs` draws when given none.
@@ -655,6 +673,28 @@ mod tests {
         let (w, h, _) = decode(&out);
         assert_eq!((w, h), (2 * PANEL_W, TITLE_H + PANEL_H));
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// Failures get a panel of their own by default only in a run that had some.
+    #[test]
+    fn the_failures_panel_is_drawn_only_where_something_failed() {
+        let records = |failed: f64| -> Vec<Record> {
+            (1..4)
+                .map(|s| {
+                    let r =
+                        json!({"step": s, "reward/mean": 0.5, "batch/failed_trajectories": 0.0});
+                    serde_json::from_value(r).unwrap()
+                })
+                .chain(std::iter::once(
+                    serde_json::from_value(json!({"step": 3, "eval/failed": failed})).unwrap(),
+                ))
+                .collect()
+        };
+        assert!(!default_panels(&records(0.0)).contains(&FAILURES_PANEL));
+        assert!(default_panels(&records(2.0)).contains(&FAILURES_PANEL));
+        let drawn = panels(&records(2.0), &default_panels(&records(2.0)), "step");
+        let keys: Vec<&str> = drawn.iter().flatten().map(|s| s.key.as_str()).collect();
+        assert!(keys.contains(&"batch/failed_trajectories") && keys.contains(&"eval/failed"));
     }
 
     /// The warm-up and RL number their steps apart: each panel names the count it is against.

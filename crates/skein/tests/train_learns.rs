@@ -98,6 +98,11 @@ fn assert_the_default_panels_are_logged(dir: &std::path::Path) {
         "is/masked_tokens",   // an off-policy correction that masks
         "is/masked_rows",
         "is/weighted_rows",
+        "agent/tool_calls_mean", // a multi-turn task
+        "agent/turns_mean",
+        "eval/turns_mean",
+        "staleness/mean", // partial rollout
+        "staleness/max",
     ];
     let text = std::fs::read_to_string(dir.join("metrics.jsonl")).expect("metrics.jsonl");
     let logged: std::collections::HashSet<String> = text
