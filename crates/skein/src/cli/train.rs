@@ -74,15 +74,23 @@ pub fn run(
         "distinct problems"
     };
     println!(
-        "{kind} greedy accuracy {:.3} → {:.3} ({start} → after RL, {} {problems})",
-        summary.eval_before.accuracy, summary.eval_after.accuracy, summary.eval_after.problems
+        "{kind} greedy accuracy {:.3} → {:.3} ({start} → after RL, {} {problems}){}",
+        summary.eval_before.accuracy,
+        summary.eval_after.accuracy,
+        summary.eval_after.problems,
+        summary.eval_after.failures_note()
     );
     // The same judge decided every accuracy above, and `skein eval` of the run uses it too.
     println!("correct by               {}", summary.correct_by);
     // What to look at next: the curves, then what the policy actually said.
     let dir = summary.dir.display();
     println!("curves                   {dir}/plot.png");
-    println!("trajectories             skein view {dir}");
+    match cfg.trajectories.keep {
+        crate::trainer::config::Keep::None => {
+            println!("trajectories             none kept (trajectories.keep = \"none\")")
+        }
+        _ => println!("trajectories             skein view {dir}"),
+    }
     Ok(())
 }
 

@@ -283,9 +283,10 @@ fn finish(mut t: Trainer, interrupted: bool) -> Result<RunSummary> {
         .doctor
         .observe(last, Vec::new(), |l| eprintln!("{l}"))?;
     eprintln!(
-        "skein: eval after RL: {} accuracy {:.3} (before: {:.3})",
+        "skein: eval after RL: {} accuracy {:.3}{} (before: {:.3})",
         eval_kind(t.workload.held_out()),
         eval_after.accuracy,
+        eval_after.failures_note(),
         t.eval_before.accuracy
     );
     let ckpt = final_checkpoint::save(

@@ -616,7 +616,11 @@ fn measure_before(
     extend(&mut first, workload.data_metrics(true));
     log.append(&first)?;
     let kind = eval_kind(workload.held_out());
-    eprintln!("skein: eval before RL: {kind} accuracy {:.3}", e.accuracy);
+    eprintln!(
+        "skein: eval before RL: {kind} accuracy {:.3}{}",
+        e.accuracy,
+        e.failures_note()
+    );
     Ok(e)
 }
 

@@ -148,6 +148,16 @@ pub fn eval_failure(t: &Trajectory) -> Option<String> {
 }
 
 impl EvalResult {
+    /// What to say beside the accuracy when answers failed: an accuracy of 0 because every
+    /// answer failed is a broken reward or environment, not a policy that knows nothing.
+    pub fn failures_note(&self) -> String {
+        match (self.failed, self.problems) {
+            (0, _) => String::new(),
+            (n, 0) => format!(" ({n} answers failed)"),
+            (n, of) => format!(" ({n} of {of} answers failed)"),
+        }
+    }
+
     /// Accuracy, mean reward and failures of one greedy answer per problem; a failed answer
     /// ([`eval_failure`]) is neither correct nor in the mean reward.
     pub fn of<'a>(answers: impl Iterator<Item = (&'a Trajectory, bool)>) -> EvalResult {
