@@ -187,6 +187,9 @@ fn ctrl_c_during_the_warm_up_stops_with_a_message() {
         "no checkpoint is written: {err}"
     );
     assert!(err.contains("with --overwrite"), "{err}");
+    // The warm-up's curves are drawn, as a stopped RL phase's are.
+    assert!(err.contains("The curves so far"), "{err}");
+    assert!(dir.join("plot.png").is_file(), "no plot.png");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -74,7 +74,15 @@ pub fn resume(cfg: &TrainConfig) -> Result<RunSummary> {
 }
 
 fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
-    let mut t = match start(cfg, begin)? {
+    // A warm-up stopped by Ctrl-C has its curves drawn, as a stopped RL phase has.
+    let started = start(cfg, begin).map_err(|e| {
+        let warm_up_stopped = e.chain().any(|c| c.is::<super::sft::WarmUpInterrupted>());
+        match warm_up_stopped {
+            true => with_curves(std::path::Path::new(&cfg.run.dir), e),
+            false => e,
+        }
+    });
+    let mut t = match started? {
         Started::Trainer(t) => t,
         Started::OtherRank { rank } => return Ok(RunSummary::other_rank(cfg, rank)),
     };

@@ -14,6 +14,27 @@ use skein_report::{MetricsLog, StepProgress};
 use skein_tasks::TaskRng;
 use tch::Kind;
 
+/// A Ctrl-C (or SIGTERM) during the warm-up: the run stops with nothing to resume. A type of
+/// its own so that the run can still draw the warm-up's curves as it stops.
+#[derive(Debug)]
+pub struct WarmUpInterrupted {
+    pub steps_done: usize,
+}
+
+impl std::fmt::Display for WarmUpInterrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "interrupted during the warm-up, after {} of its steps: a run has nothing to \
+             resume before its first RL step, so start it again, with --overwrite (its records \
+             so far stay in `run.dir` until then)",
+            self.steps_done
+        )
+    }
+}
+
+impl std::error::Error for WarmUpInterrupted {}
+
 /// The optimizer of a supervised run: `lr` after a warm-up of a tenth of the steps, then a
 /// cosine decay.
 pub fn sft_optim_config(lr: f64, steps: usize) -> OptimConfig {
@@ -135,12 +156,10 @@ pub fn warm_up(
     for step in 1..=steps {
         if super::interrupt::requested() {
             progress.finish();
-            anyhow::bail!(
-                "interrupted during the warm-up, after {} of its steps: a run has nothing \
-                 to resume before its first RL step, so start it again, with --overwrite (its \
-                 records so far stay in `run.dir` until then)",
-                first + step - 2
-            );
+            return Err(WarmUpInterrupted {
+                steps_done: first + step - 2,
+            }
+            .into());
         }
         let rows = (0..batch_size)
             .map(|_| demos.next())
