@@ -80,14 +80,8 @@ pub fn diagnose_run_dir(dir: &Path) -> Result<RunDiagnoses> {
 /// So one step's records are held at a time, and the step files read are at most the steps
 /// where a diagnosis starts, plus [`WINDOW`] + 1, however long the run.
 pub fn replay(dir: &Path) -> Result<(Doctor, Replayed)> {
+    skein_report::check_run_dir(dir)?;
     let path = dir.join("metrics.jsonl");
-    if !path.is_file() {
-        bail!(
-            "{} has no metrics.jsonl: not a skein run directory (a run writes it from its \
-             first step)",
-            dir.display()
-        );
-    }
     let file = File::open(&path).with_context(|| format!("opening {}", path.display()))?;
     let mut doctor = Doctor::default();
     let mut out = Replayed::default();
@@ -272,7 +266,7 @@ mod tests {
         assert!(diagnose_run_dir(&dir)
             .unwrap_err()
             .to_string()
-            .contains("no metrics.jsonl"));
+            .contains("does not exist"));
     }
 
     // A long synthetic run: step 20's rewards go far beyond the range before; the steps below

@@ -7,6 +7,7 @@ mod num;
 pub mod plot;
 pub mod progress;
 mod record;
+mod run_dir;
 mod run_names;
 pub mod tensorboard;
 pub mod trajectories;
@@ -18,4 +19,5 @@ pub use plot::{
 };
 pub use progress::StepProgress;
 pub use record::{record, Record};
+pub use run_dir::check_run_dir;
 pub use run_names::run_names;

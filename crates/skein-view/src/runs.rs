@@ -42,15 +42,9 @@ impl Runs {
         }
         let mut canonical = Vec::new();
         for dir in dirs {
-            if !dir.is_dir() {
-                bail!("{}: not a directory", dir.display());
-            }
-            if !dir.join("metrics.jsonl").exists() && !dir.join(trajectories::DIR).exists() {
-                bail!(
-                    "{}: neither metrics.jsonl nor {}/ in it; is it a run directory?",
-                    dir.display(),
-                    trajectories::DIR
-                );
+            // A run's trajectories are enough to browse, its metrics.jsonl lost or not.
+            if !dir.join(trajectories::DIR).is_dir() {
+                skein_report::check_run_dir(dir)?;
             }
             canonical.push(
                 dir.canonicalize()

@@ -652,11 +652,9 @@ mod tests {
                 rt.block_on(bind("127.0.0.1:0", dirs)).err().unwrap()
             )
         };
-        assert!(
-            err(std::slice::from_ref(&empty)).contains("neither metrics.jsonl nor trajectories/")
-        );
+        assert!(err(std::slice::from_ref(&empty)).contains("is not a run directory"));
         let missing = empty.join("missing");
-        assert!(err(&[missing]).contains("missing: not a directory"));
+        assert!(err(&[missing]).contains("missing does not exist"));
         assert!(err(&[]).contains("no run directory"));
         std::fs::remove_dir_all(&empty).ok();
     }

@@ -748,3 +748,38 @@ fn an_overlay_never_writes_over_a_runs_files() {
         "{err}"
     );
 }
+
+/// The commands that read a run (plot, doctor, view) say what a path that is not one is: a
+/// missing path, a file, a model directory, a run that has logged nothing yet.
+#[test]
+fn commands_that_read_a_run_name_what_a_non_run_is() {
+    let root = workdir("non-runs");
+    std::fs::create_dir_all(root.join("model")).unwrap();
+    std::fs::write(root.join("model/config.json"), "{}").unwrap();
+    std::fs::create_dir_all(root.join("fresh")).unwrap();
+    std::fs::write(root.join("fresh/config.toml"), "").unwrap();
+    std::fs::write(root.join("a-file"), "x").unwrap();
+    for (path, says) in [
+        ("missing", "does not exist"),
+        ("a-file", "is a file"),
+        ("model", "skein eval"),
+        ("fresh", "logged nothing yet"),
+    ] {
+        for command in ["plot", "doctor", "view"] {
+            let o = Command::new(env!("CARGO_BIN_EXE_skein"))
+                .arg(command)
+                .arg(root.join(path))
+                .args(if command == "view" {
+                    &["--port", "0"][..]
+                } else {
+                    &[]
+                })
+                .output()
+                .expect("skein runs");
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_ne!(o.status.code(), Some(0), "{command} {path}: {err}");
+            assert!(err.contains(says), "{command} {path}: {err}");
+        }
+    }
+    std::fs::remove_dir_all(&root).ok();
+}

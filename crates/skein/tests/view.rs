@@ -580,8 +580,8 @@ fn a_directory_that_is_not_a_run_is_refused_at_once() {
     let root = workdir("not-a-run");
     std::fs::create_dir_all(&root).unwrap();
     for (dir, message) in [
-        (root.clone(), "neither metrics.jsonl nor trajectories/"),
-        (root.join("missing"), "missing: not a directory"),
+        (root.clone(), "is not a run directory"),
+        (root.join("missing"), "missing does not exist"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_skein"))
             .arg("view")

@@ -12,6 +12,9 @@ pub fn run(run_dirs: &[PathBuf], keys: &[String], out: Option<&Path>) -> Result<
     if let Some(out) = out {
         check_png(out)?;
     }
+    for dir in run_dirs {
+        skein_report::check_run_dir(dir)?;
+    }
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
     warn_of_missing_keys(run_dirs, &keys)?;
     if let [dir] = run_dirs {
