@@ -10,7 +10,9 @@ pub struct Summary {
     pub source: String,
     pub status: Status,
     pub reason: Option<String>,
-    pub reward: f64,
+    /// None for a failed trajectory: it has no reward (its reason says why), and a 0 would
+    /// sort and filter among real zeros.
+    pub reward: Option<f64>,
     pub correct: bool,
     pub turns: usize,
     pub tool_calls: usize,
@@ -51,7 +53,7 @@ impl Summary {
             source: t.source.clone(),
             status: t.status,
             reason: t.reason.clone(),
-            reward: t.reward,
+            reward: (t.status != Status::Failed).then_some(t.reward),
             correct: t.correct,
             turns: t.turns,
             tool_calls: t.tool_calls,
@@ -111,5 +113,10 @@ mod tests {
         t.rows[0].advantages.clear();
         let s = Summary::of(&t);
         assert_eq!((s.trained, s.advantage), (0, None));
+        assert_eq!(s.reward, Some(1.0));
+        // A failed trajectory has no reward to sort or filter by, whatever its record holds.
+        t.status = Status::Failed;
+        t.reward = 0.0;
+        assert_eq!(Summary::of(&t).reward, None);
     }
 }

@@ -311,6 +311,11 @@ fn the_page_shows_a_steps_trajectories_the_legend_and_a_failed_reason() {
         "the failed trajectory's reason is not shown: {reason}"
     );
     assert!(text_of(&dom, "detail-id").starts_with(&failed.id));
+    // It has no reward: none is shown, where a 0 would read as a scored answer.
+    assert!(
+        detail.contains("no reward (failed)"),
+        "a failed trajectory shows a reward"
+    );
     // The colour legend of the default mode, and the marks of turns and replies.
     let legend = &dom[dom.find("id=\"legend\"").unwrap()..dom.find("id=\"traj-view\"").unwrap()];
     for part in [
