@@ -176,6 +176,48 @@ fn a_task_far_too_hard_has_no_learning_signal() {
     assert!(!d["examples"].as_array().unwrap().is_empty(), "{d}");
 }
 
+/// A run that keeps some of each step's trajectories (`trajectories.keep`) is diagnosed from
+/// those, during the run and by `skein doctor` after it: the same evidence, counted over the
+/// kept ones and saying so, and examples that are in the step files.
+#[test]
+fn a_run_keeping_some_trajectories_is_diagnosed_from_those_alike_later() {
+    let (dir, err) = train(
+        "keep-some",
+        &sets(&[
+            "task.difficulty=5",
+            "trainer.steps=3",
+            "trajectories.keep=8",
+        ]),
+    );
+    let d = diagnosed(&dir, &err, "no-learning-signal");
+    assert!(
+        evidence(&d).contains(
+            "at step 3 among the 8 kept trajectories (trajectories.keep) 0 such groups were \
+             all right and 2 all wrong"
+        ),
+        "{d}"
+    );
+    let out = skein()
+        .args(["doctor", "--json"])
+        .arg(&dir)
+        .output()
+        .expect("skein doctor runs");
+    let replayed = String::from_utf8_lossy(&out.stdout);
+    assert!(replayed.contains(evidence(&d)), "{replayed}");
+    use skein_report::trajectories::{read_step, step_path};
+    let kept: Vec<String> = read_step(&step_path(&dir, 3))
+        .unwrap()
+        .into_iter()
+        .map(|t| t.id)
+        .collect();
+    for e in d["examples"].as_array().unwrap() {
+        assert!(
+            kept.contains(&e["id"].as_str().unwrap().to_string()),
+            "{e} not kept"
+        );
+    }
+}
+
 /// One new token per response: every response is cut off.
 #[test]
 fn a_token_limit_of_one_truncates_every_response() {

@@ -67,9 +67,17 @@ fn check(h: &History) -> Option<Finding> {
     }
     let equal = equal_reward_groups(&newest.trajectories);
     let right = equal.iter().filter(|(_, c, _)| *c).count();
+    // A run that keeps some of a step's trajectories is counted over those.
+    let read = newest.trajectories.len();
+    let among = match newest.get("rollout/trajectories") {
+        Some(all) if (read as f64) < all => {
+            format!(" among the {read} kept trajectories (trajectories.keep)")
+        }
+        _ => String::new(),
+    };
     if !equal.is_empty() {
         evidence.push_str(&format!(
-            "; at step {last} {right} such groups were all right and {} all wrong",
+            "; at step {last}{among} {right} such groups were all right and {} all wrong",
             equal.len() - right
         ));
     }

@@ -145,11 +145,15 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
             estimator: cfg.algorithm.estimator,
         };
         let record = t.log_step(report.record(), step)?;
-        // Name what is going wrong, the moment it starts.
+        // Name what is going wrong, the moment it starts, from the trajectories the run keeps
+        // (`trajectories.keep`), as `skein doctor` reads them later: the same counts on
+        // replay, and examples `skein view` can open.
+        let mut kept = digests(&rollout);
+        kept.truncate(cfg.trajectories.keep.count(kept.len()));
         let files = t.files()?;
         files
             .doctor
-            .observe(record, digests(&rollout), |l| progress.println(l))?;
+            .observe(record, kept, |l| progress.println(l))?;
         let gen_tok_s = rollout.engine.generated_tokens as f64 / rollout_s.max(1e-9);
         let shown = [
             ("reward", rollout.reward_mean().unwrap_or(f64::NAN)),
