@@ -4,6 +4,7 @@
 //! `metrics.jsonl` (the warm-up's evaluation; on a resume, every step up to the checkpoint),
 //! so a resumed run diagnoses what the uninterrupted one would have.
 
+use super::config::Keep;
 use super::rollout::stats::StepRollout;
 use anyhow::Result;
 use skein_doctor::{Diagnosis, Digest, Doctor, Outcome};
@@ -76,8 +77,17 @@ impl RunDoctor {
     }
 }
 
+/// The digests of the trajectories the run keeps (`keep`, its `trajectories.keep`), which
+/// its doctor reads as `skein doctor` reads them later: the same counts on replay, and
+/// examples `skein view` can open.
+pub fn kept_digests(rollout: &StepRollout, keep: Keep) -> Vec<Digest> {
+    let mut kept = digests(rollout);
+    kept.truncate(keep.count(kept.len()));
+    kept
+}
+
 /// What the rules need of each of a step's trajectories.
-pub fn digests(rollout: &StepRollout) -> Vec<Digest> {
+fn digests(rollout: &StepRollout) -> Vec<Digest> {
     rollout
         .trajectories
         .iter()

@@ -4,7 +4,7 @@
 
 use super::batch::build_step_batch;
 use super::checkpoint::StopStreaks;
-use super::diagnoses::{digests, summary};
+use super::diagnoses::{kept_digests, summary};
 use super::metrics::{extend, StageTimes, StepReport};
 use super::prepare::prepare;
 use super::rollout::stats::UntrainedSteps;
@@ -73,16 +73,20 @@ pub fn resume(cfg: &TrainConfig) -> Result<RunSummary> {
     run(cfg, Begin::Resume)
 }
 
-fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
-    // A warm-up stopped by Ctrl-C has its curves drawn, as a stopped RL phase has.
-    let started = start(cfg, begin).map_err(|e| {
+/// [`start`], with the curves drawn of a warm-up stopped by Ctrl-C, as a stopped RL phase
+/// has them.
+fn start_drawing_a_stopped_warm_up(cfg: &TrainConfig, begin: Begin) -> Result<Started<'_>> {
+    start(cfg, begin).map_err(|e| {
         let warm_up_stopped = e.chain().any(|c| c.is::<super::sft::WarmUpInterrupted>());
         match warm_up_stopped {
             true => with_curves(std::path::Path::new(&cfg.run.dir), e),
             false => e,
         }
-    });
-    let mut t = match started? {
+    })
+}
+
+fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
+    let mut t = match start_drawing_a_stopped_warm_up(cfg, begin)? {
         Started::Trainer(t) => t,
         Started::OtherRank { rank } => return Ok(RunSummary::other_rank(cfg, rank)),
     };
@@ -145,11 +149,8 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
             estimator: cfg.algorithm.estimator,
         };
         let record = t.log_step(report.record(), step)?;
-        // Name what is going wrong, the moment it starts, from the trajectories the run keeps
-        // (`trajectories.keep`), as `skein doctor` reads them later: the same counts on
-        // replay, and examples `skein view` can open.
-        let mut kept = digests(&rollout);
-        kept.truncate(cfg.trajectories.keep.count(kept.len()));
+        // Name what is going wrong, the moment it starts.
+        let kept = kept_digests(&rollout, cfg.trajectories.keep);
         let files = t.files()?;
         files
             .doctor
@@ -169,11 +170,7 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
         let every = cfg.trainer.checkpoint_every;
         interrupted = interrupt::requested();
         if (every > 0 && step % every == 0) || interrupted {
-            t.streaks = StopStreaks {
-                skipped_updates: skips.streak,
-                critic_skipped_updates: skips.critic_streak,
-                untrained_steps: untrained.streak(),
-            };
+            t.streaks = stop_streaks(&skips, &untrained);
             t.save_checkpoint(step)?;
         }
         progress.update(step as u64, &shown);
@@ -184,6 +181,15 @@ fn run(cfg: &TrainConfig, begin: Begin) -> Result<RunSummary> {
     }
     progress.finish();
     finish(*t, interrupted)
+}
+
+/// The streaks that stop a run, as a checkpoint keeps them for its resume.
+fn stop_streaks(skips: &SkipStreak, untrained: &UntrainedSteps) -> StopStreaks {
+    StopStreaks {
+        skipped_updates: skips.streak,
+        critic_skipped_updates: skips.critic_streak,
+        untrained_steps: untrained.streak(),
+    }
 }
 
 /// Updates skipped for a NaN or infinite loss or gradient, the policy's and the critic's
