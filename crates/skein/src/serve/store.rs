@@ -272,11 +272,9 @@ impl RolloutStore {
         let snapshot = {
             let mut inner = self.lock();
             let hook_set = self.hook().is_some();
-            if !inner.rollouts.contains_key(id) {
-                return Err(inner.gone(id));
-            }
             let e = match inner.rollouts.get_mut(id) {
-                None => return Err(StoreError::Unknown(id.into())),
+                // Taken by the trainer already: how it ended, if that is still known.
+                None => return Err(inner.gone(id)),
                 Some(e) if e.state == RolloutState::Closed => {
                     return Err(StoreError::Closed(id.into()))
                 }
